@@ -1,0 +1,285 @@
+// Measurement helpers shared by every bench subcommand (DHCP now, DNS and
+// proxy later): a latency histogram with percentiles, a per-interval rate
+// meter, duration parsing for the CLI, and plain-text table rendering.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Sub-buckets per power of two. 64 keeps every reported percentile within
+/// ~1.6% of the true value while the whole histogram stays a few KiB, so the
+/// progress line can ask for p99 every second at any sample count without
+/// sorting anything.
+const SUB_BITS: u32 = 6;
+const SUB: u64 = 1 << SUB_BITS;
+/// Values up to 2^40 us (~12 days) are representable; larger ones clamp.
+const MAX_BITS: u32 = 40;
+const BUCKETS: usize = ((MAX_BITS - SUB_BITS + 1) as usize + 1) * SUB as usize;
+
+/// Log-linear latency histogram in microseconds. Exact below 128 us, then
+/// 64 linear buckets per octave.
+#[derive(Clone)]
+pub struct LatencyRecorder {
+    counts: Vec<u64>,
+    total: u64,
+    sum_us: u128,
+    min_us: u64,
+    max_us: u64,
+}
+
+impl Default for LatencyRecorder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LatencyRecorder {
+    pub fn new() -> Self {
+        Self {
+            counts: vec![0; BUCKETS],
+            total: 0,
+            sum_us: 0,
+            min_us: u64::MAX,
+            max_us: 0,
+        }
+    }
+
+    pub fn record(&mut self, d: Duration) {
+        self.record_us(u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    }
+
+    pub fn record_us(&mut self, us: u64) {
+        let idx = bucket_index(us).min(BUCKETS - 1);
+        self.counts[idx] += 1;
+        self.total += 1;
+        self.sum_us += u128::from(us);
+        self.min_us = self.min_us.min(us);
+        self.max_us = self.max_us.max(us);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.total
+    }
+
+    pub fn max_us(&self) -> Option<u64> {
+        (self.total > 0).then_some(self.max_us)
+    }
+
+    pub fn min_us(&self) -> Option<u64> {
+        (self.total > 0).then_some(self.min_us)
+    }
+
+    pub fn mean_us(&self) -> Option<f64> {
+        (self.total > 0).then(|| self.sum_us as f64 / self.total as f64)
+    }
+
+    /// Value at percentile `p` (0..=100), using the nearest-rank definition.
+    /// Returns the midpoint of the bucket holding that rank, clamped to the
+    /// observed min/max so p0/p100 are exact.
+    pub fn percentile_us(&self, p: f64) -> Option<u64> {
+        if self.total == 0 {
+            return None;
+        }
+        let p = p.clamp(0.0, 100.0);
+        let rank = ((p / 100.0) * self.total as f64).ceil().max(1.0) as u64;
+        let mut seen = 0u64;
+        for (idx, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                let (lo, hi) = bucket_bounds(idx);
+                let mid = lo + (hi - lo) / 2;
+                return Some(mid.clamp(self.min_us, self.max_us));
+            }
+        }
+        Some(self.max_us)
+    }
+
+    /// Percentile in milliseconds, the unit every summary reports.
+    pub fn percentile_ms(&self, p: f64) -> Option<f64> {
+        self.percentile_us(p).map(us_to_ms)
+    }
+
+    pub fn summary(&self) -> LatencySummary {
+        LatencySummary {
+            p50: self.percentile_ms(50.0),
+            p90: self.percentile_ms(90.0),
+            p99: self.percentile_ms(99.0),
+            max: self.max_us().map(us_to_ms),
+        }
+    }
+}
+
+fn bucket_index(us: u64) -> usize {
+    if us < 2 * SUB {
+        return us as usize;
+    }
+    let msb = 63 - us.leading_zeros();
+    let shift = msb - SUB_BITS;
+    let top = us >> shift; // in [SUB, 2*SUB)
+    shift as usize * SUB as usize + top as usize
+}
+
+/// Inclusive value range covered by bucket `idx`.
+fn bucket_bounds(idx: usize) -> (u64, u64) {
+    let idx = idx as u64;
+    if idx < 2 * SUB {
+        return (idx, idx);
+    }
+    let shift = idx / SUB - 1;
+    let top = idx % SUB + SUB;
+    let lo = top << shift;
+    (lo, lo + (1u64 << shift) - 1)
+}
+
+fn us_to_ms(us: u64) -> f64 {
+    us as f64 / 1000.0
+}
+
+/// Latency percentiles in milliseconds; `None` (JSON null) when nothing was
+/// measured, so a run with zero successes cannot be mistaken for a fast one.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct LatencySummary {
+    pub p50: Option<f64>,
+    pub p90: Option<f64>,
+    pub p99: Option<f64>,
+    pub max: Option<f64>,
+}
+
+/// Turns a monotonically increasing counter into "per second over the last
+/// interval" for progress lines.
+pub struct RateMeter {
+    last_count: u64,
+    last_at: std::time::Instant,
+}
+
+impl RateMeter {
+    pub fn new(now: std::time::Instant) -> Self {
+        Self {
+            last_count: 0,
+            last_at: now,
+        }
+    }
+
+    pub fn tick(&mut self, count: u64, now: std::time::Instant) -> f64 {
+        let dt = now.saturating_duration_since(self.last_at).as_secs_f64();
+        let delta = count.saturating_sub(self.last_count);
+        self.last_count = count;
+        self.last_at = now;
+        if dt > 0.0 {
+            delta as f64 / dt
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Parses "500ms", "10s", "2m", "1h" or a bare number of seconds ("2.5").
+/// Used as a clap value parser by every subcommand.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 10s, 2m or 30"))?;
+    let scale = match unit.trim() {
+        "" | "s" | "sec" | "secs" => 1.0,
+        "ms" => 0.001,
+        "us" => 0.000_001,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        other => return Err(format!("invalid duration unit {other:?} in {s:?}: use ms, s, m or h")),
+    };
+    let secs = value * scale;
+    if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+        return Err(format!("duration {s:?} out of range"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Formats an optional millisecond figure for human output.
+pub fn fmt_ms(v: Option<f64>) -> String {
+    match v {
+        Some(ms) => format!("{ms:.3} ms"),
+        None => "-".to_string(),
+    }
+}
+
+/// `part` as a percentage of `whole`, 0 when `whole` is 0.
+pub fn pct(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / whole as f64
+    }
+}
+
+/// Renders label/value rows as an aligned two-column table.
+pub fn render_table(title: &str, rows: &[(&str, String)]) -> String {
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    let _ = writeln!(out, "{title}");
+    for (k, v) in rows {
+        let _ = writeln!(out, "  {k:<width$}  {v}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_contiguous_and_bounded() {
+        let mut prev_hi = None;
+        for idx in 0..BUCKETS {
+            let (lo, hi) = bucket_bounds(idx);
+            assert!(lo <= hi);
+            if let Some(p) = prev_hi {
+                assert_eq!(lo, p + 1, "gap before bucket {idx}");
+            }
+            assert_eq!(bucket_index(lo), idx);
+            assert_eq!(bucket_index(hi), idx);
+            prev_hi = Some(hi);
+        }
+    }
+
+    #[test]
+    fn percentiles_are_close() {
+        let mut r = LatencyRecorder::new();
+        for us in 1..=100_000u64 {
+            r.record_us(us);
+        }
+        for (p, want) in [(50.0, 50_000.0), (90.0, 90_000.0), (99.0, 99_000.0)] {
+            let got = r.percentile_us(p).unwrap() as f64;
+            assert!((got - want).abs() / want < 0.02, "p{p}: {got} vs {want}");
+        }
+        assert_eq!(r.percentile_us(100.0), Some(100_000));
+        assert_eq!(r.percentile_us(0.0), Some(1));
+        assert_eq!(r.max_us(), Some(100_000));
+    }
+
+    #[test]
+    fn empty_and_huge() {
+        let mut r = LatencyRecorder::new();
+        assert_eq!(r.percentile_us(50.0), None);
+        assert_eq!(r.summary().p99, None);
+        r.record(Duration::from_secs(u64::MAX / 4));
+        assert!(r.percentile_us(50.0).is_some());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("").is_err());
+    }
+}

@@ -1,0 +1,56 @@
+//! The causeway appliance config: one schema for the standalone appliance
+//! and for what the operator renders into ConfigMaps.
+//!
+//! This crate parses YAML, validates it with an error per bad value (each
+//! with its path), and derives defaults from the VLAN: pools, router, DNS
+//! and domain. It does no I/O beyond reading the file it is given, and it
+//! knows nothing of how services use the values.
+
+mod error;
+mod file;
+mod model;
+mod validate;
+
+pub use error::{ConfigErrors, FieldError, LoadError};
+pub use model::*;
+pub use validate::{parse_duration, parse_hex, parse_mac};
+
+use std::path::Path;
+
+/// The unprivileged loopback config the appliance runs when given none.
+pub const EMBEDDED_DEFAULT: &str = include_str!("../../../examples/local.yaml");
+
+impl Config {
+    /// Parses and validates YAML text, reporting every problem at once.
+    pub fn from_yaml(text: &str) -> Result<Config, ConfigErrors> {
+        let deserializer = serde_yaml::Deserializer::from_str(text);
+        let file: file::FileConfig = match serde_path_to_error::deserialize(deserializer) {
+            Ok(file) => file,
+            Err(err) => {
+                let path = err.path().to_string();
+                let path = if path == "." { String::new() } else { path };
+                let mut message = err.into_inner().to_string();
+                // serde_yaml may lead with its own (shorter) path; ours is
+                // exact, so drop theirs. Its trailing position stays.
+                if let Some((lead, rest)) = message.split_once(": ") {
+                    if path.starts_with(lead) {
+                        message = rest.to_string();
+                    }
+                }
+                return Err(ConfigErrors(vec![FieldError { path, message }]));
+            }
+        };
+        validate::validate(file)
+    }
+
+    pub fn load(path: &Path) -> Result<Config, LoadError> {
+        let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Ok(Config::from_yaml(&text)?)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,242 @@
+use super::*;
+use std::net::Ipv4Addr;
+
+fn errors(yaml: &str) -> Vec<String> {
+    match Config::from_yaml(yaml) {
+        Ok(_) => panic!("expected errors for:\n{yaml}"),
+        Err(e) => e.0.iter().map(ToString::to_string).collect(),
+    }
+}
+
+const VLAN: &str = r#"
+cluster: {name: hc1, baseDomain: example.com}
+network:
+  interface: net1
+  cidr: 192.168.100.0/24
+  gateway: 192.168.100.1
+  address: 192.168.100.2
+  staticAddresses: [192.168.100.3, 192.168.100.4]
+dhcp: {}
+"#;
+
+#[test]
+fn embedded_default_is_valid() {
+    let cfg = Config::from_yaml(EMBEDDED_DEFAULT).unwrap();
+    let dhcp = cfg.dhcp.unwrap();
+    assert_eq!(
+        dhcp.listen,
+        vec![DhcpListen::Address("127.0.0.1:6767".parse().unwrap())]
+    );
+    assert_eq!(cfg.admin.listen.to_string(), "127.0.0.1:9090");
+}
+
+#[test]
+fn vlan_subnet_is_derived_from_the_network() {
+    let cfg = Config::from_yaml(VLAN).unwrap();
+    let dhcp = cfg.dhcp.unwrap();
+    assert_eq!(dhcp.listen, vec![DhcpListen::Interface("net1".into())]);
+    let s = &dhcp.subnets[0];
+    assert_eq!(s.cidr.to_string(), "192.168.100.0/24");
+    assert_eq!(
+        s.pools,
+        vec![AddressRange {
+            start: Ipv4Addr::new(192, 168, 100, 1),
+            end: Ipv4Addr::new(192, 168, 100, 254)
+        }]
+    );
+    for a in [1, 2, 3, 4] {
+        let addr = Ipv4Addr::new(192, 168, 100, a);
+        assert!(
+            s.exclude.iter().any(|e| e.contains(addr)),
+            "{addr} not excluded"
+        );
+    }
+    assert_eq!(s.server_id, Ipv4Addr::new(192, 168, 100, 2));
+    assert_eq!(s.options.router, vec![Ipv4Addr::new(192, 168, 100, 1)]);
+    assert_eq!(s.options.dns_servers, vec![Ipv4Addr::new(192, 168, 100, 2)]);
+    assert_eq!(s.options.domain_name.as_deref(), Some("hc1.example.com"));
+    assert_eq!(s.interface.as_deref(), Some("net1"));
+    assert_eq!(dhcp.lease_time, std::time::Duration::from_secs(3600));
+}
+
+#[test]
+fn every_error_is_reported_with_its_path() {
+    let e = errors(
+        r#"
+network: {cidr: 192.168.1.0/24, gateway: 192.168.2.1, address: 192.168.1.2}
+dhcp:
+  listen: [{interface: net1}]
+  leaseTime: soon
+  subnets:
+    - interface: net1
+      pools: [{start: 192.168.1.10, end: 192.168.1.300}]
+      reservations:
+        - {mac: "zz:00", ip: 10.0.0.1}
+"#,
+    );
+    assert!(
+        e.contains(
+            &"network.gateway: 192.168.2.1 is outside network.cidr 192.168.1.0/24".to_string()
+        ),
+        "{e:#?}"
+    );
+    assert!(
+        e.contains(
+            &"dhcp.leaseTime: soon is not a duration such as 90, 90s, 15m, 1h or 2d".to_string()
+        ),
+        "{e:#?}"
+    );
+    assert!(
+        e.contains(
+            &"dhcp.subnets[0].pools[0].end: 192.168.1.300 is not an IPv4 address".to_string()
+        ),
+        "{e:#?}"
+    );
+    assert!(e.contains(&"dhcp.subnets[0].reservations[0].mac: zz:00 is not a MAC address such as 52:54:00:12:34:56".to_string()), "{e:#?}");
+    assert!(
+        e.contains(
+            &"dhcp.subnets[0].reservations[0].ip: 10.0.0.1 is outside subnet 192.168.1.0/24"
+                .to_string()
+        ),
+        "{e:#?}"
+    );
+    assert_eq!(e.len(), 5, "{e:#?}");
+}
+
+#[test]
+fn address_outside_the_cidr_is_refused() {
+    let e = errors(
+        "dhcp:\n  listen: [{address: '127.0.0.1:6767'}]\n  subnets:\n    - {cidr: 10.0.0.0/24, serverId: 10.0.0.1, pools: [{start: 10.0.0.10, end: 10.0.1.5}]}\n",
+    );
+    assert_eq!(
+        e,
+        vec!["dhcp.subnets[0].pools[0].end: 10.0.1.5 is outside subnet 10.0.0.0/24"]
+    );
+}
+
+#[test]
+fn unknown_fields_and_wrong_types_name_their_path() {
+    let e = errors("dhcp:\n  subnets:\n    - cidr: 10.0.0.0/24\n      poolz: []\n");
+    assert_eq!(e.len(), 1);
+    assert!(
+        e[0].starts_with("dhcp.subnets[0].poolz: unknown field `poolz`"),
+        "{e:?}"
+    );
+    let e = errors("dhcp:\n  maxInFlight: lots\n");
+    assert!(e[0].starts_with("dhcp.maxInFlight: invalid type"), "{e:?}");
+}
+
+#[test]
+fn host_bits_in_a_cidr_are_refused_with_the_network_named() {
+    let e = errors("network: {cidr: 10.1.2.3/24}\n");
+    assert_eq!(
+        e,
+        vec!["network.cidr: 10.1.2.3/24 has host bits set; the network is 10.1.2.0/24"]
+    );
+}
+
+#[test]
+fn overlapping_pools_subnets_and_reservations_are_refused() {
+    let e = errors(
+        r#"
+dhcp:
+  listen: [{address: "127.0.0.1:6767"}]
+  subnets:
+    - cidr: 10.0.0.0/24
+      serverId: 10.0.0.1
+      pools: [{start: 10.0.0.10, end: 10.0.0.20}, {start: 10.0.0.15, end: 10.0.0.30}]
+      reservations:
+        - {mac: "52:54:00:00:00:01", ip: 10.0.0.50}
+        - {mac: "52:54:00:00:00:02", ip: 10.0.0.50}
+        - {mac: "52:54:00:00:00:01", ip: 10.0.0.51}
+    - {cidr: 10.0.0.0/16, serverId: 10.0.0.1}
+"#,
+    );
+    assert_eq!(
+        e,
+        vec![
+            "dhcp.subnets[0].pools[1]: 10.0.0.15-10.0.0.30 overlaps pool 10.0.0.10-10.0.0.20",
+            "dhcp.subnets[0].reservations[1].ip: 10.0.0.50 is also reserved by dhcp.subnets[0].reservations[0]",
+            "dhcp.subnets[0].reservations[2]: this client already has a reservation in this subnet",
+            "dhcp.subnets[1].cidr: 10.0.0.0/16 overlaps subnet 10.0.0.0/24",
+        ]
+    );
+}
+
+#[test]
+fn custom_options_are_typed_and_encoded() {
+    let cfg = Config::from_yaml(
+        r#"
+dhcp:
+  listen: [{address: "127.0.0.1:6767"}]
+  subnets:
+    - cidr: 10.0.0.0/24
+      serverId: 10.0.0.1
+      options:
+        - {code: 150, ipv4: [10.0.0.5, 10.0.0.6]}
+        - {code: 66, string: tftp.example}
+        - {code: 224, hex: "01:02:ff"}
+        - {code: 225, u16: 513}
+"#,
+    )
+    .unwrap();
+    let custom = &cfg.dhcp.unwrap().subnets[0].options.custom;
+    assert_eq!(
+        custom[0],
+        CustomOption {
+            code: 150,
+            value: vec![10, 0, 0, 5, 10, 0, 0, 6]
+        }
+    );
+    assert_eq!(custom[1].value, b"tftp.example");
+    assert_eq!(custom[2].value, vec![1, 2, 255]);
+    assert_eq!(custom[3].value, vec![2, 1]);
+
+    let e = errors("dhcp:\n  listen: [{address: '127.0.0.1:1'}]\n  subnets:\n    - {cidr: 10.0.0.0/24, serverId: 10.0.0.1, options: [{code: 53, u8: 1}, {code: 70, u8: 1, u16: 2}]}\n");
+    assert_eq!(
+        e,
+        vec![
+            "dhcp.subnets[0].options[0].code: option 53 is managed by the server and cannot be set",
+            "dhcp.subnets[0].options[1]: give exactly one value: ipv4, string, u8, u16, u32, bool or hex",
+        ]
+    );
+}
+
+#[test]
+fn durations_accept_units() {
+    assert_eq!(
+        parse_duration("90"),
+        Some(std::time::Duration::from_secs(90))
+    );
+    assert_eq!(
+        parse_duration("15m"),
+        Some(std::time::Duration::from_secs(900))
+    );
+    assert_eq!(
+        parse_duration("2d"),
+        Some(std::time::Duration::from_secs(172800))
+    );
+    assert_eq!(parse_duration("1w"), None);
+    assert_eq!(parse_duration(""), None);
+    assert_eq!(parse_duration("99999999999999999999d"), None);
+}
+
+#[test]
+fn garbage_yaml_is_an_error_not_a_panic() {
+    for text in [
+        "{",
+        "- a\n- b",
+        "dhcp: [1, 2]",
+        "\u{0}",
+        "dhcp:\n  subnets: {",
+    ] {
+        assert!(Config::from_yaml(text).is_err(), "{text:?}");
+    }
+}
+
+proptest::proptest! {
+    #[test]
+    fn arbitrary_text_never_panics(text in ".{0,200}") {
+        let _ = Config::from_yaml(&text);
+    }
+}

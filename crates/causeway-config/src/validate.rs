@@ -1,0 +1,765 @@
+//! Turns a [`FileConfig`] into a [`Config`], collecting every problem with
+//! the path of the value at fault, and deriving what the user left out.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::Ipv4Net;
+
+use crate::error::{ConfigErrors, FieldError};
+use crate::file::*;
+use crate::model::*;
+
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
+pub const DEFAULT_LEASE_FILE: &str = "/var/lib/causeway/dhcp-leases.jsonl";
+pub const DEFAULT_LEASE_TIME: Duration = Duration::from_secs(3600);
+pub const DEFAULT_OFFER_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_DECLINE_PROBATION: Duration = Duration::from_secs(86400);
+pub const DEFAULT_RATE_LIMIT_PER_CLIENT: u32 = 20;
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 4096;
+
+/// Option codes the server manages itself; configuring them would break
+/// the protocol, so they are refused.
+const MANAGED_OPTION_CODES: &[u16] = &[0, 50, 51, 52, 53, 54, 55, 57, 58, 59, 61, 80, 82, 255];
+
+struct Collector {
+    errors: Vec<FieldError>,
+}
+
+impl Collector {
+    fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.errors.push(FieldError {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+
+    fn ipv4(&mut self, path: &str, text: &str) -> Option<Ipv4Addr> {
+        match text.trim().parse() {
+            Ok(addr) => Some(addr),
+            Err(_) => {
+                self.push(path, format!("{text} is not an IPv4 address"));
+                None
+            }
+        }
+    }
+
+    fn ipv4_list(&mut self, path: &str, texts: &[String]) -> Vec<Ipv4Addr> {
+        texts
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| self.ipv4(&format!("{path}[{i}]"), t))
+            .collect()
+    }
+
+    fn cidr(&mut self, path: &str, text: &str) -> Option<Ipv4Net> {
+        match text.trim().parse::<Ipv4Net>() {
+            Ok(net) if net.trunc() == net => Some(net),
+            Ok(net) => {
+                self.push(
+                    path,
+                    format!("{text} has host bits set; the network is {}", net.trunc()),
+                );
+                None
+            }
+            Err(_) => {
+                self.push(
+                    path,
+                    format!("{text} is not an IPv4 CIDR such as 192.168.10.0/24"),
+                );
+                None
+            }
+        }
+    }
+
+    fn duration(&mut self, path: &str, value: &FileDuration) -> Option<Duration> {
+        let parsed = match value {
+            FileDuration::Seconds(s) => Some(Duration::from_secs(*s)),
+            FileDuration::Text(t) => parse_duration(t),
+        };
+        match parsed {
+            Some(d) if !d.is_zero() => Some(d),
+            Some(_) => {
+                self.push(path, "must be greater than zero");
+                None
+            }
+            None => {
+                let shown = match value {
+                    FileDuration::Seconds(s) => s.to_string(),
+                    FileDuration::Text(t) => t.clone(),
+                };
+                self.push(
+                    path,
+                    format!("{shown} is not a duration such as 90, 90s, 15m, 1h or 2d"),
+                );
+                None
+            }
+        }
+    }
+
+    fn inside(&mut self, path: &str, addr: Ipv4Addr, net: Ipv4Net, what: &str) -> bool {
+        if net.contains(&addr) {
+            true
+        } else {
+            self.push(path, format!("{addr} is outside {what} {net}"));
+            false
+        }
+    }
+}
+
+/// Parses `90`, `90s`, `15m`, `1h` or `2d`.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let count: u64 = digits.parse().ok()?;
+    let scale = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return None,
+    };
+    count.checked_mul(scale).map(Duration::from_secs)
+}
+
+pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
+    let mut c = Collector { errors: Vec::new() };
+
+    let log = LogConfig {
+        level: file.log.level.unwrap_or_else(|| "info".to_string()),
+        format: match file.log.format.as_deref() {
+            None | Some("text") => LogFormat::Text,
+            Some("json") => LogFormat::Json,
+            Some(other) => {
+                c.push("log.format", format!("{other} is not one of: text, json"));
+                LogFormat::Text
+            }
+        },
+    };
+
+    let admin_text = file
+        .admin
+        .listen
+        .unwrap_or_else(|| DEFAULT_ADMIN_LISTEN.to_string());
+    let admin_listen = match admin_text.parse::<SocketAddr>() {
+        Ok(addr) => addr,
+        Err(_) => {
+            c.push(
+                "admin.listen",
+                format!("{admin_text} is not an address:port such as 127.0.0.1:9090"),
+            );
+            // Only reached when validation fails, so the value never escapes.
+            SocketAddr::from(([127, 0, 0, 1], 9090))
+        }
+    };
+
+    let cluster = file.cluster.map(|cl| {
+        if cl.name.trim().is_empty() {
+            c.push("cluster.name", "must not be empty");
+        }
+        if cl.base_domain.trim().is_empty() {
+            c.push("cluster.baseDomain", "must not be empty");
+        }
+        Cluster {
+            name: cl.name.trim().to_string(),
+            base_domain: cl.base_domain.trim().trim_end_matches('.').to_string(),
+        }
+    });
+
+    let network = file.network.and_then(|n| validate_network(&mut c, n));
+
+    let dhcp = match file.dhcp {
+        Some(d) if d.enabled => validate_dhcp(&mut c, d, network.as_ref(), cluster.as_ref()),
+        _ => None,
+    };
+
+    if c.errors.is_empty() {
+        Ok(Config {
+            log,
+            admin: AdminConfig {
+                listen: admin_listen,
+            },
+            cluster,
+            network,
+            dhcp,
+        })
+    } else {
+        Err(ConfigErrors(c.errors))
+    }
+}
+
+fn validate_network(c: &mut Collector, n: FileNetwork) -> Option<Network> {
+    let cidr = c.cidr("network.cidr", &n.cidr);
+    let gateway = n
+        .gateway
+        .as_deref()
+        .and_then(|g| c.ipv4("network.gateway", g));
+    let address = n
+        .address
+        .as_deref()
+        .and_then(|a| c.ipv4("network.address", a));
+    let statics = c.ipv4_list("network.staticAddresses", &n.static_addresses);
+    let cidr = cidr?;
+    if let Some(g) = gateway {
+        c.inside("network.gateway", g, cidr, "network.cidr");
+    }
+    if let Some(a) = address {
+        if c.inside("network.address", a, cidr, "network.cidr") && Some(a) == gateway {
+            c.push("network.address", format!("{a} is also the gateway"));
+        }
+    }
+    for (i, s) in statics.iter().enumerate() {
+        let path = format!("network.staticAddresses[{i}]");
+        if c.inside(&path, *s, cidr, "network.cidr") {
+            if Some(*s) == gateway {
+                c.push(&path, format!("{s} is also the gateway"));
+            }
+            if statics[..i].contains(s) || Some(*s) == address {
+                c.push(&path, format!("{s} is listed twice"));
+            }
+        }
+    }
+    for (path, addr) in [("network.gateway", gateway), ("network.address", address)]
+        .into_iter()
+        .filter_map(|(p, a)| a.map(|a| (p, a)))
+    {
+        if cidr.prefix_len() < 31 && (addr == cidr.network() || addr == cidr.broadcast()) {
+            c.push(
+                path,
+                format!("{addr} is the network or broadcast address of {cidr}"),
+            );
+        }
+    }
+    Some(Network {
+        interface: n.interface,
+        cidr,
+        gateway,
+        address,
+        static_addresses: statics,
+    })
+}
+
+fn validate_dhcp(
+    c: &mut Collector,
+    d: FileDhcp,
+    network: Option<&Network>,
+    cluster: Option<&Cluster>,
+) -> Option<DhcpConfig> {
+    let mut listen = Vec::new();
+    for (i, l) in d.listen.iter().enumerate() {
+        let path = format!("dhcp.listen[{i}]");
+        match (&l.interface, &l.address) {
+            (Some(name), None) if !name.trim().is_empty() => {
+                listen.push(DhcpListen::Interface(name.trim().to_string()))
+            }
+            (None, Some(text)) => match text.parse::<SocketAddrV4>() {
+                Ok(addr) => listen.push(DhcpListen::Address(addr)),
+                Err(_) => c.push(
+                    format!("{path}.address"),
+                    format!("{text} is not an IPv4 address:port such as 127.0.0.1:6767"),
+                ),
+            },
+            _ => c.push(path, "give exactly one of interface or address"),
+        }
+    }
+    if d.listen.is_empty() {
+        match network.and_then(|n| n.interface.clone()) {
+            Some(iface) => listen.push(DhcpListen::Interface(iface)),
+            None => c.push(
+                "dhcp.listen",
+                "nothing to listen on: list an interface or address, or set network.interface",
+            ),
+        }
+    }
+
+    let lease_time = d
+        .lease_time
+        .as_ref()
+        .and_then(|v| c.duration("dhcp.leaseTime", v))
+        .unwrap_or(DEFAULT_LEASE_TIME);
+    let renew_time = d
+        .renew_time
+        .as_ref()
+        .and_then(|v| c.duration("dhcp.renewTime", v));
+    let rebind_time = d
+        .rebind_time
+        .as_ref()
+        .and_then(|v| c.duration("dhcp.rebindTime", v));
+    if let (Some(t1), Some(t2)) = (renew_time, rebind_time) {
+        if t1 >= t2 {
+            c.push("dhcp.renewTime", "must be shorter than dhcp.rebindTime");
+        }
+    }
+    for (path, t) in [
+        ("dhcp.renewTime", renew_time),
+        ("dhcp.rebindTime", rebind_time),
+    ] {
+        if t.is_some_and(|t| t >= lease_time) {
+            c.push(path, "must be shorter than dhcp.leaseTime");
+        }
+    }
+    let offer_timeout = d
+        .offer_timeout
+        .as_ref()
+        .and_then(|v| c.duration("dhcp.offerTimeout", v))
+        .unwrap_or(DEFAULT_OFFER_TIMEOUT);
+    let decline_probation = d
+        .decline_probation
+        .as_ref()
+        .and_then(|v| c.duration("dhcp.declineProbation", v))
+        .unwrap_or(DEFAULT_DECLINE_PROBATION);
+    let rate_limit_per_client = d
+        .rate_limit_per_client
+        .unwrap_or(DEFAULT_RATE_LIMIT_PER_CLIENT);
+    if rate_limit_per_client == 0 {
+        c.push("dhcp.rateLimitPerClient", "must be at least 1");
+    }
+    let max_in_flight = d.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT);
+    if max_in_flight == 0 {
+        c.push("dhcp.maxInFlight", "must be at least 1");
+    }
+
+    let mut file_subnets = d.subnets;
+    if file_subnets.is_empty() {
+        if network.is_some() {
+            file_subnets.push(FileSubnet::default());
+        } else {
+            c.push(
+                "dhcp.subnets",
+                "no subnet to serve: list dhcp.subnets or set network.cidr",
+            );
+        }
+    }
+    let mut subnets: Vec<Subnet> = Vec::new();
+    for (i, s) in file_subnets.into_iter().enumerate() {
+        let path = format!("dhcp.subnets[{i}]");
+        if let Some(subnet) = validate_subnet(c, &path, s, network, cluster) {
+            if let Some(prior) = subnets.iter().find(|p| {
+                p.cidr.contains(&subnet.cidr.network()) || subnet.cidr.contains(&p.cidr.network())
+            }) {
+                c.push(
+                    format!("{path}.cidr"),
+                    format!("{} overlaps subnet {}", subnet.cidr, prior.cidr),
+                );
+            }
+            subnets.push(subnet);
+        }
+    }
+    for l in &listen {
+        if let DhcpListen::Interface(name) = l {
+            let served = subnets
+                .iter()
+                .filter(|s| s.interface.as_deref() == Some(name.as_str()))
+                .count();
+            if served == 0 {
+                c.push(
+                    "dhcp.listen",
+                    format!("no subnet is served on interface {name}: set that subnet's interface"),
+                );
+            }
+        }
+    }
+
+    Some(DhcpConfig {
+        listen,
+        lease_file: PathBuf::from(
+            d.lease_file
+                .unwrap_or_else(|| DEFAULT_LEASE_FILE.to_string()),
+        ),
+        lease_time,
+        renew_time,
+        rebind_time,
+        offer_timeout,
+        decline_probation,
+        rapid_commit: d.rapid_commit.unwrap_or(false),
+        authoritative: d.authoritative.unwrap_or(true),
+        rate_limit_per_client,
+        max_in_flight,
+        subnets,
+    })
+}
+
+fn validate_subnet(
+    c: &mut Collector,
+    path: &str,
+    s: FileSubnet,
+    network: Option<&Network>,
+    cluster: Option<&Cluster>,
+) -> Option<Subnet> {
+    let cidr = match (&s.cidr, network) {
+        (Some(text), _) => c.cidr(&format!("{path}.cidr"), text)?,
+        (None, Some(n)) => n.cidr,
+        (None, None) => {
+            c.push(
+                format!("{path}.cidr"),
+                "missing, and network.cidr is not set",
+            );
+            return None;
+        }
+    };
+    // The subnet that is the VLAN itself inherits the VLAN's facts.
+    let vlan = network.filter(|n| n.cidr == cidr);
+
+    let mut exclude: Vec<AddressRange> = Vec::new();
+    for (i, text) in s.exclude.iter().enumerate() {
+        let p = format!("{path}.exclude[{i}]");
+        let range = match text.split_once('-') {
+            Some((a, b)) => {
+                let start = c.ipv4(&p, a);
+                let end = c.ipv4(&p, b);
+                match (start, end) {
+                    (Some(start), Some(end)) if start <= end => Some(AddressRange { start, end }),
+                    (Some(_), Some(_)) => {
+                        c.push(&p, format!("{text}: the start is after the end"));
+                        None
+                    }
+                    _ => None,
+                }
+            }
+            None => c.ipv4(&p, text).map(AddressRange::single),
+        };
+        if let Some(r) = range {
+            if c.inside(&p, r.start, cidr, "subnet") {
+                c.inside(&p, r.end, cidr, "subnet");
+            }
+            exclude.push(r);
+        }
+    }
+    if let Some(n) = vlan {
+        exclude.extend(
+            n.gateway
+                .iter()
+                .chain(n.address.iter())
+                .chain(n.static_addresses.iter())
+                .map(|a| AddressRange::single(*a)),
+        );
+    }
+
+    let first_host = if cidr.prefix_len() >= 31 {
+        cidr.network()
+    } else {
+        Ipv4Addr::from(u32::from(cidr.network()) + 1)
+    };
+    let last_host = if cidr.prefix_len() >= 31 {
+        cidr.broadcast()
+    } else {
+        Ipv4Addr::from(u32::from(cidr.broadcast()) - 1)
+    };
+    let mut pools: Vec<AddressRange> = Vec::new();
+    for (i, r) in s.pools.iter().enumerate() {
+        let p = format!("{path}.pools[{i}]");
+        let start = c.ipv4(&format!("{p}.start"), &r.start);
+        let end = c.ipv4(&format!("{p}.end"), &r.end);
+        if let (Some(start), Some(end)) = (start, end) {
+            let in_start = c.inside(&format!("{p}.start"), start, cidr, "subnet");
+            let in_end = c.inside(&format!("{p}.end"), end, cidr, "subnet");
+            if !(in_start && in_end) {
+                continue;
+            }
+            if start > end {
+                c.push(&p, format!("start {start} is after end {end}"));
+                continue;
+            }
+            let range = AddressRange { start, end };
+            if let Some(other) = pools.iter().find(|o| o.overlaps(&range)) {
+                c.push(&p, format!("{range} overlaps pool {other}"));
+            }
+            pools.push(range);
+        }
+    }
+    if s.pools.is_empty() {
+        pools.push(AddressRange {
+            start: first_host,
+            end: last_host,
+        });
+    }
+
+    let relay_addresses = c.ipv4_list(&format!("{path}.relayAddresses"), &s.relay_addresses);
+
+    let server_id = match &s.server_id {
+        Some(text) => c.ipv4(&format!("{path}.serverId"), text),
+        None => vlan.and_then(|n| n.address),
+    };
+
+    let router = match &s.router {
+        Some(list) => c.ipv4_list(&format!("{path}.router"), list),
+        None => vlan.and_then(|n| n.gateway).into_iter().collect(),
+    };
+    let dns_servers = match &s.dns_servers {
+        Some(list) => c.ipv4_list(&format!("{path}.dnsServers"), list),
+        None => vlan.and_then(|n| n.address).into_iter().collect(),
+    };
+    let domain_name = s
+        .domain_name
+        .clone()
+        .or_else(|| cluster.map(Cluster::domain));
+    if let Some(name) = domain_name.as_deref().filter(|n| !is_domain_name(n)) {
+        c.push(
+            format!("{path}.domainName"),
+            format!("{name} is not a domain name"),
+        );
+    }
+    for (i, name) in s.domain_search.iter().enumerate() {
+        if !is_domain_name(name) {
+            c.push(
+                format!("{path}.domainSearch[{i}]"),
+                format!("{name} is not a domain name"),
+            );
+        }
+    }
+    if let Some(mtu) = s.mtu {
+        if mtu < 68 {
+            c.push(
+                format!("{path}.mtu"),
+                format!("{mtu} is below the IPv4 minimum of 68"),
+            );
+        }
+    }
+    let ntp_servers = c.ipv4_list(&format!("{path}.ntpServers"), &s.ntp_servers);
+    let mut classless_routes = Vec::new();
+    for (i, r) in s.classless_routes.iter().enumerate() {
+        let p = format!("{path}.classlessRoutes[{i}]");
+        let dest = c.cidr(&format!("{p}.destination"), &r.destination);
+        let gw = c.ipv4(&format!("{p}.gateway"), &r.gateway);
+        if let (Some(dest), Some(gw)) = (dest, gw) {
+            classless_routes.push((dest, gw));
+        }
+    }
+    let lease_time = s
+        .lease_time
+        .as_ref()
+        .and_then(|v| c.duration(&format!("{path}.leaseTime"), v));
+    let custom = validate_options(c, &format!("{path}.options"), &s.options);
+
+    let mut reservations: Vec<Reservation> = Vec::new();
+    for (i, r) in s.reservations.iter().enumerate() {
+        let p = format!("{path}.reservations[{i}]");
+        let client = match (&r.mac, &r.client_id) {
+            (Some(mac), None) => parse_mac(mac).map(ClientMatch::Mac).or_else(|| {
+                c.push(
+                    format!("{p}.mac"),
+                    format!("{mac} is not a MAC address such as 52:54:00:12:34:56"),
+                );
+                None
+            }),
+            (None, Some(id)) => parse_hex(id)
+                .filter(|b| !b.is_empty())
+                .map(ClientMatch::ClientId)
+                .or_else(|| {
+                    c.push(
+                        format!("{p}.clientId"),
+                        format!("{id} is not hex bytes such as 01:52:54:00:12:34:56"),
+                    );
+                    None
+                }),
+            _ => {
+                c.push(&p, "give exactly one of mac or clientId");
+                None
+            }
+        };
+        let ip = c.ipv4(&format!("{p}.ip"), &r.ip);
+        if let Some(ip) = ip {
+            let ip_path = format!("{p}.ip");
+            if c.inside(&ip_path, ip, cidr, "subnet") {
+                if exclude.iter().any(|e| e.contains(ip)) {
+                    c.push(&ip_path, format!("{ip} is excluded or a static address"));
+                }
+                if let Some(other) = reservations.iter().position(|o| o.ip == ip) {
+                    c.push(
+                        &ip_path,
+                        format!("{ip} is also reserved by {path}.reservations[{other}]"),
+                    );
+                }
+            }
+        }
+        if let Some(client) = &client {
+            if reservations.iter().any(|o| &o.client == client) {
+                c.push(&p, "this client already has a reservation in this subnet");
+            }
+        }
+        if let Some(h) = &r.hostname {
+            if !is_host_label(h) {
+                c.push(format!("{p}.hostname"), format!("{h} is not a host name"));
+            }
+        }
+        let options = validate_options(c, &format!("{p}.options"), &r.options);
+        if let (Some(client), Some(ip)) = (client, ip) {
+            reservations.push(Reservation {
+                client,
+                ip,
+                hostname: r.hostname.clone(),
+                options,
+            });
+        }
+    }
+
+    let server_id = match server_id {
+        Some(id) => id,
+        None => {
+            c.push(
+                format!("{path}.serverId"),
+                "cannot be derived: set it, or network.address for the VLAN subnet",
+            );
+            return None;
+        }
+    };
+
+    Some(Subnet {
+        cidr,
+        pools,
+        exclude,
+        relay_addresses,
+        interface: s
+            .interface
+            .clone()
+            .or_else(|| vlan.and_then(|n| n.interface.clone())),
+        server_id,
+        lease_time,
+        options: SubnetOptions {
+            router,
+            dns_servers,
+            domain_name,
+            domain_search: s.domain_search.clone(),
+            mtu: s.mtu,
+            ntp_servers,
+            classless_routes,
+            custom,
+        },
+        reservations,
+    })
+}
+
+fn validate_options(c: &mut Collector, path: &str, options: &[FileOption]) -> Vec<CustomOption> {
+    let mut out = Vec::new();
+    for (i, o) in options.iter().enumerate() {
+        let p = format!("{path}[{i}]");
+        if o.code == 0 || o.code > 254 {
+            c.push(
+                format!("{p}.code"),
+                format!("{} is not an option code from 1 to 254", o.code),
+            );
+            continue;
+        }
+        if MANAGED_OPTION_CODES.contains(&o.code) {
+            c.push(
+                format!("{p}.code"),
+                format!(
+                    "option {} is managed by the server and cannot be set",
+                    o.code
+                ),
+            );
+            continue;
+        }
+        let given = [
+            o.ipv4.is_some(),
+            o.string.is_some(),
+            o.u8.is_some(),
+            o.u16.is_some(),
+            o.u32.is_some(),
+            o.bool.is_some(),
+            o.hex.is_some(),
+        ]
+        .iter()
+        .filter(|g| **g)
+        .count();
+        if given != 1 {
+            c.push(
+                &p,
+                "give exactly one value: ipv4, string, u8, u16, u32, bool or hex",
+            );
+            continue;
+        }
+        let value = if let Some(list) = &o.ipv4 {
+            c.ipv4_list(&format!("{p}.ipv4"), list)
+                .iter()
+                .flat_map(|a| a.octets())
+                .collect()
+        } else if let Some(s) = &o.string {
+            s.as_bytes().to_vec()
+        } else if let Some(v) = o.u8 {
+            vec![v]
+        } else if let Some(v) = o.u16 {
+            v.to_be_bytes().to_vec()
+        } else if let Some(v) = o.u32 {
+            v.to_be_bytes().to_vec()
+        } else if let Some(v) = o.bool {
+            vec![u8::from(v)]
+        } else if let Some(h) = &o.hex {
+            match parse_hex(h) {
+                Some(bytes) => bytes,
+                None => {
+                    c.push(
+                        format!("{p}.hex"),
+                        format!("{h} is not hex bytes such as 0a:0b:0c"),
+                    );
+                    continue;
+                }
+            }
+        } else {
+            continue;
+        };
+        if value.len() > 255 {
+            c.push(
+                &p,
+                format!(
+                    "the value is {} bytes; an option holds at most 255",
+                    value.len()
+                ),
+            );
+            continue;
+        }
+        if out
+            .iter()
+            .any(|x: &CustomOption| u16::from(x.code) == o.code)
+        {
+            c.push(
+                format!("{p}.code"),
+                format!("option {} is set twice", o.code),
+            );
+            continue;
+        }
+        out.push(CustomOption {
+            code: o.code as u8,
+            value,
+        });
+    }
+    out
+}
+
+pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let bytes = parse_hex(text)?;
+    bytes.try_into().ok()
+}
+
+/// Hex bytes, separated by `:` or `-`, or not separated at all.
+pub fn parse_hex(text: &str) -> Option<Vec<u8>> {
+    let digits: String = text
+        .trim()
+        .chars()
+        .filter(|c| *c != ':' && *c != '-')
+        .collect();
+    if digits.len() % 2 != 0 || !digits.chars().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    (0..digits.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&digits[i..i + 2], 16).ok())
+        .collect()
+}
+
+fn is_host_label(label: &str) -> bool {
+    !label.is_empty()
+        && label.len() <= 63
+        && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        && !label.starts_with('-')
+        && !label.ends_with('-')
+}
+
+fn is_domain_name(name: &str) -> bool {
+    let name = name.trim_end_matches('.');
+    !name.is_empty() && name.len() <= 253 && name.split('.').all(is_host_label)
+}
