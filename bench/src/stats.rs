@@ -58,16 +58,8 @@ impl LatencyRecorder {
         self.max_us = self.max_us.max(us);
     }
 
-    pub fn count(&self) -> u64 {
-        self.total
-    }
-
     pub fn max_us(&self) -> Option<u64> {
         (self.total > 0).then_some(self.max_us)
-    }
-
-    pub fn min_us(&self) -> Option<u64> {
-        (self.total > 0).then_some(self.min_us)
     }
 
     pub fn mean_us(&self) -> Option<f64> {
@@ -76,13 +68,20 @@ impl LatencyRecorder {
 
     /// Value at percentile `p` (0..=100), using the nearest-rank definition.
     /// Returns the midpoint of the bucket holding that rank, clamped to the
-    /// observed min/max so p0/p100 are exact.
+    /// observed min/max; p0 and p100 are exact.
     pub fn percentile_us(&self, p: f64) -> Option<u64> {
         if self.total == 0 {
             return None;
         }
         let p = p.clamp(0.0, 100.0);
         let rank = ((p / 100.0) * self.total as f64).ceil().max(1.0) as u64;
+        // The extremes are tracked exactly; no need to approximate them.
+        if rank >= self.total {
+            return Some(self.max_us);
+        }
+        if rank == 1 {
+            return Some(self.min_us);
+        }
         let mut seen = 0u64;
         for (idx, &c) in self.counts.iter().enumerate() {
             seen += c;
@@ -191,10 +190,14 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "us" => 0.000_001,
         "m" | "min" => 60.0,
         "h" => 3600.0,
-        other => return Err(format!("invalid duration unit {other:?} in {s:?}: use ms, s, m or h")),
+        other => {
+            return Err(format!(
+                "invalid duration unit {other:?} in {s:?}: use ms, s, m or h"
+            ))
+        }
     };
     let secs = value * scale;
-    if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+    if !(0.0..=1e9).contains(&secs) {
         return Err(format!("duration {s:?} out of range"));
     }
     Ok(Duration::from_secs_f64(secs))

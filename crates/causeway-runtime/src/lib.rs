@@ -1,1 +1,14 @@
-//! placeholder
+//! Runtime plumbing every causeway service shares: the admin HTTP server
+//! (`/metrics`, `/healthz`, `/readyz` and service JSON endpoints),
+//! readiness, tracing setup, graceful shutdown and config reload triggers.
+//!
+//! It holds no protocol logic and no config schema; services plug into it.
+
+pub mod admin;
+pub mod readiness;
+pub mod reload;
+pub mod shutdown;
+pub mod telemetry;
+
+pub use readiness::{Readiness, ReadyHandle};
+pub use shutdown::{Shutdown, ShutdownTrigger};

@@ -1,0 +1,881 @@
+//! The DHCPv4 engine: a request plus the lease state in, a reply and the
+//! lease change to make durable out.
+//!
+//! It knows nothing of sockets, files or clocks: the caller passes the time
+//! in, sends the reply, and must make `commit` durable before it does.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use causeway_config::{ClientMatch, DhcpConfig, Reservation, Subnet};
+use dhcproto::v4::{DhcpOption, Message, MessageType, Opcode, OptionCode};
+
+use crate::client::ClientKey;
+use crate::lease::{Lease, LeaseRecord, LeaseState};
+use crate::pool::Pool;
+use crate::reply;
+
+pub const SERVER_PORT: u16 = 67;
+pub const CLIENT_PORT: u16 = 68;
+
+/// How a request reached the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ingress {
+    /// A socket on a directly attached segment, by interface name.
+    Interface(String),
+    /// A UDP address socket: relayed requests and unicast renewals.
+    Address,
+}
+
+/// Where a reply goes. `Broadcast` means 255.255.255.255:68 out of the
+/// interface the request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Destination {
+    Unicast(SocketAddrV4),
+    Broadcast,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    pub message: Message,
+    pub destination: Destination,
+}
+
+impl Reply {
+    pub fn message_type(&self) -> Option<MessageType> {
+        self.message.opts().msg_type()
+    }
+}
+
+/// What the engine decided. When both `reply` and `commit` are present the
+/// reply must not leave before the commit is on stable storage.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Reply {
+        reply: Reply,
+        commit: Option<LeaseRecord>,
+    },
+    /// A lease change with nothing to send (RELEASE, DECLINE).
+    Commit(LeaseRecord),
+    /// Nothing to send and nothing to store.
+    Ignore(Ignored),
+}
+
+/// Why a request got no answer; each is a metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Ignored {
+    NotBootRequest,
+    /// A BOOTP request (no message type): we serve DHCP only.
+    Bootp,
+    UnexpectedMessageType,
+    NoSubnet,
+    RateLimited,
+    PoolExhausted,
+    /// A REQUEST or DECLINE naming another server.
+    OtherServer,
+    /// INIT-REBOOT from a client we have no record of, when not authoritative.
+    NoRecord,
+    /// A RELEASE or DECLINE for a lease the client does not hold.
+    NotHeld,
+    MissingAddress,
+}
+
+impl Ignored {
+    pub fn label(self) -> &'static str {
+        match self {
+            Ignored::NotBootRequest => "not_boot_request",
+            Ignored::Bootp => "bootp",
+            Ignored::UnexpectedMessageType => "unexpected_message_type",
+            Ignored::NoSubnet => "no_subnet",
+            Ignored::RateLimited => "rate_limited",
+            Ignored::PoolExhausted => "pool_exhausted",
+            Ignored::OtherServer => "other_server",
+            Ignored::NoRecord => "no_record",
+            Ignored::NotHeld => "not_held",
+            Ignored::MissingAddress => "missing_address",
+        }
+    }
+}
+
+/// Address accounting for one pool, for metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolStats {
+    pub subnet: String,
+    pub pool: String,
+    pub total: u64,
+    pub leased: u64,
+    pub offered: u64,
+    pub declined: u64,
+    /// Excluded and reserved addresses inside the pool.
+    pub unavailable: u64,
+    pub free: u64,
+}
+
+struct SubnetState {
+    cfg: Subnet,
+    pools: Vec<Pool>,
+    by_mac: HashMap<[u8; 6], usize>,
+    by_client_id: HashMap<Vec<u8>, usize>,
+    by_reserved_ip: HashMap<Ipv4Addr, usize>,
+}
+
+impl SubnetState {
+    fn new(cfg: Subnet) -> Self {
+        let mut pools: Vec<Pool> = cfg.pools.iter().map(|r| Pool::new(*r)).collect();
+        let mut by_mac = HashMap::new();
+        let mut by_client_id = HashMap::new();
+        let mut by_reserved_ip = HashMap::new();
+        for (i, r) in cfg.reservations.iter().enumerate() {
+            match &r.client {
+                ClientMatch::Mac(mac) => by_mac.insert(*mac, i),
+                ClientMatch::ClientId(id) => by_client_id.insert(id.clone(), i),
+            };
+            by_reserved_ip.insert(r.ip, i);
+        }
+        for pool in &mut pools {
+            for ex in &cfg.exclude {
+                let start = u32::from(ex.start).max(u32::from(pool.range.start));
+                let end = u32::from(ex.end).min(u32::from(pool.range.end));
+                for a in start..=end {
+                    pool.set(a.into(), true);
+                }
+            }
+            for ip in by_reserved_ip.keys() {
+                pool.set(*ip, true);
+            }
+        }
+        SubnetState {
+            cfg,
+            pools,
+            by_mac,
+            by_client_id,
+            by_reserved_ip,
+        }
+    }
+
+    fn reservation_for(&self, hw: &[u8; 6], client_id: Option<&[u8]>) -> Option<&Reservation> {
+        let i = client_id
+            .and_then(|id| self.by_client_id.get(id))
+            .or_else(|| self.by_mac.get(hw))?;
+        self.cfg.reservations.get(*i)
+    }
+
+    fn pool_mut(&mut self, ip: Ipv4Addr) -> Option<&mut Pool> {
+        self.pools.iter_mut().find(|p| p.contains(ip))
+    }
+
+    fn in_pool(&self, ip: Ipv4Addr) -> bool {
+        self.pools.iter().any(|p| p.contains(ip))
+    }
+
+    fn excluded(&self, ip: Ipv4Addr) -> bool {
+        self.cfg.exclude.iter().any(|e| e.contains(ip))
+    }
+}
+
+/// Protocol timing and policy, from the config.
+#[derive(Debug, Clone)]
+struct Policy {
+    lease_secs: u32,
+    renew_secs: Option<u32>,
+    rebind_secs: Option<u32>,
+    offer_secs: u32,
+    decline_secs: u32,
+    rapid_commit: bool,
+    authoritative: bool,
+    rate_limit: u32,
+}
+
+fn secs(d: std::time::Duration) -> u32 {
+    u32::try_from(d.as_secs()).unwrap_or(u32::MAX)
+}
+
+impl Policy {
+    fn from_config(cfg: &DhcpConfig) -> Self {
+        Policy {
+            lease_secs: secs(cfg.lease_time),
+            renew_secs: cfg.renew_time.map(secs),
+            rebind_secs: cfg.rebind_time.map(secs),
+            offer_secs: secs(cfg.offer_timeout),
+            decline_secs: secs(cfg.decline_probation),
+            rapid_commit: cfg.rapid_commit,
+            authoritative: cfg.authoritative,
+            rate_limit: cfg.rate_limit_per_client,
+        }
+    }
+}
+
+/// The facts of one request the engine acts on, pulled out once.
+struct Facts<'a> {
+    msg: &'a Message,
+    key: ClientKey,
+    hw: [u8; 6],
+    client_id: Option<&'a [u8]>,
+    source: SocketAddrV4,
+}
+
+pub struct Engine {
+    policy: Policy,
+    subnets: Vec<SubnetState>,
+    leases: HashMap<Ipv4Addr, Lease>,
+    /// The address each client last held or was offered.
+    by_client: HashMap<ClientKey, Ipv4Addr>,
+    rate_window: u64,
+    rate_counts: HashMap<ClientKey, u32>,
+}
+
+impl Engine {
+    pub fn new(cfg: &DhcpConfig) -> Self {
+        Engine {
+            policy: Policy::from_config(cfg),
+            subnets: cfg.subnets.iter().cloned().map(SubnetState::new).collect(),
+            leases: HashMap::new(),
+            by_client: HashMap::new(),
+            rate_window: 0,
+            rate_counts: HashMap::new(),
+        }
+    }
+
+    /// Applies a new config, keeping every lease.
+    pub fn reconfigure(&mut self, cfg: &DhcpConfig) {
+        self.policy = Policy::from_config(cfg);
+        self.subnets = cfg.subnets.iter().cloned().map(SubnetState::new).collect();
+        let leases: Vec<Ipv4Addr> = self.leases.keys().copied().collect();
+        for ip in leases {
+            self.mark(ip);
+        }
+    }
+
+    /// Loads leases recovered from the store, in the order they were written.
+    pub fn restore<'a>(&mut self, records: impl IntoIterator<Item = &'a LeaseRecord>) -> usize {
+        let mut skipped = 0;
+        for r in records {
+            let Some(lease) = Lease::from_record(r) else {
+                skipped += 1;
+                continue;
+            };
+            let ip = lease.ip;
+            if let Some(old) = self.leases.get(&ip) {
+                if old.client != lease.client && self.by_client.get(&old.client) == Some(&ip) {
+                    let displaced = old.client.clone();
+                    self.by_client.remove(&displaced);
+                }
+            }
+            if lease.state == LeaseState::Declined {
+                self.by_client.remove(&lease.client);
+            } else {
+                self.by_client.insert(lease.client.clone(), ip);
+            }
+            self.leases.insert(ip, lease);
+        }
+        // A client that moved left its old lease active on disk; only its
+        // newest address is its own.
+        for l in self.leases.values_mut() {
+            if l.state != LeaseState::Declined && self.by_client.get(&l.client) != Some(&l.ip) {
+                l.state = LeaseState::Released;
+            }
+        }
+        let ips: Vec<Ipv4Addr> = self.leases.keys().copied().collect();
+        for ip in ips {
+            self.mark(ip);
+        }
+        skipped
+    }
+
+    pub fn leases(&self) -> impl Iterator<Item = &Lease> {
+        self.leases.values()
+    }
+
+    pub fn lease_count(&self) -> usize {
+        self.leases.len()
+    }
+
+    /// Brings the occupancy bitmap in line with the lease at `ip`.
+    fn mark(&mut self, ip: Ipv4Addr) {
+        let held = self
+            .leases
+            .get(&ip)
+            .is_some_and(|l| l.state != LeaseState::Released);
+        for s in &mut self.subnets {
+            let permanent = s.by_reserved_ip.contains_key(&ip) || s.excluded(ip);
+            if let Some(pool) = s.pool_mut(ip) {
+                pool.set(ip, held || permanent);
+            }
+        }
+    }
+
+    /// Frees addresses whose offer, lease or probation has run out. Returns
+    /// how many were freed. Expired leases stay remembered for stickiness.
+    pub fn reclaim(&mut self, now: u64) -> usize {
+        let expired: Vec<Ipv4Addr> = self
+            .leases
+            .values()
+            .filter(|l| l.state != LeaseState::Released && !l.holds(now))
+            .map(|l| l.ip)
+            .collect();
+        for ip in &expired {
+            if let Some(l) = self.leases.get_mut(ip) {
+                if l.state == LeaseState::Declined {
+                    // Quarantine over: forget the decliner entirely.
+                    let client = l.client.clone();
+                    self.leases.remove(ip);
+                    if self.by_client.get(&client) == Some(ip) {
+                        self.by_client.remove(&client);
+                    }
+                } else {
+                    l.state = LeaseState::Released;
+                }
+            }
+            self.mark(*ip);
+        }
+        expired.len()
+    }
+
+    pub fn pool_stats(&self, now: u64) -> Vec<PoolStats> {
+        let mut out = Vec::new();
+        for s in &self.subnets {
+            for p in &s.pools {
+                let mut stats = PoolStats {
+                    subnet: s.cfg.cidr.to_string(),
+                    pool: p.range.to_string(),
+                    total: p.range.len(),
+                    leased: 0,
+                    offered: 0,
+                    declined: 0,
+                    unavailable: 0,
+                    free: 0,
+                };
+                let mut held = 0;
+                for ex in &s.cfg.exclude {
+                    if ex.overlaps(&p.range) {
+                        let start = u32::from(ex.start).max(u32::from(p.range.start));
+                        let end = u32::from(ex.end).min(u32::from(p.range.end));
+                        stats.unavailable += u64::from(end - start) + 1;
+                    }
+                }
+                stats.unavailable += s
+                    .by_reserved_ip
+                    .keys()
+                    .filter(|ip| p.contains(**ip) && !s.excluded(**ip))
+                    .count() as u64;
+                for l in self
+                    .leases
+                    .values()
+                    .filter(|l| p.contains(l.ip) && l.holds(now))
+                {
+                    match l.state {
+                        LeaseState::Active => stats.leased += 1,
+                        LeaseState::Offered => stats.offered += 1,
+                        LeaseState::Declined => stats.declined += 1,
+                        LeaseState::Released => {}
+                    }
+                    if !s.by_reserved_ip.contains_key(&l.ip) {
+                        held += 1;
+                    }
+                }
+                stats.free = stats.total.saturating_sub(stats.unavailable + held);
+                out.push(stats);
+            }
+        }
+        out
+    }
+
+    /// Handles one decoded request at `now` (unix seconds).
+    pub fn handle(
+        &mut self,
+        now: u64,
+        msg: &Message,
+        source: SocketAddrV4,
+        ingress: &Ingress,
+    ) -> Outcome {
+        if msg.opcode() != Opcode::BootRequest {
+            return Outcome::Ignore(Ignored::NotBootRequest);
+        }
+        let Some(kind) = msg.opts().msg_type() else {
+            return Outcome::Ignore(Ignored::Bootp);
+        };
+        let client_id = match msg.opts().get(OptionCode::ClientIdentifier) {
+            Some(DhcpOption::ClientIdentifier(id)) if !id.is_empty() => Some(id.as_slice()),
+            _ => None,
+        };
+        let chaddr = msg.chaddr();
+        let key = match client_id {
+            Some(id) => ClientKey::new(id),
+            None => ClientKey::from_hardware(u8::from(msg.htype()), chaddr),
+        };
+        let mut hw = [0u8; 6];
+        let n = chaddr.len().min(6);
+        hw[..n].copy_from_slice(&chaddr[..n]);
+
+        if !self.admit(now, &key) {
+            return Outcome::Ignore(Ignored::RateLimited);
+        }
+        let Some(si) = self.select_subnet(msg, ingress) else {
+            return Outcome::Ignore(Ignored::NoSubnet);
+        };
+        let facts = Facts {
+            msg,
+            key,
+            hw,
+            client_id,
+            source,
+        };
+        match kind {
+            MessageType::Discover => self.discover(now, si, &facts),
+            MessageType::Request => self.request(now, si, &facts),
+            MessageType::Decline => self.decline(now, si, &facts),
+            MessageType::Release => self.release(now, &facts),
+            MessageType::Inform => self.inform(si, &facts),
+            _ => Outcome::Ignore(Ignored::UnexpectedMessageType),
+        }
+    }
+
+    /// A fixed one-second window per client: enough to stop one client
+    /// flooding, and the map never outlives a second.
+    fn admit(&mut self, now: u64, key: &ClientKey) -> bool {
+        if now != self.rate_window {
+            self.rate_window = now;
+            self.rate_counts.clear();
+        }
+        let count = self.rate_counts.entry(key.clone()).or_insert(0);
+        *count += 1;
+        *count <= self.policy.rate_limit
+    }
+
+    fn select_subnet(&self, msg: &Message, ingress: &Ingress) -> Option<usize> {
+        let giaddr = msg.giaddr();
+        if !giaddr.is_unspecified() {
+            return self
+                .subnets
+                .iter()
+                .position(|s| s.cfg.relay_addresses.contains(&giaddr))
+                .or_else(|| {
+                    self.subnets
+                        .iter()
+                        .position(|s| s.cfg.cidr.contains(&giaddr))
+                });
+        }
+        if let Ingress::Interface(name) = ingress {
+            return self
+                .subnets
+                .iter()
+                .position(|s| s.cfg.interface.as_deref() == Some(name.as_str()));
+        }
+        let ciaddr = msg.ciaddr();
+        if !ciaddr.is_unspecified() {
+            return self
+                .subnets
+                .iter()
+                .position(|s| s.cfg.cidr.contains(&ciaddr));
+        }
+        None
+    }
+
+    fn lease_secs(&self, si: usize) -> u32 {
+        self.subnets[si]
+            .cfg
+            .lease_time
+            .map(secs)
+            .unwrap_or(self.policy.lease_secs)
+    }
+
+    /// Whether `ip` may go to this client now: nobody else holds it, it is
+    /// not excluded, and it is not reserved for someone else.
+    fn available_to(&self, now: u64, si: usize, ip: Ipv4Addr, f: &Facts) -> bool {
+        let s = &self.subnets[si];
+        if s.excluded(ip) || !s.cfg.cidr.contains(&ip) {
+            return false;
+        }
+        if let Some(i) = s.by_reserved_ip.get(&ip) {
+            let reserved_for_client = s
+                .reservation_for(&f.hw, f.client_id)
+                .is_some_and(|r| std::ptr::eq(r, &s.cfg.reservations[*i]));
+            if !reserved_for_client {
+                return false;
+            }
+        } else if !s.in_pool(ip) {
+            return false;
+        }
+        match self.leases.get(&ip) {
+            None => true,
+            Some(l) if l.client == f.key => l.state != LeaseState::Declined,
+            Some(l) => !l.holds(now),
+        }
+    }
+
+    /// Picks the address to offer: reservation, then the client's previous
+    /// address, then the one it asks for, then the next free one.
+    fn choose(&mut self, now: u64, si: usize, f: &Facts) -> Option<Ipv4Addr> {
+        if let Some(r) = self.subnets[si].reservation_for(&f.hw, f.client_id) {
+            let ip = r.ip;
+            return self.available_to(now, si, ip, f).then_some(ip);
+        }
+        if let Some(ip) = self.by_client.get(&f.key).copied() {
+            if self.available_to(now, si, ip, f) {
+                return Some(ip);
+            }
+        }
+        if let Some(DhcpOption::RequestedIpAddress(ip)) =
+            f.msg.opts().get(OptionCode::RequestedIpAddress)
+        {
+            if self.available_to(now, si, *ip, f) {
+                return Some(*ip);
+            }
+        }
+        for attempt in 0..2 {
+            let npools = self.subnets[si].pools.len();
+            for p in 0..npools {
+                // The bitmap can lag behind expiries; the lease table is the
+                // truth, so skip stale bits rather than trusting them.
+                let mut tries = 0;
+                while let Some(ip) = self.subnets[si].pools[p].next_free() {
+                    if self.available_to(now, si, ip, f) {
+                        return Some(ip);
+                    }
+                    self.subnets[si].pools[p].set(ip, true);
+                    tries += 1;
+                    if tries > 64 {
+                        break;
+                    }
+                }
+            }
+            if attempt == 0 && self.reclaim(now) == 0 {
+                break;
+            }
+        }
+        None
+    }
+
+    /// Records that `ip` now belongs to this client in `state` until `expires`.
+    fn bind(
+        &mut self,
+        ip: Ipv4Addr,
+        f: &Facts,
+        state: LeaseState,
+        expires: u64,
+        hostname: Option<Box<str>>,
+    ) -> &Lease {
+        if let Some(prev) = self.by_client.insert(f.key.clone(), ip) {
+            if prev != ip {
+                // The client moved: its old address is free now.
+                if let Some(old) = self.leases.get_mut(&prev) {
+                    if old.client == f.key && old.state != LeaseState::Declined {
+                        old.state = LeaseState::Released;
+                    }
+                }
+                self.mark(prev);
+            }
+        }
+        if let Some(old) = self.leases.get(&ip) {
+            if old.client != f.key && self.by_client.get(&old.client) == Some(&ip) {
+                let other = old.client.clone();
+                self.by_client.remove(&other);
+            }
+        }
+        self.leases.insert(
+            ip,
+            Lease {
+                ip,
+                client: f.key.clone(),
+                hw: f.hw,
+                state,
+                expires,
+                hostname,
+            },
+        );
+        self.mark(ip);
+        &self.leases[&ip]
+    }
+
+    fn hostname_for(&self, si: usize, f: &Facts) -> Option<Box<str>> {
+        if let Some(h) = self.subnets[si]
+            .reservation_for(&f.hw, f.client_id)
+            .and_then(|r| r.hostname.as_deref())
+        {
+            return Some(h.into());
+        }
+        match f.msg.opts().get(OptionCode::Hostname) {
+            Some(DhcpOption::Hostname(h)) => sanitize_hostname(h).map(Into::into),
+            _ => None,
+        }
+    }
+
+    fn discover(&mut self, now: u64, si: usize, f: &Facts) -> Outcome {
+        let Some(ip) = self.choose(now, si, f) else {
+            return Outcome::Ignore(Ignored::PoolExhausted);
+        };
+        let rapid = self.policy.rapid_commit && f.msg.opts().get(OptionCode::RapidCommit).is_some();
+        if rapid {
+            return self.ack(now, si, f, ip, true);
+        }
+        let already_active = self
+            .leases
+            .get(&ip)
+            .is_some_and(|l| l.client == f.key && l.state == LeaseState::Active && l.holds(now));
+        if !already_active {
+            let hostname = self.hostname_for(si, f);
+            self.bind(
+                ip,
+                f,
+                LeaseState::Offered,
+                now + u64::from(self.policy.offer_secs),
+                hostname,
+            );
+        }
+        let lease = self.lease_secs(si);
+        let reply = reply::build(
+            f.msg,
+            &self.subnets[si].cfg,
+            self.subnets[si].reservation_for(&f.hw, f.client_id),
+            MessageType::Offer,
+            ip,
+            Some(self.times(lease)),
+            false,
+        );
+        Outcome::Reply {
+            reply: Reply {
+                destination: destination(f.msg, f.source, MessageType::Offer),
+                message: reply,
+            },
+            commit: None,
+        }
+    }
+
+    fn times(&self, lease: u32) -> reply::Times {
+        reply::Times {
+            lease,
+            renew: self.policy.renew_secs.unwrap_or(lease / 2).min(lease),
+            rebind: self
+                .policy
+                .rebind_secs
+                .unwrap_or((u64::from(lease) * 7 / 8) as u32)
+                .min(lease),
+        }
+    }
+
+    fn ack(&mut self, now: u64, si: usize, f: &Facts, ip: Ipv4Addr, rapid: bool) -> Outcome {
+        let lease = self.lease_secs(si);
+        let hostname = self.hostname_for(si, f);
+        let record = self
+            .bind(ip, f, LeaseState::Active, now + u64::from(lease), hostname)
+            .to_record();
+        let reply = reply::build(
+            f.msg,
+            &self.subnets[si].cfg,
+            self.subnets[si].reservation_for(&f.hw, f.client_id),
+            MessageType::Ack,
+            ip,
+            Some(self.times(lease)),
+            rapid,
+        );
+        Outcome::Reply {
+            reply: Reply {
+                destination: destination(f.msg, f.source, MessageType::Ack),
+                message: reply,
+            },
+            commit: Some(record),
+        }
+    }
+
+    fn nak(&self, si: usize, f: &Facts) -> Outcome {
+        Outcome::Reply {
+            reply: Reply {
+                message: reply::nak(f.msg, self.subnets[si].cfg.server_id),
+                destination: destination(f.msg, f.source, MessageType::Nak),
+            },
+            commit: None,
+        }
+    }
+
+    fn request(&mut self, now: u64, si: usize, f: &Facts) -> Outcome {
+        let opts = f.msg.opts();
+        let server_id = match opts.get(OptionCode::ServerIdentifier) {
+            Some(DhcpOption::ServerIdentifier(id)) => Some(*id),
+            _ => None,
+        };
+        let requested = match opts.get(OptionCode::RequestedIpAddress) {
+            Some(DhcpOption::RequestedIpAddress(ip)) => Some(*ip),
+            _ => None,
+        };
+        let ciaddr = f.msg.ciaddr();
+        let our_id = self.subnets[si].cfg.server_id;
+
+        if let Some(id) = server_id {
+            // SELECTING.
+            if id != our_id {
+                self.withdraw_offer(f);
+                return Outcome::Ignore(Ignored::OtherServer);
+            }
+            let ip = match requested.or((!ciaddr.is_unspecified()).then_some(ciaddr)) {
+                Some(ip) => ip,
+                None => return Outcome::Ignore(Ignored::MissingAddress),
+            };
+            return if self.may_bind(now, si, ip, f) {
+                self.ack(now, si, f, ip, false)
+            } else {
+                self.nak(si, f)
+            };
+        }
+
+        // INIT-REBOOT names the address in option 50; RENEWING and
+        // REBINDING in ciaddr.
+        let (ip, rebooting) = match (requested, ciaddr.is_unspecified()) {
+            (Some(ip), true) => (ip, true),
+            (_, false) => (ciaddr, false),
+            (None, true) => return Outcome::Ignore(Ignored::MissingAddress),
+        };
+        if !self.subnets[si].cfg.cidr.contains(&ip) {
+            return self.nak(si, f);
+        }
+        let held_by_client = self.leases.get(&ip).is_some_and(|l| {
+            l.client == f.key && matches!(l.state, LeaseState::Active | LeaseState::Offered)
+        });
+        if held_by_client && self.may_bind(now, si, ip, f) {
+            return self.ack(now, si, f, ip, false);
+        }
+        let known = self.by_client.contains_key(&f.key);
+        if rebooting && !known && !self.policy.authoritative {
+            return Outcome::Ignore(Ignored::NoRecord);
+        }
+        if self.policy.authoritative
+            && self.may_bind(now, si, ip, f)
+            && self.by_client.get(&f.key).is_none_or(|prev| *prev == ip)
+        {
+            return self.ack(now, si, f, ip, false);
+        }
+        if self.policy.authoritative || known {
+            self.nak(si, f)
+        } else {
+            Outcome::Ignore(Ignored::NoRecord)
+        }
+    }
+
+    /// Whether the client may hold `ip`: it must be available to it, and a
+    /// client with a reservation may hold only its reserved address.
+    fn may_bind(&self, now: u64, si: usize, ip: Ipv4Addr, f: &Facts) -> bool {
+        if let Some(r) = self.subnets[si].reservation_for(&f.hw, f.client_id) {
+            if r.ip != ip {
+                return false;
+            }
+        }
+        self.available_to(now, si, ip, f)
+    }
+
+    /// The client took another server's offer: free ours at once.
+    fn withdraw_offer(&mut self, f: &Facts) {
+        if let Some(ip) = self.by_client.get(&f.key).copied() {
+            if let Some(l) = self.leases.get_mut(&ip) {
+                if l.client == f.key && l.state == LeaseState::Offered {
+                    l.state = LeaseState::Released;
+                    self.mark(ip);
+                }
+            }
+        }
+    }
+
+    fn decline(&mut self, now: u64, si: usize, f: &Facts) -> Outcome {
+        let opts = f.msg.opts();
+        if let Some(DhcpOption::ServerIdentifier(id)) = opts.get(OptionCode::ServerIdentifier) {
+            if *id != self.subnets[si].cfg.server_id {
+                return Outcome::Ignore(Ignored::OtherServer);
+            }
+        }
+        let Some(DhcpOption::RequestedIpAddress(ip)) = opts.get(OptionCode::RequestedIpAddress)
+        else {
+            return Outcome::Ignore(Ignored::MissingAddress);
+        };
+        let ip = *ip;
+        if !self.leases.get(&ip).is_some_and(|l| l.client == f.key) {
+            return Outcome::Ignore(Ignored::NotHeld);
+        }
+        let record = self
+            .bind(
+                ip,
+                f,
+                LeaseState::Declined,
+                now + u64::from(self.policy.decline_secs),
+                None,
+            )
+            .to_record();
+        // A quarantined address must not stick to the client that declined it.
+        self.by_client.remove(&f.key);
+        Outcome::Commit(record)
+    }
+
+    fn release(&mut self, now: u64, f: &Facts) -> Outcome {
+        let ip = f.msg.ciaddr();
+        let Some(lease) = self.leases.get_mut(&ip) else {
+            return Outcome::Ignore(Ignored::NotHeld);
+        };
+        if lease.client != f.key || lease.state != LeaseState::Active {
+            return Outcome::Ignore(Ignored::NotHeld);
+        }
+        lease.state = LeaseState::Released;
+        lease.expires = now;
+        let record = lease.to_record();
+        self.mark(ip);
+        Outcome::Commit(record)
+    }
+
+    fn inform(&self, si: usize, f: &Facts) -> Outcome {
+        let ciaddr = f.msg.ciaddr();
+        if ciaddr.is_unspecified() {
+            return Outcome::Ignore(Ignored::MissingAddress);
+        }
+        let message = reply::build(
+            f.msg,
+            &self.subnets[si].cfg,
+            self.subnets[si].reservation_for(&f.hw, f.client_id),
+            MessageType::Ack,
+            Ipv4Addr::UNSPECIFIED,
+            None,
+            false,
+        );
+        Outcome::Reply {
+            reply: Reply {
+                message,
+                destination: destination(f.msg, f.source, MessageType::Ack),
+            },
+            commit: None,
+        }
+    }
+}
+
+/// RFC 2131 §4.1: where a server reply goes.
+fn destination(req: &Message, source: SocketAddrV4, kind: MessageType) -> Destination {
+    let giaddr = req.giaddr();
+    if !giaddr.is_unspecified() {
+        // A relay that sent from a port of its own (RFC 8357 relays, or a
+        // relay on loopback sharing the host with us) gets the reply there.
+        let port = if *source.ip() == giaddr {
+            source.port()
+        } else {
+            SERVER_PORT
+        };
+        return Destination::Unicast(SocketAddrV4::new(giaddr, port));
+    }
+    if kind == MessageType::Nak {
+        return Destination::Broadcast;
+    }
+    let ciaddr = req.ciaddr();
+    if !ciaddr.is_unspecified() {
+        return Destination::Unicast(SocketAddrV4::new(ciaddr, CLIENT_PORT));
+    }
+    // Unicast to an address the client does not have yet needs an ARP entry
+    // we cannot add without CAP_NET_ADMIN; RFC 2131 allows broadcast instead.
+    Destination::Broadcast
+}
+
+fn sanitize_hostname(name: &str) -> Option<String> {
+    let label = name.split('.').next()?.to_ascii_lowercase();
+    let ok = !label.is_empty()
+        && label.len() <= 63
+        && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        && !label.starts_with('-')
+        && !label.ends_with('-');
+    ok.then_some(label)
+}
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

@@ -1,0 +1,104 @@
+//! The DHCP server's Prometheus metrics.
+
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+use crate::engine::PoolStats;
+
+#[derive(Clone)]
+pub struct DhcpMetrics {
+    pub received: IntCounterVec,
+    pub sent: IntCounterVec,
+    pub dropped: IntCounterVec,
+    pub pool_addresses: IntGaugeVec,
+    pub leases: IntGauge,
+    pub in_flight: IntGauge,
+    pub commit_seconds: Histogram,
+    pub batch_size: Histogram,
+    pub store_errors: IntCounter,
+    pub compactions: IntCounter,
+}
+
+impl DhcpMetrics {
+    pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let m = DhcpMetrics {
+            received: IntCounterVec::new(
+                Opts::new("causeway_dhcp_received_total", "DHCP messages received, by message type"),
+                &["type"],
+            )?,
+            sent: IntCounterVec::new(
+                Opts::new("causeway_dhcp_sent_total", "DHCP messages sent, by message type"),
+                &["type"],
+            )?,
+            dropped: IntCounterVec::new(
+                Opts::new("causeway_dhcp_dropped_total", "DHCP messages dropped or left unanswered, by reason"),
+                &["reason"],
+            )?,
+            pool_addresses: IntGaugeVec::new(
+                Opts::new(
+                    "causeway_dhcp_pool_addresses",
+                    "Addresses per pool by state: total, leased, offered, declined, unavailable, free",
+                ),
+                &["subnet", "pool", "state"],
+            )?,
+            leases: IntGauge::new("causeway_dhcp_lease_records", "Lease records held in memory")?,
+            in_flight: IntGauge::new("causeway_dhcp_in_flight", "Replies waiting for their lease to be durable")?,
+            commit_seconds: Histogram::with_opts(
+                HistogramOpts::new("causeway_dhcp_store_commit_seconds", "Time to write and fsync one batch of lease records")
+                    .buckets(vec![0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0]),
+            )?,
+            batch_size: Histogram::with_opts(
+                HistogramOpts::new("causeway_dhcp_store_batch_size", "Lease records made durable by one fsync")
+                    .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0]),
+            )?,
+            store_errors: IntCounter::new("causeway_dhcp_store_errors_total", "Lease store writes that failed; their replies were not sent")?,
+            compactions: IntCounter::new("causeway_dhcp_store_compactions_total", "Lease log compactions")?,
+        };
+        registry.register(Box::new(m.received.clone()))?;
+        registry.register(Box::new(m.sent.clone()))?;
+        registry.register(Box::new(m.dropped.clone()))?;
+        registry.register(Box::new(m.pool_addresses.clone()))?;
+        registry.register(Box::new(m.leases.clone()))?;
+        registry.register(Box::new(m.in_flight.clone()))?;
+        registry.register(Box::new(m.commit_seconds.clone()))?;
+        registry.register(Box::new(m.batch_size.clone()))?;
+        registry.register(Box::new(m.store_errors.clone()))?;
+        registry.register(Box::new(m.compactions.clone()))?;
+        Ok(m)
+    }
+
+    pub fn record_pools(&self, stats: &[PoolStats]) {
+        self.pool_addresses.reset();
+        for s in stats {
+            for (state, value) in [
+                ("total", s.total),
+                ("leased", s.leased),
+                ("offered", s.offered),
+                ("declined", s.declined),
+                ("unavailable", s.unavailable),
+                ("free", s.free),
+            ] {
+                self.pool_addresses
+                    .with_label_values(&[s.subnet.as_str(), s.pool.as_str(), state])
+                    .set(i64::try_from(value).unwrap_or(i64::MAX));
+            }
+        }
+    }
+}
+
+pub fn message_type_label(t: Option<dhcproto::v4::MessageType>) -> &'static str {
+    use dhcproto::v4::MessageType as T;
+    match t {
+        Some(T::Discover) => "discover",
+        Some(T::Offer) => "offer",
+        Some(T::Request) => "request",
+        Some(T::Decline) => "decline",
+        Some(T::Ack) => "ack",
+        Some(T::Nak) => "nak",
+        Some(T::Release) => "release",
+        Some(T::Inform) => "inform",
+        Some(_) => "other",
+        None => "bootp",
+    }
+}

@@ -1,0 +1,373 @@
+//! Socket I/O around the engine: bind, receive, decode, hand to the engine,
+//! and send each reply once its lease is durable.
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use causeway_config::{DhcpConfig, DhcpListen};
+use causeway_runtime::Shutdown;
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::UdpSocket;
+use tokio::task::JoinHandle;
+
+use crate::engine::{Destination, Engine, Ignored, Ingress, Outcome, CLIENT_PORT, SERVER_PORT};
+use crate::lease::LeaseRecord;
+use crate::metrics::{message_type_label, DhcpMetrics};
+use crate::store::{LeaseStore, StoreError};
+use crate::wire;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DhcpError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("DHCP listen {what}: {reason}")]
+    Bind { what: String, reason: String },
+}
+
+/// Everything the receive tasks and the store's completions share.
+struct Shared {
+    engine: Mutex<Engine>,
+    metrics: DhcpMetrics,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    last_exhausted_warning: AtomicU64,
+    store: LeaseStore,
+}
+
+impl Shared {
+    fn engine(&self) -> MutexGuard<'_, Engine> {
+        // The engine's state stays consistent across a panic in a reader
+        // (there are none on input paths); keep serving rather than abort.
+        self.engine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+pub struct DhcpServer {
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+    listen: Vec<DhcpListen>,
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl DhcpServer {
+    /// Recovers the lease store, binds every listener and starts serving.
+    pub async fn start(
+        cfg: &DhcpConfig,
+        metrics: DhcpMetrics,
+        shutdown: Shutdown,
+    ) -> Result<Self, DhcpError> {
+        let (store, recovery) = LeaseStore::open(&cfg.lease_file, Some(metrics.clone()))?;
+        let mut engine = Engine::new(cfg);
+        let skipped = engine.restore(&recovery.records);
+        tracing::info!(
+            path = %cfg.lease_file.display(),
+            records = recovery.records.len(),
+            leases = engine.lease_count(),
+            corrupt_lines = recovery.corrupt_lines + skipped,
+            torn_tail_bytes = recovery.torn_tail_bytes,
+            "lease store recovered"
+        );
+        drop(recovery);
+        let shared = Arc::new(Shared {
+            engine: Mutex::new(engine),
+            metrics,
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(cfg.max_in_flight),
+            last_exhausted_warning: AtomicU64::new(0),
+            store,
+        });
+        let mut tasks = Vec::new();
+        for listen in &cfg.listen {
+            let (socket, sender, ingress) = bind(listen)?;
+            tracing::info!(listen = ?listen, "DHCP listening");
+            let shared = shared.clone();
+            let shutdown = shutdown.clone();
+            tasks.push(tokio::spawn(receive_loop(
+                shared,
+                socket,
+                Arc::new(sender),
+                ingress,
+                shutdown,
+            )));
+        }
+        tasks.push(tokio::spawn(housekeeping(shared.clone(), shutdown)));
+        Ok(DhcpServer {
+            shared,
+            tasks,
+            listen: cfg.listen.clone(),
+        })
+    }
+
+    /// Applies a new config to the running engine. Leases are kept; a change
+    /// of listeners needs a restart and is reported.
+    pub fn reload(&self, cfg: &DhcpConfig) {
+        if cfg.listen != self.listen {
+            tracing::warn!(
+                "dhcp.listen changed; restart to apply it (the rest of the change is applied)"
+            );
+        }
+        self.shared
+            .max_in_flight
+            .store(cfg.max_in_flight, Ordering::Relaxed);
+        self.shared.engine().reconfigure(cfg);
+        tracing::info!("DHCP config reloaded");
+    }
+
+    pub fn leases(&self) -> Vec<LeaseRecord> {
+        let mut out: Vec<LeaseRecord> = self
+            .shared
+            .engine()
+            .leases()
+            .map(|l| l.to_record())
+            .collect();
+        out.sort_by_key(|r| r.ip);
+        out
+    }
+
+    /// A cheap handle for the admin server's `/leases`.
+    pub fn lease_source(&self) -> impl Fn() -> Vec<LeaseRecord> + Send + Sync + 'static {
+        let shared = self.shared.clone();
+        move || {
+            let mut out: Vec<LeaseRecord> =
+                shared.engine().leases().map(|l| l.to_record()).collect();
+            out.sort_by_key(|r| r.ip);
+            out
+        }
+    }
+
+    /// Waits for the tasks (already told to stop by the shutdown signal),
+    /// then lets the store write out everything queued.
+    pub async fn wait(self) {
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        let shared = self.shared.clone();
+        let _ = tokio::task::spawn_blocking(move || shared.store.flush()).await;
+    }
+}
+
+fn bind(listen: &DhcpListen) -> Result<(UdpSocket, std::net::UdpSocket, Ingress), DhcpError> {
+    let what = match listen {
+        DhcpListen::Interface(name) => format!("on interface {name}"),
+        DhcpListen::Address(a) => format!("on {a}"),
+    };
+    let fail = |reason: String| DhcpError::Bind {
+        what: what.clone(),
+        reason,
+    };
+    let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))
+        .map_err(|e| fail(e.to_string()))?;
+    socket
+        .set_reuse_address(true)
+        .map_err(|e| fail(e.to_string()))?;
+    socket
+        .set_broadcast(true)
+        .map_err(|e| fail(e.to_string()))?;
+    socket
+        .set_nonblocking(true)
+        .map_err(|e| fail(e.to_string()))?;
+    // Bursts of thousands of clients booting at once must queue, not drop.
+    let _ = socket.set_recv_buffer_size(4 << 20);
+    let _ = socket.set_send_buffer_size(4 << 20);
+    let (addr, ingress) = match listen {
+        DhcpListen::Interface(name) => {
+            socket.bind_device(Some(name.as_bytes())).map_err(|e| {
+                fail(match e.raw_os_error() {
+                    Some(libc_eperm) if libc_eperm == 1 => {
+                        "binding to an interface needs CAP_NET_RAW (run as root or grant the capability)".to_string()
+                    }
+                    Some(19) => format!("interface {name} does not exist"),
+                    _ => e.to_string(),
+                })
+            })?;
+            (
+                SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, SERVER_PORT),
+                Ingress::Interface(name.clone()),
+            )
+        }
+        DhcpListen::Address(a) => (*a, Ingress::Address),
+    };
+    socket.bind(&SocketAddr::V4(addr).into()).map_err(|e| {
+        fail(match e.kind() {
+            io::ErrorKind::PermissionDenied => {
+                format!(
+                    "port {} needs CAP_NET_BIND_SERVICE (run as root or grant the capability)",
+                    addr.port()
+                )
+            }
+            io::ErrorKind::AddrInUse => format!("{addr} is already in use by another process"),
+            io::ErrorKind::AddrNotAvailable => {
+                format!("{} is not an address of this host", addr.ip())
+            }
+            _ => e.to_string(),
+        })
+    })?;
+    let std_socket: std::net::UdpSocket = socket.into();
+    let sender = std_socket.try_clone().map_err(|e| fail(e.to_string()))?;
+    let socket = UdpSocket::from_std(std_socket).map_err(|e| fail(e.to_string()))?;
+    Ok((socket, sender, ingress))
+}
+
+fn send(
+    sender: &std::net::UdpSocket,
+    metrics: &DhcpMetrics,
+    bytes: &[u8],
+    dest: Destination,
+    kind: &'static str,
+) {
+    let to = match dest {
+        Destination::Unicast(a) => a,
+        Destination::Broadcast => SocketAddrV4::new(Ipv4Addr::BROADCAST, CLIENT_PORT),
+    };
+    match sender.send_to(bytes, to) {
+        Ok(_) => metrics.sent.with_label_values(&[kind]).inc(),
+        Err(e) => {
+            metrics.dropped.with_label_values(&["send_failed"]).inc();
+            tracing::debug!(to = %to, error = %e, "reply not sent");
+        }
+    }
+}
+
+async fn receive_loop(
+    shared: Arc<Shared>,
+    socket: UdpSocket,
+    sender: Arc<std::net::UdpSocket>,
+    ingress: Ingress,
+    mut shutdown: Shutdown,
+) {
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let (n, from) = tokio::select! {
+            _ = shutdown.wait() => return,
+            r = socket.recv_from(&mut buf) => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "DHCP receive failed");
+                    continue;
+                }
+            },
+        };
+        let SocketAddr::V4(from) = from else { continue };
+        handle_packet(&shared, &sender, &ingress, &buf[..n], from);
+    }
+}
+
+fn handle_packet(
+    shared: &Arc<Shared>,
+    sender: &Arc<std::net::UdpSocket>,
+    ingress: &Ingress,
+    bytes: &[u8],
+    from: SocketAddrV4,
+) {
+    let m = &shared.metrics;
+    let msg = match wire::decode(bytes) {
+        Ok(msg) => msg,
+        Err(e) => {
+            m.dropped.with_label_values(&[e.label()]).inc();
+            tracing::debug!(from = %from, reason = %e, "malformed DHCP packet dropped");
+            return;
+        }
+    };
+    m.received
+        .with_label_values(&[message_type_label(msg.opts().msg_type())])
+        .inc();
+    if shared.in_flight.load(Ordering::Relaxed) >= shared.max_in_flight.load(Ordering::Relaxed) {
+        m.dropped.with_label_values(&["overloaded"]).inc();
+        return;
+    }
+    let now = unix_now();
+    let outcome = shared.engine().handle(now, &msg, from, ingress);
+    match outcome {
+        Outcome::Reply { reply, commit } => {
+            let kind = message_type_label(reply.message_type());
+            let bytes = match wire::encode(&reply.message) {
+                Ok(b) => b,
+                Err(e) => {
+                    m.dropped.with_label_values(&["encode_failed"]).inc();
+                    tracing::warn!(error = %e, "reply could not be encoded");
+                    return;
+                }
+            };
+            match commit {
+                None => send(sender, m, &bytes, reply.destination, kind),
+                Some(record) => {
+                    shared.in_flight.fetch_add(1, Ordering::Relaxed);
+                    m.in_flight.inc();
+                    let done_shared = shared.clone();
+                    let sender = sender.clone();
+                    let dest = reply.destination;
+                    shared.store.append(
+                        record,
+                        Box::new(move |durable| {
+                            let m = &done_shared.metrics;
+                            done_shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+                            m.in_flight.dec();
+                            if durable.is_ok() {
+                                send(&sender, m, &bytes, dest, kind);
+                            }
+                        }),
+                    );
+                }
+            }
+        }
+        Outcome::Commit(record) => {
+            shared.in_flight.fetch_add(1, Ordering::Relaxed);
+            m.in_flight.inc();
+            let done_shared = shared.clone();
+            shared.store.append(
+                record,
+                Box::new(move |_| {
+                    done_shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+                    done_shared.metrics.in_flight.dec();
+                }),
+            );
+        }
+        Outcome::Ignore(reason) => {
+            m.dropped.with_label_values(&[reason.label()]).inc();
+            if reason == Ignored::PoolExhausted {
+                // One line per ten seconds, however hard the pool is hammered.
+                let last = shared.last_exhausted_warning.load(Ordering::Relaxed);
+                if now >= last + 10
+                    && shared
+                        .last_exhausted_warning
+                        .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    tracing::warn!(giaddr = %msg.giaddr(), "address pool exhausted: no offer sent (see causeway_dhcp_pool_addresses)");
+                }
+            }
+        }
+    }
+}
+
+/// Reclaims expired leases and refreshes the pool gauges.
+async fn housekeeping(shared: Arc<Shared>, mut shutdown: Shutdown) {
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.wait() => return,
+            _ = tick.tick() => {}
+        }
+        let now = unix_now();
+        let (stats, count) = {
+            let mut engine = shared.engine();
+            engine.reclaim(now);
+            (engine.pool_stats(now), engine.lease_count())
+        };
+        shared.metrics.record_pools(&stats);
+        shared
+            .metrics
+            .leases
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+}

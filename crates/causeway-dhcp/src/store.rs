@@ -1,0 +1,462 @@
+//! The durable lease store: an append-only log of JSON lines, one record per
+//! lease change, with group commit and compaction.
+//!
+//! One writer thread owns the file. It takes every record waiting in its
+//! queue, writes them with one `write`, makes them durable with one
+//! `fdatasync`, and only then runs each record's completion (which sends the
+//! ACK). Many concurrent leases therefore share one fsync. When the log holds
+//! far more lines than live addresses, the writer rewrites it with only the
+//! newest record per address, through a temporary file and an atomic rename,
+//! so a reader (`causeway leases`) always sees a whole file.
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crate::lease::LeaseRecord;
+use crate::metrics::DhcpMetrics;
+
+/// Compaction never runs below this many lines, so small stores never pay it.
+const MIN_COMPACT_LINES: u64 = 10_000;
+/// The most records one fsync covers; bounds the latency of the first.
+const MAX_BATCH: usize = 4096;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("lease store {path}: {source}")]
+    Io { path: String, source: io::Error },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Runs once the record is durable (`Ok`) or could not be made so (`Err`).
+pub type Completion = Box<dyn FnOnce(Result<(), io::ErrorKind>) + Send>;
+
+struct Job {
+    record: Option<LeaseRecord>,
+    done: Completion,
+}
+
+/// What recovery found in the log.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Recovery {
+    pub records: Vec<LeaseRecord>,
+    /// Lines that did not parse and were skipped.
+    pub corrupt_lines: usize,
+    /// Bytes of a final line cut short by a crash mid-write (never acknowledged).
+    pub torn_tail_bytes: usize,
+}
+
+/// Reads every record in the log without changing it. Safe while a server
+/// appends to or compacts the same file.
+pub fn read_log(path: &Path) -> Result<Recovery, StoreError> {
+    let mut bytes = Vec::new();
+    match File::open(path) {
+        Ok(mut f) => {
+            f.read_to_end(&mut bytes).map_err(io_err(path))?;
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Recovery::default()),
+        Err(e) => return Err(io_err(path)(e)),
+    }
+    Ok(parse_log(&bytes))
+}
+
+fn parse_log(bytes: &[u8]) -> Recovery {
+    let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    let mut out = Recovery {
+        torn_tail_bytes: bytes.len() - whole,
+        ..Recovery::default()
+    };
+    for line in bytes[..whole].split(|b| *b == b'\n') {
+        if line.is_empty() {
+            continue;
+        }
+        match serde_json::from_slice::<LeaseRecord>(line) {
+            Ok(r) => out.records.push(r),
+            Err(_) => out.corrupt_lines += 1,
+        }
+    }
+    out
+}
+
+pub struct LeaseStore {
+    tx: Option<mpsc::Sender<Job>>,
+    writer: Option<JoinHandle<()>>,
+}
+
+impl LeaseStore {
+    /// Opens (or creates) the log, recovers its records, and starts the writer.
+    pub fn open(
+        path: &Path,
+        metrics: Option<DhcpMetrics>,
+    ) -> Result<(LeaseStore, Recovery), StoreError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            fs::create_dir_all(dir).map_err(io_err(dir))?;
+        }
+        let existed = path.exists();
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(path)
+            .map_err(io_err(path))?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).map_err(io_err(path))?;
+        let recovery = parse_log(&bytes);
+        if recovery.torn_tail_bytes > 0 {
+            // A crash cut the last write short; it was never fsynced, so
+            // never acknowledged. Drop it so new lines start clean.
+            let keep = (bytes.len() - recovery.torn_tail_bytes) as u64;
+            file.set_len(keep).map_err(io_err(path))?;
+            file.sync_all().map_err(io_err(path))?;
+        }
+        if !existed {
+            sync_dir(path).map_err(io_err(path))?;
+        }
+        drop(bytes);
+        let len = file.seek(SeekFrom::End(0)).map_err(io_err(path))?;
+        let lines = recovery.records.len() as u64 + recovery.corrupt_lines as u64;
+        let live = distinct_addresses(&recovery.records);
+        let (tx, rx) = mpsc::channel();
+        let mut writer = Writer {
+            path: path.to_path_buf(),
+            file,
+            len,
+            lines,
+            compact_at: compact_threshold(live),
+            metrics,
+        };
+        let handle = std::thread::Builder::new()
+            .name("lease-store".into())
+            .spawn(move || writer.run(rx))
+            .map_err(io_err(path))?;
+        Ok((
+            LeaseStore {
+                tx: Some(tx),
+                writer: Some(handle),
+            },
+            recovery,
+        ))
+    }
+
+    /// Queues a record; `done` runs on the writer thread once it is durable.
+    pub fn append(&self, record: LeaseRecord, done: Completion) {
+        let job = Job {
+            record: Some(record),
+            done,
+        };
+        let sent = match &self.tx {
+            Some(tx) => tx.send(job).map_err(|e| e.0),
+            None => Err(job),
+        };
+        if let Err(job) = sent {
+            (job.done)(Err(io::ErrorKind::BrokenPipe));
+        }
+    }
+
+    /// Returns once every record queued before the call is durable.
+    pub fn flush(&self) {
+        let (tx, rx) = mpsc::channel();
+        let done: Completion = Box::new(move |_| {
+            let _ = tx.send(());
+        });
+        if let Some(q) = &self.tx {
+            if q.send(Job { record: None, done }).is_ok() {
+                let _ = rx.recv();
+            }
+        }
+    }
+
+    /// Lets the writer finish everything queued, then stops it.
+    pub fn close(&mut self) {
+        self.tx.take();
+        if let Some(h) = self.writer.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for LeaseStore {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn distinct_addresses(records: &[LeaseRecord]) -> u64 {
+    let mut seen = std::collections::HashSet::new();
+    for r in records {
+        seen.insert(r.ip);
+    }
+    seen.len() as u64
+}
+
+fn compact_threshold(live: u64) -> u64 {
+    (live * 2).max(MIN_COMPACT_LINES)
+}
+
+fn sync_dir(path: &Path) -> io::Result<()> {
+    let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(d) => d.to_path_buf(),
+        None => PathBuf::from("."),
+    };
+    File::open(dir)?.sync_all()
+}
+
+struct Writer {
+    path: PathBuf,
+    file: File,
+    len: u64,
+    lines: u64,
+    compact_at: u64,
+    metrics: Option<DhcpMetrics>,
+}
+
+impl Writer {
+    fn run(&mut self, rx: mpsc::Receiver<Job>) {
+        let mut buf = Vec::with_capacity(64 * 1024);
+        let mut batch: Vec<Job> = Vec::with_capacity(256);
+        while let Ok(first) = rx.recv() {
+            batch.push(first);
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            buf.clear();
+            let mut records = 0usize;
+            for record in batch.iter().filter_map(|j| j.record.as_ref()) {
+                // A record of plain fields always serializes.
+                if serde_json::to_writer(&mut buf, record).is_ok() {
+                    buf.push(b'\n');
+                    records += 1;
+                }
+            }
+            let started = Instant::now();
+            let result = self.commit(&buf);
+            if let Some(m) = &self.metrics {
+                m.commit_seconds.observe(started.elapsed().as_secs_f64());
+                m.batch_size.observe(records as f64);
+                if result.is_err() {
+                    m.store_errors.inc_by(records as u64);
+                }
+            }
+            if let Err(e) = &result {
+                tracing::error!(path = %self.path.display(), error = %e, records,
+                    "lease store write failed; the replies waiting on it are not sent");
+            } else {
+                self.lines += records as u64;
+            }
+            let outcome = result.map_err(|e| e.kind());
+            for job in batch.drain(..) {
+                (job.done)(outcome);
+            }
+            if self.lines >= self.compact_at {
+                match self.compact() {
+                    Ok(kept) => {
+                        tracing::info!(path = %self.path.display(), kept, "lease log compacted");
+                        if let Some(m) = &self.metrics {
+                            m.compactions.inc();
+                        }
+                    }
+                    Err(e) => {
+                        // Try again after as many lines again; the log stays valid.
+                        self.compact_at = self.lines * 2;
+                        tracing::warn!(path = %self.path.display(), error = %e, "lease log compaction failed");
+                    }
+                }
+            }
+        }
+        let _ = self.file.sync_data();
+    }
+
+    fn commit(&mut self, buf: &[u8]) -> io::Result<()> {
+        let result = self.file.write_all(buf).and_then(|_| self.file.sync_data());
+        match result {
+            Ok(()) => {
+                self.len += buf.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                // Cut back any partial write so the next batch starts on a
+                // line boundary.
+                let _ = self.file.set_len(self.len);
+                Err(e)
+            }
+        }
+    }
+
+    /// Rewrites the log with the newest record per address. Two passes over
+    /// the file keep memory to one offset per address.
+    fn compact(&mut self) -> io::Result<u64> {
+        let mut newest: HashMap<Ipv4Addr, u64> = HashMap::new();
+        let mut reader = BufReader::new(File::open(&self.path)?);
+        let mut line = Vec::new();
+        let mut offset = 0u64;
+        loop {
+            line.clear();
+            let n = reader.read_until(b'\n', &mut line)?;
+            if n == 0 || line.last() != Some(&b'\n') {
+                break;
+            }
+            if let Ok(r) = serde_json::from_slice::<LeaseRecord>(&line) {
+                newest.insert(r.ip, offset);
+            }
+            offset += n as u64;
+        }
+        let tmp = self.path.with_extension("compacting");
+        let mut out = io::BufWriter::new(File::create(&tmp)?);
+        let mut reader = BufReader::new(File::open(&self.path)?);
+        let mut offset = 0u64;
+        let mut kept = 0u64;
+        loop {
+            line.clear();
+            let n = reader.read_until(b'\n', &mut line)?;
+            if n == 0 || line.last() != Some(&b'\n') {
+                break;
+            }
+            if let Ok(r) = serde_json::from_slice::<LeaseRecord>(&line) {
+                if newest.get(&r.ip) == Some(&offset) {
+                    out.write_all(&line)?;
+                    kept += 1;
+                }
+            }
+            offset += n as u64;
+        }
+        let out = out.into_inner().map_err(|e| e.into_error())?;
+        out.sync_all()?;
+        drop(out);
+        fs::rename(&tmp, &self.path)?;
+        sync_dir(&self.path)?;
+        self.file = OpenOptions::new().append(true).open(&self.path)?;
+        self.len = self.file.seek(SeekFrom::End(0))?;
+        self.lines = kept;
+        self.compact_at = compact_threshold(kept);
+        Ok(kept)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::LeaseState;
+    use std::sync::{Arc, Mutex};
+
+    fn record(i: u32, state: LeaseState) -> LeaseRecord {
+        LeaseRecord {
+            ip: Ipv4Addr::from(0x0a00_0000 + i),
+            client: format!("01:00:00:00:{:02x}:{:02x}", i >> 8 & 0xff, i & 0xff),
+            hw: "00:00:00:00:00:01".into(),
+            state,
+            expires: 1000 + u64::from(i),
+            hostname: None,
+        }
+    }
+
+    fn append_all(store: &LeaseStore, records: impl IntoIterator<Item = LeaseRecord>) -> usize {
+        let done = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let mut n = 0;
+        for r in records {
+            let done = done.clone();
+            let tx = tx.clone();
+            store.append(
+                r,
+                Box::new(move |res| {
+                    done.lock().unwrap().push(res);
+                    let _ = tx.send(());
+                }),
+            );
+            n += 1;
+        }
+        for _ in 0..n {
+            rx.recv().unwrap();
+        }
+        let results = done.lock().unwrap();
+        assert!(results.iter().all(|r| r.is_ok()));
+        results.len()
+    }
+
+    #[test]
+    fn every_completed_record_is_recovered_after_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state/leases.jsonl");
+        let (store, rec) = LeaseStore::open(&path, None).unwrap();
+        assert!(rec.records.is_empty());
+        assert_eq!(
+            append_all(&store, (0..500).map(|i| record(i, LeaseState::Active))),
+            500
+        );
+        drop(store);
+        let (_store, rec) = LeaseStore::open(&path, None).unwrap();
+        assert_eq!(rec.records.len(), 500);
+        assert_eq!(rec.records[499], record(499, LeaseState::Active));
+    }
+
+    #[test]
+    fn a_torn_final_line_is_dropped_and_appends_continue_cleanly() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("leases.jsonl");
+        let (store, _) = LeaseStore::open(&path, None).unwrap();
+        append_all(&store, (0..3).map(|i| record(i, LeaseState::Active)));
+        drop(store);
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"{\"ip\":\"10.0.0.9\",\"cli").unwrap();
+        drop(f);
+        let (store, rec) = LeaseStore::open(&path, None).unwrap();
+        assert_eq!(rec.records.len(), 3);
+        assert_eq!(rec.torn_tail_bytes, 21);
+        append_all(&store, [record(7, LeaseState::Active)]);
+        drop(store);
+        let rec = read_log(&path).unwrap();
+        assert_eq!(rec.records.len(), 4);
+        assert_eq!(rec.corrupt_lines, 0);
+    }
+
+    #[test]
+    fn a_corrupt_line_in_the_middle_is_skipped_and_counted() {
+        let parsed = parse_log(b"{\"ip\":\"10.0.0.1\",\"client\":\"01\",\"hw\":\"\",\"state\":\"active\",\"expires\":5}\nnot json\n");
+        assert_eq!(parsed.records.len(), 1);
+        assert_eq!(parsed.corrupt_lines, 1);
+    }
+
+    #[test]
+    fn compaction_keeps_only_the_newest_record_per_address() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("leases.jsonl");
+        let (store, _) = LeaseStore::open(&path, None).unwrap();
+        // 100 addresses, each written 120 times: 12,000 lines crosses the
+        // compaction threshold.
+        for round in 0..120u32 {
+            let state = if round == 119 {
+                LeaseState::Released
+            } else {
+                LeaseState::Active
+            };
+            append_all(&store, (0..100).map(|i| record(i, state)));
+        }
+        drop(store);
+        let rec = read_log(&path).unwrap();
+        assert!(
+            rec.records.len() < 10_000,
+            "not compacted: {} lines",
+            rec.records.len()
+        );
+        let mut newest = HashMap::new();
+        for r in &rec.records {
+            newest.insert(r.ip, r.state);
+        }
+        assert_eq!(newest.len(), 100);
+        assert!(newest.values().all(|s| *s == LeaseState::Released));
+    }
+}
