@@ -38,9 +38,9 @@ pub struct DhcpArgs {
     #[arg(long, value_name = "ADDR:PORT")]
     pub server: Option<SocketAddrV4>,
 
-    /// Local address:port for the relay socket. Kea and ISC dhcpd reply to
-    /// giaddr:67, so use port 67 when targeting them; causeway and dnsmasq
-    /// reply to the source port
+    /// Local address:port for the relay socket. Kea and ISC dhcpd send
+    /// relayed replies to giaddr:67, so bind port 67 (as root) unless the
+    /// server answers the source port
     #[arg(
         long,
         value_name = "ADDR:PORT",
@@ -827,6 +827,7 @@ impl Bench {
                 unexpected: self.c.unexpected,
                 late: self.c.late,
                 send_errors: self.c.send_errors,
+                recv_errors: self.c.recv_errors,
                 released: self.c.released,
                 target_rate: self.args.rate,
                 max_outstanding: self.args.max_outstanding,
@@ -856,6 +857,9 @@ impl Bench {
             ];
             if self.c.send_errors > 0 {
                 rows.push(("send errors", self.c.send_errors.to_string()));
+            }
+            if self.c.recv_errors > 0 {
+                rows.push(("recv errors", self.c.recv_errors.to_string()));
             }
             if self.args.release {
                 rows.push(("released", self.c.released.to_string()));
@@ -894,6 +898,7 @@ struct JsonSummary {
     unexpected: u64,
     late: u64,
     send_errors: u64,
+    recv_errors: u64,
     released: u64,
     target_rate: u32,
     max_outstanding: u32,

@@ -742,7 +742,7 @@ pub fn parse_hex(text: &str) -> Option<Vec<u8>> {
         .chars()
         .filter(|c| *c != ':' && *c != '-')
         .collect();
-    if digits.len() % 2 != 0 || !digits.chars().all(|c| c.is_ascii_hexdigit()) {
+    if !digits.len().is_multiple_of(2) || !digits.chars().all(|c| c.is_ascii_hexdigit()) {
         return None;
     }
     (0..digits.len())

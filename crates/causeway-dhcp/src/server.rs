@@ -182,9 +182,11 @@ fn bind(listen: &DhcpListen) -> Result<(UdpSocket, std::net::UdpSocket, Ingress)
         DhcpListen::Interface(name) => {
             socket.bind_device(Some(name.as_bytes())).map_err(|e| {
                 fail(match e.raw_os_error() {
-                    Some(libc_eperm) if libc_eperm == 1 => {
+                    // EPERM
+                    Some(1) => {
                         "binding to an interface needs CAP_NET_RAW (run as root or grant the capability)".to_string()
                     }
+                    // ENODEV
                     Some(19) => format!("interface {name} does not exist"),
                     _ => e.to_string(),
                 })

@@ -57,10 +57,7 @@ pub fn decode(bytes: &[u8]) -> Result<Message, Malformed> {
 /// asserts on, so that no packet can reach a panic there.
 fn check_options(mut rest: &[u8]) -> Result<(), Malformed> {
     let mut run: Option<(u8, usize)> = None;
-    loop {
-        let Some((&code, tail)) = rest.split_first() else {
-            break;
-        };
+    while let Some((&code, tail)) = rest.split_first() {
         if code == 0 || code == 255 {
             if let Some((c, len)) = run.take() {
                 check_length(c, len)?;

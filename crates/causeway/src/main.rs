@@ -1,1 +1,93 @@
-fn main() {}
+//! `causeway`: one binary, one subcommand per job. Wiring only; the logic
+//! lives in the library crates.
+
+mod appliance;
+mod leases;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "causeway",
+    version,
+    about = "DHCP, DNS, proxy and policy routing for hosted-cluster nodes on isolated VLANs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run every service the config enables, with one admin server.
+    /// Without --config, runs the embedded loopback example (examples/local.yaml).
+    Appliance {
+        /// The appliance config (YAML). SIGHUP or a change to the file reloads it.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// Validate a config: print every error with its path; exit 1 if any.
+    Check {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// List the leases in the DHCP lease store. Safe while the server runs.
+    Leases {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Print JSON (an array of lease records) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Appliance { config } => appliance::run(config),
+        Command::Check { config } => return check(&config),
+        Command::Leases { config, json } => leases::run(&config, json),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("causeway: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn check(path: &std::path::Path) -> ExitCode {
+    match causeway_config::Config::load(path) {
+        Ok(cfg) => {
+            let services: Vec<&str> = [cfg.dhcp.as_ref().map(|_| "dhcp")]
+                .into_iter()
+                .flatten()
+                .collect();
+            println!(
+                "{}: valid; services: {}",
+                path.display(),
+                if services.is_empty() {
+                    "none".to_string()
+                } else {
+                    services.join(", ")
+                }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(causeway_config::LoadError::Invalid(errors)) => {
+            for e in &errors.0 {
+                eprintln!("{}: {e}", path.display());
+            }
+            eprintln!("{}: {} error(s)", path.display(), errors.0.len());
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("causeway: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! `causeway appliance`: start every enabled service, serve the admin
+//! endpoints, reload on SIGHUP or file change, stop gracefully on SIGTERM.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use causeway_config::{Config, LogFormat};
+use causeway_dhcp::{DhcpMetrics, DhcpServer};
+use causeway_runtime::admin::Admin;
+use causeway_runtime::{readiness::Readiness, reload, shutdown, telemetry};
+use tokio::signal::unix::{signal, SignalKind};
+
+pub fn run(path: Option<PathBuf>) -> anyhow::Result<()> {
+    let cfg = match &path {
+        Some(p) => Config::load(p)?,
+        None => Config::from_yaml(causeway_config::EMBEDDED_DEFAULT)
+            .context("the embedded default config")?,
+    };
+    let format = match cfg.log.format {
+        LogFormat::Text => telemetry::Format::Text,
+        LogFormat::Json => telemetry::Format::Json,
+    };
+    telemetry::init(&cfg.log.level, format)?;
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("causeway")
+        .build()
+        .context("starting the async runtime")?
+        .block_on(serve(path, cfg))
+}
+
+async fn serve(path: Option<PathBuf>, cfg: Config) -> anyhow::Result<()> {
+    let started = Instant::now();
+    match &path {
+        Some(p) => tracing::info!(config = %p.display(), "causeway appliance starting"),
+        None => tracing::info!(
+            "causeway appliance starting on the embedded loopback config (examples/local.yaml)"
+        ),
+    }
+    let registry = prometheus::Registry::new();
+    registry
+        .register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
+        .context("registering process metrics")?;
+    let readiness = Readiness::default();
+    let (trigger, stop) = shutdown::channel();
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+
+    let mut admin = Admin::new(registry.clone(), readiness.clone());
+    let dhcp = match &cfg.dhcp {
+        Some(dhcp_cfg) => {
+            let ready = readiness.register("dhcp");
+            let metrics = DhcpMetrics::new(&registry).context("registering DHCP metrics")?;
+            let server = DhcpServer::start(dhcp_cfg, metrics, stop.clone())
+                .await
+                .context("DHCP failed to start")?;
+            let leases = server.lease_source();
+            admin = admin.json(
+                "/leases",
+                Arc::new(move || serde_json::to_value(leases()).unwrap_or_default()),
+            );
+            ready.set(true);
+            Some(server)
+        }
+        None => None,
+    };
+    let (admin_addr, admin_task) = admin
+        .bind(cfg.admin.listen, stop.clone())
+        .await
+        .with_context(|| format!("admin server on {}", cfg.admin.listen))?;
+    tracing::info!(admin = %admin_addr, ready = readiness.is_ready(), startup_ms = started.elapsed().as_millis() as u64, "causeway appliance serving");
+
+    let mut reloads = reload::watch(path.clone(), Duration::from_secs(2), stop.clone())
+        .context("installing the reload watcher")?;
+    let mut running = cfg;
+    loop {
+        tokio::select! {
+            _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
+            _ = sigint.recv() => { tracing::info!("SIGINT: shutting down"); break; }
+            cause = reloads.recv() => {
+                let Some(cause) = cause else { break };
+                let Some(p) = &path else {
+                    tracing::info!("reload requested, but the embedded config cannot change");
+                    continue;
+                };
+                match Config::load(p) {
+                    Ok(next) => {
+                        apply(&running, &next, dhcp.as_ref());
+                        tracing::info!(?cause, "config reloaded");
+                        running = next;
+                    }
+                    Err(e) => tracing::error!(?cause, "reload rejected; the running config stays:\n{e}"),
+                }
+            }
+        }
+    }
+    trigger.trigger();
+    if let Some(server) = dhcp {
+        server.wait().await;
+    }
+    let _ = admin_task.await;
+    tracing::info!("causeway appliance stopped");
+    Ok(())
+}
+
+fn apply(running: &Config, next: &Config, dhcp: Option<&DhcpServer>) {
+    match (dhcp, &next.dhcp) {
+        (Some(server), Some(cfg)) => server.reload(cfg),
+        (None, None) => {}
+        _ => tracing::warn!("enabling or disabling DHCP needs a restart"),
+    }
+    if running.admin != next.admin {
+        tracing::warn!("admin.listen changed; restart to apply it");
+    }
+    if running.log != next.log {
+        tracing::warn!("log settings changed; restart to apply them");
+    }
+}

@@ -1,0 +1,127 @@
+//! `causeway check` and `causeway leases` as a person runs them.
+
+use std::process::Command;
+
+fn causeway() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_causeway"))
+}
+
+fn repo_file(rel: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(rel)
+}
+
+#[test]
+fn check_accepts_the_examples() {
+    for example in ["examples/local.yaml", "examples/vlan.yaml"] {
+        let out = causeway()
+            .args(["check", "--config"])
+            .arg(repo_file(example))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{example}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("valid; services: dhcp"));
+    }
+}
+
+#[test]
+fn check_reports_every_error_with_its_path_and_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(
+        &path,
+        "network: {cidr: 192.168.1.0/24, gateway: 192.168.9.1, address: 192.168.1.2, interface: net1}\n\
+         dhcp:\n  subnets:\n    - pools: [{start: 192.168.1.10, end: 192.168.1.300}]\n",
+    )
+    .unwrap();
+    let out = causeway()
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("network.gateway: 192.168.9.1 is outside network.cidr 192.168.1.0/24"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("dhcp.subnets[0].pools[0].end: 192.168.1.300 is not an IPv4 address"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("2 error(s)"), "{stderr}");
+}
+
+#[test]
+fn check_names_a_missing_file() {
+    let out = causeway()
+        .args(["check", "--config", "/nonexistent/causeway.yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent/causeway.yaml"));
+}
+
+#[test]
+fn leases_reads_the_store_as_the_server_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("leases.jsonl");
+    std::fs::write(
+        &store,
+        concat!(
+            r#"{"ip":"10.0.0.10","client":"01:52:54:00:00:00:01","hw":"52:54:00:00:00:01","state":"active","expires":4000000000,"hostname":"vm1"}"#, "\n",
+            r#"{"ip":"10.0.0.11","client":"01:52:54:00:00:00:02","hw":"52:54:00:00:00:02","state":"active","expires":4000000000}"#, "\n",
+            r#"{"ip":"10.0.0.11","client":"01:52:54:00:00:00:02","hw":"52:54:00:00:00:02","state":"released","expires":1}"#, "\n",
+            r#"{"ip":"10.0.0.12","cli"#,
+        ),
+    )
+    .unwrap();
+    let config = dir.path().join("c.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "dhcp:\n  listen: [{{address: '127.0.0.1:6767'}}]\n  leaseFile: {}\n  subnets:\n    - {{cidr: 10.0.0.0/24, serverId: 127.0.0.1}}\n",
+            store.display()
+        ),
+    )
+    .unwrap();
+    let out = causeway()
+        .args(["leases", "--json", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let leases: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let leases = leases.as_array().unwrap();
+    assert_eq!(
+        leases.len(),
+        2,
+        "the torn last line is not a lease: {leases:?}"
+    );
+    assert_eq!(leases[0]["ip"], "10.0.0.10");
+    assert_eq!(leases[0]["state"], "active");
+    assert_eq!(leases[0]["hostname"], "vm1");
+    assert_eq!(leases[1]["state"], "released");
+
+    let out = causeway()
+        .args(["leases", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("10.0.0.10") && l.contains("active") && l.contains("vm1")),
+        "{table}"
+    );
+}
