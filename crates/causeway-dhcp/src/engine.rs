@@ -11,6 +11,7 @@ use causeway_config::{ClientMatch, DhcpConfig, Reservation, Subnet};
 use dhcproto::v4::{DhcpOption, Message, MessageType, Opcode, OptionCode};
 
 use crate::client::ClientKey;
+use crate::index::ClientIndex;
 use crate::lease::{Lease, LeaseRecord, LeaseState};
 use crate::pool::Pool;
 use crate::reply;
@@ -219,7 +220,7 @@ pub struct Engine {
     subnets: Vec<SubnetState>,
     leases: HashMap<Ipv4Addr, Lease>,
     /// The address each client last held or was offered.
-    by_client: HashMap<ClientKey, Ipv4Addr>,
+    by_client: ClientIndex,
     rate_window: u64,
     rate_counts: HashMap<ClientKey, u32>,
 }
@@ -230,7 +231,7 @@ impl Engine {
             policy: Policy::from_config(cfg),
             subnets: cfg.subnets.iter().cloned().map(SubnetState::new).collect(),
             leases: HashMap::new(),
-            by_client: HashMap::new(),
+            by_client: ClientIndex::default(),
             rate_window: 0,
             rate_counts: HashMap::new(),
         }
@@ -256,7 +257,7 @@ impl Engine {
             };
             let ip = lease.ip;
             if let Some(old) = self.leases.get(&ip) {
-                if old.client != lease.client && self.by_client.get(&old.client) == Some(&ip) {
+                if old.client != lease.client && self.by_client.get(&old.client) == Some(ip) {
                     let displaced = old.client.clone();
                     self.by_client.remove(&displaced);
                 }
@@ -264,14 +265,14 @@ impl Engine {
             if lease.state == LeaseState::Declined {
                 self.by_client.remove(&lease.client);
             } else {
-                self.by_client.insert(lease.client.clone(), ip);
+                self.by_client.insert(&lease.client, ip);
             }
             self.leases.insert(ip, lease);
         }
         // A client that moved left its old lease active on disk; only its
         // newest address is its own.
         for l in self.leases.values_mut() {
-            if l.state != LeaseState::Declined && self.by_client.get(&l.client) != Some(&l.ip) {
+            if l.state != LeaseState::Declined && self.by_client.get(&l.client) != Some(l.ip) {
                 l.state = LeaseState::Released;
             }
         }
@@ -319,7 +320,7 @@ impl Engine {
                     // Quarantine over: forget the decliner entirely.
                     let client = l.client.clone();
                     self.leases.remove(ip);
-                    if self.by_client.get(&client) == Some(ip) {
+                    if self.by_client.get(&client) == Some(*ip) {
                         self.by_client.remove(&client);
                     }
                 } else {
@@ -435,7 +436,12 @@ impl Engine {
     fn admit(&mut self, now: u64, key: &ClientKey) -> bool {
         if now != self.rate_window {
             self.rate_window = now;
-            self.rate_counts.clear();
+            if self.rate_counts.capacity() > 4096 {
+                // A burst's worth of capacity is not kept for quiet times.
+                self.rate_counts = HashMap::new();
+            } else {
+                self.rate_counts.clear();
+            }
         }
         let count = self.rate_counts.entry(key.clone()).or_insert(0);
         *count += 1;
@@ -510,7 +516,7 @@ impl Engine {
             let ip = r.ip;
             return self.available_to(now, si, ip, f).then_some(ip);
         }
-        if let Some(ip) = self.by_client.get(&f.key).copied() {
+        if let Some(ip) = self.by_client.get(&f.key) {
             if self.available_to(now, si, ip, f) {
                 return Some(ip);
             }
@@ -555,7 +561,7 @@ impl Engine {
         expires: u64,
         hostname: Option<Box<str>>,
     ) -> &Lease {
-        if let Some(prev) = self.by_client.insert(f.key.clone(), ip) {
+        if let Some(prev) = self.by_client.insert(&f.key, ip) {
             if prev != ip {
                 // The client moved: its old address is free now.
                 if let Some(old) = self.leases.get_mut(&prev) {
@@ -567,7 +573,7 @@ impl Engine {
             }
         }
         if let Some(old) = self.leases.get(&ip) {
-            if old.client != f.key && self.by_client.get(&old.client) == Some(&ip) {
+            if old.client != f.key && self.by_client.get(&old.client) == Some(ip) {
                 let other = old.client.clone();
                 self.by_client.remove(&other);
             }
@@ -733,13 +739,13 @@ impl Engine {
         if held_by_client && self.may_bind(now, si, ip, f) {
             return self.ack(now, si, f, ip, false);
         }
-        let known = self.by_client.contains_key(&f.key);
+        let known = self.by_client.get(&f.key).is_some();
         if rebooting && !known && !self.policy.authoritative {
             return Outcome::Ignore(Ignored::NoRecord);
         }
         if self.policy.authoritative
             && self.may_bind(now, si, ip, f)
-            && self.by_client.get(&f.key).is_none_or(|prev| *prev == ip)
+            && self.by_client.get(&f.key).is_none_or(|prev| prev == ip)
         {
             return self.ack(now, si, f, ip, false);
         }
@@ -763,7 +769,7 @@ impl Engine {
 
     /// The client took another server's offer: free ours at once.
     fn withdraw_offer(&mut self, f: &Facts) {
-        if let Some(ip) = self.by_client.get(&f.key).copied() {
+        if let Some(ip) = self.by_client.get(&f.key) {
             if let Some(l) = self.leases.get_mut(&ip) {
                 if l.client == f.key && l.state == LeaseState::Offered {
                     l.state = LeaseState::Released;

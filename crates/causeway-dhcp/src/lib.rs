@@ -11,6 +11,7 @@
 
 pub mod client;
 pub mod engine;
+mod index;
 pub mod lease;
 pub mod metrics;
 pub mod pool;

@@ -5,9 +5,12 @@
 //! queue, writes them with one `write`, makes them durable with one
 //! `fdatasync`, and only then runs each record's completion (which sends the
 //! ACK). Many concurrent leases therefore share one fsync. When the log holds
-//! far more lines than live addresses, the writer rewrites it with only the
-//! newest record per address, through a temporary file and an atomic rename,
-//! so a reader (`causeway leases`) always sees a whole file.
+//! far more lines than live addresses, a second thread rewrites the part
+//! written so far with only the newest record per address, while the writer
+//! keeps appending; the writer then adds the lines written meanwhile and
+//! swaps the new file in with an atomic rename, so a reader
+//! (`causeway leases`) always sees a whole file and an ACK waits on a
+//! compaction only for that short tail copy.
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
@@ -135,6 +138,7 @@ impl LeaseStore {
             lines,
             compact_at: compact_threshold(live),
             metrics,
+            compaction: None,
         };
         let handle = std::thread::Builder::new()
             .name("lease-store".into())
@@ -219,65 +223,89 @@ struct Writer {
     lines: u64,
     compact_at: u64,
     metrics: Option<DhcpMetrics>,
+    compaction: Option<Compaction>,
+}
+
+/// A compaction running on its own thread over the first `covers` bytes of
+/// the log, while the writer keeps appending after them.
+struct Compaction {
+    covers: u64,
+    lines_after: u64,
+    worker: JoinHandle<io::Result<Compacted>>,
+}
+
+struct Compacted {
+    tmp: PathBuf,
+    kept: u64,
 }
 
 impl Writer {
     fn run(&mut self, rx: mpsc::Receiver<Job>) {
         let mut buf = Vec::with_capacity(64 * 1024);
         let mut batch: Vec<Job> = Vec::with_capacity(256);
-        while let Ok(first) = rx.recv() {
-            batch.push(first);
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(job) => batch.push(job),
+        loop {
+            // While a compaction runs, wake now and then to finish it even
+            // when no records arrive.
+            let first = if self.compaction.is_some() {
+                match rx.recv_timeout(std::time::Duration::from_millis(50)) {
+                    Ok(job) => Some(job),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+            } else {
+                match rx.recv() {
+                    Ok(job) => Some(job),
                     Err(_) => break,
                 }
-            }
-            buf.clear();
-            let mut records = 0usize;
-            for record in batch.iter().filter_map(|j| j.record.as_ref()) {
-                // A record of plain fields always serializes.
-                if serde_json::to_writer(&mut buf, record).is_ok() {
-                    buf.push(b'\n');
-                    records += 1;
-                }
-            }
-            let started = Instant::now();
-            let result = self.commit(&buf);
-            if let Some(m) = &self.metrics {
-                m.commit_seconds.observe(started.elapsed().as_secs_f64());
-                m.batch_size.observe(records as f64);
-                if result.is_err() {
-                    m.store_errors.inc_by(records as u64);
-                }
-            }
-            if let Err(e) = &result {
-                tracing::error!(path = %self.path.display(), error = %e, records,
-                    "lease store write failed; the replies waiting on it are not sent");
-            } else {
-                self.lines += records as u64;
-            }
-            let outcome = result.map_err(|e| e.kind());
-            for job in batch.drain(..) {
-                (job.done)(outcome);
-            }
-            if self.lines >= self.compact_at {
-                match self.compact() {
-                    Ok(kept) => {
-                        tracing::info!(path = %self.path.display(), kept, "lease log compacted");
-                        if let Some(m) = &self.metrics {
-                            m.compactions.inc();
-                        }
-                    }
-                    Err(e) => {
-                        // Try again after as many lines again; the log stays valid.
-                        self.compact_at = self.lines * 2;
-                        tracing::warn!(path = %self.path.display(), error = %e, "lease log compaction failed");
+            };
+            if let Some(first) = first {
+                batch.push(first);
+                while batch.len() < MAX_BATCH {
+                    match rx.try_recv() {
+                        Ok(job) => batch.push(job),
+                        Err(_) => break,
                     }
                 }
+                self.write_batch(&mut batch, &mut buf);
             }
+            self.step_compaction();
+        }
+        // Finish a running compaction rather than leave its work (and its
+        // temporary file) behind.
+        if let Some(c) = self.compaction.take() {
+            self.finish(c);
         }
         let _ = self.file.sync_data();
+    }
+
+    fn write_batch(&mut self, batch: &mut Vec<Job>, buf: &mut Vec<u8>) {
+        buf.clear();
+        let mut records = 0usize;
+        for record in batch.iter().filter_map(|j| j.record.as_ref()) {
+            // A record of plain fields always serializes.
+            if serde_json::to_writer(&mut *buf, record).is_ok() {
+                buf.push(b'\n');
+                records += 1;
+            }
+        }
+        let started = Instant::now();
+        let result = self.commit(buf);
+        if let Some(m) = &self.metrics {
+            m.commit_seconds.observe(started.elapsed().as_secs_f64());
+            m.batch_size.observe(records as f64);
+            if result.is_err() {
+                m.store_errors.inc_by(records as u64);
+            }
+        }
+        match &result {
+            Err(e) => tracing::error!(path = %self.path.display(), error = %e, records,
+                "lease store write failed; the replies waiting on it are not sent"),
+            Ok(()) => self.lines += records as u64,
+        }
+        let outcome = result.map_err(|e| e.kind());
+        for job in batch.drain(..) {
+            (job.done)(outcome);
+        }
     }
 
     fn commit(&mut self, buf: &[u8]) -> io::Result<()> {
@@ -296,54 +324,118 @@ impl Writer {
         }
     }
 
-    /// Rewrites the log with the newest record per address. Two passes over
-    /// the file keep memory to one offset per address.
-    fn compact(&mut self) -> io::Result<u64> {
-        let mut newest: HashMap<Ipv4Addr, u64> = HashMap::new();
-        let mut reader = BufReader::new(File::open(&self.path)?);
-        let mut line = Vec::new();
-        let mut offset = 0u64;
-        loop {
-            line.clear();
-            let n = reader.read_until(b'\n', &mut line)?;
-            if n == 0 || line.last() != Some(&b'\n') {
-                break;
-            }
-            if let Ok(r) = serde_json::from_slice::<LeaseRecord>(&line) {
-                newest.insert(r.ip, offset);
-            }
-            offset += n as u64;
-        }
-        let tmp = self.path.with_extension("compacting");
-        let mut out = io::BufWriter::new(File::create(&tmp)?);
-        let mut reader = BufReader::new(File::open(&self.path)?);
-        let mut offset = 0u64;
-        let mut kept = 0u64;
-        loop {
-            line.clear();
-            let n = reader.read_until(b'\n', &mut line)?;
-            if n == 0 || line.last() != Some(&b'\n') {
-                break;
-            }
-            if let Ok(r) = serde_json::from_slice::<LeaseRecord>(&line) {
-                if newest.get(&r.ip) == Some(&offset) {
-                    out.write_all(&line)?;
-                    kept += 1;
+    /// Starts a compaction when the log has grown enough, and finishes one
+    /// whose worker is done.
+    fn step_compaction(&mut self) {
+        match &self.compaction {
+            None if self.lines >= self.compact_at => {
+                let (path, covers) = (self.path.clone(), self.len);
+                let worker = std::thread::Builder::new()
+                    .name("lease-compact".into())
+                    .spawn(move || compact_prefix(&path, covers));
+                match worker {
+                    Ok(worker) => {
+                        self.compaction = Some(Compaction {
+                            covers,
+                            lines_after: self.lines,
+                            worker,
+                        })
+                    }
+                    Err(e) => self.compaction_failed(&e),
                 }
             }
-            offset += n as u64;
+            Some(c) if c.worker.is_finished() => {
+                if let Some(c) = self.compaction.take() {
+                    self.finish(c);
+                }
+            }
+            _ => {}
         }
-        let out = out.into_inner().map_err(|e| e.into_error())?;
+    }
+
+    /// Waits for a compaction's worker and installs its output.
+    fn finish(&mut self, c: Compaction) {
+        let lines_since = self.lines - c.lines_after;
+        let result = match c.worker.join() {
+            Ok(r) => r.and_then(|done| self.install(done, c.covers, lines_since)),
+            Err(_) => Err(io::Error::other("compaction thread panicked")),
+        };
+        match result {
+            Ok(kept) => {
+                tracing::info!(path = %self.path.display(), kept, "lease log compacted");
+                if let Some(m) = &self.metrics {
+                    m.compactions.inc();
+                }
+            }
+            Err(e) => self.compaction_failed(&e),
+        }
+    }
+
+    fn compaction_failed(&mut self, e: &io::Error) {
+        // The log stays valid; try again after as many lines again.
+        self.compact_at = self.lines * 2;
+        tracing::warn!(path = %self.path.display(), error = %e, "lease log compaction failed");
+    }
+
+    /// Appends what was written since the compaction began to its output,
+    /// then swaps the output in. The writer pauses only for this tail.
+    fn install(&mut self, done: Compacted, covers: u64, lines_since: u64) -> io::Result<u64> {
+        let mut out = OpenOptions::new().append(true).open(&done.tmp)?;
+        let mut log = File::open(&self.path)?;
+        log.seek(SeekFrom::Start(covers))?;
+        io::copy(&mut log.take(self.len - covers), &mut out)?;
         out.sync_all()?;
         drop(out);
-        fs::rename(&tmp, &self.path)?;
+        fs::rename(&done.tmp, &self.path)?;
         sync_dir(&self.path)?;
         self.file = OpenOptions::new().append(true).open(&self.path)?;
         self.len = self.file.seek(SeekFrom::End(0))?;
-        self.lines = kept;
-        self.compact_at = compact_threshold(kept);
-        Ok(kept)
+        self.lines = done.kept + lines_since;
+        self.compact_at = compact_threshold(self.lines);
+        Ok(self.lines)
     }
+}
+
+/// Writes the newest record per address among the first `covers` bytes of
+/// the log to a temporary file. Two passes keep memory to one offset per
+/// address.
+fn compact_prefix(path: &Path, covers: u64) -> io::Result<Compacted> {
+    let mut newest: HashMap<Ipv4Addr, u64> = HashMap::new();
+    let mut line = Vec::new();
+    let mut reader = BufReader::new(File::open(path)?.take(covers));
+    let mut offset = 0u64;
+    loop {
+        line.clear();
+        let n = reader.read_until(b'\n', &mut line)?;
+        if n == 0 || line.last() != Some(&b'\n') {
+            break;
+        }
+        if let Ok(r) = serde_json::from_slice::<LeaseRecord>(&line) {
+            newest.insert(r.ip, offset);
+        }
+        offset += n as u64;
+    }
+    let tmp = path.with_extension("compacting");
+    let mut out = io::BufWriter::new(File::create(&tmp)?);
+    let mut reader = BufReader::new(File::open(path)?.take(covers));
+    let mut offset = 0u64;
+    let mut kept = 0u64;
+    loop {
+        line.clear();
+        let n = reader.read_until(b'\n', &mut line)?;
+        if n == 0 || line.last() != Some(&b'\n') {
+            break;
+        }
+        if let Ok(r) = serde_json::from_slice::<LeaseRecord>(&line) {
+            if newest.get(&r.ip) == Some(&offset) {
+                out.write_all(&line)?;
+                kept += 1;
+            }
+        }
+        offset += n as u64;
+    }
+    out.into_inner().map_err(|e| e.into_error())?;
+    Ok(Compacted { tmp, kept })
 }
 
 #[cfg(test)]
