@@ -2,6 +2,9 @@
 //! answer on the admin endpoints, reload (good and bad), stop on SIGTERM.
 //! Needs no privileges.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -47,7 +50,9 @@ impl Appliance {
     }
 
     fn log_contains(&self, needle: &str) -> bool {
-        std::fs::read_to_string(&self.log).unwrap_or_default().contains(needle)
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .contains(needle)
     }
 }
 
@@ -117,7 +122,9 @@ struct Relay {
 impl Relay {
     fn new(port: u16) -> Relay {
         let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
-        socket.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
         Relay {
             socket,
             server: SocketAddr::from(([127, 0, 0, 1], port)),
@@ -137,7 +144,9 @@ impl Relay {
         for o in extra {
             m.opts_mut().insert(o.clone());
         }
-        self.socket.send_to(&m.to_vec().unwrap(), self.server).unwrap();
+        self.socket
+            .send_to(&m.to_vec().unwrap(), self.server)
+            .unwrap();
         let mut buf = [0u8; 1500];
         loop {
             let (n, _) = self.socket.recv_from(&mut buf).expect("no reply within 2s");
@@ -197,7 +206,10 @@ fn appliance_serves_reloads_and_stops_gracefully() {
     assert_eq!(leases[0]["ip"], ip.to_string());
     assert_eq!(leases[0]["state"], "active");
     let (_, metrics) = http_get(admin_port, "/metrics").unwrap();
-    assert!(metrics.contains("causeway_dhcp_sent_total{type=\"ack\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains("causeway_dhcp_sent_total{type=\"ack\"} 1"),
+        "{metrics}"
+    );
     assert!(metrics.contains("process_resident_memory_bytes"));
 
     // A valid change is applied without a restart.
@@ -209,7 +221,9 @@ fn appliance_serves_reloads_and_stops_gracefully() {
     // An invalid change is rejected and the running config stays.
     std::fs::write(&cfg_path, "dhcp:\n  leaseTime: forever\n").unwrap();
     app.signal("-HUP");
-    wait_for("the rejection in the log", || app.log_contains("reload rejected"));
+    wait_for("the rejection in the log", || {
+        app.log_contains("reload rejected")
+    });
     assert!(app.log_contains("dhcp.leaseTime: forever is not a duration"));
     assert_eq!(mtu_of(&relay.dora(mac)), Some(1300));
 
@@ -244,12 +258,16 @@ fn a_config_file_change_is_picked_up_without_a_signal() {
     let cfg_path = dir.path().join("causeway.yaml");
     std::fs::write(&cfg_path, config(dir.path(), dhcp_port, admin_port, 1400)).unwrap();
     let _app = Appliance::start(&cfg_path, dir.path().join("stderr.log"));
-    wait_for("/readyz", || http_get(admin_port, "/readyz").is_some_and(|(s, _)| s == 200));
+    wait_for("/readyz", || {
+        http_get(admin_port, "/readyz").is_some_and(|(s, _)| s == 200)
+    });
     let mut relay = Relay::new(dhcp_port);
     let mac = [0x52, 0x54, 0, 0, 0, 2];
     assert_eq!(mtu_of(&relay.dora(mac)), Some(1400));
     std::fs::write(&cfg_path, config(dir.path(), dhcp_port, admin_port, 1280)).unwrap();
-    wait_for_dhcp("the watched file's new MTU", || mtu_of(&relay.dora(mac)) == Some(1280));
+    wait_for_dhcp("the watched file's new MTU", || {
+        mtu_of(&relay.dora(mac)) == Some(1280)
+    });
 }
 
 #[test]

@@ -1,5 +1,8 @@
 //! `causeway check` and `causeway leases` as a person runs them.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::Command;
 
 fn causeway() -> Command {
