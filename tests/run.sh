@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Real DHCP clients and peers, and the tools the lab uses.
-PACKAGES=(isc-dhcp-client udhcpc dhcpcd-base kea-admin kea-dhcp4-server iproute2 curl procps)
+PACKAGES=(isc-dhcp-client udhcpc dhcpcd-base kea-admin kea-dhcp4-server iproute2 curl procps util-linux mount)
 
 section() { printf '\n==> %s\n' "$*"; }
 

@@ -1,0 +1,615 @@
+//! Shared helpers for the end-to-end suites: network namespaces that clean
+//! up after themselves, child processes that die with the test, bounded
+//! waits, and the appliance's admin endpoints.
+//!
+//! Hygiene rules every suite relies on:
+//! - namespaces are named `cwe2e-<pid>-<n>-<role>`, are created by the test
+//!   and deleted on drop (also when the test panics); a later run deletes
+//!   any left behind by a test process that no longer exists;
+//! - veth pairs are created directly inside those namespaces, so nothing
+//!   ever appears in, or is changed in, the host's network namespace;
+//! - every wait has a deadline and waits for a condition, never a fixed time.
+
+// Each suite uses a different subset of these helpers, and helpers report a
+// broken precondition by panicking, as tests do.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+/// How often bounded waits re-check their condition.
+const POLL: Duration = Duration::from_millis(50);
+
+// ---------------------------------------------------------------- privileges
+
+/// Whether this process runs with effective uid 0 (read from /proc, as the
+/// tests may not link libc).
+pub fn is_root() -> bool {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        .is_some_and(|euid| euid == "0")
+}
+
+/// `true` when the test may go on; otherwise prints the SKIP line.
+#[must_use]
+pub fn root_or_skip(test: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    // Straight to the stderr stream: libtest captures eprintln!, and a skip
+    // must be seen without --nocapture.
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIP {test}: needs root (network namespaces)"
+    );
+    false
+}
+
+/// The absolute path of a tool the test needs. A missing tool fails the
+/// test: CI installs them, so their absence is a broken environment.
+pub fn tool(name: &str, debian_package: &str) -> PathBuf {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let dirs = path
+        .split(':')
+        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"]);
+    for dir in dirs.filter(|d| !d.is_empty()) {
+        let candidate = Path::new(dir).join(name);
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    panic!("required tool `{name}` not found: install the Debian package `{debian_package}`");
+}
+
+/// The `causeway` binary under test.
+pub fn causeway_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_causeway"))
+}
+
+/// `causeway-bench`, which cargo builds only when asked to.
+pub fn bench_bin() -> PathBuf {
+    let path = causeway_bin().with_file_name("causeway-bench");
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo build -p causeway-bench` first (same profile and target dir as the tests)",
+        path.display()
+    );
+    path
+}
+
+// ---------------------------------------------------------------- waiting
+
+/// Polls `probe` until it returns `Some`, at most `timeout`.
+pub fn poll_until<T>(timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = probe() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Polls `probe` until it returns `Some`, or panics after `timeout` with
+/// `what` and the diagnostics `context` produces.
+pub fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    probe: impl FnMut() -> Option<T>,
+    context: impl FnOnce() -> String,
+) -> T {
+    poll_until(timeout, probe).unwrap_or_else(|| {
+        panic!(
+            "timed out after {timeout:?} waiting for {what}\n{}",
+            context()
+        )
+    })
+}
+
+/// Count of complete (newline-terminated) lines in a file; 0 if absent.
+pub fn complete_lines(path: &Path) -> Vec<String> {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let complete = match text.rfind('\n') {
+        Some(end) => &text[..end],
+        None => "",
+    };
+    complete
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+// ---------------------------------------------------------------- ports
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_tcp_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free TCP port on 127.0.0.1")
+}
+
+/// A UDP port on 127.0.0.1 that was free a moment ago.
+pub fn free_udp_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .map(|a| a.port())
+        .expect("no free UDP port on 127.0.0.1")
+}
+
+// ---------------------------------------------------------------- commands
+
+/// Runs a short command to completion; panics with its output on failure.
+pub fn run(cmd: &mut Command) -> String {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn ip_tool() -> PathBuf {
+    tool("ip", "iproute2")
+}
+
+/// Sends a signal by name (`TERM`, `KILL`, `INT`, `USR1`, ...) to one pid.
+pub fn signal(pid: u32, sig: &str) -> bool {
+    Command::new("kill")
+        .args(["-s", sig, &pid.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+// ---------------------------------------------------------------- namespaces
+
+static NEXT_NS: AtomicUsize = AtomicUsize::new(0);
+static SWEEP: Once = Once::new();
+const NS_PREFIX: &str = "cwe2e-";
+
+/// Deletes namespaces left by earlier test processes that were killed
+/// before their guards ran (the pid in the name no longer exists).
+fn sweep_stale_namespaces() {
+    let Ok(entries) = fs::read_dir("/run/netns") else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(NS_PREFIX)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = Command::new(ip_tool())
+                .args(["netns", "delete", &name])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// A network namespace owned by the test, with `lo` up. Deleted on drop,
+/// which also deletes every veth end inside it.
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    pub fn new(role: &str) -> Netns {
+        SWEEP.call_once(sweep_stale_namespaces);
+        let n = NEXT_NS.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{NS_PREFIX}{}-{n}-{role}", std::process::id());
+        run(Command::new(ip_tool()).args(["netns", "add", &name]));
+        let ns = Netns { name };
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `ip -n <ns> <args>`, which must succeed.
+    pub fn ip(&self, args: &[&str]) -> String {
+        run(Command::new(ip_tool()).arg("-n").arg(&self.name).args(args))
+    }
+
+    /// A command that runs `program` inside this namespace.
+    pub fn command(&self, program: impl AsRef<Path>) -> Command {
+        let mut cmd = Command::new(ip_tool());
+        cmd.args(["netns", "exec", &self.name])
+            .arg(program.as_ref());
+        cmd
+    }
+
+    /// A veth pair from `self` to `peer`, both ends up, created directly in
+    /// the two namespaces. `None` MACs are left to the kernel.
+    pub fn veth_to(
+        &self,
+        if_here: &str,
+        mac_here: Option<&str>,
+        peer: &Netns,
+        if_there: &str,
+        mac_there: Option<&str>,
+    ) {
+        let mut args: Vec<&str> = vec!["link", "add", if_here, "netns", &self.name];
+        if let Some(mac) = mac_here {
+            args.extend(["address", mac]);
+        }
+        args.extend([
+            "type", "veth", "peer", "name", if_there, "netns", &peer.name,
+        ]);
+        if let Some(mac) = mac_there {
+            args.extend(["address", mac]);
+        }
+        run(Command::new(ip_tool()).args(&args));
+        self.ip(&["link", "set", if_here, "up"]);
+        peer.ip(&["link", "set", if_there, "up"]);
+    }
+
+    /// A GET to `127.0.0.1:<port><path>` from inside the namespace (curl),
+    /// as `(status, body)`; `None` if nothing answered.
+    pub fn http_get(&self, port: u16, path: &str) -> Option<(u16, String)> {
+        netns_http_get(&self.name, port, path)
+    }
+}
+
+fn netns_http_get(ns: &str, port: u16, path: &str) -> Option<(u16, String)> {
+    let out = Command::new(ip_tool())
+        .args(["netns", "exec", ns])
+        .arg(tool("curl", "curl"))
+        .args(["-sS", "--max-time", "3", "-o", "-", "-w", "\n%{http_code}"])
+        .arg(format!("http://127.0.0.1:{port}{path}"))
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n')?;
+    Some((code.trim().parse().ok()?, body.to_owned()))
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let out = Command::new(ip_tool())
+            .args(["netns", "delete", &self.name])
+            .stdin(Stdio::null())
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => eprintln!(
+                "warning: ip netns delete {}: {}",
+                self.name,
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(e) => eprintln!("warning: ip netns delete {}: {e}", self.name),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- processes
+
+/// A child process with its stdout and stderr in one log file. Dropping it
+/// stops the process: SIGTERM, then SIGKILL if it has not exited within
+/// two seconds. When the test is panicking, the log's tail is printed.
+pub struct Proc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+    status: Option<ExitStatus>,
+}
+
+impl Proc {
+    /// Spawns `cmd` with its output in `<dir>/<name>.log`. The program must
+    /// keep the pid it was started with (`ip netns exec`, `unshare` without
+    /// `--fork` and `sh -c 'exec ...'` all do), so that signals reach it.
+    pub fn spawn(name: &str, dir: &Path, cmd: &mut Command) -> Proc {
+        let log = dir.join(format!("{name}.log"));
+        let out = File::create(&log).expect("creating a process log");
+        let err = out.try_clone().expect("cloning a log handle");
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name} ({cmd:?}): {e}"));
+        Proc {
+            name: name.to_owned(),
+            child,
+            log,
+            status: None,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn signal(&self, sig: &str) {
+        assert!(
+            self.status.is_some() || signal(self.pid(), sig),
+            "could not send SIG{sig} to {} (pid {})",
+            self.name,
+            self.pid()
+        );
+    }
+
+    /// The exit status if it has exited.
+    pub fn try_status(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            self.status = self.child.try_wait().ok().flatten();
+        }
+        self.status
+    }
+
+    /// Waits for the process to exit, at most `timeout`; panics otherwise.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let name = self.name.clone();
+        let log = self.log.clone();
+        wait_for(
+            &format!("{name} to exit"),
+            timeout,
+            || self.try_status(),
+            || format!("{name} log:\n{}", tail(&log, 40)),
+        )
+    }
+
+    /// Everything the process printed so far.
+    pub fn output(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "--- {} (pid {}) log tail:\n{}",
+            self.name,
+            self.pid(),
+            tail(&self.log, 40)
+        )
+    }
+
+    /// Stops the process now (SIGKILL) and reaps it.
+    pub fn kill9(&mut self) {
+        if self.try_status().is_none() {
+            let _ = self.child.kill();
+            self.status = self.child.wait().ok();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.try_status().is_none() {
+            signal(self.pid(), "TERM");
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while self.try_status().is_none() && Instant::now() < deadline {
+                std::thread::sleep(POLL);
+            }
+            self.kill9();
+        }
+        if std::thread::panicking() {
+            eprintln!("{}", self.describe());
+        }
+    }
+}
+
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+// ---------------------------------------------------------------- admin
+
+/// Where an appliance's admin server listens.
+#[derive(Clone)]
+pub enum AdminAt {
+    /// On 127.0.0.1 of the test's own network namespace.
+    Host(SocketAddr),
+    /// On 127.0.0.1:<port> inside a namespace, reached with curl.
+    Netns { ns: String, port: u16 },
+}
+
+impl AdminAt {
+    /// A GET as `(status, body)`; `None` if nothing answered.
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        match self {
+            AdminAt::Host(addr) => http_get(*addr, path),
+            AdminAt::Netns { ns, port } => netns_http_get(ns, *port, path),
+        }
+    }
+}
+
+/// A minimal HTTP/1.0 GET (no chunking, the server closes the connection).
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+    s.set_write_timeout(Some(Duration::from_secs(3))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}
+
+/// The value of one sample in Prometheus text format, by its exact name and
+/// label set as exposed (`causeway_dhcp_sent_total{type="ack"}`).
+pub fn metric(text: &str, sample: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .find(|(key, _)| *key == sample)
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+// ---------------------------------------------------------------- appliance
+
+/// A running `causeway appliance`, stopped on drop.
+pub struct Appliance {
+    pub proc: Proc,
+    pub config: PathBuf,
+    pub admin: AdminAt,
+}
+
+/// How long the appliance gets to become ready.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+impl Appliance {
+    /// Starts the appliance (inside `ns` when given) and waits for /readyz.
+    pub fn start(
+        name: &str,
+        dir: &Path,
+        ns: Option<&Netns>,
+        config: &Path,
+        admin: AdminAt,
+    ) -> Appliance {
+        let mut cmd = match ns {
+            Some(ns) => ns.command(causeway_bin()),
+            None => Command::new(causeway_bin()),
+        };
+        cmd.args(["appliance", "--config"]).arg(config);
+        let proc = Proc::spawn(name, dir, &mut cmd);
+        let mut a = Appliance {
+            proc,
+            config: config.to_owned(),
+            admin,
+        };
+        a.wait_ready();
+        a
+    }
+
+    pub fn wait_ready(&mut self) {
+        let admin = self.admin.clone();
+        let proc = &mut self.proc;
+        // Some(Err(status)): the appliance exited instead.
+        let outcome = poll_until(READY_TIMEOUT, || {
+            if let Some(status) = proc.try_status() {
+                return Some(Err(status));
+            }
+            admin
+                .get("/readyz")
+                .filter(|(code, _)| *code == 200)
+                .map(|_| Ok(()))
+        });
+        match outcome {
+            Some(Ok(())) => {}
+            Some(Err(status)) => panic!(
+                "the appliance exited ({status}) before it was ready\n{}",
+                self.proc.describe()
+            ),
+            None => panic!(
+                "the appliance was not ready on /readyz within {READY_TIMEOUT:?}\n{}",
+                self.proc.describe()
+            ),
+        }
+    }
+
+    pub fn metrics(&self) -> String {
+        match self.admin.get("/metrics") {
+            Some((200, body)) => body,
+            other => panic!(
+                "/metrics did not answer 200: {other:?}\n{}",
+                self.proc.describe()
+            ),
+        }
+    }
+
+    /// Waits until `sample` reaches at least `min`; returns its value.
+    pub fn wait_metric_at_least(&self, sample: &str, min: f64, timeout: Duration) -> f64 {
+        let mut last = String::new();
+        let found = poll_until(timeout, || {
+            last = self
+                .admin
+                .get("/metrics")
+                .map(|(_, b)| b)
+                .unwrap_or_default();
+            metric(&last, sample).filter(|v| *v >= min)
+        });
+        found.unwrap_or_else(|| {
+            let dhcp: Vec<&str> = last
+                .lines()
+                .filter(|l| l.starts_with("causeway_dhcp_") && !l.contains("_bucket"))
+                .collect();
+            panic!(
+                "timed out after {timeout:?} waiting for {sample} >= {min}; last DHCP metrics:\n{}\n{}",
+                dhcp.join("\n"),
+                self.proc.describe()
+            )
+        })
+    }
+
+    /// SIGTERM, and the graceful exit (status 0) it must lead to.
+    pub fn stop(mut self) {
+        self.proc.signal("TERM");
+        let status = self.proc.wait_exit(Duration::from_secs(15));
+        assert!(
+            status.success(),
+            "the appliance did not stop cleanly on SIGTERM: {status}\n{}",
+            self.proc.describe()
+        );
+    }
+}
+
+/// One record of `causeway leases --json`.
+#[derive(Debug, Clone)]
+pub struct LeaseView {
+    pub ip: String,
+    pub hw: String,
+    pub client: String,
+    pub state: String,
+    pub expires: u64,
+    pub hostname: Option<String>,
+}
+
+/// The lease store as `causeway leases --config <config> --json` reads it.
+pub fn leases(config: &Path) -> Vec<LeaseView> {
+    let out = run(Command::new(causeway_bin())
+        .args(["leases", "--json", "--config"])
+        .arg(config));
+    let v: serde_json::Value = serde_json::from_str(&out)
+        .unwrap_or_else(|e| panic!("causeway leases --json printed invalid JSON ({e}):\n{out}"));
+    let s = |l: &serde_json::Value, k: &str| l[k].as_str().unwrap_or_default().to_owned();
+    v.as_array()
+        .unwrap_or_else(|| panic!("causeway leases --json did not print an array:\n{out}"))
+        .iter()
+        .map(|l| LeaseView {
+            ip: s(l, "ip"),
+            hw: s(l, "hw"),
+            client: s(l, "client"),
+            state: s(l, "state"),
+            expires: l["expires"].as_u64().unwrap_or_default(),
+            hostname: l["hostname"].as_str().map(str::to_owned),
+        })
+        .collect()
+}
