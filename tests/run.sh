@@ -52,4 +52,12 @@ else
 fi
 
 section "tests"
-cargo test --workspace --locked
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace --locked 2>&1 | tee "$log"
+# One closing line for the whole run (cargo prints one per test binary,
+# the last of which is often an empty doc-test run). Tests that returned
+# early for want of root said "SKIP ..." and count as skipped, not passed.
+awk '/^test result:/ { p += $4; f += $6; s += $8 }
+     /^SKIP / { k += 1 }
+     END { printf "tests: %d passed, %d failed, %d skipped\n", p - k, f, s + k }' "$log"
