@@ -16,6 +16,7 @@ pub struct FileConfig {
     pub cluster: Option<FileCluster>,
     pub network: Option<FileNetwork>,
     pub dhcp: Option<FileDhcp>,
+    pub dns: Option<crate::dns::FileDns>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -70,7 +71,7 @@ pub struct FileDhcp {
     pub subnets: Vec<FileSubnet>,
 }
 
-fn yes() -> bool {
+pub(crate) fn yes() -> bool {
     true
 }
 

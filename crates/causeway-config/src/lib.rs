@@ -6,11 +6,13 @@
 //! and domain. It does no I/O beyond reading the file it is given, and it
 //! knows nothing of how services use the values.
 
+mod dns;
 mod error;
 mod file;
 mod model;
 mod validate;
 
+pub use dns::{CacheConfig, DnsConfig, DnsRecord, DnsView, RecordData, UpstreamPolicy};
 pub use error::{ConfigErrors, FieldError, LoadError};
 pub use model::*;
 pub use validate::{parse_duration, parse_hex, parse_mac};

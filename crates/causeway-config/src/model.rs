@@ -16,6 +16,7 @@ pub struct Config {
     pub cluster: Option<Cluster>,
     pub network: Option<Network>,
     pub dhcp: Option<DhcpConfig>,
+    pub dns: Option<crate::dns::DnsConfig>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

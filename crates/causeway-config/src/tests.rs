@@ -240,3 +240,102 @@ proptest::proptest! {
         let _ = Config::from_yaml(&text);
     }
 }
+
+fn dns(yaml: &str) -> DnsConfig {
+    Config::from_yaml(yaml).unwrap().dns.unwrap()
+}
+
+fn a_records<'a>(view: &'a DnsView, name: &str) -> Vec<&'a RecordData> {
+    view.records
+        .iter()
+        .filter(|r| r.name == name)
+        .map(|r| &r.data)
+        .collect()
+}
+
+#[test]
+fn dns_derives_the_cluster_names_from_the_network_and_cluster() {
+    let d = dns(&format!("{VLAN}dns: {{}}\n"));
+    assert_eq!(d.zone.as_deref(), Some("hc1.example.com."));
+    assert_eq!(
+        d.listen,
+        vec![
+            "192.168.100.2:53".parse().unwrap(),
+            "127.0.0.1:53".parse().unwrap()
+        ]
+    );
+    let view = d.views.last().unwrap();
+    assert_eq!(view.name, "default");
+    let proxy = RecordData::A(Ipv4Addr::new(192, 168, 100, 2));
+    for name in [
+        "api",
+        "api-int",
+        "oauth",
+        "ignition",
+        "konnectivity",
+        "*.apps",
+    ] {
+        assert_eq!(
+            a_records(view, &format!("{name}.hc1.example.com.")),
+            vec![&proxy],
+            "{name}"
+        );
+    }
+    assert_eq!(
+        a_records(view, "2.100.168.192.in-addr.arpa."),
+        vec![&RecordData::Ptr("causeway.hc1.example.com.".into())]
+    );
+    assert!(d
+        .recursion_clients
+        .contains(&"192.168.100.0/24".parse().unwrap()));
+}
+
+#[test]
+fn dns_views_point_the_same_name_elsewhere_and_records_override() {
+    let d = dns(&format!(
+        "{VLAN}dns:\n  proxyAddress: 192.168.100.3\n  records:\n    - {{name: registry, type: A, value: 10.1.1.1}}\n    - {{name: oauth, type: A, value: 192.168.100.9}}\n  views:\n    - name: vlan\n      clients: [192.168.100.0/24]\n    - name: mgmt\n      clients: [10.0.0.0/8]\n      proxyAddress: 172.30.0.10\n      records:\n        - {{name: registry, type: CNAME, value: mirror.corp.}}\n"
+    ));
+    assert_eq!(
+        d.views.iter().map(|v| v.name.as_str()).collect::<Vec<_>>(),
+        vec!["vlan", "mgmt", "default"]
+    );
+    let (vlan, mgmt) = (&d.views[0], &d.views[1]);
+    assert_eq!(
+        a_records(vlan, "api.hc1.example.com."),
+        vec![&RecordData::A(Ipv4Addr::new(192, 168, 100, 3))]
+    );
+    assert_eq!(
+        a_records(mgmt, "api.hc1.example.com."),
+        vec![&RecordData::A(Ipv4Addr::new(172, 30, 0, 10))]
+    );
+    // An explicit record replaces the derived one of the same name and type.
+    assert_eq!(
+        a_records(vlan, "oauth.hc1.example.com."),
+        vec![&RecordData::A(Ipv4Addr::new(192, 168, 100, 9))]
+    );
+    // A view adds its own records to the shared ones.
+    assert_eq!(
+        a_records(mgmt, "registry.hc1.example.com."),
+        vec![
+            &RecordData::A(Ipv4Addr::new(10, 1, 1, 1)),
+            &RecordData::Cname("mirror.corp.".into())
+        ]
+    );
+}
+
+#[test]
+fn dns_errors_name_their_paths() {
+    let e = errors(&format!(
+        "{VLAN}dns:\n  upstreams: [10.0.0.300]\n  records:\n    - {{name: x, type: MX, value: mail}}\n    - {{name: y, type: SRV, value: \"0 10\"}}\n    - {{name: z, type: A, value: 1.2.3}}\n  views:\n    - {{name: v, clients: [10.0.0.0/33]}}\n"
+    ));
+    assert_eq!(
+        e,
+        vec![
+            "dns.records[0].type: MX is not one of: A, AAAA, CNAME, SRV, TXT, PTR",
+            "dns.records[1].value: 0 10 is not \"priority weight port target\", such as \"0 10 2379 etcd-0\"",
+            "dns.records[2].value: 1.2.3 is not an IPv4 address",
+            "dns.views[0].clients[0]: 10.0.0.0/33 is not a CIDR or address",
+            "dns.upstreams[0]: 10.0.0.300 is not an address or address:port",
+        ]
+    );
+}

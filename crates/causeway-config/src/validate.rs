@@ -23,19 +23,19 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 4096;
 /// the protocol, so they are refused.
 const MANAGED_OPTION_CODES: &[u16] = &[0, 50, 51, 52, 53, 54, 55, 57, 58, 59, 61, 80, 82, 255];
 
-struct Collector {
-    errors: Vec<FieldError>,
+pub(crate) struct Collector {
+    pub(crate) errors: Vec<FieldError>,
 }
 
 impl Collector {
-    fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
+    pub(crate) fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
         self.errors.push(FieldError {
             path: path.into(),
             message: message.into(),
         });
     }
 
-    fn ipv4(&mut self, path: &str, text: &str) -> Option<Ipv4Addr> {
+    pub(crate) fn ipv4(&mut self, path: &str, text: &str) -> Option<Ipv4Addr> {
         match text.trim().parse() {
             Ok(addr) => Some(addr),
             Err(_) => {
@@ -45,7 +45,7 @@ impl Collector {
         }
     }
 
-    fn ipv4_list(&mut self, path: &str, texts: &[String]) -> Vec<Ipv4Addr> {
+    pub(crate) fn ipv4_list(&mut self, path: &str, texts: &[String]) -> Vec<Ipv4Addr> {
         texts
             .iter()
             .enumerate()
@@ -53,7 +53,7 @@ impl Collector {
             .collect()
     }
 
-    fn cidr(&mut self, path: &str, text: &str) -> Option<Ipv4Net> {
+    pub(crate) fn cidr(&mut self, path: &str, text: &str) -> Option<Ipv4Net> {
         match text.trim().parse::<Ipv4Net>() {
             Ok(net) if net.trunc() == net => Some(net),
             Ok(net) => {
@@ -73,7 +73,7 @@ impl Collector {
         }
     }
 
-    fn duration(&mut self, path: &str, value: &FileDuration) -> Option<Duration> {
+    pub(crate) fn duration(&mut self, path: &str, value: &FileDuration) -> Option<Duration> {
         let parsed = match value {
             FileDuration::Seconds(s) => Some(Duration::from_secs(*s)),
             FileDuration::Text(t) => parse_duration(t),
@@ -98,7 +98,7 @@ impl Collector {
         }
     }
 
-    fn inside(&mut self, path: &str, addr: Ipv4Addr, net: Ipv4Net, what: &str) -> bool {
+    pub(crate) fn inside(&mut self, path: &str, addr: Ipv4Addr, net: Ipv4Net, what: &str) -> bool {
         if net.contains(&addr) {
             true
         } else {
@@ -176,6 +176,10 @@ pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
         Some(d) if d.enabled => validate_dhcp(&mut c, d, network.as_ref(), cluster.as_ref()),
         _ => None,
     };
+    let dns = match file.dns {
+        Some(d) if d.enabled => crate::dns::validate(&mut c, d, network.as_ref(), cluster.as_ref()),
+        _ => None,
+    };
 
     if c.errors.is_empty() {
         Ok(Config {
@@ -186,6 +190,7 @@ pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
             cluster,
             network,
             dhcp,
+            dns,
         })
     } else {
         Err(ConfigErrors(c.errors))
