@@ -12,7 +12,10 @@ mod file;
 mod model;
 mod validate;
 
-pub use dns::{CacheConfig, DnsConfig, DnsRecord, DnsView, RecordData, UpstreamPolicy};
+pub use dns::{
+    reverse_name, CacheConfig, DnsConfig, DnsRecord, DnsView, RecordData, UpstreamPolicy,
+    PROXIED_NAMES,
+};
 pub use error::{ConfigErrors, FieldError, LoadError};
 pub use model::*;
 pub use validate::{parse_duration, parse_hex, parse_mac};

@@ -1,0 +1,448 @@
+//! The local answers: per view, the records of the cluster zone, the VLAN's
+//! reverse zone and any extra names, plus the names DHCP registers.
+//!
+//! Pure data and lookups; no sockets, no clock (expiry is checked against
+//! the `now` the caller passes).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, RwLock};
+
+use causeway_config::{DnsConfig, DnsRecord, RecordData};
+use hickory_proto::rr::rdata::{A, AAAA, CNAME, PTR, SOA, SRV, TXT};
+use hickory_proto::rr::{LowerName, Name, RData, Record, RecordType};
+use ipnet::{IpNet, Ipv4Net};
+
+const MAX_CNAME_CHAIN: usize = 8;
+
+/// A zone this server is the authority for.
+#[derive(Debug, Clone)]
+struct Zone {
+    apex: LowerName,
+    soa: Record,
+}
+
+#[derive(Debug, Default, Clone)]
+struct ViewData {
+    name: String,
+    clients: Vec<IpNet>,
+    /// Every name with records, and every empty non-terminal above them
+    /// (with no records), so that NODATA and NXDOMAIN can be told apart.
+    nodes: HashMap<LowerName, Vec<Record>>,
+    /// Wildcard records keyed by the wildcard's parent (`apps.<zone>` for
+    /// `*.apps.<zone>`).
+    wildcards: HashMap<LowerName, Vec<Record>>,
+}
+
+/// What the authority says about a query.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Lookup {
+    /// We are authoritative: answer with these sections.
+    Answer(LocalAnswer),
+    /// Not ours in this view: forward it (or refuse it).
+    NotOurs,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalAnswer {
+    pub nxdomain: bool,
+    pub answers: Vec<Record>,
+    /// The zone's SOA on a negative answer.
+    pub authority: Vec<Record>,
+}
+
+/// Names DHCP leases register: `<hostname>.<zone>` and its reverse.
+#[derive(Debug, Default)]
+pub struct DynamicNames {
+    inner: RwLock<DynamicInner>,
+}
+
+#[derive(Debug, Default)]
+struct DynamicInner {
+    forward: HashMap<LowerName, (Ipv4Addr, u64)>,
+    reverse: HashMap<LowerName, (Name, u64)>,
+    /// Bumped on every change, so cached local answers know to go stale.
+    generation: u64,
+}
+
+impl DynamicNames {
+    /// Registers (or refreshes) `host` at `ip` until `expires` (unix seconds).
+    pub fn register(&self, zone: &Name, host: &str, ip: Ipv4Addr, expires: u64) {
+        let Ok(fqdn) = Name::from_ascii(host).and_then(|h| h.append_domain(zone)) else {
+            return;
+        };
+        let Ok(rev) = Name::from_ascii(causeway_config::reverse_name(IpAddr::V4(ip))) else {
+            return;
+        };
+        let mut d = self.write();
+        // A host that moved must not keep its old reverse entry.
+        if let Some((old_ip, _)) = d.forward.insert(LowerName::from(&fqdn), (ip, expires)) {
+            if old_ip != ip {
+                if let Ok(old_rev) =
+                    Name::from_ascii(causeway_config::reverse_name(IpAddr::V4(old_ip)))
+                {
+                    d.reverse.remove(&LowerName::from(old_rev));
+                }
+            }
+        }
+        d.reverse.insert(LowerName::from(rev), (fqdn, expires));
+        d.generation += 1;
+    }
+
+    /// Forgets whatever name `ip` carries.
+    pub fn unregister(&self, ip: Ipv4Addr) {
+        let Ok(rev) = Name::from_ascii(causeway_config::reverse_name(IpAddr::V4(ip))) else {
+            return;
+        };
+        let mut d = self.write();
+        if let Some((fqdn, _)) = d.reverse.remove(&LowerName::from(rev)) {
+            let key = LowerName::from(&fqdn);
+            if d.forward.get(&key).is_some_and(|(a, _)| *a == ip) {
+                d.forward.remove(&key);
+            }
+        }
+        d.generation += 1;
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.read().generation
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, DynamicInner> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, DynamicInner> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lookup(&self, name: &LowerName, now: u64, ttl: u32) -> Option<Vec<Record>> {
+        let d = self.read();
+        if let Some((ip, expires)) = d.forward.get(name) {
+            if *expires > now {
+                return Some(vec![Record::from_rdata(name.into(), ttl, RData::A(A(*ip)))]);
+            }
+        }
+        if let Some((target, expires)) = d.reverse.get(name) {
+            if *expires > now {
+                return Some(vec![Record::from_rdata(
+                    name.into(),
+                    ttl,
+                    RData::PTR(PTR(target.clone())),
+                )]);
+            }
+        }
+        None
+    }
+}
+
+pub struct Authority {
+    zones: Vec<Zone>,
+    views: Vec<ViewData>,
+    cluster_zone: Option<Name>,
+    recursion: Vec<IpNet>,
+    ttl: u32,
+    dynamic: Arc<DynamicNames>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("record {name}: {reason}")]
+pub struct BuildError {
+    name: String,
+    reason: String,
+}
+
+fn name(text: &str) -> Result<Name, BuildError> {
+    Name::from_ascii(text).map_err(|e| BuildError {
+        name: text.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+fn to_record(r: &DnsRecord) -> Result<Record, BuildError> {
+    let owner = name(&r.name)?;
+    let rdata = match &r.data {
+        RecordData::A(ip) => RData::A(A(*ip)),
+        RecordData::Aaaa(ip) => RData::AAAA(AAAA(*ip)),
+        RecordData::Cname(t) => RData::CNAME(CNAME(name(t)?)),
+        RecordData::Ptr(t) => RData::PTR(PTR(name(t)?)),
+        RecordData::Txt(t) => RData::TXT(TXT::new(vec![t.clone()])),
+        RecordData::Srv {
+            priority,
+            weight,
+            port,
+            target,
+        } => RData::SRV(SRV::new(*priority, *weight, *port, name(target)?)),
+    };
+    Ok(Record::from_rdata(owner, r.ttl, rdata))
+}
+
+/// The reverse zones covering `net`, at whole octets: a /22 is four /24
+/// zones, a /24 one, a /26 the /24 around it.
+fn reverse_zones(net: Ipv4Net) -> Vec<Name> {
+    let prefix = (u32::from(net.prefix_len()).div_ceil(8) * 8).clamp(8, 24) as u8;
+    let covering = if prefix <= net.prefix_len() {
+        vec![Ipv4Net::new(net.network(), prefix)
+            .map(|n| n.trunc())
+            .unwrap_or(net)]
+    } else {
+        net.subnets(prefix).map(|s| s.collect()).unwrap_or_default()
+    };
+    covering
+        .into_iter()
+        .filter_map(|n| {
+            let octets = n.network().octets();
+            let labels: Vec<String> = octets[..usize::from(n.prefix_len() / 8)]
+                .iter()
+                .rev()
+                .map(u8::to_string)
+                .collect();
+            Name::from_ascii(format!("{}.in-addr.arpa.", labels.join("."))).ok()
+        })
+        .collect()
+}
+
+fn soa(apex: &Name, cluster_zone: Option<&Name>, ttl: u32, serial: u32) -> Record {
+    let host = cluster_zone.unwrap_or(apex);
+    let mname = Name::from_ascii("causeway")
+        .and_then(|n| n.append_domain(host))
+        .unwrap_or_else(|_| host.clone());
+    let rname = Name::from_ascii("hostmaster")
+        .and_then(|n| n.append_domain(host))
+        .unwrap_or_else(|_| host.clone());
+    // The SOA minimum is the negative-caching TTL (RFC 2308).
+    Record::from_rdata(
+        apex.clone(),
+        ttl,
+        RData::SOA(SOA::new(mname, rname, serial, 3600, 600, 86400, ttl)),
+    )
+}
+
+impl Authority {
+    pub fn new(
+        cfg: &DnsConfig,
+        dynamic: Arc<DynamicNames>,
+        serial: u32,
+    ) -> Result<Self, BuildError> {
+        let cluster_zone = cfg.zone.as_deref().map(name).transpose()?;
+        let mut zones = Vec::new();
+        if let Some(z) = &cluster_zone {
+            zones.push(Zone {
+                apex: LowerName::from(z),
+                soa: soa(z, Some(z), cfg.ttl, serial),
+            });
+        }
+        if let Some(net) = cfg.reverse {
+            for apex in reverse_zones(net) {
+                zones.push(Zone {
+                    apex: LowerName::from(&apex),
+                    soa: soa(&apex, cluster_zone.as_ref(), cfg.ttl, serial),
+                });
+            }
+        }
+        let mut views = Vec::new();
+        for v in &cfg.views {
+            let mut data = ViewData {
+                name: v.name.clone(),
+                clients: v.clients.clone(),
+                ..ViewData::default()
+            };
+            for r in &v.records {
+                let record = to_record(r)?;
+                let owner = LowerName::from(record.name());
+                let (target, node) = if owner.is_wildcard() {
+                    let parent = owner.base_name();
+                    (data.wildcards.entry(parent.clone()).or_default(), parent)
+                } else {
+                    (data.nodes.entry(owner.clone()).or_default(), owner)
+                };
+                target.push(record);
+                // Empty non-terminals up to the zone apex (or the root for
+                // names outside our zones).
+                let apex = zones
+                    .iter()
+                    .find(|z| z.apex.zone_of(&node))
+                    .map(|z| z.apex.clone());
+                let mut up = node;
+                while let Some(a) = &apex {
+                    data.nodes.entry(up.clone()).or_default();
+                    if &up == a || up.is_root() {
+                        break;
+                    }
+                    up = up.base_name();
+                }
+            }
+            views.push(data);
+        }
+        Ok(Authority {
+            zones,
+            views,
+            cluster_zone,
+            recursion: cfg.recursion_clients.clone(),
+            ttl: cfg.ttl,
+            dynamic,
+        })
+    }
+
+    pub fn cluster_zone(&self) -> Option<&Name> {
+        self.cluster_zone.as_ref()
+    }
+
+    /// The index of the first view whose clients match; the last view is
+    /// the default and matches everyone.
+    pub fn view_for(&self, client: IpAddr) -> usize {
+        let client = canonical(client);
+        self.views
+            .iter()
+            .position(|v| v.clients.is_empty() || v.clients.iter().any(|n| n.contains(&client)))
+            .unwrap_or(self.views.len().saturating_sub(1))
+    }
+
+    pub fn view_name(&self, view: usize) -> &str {
+        self.views.get(view).map_or("default", |v| v.name.as_str())
+    }
+
+    pub fn may_recurse(&self, client: IpAddr) -> bool {
+        let client = canonical(client);
+        self.recursion.iter().any(|n| n.contains(&client))
+    }
+
+    pub fn views(&self) -> usize {
+        self.views.len()
+    }
+
+    /// Answers `qname`/`qtype` from view `view`'s data at `now`.
+    pub fn lookup(&self, view: usize, qname: &LowerName, qtype: RecordType, now: u64) -> Lookup {
+        let Some(v) = self.views.get(view) else {
+            return Lookup::NotOurs;
+        };
+        let zone = self.zones.iter().find(|z| z.apex.zone_of(qname));
+        if zone.is_none() {
+            // Outside our zones, only an exact extra name is ours.
+            return match v.nodes.get(qname).filter(|r| !r.is_empty()) {
+                Some(records) => Lookup::Answer(LocalAnswer {
+                    nxdomain: false,
+                    answers: select(records, qtype),
+                    authority: Vec::new(),
+                }),
+                None => Lookup::NotOurs,
+            };
+        }
+        let mut answers: Vec<Record> = Vec::new();
+        let mut current = qname.clone();
+        for _ in 0..MAX_CNAME_CHAIN {
+            let Some(current_zone) = self.zones.iter().find(|z| z.apex.zone_of(&current)) else {
+                // The chain left our zones: the client's resolver goes on.
+                break;
+            };
+            let Some(records) = self.node(v, current_zone, &current, now) else {
+                return Lookup::Answer(LocalAnswer {
+                    nxdomain: true,
+                    answers,
+                    authority: vec![current_zone.soa.clone()],
+                });
+            };
+            let matching = select(&records, qtype);
+            if !matching.is_empty() {
+                answers.extend(matching);
+                break;
+            }
+            let cname = records
+                .iter()
+                .find(|r| r.record_type() == RecordType::CNAME)
+                .cloned();
+            match cname {
+                Some(c) if qtype != RecordType::CNAME => {
+                    let target = match c.data() {
+                        RData::CNAME(CNAME(t)) => LowerName::from(t),
+                        _ => break,
+                    };
+                    answers.push(c);
+                    current = target;
+                }
+                _ => {
+                    // NODATA: the name exists without this type.
+                    let authority = if answers.is_empty() {
+                        vec![current_zone.soa.clone()]
+                    } else {
+                        Vec::new()
+                    };
+                    return Lookup::Answer(LocalAnswer {
+                        nxdomain: false,
+                        answers,
+                        authority,
+                    });
+                }
+            }
+        }
+        Lookup::Answer(LocalAnswer {
+            nxdomain: false,
+            answers,
+            authority: Vec::new(),
+        })
+    }
+
+    /// The records at `name`: exact, then DHCP-registered, then synthesized
+    /// from the wildcard at the closest encloser (RFC 4592), which matches
+    /// names of any depth below it.
+    fn node(&self, v: &ViewData, zone: &Zone, name: &LowerName, now: u64) -> Option<Vec<Record>> {
+        if let Some(records) = v.nodes.get(name) {
+            if records.is_empty() {
+                if let Some(dynamic) = self.dynamic.lookup(name, now, self.ttl) {
+                    return Some(dynamic);
+                }
+            }
+            return Some(records.clone());
+        }
+        if let Some(dynamic) = self.dynamic.lookup(name, now, self.ttl) {
+            return Some(dynamic);
+        }
+        let mut up = name.base_name();
+        loop {
+            if v.nodes.contains_key(&up) || up == zone.apex {
+                let wild = v.wildcards.get(&up)?;
+                let owner: Name = name.into();
+                return Some(
+                    wild.iter()
+                        .map(|r| Record::from_rdata(owner.clone(), r.ttl(), r.data().clone()))
+                        .collect(),
+                );
+            }
+            if up.is_root() || !zone.apex.zone_of(&up) {
+                return None;
+            }
+            up = up.base_name();
+        }
+    }
+}
+
+/// IPv4-mapped IPv6 clients match IPv4 CIDRs.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// The records of the asked type. ANY gets one RRset only (RFC 8482).
+fn select(records: &[Record], qtype: RecordType) -> Vec<Record> {
+    if qtype == RecordType::ANY {
+        let Some(first) = records.first().map(Record::record_type) else {
+            return Vec::new();
+        };
+        return records
+            .iter()
+            .filter(|r| r.record_type() == first)
+            .cloned()
+            .collect();
+    }
+    records
+        .iter()
+        .filter(|r| r.record_type() == qtype)
+        .cloned()
+        .collect()
+}
+
+#[cfg(test)]
+#[path = "authority_tests.rs"]
+mod tests;

@@ -1,0 +1,255 @@
+use super::*;
+use causeway_config::Config;
+use std::str::FromStr;
+
+const NOW: u64 = 1_700_000_000;
+
+fn authority(dns: &str) -> (Authority, Arc<DynamicNames>) {
+    let yaml = format!(
+        "cluster: {{name: hc1, baseDomain: example.com}}\nnetwork: {{interface: net1, cidr: 192.168.100.0/24, gateway: 192.168.100.1, address: 192.168.100.2}}\ndns:\n{dns}"
+    );
+    let cfg = Config::from_yaml(&yaml).unwrap().dns.unwrap();
+    let dynamic = Arc::new(DynamicNames::default());
+    (Authority::new(&cfg, dynamic.clone(), 1).unwrap(), dynamic)
+}
+
+fn q(name: &str) -> LowerName {
+    LowerName::from(Name::from_str(name).unwrap())
+}
+
+fn answer(a: &Authority, view: usize, name: &str, t: RecordType) -> LocalAnswer {
+    match a.lookup(view, &q(name), t, NOW) {
+        Lookup::Answer(x) => x,
+        Lookup::NotOurs => panic!("{name} {t} not ours"),
+    }
+}
+
+fn addrs(ans: &LocalAnswer) -> Vec<String> {
+    ans.answers.iter().map(|r| r.data().to_string()).collect()
+}
+
+#[test]
+fn cluster_names_resolve_to_the_proxy() {
+    let (a, _) = authority("  listen: ['127.0.0.1:5353']\n");
+    for n in ["api", "api-int", "oauth", "ignition", "konnectivity"] {
+        let ans = answer(&a, 0, &format!("{n}.hc1.example.com."), RecordType::A);
+        assert_eq!(addrs(&ans), vec!["192.168.100.2"], "{n}");
+        assert!(!ans.nxdomain);
+    }
+}
+
+#[test]
+fn the_apps_wildcard_matches_any_depth_and_keeps_the_query_name() {
+    let (a, _) = authority("  listen: ['127.0.0.1:5353']\n  ingressAddress: 192.168.100.7\n");
+    for n in [
+        "console.apps.hc1.example.com.",
+        "a.b.c.apps.hc1.example.com.",
+    ] {
+        let ans = answer(&a, 0, n, RecordType::A);
+        assert_eq!(addrs(&ans), vec!["192.168.100.7"], "{n}");
+        assert_eq!(ans.answers[0].name().to_string(), n);
+    }
+    // apps itself exists (an empty non-terminal): NODATA, not NXDOMAIN.
+    let ans = answer(&a, 0, "apps.hc1.example.com.", RecordType::A);
+    assert!(!ans.nxdomain && ans.answers.is_empty());
+    assert_eq!(ans.authority[0].record_type(), RecordType::SOA);
+}
+
+#[test]
+fn nxdomain_and_nodata_are_told_apart_with_the_soa() {
+    let (a, _) = authority("  listen: ['127.0.0.1:5353']\n");
+    let nx = answer(&a, 0, "nope.hc1.example.com.", RecordType::A);
+    assert!(nx.nxdomain);
+    assert!(nx.answers.is_empty());
+    assert_eq!(nx.authority[0].record_type(), RecordType::SOA);
+    assert_eq!(nx.authority[0].name().to_string(), "hc1.example.com.");
+
+    let nodata = answer(&a, 0, "api.hc1.example.com.", RecordType::AAAA);
+    assert!(!nodata.nxdomain);
+    assert!(nodata.answers.is_empty());
+    assert_eq!(nodata.authority[0].record_type(), RecordType::SOA);
+}
+
+#[test]
+fn names_outside_our_zones_are_not_ours_unless_listed() {
+    let (a, _) = authority("  listen: ['127.0.0.1:5353']\n  records: [{name: 'registry.corp.', type: A, value: 10.1.1.1}]\n");
+    assert_eq!(
+        a.lookup(0, &q("www.example.net."), RecordType::A, NOW),
+        Lookup::NotOurs
+    );
+    assert_eq!(
+        addrs(&answer(&a, 0, "registry.corp.", RecordType::A)),
+        vec!["10.1.1.1"]
+    );
+    // Only the exact name: its children are still forwarded.
+    assert_eq!(
+        a.lookup(0, &q("x.registry.corp."), RecordType::A, NOW),
+        Lookup::NotOurs
+    );
+}
+
+#[test]
+fn a_cname_inside_the_zone_is_chased() {
+    let (a, _) = authority(
+        "  listen: ['127.0.0.1:5353']\n  records:\n    - {name: console, type: CNAME, value: api}\n    - {name: far, type: CNAME, value: www.example.net.}\n",
+    );
+    let ans = answer(&a, 0, "console.hc1.example.com.", RecordType::A);
+    assert_eq!(ans.answers.len(), 2);
+    assert_eq!(ans.answers[0].record_type(), RecordType::CNAME);
+    assert_eq!(addrs(&ans)[1], "192.168.100.2");
+    // A target outside our zones ends the chain with the CNAME alone.
+    let ans = answer(&a, 0, "far.hc1.example.com.", RecordType::A);
+    assert_eq!(ans.answers.len(), 1);
+    // Asking for the CNAME itself returns it without chasing.
+    assert_eq!(
+        answer(&a, 0, "console.hc1.example.com.", RecordType::CNAME)
+            .answers
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn srv_txt_and_aaaa_records_are_served() {
+    let (a, _) = authority(
+        "  listen: ['127.0.0.1:5353']\n  proxyAddressV6: 'fd00::2'\n  records:\n    - {name: _etcd._tcp, type: SRV, value: '0 10 2379 etcd-0'}\n    - {name: info, type: TXT, value: 'hello world'}\n",
+    );
+    assert_eq!(
+        addrs(&answer(
+            &a,
+            0,
+            "_etcd._tcp.hc1.example.com.",
+            RecordType::SRV
+        )),
+        vec!["0 10 2379 etcd-0.hc1.example.com."]
+    );
+    assert_eq!(
+        answer(&a, 0, "info.hc1.example.com.", RecordType::TXT)
+            .answers
+            .len(),
+        1
+    );
+    assert_eq!(
+        addrs(&answer(&a, 0, "api.hc1.example.com.", RecordType::AAAA)),
+        vec!["fd00::2"]
+    );
+}
+
+#[test]
+fn reverse_names_of_the_vlan_are_answered() {
+    let (a, _) = authority("  listen: ['127.0.0.1:5353']\n");
+    let ans = answer(&a, 0, "2.100.168.192.in-addr.arpa.", RecordType::PTR);
+    assert_eq!(addrs(&ans), vec!["causeway.hc1.example.com."]);
+    let nx = answer(&a, 0, "77.100.168.192.in-addr.arpa.", RecordType::PTR);
+    assert!(nx.nxdomain);
+    assert_eq!(
+        nx.authority[0].name().to_string(),
+        "100.168.192.in-addr.arpa."
+    );
+    assert_eq!(
+        a.lookup(0, &q("1.1.168.192.in-addr.arpa."), RecordType::PTR, NOW),
+        Lookup::NotOurs
+    );
+}
+
+#[test]
+fn views_select_by_client_and_answer_differently() {
+    let (a, _) = authority(
+        "  listen: ['127.0.0.1:5353']\n  views:\n    - {name: vlan, clients: [192.168.100.0/24]}\n    - {name: mgmt, clients: ['10.0.0.0/8'], proxyAddress: 172.30.0.10}\n",
+    );
+    let vlan = a.view_for("192.168.100.50".parse().unwrap());
+    let mgmt = a.view_for("10.1.2.3".parse().unwrap());
+    let other = a.view_for("172.16.0.1".parse().unwrap());
+    assert_eq!(
+        (a.view_name(vlan), a.view_name(mgmt), a.view_name(other)),
+        ("vlan", "mgmt", "default")
+    );
+    assert_eq!(
+        addrs(&answer(&a, vlan, "api.hc1.example.com.", RecordType::A)),
+        vec!["192.168.100.2"]
+    );
+    assert_eq!(
+        addrs(&answer(&a, mgmt, "api.hc1.example.com.", RecordType::A)),
+        vec!["172.30.0.10"]
+    );
+    assert_eq!(a.view_for("::ffff:10.9.9.9".parse().unwrap()), mgmt);
+}
+
+#[test]
+fn recursion_is_allowed_only_for_configured_clients() {
+    let (a, _) = authority("  listen: ['127.0.0.1:5353']\n");
+    assert!(a.may_recurse("127.0.0.1".parse().unwrap()));
+    assert!(a.may_recurse("192.168.100.77".parse().unwrap()));
+    assert!(!a.may_recurse("8.8.8.8".parse().unwrap()));
+}
+
+#[test]
+fn any_is_answered_minimally() {
+    let (a, _) = authority("  listen: ['127.0.0.1:5353']\n  proxyAddressV6: 'fd00::2'\n");
+    let ans = answer(&a, 0, "api.hc1.example.com.", RecordType::ANY);
+    assert_eq!(ans.answers.len(), 1);
+}
+
+#[test]
+fn dhcp_names_appear_on_grant_and_vanish_on_release_or_expiry() {
+    let (a, dynamic) = authority("  listen: ['127.0.0.1:5353']\n");
+    let zone = a.cluster_zone().unwrap().clone();
+    let ip = Ipv4Addr::new(192, 168, 100, 120);
+    assert!(answer(&a, 0, "worker-1.hc1.example.com.", RecordType::A).nxdomain);
+    let g0 = dynamic.generation();
+    dynamic.register(&zone, "worker-1", ip, NOW + 60);
+    assert!(dynamic.generation() > g0);
+    assert_eq!(
+        addrs(&answer(&a, 0, "worker-1.hc1.example.com.", RecordType::A)),
+        vec!["192.168.100.120"]
+    );
+    assert_eq!(
+        addrs(&answer(
+            &a,
+            0,
+            "120.100.168.192.in-addr.arpa.",
+            RecordType::PTR
+        )),
+        vec!["worker-1.hc1.example.com."]
+    );
+    // Expired: gone without any event.
+    match a.lookup(0, &q("worker-1.hc1.example.com."), RecordType::A, NOW + 61) {
+        Lookup::Answer(x) => assert!(x.nxdomain),
+        other => panic!("{other:?}"),
+    }
+    dynamic.unregister(ip);
+    assert!(answer(&a, 0, "worker-1.hc1.example.com.", RecordType::A).nxdomain);
+    assert!(answer(&a, 0, "120.100.168.192.in-addr.arpa.", RecordType::PTR).nxdomain);
+}
+
+#[test]
+fn static_names_win_over_dhcp_names() {
+    let (a, dynamic) = authority("  listen: ['127.0.0.1:5353']\n");
+    dynamic.register(
+        &a.cluster_zone().unwrap().clone(),
+        "api",
+        Ipv4Addr::new(192, 168, 100, 99),
+        NOW + 60,
+    );
+    assert_eq!(
+        addrs(&answer(&a, 0, "api.hc1.example.com.", RecordType::A)),
+        vec!["192.168.100.2"]
+    );
+}
+
+#[test]
+fn reverse_zones_cover_whole_octets() {
+    let names = |n: &str| -> Vec<String> {
+        reverse_zones(n.parse().unwrap())
+            .iter()
+            .map(|z| z.to_string())
+            .collect()
+    };
+    assert_eq!(names("192.168.100.0/24"), vec!["100.168.192.in-addr.arpa."]);
+    assert_eq!(names("10.20.0.0/16"), vec!["20.10.in-addr.arpa."]);
+    assert_eq!(
+        names("192.168.100.64/26"),
+        vec!["100.168.192.in-addr.arpa."]
+    );
+    assert_eq!(names("192.168.4.0/22").len(), 4);
+}

@@ -1,0 +1,12 @@
+//! Split-horizon DNS for causeway.
+//!
+//! The hosted cluster's names (api, api-int, oauth, ignition, konnectivity,
+//! `*.apps`), the VLAN's reverse names, extra records and the names DHCP
+//! registers are answered locally, per view (chosen by the client's
+//! address). Everything else is forwarded to upstream resolvers and cached.
+//!
+//! [`authority`] and [`message`] are pure: a query and the data in, the
+//! answer out. [`server`] owns the sockets. This crate does not parse config
+//! files; it takes [`causeway_config::DnsConfig`].
+
+pub mod authority;
