@@ -10,3 +10,5 @@
 //! files; it takes [`causeway_config::DnsConfig`].
 
 pub mod authority;
+pub mod cache;
+pub mod message;

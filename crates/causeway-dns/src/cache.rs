@@ -1,0 +1,417 @@
+//! The forwarding cache: upstream responses kept as wire bytes, with the
+//! position of every TTL, so a hit is a copy and a few patches rather than
+//! a parse and a re-encode.
+//!
+//! Pure: the caller passes the time in seconds.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use causeway_config::CacheConfig;
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::{DNSClass, LowerName, RecordType};
+
+use crate::message::ParsedQuery;
+
+/// TTL of a stale answer (RFC 8767 §4 recommends 30 seconds).
+pub const STALE_TTL: u32 = 30;
+/// How long past expiry an entry may still be served stale.
+pub const STALE_WINDOW: u64 = 3600;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CacheKey {
+    pub name: LowerName,
+    pub qtype: RecordType,
+    pub qclass: DNSClass,
+    pub edns: bool,
+    pub dnssec_ok: bool,
+    pub checking_disabled: bool,
+}
+
+impl CacheKey {
+    pub fn of(q: &ParsedQuery) -> Self {
+        CacheKey {
+            name: q.lower.clone(),
+            qtype: q.qtype(),
+            qclass: q.query.query_class(),
+            edns: q.edns.is_some(),
+            dnssec_ok: q.edns.is_some_and(|e| e.dnssec_ok),
+            checking_disabled: q.checking_disabled,
+        }
+    }
+}
+
+struct Entry {
+    wire: Box<[u8]>,
+    ttl_offsets: Box<[u32]>,
+    ttls: Box<[u32]>,
+    stored: u64,
+    expires: u64,
+}
+
+pub enum Hit {
+    Fresh(Vec<u8>),
+    Stale(Vec<u8>),
+    Miss,
+}
+
+/// What a response on the wire says about caching it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shape {
+    pub rcode: ResponseCode,
+    pub truncated: bool,
+    /// (offset, ttl) of every record's TTL, OPT excluded.
+    pub ttls: Vec<(u32, u32)>,
+    pub answers: u16,
+    /// The SOA's own TTL and minimum, from the authority section.
+    pub soa: Option<(u32, u32)>,
+}
+
+fn skip_name(wire: &[u8], mut at: usize) -> Option<usize> {
+    // At most 128 labels fit in 255 bytes; bound the walk regardless.
+    for _ in 0..128 {
+        let len = *wire.get(at)?;
+        match len {
+            0 => return Some(at + 1),
+            l if l & 0xC0 == 0xC0 => return (at + 2 <= wire.len()).then_some(at + 2),
+            l if l & 0xC0 == 0 => at += 1 + usize::from(l),
+            _ => return None,
+        }
+    }
+    None
+}
+
+fn u16_at(wire: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_be_bytes([*wire.get(at)?, *wire.get(at + 1)?]))
+}
+
+fn u32_at(wire: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_be_bytes([
+        *wire.get(at)?,
+        *wire.get(at + 1)?,
+        *wire.get(at + 2)?,
+        *wire.get(at + 3)?,
+    ]))
+}
+
+/// Walks a response without decoding it. `None` when it is malformed.
+pub fn shape(wire: &[u8]) -> Option<Shape> {
+    let flags = u16_at(wire, 2)?;
+    let counts: Vec<u16> = (0..4)
+        .map(|i| u16_at(wire, 4 + 2 * i))
+        .collect::<Option<_>>()?;
+    let mut at = 12;
+    for _ in 0..counts[0] {
+        at = skip_name(wire, at)? + 4;
+    }
+    let mut ttls = Vec::new();
+    let mut soa = None;
+    let (answers, authority) = (counts[1], counts[2]);
+    let total = u32::from(counts[1]) + u32::from(counts[2]) + u32::from(counts[3]);
+    for i in 0..total {
+        at = skip_name(wire, at)?;
+        let rtype = u16_at(wire, at)?;
+        let ttl = u32_at(wire, at + 4)?;
+        let rdlen = usize::from(u16_at(wire, at + 8)?);
+        let rdata_end = at + 10 + rdlen;
+        if rdata_end > wire.len() {
+            return None;
+        }
+        if rtype != u16::from(RecordType::OPT) {
+            ttls.push((u32::try_from(at + 4).ok()?, ttl));
+        }
+        let in_authority = i >= u32::from(answers) && i < u32::from(answers) + u32::from(authority);
+        if in_authority && rtype == u16::from(RecordType::SOA) && rdlen >= 20 {
+            // The SOA minimum is the last field of its data.
+            soa = Some((ttl, u32_at(wire, rdata_end - 4)?));
+        }
+        at = rdata_end;
+    }
+    Some(Shape {
+        rcode: ResponseCode::from(0, (flags & 0x0f) as u8),
+        truncated: flags & 0x0200 != 0,
+        ttls,
+        answers,
+        soa,
+    })
+}
+
+pub struct Cache {
+    cfg: CacheConfig,
+    map: Mutex<HashMap<CacheKey, Entry>>,
+}
+
+impl Cache {
+    pub fn new(cfg: CacheConfig) -> Self {
+        Cache {
+            cfg,
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<CacheKey, Entry>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A copy of the cached response with its TTLs counted down, or, past
+    /// expiry but within the stale window, with [`STALE_TTL`]. The caller
+    /// patches in the ID and question.
+    pub fn get(&self, key: &CacheKey, now: u64, allow_stale: bool) -> Hit {
+        let map = self.lock();
+        let Some(e) = map.get(key) else {
+            return Hit::Miss;
+        };
+        let fresh = now < e.expires;
+        if !fresh && !(allow_stale && self.cfg.serve_stale && now < e.expires + STALE_WINDOW) {
+            return Hit::Miss;
+        }
+        let elapsed = u32::try_from(now.saturating_sub(e.stored)).unwrap_or(u32::MAX);
+        let mut wire = e.wire.to_vec();
+        for (off, ttl) in e.ttl_offsets.iter().zip(e.ttls.iter()) {
+            let value = if fresh {
+                ttl.saturating_sub(elapsed)
+            } else {
+                STALE_TTL
+            };
+            let at = *off as usize;
+            if let Some(slot) = wire.get_mut(at..at + 4) {
+                slot.copy_from_slice(&value.to_be_bytes());
+            }
+        }
+        if fresh {
+            Hit::Fresh(wire)
+        } else {
+            Hit::Stale(wire)
+        }
+    }
+
+    /// Stores a response if it is cacheable: NOERROR with answers (for the
+    /// smallest TTL among them), or a negative answer with an SOA (for the
+    /// SOA's TTL or minimum, whichever is smaller, RFC 2308). Returns the
+    /// TTL it was stored for.
+    pub fn insert(&self, key: CacheKey, wire: &[u8], now: u64) -> Option<u32> {
+        let s = shape(wire)?;
+        if s.truncated {
+            return None;
+        }
+        let max = |d: std::time::Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
+        let ttl = match s.rcode {
+            ResponseCode::NoError if s.answers > 0 => {
+                let min = s
+                    .ttls
+                    .iter()
+                    .take(usize::from(s.answers))
+                    .map(|(_, t)| *t)
+                    .min()?;
+                min.min(max(self.cfg.max_ttl))
+            }
+            ResponseCode::NoError | ResponseCode::NXDomain => {
+                let (soa_ttl, minimum) = s.soa?;
+                soa_ttl.min(minimum).min(max(self.cfg.max_negative_ttl))
+            }
+            _ => return None,
+        };
+        if ttl == 0 {
+            return None;
+        }
+        let mut map = self.lock();
+        if map.len() >= self.cfg.max_entries && !map.contains_key(&key) {
+            evict(&mut map, now, self.cfg.max_entries);
+        }
+        let (offsets, ttls): (Vec<u32>, Vec<u32>) = s.ttls.into_iter().unzip();
+        let mut stored = wire.to_vec();
+        if stored.len() >= 2 {
+            stored[0] = 0;
+            stored[1] = 0;
+        }
+        map.insert(
+            key,
+            Entry {
+                wire: stored.into_boxed_slice(),
+                ttl_offsets: offsets.into_boxed_slice(),
+                ttls: ttls.into_boxed_slice(),
+                stored: now,
+                expires: now + u64::from(ttl),
+            },
+        );
+        Some(ttl)
+    }
+}
+
+/// Makes room: first everything past its stale window, then, if the cache is
+/// still full, an arbitrary sixteenth (hash order is effectively random).
+fn evict(map: &mut HashMap<CacheKey, Entry>, now: u64, max: usize) {
+    map.retain(|_, e| now < e.expires + STALE_WINDOW);
+    if map.len() >= max {
+        let drop: Vec<CacheKey> = map.keys().take((max / 16).max(1)).cloned().collect();
+        for k in drop {
+            map.remove(&k);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::op::{Message, MessageType, Query};
+    use hickory_proto::rr::rdata::{A, SOA};
+    use hickory_proto::rr::{Name, RData, Record};
+    use std::time::Duration;
+
+    fn cfg(max_entries: usize) -> CacheConfig {
+        CacheConfig {
+            max_entries,
+            max_ttl: Duration::from_secs(3600),
+            max_negative_ttl: Duration::from_secs(300),
+            serve_stale: true,
+        }
+    }
+
+    fn key(name: &str) -> CacheKey {
+        CacheKey {
+            name: LowerName::from(Name::from_ascii(name).unwrap()),
+            qtype: RecordType::A,
+            qclass: DNSClass::IN,
+            edns: false,
+            dnssec_ok: false,
+            checking_disabled: false,
+        }
+    }
+
+    fn response(name: &str, ttl: u32, rcode: ResponseCode) -> Vec<u8> {
+        let n = Name::from_ascii(name).unwrap();
+        let mut m = Message::new();
+        m.set_id(7)
+            .set_message_type(MessageType::Response)
+            .set_response_code(rcode);
+        m.add_query(Query::query(n.clone(), RecordType::A));
+        if rcode == ResponseCode::NoError && ttl > 0 {
+            m.add_answer(Record::from_rdata(
+                n.clone(),
+                ttl,
+                RData::A(A::new(10, 0, 0, 1)),
+            ));
+            m.add_answer(Record::from_rdata(
+                n,
+                ttl + 100,
+                RData::A(A::new(10, 0, 0, 2)),
+            ));
+        } else {
+            let zone = Name::from_ascii("example.net.").unwrap();
+            let soa = SOA::new(zone.clone(), zone.clone(), 1, 1, 1, 1, 60);
+            m.add_name_server(Record::from_rdata(zone, 120, RData::SOA(soa)));
+        }
+        m.to_vec().unwrap()
+    }
+
+    fn ttls(wire: &[u8]) -> Vec<u32> {
+        Message::from_vec(wire)
+            .unwrap()
+            .all_sections()
+            .map(|r| r.ttl())
+            .collect()
+    }
+
+    #[test]
+    fn a_hit_counts_ttls_down_from_the_smallest() {
+        let c = Cache::new(cfg(100));
+        assert_eq!(
+            c.insert(
+                key("a.example.net."),
+                &response("a.example.net.", 300, ResponseCode::NoError),
+                1000
+            ),
+            Some(300)
+        );
+        match c.get(&key("A.example.net."), 1010, false) {
+            Hit::Fresh(w) => assert_eq!(ttls(&w), vec![290, 390]),
+            _ => panic!("expected a fresh hit"),
+        }
+        assert!(matches!(
+            c.get(&key("a.example.net."), 1300, false),
+            Hit::Miss
+        ));
+    }
+
+    #[test]
+    fn negative_answers_are_cached_for_the_soa_minimum() {
+        let c = Cache::new(cfg(100));
+        let nx = response("nx.example.net.", 0, ResponseCode::NXDomain);
+        assert_eq!(c.insert(key("nx.example.net."), &nx, 0), Some(60));
+        assert!(matches!(
+            c.get(&key("nx.example.net."), 59, false),
+            Hit::Fresh(_)
+        ));
+        assert!(matches!(
+            c.get(&key("nx.example.net."), 61, false),
+            Hit::Miss
+        ));
+        assert_eq!(
+            c.insert(
+                key("sf.example.net."),
+                &response("sf.example.net.", 0, ResponseCode::ServFail),
+                0
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn stale_answers_are_served_only_when_asked_and_within_the_window() {
+        let c = Cache::new(cfg(100));
+        c.insert(
+            key("a.example.net."),
+            &response("a.example.net.", 10, ResponseCode::NoError),
+            0,
+        );
+        assert!(matches!(
+            c.get(&key("a.example.net."), 20, false),
+            Hit::Miss
+        ));
+        match c.get(&key("a.example.net."), 20, true) {
+            Hit::Stale(w) => assert_eq!(ttls(&w), vec![STALE_TTL, STALE_TTL]),
+            _ => panic!("expected a stale hit"),
+        }
+        assert!(matches!(
+            c.get(&key("a.example.net."), 10 + STALE_WINDOW + 1, true),
+            Hit::Miss
+        ));
+    }
+
+    #[test]
+    fn the_cache_stays_within_its_bound() {
+        let c = Cache::new(cfg(64));
+        for i in 0..1000 {
+            let n = format!("h{i}.example.net.");
+            c.insert(key(&n), &response(&n, 300, ResponseCode::NoError), 0);
+            assert!(c.len() <= 64);
+        }
+    }
+
+    #[test]
+    fn malformed_responses_are_not_cached_and_never_panic() {
+        let c = Cache::new(cfg(10));
+        let good = response("a.example.net.", 300, ResponseCode::NoError);
+        for cut in 0..good.len() {
+            let _ = shape(&good[..cut]);
+            assert_eq!(
+                c.insert(key("a.example.net."), &good[..cut], 0),
+                None,
+                "cut at {cut}"
+            );
+        }
+        // A compression pointer loop is bounded.
+        let mut looped = good.clone();
+        looped[12] = 0xC0;
+        looped[13] = 12;
+        let _ = shape(&looped);
+    }
+}

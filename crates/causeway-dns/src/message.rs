@@ -1,0 +1,328 @@
+//! Queries in, responses out, on the wire: parsing a query once, building
+//! responses, and the small byte patches that let a prepared response serve
+//! a new query (its ID, its RD bit, the case of its question).
+
+use hickory_proto::op::{Edns, Header, Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::{LowerName, Record, RecordType};
+use hickory_proto::serialize::binary::{BinDecodable, BinDecoder};
+
+use crate::authority::LocalAnswer;
+
+/// Our advertised EDNS UDP payload size (the DNS flag day 2020 value).
+pub const EDNS_PAYLOAD: u16 = 1232;
+/// The UDP limit for a client that sent no EDNS.
+pub const CLASSIC_UDP_LIMIT: usize = 512;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EdnsInfo {
+    pub max_payload: u16,
+    pub dnssec_ok: bool,
+}
+
+/// A query, read once.
+#[derive(Debug, Clone)]
+pub struct ParsedQuery {
+    pub id: u16,
+    pub recursion_desired: bool,
+    pub checking_disabled: bool,
+    pub query: Query,
+    pub lower: LowerName,
+    pub edns: Option<EdnsInfo>,
+    /// Where the question ends in the request's bytes.
+    pub question_end: usize,
+}
+
+impl ParsedQuery {
+    pub fn qtype(&self) -> RecordType {
+        self.query.query_type()
+    }
+
+    /// The largest UDP response this client takes.
+    pub fn udp_limit(&self) -> usize {
+        self.edns.map_or(CLASSIC_UDP_LIMIT, |e| {
+            usize::from(e.max_payload.clamp(512, EDNS_PAYLOAD))
+        })
+    }
+}
+
+/// Why a packet is not a query we answer normally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejected {
+    /// Too short to hold a header, or itself a response: dropped silently,
+    /// so we never answer (or amplify) garbage.
+    Drop(&'static str),
+    /// Answered with this rcode and the ID we could read.
+    Reply {
+        id: u16,
+        rcode: ResponseCode,
+        reason: &'static str,
+    },
+}
+
+pub fn parse(bytes: &[u8]) -> Result<ParsedQuery, Rejected> {
+    if bytes.len() < 12 {
+        return Err(Rejected::Drop("short"));
+    }
+    let mut d = BinDecoder::new(bytes);
+    let header = Header::read(&mut d).map_err(|_| Rejected::Drop("short"))?;
+    let id = header.id();
+    if header.message_type() == MessageType::Response {
+        return Err(Rejected::Drop("not_a_query"));
+    }
+    if header.op_code() != OpCode::Query {
+        return Err(Rejected::Reply {
+            id,
+            rcode: ResponseCode::NotImp,
+            reason: "opcode",
+        });
+    }
+    let formerr = |reason| Rejected::Reply {
+        id,
+        rcode: ResponseCode::FormErr,
+        reason,
+    };
+    if header.query_count() != 1 {
+        return Err(formerr("question_count"));
+    }
+    let query = Query::read(&mut d).map_err(|_| formerr("bad_question"))?;
+    let question_end = d.index();
+    let mut edns = None;
+    let records = usize::from(header.answer_count())
+        + usize::from(header.name_server_count())
+        + usize::from(header.additional_count());
+    for _ in 0..records {
+        let record = Record::read(&mut d).map_err(|_| formerr("bad_record"))?;
+        if record.record_type() == RecordType::OPT {
+            let e = Edns::from(&record);
+            edns = Some(EdnsInfo {
+                max_payload: e.max_payload(),
+                dnssec_ok: e.flags().dnssec_ok,
+            });
+        }
+    }
+    Ok(ParsedQuery {
+        id,
+        recursion_desired: header.recursion_desired(),
+        checking_disabled: header.checking_disabled(),
+        lower: LowerName::from(query.name()),
+        query,
+        edns,
+        question_end,
+    })
+}
+
+fn base(
+    q: &ParsedQuery,
+    rcode: ResponseCode,
+    authoritative: bool,
+    recursion_available: bool,
+) -> Message {
+    let mut m = Message::new();
+    m.set_id(q.id)
+        .set_message_type(MessageType::Response)
+        .set_op_code(OpCode::Query)
+        .set_authoritative(authoritative)
+        .set_recursion_desired(q.recursion_desired)
+        .set_recursion_available(recursion_available)
+        .set_checking_disabled(q.checking_disabled)
+        .set_response_code(rcode);
+    m.add_query(q.query.clone());
+    if let Some(e) = q.edns {
+        let mut edns = Edns::new();
+        edns.set_max_payload(EDNS_PAYLOAD);
+        edns.set_dnssec_ok(e.dnssec_ok);
+        m.set_edns(edns);
+    }
+    m
+}
+
+/// Encodes `m`, truncating to the header and question (with TC set) when it
+/// does not fit in `limit` bytes.
+fn encode(m: &Message, limit: usize) -> Vec<u8> {
+    match m.to_vec() {
+        Ok(bytes) if bytes.len() <= limit => bytes,
+        Ok(_) => {
+            let mut t = m.truncate();
+            t.set_truncated(true);
+            t.to_vec().unwrap_or_default()
+        }
+        Err(_) => Vec::new(),
+    }
+}
+
+/// An authoritative answer from local data.
+pub fn local_response(
+    q: &ParsedQuery,
+    a: &LocalAnswer,
+    recursion_available: bool,
+    limit: usize,
+) -> Vec<u8> {
+    let rcode = if a.nxdomain {
+        ResponseCode::NXDomain
+    } else {
+        ResponseCode::NoError
+    };
+    let mut m = base(q, rcode, true, recursion_available);
+    m.add_answers(a.answers.iter().cloned());
+    m.add_name_servers(a.authority.iter().cloned());
+    encode(&m, limit)
+}
+
+/// REFUSED, SERVFAIL and the like, echoing the question.
+pub fn error_response(q: &ParsedQuery, rcode: ResponseCode, recursion_available: bool) -> Vec<u8> {
+    encode(&base(q, rcode, false, recursion_available), usize::MAX)
+}
+
+/// An error for a packet whose question could not be read: header only.
+pub fn bare_error(id: u16, rcode: ResponseCode) -> Vec<u8> {
+    let mut m = Message::new();
+    m.set_id(id)
+        .set_message_type(MessageType::Response)
+        .set_op_code(OpCode::Query)
+        .set_response_code(rcode);
+    m.to_vec().unwrap_or_default()
+}
+
+/// Makes a prepared response (for the same name and type, perhaps in another
+/// letter case) answer `q`: its ID, its RD bit and its question bytes. The
+/// question sits right after the header, uncompressed, in both.
+pub fn patch_for(response: &mut [u8], q: &ParsedQuery, request: &[u8]) -> bool {
+    if response.len() < q.question_end || request.len() < q.question_end {
+        return false;
+    }
+    response[..2].copy_from_slice(&q.id.to_be_bytes());
+    response[2] = (response[2] & !0x01) | u8::from(q.recursion_desired);
+    response[12..q.question_end].copy_from_slice(&request[12..q.question_end]);
+    true
+}
+
+/// The response code of a response on the wire.
+pub fn rcode_of(response: &[u8]) -> Option<ResponseCode> {
+    let low = response.get(3)? & 0x0f;
+    Some(ResponseCode::from(0, low))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::rr::{Name, RData};
+    use std::str::FromStr;
+
+    fn query(name: &str, t: RecordType, edns: bool) -> Vec<u8> {
+        let mut m = Message::new();
+        m.set_id(0x1234).set_recursion_desired(true);
+        m.add_query(Query::query(Name::from_ascii(name).unwrap(), t));
+        if edns {
+            let mut e = Edns::new();
+            e.set_max_payload(4096);
+            e.set_dnssec_ok(true);
+            m.set_edns(e);
+        }
+        m.to_vec().unwrap()
+    }
+
+    #[test]
+    fn a_query_is_read_with_its_edns() {
+        let bytes = query("Api.HC1.example.com.", RecordType::A, true);
+        let q = parse(&bytes).unwrap();
+        assert_eq!(q.id, 0x1234);
+        assert!(q.recursion_desired);
+        assert_eq!(q.lower.to_string(), "api.hc1.example.com.");
+        assert_eq!(q.query.name().to_string(), "Api.HC1.example.com.");
+        assert_eq!(
+            q.edns,
+            Some(EdnsInfo {
+                max_payload: 4096,
+                dnssec_ok: true
+            })
+        );
+        assert_eq!(q.udp_limit(), 1232);
+        let plain = parse(&query("a.b.", RecordType::A, false)).unwrap();
+        assert_eq!(plain.udp_limit(), 512);
+    }
+
+    #[test]
+    fn garbage_is_dropped_or_answered_formerr_never_a_panic() {
+        assert_eq!(parse(&[1, 2, 3]).unwrap_err(), Rejected::Drop("short"));
+        let mut bytes = query("a.b.", RecordType::A, false);
+        bytes[2] |= 0x80;
+        assert_eq!(parse(&bytes).unwrap_err(), Rejected::Drop("not_a_query"));
+        let mut bytes = query("a.b.", RecordType::A, false);
+        bytes.truncate(15);
+        assert!(matches!(
+            parse(&bytes),
+            Err(Rejected::Reply {
+                rcode: ResponseCode::FormErr,
+                ..
+            })
+        ));
+        let mut bytes = query("a.b.", RecordType::A, false);
+        bytes[5] = 2;
+        assert!(matches!(
+            parse(&bytes),
+            Err(Rejected::Reply {
+                reason: "question_count",
+                ..
+            })
+        ));
+        let mut bytes = query("a.b.", RecordType::A, false);
+        bytes[2] = (bytes[2] & 0x87) | (2 << 3);
+        assert!(matches!(
+            parse(&bytes),
+            Err(Rejected::Reply {
+                rcode: ResponseCode::NotImp,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn an_oversized_udp_answer_is_truncated() {
+        let bytes = query("big.example.", RecordType::TXT, false);
+        let q = parse(&bytes).unwrap();
+        let answers = (0..20)
+            .map(|i| {
+                Record::from_rdata(
+                    Name::from_str("big.example.").unwrap(),
+                    30,
+                    RData::TXT(hickory_proto::rr::rdata::TXT::new(vec![format!(
+                        "{i:0>60}"
+                    )])),
+                )
+            })
+            .collect();
+        let a = LocalAnswer {
+            nxdomain: false,
+            answers,
+            authority: vec![],
+        };
+        let small = Message::from_vec(&local_response(&q, &a, true, 512)).unwrap();
+        assert!(small.truncated());
+        assert!(small.answers().is_empty());
+        let full = Message::from_vec(&local_response(&q, &a, true, 65535)).unwrap();
+        assert!(!full.truncated());
+        assert_eq!(full.answers().len(), 20);
+    }
+
+    #[test]
+    fn a_prepared_response_is_patched_to_a_new_query() {
+        let first = query("api.hc1.example.com.", RecordType::A, false);
+        let q1 = parse(&first).unwrap();
+        let a = LocalAnswer {
+            nxdomain: false,
+            answers: vec![],
+            authority: vec![],
+        };
+        let mut prepared = local_response(&q1, &a, true, 512);
+        let mut second = query("API.hc1.EXAMPLE.com.", RecordType::A, false);
+        second[0] = 0xbe;
+        second[1] = 0xef;
+        second[2] &= !0x01;
+        let q2 = parse(&second).unwrap();
+        assert!(patch_for(&mut prepared, &q2, &second));
+        let m = Message::from_vec(&prepared).unwrap();
+        assert_eq!(m.id(), 0xbeef);
+        assert!(!m.recursion_desired());
+        assert_eq!(m.queries()[0].name().to_string(), "API.hc1.EXAMPLE.com.");
+    }
+}
