@@ -24,7 +24,7 @@ pub use client::ClientKey;
 pub use engine::{Destination, Engine, Ignored, Ingress, Outcome, PoolStats, Reply};
 pub use lease::{Lease, LeaseRecord, LeaseState};
 pub use metrics::DhcpMetrics;
-pub use server::{unix_now, DhcpError, DhcpServer};
+pub use server::{unix_now, DhcpError, DhcpServer, LeaseObserver};
 pub use store::{read_log, LeaseStore, Recovery, StoreError};
 
 /// Feeds arbitrary bytes through decode and the engine, as a fuzz target and

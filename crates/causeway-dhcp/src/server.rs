@@ -27,6 +27,10 @@ pub enum DhcpError {
     Bind { what: String, reason: String },
 }
 
+/// Told of every lease change once it is durable, and of every lease
+/// recovered at start (the DNS server registers hostnames through it).
+pub type LeaseObserver = Arc<dyn Fn(&LeaseRecord) + Send + Sync>;
+
 /// Everything the receive tasks and the store's completions share.
 struct Shared {
     engine: Mutex<Engine>,
@@ -35,6 +39,7 @@ struct Shared {
     max_in_flight: AtomicUsize,
     last_exhausted_warning: AtomicU64,
     store: LeaseStore,
+    observer: Option<LeaseObserver>,
 }
 
 impl Shared {
@@ -64,6 +69,7 @@ impl DhcpServer {
         cfg: &DhcpConfig,
         metrics: DhcpMetrics,
         shutdown: Shutdown,
+        observer: Option<LeaseObserver>,
     ) -> Result<Self, DhcpError> {
         let (store, recovery) = LeaseStore::open(&cfg.lease_file, Some(metrics.clone()))?;
         let mut engine = Engine::new(cfg);
@@ -77,6 +83,11 @@ impl DhcpServer {
             "lease store recovered"
         );
         drop(recovery);
+        if let Some(observe) = &observer {
+            for lease in engine.leases() {
+                observe(&lease.to_record());
+            }
+        }
         let shared = Arc::new(Shared {
             engine: Mutex::new(engine),
             metrics,
@@ -84,6 +95,7 @@ impl DhcpServer {
             max_in_flight: AtomicUsize::new(cfg.max_in_flight),
             last_exhausted_warning: AtomicU64::new(0),
             store,
+            observer,
         });
         let mut tasks = Vec::new();
         for listen in &cfg.listen {
@@ -307,6 +319,7 @@ fn handle_packet(
                     let done_shared = shared.clone();
                     let sender = sender.clone();
                     let dest = reply.destination;
+                    let observed = shared.observer.as_ref().map(|_| record.clone());
                     shared.store.append(
                         record,
                         Box::new(move |durable| {
@@ -315,6 +328,10 @@ fn handle_packet(
                             m.in_flight.dec();
                             if durable.is_ok() {
                                 send(&sender, m, &bytes, dest, kind);
+                                if let (Some(observe), Some(r)) = (&done_shared.observer, &observed)
+                                {
+                                    observe(r);
+                                }
                             }
                         }),
                     );
@@ -325,11 +342,17 @@ fn handle_packet(
             shared.in_flight.fetch_add(1, Ordering::Relaxed);
             m.in_flight.inc();
             let done_shared = shared.clone();
+            let observed = shared.observer.as_ref().map(|_| record.clone());
             shared.store.append(
                 record,
-                Box::new(move |_| {
+                Box::new(move |durable| {
                     done_shared.in_flight.fetch_sub(1, Ordering::Relaxed);
                     done_shared.metrics.in_flight.dec();
+                    if let (true, Some(observe), Some(r)) =
+                        (durable.is_ok(), &done_shared.observer, &observed)
+                    {
+                        observe(r);
+                    }
                 }),
             );
         }

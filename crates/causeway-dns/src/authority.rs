@@ -54,6 +54,7 @@ pub struct LocalAnswer {
 /// Names DHCP leases register: `<hostname>.<zone>` and its reverse.
 #[derive(Debug, Default)]
 pub struct DynamicNames {
+    zone: Option<Name>,
     inner: RwLock<DynamicInner>,
 }
 
@@ -66,8 +67,18 @@ struct DynamicInner {
 }
 
 impl DynamicNames {
+    /// Names registered under `zone` (`hc1.example.com.`); with no zone,
+    /// registering does nothing.
+    pub fn for_zone(zone: Option<&str>) -> Self {
+        DynamicNames {
+            zone: zone.and_then(|z| Name::from_ascii(z).ok()),
+            inner: RwLock::default(),
+        }
+    }
+
     /// Registers (or refreshes) `host` at `ip` until `expires` (unix seconds).
-    pub fn register(&self, zone: &Name, host: &str, ip: Ipv4Addr, expires: u64) {
+    pub fn register(&self, host: &str, ip: Ipv4Addr, expires: u64) {
+        let Some(zone) = &self.zone else { return };
         let Ok(fqdn) = Name::from_ascii(host).and_then(|h| h.append_domain(zone)) else {
             return;
         };

@@ -9,7 +9,7 @@ fn authority(dns: &str) -> (Authority, Arc<DynamicNames>) {
         "cluster: {{name: hc1, baseDomain: example.com}}\nnetwork: {{interface: net1, cidr: 192.168.100.0/24, gateway: 192.168.100.1, address: 192.168.100.2}}\ndns:\n{dns}"
     );
     let cfg = Config::from_yaml(&yaml).unwrap().dns.unwrap();
-    let dynamic = Arc::new(DynamicNames::default());
+    let dynamic = Arc::new(DynamicNames::for_zone(cfg.zone.as_deref()));
     (Authority::new(&cfg, dynamic.clone(), 1).unwrap(), dynamic)
 }
 
@@ -193,11 +193,10 @@ fn any_is_answered_minimally() {
 #[test]
 fn dhcp_names_appear_on_grant_and_vanish_on_release_or_expiry() {
     let (a, dynamic) = authority("  listen: ['127.0.0.1:5353']\n");
-    let zone = a.cluster_zone().unwrap().clone();
     let ip = Ipv4Addr::new(192, 168, 100, 120);
     assert!(answer(&a, 0, "worker-1.hc1.example.com.", RecordType::A).nxdomain);
     let g0 = dynamic.generation();
-    dynamic.register(&zone, "worker-1", ip, NOW + 60);
+    dynamic.register("worker-1", ip, NOW + 60);
     assert!(dynamic.generation() > g0);
     assert_eq!(
         addrs(&answer(&a, 0, "worker-1.hc1.example.com.", RecordType::A)),
@@ -225,12 +224,7 @@ fn dhcp_names_appear_on_grant_and_vanish_on_release_or_expiry() {
 #[test]
 fn static_names_win_over_dhcp_names() {
     let (a, dynamic) = authority("  listen: ['127.0.0.1:5353']\n");
-    dynamic.register(
-        &a.cluster_zone().unwrap().clone(),
-        "api",
-        Ipv4Addr::new(192, 168, 100, 99),
-        NOW + 60,
-    );
+    dynamic.register("api", Ipv4Addr::new(192, 168, 100, 99), NOW + 60);
     assert_eq!(
         addrs(&answer(&a, 0, "api.hc1.example.com.", RecordType::A)),
         vec!["192.168.100.2"]

@@ -170,7 +170,8 @@ impl Cache {
             return Hit::Miss;
         };
         let fresh = now < e.expires;
-        if !fresh && !(allow_stale && self.cfg.serve_stale && now < e.expires + STALE_WINDOW) {
+        let stale_ok = allow_stale && self.cfg.serve_stale && now < e.expires + STALE_WINDOW;
+        if !(fresh || stale_ok) {
             return Hit::Miss;
         }
         let elapsed = u32::try_from(now.saturating_sub(e.stored)).unwrap_or(u32::MAX);

@@ -11,4 +11,11 @@
 
 pub mod authority;
 pub mod cache;
+pub mod forward;
 pub mod message;
+pub mod metrics;
+pub mod server;
+
+pub use authority::{Authority, DynamicNames};
+pub use metrics::DnsMetrics;
+pub use server::{DnsError, DnsServer};

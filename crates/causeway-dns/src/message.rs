@@ -173,6 +173,13 @@ pub fn error_response(q: &ParsedQuery, rcode: ResponseCode, recursion_available:
     encode(&base(q, rcode, false, recursion_available), usize::MAX)
 }
 
+/// An empty response with TC set: the client should retry over TCP.
+pub fn truncated_response(q: &ParsedQuery) -> Vec<u8> {
+    let mut m = base(q, ResponseCode::NoError, false, true);
+    m.set_truncated(true);
+    m.to_vec().unwrap_or_default()
+}
+
 /// An error for a packet whose question could not be read: header only.
 pub fn bare_error(id: u16, rcode: ResponseCode) -> Vec<u8> {
     let mut m = Message::new();

@@ -7,17 +7,38 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use causeway_config::{Config, LogFormat};
-use causeway_dhcp::{DhcpMetrics, DhcpServer};
+use causeway_dhcp::{DhcpMetrics, DhcpServer, LeaseObserver, LeaseState};
+use causeway_dns::{DnsMetrics, DnsServer, DynamicNames};
 use causeway_runtime::admin::Admin;
 use causeway_runtime::{readiness::Readiness, reload, shutdown, telemetry};
 use tokio::signal::unix::{signal, SignalKind};
 
-pub fn run(path: Option<PathBuf>) -> anyhow::Result<()> {
+/// Which services of the config to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Only {
+    All,
+    Dns,
+}
+
+impl Only {
+    fn select(self, mut cfg: Config) -> Config {
+        if self == Only::Dns {
+            cfg.dhcp = None;
+        }
+        cfg
+    }
+}
+
+pub fn run(path: Option<PathBuf>, only: Only) -> anyhow::Result<()> {
     let cfg = match &path {
         Some(p) => Config::load(p)?,
         None => Config::from_yaml(causeway_config::EMBEDDED_DEFAULT)
             .context("the embedded default config")?,
     };
+    let cfg = only.select(cfg);
+    if only == Only::Dns && cfg.dns.is_none() {
+        anyhow::bail!("the config has no dns section");
+    }
     let format = match cfg.log.format {
         LogFormat::Text => telemetry::Format::Text,
         LogFormat::Json => telemetry::Format::Json,
@@ -28,10 +49,23 @@ pub fn run(path: Option<PathBuf>) -> anyhow::Result<()> {
         .thread_name("causeway")
         .build()
         .context("starting the async runtime")?
-        .block_on(serve(path, cfg))
+        .block_on(serve(path, cfg, only))
 }
 
-async fn serve(path: Option<PathBuf>, cfg: Config) -> anyhow::Result<()> {
+/// Registers DHCP hostnames in DNS as leases become durable.
+fn dhcp_names(cfg: &Config, names: &Arc<DynamicNames>) -> Option<LeaseObserver> {
+    cfg.dns.as_ref()?.zone.as_ref()?;
+    let names = names.clone();
+    Some(Arc::new(move |lease: &causeway_dhcp::LeaseRecord| {
+        match (lease.state, &lease.hostname) {
+            (LeaseState::Active, Some(host)) => names.register(host, lease.ip, lease.expires),
+            (LeaseState::Released | LeaseState::Declined, _) => names.unregister(lease.ip),
+            _ => {}
+        }
+    }))
+}
+
+async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result<()> {
     let started = Instant::now();
     match &path {
         Some(p) => tracing::info!(config = %p.display(), "causeway appliance starting"),
@@ -51,18 +85,34 @@ async fn serve(path: Option<PathBuf>, cfg: Config) -> anyhow::Result<()> {
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
 
     let mut admin = Admin::new(registry.clone(), readiness.clone());
+    let names = Arc::new(DynamicNames::for_zone(
+        cfg.dns.as_ref().and_then(|d| d.zone.as_deref()),
+    ));
     let dhcp = match &cfg.dhcp {
         Some(dhcp_cfg) => {
             let ready = readiness.register("dhcp");
             let metrics = DhcpMetrics::new(&registry).context("registering DHCP metrics")?;
-            let server = DhcpServer::start(dhcp_cfg, metrics, stop.clone())
-                .await
-                .context("DHCP failed to start")?;
+            let server =
+                DhcpServer::start(dhcp_cfg, metrics, stop.clone(), dhcp_names(&cfg, &names))
+                    .await
+                    .context("DHCP failed to start")?;
             let leases = server.lease_source();
             admin = admin.json(
                 "/leases",
                 Arc::new(move || serde_json::to_value(leases()).unwrap_or_default()),
             );
+            ready.set(true);
+            Some(server)
+        }
+        None => None,
+    };
+    let dns = match &cfg.dns {
+        Some(dns_cfg) => {
+            let ready = readiness.register("dns");
+            let metrics = DnsMetrics::new(&registry).context("registering DNS metrics")?;
+            let server = DnsServer::start(dns_cfg, names.clone(), metrics, stop.clone())
+                .await
+                .context("DNS failed to start")?;
             ready.set(true);
             Some(server)
         }
@@ -87,9 +137,9 @@ async fn serve(path: Option<PathBuf>, cfg: Config) -> anyhow::Result<()> {
                     tracing::info!("reload requested, but the embedded config cannot change");
                     continue;
                 };
-                match Config::load(p) {
+                match Config::load(p).map(|c| only.select(c)) {
                     Ok(next) => {
-                        apply(&running, &next, dhcp.as_ref());
+                        apply(&running, &next, dhcp.as_ref(), dns.as_ref());
                         tracing::info!(?cause, "config reloaded");
                         running = next;
                     }
@@ -99,6 +149,9 @@ async fn serve(path: Option<PathBuf>, cfg: Config) -> anyhow::Result<()> {
         }
     }
     trigger.trigger();
+    if let Some(server) = dns {
+        server.wait().await;
+    }
     if let Some(server) = dhcp {
         server.wait().await;
     }
@@ -107,11 +160,20 @@ async fn serve(path: Option<PathBuf>, cfg: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn apply(running: &Config, next: &Config, dhcp: Option<&DhcpServer>) {
+fn apply(running: &Config, next: &Config, dhcp: Option<&DhcpServer>, dns: Option<&DnsServer>) {
     match (dhcp, &next.dhcp) {
         (Some(server), Some(cfg)) => server.reload(cfg),
         (None, None) => {}
         _ => tracing::warn!("enabling or disabling DHCP needs a restart"),
+    }
+    match (dns, &next.dns) {
+        (Some(server), Some(cfg)) => {
+            if let Err(e) = server.reload(cfg) {
+                tracing::error!("DNS reload failed; its running records stay: {e}");
+            }
+        }
+        (None, None) => {}
+        _ => tracing::warn!("enabling or disabling DNS needs a restart"),
     }
     if running.admin != next.admin {
         tracing::warn!("admin.listen changed; restart to apply it");

@@ -29,6 +29,11 @@ enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+    /// Run only the DNS server of a config (with the admin server).
+    Dns {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
     /// Validate a config: print every error with its path; exit 1 if any.
     Check {
         #[arg(long, short)]
@@ -47,7 +52,8 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Appliance { config } => appliance::run(config),
+        Command::Appliance { config } => appliance::run(config, appliance::Only::All),
+        Command::Dns { config } => appliance::run(Some(config), appliance::Only::Dns),
         Command::Check { config } => return check(&config),
         Command::Leases { config, json } => leases::run(&config, json),
     };

@@ -1,0 +1,382 @@
+//! Forwarding: names we are not authoritative for go to the upstream
+//! resolvers, over UDP with TCP on truncation. Identical misses in flight
+//! share one upstream query; the number of upstream queries is bounded;
+//! upstreams that keep failing are skipped for a while; answers are cached
+//! and, when every upstream fails, served stale.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use causeway_config::{DnsConfig, UpstreamPolicy};
+use causeway_runtime::Shutdown;
+use hickory_proto::op::ResponseCode;
+use rand::seq::SliceRandom;
+use rand::Rng;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, UdpSocket};
+use tokio::sync::{oneshot, Semaphore};
+
+use crate::cache::{shape, Cache, CacheKey, Hit};
+use crate::message::ParsedQuery;
+use crate::metrics::DnsMetrics;
+
+/// Consecutive failures after which an upstream is skipped.
+const FAILURES_TO_SKIP: u32 = 3;
+/// How long a failing upstream is skipped before it is tried again.
+const SKIP_FOR: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// A response on the wire (ID not yet the client's).
+    Response(Vec<u8>),
+    ServFail,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum FetchError {
+    #[error("timed out")]
+    Timeout,
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("malformed response")]
+    Malformed,
+    #[error("upstream answered {0}")]
+    Failed(ResponseCode),
+    #[error("too many upstream queries in flight")]
+    Overloaded,
+}
+
+impl FetchError {
+    fn label(&self) -> &'static str {
+        match self {
+            FetchError::Timeout => "timeout",
+            FetchError::Io(_) => "io",
+            FetchError::Malformed => "malformed",
+            FetchError::Failed(_) => "servfail",
+            FetchError::Overloaded => "overloaded",
+        }
+    }
+}
+
+struct Upstream {
+    addr: SocketAddr,
+    label: String,
+    failures: AtomicU32,
+    /// Milliseconds since `epoch` until which it is skipped.
+    skip_until: AtomicU64,
+}
+
+struct Pending {
+    from: SocketAddr,
+    question: Vec<u8>,
+    tx: oneshot::Sender<Vec<u8>>,
+}
+
+pub struct Forwarder {
+    upstreams: Vec<Upstream>,
+    policy: UpstreamPolicy,
+    timeout: Duration,
+    socket: Arc<UdpSocket>,
+    pending: Mutex<HashMap<u16, Pending>>,
+    coalesce: Mutex<HashMap<CacheKey, Vec<oneshot::Sender<Answer>>>>,
+    permits: Semaphore,
+    pub cache: Cache,
+    metrics: DnsMetrics,
+    epoch: Instant,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Forwarder {
+    /// Binds the upstream socket and starts its receive loop.
+    pub async fn start(
+        cfg: &DnsConfig,
+        upstreams: Vec<SocketAddr>,
+        metrics: DnsMetrics,
+        shutdown: Shutdown,
+    ) -> std::io::Result<Arc<Self>> {
+        let any_v6 = upstreams.iter().any(SocketAddr::is_ipv6);
+        let bind: SocketAddr = if any_v6 { "[::]:0" } else { "0.0.0.0:0" }
+            .parse()
+            .map_err(|_| std::io::Error::other("bind address"))?;
+        let socket = Arc::new(UdpSocket::bind(bind).await?);
+        let fwd = Arc::new(Forwarder {
+            upstreams: upstreams
+                .into_iter()
+                .map(|addr| Upstream {
+                    addr,
+                    label: addr.to_string(),
+                    failures: AtomicU32::new(0),
+                    skip_until: AtomicU64::new(0),
+                })
+                .collect(),
+            policy: cfg.upstream_policy,
+            timeout: cfg.upstream_timeout,
+            socket: socket.clone(),
+            pending: Mutex::new(HashMap::new()),
+            coalesce: Mutex::new(HashMap::new()),
+            permits: Semaphore::new(cfg.max_upstream_in_flight),
+            cache: Cache::new(cfg.cache.clone()),
+            metrics,
+            epoch: Instant::now(),
+        });
+        tokio::spawn(receive_loop(fwd.clone(), socket, shutdown));
+        Ok(fwd)
+    }
+
+    /// Answers `q` (whose bytes are `request`) from the cache or upstream.
+    pub async fn resolve(self: &Arc<Self>, q: &ParsedQuery, request: &[u8], now: u64) -> Answer {
+        let key = CacheKey::of(q);
+        if let Hit::Fresh(wire) = self.cache.get(&key, now, false) {
+            self.metrics.cache.with_label_values(&["hit"]).inc();
+            return Answer::Response(wire);
+        }
+        self.metrics.cache.with_label_values(&["miss"]).inc();
+        let waiting = {
+            let mut map = lock(&self.coalesce);
+            match map.get_mut(&key) {
+                Some(waiters) => {
+                    let (tx, rx) = oneshot::channel();
+                    waiters.push(tx);
+                    Some(rx)
+                }
+                None => {
+                    map.insert(key.clone(), Vec::new());
+                    None
+                }
+            }
+        };
+        if let Some(rx) = waiting {
+            self.metrics.coalesced.inc();
+            return rx.await.unwrap_or(Answer::ServFail);
+        }
+        // Whatever happens below, the waiters must hear back.
+        let answer = match self.fetch(q, request).await {
+            Ok(wire) => {
+                self.cache.insert(key.clone(), &wire, now);
+                Answer::Response(wire)
+            }
+            Err(e) => {
+                tracing::debug!(name = %q.lower, error = %e, "forwarding failed");
+                match self.cache.get(&key, now, true) {
+                    Hit::Stale(wire) | Hit::Fresh(wire) => {
+                        self.metrics.cache.with_label_values(&["stale"]).inc();
+                        Answer::Response(wire)
+                    }
+                    Hit::Miss => Answer::ServFail,
+                }
+            }
+        };
+        let waiters = lock(&self.coalesce).remove(&key).unwrap_or_default();
+        for w in waiters {
+            let _ = w.send(answer.clone());
+        }
+        answer
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Upstreams to try, in order: those not being skipped first, in config
+    /// order (sequential) or shuffled (random).
+    fn order(&self) -> Vec<&Upstream> {
+        let now = self.now_ms();
+        let mut ups: Vec<&Upstream> = self.upstreams.iter().collect();
+        if self.policy == UpstreamPolicy::Random {
+            ups.shuffle(&mut rand::rng());
+        }
+        ups.sort_by_key(|u| u.skip_until.load(Ordering::Relaxed) > now);
+        ups
+    }
+
+    fn failed(&self, up: &Upstream, e: &FetchError) {
+        self.metrics
+            .upstream_errors
+            .with_label_values(&[up.label.as_str(), e.label()])
+            .inc();
+        if up.failures.fetch_add(1, Ordering::Relaxed) + 1 >= FAILURES_TO_SKIP {
+            up.skip_until.store(
+                self.now_ms() + SKIP_FOR.as_millis() as u64,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    fn succeeded(&self, up: &Upstream, took: Duration) {
+        up.failures.store(0, Ordering::Relaxed);
+        up.skip_until.store(0, Ordering::Relaxed);
+        self.metrics
+            .upstream_seconds
+            .with_label_values(&[up.label.as_str()])
+            .observe(took.as_secs_f64());
+    }
+
+    async fn fetch(&self, q: &ParsedQuery, request: &[u8]) -> Result<Vec<u8>, FetchError> {
+        let _permit = self
+            .permits
+            .try_acquire()
+            .map_err(|_| FetchError::Overloaded)?;
+        self.metrics.upstream_in_flight.inc();
+        let result = self.fetch_inner(q, request).await;
+        self.metrics.upstream_in_flight.dec();
+        result
+    }
+
+    async fn fetch_inner(&self, q: &ParsedQuery, request: &[u8]) -> Result<Vec<u8>, FetchError> {
+        let deadline = Instant::now() + self.timeout;
+        let order = self.order();
+        // Leave time for the others if the first does not answer.
+        let per_try = (self.timeout / order.len().max(1) as u32).max(Duration::from_millis(300));
+        let mut last = FetchError::Timeout;
+        for up in order {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                break;
+            }
+            let started = Instant::now();
+            let attempt = match self.udp(up, q, request, per_try.min(remaining)).await {
+                Ok(wire) if shape(&wire).is_some_and(|s| s.truncated) => {
+                    let remaining = deadline.saturating_duration_since(Instant::now());
+                    tcp(up.addr, request, remaining).await
+                }
+                other => other,
+            };
+            let checked = attempt.and_then(|wire| match shape(&wire) {
+                None => Err(FetchError::Malformed),
+                Some(s) if matches!(s.rcode, ResponseCode::ServFail | ResponseCode::Refused) => {
+                    Err(FetchError::Failed(s.rcode))
+                }
+                Some(_) => Ok(wire),
+            });
+            match checked {
+                Ok(wire) => {
+                    self.succeeded(up, started.elapsed());
+                    return Ok(wire);
+                }
+                Err(e) => {
+                    self.failed(up, &e);
+                    last = e;
+                }
+            }
+        }
+        Err(last)
+    }
+
+    async fn udp(
+        &self,
+        up: &Upstream,
+        q: &ParsedQuery,
+        request: &[u8],
+        wait: Duration,
+    ) -> Result<Vec<u8>, FetchError> {
+        let (tx, rx) = oneshot::channel();
+        let question = request
+            .get(12..q.question_end)
+            .ok_or(FetchError::Malformed)?
+            .to_vec();
+        let id = {
+            let mut pending = lock(&self.pending);
+            let mut rng = rand::rng();
+            let mut id: u16 = rng.random();
+            // A fresh random ID per upstream query, never one in use.
+            for _ in 0..16 {
+                if !pending.contains_key(&id) {
+                    break;
+                }
+                id = rng.random();
+            }
+            if pending.contains_key(&id) {
+                return Err(FetchError::Overloaded);
+            }
+            pending.insert(
+                id,
+                Pending {
+                    from: up.addr,
+                    question,
+                    tx,
+                },
+            );
+            id
+        };
+        let mut packet = request.to_vec();
+        packet[..2].copy_from_slice(&id.to_be_bytes());
+        if let Err(e) = self.socket.send_to(&packet, up.addr).await {
+            lock(&self.pending).remove(&id);
+            return Err(e.into());
+        }
+        match tokio::time::timeout(wait, rx).await {
+            Ok(Ok(wire)) => Ok(wire),
+            _ => {
+                lock(&self.pending).remove(&id);
+                Err(FetchError::Timeout)
+            }
+        }
+    }
+}
+
+/// Delivers upstream responses to the queries waiting for them. A response
+/// is accepted only from the upstream asked, with the ID and the question
+/// it was asked.
+async fn receive_loop(fwd: Arc<Forwarder>, socket: Arc<UdpSocket>, mut shutdown: Shutdown) {
+    let mut buf = vec![0u8; 65535];
+    loop {
+        let (n, from) = tokio::select! {
+            _ = shutdown.wait() => return,
+            r = socket.recv_from(&mut buf) => match r {
+                Ok(x) => x,
+                Err(_) => continue,
+            },
+        };
+        let wire = &buf[..n];
+        if n < 12 {
+            continue;
+        }
+        let id = u16::from_be_bytes([wire[0], wire[1]]);
+        let mut pending = lock(&fwd.pending);
+        let matches = pending.get(&id).is_some_and(|p| {
+            p.from == from
+                && wire
+                    .get(12..12 + p.question.len())
+                    .is_some_and(|qb| qb.eq_ignore_ascii_case(&p.question))
+        });
+        if !matches {
+            fwd.metrics
+                .dropped
+                .with_label_values(&["unexpected_upstream_response"])
+                .inc();
+            continue;
+        }
+        if let Some(p) = pending.remove(&id) {
+            drop(pending);
+            let _ = p.tx.send(wire.to_vec());
+        }
+    }
+}
+
+/// One query over TCP (after a truncated UDP answer).
+async fn tcp(addr: SocketAddr, request: &[u8], wait: Duration) -> Result<Vec<u8>, FetchError> {
+    let exchange = async {
+        let mut s = TcpStream::connect(addr).await?;
+        let len = u16::try_from(request.len()).map_err(|_| FetchError::Malformed)?;
+        let mut framed = Vec::with_capacity(request.len() + 2);
+        framed.extend_from_slice(&len.to_be_bytes());
+        framed.extend_from_slice(request);
+        s.write_all(&framed).await?;
+        let n = s.read_u16().await?;
+        let mut wire = vec![0u8; usize::from(n)];
+        s.read_exact(&mut wire).await?;
+        if wire.get(..2) != request.get(..2) {
+            return Err(FetchError::Malformed);
+        }
+        Ok::<_, FetchError>(wire)
+    };
+    tokio::time::timeout(wait, exchange)
+        .await
+        .map_err(|_| FetchError::Timeout)?
+}

@@ -1,0 +1,120 @@
+//! The DNS server's Prometheus metrics.
+
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::RecordType;
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
+
+#[derive(Clone)]
+pub struct DnsMetrics {
+    pub queries: IntCounterVec,
+    pub dropped: IntCounterVec,
+    pub cache: IntCounterVec,
+    pub coalesced: IntCounter,
+    pub upstream_seconds: HistogramVec,
+    pub upstream_errors: IntCounterVec,
+    pub upstream_in_flight: IntGauge,
+    pub tcp_connections: IntGauge,
+    pub tcp_refused: IntCounter,
+}
+
+impl DnsMetrics {
+    pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let m = DnsMetrics {
+            queries: IntCounterVec::new(
+                Opts::new(
+                    "causeway_dns_queries_total",
+                    "DNS queries answered, by view, query type and response code",
+                ),
+                &["view", "qtype", "rcode"],
+            )?,
+            dropped: IntCounterVec::new(
+                Opts::new(
+                    "causeway_dns_dropped_total",
+                    "DNS packets dropped without an answer, by reason",
+                ),
+                &["reason"],
+            )?,
+            cache: IntCounterVec::new(
+                Opts::new(
+                    "causeway_dns_cache_total",
+                    "Forwarding cache lookups: hit, miss, stale",
+                ),
+                &["result"],
+            )?,
+            coalesced: IntCounter::new(
+                "causeway_dns_coalesced_total",
+                "Queries that waited on an identical upstream query already in flight",
+            )?,
+            upstream_seconds: HistogramVec::new(
+                HistogramOpts::new(
+                    "causeway_dns_upstream_seconds",
+                    "Upstream round-trip time, per upstream",
+                )
+                .buckets(vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                ]),
+                &["upstream"],
+            )?,
+            upstream_errors: IntCounterVec::new(
+                Opts::new(
+                    "causeway_dns_upstream_errors_total",
+                    "Upstream queries that failed, per upstream and reason",
+                ),
+                &["upstream", "reason"],
+            )?,
+            upstream_in_flight: IntGauge::new(
+                "causeway_dns_upstream_in_flight",
+                "Upstream queries in flight",
+            )?,
+            tcp_connections: IntGauge::new(
+                "causeway_dns_tcp_connections",
+                "Open client TCP connections",
+            )?,
+            tcp_refused: IntCounter::new(
+                "causeway_dns_tcp_refused_total",
+                "Client TCP connections closed at once because the limit was reached",
+            )?,
+        };
+        registry.register(Box::new(m.queries.clone()))?;
+        registry.register(Box::new(m.dropped.clone()))?;
+        registry.register(Box::new(m.cache.clone()))?;
+        registry.register(Box::new(m.coalesced.clone()))?;
+        registry.register(Box::new(m.upstream_seconds.clone()))?;
+        registry.register(Box::new(m.upstream_errors.clone()))?;
+        registry.register(Box::new(m.upstream_in_flight.clone()))?;
+        registry.register(Box::new(m.tcp_connections.clone()))?;
+        registry.register(Box::new(m.tcp_refused.clone()))?;
+        Ok(m)
+    }
+}
+
+/// A bounded label for query types.
+pub fn qtype_label(t: RecordType) -> &'static str {
+    match t {
+        RecordType::A => "A",
+        RecordType::AAAA => "AAAA",
+        RecordType::PTR => "PTR",
+        RecordType::SRV => "SRV",
+        RecordType::TXT => "TXT",
+        RecordType::CNAME => "CNAME",
+        RecordType::SOA => "SOA",
+        RecordType::NS => "NS",
+        RecordType::MX => "MX",
+        RecordType::ANY => "ANY",
+        _ => "other",
+    }
+}
+
+pub fn rcode_label(r: Option<ResponseCode>) -> &'static str {
+    match r {
+        Some(ResponseCode::NoError) => "NOERROR",
+        Some(ResponseCode::NXDomain) => "NXDOMAIN",
+        Some(ResponseCode::ServFail) => "SERVFAIL",
+        Some(ResponseCode::Refused) => "REFUSED",
+        Some(ResponseCode::FormErr) => "FORMERR",
+        Some(ResponseCode::NotImp) => "NOTIMP",
+        _ => "other",
+    }
+}

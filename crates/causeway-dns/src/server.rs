@@ -1,0 +1,451 @@
+//! Serving: UDP (several SO_REUSEPORT sockets per address) and TCP on every
+//! configured address, a prepared-response cache in front of the
+//! authority, and forwarding for the rest.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use causeway_config::DnsConfig;
+use causeway_runtime::Shutdown;
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::{LowerName, RecordType};
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+use crate::authority::{Authority, DynamicNames, Lookup};
+use crate::forward::{Answer, Forwarder};
+use crate::message::{self, ParsedQuery, Rejected};
+use crate::metrics::{qtype_label, rcode_label, DnsMetrics};
+
+/// How long a prepared local response is reused; bounds how late a DHCP
+/// name that expired (rather than being released) keeps answering.
+const PREPARED_SECS: u64 = 5;
+/// Prepared responses kept at most; wildcards can name without end.
+const PREPARED_MAX: usize = 16_384;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DnsError {
+    #[error("DNS listen on {addr}: {reason}")]
+    Bind { addr: SocketAddr, reason: String },
+    #[error("DNS records: {0}")]
+    Records(#[from] crate::authority::BuildError),
+    #[error("DNS upstream socket: {0}")]
+    Upstream(io::Error),
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct PreparedKey {
+    view: usize,
+    name: LowerName,
+    qtype: RecordType,
+    edns: bool,
+    dnssec_ok: bool,
+}
+
+struct Prepared {
+    wire: Vec<u8>,
+    generation: u64,
+    made: u64,
+}
+
+struct Shared {
+    authority: RwLock<Arc<Authority>>,
+    prepared: Mutex<HashMap<PreparedKey, Prepared>>,
+    forwarder: Option<Arc<Forwarder>>,
+    dynamic: Arc<DynamicNames>,
+    metrics: DnsMetrics,
+    tcp_idle: Duration,
+}
+
+pub struct DnsServer {
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+    listen: Vec<SocketAddr>,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// What to do with one packet.
+enum Step {
+    Reply(Vec<u8>),
+    Forward(ParsedQuery, usize),
+    Drop,
+}
+
+impl Shared {
+    fn authority(&self) -> Arc<Authority> {
+        self.authority
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn count(&self, view: &str, qtype: RecordType, wire: &[u8]) {
+        self.metrics
+            .queries
+            .with_label_values(&[
+                view,
+                qtype_label(qtype),
+                rcode_label(message::rcode_of(wire)),
+            ])
+            .inc();
+    }
+
+    /// Everything that can be decided without waiting on the network.
+    fn step(&self, request: &[u8], client: IpAddr, udp: bool) -> Step {
+        let q = match message::parse(request) {
+            Ok(q) => q,
+            Err(Rejected::Drop(reason)) => {
+                self.metrics.dropped.with_label_values(&[reason]).inc();
+                return Step::Drop;
+            }
+            Err(Rejected::Reply { id, rcode, reason }) => {
+                self.metrics.dropped.with_label_values(&[reason]).inc();
+                return Step::Reply(message::bare_error(id, rcode));
+            }
+        };
+        let auth = self.authority();
+        let view = auth.view_for(client);
+        let view_name = auth.view_name(view);
+        let limit = if udp {
+            q.udp_limit()
+        } else {
+            usize::from(u16::MAX)
+        };
+        let now = unix_now();
+        let key = PreparedKey {
+            view,
+            name: q.lower.clone(),
+            qtype: q.qtype(),
+            edns: q.edns.is_some(),
+            dnssec_ok: q.edns.is_some_and(|e| e.dnssec_ok),
+        };
+        let generation = self.dynamic.generation();
+        {
+            let prepared = self.prepared.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(p) = prepared.get(&key) {
+                if p.generation == generation
+                    && now < p.made + PREPARED_SECS
+                    && p.wire.len() <= limit
+                {
+                    let mut wire = p.wire.clone();
+                    drop(prepared);
+                    if message::patch_for(&mut wire, &q, request) {
+                        self.count(view_name, q.qtype(), &wire);
+                        return Step::Reply(wire);
+                    }
+                }
+            }
+        }
+        let recurse = auth.may_recurse(client);
+        match auth.lookup(view, &q.lower, q.qtype(), now) {
+            Lookup::Answer(answer) => {
+                let wire = message::local_response(&q, &answer, recurse, limit);
+                let truncated = wire.get(2).is_some_and(|b| b & 0x02 != 0);
+                if !truncated {
+                    let mut prepared = self.prepared.lock().unwrap_or_else(|p| p.into_inner());
+                    if prepared.len() >= PREPARED_MAX {
+                        prepared.clear();
+                    }
+                    prepared.insert(
+                        key,
+                        Prepared {
+                            wire: wire.clone(),
+                            generation,
+                            made: now,
+                        },
+                    );
+                }
+                self.count(view_name, q.qtype(), &wire);
+                Step::Reply(wire)
+            }
+            Lookup::NotOurs if !recurse => {
+                // Never an open resolver: strangers get only our zones.
+                let wire = message::error_response(&q, ResponseCode::Refused, false);
+                self.count(view_name, q.qtype(), &wire);
+                Step::Reply(wire)
+            }
+            Lookup::NotOurs if self.forwarder.is_none() => {
+                let wire = message::error_response(&q, ResponseCode::ServFail, true);
+                self.count(view_name, q.qtype(), &wire);
+                Step::Reply(wire)
+            }
+            Lookup::NotOurs => Step::Forward(q, view),
+        }
+    }
+
+    /// The forwarded answer, made to fit the client.
+    async fn forward(&self, q: &ParsedQuery, view: usize, request: &[u8], udp: bool) -> Vec<u8> {
+        let Some(fwd) = &self.forwarder else {
+            return message::error_response(q, ResponseCode::ServFail, true);
+        };
+        let wire = match fwd.resolve(q, request, unix_now()).await {
+            Answer::Response(mut wire) => {
+                if !message::patch_for(&mut wire, q, request) {
+                    message::error_response(q, ResponseCode::ServFail, true)
+                } else if udp && wire.len() > q.udp_limit() {
+                    message::truncated_response(q)
+                } else {
+                    wire
+                }
+            }
+            Answer::ServFail => message::error_response(q, ResponseCode::ServFail, true),
+        };
+        let auth = self.authority();
+        self.count(auth.view_name(view), q.qtype(), &wire);
+        wire
+    }
+}
+
+impl DnsServer {
+    pub async fn start(
+        cfg: &DnsConfig,
+        dynamic: Arc<DynamicNames>,
+        metrics: DnsMetrics,
+        shutdown: Shutdown,
+    ) -> Result<Self, DnsError> {
+        let authority = Authority::new(cfg, dynamic.clone(), serial())?;
+        let upstreams = if cfg.upstreams.is_empty() {
+            system_resolvers()
+        } else {
+            cfg.upstreams.clone()
+        };
+        let forwarder = if upstreams.is_empty() {
+            tracing::warn!("no DNS upstreams configured or found in /etc/resolv.conf: names outside our zones get SERVFAIL");
+            None
+        } else {
+            tracing::info!(upstreams = ?upstreams, "DNS forwarding");
+            Some(
+                Forwarder::start(cfg, upstreams, metrics.clone(), shutdown.clone())
+                    .await
+                    .map_err(DnsError::Upstream)?,
+            )
+        };
+        let shared = Arc::new(Shared {
+            authority: RwLock::new(Arc::new(authority)),
+            prepared: Mutex::new(HashMap::new()),
+            forwarder,
+            dynamic,
+            metrics,
+            tcp_idle: cfg.tcp_idle_timeout,
+        });
+        let sockets = match cfg.udp_sockets {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        let tcp_limit = Arc::new(Semaphore::new(cfg.max_tcp_connections));
+        let mut tasks = Vec::new();
+        for addr in &cfg.listen {
+            for _ in 0..sockets {
+                let socket = Arc::new(udp_socket(*addr)?);
+                tasks.push(tokio::spawn(udp_loop(
+                    shared.clone(),
+                    socket,
+                    shutdown.clone(),
+                )));
+            }
+            let listener = tcp_listener(*addr)?;
+            tasks.push(tokio::spawn(tcp_loop(
+                shared.clone(),
+                listener,
+                tcp_limit.clone(),
+                shutdown.clone(),
+            )));
+            tracing::info!(listen = %addr, udp_sockets = sockets, "DNS listening on UDP and TCP");
+        }
+        Ok(DnsServer {
+            shared,
+            tasks,
+            listen: cfg.listen.clone(),
+        })
+    }
+
+    /// Swaps in new records and views; queries in flight finish on the old.
+    pub fn reload(&self, cfg: &DnsConfig) -> Result<(), DnsError> {
+        let authority = Authority::new(cfg, self.shared.dynamic.clone(), serial())?;
+        *self
+            .shared
+            .authority
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Arc::new(authority);
+        self.shared
+            .prepared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        if cfg.listen != self.listen {
+            tracing::warn!(
+                "dns.listen changed; restart to apply it (records and views are applied)"
+            );
+        }
+        tracing::info!("DNS records reloaded");
+        Ok(())
+    }
+
+    pub async fn wait(self) {
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// The SOA serial: seconds since the epoch, so every reload increases it.
+fn serial() -> u32 {
+    u32::try_from(unix_now()).unwrap_or(u32::MAX)
+}
+
+/// `nameserver` lines of /etc/resolv.conf, for a server given no upstreams
+/// (in a pod, that is the cluster's DNS).
+fn system_resolvers() -> Vec<SocketAddr> {
+    std::fs::read_to_string("/etc/resolv.conf")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .filter_map(|a| a.trim().parse::<IpAddr>().ok())
+        .map(|ip| SocketAddr::new(ip, 53))
+        .collect()
+}
+
+fn bind_error(addr: SocketAddr, e: &io::Error) -> DnsError {
+    let reason = match e.kind() {
+        io::ErrorKind::PermissionDenied => {
+            format!("port {} needs CAP_NET_BIND_SERVICE", addr.port())
+        }
+        io::ErrorKind::AddrInUse => format!("{addr} is already in use by another process"),
+        io::ErrorKind::AddrNotAvailable => format!("{} is not an address of this host", addr.ip()),
+        _ => e.to_string(),
+    };
+    DnsError::Bind { addr, reason }
+}
+
+fn udp_socket(addr: SocketAddr) -> Result<UdpSocket, DnsError> {
+    let fail = |e: io::Error| bind_error(addr, &e);
+    let socket =
+        Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP)).map_err(fail)?;
+    // Several sockets on one address, each with its own task: the kernel
+    // spreads queries over them.
+    socket.set_reuse_port(true).map_err(fail)?;
+    socket.set_nonblocking(true).map_err(fail)?;
+    let _ = socket.set_recv_buffer_size(4 << 20);
+    if addr.is_ipv6() {
+        let _ = socket.set_only_v6(true);
+    }
+    socket.bind(&addr.into()).map_err(fail)?;
+    UdpSocket::from_std(socket.into()).map_err(fail)
+}
+
+fn tcp_listener(addr: SocketAddr) -> Result<TcpListener, DnsError> {
+    let fail = |e: io::Error| bind_error(addr, &e);
+    let socket =
+        Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(fail)?;
+    socket.set_reuse_address(true).map_err(fail)?;
+    socket.set_nonblocking(true).map_err(fail)?;
+    if addr.is_ipv6() {
+        let _ = socket.set_only_v6(true);
+    }
+    socket.bind(&addr.into()).map_err(fail)?;
+    socket.listen(1024).map_err(fail)?;
+    TcpListener::from_std(socket.into()).map_err(fail)
+}
+
+async fn udp_loop(shared: Arc<Shared>, socket: Arc<UdpSocket>, mut shutdown: Shutdown) {
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let (n, from) = tokio::select! {
+            _ = shutdown.wait() => return,
+            r = socket.recv_from(&mut buf) => match r {
+                Ok(x) => x,
+                Err(_) => continue,
+            },
+        };
+        let request = &buf[..n];
+        match shared.step(request, from.ip(), true) {
+            Step::Reply(wire) => {
+                let _ = socket.send_to(&wire, from).await;
+            }
+            Step::Drop => {}
+            Step::Forward(q, view) => {
+                let (shared, socket, request) = (shared.clone(), socket.clone(), request.to_vec());
+                tokio::spawn(async move {
+                    let wire = shared.forward(&q, view, &request, true).await;
+                    let _ = socket.send_to(&wire, from).await;
+                });
+            }
+        }
+    }
+}
+
+async fn tcp_loop(
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    limit: Arc<Semaphore>,
+    mut shutdown: Shutdown,
+) {
+    loop {
+        let (stream, from) = tokio::select! {
+            _ = shutdown.wait() => return,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(_) => continue,
+            },
+        };
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
+            shared.metrics.tcp_refused.inc();
+            drop(stream);
+            continue;
+        };
+        let (shared, shutdown) = (shared.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            shared.metrics.tcp_connections.inc();
+            let _ = tcp_connection(&shared, stream, from.ip(), shutdown).await;
+            shared.metrics.tcp_connections.dec();
+            drop(permit);
+        });
+    }
+}
+
+/// Serves length-prefixed queries on one connection until the client
+/// closes it, it idles past the timeout, or shutdown.
+async fn tcp_connection(
+    shared: &Shared,
+    mut stream: TcpStream,
+    client: IpAddr,
+    mut shutdown: Shutdown,
+) -> io::Result<()> {
+    loop {
+        let len = tokio::select! {
+            _ = shutdown.wait() => return Ok(()),
+            r = tokio::time::timeout(shared.tcp_idle, stream.read_u16()) => match r {
+                Ok(Ok(len)) => len,
+                _ => return Ok(()),
+            },
+        };
+        let mut request = vec![0u8; usize::from(len)];
+        tokio::time::timeout(shared.tcp_idle, stream.read_exact(&mut request))
+            .await
+            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+        let wire = match shared.step(&request, client, false) {
+            Step::Reply(wire) => wire,
+            Step::Drop => return Ok(()),
+            Step::Forward(q, view) => shared.forward(&q, view, &request, false).await,
+        };
+        let Ok(n) = u16::try_from(wire.len()) else {
+            continue;
+        };
+        let mut framed = Vec::with_capacity(wire.len() + 2);
+        framed.extend_from_slice(&n.to_be_bytes());
+        framed.extend_from_slice(&wire);
+        stream.write_all(&framed).await?;
+    }
+}
