@@ -12,6 +12,7 @@
 pub mod authority;
 pub mod cache;
 pub mod forward;
+pub mod handler;
 pub mod message;
 pub mod metrics;
 pub mod server;

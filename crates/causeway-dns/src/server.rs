@@ -18,8 +18,9 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-use crate::authority::{Authority, DynamicNames, Lookup};
+use crate::authority::{Authority, DynamicNames};
 use crate::forward::{Answer, Forwarder};
+use crate::handler::{decide, Decision};
 use crate::message::{self, ParsedQuery, Rejected};
 use crate::metrics::{qtype_label, rcode_label, DnsMetrics};
 
@@ -148,12 +149,17 @@ impl Shared {
                 }
             }
         }
-        let recurse = auth.may_recurse(client);
-        match auth.lookup(view, &q.lower, q.qtype(), now) {
-            Lookup::Answer(answer) => {
-                let wire = message::local_response(&q, &answer, recurse, limit);
-                let truncated = wire.get(2).is_some_and(|b| b & 0x02 != 0);
-                if !truncated {
+        match decide(
+            &auth,
+            view,
+            &q,
+            client,
+            now,
+            limit,
+            self.forwarder.is_some(),
+        ) {
+            Decision::Reply { wire, reusable } => {
+                if reusable {
                     let mut prepared = self.prepared.lock().unwrap_or_else(|p| p.into_inner());
                     if prepared.len() >= PREPARED_MAX {
                         prepared.clear();
@@ -170,18 +176,7 @@ impl Shared {
                 self.count(view_name, q.qtype(), &wire);
                 Step::Reply(wire)
             }
-            Lookup::NotOurs if !recurse => {
-                // Never an open resolver: strangers get only our zones.
-                let wire = message::error_response(&q, ResponseCode::Refused, false);
-                self.count(view_name, q.qtype(), &wire);
-                Step::Reply(wire)
-            }
-            Lookup::NotOurs if self.forwarder.is_none() => {
-                let wire = message::error_response(&q, ResponseCode::ServFail, true);
-                self.count(view_name, q.qtype(), &wire);
-                Step::Reply(wire)
-            }
-            Lookup::NotOurs => Step::Forward(q, view),
+            Decision::Forward => Step::Forward(q, view),
         }
     }
 
