@@ -11,6 +11,7 @@
 
 pub mod authority;
 pub mod cache;
+mod endpoint;
 pub mod forward;
 pub mod handler;
 pub mod message;

@@ -203,6 +203,15 @@ pub fn patch_for(response: &mut [u8], q: &ParsedQuery, request: &[u8]) -> bool {
     true
 }
 
+/// Flags for an answer we relayed: not authoritative (we are not the
+/// source, whatever the upstream said), recursion available.
+pub fn mark_forwarded(response: &mut [u8]) {
+    if response.len() >= 4 {
+        response[2] &= !0x04;
+        response[3] |= 0x80;
+    }
+}
+
 /// The response code of a response on the wire.
 pub fn rcode_of(response: &[u8]) -> Option<ResponseCode> {
     let low = response.get(3)? & 0x0f;

@@ -19,6 +19,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use crate::authority::{Authority, DynamicNames};
+use crate::endpoint::Endpoint;
 use crate::forward::{Answer, Forwarder};
 use crate::handler::{decide, Decision};
 use crate::message::{self, ParsedQuery, Rejected};
@@ -192,6 +193,7 @@ impl Shared {
                 } else if udp && wire.len() > q.udp_limit() {
                     message::truncated_response(q)
                 } else {
+                    message::mark_forwarded(&mut wire);
                     wire
                 }
             }
@@ -243,7 +245,8 @@ impl DnsServer {
         let mut tasks = Vec::new();
         for addr in &cfg.listen {
             for _ in 0..sockets {
-                let socket = Arc::new(udp_socket(*addr)?);
+                let socket =
+                    Arc::new(Endpoint::new(udp_socket(*addr)?).map_err(|e| bind_error(*addr, &e))?);
                 tasks.push(tokio::spawn(udp_loop(
                     shared.clone(),
                     socket,
@@ -354,12 +357,12 @@ fn tcp_listener(addr: SocketAddr) -> Result<TcpListener, DnsError> {
     TcpListener::from_std(socket.into()).map_err(fail)
 }
 
-async fn udp_loop(shared: Arc<Shared>, socket: Arc<UdpSocket>, mut shutdown: Shutdown) {
+async fn udp_loop(shared: Arc<Shared>, socket: Arc<Endpoint>, mut shutdown: Shutdown) {
     let mut buf = vec![0u8; 4096];
     loop {
-        let (n, from) = tokio::select! {
+        let (n, from, local) = tokio::select! {
             _ = shutdown.wait() => return,
-            r = socket.recv_from(&mut buf) => match r {
+            r = socket.recv(&mut buf) => match r {
                 Ok(x) => x,
                 Err(_) => continue,
             },
@@ -367,14 +370,14 @@ async fn udp_loop(shared: Arc<Shared>, socket: Arc<UdpSocket>, mut shutdown: Shu
         let request = &buf[..n];
         match shared.step(request, from.ip(), true) {
             Step::Reply(wire) => {
-                let _ = socket.send_to(&wire, from).await;
+                let _ = socket.send(&wire, from, local).await;
             }
             Step::Drop => {}
             Step::Forward(q, view) => {
                 let (shared, socket, request) = (shared.clone(), socket.clone(), request.to_vec());
                 tokio::spawn(async move {
                     let wire = shared.forward(&q, view, &request, true).await;
-                    let _ = socket.send_to(&wire, from).await;
+                    let _ = socket.send(&wire, from, local).await;
                 });
             }
         }

@@ -1,0 +1,946 @@
+//! End-to-end DNS: causeway's DNS server against real clients (dig, kdig)
+//! and a real forwarding upstream (dnsmasq) that the test starts itself.
+//!
+//! Most tests run on 127.0.0.0/8 with high ports and need no privileges.
+//! The split-horizon test puts the server and two clients in network
+//! namespaces of their own and needs root; without it it prints
+//! `SKIP <test>: needs root (network namespaces)` and passes.
+//!
+//! Tools: bind9-dnsutils (dig), knot-dnsutils (kdig), dnsmasq-base
+//! (dnsmasq), iproute2 (ip, root test only).
+//!
+//! Every upstream a server is given is on loopback (a dnsmasq of ours, or a
+//! socket of ours that never answers), so no query ever leaves the machine.
+
+// A test reports a broken precondition by panicking, helpers included.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::fs;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dhcproto::v4::{DhcpOption, Message, MessageType, Opcode};
+use dhcproto::{Decodable, Decoder, Encodable};
+use support::{
+    causeway_bin, metric, poll_until, root_or_skip, tool, wait_for, AdminAt, Appliance, Netns, Proc,
+};
+use tempfile::TempDir;
+
+/// The cluster zone every config here declares.
+const ZONE: &str = "hc1.example.test";
+/// The proxy and ingress addresses of the loopback configs.
+const PROXY: &str = "10.0.0.10";
+const INGRESS: &str = "10.0.0.20";
+/// What the dnsmasq upstream answers for `www.example.net`.
+const UPSTREAM_ANSWER: &str = "192.0.2.80";
+/// How long a test waits for a condition before it fails.
+const DEADLINE: Duration = Duration::from_secs(10);
+
+fn tempdir() -> TempDir {
+    tempfile::Builder::new()
+        .prefix("causeway-dns-e2e-")
+        .tempdir()
+        .expect("creating a temp dir")
+}
+
+fn fqdn(name: &str) -> String {
+    format!("{name}.{ZONE}")
+}
+
+/// A port free for both UDP and TCP on `ip` a moment ago (DNS binds both).
+fn free_dns_port(ip: Ipv4Addr) -> u16 {
+    for _ in 0..50 {
+        let udp = UdpSocket::bind((ip, 0)).expect("binding a UDP socket on loopback");
+        let port = udp.local_addr().unwrap().port();
+        if TcpListener::bind((ip, port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no port free for both UDP and TCP on {ip}");
+}
+
+// ------------------------------------------------------------ dig and kdig
+
+/// One resource record as dig and kdig print it.
+#[derive(Debug, Clone)]
+struct Rr {
+    name: String,
+    ttl: u32,
+    rtype: String,
+    data: String,
+}
+
+/// A response as dig or kdig printed it.
+#[derive(Debug, Clone)]
+struct Reply {
+    status: String,
+    flags: Vec<String>,
+    answer: Vec<Rr>,
+    authority: Vec<Rr>,
+    query_ms: Option<u64>,
+    raw: String,
+}
+
+impl Reply {
+    fn has_flag(&self, flag: &str) -> bool {
+        self.flags.iter().any(|f| f == flag)
+    }
+
+    /// The data of the answer records of type `rtype`.
+    fn answers(&self, rtype: &str) -> Vec<String> {
+        self.answer
+            .iter()
+            .filter(|r| r.rtype == rtype)
+            .map(|r| r.data.clone())
+            .collect()
+    }
+}
+
+/// Parses dig's and kdig's default output (their formats differ in
+/// separators: `status: X,` vs `status: X;`, `flags:` vs `Flags:`).
+/// `None` when no response was printed (a timeout, say).
+fn parse_reply(raw: &str) -> Option<Reply> {
+    // dig prints the header of a truncated UDP answer, then the TCP one;
+    // the last response printed is the one that counts.
+    let start = raw.rfind("->>HEADER<<-")?;
+    let text = &raw[start..];
+    let field_end = |s: &str| {
+        s.split([',', ';', ' ', '\n'])
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let status = field_end(text.split_once("status: ")?.1.trim_start());
+    let flags_line = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(";; flags:")
+                .or_else(|| l.strip_prefix(";; Flags:"))
+        })
+        .unwrap_or_default();
+    let flags = flags_line
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    let section = |title: &str| -> Vec<Rr> {
+        let Some((_, rest)) = text.split_once(title) else {
+            return Vec::new();
+        };
+        rest.lines()
+            .skip(1)
+            .take_while(|l| !l.trim().is_empty() && !l.starts_with(";;"))
+            .filter(|l| !l.starts_with(';'))
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let name = f.next()?.to_owned();
+                let ttl = f.next()?.parse().ok()?;
+                let _class = f.next()?;
+                let rtype = f.next()?.to_owned();
+                let data = f.collect::<Vec<_>>().join(" ");
+                Some(Rr {
+                    name,
+                    ttl,
+                    rtype,
+                    data,
+                })
+            })
+            .collect()
+    };
+    let query_ms = text
+        .split_once(";; Query time: ")
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok());
+    Some(Reply {
+        status,
+        flags,
+        answer: section(";; ANSWER SECTION:"),
+        authority: section(";; AUTHORITY SECTION:"),
+        query_ms,
+        raw: raw.to_owned(),
+    })
+}
+
+/// Runs a dig or kdig command; `None` if it printed no response.
+fn ask(mut cmd: Command) -> Option<Reply> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    parse_reply(&text)
+}
+
+fn dig_bin() -> PathBuf {
+    tool("dig", "bind9-dnsutils")
+}
+
+fn kdig_bin() -> PathBuf {
+    tool("kdig", "knot-dnsutils")
+}
+
+/// `dig @server -p port <args>`, one try of at most `wait_secs`.
+fn dig_cmd(mut cmd: Command, server: SocketAddr, wait_secs: u32, args: &[&str]) -> Command {
+    cmd.arg(format!("@{}", server.ip()))
+        .args(["-p", &server.port().to_string()])
+        .arg(format!("+time={wait_secs}"))
+        .arg("+tries=1")
+        .args(args);
+    cmd
+}
+
+fn dig(server: SocketAddr, args: &[&str]) -> Option<Reply> {
+    ask(dig_cmd(Command::new(dig_bin()), server, 3, args))
+}
+
+/// dig that must print a response.
+fn dig_ok(server: SocketAddr, args: &[&str]) -> Reply {
+    dig(server, args)
+        .unwrap_or_else(|| panic!("dig @{server} {args:?} printed no response (timed out?)"))
+}
+
+fn kdig_ok(server: SocketAddr, args: &[&str]) -> Reply {
+    let mut cmd = Command::new(kdig_bin());
+    cmd.arg(format!("@{}", server.ip()))
+        .args(["-p", &server.port().to_string()])
+        .args(["+timeout=3", "+retry=0"])
+        .args(args);
+    ask(cmd).unwrap_or_else(|| panic!("kdig @{server} {args:?} printed no response"))
+}
+
+// ------------------------------------------------------------- the server
+
+/// A running `causeway dns` (or `causeway appliance`) on loopback.
+/// Fields drop in order: the server, then its files.
+struct Server {
+    app: Appliance,
+    dns: SocketAddr,
+    _dir: TempDir,
+}
+
+impl Server {
+    /// `causeway dns` serving the cluster zone on 127.0.0.1:<free port>.
+    /// `dns_extra` is more of the `dns:` block, each line indented by two.
+    fn dns(dns_extra: &str) -> Server {
+        let dir = tempdir();
+        let dns = SocketAddr::from((Ipv4Addr::LOCALHOST, free_dns_port(Ipv4Addr::LOCALHOST)));
+        let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, support::free_tcp_port()));
+        let config = format!(
+            r#"log: {{level: info}}
+admin: {{listen: "{admin}"}}
+cluster: {{name: hc1, baseDomain: example.test}}
+dns:
+  listen: ["{dns}"]
+  proxyAddress: {PROXY}
+  ingressAddress: {INGRESS}
+{dns_extra}"#
+        );
+        Server::start("dns", dir, dns, admin, &config)
+    }
+
+    fn start(
+        subcommand: &str,
+        dir: TempDir,
+        dns: SocketAddr,
+        admin: SocketAddr,
+        config: &str,
+    ) -> Server {
+        let path = dir.path().join("causeway.yaml");
+        fs::write(&path, config).unwrap();
+        let proc = Proc::spawn(
+            "causeway",
+            dir.path(),
+            Command::new(causeway_bin())
+                .args([subcommand, "--config"])
+                .arg(&path),
+        );
+        let mut app = Appliance {
+            proc,
+            config: path,
+            admin: AdminAt::Host(admin),
+        };
+        app.wait_ready();
+        Server {
+            app,
+            dns,
+            _dir: dir,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.app.proc.pid()
+    }
+
+    /// One sample; an absent sample (a counter never incremented) is 0.
+    fn sample(&self, sample: &str) -> f64 {
+        metric(&self.app.metrics(), sample).unwrap_or(0.0)
+    }
+
+    fn describe(&self) -> String {
+        self.app.proc.describe()
+    }
+}
+
+/// A UDP socket on loopback that never reads: an upstream that swallows
+/// every query.
+struct Blackhole {
+    socket: UdpSocket,
+}
+
+impl Blackhole {
+    fn new() -> Blackhole {
+        Blackhole {
+            socket: UdpSocket::bind("127.0.0.1:0").expect("binding the blackhole socket"),
+        }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.socket.local_addr().unwrap()
+    }
+}
+
+/// dnsmasq as the upstream: answers `www.example.net` from its config
+/// with the given TTL, on 127.0.0.<n>:<high port>, nothing else.
+struct Dnsmasq {
+    proc: Proc,
+    addr: SocketAddr,
+    // Holds the log and pid file until after the process is gone.
+    _dir: TempDir,
+}
+
+impl Dnsmasq {
+    fn start(ttl: u32) -> Dnsmasq {
+        let dir = tempdir();
+        let ip = Ipv4Addr::new(127, 0, 0, 53);
+        let addr = SocketAddr::from((ip, free_dns_port(ip)));
+        let mut cmd = Command::new(tool("dnsmasq", "dnsmasq-base"));
+        cmd.args([
+            "--keep-in-foreground",
+            "--conf-file=/dev/null",
+            "--no-resolv",
+            "--no-hosts",
+            "--no-poll",
+            "--bind-interfaces",
+            "--log-facility=-",
+            "--log-queries",
+        ])
+        .arg(format!("--listen-address={ip}"))
+        .arg(format!("--port={}", addr.port()))
+        .arg(format!("--local-ttl={ttl}"))
+        .arg(format!("--address=/www.example.net/{UPSTREAM_ANSWER}"))
+        .arg(format!("--pid-file={}", dir.path().join("pid").display()));
+        if support::is_root() {
+            cmd.arg("--user=nobody");
+        }
+        let mut proc = Proc::spawn("dnsmasq", dir.path(), &mut cmd);
+        let started = poll_until(DEADLINE, || {
+            if proc.try_status().is_some() {
+                return Some(false);
+            }
+            dig(addr, &["www.example.net", "A"])
+                .filter(|r| r.answers("A") == [UPSTREAM_ANSWER])
+                .map(|_| true)
+        });
+        assert!(
+            started == Some(true),
+            "dnsmasq did not answer on {addr}\n{}",
+            proc.describe()
+        );
+        Dnsmasq {
+            proc,
+            addr,
+            _dir: dir,
+        }
+    }
+}
+
+// ------------------------------------------------------------------ tests
+
+#[test]
+fn vlan_and_other_clients_get_different_answers_for_api() {
+    if !root_or_skip("vlan_and_other_clients_get_different_answers_for_api") {
+        return;
+    }
+    let dir = tempdir();
+    let srv = Netns::new("dnssrv");
+    let vlan = Netns::new("dnsvlan");
+    let mgmt = Netns::new("dnsmgmt");
+    srv.veth_to("cw-vlan0", None, &vlan, "cw-cli0", None);
+    srv.veth_to("cw-mgmt0", None, &mgmt, "cw-cli0", None);
+    srv.ip(&["addr", "add", "192.168.100.2/24", "dev", "cw-vlan0"]);
+    srv.ip(&["addr", "add", "10.50.0.2/24", "dev", "cw-mgmt0"]);
+    vlan.ip(&["addr", "add", "192.168.100.10/24", "dev", "cw-cli0"]);
+    mgmt.ip(&["addr", "add", "10.50.0.10/24", "dev", "cw-cli0"]);
+
+    let admin_port = 9090;
+    let config = dir.path().join("causeway.yaml");
+    fs::write(
+        &config,
+        format!(
+            r#"log: {{level: debug}}
+admin: {{listen: "127.0.0.1:{admin_port}"}}
+cluster: {{name: hc1, baseDomain: example.test}}
+network:
+  interface: cw-vlan0
+  cidr: 192.168.100.0/24
+  gateway: 192.168.100.1
+  address: 192.168.100.2
+dns:
+  listen: ["192.168.100.2:53", "10.50.0.2:53"]
+  # Inside the server's namespace, where nothing listens.
+  upstreams: ["127.0.0.1:9"]
+  views:
+    - name: vlan
+      clients: [192.168.100.0/24]
+    - name: mgmt
+      clients: [10.50.0.0/24]
+      proxyAddress: 172.30.0.10
+"#
+        ),
+    )
+    .unwrap();
+    let proc = Proc::spawn(
+        "causeway",
+        dir.path(),
+        srv.command(causeway_bin())
+            .args(["dns", "--config"])
+            .arg(&config),
+    );
+    let mut server = Appliance {
+        proc,
+        config,
+        admin: AdminAt::Netns {
+            ns: srv.name().to_owned(),
+            port: admin_port,
+        },
+    };
+    server.wait_ready();
+
+    let api = fqdn("api");
+    let ask_from = |ns: &Netns, server_ip: [u8; 4]| -> Reply {
+        let addr = SocketAddr::from((server_ip, 53));
+        wait_for(
+            &format!("an answer for {api} from {}", ns.name()),
+            DEADLINE,
+            || ask(dig_cmd(ns.command(dig_bin()), addr, 2, &[&api, "A"])),
+            || server.proc.describe(),
+        )
+    };
+    let from_vlan = ask_from(&vlan, [192, 168, 100, 2]);
+    let from_mgmt = ask_from(&mgmt, [10, 50, 0, 2]);
+    for (who, reply, want) in [
+        ("vlan", &from_vlan, "192.168.100.2"),
+        ("mgmt", &from_mgmt, "172.30.0.10"),
+    ] {
+        assert_eq!(reply.status, "NOERROR", "{who}: {}", reply.raw);
+        assert_eq!(reply.answers("A"), [want], "{who}: {}", reply.raw);
+        assert!(reply.has_flag("aa"), "{who}: {}", reply.raw);
+    }
+    let metrics = server.metrics();
+    for view in ["vlan", "mgmt"] {
+        let sample =
+            format!(r#"causeway_dns_queries_total{{qtype="A",rcode="NOERROR",view="{view}"}}"#);
+        assert!(
+            metric(&metrics, &sample).is_some_and(|v| v >= 1.0),
+            "no {sample} in:\n{metrics}"
+        );
+    }
+    server.stop();
+}
+
+#[test]
+fn apps_wildcard_matches_any_depth() {
+    let server = Server::dns("  upstreams: [\"127.0.0.1:9\"]\n");
+    for name in ["x.apps", "a.b.c.apps", "console-openshift-console.apps"] {
+        let q = fqdn(name);
+        let reply = kdig_ok(server.dns, &[&q, "A"]);
+        assert_eq!(reply.status, "NOERROR", "{q}: {}", reply.raw);
+        assert_eq!(reply.answers("A"), [INGRESS], "{q}: {}", reply.raw);
+        // The synthesized record carries the name asked, not the wildcard.
+        assert_eq!(reply.answer[0].name, format!("{q}."), "{}", reply.raw);
+        assert!(reply.has_flag("aa"), "{q}: {}", reply.raw);
+    }
+    // The wildcard is for names under apps only.
+    let api = kdig_ok(server.dns, &[&fqdn("api"), "A"]);
+    assert_eq!(api.answers("A"), [PROXY], "{}", api.raw);
+}
+
+#[test]
+fn nxdomain_and_nodata_come_back_correctly() {
+    let server = Server::dns("  upstreams: [\"127.0.0.1:9\"]\n");
+    let soa_of_zone = |r: &Reply| {
+        r.authority
+            .iter()
+            .any(|rr| rr.rtype == "SOA" && rr.name == format!("{ZONE}."))
+    };
+
+    let missing = fqdn("no-such-host");
+    let nx = dig_ok(server.dns, &[&missing, "A"]);
+    assert_eq!(nx.status, "NXDOMAIN", "{}", nx.raw);
+    assert!(nx.answer.is_empty(), "{}", nx.raw);
+    assert!(
+        soa_of_zone(&nx),
+        "no SOA of {ZONE} in authority: {}",
+        nx.raw
+    );
+    assert!(nx.has_flag("aa"), "NXDOMAIN without aa: {}", nx.raw);
+
+    let nodata = dig_ok(server.dns, &[&fqdn("api"), "AAAA"]);
+    assert_eq!(nodata.status, "NOERROR", "{}", nodata.raw);
+    assert!(nodata.answer.is_empty(), "{}", nodata.raw);
+    assert!(
+        soa_of_zone(&nodata),
+        "no SOA of {ZONE} in authority: {}",
+        nodata.raw
+    );
+    assert!(nodata.has_flag("aa"), "NODATA without aa: {}", nodata.raw);
+}
+
+#[test]
+fn tcp_works_and_truncated_udp_falls_back_to_tcp() {
+    // Four TXT strings of 200 bytes: about 850 bytes of answer, more than
+    // the 512 a client without EDNS accepts over UDP.
+    let texts: Vec<String> = ["a", "b", "c", "d"].iter().map(|c| c.repeat(200)).collect();
+    let mut extra = String::from("  upstreams: [\"127.0.0.1:9\"]\n  records:\n");
+    for t in &texts {
+        extra.push_str(&format!("    - {{name: big, type: TXT, value: {t}}}\n"));
+    }
+    let server = Server::dns(&extra);
+    let big = fqdn("big");
+    let quoted: Vec<String> = texts.iter().map(|t| format!("\"{t}\"")).collect();
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+
+    let api = dig_ok(server.dns, &["+tcp", &fqdn("api"), "A"]);
+    assert_eq!(api.status, "NOERROR", "{}", api.raw);
+    assert_eq!(api.answers("A"), [PROXY], "{}", api.raw);
+    assert!(api.raw.contains("(TCP)"), "not over TCP: {}", api.raw);
+
+    let over_tcp = dig_ok(server.dns, &["+tcp", &big, "TXT"]);
+    assert_eq!(sorted(over_tcp.answers("TXT")), quoted, "{}", over_tcp.raw);
+
+    let truncated = dig_ok(server.dns, &["+noedns", "+ignore", &big, "TXT"]);
+    assert!(
+        truncated.has_flag("tc"),
+        "an {}-byte answer over UDP without EDNS must set tc: {}",
+        texts.len() * 200,
+        truncated.raw
+    );
+    assert!(!truncated.raw.contains("(TCP)"), "{}", truncated.raw);
+
+    let fell_back = dig_ok(server.dns, &["+noedns", &big, "TXT"]);
+    assert!(
+        fell_back.raw.contains("Truncated, retrying in TCP mode"),
+        "dig did not get a truncated UDP answer first: {}",
+        fell_back.raw
+    );
+    assert_eq!(fell_back.status, "NOERROR", "{}", fell_back.raw);
+    assert!(!fell_back.has_flag("tc"), "{}", fell_back.raw);
+    assert_eq!(
+        sorted(fell_back.answers("TXT")),
+        quoted,
+        "{}",
+        fell_back.raw
+    );
+}
+
+#[test]
+fn forwarded_names_resolve_through_a_local_upstream_and_are_cached() {
+    let upstream = Dnsmasq::start(300);
+    let server = Server::dns(&format!("  upstreams: [\"{}\"]\n", upstream.addr));
+    let hit = r#"causeway_dns_cache_total{result="hit"}"#;
+    let miss = r#"causeway_dns_cache_total{result="miss"}"#;
+
+    let first = dig_ok(server.dns, &["www.example.net", "A"]);
+    assert_eq!(
+        first.status,
+        "NOERROR",
+        "{}\n{}",
+        first.raw,
+        server.describe()
+    );
+    assert_eq!(first.answers("A"), [UPSTREAM_ANSWER], "{}", first.raw);
+    assert!(first.has_flag("ra"), "{}", first.raw);
+    let (hits, misses) = (server.sample(hit), server.sample(miss));
+    assert!(misses >= 1.0, "the first query was not a miss");
+
+    let second = dig_ok(server.dns, &["www.example.net", "A"]);
+    assert_eq!(second.answers("A"), [UPSTREAM_ANSWER], "{}", second.raw);
+    assert!(
+        second.answer[0].ttl <= 300 && second.answer[0].ttl > 0,
+        "{}",
+        second.raw
+    );
+    assert!(
+        server.sample(hit) >= hits + 1.0,
+        "the second query was not a cache hit ({hit} stayed at {hits})"
+    );
+    assert_eq!(
+        server.sample(miss),
+        misses,
+        "the second query went upstream"
+    );
+}
+
+#[test]
+fn dead_upstream_gives_servfail_within_the_timeout() {
+    let dead = Blackhole::new();
+    let server = Server::dns(&format!(
+        "  upstreams: [\"{}\"]\n  upstreamTimeout: 1s\n",
+        dead.addr()
+    ));
+    let started = Instant::now();
+    let reply = ask(dig_cmd(
+        Command::new(dig_bin()),
+        server.dns,
+        5,
+        &["www.example.net", "A"],
+    ))
+    .expect("no answer within dig's 5 s: the server must SERVFAIL after upstreamTimeout");
+    let took = started.elapsed();
+    assert_eq!(reply.status, "SERVFAIL", "{}", reply.raw);
+    let ms = reply.query_ms.expect("dig reports the query time");
+    assert!(ms < 2500, "SERVFAIL after {ms} ms, upstreamTimeout is 1 s");
+    assert!(took < Duration::from_millis(3500), "dig took {took:?}");
+    let errors = format!(
+        r#"causeway_dns_upstream_errors_total{{reason="timeout",upstream="{}"}}"#,
+        dead.addr()
+    );
+    assert!(server.sample(&errors) >= 1.0, "{errors} not counted");
+}
+
+#[test]
+fn stale_answer_when_every_upstream_fails() {
+    let mut upstream = Dnsmasq::start(1);
+    let server = Server::dns(&format!(
+        "  upstreams: [\"{}\"]\n  upstreamTimeout: 1s\n",
+        upstream.addr
+    ));
+    let fresh = dig_ok(server.dns, &["www.example.net", "A"]);
+    assert_eq!(fresh.answers("A"), [UPSTREAM_ANSWER], "{}", fresh.raw);
+    assert!(fresh.answer[0].ttl <= 1, "{}", fresh.raw);
+
+    upstream.proc.kill9();
+    let mut last = None;
+    let stale = poll_until(DEADLINE, || {
+        let r = dig(server.dns, &["www.example.net", "A"]);
+        last.clone_from(&r);
+        r.filter(|r| r.status == "NOERROR" && r.answer.first().is_some_and(|a| a.ttl == 30))
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "no stale answer (NOERROR, TTL 30) within {DEADLINE:?}; last: {last:#?}\n{}",
+            server.describe()
+        )
+    });
+    assert_eq!(stale.answers("A"), [UPSTREAM_ANSWER], "{}", stale.raw);
+    assert!(
+        server.sample(r#"causeway_dns_cache_total{result="stale"}"#) >= 1.0,
+        "a stale answer was served but not counted"
+    );
+}
+
+/// A DNS query for `name`/A with RD set.
+fn query_packet(id: u16, name: &str) -> Vec<u8> {
+    let mut p = Vec::with_capacity(64);
+    p.extend_from_slice(&id.to_be_bytes());
+    p.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
+    for label in name.split('.').filter(|l| !l.is_empty()) {
+        p.push(u8::try_from(label.len()).unwrap());
+        p.extend_from_slice(label.as_bytes());
+    }
+    p.extend_from_slice(&[0, 0, 1, 0, 1]);
+    p
+}
+
+fn vm_rss_kib(pid: u32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS for pid {pid}"))
+}
+
+#[test]
+fn memory_stays_bounded_when_the_upstream_blackholes() {
+    const QUERIES: u16 = 20_000;
+    const MAX_IN_FLIGHT: f64 = 100.0;
+    const RSS_LIMIT_KIB: u64 = 64 * 1024;
+    let hole = Blackhole::new();
+    let server = Server::dns(&format!(
+        "  upstreams: [\"{}\"]\n  maxUpstreamInFlight: 100\n  upstreamTimeout: 2s\n",
+        hole.addr()
+    ));
+    let in_flight = "causeway_dns_upstream_in_flight";
+    let rss_before = vm_rss_kib(server.pid());
+
+    let target = server.dns;
+    let flood = std::thread::spawn(move || {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let stop = Instant::now() + Duration::from_secs(3);
+        let mut sent = 0u32;
+        for i in 0..QUERIES {
+            if Instant::now() > stop {
+                break;
+            }
+            let name = format!("n{i}.flood.example.net");
+            if s.send_to(&query_packet(i, &name), target).is_ok() {
+                sent += 1;
+            }
+        }
+        sent
+    });
+    // Sample while the flood runs and until the upstream queries time out.
+    let mut max_in_flight = 0.0f64;
+    let mut max_rss = rss_before;
+    let mut samples = 0;
+    let watch_until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < watch_until {
+        max_in_flight = max_in_flight.max(server.sample(in_flight));
+        max_rss = max_rss.max(vm_rss_kib(server.pid()));
+        samples += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let sent = flood.join().unwrap();
+    assert!(sent >= u32::from(QUERIES) / 2, "only {sent} queries sent");
+    // Every upstream query ends by upstreamTimeout.
+    wait_for(
+        "the upstream queries to time out",
+        DEADLINE,
+        || (server.sample(in_flight) == 0.0).then_some(()),
+        || server.describe(),
+    );
+    max_rss = max_rss.max(vm_rss_kib(server.pid()));
+
+    assert!(
+        max_in_flight > 0.0,
+        "{in_flight} never rose in {samples} samples: the flood did not reach the upstream"
+    );
+    assert!(
+        max_in_flight <= MAX_IN_FLIGHT,
+        "{in_flight} reached {max_in_flight}, maxUpstreamInFlight is {MAX_IN_FLIGHT}"
+    );
+    assert!(
+        max_rss < RSS_LIMIT_KIB,
+        "VmRSS rose from {rss_before} KiB to {max_rss} KiB (limit {RSS_LIMIT_KIB} KiB)"
+    );
+    let api = dig_ok(server.dns, &[&fqdn("api"), "A"]);
+    assert_eq!(api.status, "NOERROR", "{}", api.raw);
+    assert_eq!(api.answers("A"), [PROXY], "{}", api.raw);
+    eprintln!("flood: {sent} queries, VmRSS {rss_before} -> max {max_rss} KiB, in flight max {max_in_flight}");
+}
+
+#[test]
+fn clients_outside_the_allowed_cidrs_get_refused() {
+    // A dead upstream: were the query forwarded, it would SERVFAIL, not
+    // be refused.
+    let dead = Blackhole::new();
+    let server = Server::dns(&format!(
+        "  upstreams: [\"{}\"]\n  upstreamTimeout: 1s\n  recursionClients: [10.0.0.0/8]\n",
+        dead.addr()
+    ));
+    let refused = dig_ok(server.dns, &["www.example.net", "A"]);
+    assert_eq!(refused.status, "REFUSED", "{}", refused.raw);
+    assert!(refused.answer.is_empty(), "{}", refused.raw);
+    assert!(
+        !refused.has_flag("ra"),
+        "recursion is not available to this client: {}",
+        refused.raw
+    );
+
+    let api = dig_ok(server.dns, &[&fqdn("api"), "A"]);
+    assert_eq!(api.status, "NOERROR", "{}", api.raw);
+    assert_eq!(api.answers("A"), [PROXY], "{}", api.raw);
+    assert!(api.has_flag("aa"), "{}", api.raw);
+    assert_eq!(
+        server.sample(r#"causeway_dns_cache_total{result="miss"}"#),
+        0.0,
+        "a refused query reached the forwarder"
+    );
+}
+
+// ------------------------------------------------------- DHCP names in DNS
+
+/// A DHCP relay agent on loopback, as appliance_loopback.rs drives one.
+struct Relay {
+    socket: UdpSocket,
+    server: SocketAddr,
+    xid: u32,
+}
+
+impl Relay {
+    fn new(server: SocketAddr) -> Relay {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        Relay {
+            socket,
+            server,
+            xid: 0x0cau32 << 16,
+        }
+    }
+
+    fn message(&mut self, kind: MessageType, mac: [u8; 6], extra: &[DhcpOption]) -> Message {
+        self.xid += 1;
+        let mut m = Message::default();
+        m.set_opcode(Opcode::BootRequest)
+            .set_xid(self.xid)
+            .set_chaddr(&mac);
+        m.opts_mut().insert(DhcpOption::MessageType(kind));
+        for o in extra {
+            m.opts_mut().insert(o.clone());
+        }
+        m
+    }
+
+    fn send(&self, m: &Message) {
+        self.socket
+            .send_to(&m.to_vec().unwrap(), self.server)
+            .unwrap();
+    }
+
+    fn exchange(&mut self, kind: MessageType, mac: [u8; 6], extra: &[DhcpOption]) -> Message {
+        let mut m = self.message(kind, mac, extra);
+        m.set_giaddr(Ipv4Addr::LOCALHOST).set_hops(1);
+        self.send(&m);
+        let mut buf = [0u8; 1500];
+        loop {
+            let (n, _) = self
+                .socket
+                .recv_from(&mut buf)
+                .expect("no DHCP reply within 2 s");
+            let reply = Message::decode(&mut Decoder::new(&buf[..n])).unwrap();
+            if reply.xid() == self.xid {
+                return reply;
+            }
+        }
+    }
+
+    fn dora(&mut self, mac: [u8; 6], hostname: &str) -> Ipv4Addr {
+        let host = DhcpOption::Hostname(hostname.to_owned());
+        let offer = self.exchange(MessageType::Discover, mac, std::slice::from_ref(&host));
+        assert_eq!(offer.opts().msg_type(), Some(MessageType::Offer));
+        let ack = self.exchange(
+            MessageType::Request,
+            mac,
+            &[
+                host,
+                DhcpOption::ServerIdentifier(Ipv4Addr::LOCALHOST),
+                DhcpOption::RequestedIpAddress(offer.yiaddr()),
+            ],
+        );
+        assert_eq!(ack.opts().msg_type(), Some(MessageType::Ack));
+        ack.yiaddr()
+    }
+
+    /// A client's RELEASE: unicast to the server id, ciaddr set, no reply.
+    fn release(&mut self, mac: [u8; 6], ip: Ipv4Addr) {
+        let mut m = self.message(
+            MessageType::Release,
+            mac,
+            &[DhcpOption::ServerIdentifier(Ipv4Addr::LOCALHOST)],
+        );
+        m.set_ciaddr(ip);
+        self.send(&m);
+    }
+}
+
+fn reverse_of(ip: Ipv4Addr) -> String {
+    let o = ip.octets();
+    format!("{}.{}.{}.{}.in-addr.arpa.", o[3], o[2], o[1], o[0])
+}
+
+#[test]
+fn dhcp_names_resolve_and_stop_after_release() {
+    let dir = tempdir();
+    let dead = Blackhole::new();
+    let dns = SocketAddr::from((Ipv4Addr::LOCALHOST, free_dns_port(Ipv4Addr::LOCALHOST)));
+    let dhcp = SocketAddr::from((Ipv4Addr::LOCALHOST, support::free_udp_port()));
+    let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, support::free_tcp_port()));
+    let config = format!(
+        r#"log: {{level: info}}
+admin: {{listen: "{admin}"}}
+cluster: {{name: hc1, baseDomain: example.test}}
+# The VLAN is never configured on this host: it gives DNS its reverse zone.
+network:
+  cidr: 10.9.0.0/24
+  gateway: 10.9.0.1
+  address: 10.9.0.2
+dhcp:
+  listen: [{{address: "{dhcp}"}}]
+  leaseFile: {leases}
+  subnets:
+    - cidr: 10.9.0.0/24
+      relayAddresses: [127.0.0.1]
+      serverId: 127.0.0.1
+      pools: [{{start: 10.9.0.100, end: 10.9.0.150}}]
+dns:
+  listen: ["{dns}"]
+  upstreams: ["{upstream}"]
+  upstreamTimeout: 1s
+"#,
+        leases = dir.path().join("leases.jsonl").display(),
+        upstream = dead.addr(),
+    );
+    let server = Server::start("appliance", dir, dns, admin, &config);
+    let name = fqdn("vm-7");
+    let name_dot = format!("{name}.");
+
+    let mut relay = Relay::new(dhcp);
+    let mac = [0x52, 0x54, 0x00, 0x0c, 0x00, 0x07];
+    let ip = relay.dora(mac, "vm-7");
+    let ip_text = ip.to_string();
+
+    let forward = wait_for(
+        &format!("{name} to resolve"),
+        DEADLINE,
+        || dig(dns, &[&name, "A"]).filter(|r| r.status == "NOERROR" && !r.answer.is_empty()),
+        || server.describe(),
+    );
+    assert_eq!(forward.answers("A"), [ip_text.as_str()], "{}", forward.raw);
+    assert!(forward.has_flag("aa"), "{}", forward.raw);
+
+    let reverse = dig_ok(dns, &["-x", &ip_text]);
+    assert_eq!(reverse.status, "NOERROR", "{}", reverse.raw);
+    assert_eq!(reverse.answer[0].name, reverse_of(ip), "{}", reverse.raw);
+    assert_eq!(
+        reverse.answers("PTR"),
+        [name_dot.as_str()],
+        "{}",
+        reverse.raw
+    );
+
+    relay.release(mac, ip);
+    let mut last = None;
+    poll_until(DEADLINE, || {
+        let r = dig(dns, &[&name, "A"]);
+        last.clone_from(&r);
+        r.filter(|r| r.status == "NXDOMAIN")
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "{name} still resolves {DEADLINE:?} after RELEASE; last: {last:#?}\n{}",
+            server.describe()
+        )
+    });
+    let reverse = dig_ok(dns, &["-x", &ip_text]);
+    assert_eq!(
+        reverse.status, "NXDOMAIN",
+        "the PTR outlived the release: {}",
+        reverse.raw
+    );
+    server.app.stop();
+}
