@@ -69,10 +69,13 @@ fn main() -> ExitCode {
 fn check(path: &std::path::Path) -> ExitCode {
     match causeway_config::Config::load(path) {
         Ok(cfg) => {
-            let services: Vec<&str> = [cfg.dhcp.as_ref().map(|_| "dhcp")]
-                .into_iter()
-                .flatten()
-                .collect();
+            let services: Vec<&str> = [
+                cfg.dhcp.as_ref().map(|_| "dhcp"),
+                cfg.dns.as_ref().map(|_| "dns"),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
             println!(
                 "{}: valid; services: {}",
                 path.display(),

@@ -28,7 +28,7 @@ fn check_accepts_the_examples() {
             "{example}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(String::from_utf8_lossy(&out.stdout).contains("valid; services: dhcp"));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("valid; services: dhcp, dns"));
     }
 }
 
