@@ -1,8 +1,9 @@
 // Entry point of `causeway-bench`: load generators for causeway's services
 // that also work against other implementations, so numbers are comparable.
-// Each protocol is a subcommand; `dns` and `proxy` will join `dhcp`.
+// Each protocol is a subcommand; `proxy` will join `dhcp` and `dns`.
 
 mod dhcp;
+mod dns;
 mod stats;
 
 use clap::{Parser, Subcommand};
@@ -11,7 +12,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "causeway-bench",
     version,
-    about = "Load generators for DHCP (and later DNS and the proxy), against causeway or any peer"
+    about = "Load generators for DHCP and DNS (and later the proxy), against causeway or any peer"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -23,18 +24,21 @@ enum Command {
     /// DHCPv4 DORA load against any DHCPv4 server (causeway, Kea, ISC
     /// dhcpd, dnsmasq), in relay mode by default
     Dhcp(dhcp::DhcpArgs),
+    /// DNS query load (dnsperf-like) against any resolver (causeway,
+    /// unbound, knot-resolver, dnsmasq): throughput, losses, latency and
+    /// the rcode mix
+    Dns(dns::DnsArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // One thread is plenty for each bench's single event loop and leaves
+    // the other cores to the server under test.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     match cli.command {
-        Command::Dhcp(args) => {
-            // One thread is plenty for the bench's single event loop and
-            // leaves the other cores to the server under test.
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            rt.block_on(dhcp::run(args))
-        }
+        Command::Dhcp(args) => rt.block_on(dhcp::run(args)),
+        Command::Dns(args) => rt.block_on(dns::run(args)),
     }
 }

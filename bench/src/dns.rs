@@ -1,0 +1,844 @@
+// `causeway-bench dns`: a DNS query load generator in the spirit of
+// dnsperf, for causeway or any other resolver. It keeps up to
+// --max-outstanding queries in flight over one or more connected UDP
+// sockets, matches responses by (socket, ID) and the echoed question, and
+// reports throughput, losses, latency and the rcode mix. Packets are built
+// in `wire`, the query names come from `workload`; this file owns the CLI,
+// the sockets and the event loop.
+
+mod wire;
+mod workload;
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use serde::Serialize;
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::UdpSocket;
+use tokio::time::MissedTickBehavior;
+
+use crate::stats::{self, LatencyRecorder, RateMeter};
+use wire::{QueryFlags, Rcode, MAX_QUERY_LEN};
+use workload::{Mix, Rng, Workload};
+
+/// IDs in flight per socket are kept well below 2^16 so a random pick
+/// finds a free one in a couple of tries.
+const MAX_PER_SOCKET: u32 = 32_768;
+
+#[derive(clap::Args, Debug, Clone)]
+#[command(after_help = "\
+Transport: UDP only (no TCP, DoT or DoH yet).
+
+Query sources:
+  --queries FILE   dnsperf format, one \"name TYPE\" per line (\"api.hc1.example.com A\"),
+                   replayed in order and cycled until --duration / --count.
+  (default)        a generated mix, see --mix: `local` asks the cluster names under --zone
+                   (api, api-int, oauth, ignition, konnectivity and x<hex>.apps, half each);
+                   `cached` cycles h0..h<N-1>.<forward-domain> (N = --cached-names), so after
+                   the first round every one is a cache hit; `miss` asks a unique
+                   m<16 hex>.<forward-domain> each time, never cached. The upstream of the
+                   server under test should answer h<N> and a wildcard under the domain.
+
+Examples:
+  # saturate a resolver with local answers
+  causeway-bench dns --server 127.0.0.11:53 --mix local=100 --duration 10s
+
+  # cached forwarded answers (warm the cache first with a short run)
+  causeway-bench dns --server 127.0.0.12:53 --mix cached=100 --count 200 --json >/dev/null
+  causeway-bench dns --server 127.0.0.12:53 --mix cached=100
+
+  # latency at a fixed 5000 queries/s from a dnsperf query file
+  causeway-bench dns --server 127.0.0.1:53 --queries queries.txt --rate 5000 --json")]
+pub struct DnsArgs {
+    /// Server address:port to query
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:53")]
+    pub server: SocketAddr,
+
+    /// dnsperf-format query file ("name TYPE" per line), cycled; replaces
+    /// the generated --mix
+    #[arg(long, value_name = "FILE")]
+    pub queries: Option<PathBuf>,
+
+    /// Generated query mix when there is no --queries: weights of the
+    /// local, cached and miss classes (see below)
+    #[arg(
+        long,
+        value_name = "CLASS=WEIGHT,...",
+        default_value = "local=70,cached=20,miss=10",
+        conflicts_with = "queries"
+    )]
+    pub mix: Mix,
+
+    /// Local zone of the server under test (the cluster's <name>.<baseDomain>)
+    #[arg(long, value_name = "DOMAIN", default_value = "hc1.example.com")]
+    pub zone: String,
+
+    /// Domain the server forwards upstream, for the cached and miss classes
+    #[arg(long, value_name = "DOMAIN", default_value = "example.net")]
+    pub forward_domain: String,
+
+    /// How many distinct names the cached class cycles through
+    #[arg(long, value_name = "N", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub cached_names: u32,
+
+    /// Queries sent per second; 0 = as fast as --max-outstanding allows
+    #[arg(long, value_name = "PER_SEC", default_value_t = 0)]
+    pub rate: u32,
+
+    /// Queries in flight at once, over all sockets (dnsperf's -q; its
+    /// default is 100)
+    #[arg(long, value_name = "N", default_value_t = 200,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_outstanding: u32,
+
+    /// UDP sockets (source ports) to spread the queries over, each with
+    /// its own 16-bit ID space (dnsperf's -c)
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub sockets: u16,
+
+    /// Stop sending after this long (500ms, 10s, 2m, or seconds)
+    #[arg(long, value_name = "DURATION", default_value = "10s",
+          value_parser = stats::parse_duration)]
+    pub duration: Duration,
+
+    /// Also stop after sending this many queries (whichever comes first)
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+
+    /// A query with no response this long after it was sent is lost
+    #[arg(long, value_name = "DURATION", default_value = "2s",
+          value_parser = stats::parse_duration)]
+    pub timeout: Duration,
+
+    /// Add an EDNS0 OPT record (UDP size 1232) to every query
+    #[arg(long)]
+    pub edns: bool,
+
+    /// Clear the RD (recursion desired) bit; resolvers may then refuse
+    /// forwarded names
+    #[arg(long)]
+    pub no_rd: bool,
+
+    /// Local address to send from (e.g. 127.0.0.5 to test a client ACL)
+    #[arg(long, value_name = "IP")]
+    pub bind: Option<IpAddr>,
+
+    /// Print the final summary as one JSON object on stdout (progress stays
+    /// on stderr)
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    inflight: bool,
+    /// Question hash of the query in flight in this slot.
+    qhash: u64,
+    /// Question hash of the last query that expired in this slot, so its
+    /// response can be told apart ("late") from a stray one.
+    late_hash: u64,
+    sent: Instant,
+    seq: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    /// Invariant once drained: sent == responses + lost.
+    sent: u64,
+    responses: u64,
+    lost: u64,
+    noerror: u64,
+    nodata: u64,
+    nxdomain: u64,
+    servfail: u64,
+    refused: u64,
+    other_rcode: u64,
+    truncated: u64,
+    /// Parsed, but no query in flight on that socket with that ID and
+    /// question.
+    unexpected: u64,
+    /// Did not parse as a DNS response.
+    garbled: u64,
+    /// Matched a query that had already been counted as lost.
+    late: u64,
+    send_errors: u64,
+    recv_errors: u64,
+}
+
+struct Bench {
+    args: DnsArgs,
+    workload: Workload,
+    flags: QueryFlags,
+    sockets: Vec<UdpSocket>,
+    /// Per socket, indexed by query ID.
+    slots: Vec<Vec<Slot>>,
+    inflight: usize,
+    /// Send order == deadline order (fixed timeout), so expiry pops from
+    /// the front.
+    deadlines: VecDeque<(Instant, u16, u16, u64)>,
+    next_socket: usize,
+    poll_from: usize,
+    next_seq: u64,
+    rng: Rng,
+    tokens: f64,
+    last_refill: Instant,
+    c: Counters,
+    lat: LatencyRecorder,
+    start: Instant,
+    stopped_at: Option<Instant>,
+    last_response_at: Option<Instant>,
+    first_send_error: Option<String>,
+    cpu_at_start: Option<f64>,
+    sendbuf: [u8; MAX_QUERY_LEN],
+    /// (length, question hash) of an unsent query left in `sendbuf`.
+    pending: Option<(usize, u64)>,
+}
+
+pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
+    if args.timeout.is_zero() {
+        bail!("--timeout must be greater than zero");
+    }
+    if args.max_outstanding > u32::from(args.sockets) * MAX_PER_SOCKET {
+        bail!(
+            "--max-outstanding {} needs more sockets: at most {MAX_PER_SOCKET} per socket \
+             (16-bit IDs); add --sockets",
+            args.max_outstanding
+        );
+    }
+    let flags = QueryFlags {
+        rd: !args.no_rd,
+        edns: args.edns,
+    };
+    let workload = match &args.queries {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --queries {}", path.display()))?;
+            Workload::from_queries(&text, flags)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+        }
+        None => Workload::generated(
+            &args.mix,
+            &args.zone,
+            &args.forward_domain,
+            args.cached_names,
+            flags,
+        )
+        .map_err(|e| anyhow::anyhow!("--zone/--forward-domain: {e}"))?,
+    };
+    let sockets = (0..args.sockets)
+        .map(|_| open_socket(args.server, args.bind))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let now = Instant::now();
+    let empty = Slot {
+        inflight: false,
+        qhash: 0,
+        late_hash: 0,
+        sent: now,
+        seq: 0,
+    };
+    let mut bench = Bench {
+        slots: vec![vec![empty; 1 << 16]; sockets.len()],
+        sockets,
+        workload,
+        flags,
+        inflight: 0,
+        deadlines: VecDeque::with_capacity(args.max_outstanding as usize),
+        next_socket: 0,
+        poll_from: 0,
+        next_seq: 0,
+        rng: Rng::seeded(),
+        tokens: 1.0,
+        last_refill: now,
+        c: Counters::default(),
+        lat: LatencyRecorder::new(),
+        start: now,
+        stopped_at: None,
+        last_response_at: None,
+        first_send_error: None,
+        cpu_at_start: self_cpu_seconds(),
+        sendbuf: [0; MAX_QUERY_LEN],
+        pending: None,
+        args,
+    };
+    bench.describe_start();
+    bench.event_loop().await?;
+    bench.report()
+}
+
+/// A connected UDP socket: the kernel then drops datagrams from any other
+/// source and send/recv skip the address handling.
+fn open_socket(server: SocketAddr, bind: Option<IpAddr>) -> anyhow::Result<UdpSocket> {
+    let domain = if server.is_ipv4() {
+        Domain::IPV4
+    } else {
+        Domain::IPV6
+    };
+    let sock = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))?;
+    // Best effort: bursts of responses at high rates overflow the default
+    // buffer and would show up as losses that are the bench's fault.
+    let _ = sock.set_recv_buffer_size(8 << 20);
+    let _ = sock.set_send_buffer_size(4 << 20);
+    let local = bind.unwrap_or(if server.is_ipv4() {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+    });
+    sock.bind(&SocketAddr::new(local, 0).into())
+        .with_context(|| format!("binding {local}"))?;
+    sock.connect(&server.into())
+        .with_context(|| format!("connecting to {server}"))?;
+    sock.set_nonblocking(true)?;
+    Ok(UdpSocket::from_std(sock.into())?)
+}
+
+impl Bench {
+    fn describe_start(&self) {
+        let rate = match self.args.rate {
+            0 => "unpaced".to_string(),
+            r => format!("{r}/s"),
+        };
+        eprintln!(
+            "dns bench: {} over UDP ({} socket{}), {rate}, max {} in flight, {:?}{}, timeout {:?}{}{}",
+            self.args.server,
+            self.sockets.len(),
+            if self.sockets.len() == 1 { "" } else { "s" },
+            self.args.max_outstanding,
+            self.args.duration,
+            self.args
+                .count
+                .map(|n| format!(" or {n} queries"))
+                .unwrap_or_default(),
+            self.args.timeout,
+            if self.flags.edns { ", EDNS" } else { "" },
+            if self.flags.rd { "" } else { ", RD clear" },
+        );
+        eprintln!("queries: {}", self.workload.description());
+    }
+
+    async fn event_loop(&mut self) -> anyhow::Result<()> {
+        let mut buf = vec![0u8; 65_535];
+        // 1ms pacing tick: each tick sends however many queries are due,
+        // so high rates need no per-packet sleeps.
+        let mut pace = tokio::time::interval(Duration::from_millis(1));
+        pace.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        let mut sweep = tokio::time::interval(Duration::from_millis(20));
+        sweep.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        let mut progress = tokio::time::interval_at(
+            tokio::time::Instant::now() + Duration::from_secs(1),
+            Duration::from_secs(1),
+        );
+        progress.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        let mut meter = RateMeter::new(self.start);
+        let mut last_cpu = (self.start, self.cpu_at_start);
+        let mut hinted = false;
+        let ctrl_c = tokio::signal::ctrl_c();
+        tokio::pin!(ctrl_c);
+        let mut interrupted = false;
+
+        self.fill();
+        loop {
+            let now = Instant::now();
+            if let Some(stopped) = self.stopped_at {
+                // Everything sent before the stop has expired by
+                // stop + timeout; the margin covers sweep granularity.
+                let hard_end = stopped + self.args.timeout + Duration::from_millis(100);
+                if self.inflight == 0 || now >= hard_end {
+                    break;
+                }
+            }
+            // Biased, rare events first: a steady stream of responses must
+            // not starve the progress line or Ctrl-C. The receive branch
+            // sends new queries itself, so pacing last loses nothing.
+            tokio::select! {
+                biased;
+                res = &mut ctrl_c, if !interrupted => {
+                    interrupted = true;
+                    // Err means no handler could be installed; the run is
+                    // bounded anyway, so carry on.
+                    if res.is_ok() {
+                        eprintln!("interrupted: no new queries, waiting for those in flight");
+                        self.stop(Instant::now());
+                    }
+                }
+                _ = progress.tick() => {
+                    self.print_progress(Instant::now(), &mut meter, &mut last_cpu);
+                    if !hinted && self.c.sent > 0 && self.replies_seen() == 0 {
+                        hinted = true;
+                        eprintln!(
+                            "hint: no responses yet. Is a DNS server listening on {}, and does \
+                             its access control allow our address ({})?",
+                            self.args.server,
+                            self.sockets[0]
+                                .local_addr()
+                                .map(|a| a.ip().to_string())
+                                .unwrap_or_default()
+                        );
+                    }
+                }
+                _ = sweep.tick() => {
+                    self.expire(Instant::now());
+                    self.fill();
+                }
+                idx = self.ready_socket() => {
+                    self.drain(idx, &mut buf);
+                    self.expire(Instant::now());
+                    self.fill();
+                }
+                _ = pace.tick() => self.fill(),
+            }
+        }
+        // Whatever is left past the hard end is lost too.
+        let now = Instant::now();
+        self.expire(now + self.args.timeout + Duration::from_secs(1));
+        if self.stopped_at.is_none() {
+            self.stopped_at = Some(now);
+        }
+        Ok(())
+    }
+
+    /// Index of a socket with data (or an error) to read, polling from a
+    /// rotating start so one busy socket cannot starve the others.
+    fn ready_socket(&self) -> impl std::future::Future<Output = usize> + '_ {
+        let n = self.sockets.len();
+        let from = self.poll_from;
+        std::future::poll_fn(move |cx| {
+            for k in 0..n {
+                let i = (from + k) % n;
+                if self.sockets[i].poll_recv_ready(cx).is_ready() {
+                    return Poll::Ready(i);
+                }
+            }
+            Poll::Pending
+        })
+    }
+
+    /// Reads what is queued on socket `idx`, bounded so the timers still get
+    /// a turn.
+    fn drain(&mut self, idx: usize, buf: &mut [u8]) {
+        self.poll_from = (idx + 1) % self.sockets.len();
+        for _ in 0..1024 {
+            match self.sockets[idx].try_recv(buf) {
+                Ok(n) => self.on_datagram(idx, &buf[..n], Instant::now()),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    self.recv_failed(&e);
+                    break;
+                }
+            }
+        }
+    }
+
+    fn replies_seen(&self) -> u64 {
+        self.c.responses + self.c.garbled + self.c.unexpected + self.c.late
+    }
+
+    /// Transient errors (ICMP port unreachable on a connected socket turns
+    /// into ECONNREFUSED) must not end the run; the queries simply time
+    /// out. Reported once, counted always.
+    fn recv_failed(&mut self, e: &std::io::Error) {
+        if self.c.recv_errors == 0 {
+            eprintln!("warning: recv error: {e}");
+        }
+        self.c.recv_errors += 1;
+    }
+
+    fn stop(&mut self, now: Instant) {
+        if self.stopped_at.is_none() {
+            self.stopped_at = Some(now);
+        }
+    }
+
+    /// Sends every query that is due: bounded by the token bucket (with
+    /// --rate), --max-outstanding and --count.
+    fn fill(&mut self) {
+        if self.stopped_at.is_some() {
+            return;
+        }
+        let now = Instant::now();
+        let limit_hit = self.args.count.is_some_and(|n| self.c.sent >= n);
+        if now.saturating_duration_since(self.start) >= self.args.duration || limit_hit {
+            self.stop(now);
+            return;
+        }
+        let mut budget = (self.args.max_outstanding as usize).saturating_sub(self.inflight);
+        if let Some(n) = self.args.count {
+            budget = budget.min(usize::try_from(n - self.c.sent).unwrap_or(usize::MAX));
+        }
+        if self.args.rate > 0 {
+            let rate = f64::from(self.args.rate);
+            let dt = now
+                .saturating_duration_since(self.last_refill)
+                .as_secs_f64();
+            self.last_refill = now;
+            // Cap at 20ms of credit: after a stall we resume at the target
+            // rate rather than bursting to catch up, which would distort
+            // latency.
+            self.tokens = (self.tokens + dt * rate).min((rate * 0.02).max(1.0));
+            budget = budget.min(self.tokens as usize);
+        }
+        for _ in 0..budget {
+            if !self.send_one() {
+                break;
+            }
+            if self.args.rate > 0 {
+                self.tokens -= 1.0;
+            }
+        }
+    }
+
+    /// Sends one query; false when the socket cannot take more right now
+    /// (or failed), so the caller stops this round.
+    fn send_one(&mut self) -> bool {
+        let s = self.next_socket;
+        self.next_socket = (s + 1) % self.sockets.len();
+        let slots = &self.slots[s];
+        let mut id = self.rng.next_u16();
+        while slots[usize::from(id)].inflight {
+            id = self.rng.next_u16();
+        }
+        // A query the socket refused last time goes first, so a query file
+        // is replayed without gaps.
+        let (len, qhash) = match self.pending.take() {
+            Some(p) => p,
+            None => self.workload.next_query(&mut self.rng, &mut self.sendbuf),
+        };
+        wire::set_id(&mut self.sendbuf, id);
+        let sent = Instant::now();
+        match self.sockets[s].try_send(&self.sendbuf[..len]) {
+            Ok(_) => {}
+            // Send buffer full: try again on the next tick or response.
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                self.pending = Some((len, qhash));
+                return false;
+            }
+            Err(e) => {
+                self.pending = Some((len, qhash));
+                self.c.send_errors += 1;
+                if self.first_send_error.is_none() {
+                    let msg = format!("send to {}: {e}", self.args.server);
+                    eprintln!("warning: {msg} (counted as send errors from now on)");
+                    self.first_send_error = Some(msg);
+                }
+                return false;
+            }
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.c.sent += 1;
+        self.inflight += 1;
+        let slot = &mut self.slots[s][usize::from(id)];
+        slot.inflight = true;
+        slot.qhash = qhash;
+        slot.sent = sent;
+        slot.seq = seq;
+        self.deadlines
+            .push_back((sent + self.args.timeout, s as u16, id, seq));
+        true
+    }
+
+    fn on_datagram(&mut self, sock: usize, bytes: &[u8], now: Instant) {
+        let Ok(info) = wire::parse_response(bytes) else {
+            self.c.garbled += 1;
+            return;
+        };
+        let slot = &mut self.slots[sock][usize::from(info.id)];
+        if !slot.inflight {
+            if slot.late_hash != 0 && info.question.is_none_or(|q| q == slot.late_hash) {
+                slot.late_hash = 0;
+                self.c.late += 1;
+            } else {
+                self.c.unexpected += 1;
+            }
+            return;
+        }
+        // Without a question (some error responses) the ID has to do.
+        if info.question.is_some_and(|q| q != slot.qhash) {
+            if info.question == Some(slot.late_hash) {
+                slot.late_hash = 0;
+                self.c.late += 1;
+            } else {
+                self.c.unexpected += 1;
+            }
+            return;
+        }
+        slot.inflight = false;
+        let latency = now.saturating_duration_since(slot.sent);
+        self.inflight -= 1;
+        self.c.responses += 1;
+        self.lat.record(latency);
+        self.last_response_at = Some(now);
+        match info.rcode {
+            Rcode::NoError => {
+                self.c.noerror += 1;
+                if info.ancount == 0 {
+                    self.c.nodata += 1;
+                }
+            }
+            Rcode::NxDomain => self.c.nxdomain += 1,
+            Rcode::ServFail => self.c.servfail += 1,
+            Rcode::Refused => self.c.refused += 1,
+            Rcode::Other(_) => self.c.other_rcode += 1,
+        }
+        if info.truncated {
+            self.c.truncated += 1;
+        }
+    }
+
+    fn expire(&mut self, now: Instant) {
+        while let Some(&(deadline, s, id, seq)) = self.deadlines.front() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_front();
+            // The ID may have been answered (and even reused) since.
+            let slot = &mut self.slots[usize::from(s)][usize::from(id)];
+            if slot.inflight && slot.seq == seq {
+                slot.inflight = false;
+                slot.late_hash = slot.qhash;
+                self.inflight -= 1;
+                self.c.lost += 1;
+            }
+        }
+    }
+
+    fn print_progress(
+        &self,
+        now: Instant,
+        meter: &mut RateMeter,
+        last_cpu: &mut (Instant, Option<f64>),
+    ) {
+        let elapsed = now.saturating_duration_since(self.start).as_secs_f64();
+        let qps = meter.tick(self.c.responses, now);
+        let cpu = self_cpu_seconds();
+        let cpu_pct = match (cpu, last_cpu.1) {
+            (Some(b), Some(a)) => {
+                let dt = now.saturating_duration_since(last_cpu.0).as_secs_f64();
+                format!("{:.0}%", if dt > 0.0 { (b - a) * 100.0 / dt } else { 0.0 })
+            }
+            _ => "-".into(),
+        };
+        *last_cpu = (now, cpu);
+        eprintln!(
+            "[{elapsed:6.1}s] sent {:>10}  resp {:>10}  qps {:>8.0}  lost {:>7} ({:.2}%)  inflight {:>5}  p99 {}  bench cpu {cpu_pct}",
+            self.c.sent,
+            self.c.responses,
+            qps,
+            self.c.lost,
+            stats::pct(self.c.lost, self.c.sent),
+            self.inflight,
+            stats::fmt_ms(self.lat.percentile_ms(99.0)),
+        );
+    }
+
+    fn report(&self) -> anyhow::Result<()> {
+        // Elapsed runs to the last response (or the stop, if later) so
+        // waiting out the final timeouts does not dilute the rate.
+        let stopped = self.stopped_at.unwrap_or_else(Instant::now);
+        let end = self.last_response_at.map_or(stopped, |a| a.max(stopped));
+        let elapsed = end.saturating_duration_since(self.start).as_secs_f64();
+        let qps = if elapsed > 0.0 {
+            self.c.responses as f64 / elapsed
+        } else {
+            0.0
+        };
+        let lost_pct = stats::pct(self.c.lost, self.c.sent);
+        let bench_cpu_s = match (self_cpu_seconds(), self.cpu_at_start) {
+            (Some(b), Some(a)) => Some(b - a),
+            _ => None,
+        };
+        let bench_cpu_pct = bench_cpu_s
+            .filter(|_| elapsed > 0.0)
+            .map(|c| c * 100.0 / elapsed);
+        let lat = LatencyMs {
+            p50: self.lat.percentile_ms(50.0),
+            p90: self.lat.percentile_ms(90.0),
+            p99: self.lat.percentile_ms(99.0),
+            p999: self.lat.percentile_ms(99.9),
+            max: self.lat.max_us().map(|us| us as f64 / 1000.0),
+            mean: self.lat.mean_us().map(|us| round3(us / 1000.0)),
+        };
+        if self.args.json {
+            let summary = JsonSummary {
+                server: self.args.server.to_string(),
+                transport: "udp",
+                sockets: self.sockets.len(),
+                queries: self.workload.description().to_string(),
+                duration_s: round3(elapsed),
+                sent: self.c.sent,
+                responses: self.c.responses,
+                lost: self.c.lost,
+                lost_pct: round3(lost_pct),
+                qps: round3(qps),
+                latency_ms: lat,
+                rcodes: Rcodes {
+                    noerror: self.c.noerror,
+                    nxdomain: self.c.nxdomain,
+                    servfail: self.c.servfail,
+                    refused: self.c.refused,
+                    other: self.c.other_rcode,
+                },
+                nodata: self.c.nodata,
+                truncated: self.c.truncated,
+                unexpected: self.c.unexpected,
+                garbled: self.c.garbled,
+                late: self.c.late,
+                send_errors: self.c.send_errors,
+                recv_errors: self.c.recv_errors,
+                target_rate: self.args.rate,
+                max_outstanding: self.args.max_outstanding,
+                bench_cpu_s: bench_cpu_s.map(round3),
+                bench_cpu_pct: bench_cpu_pct.map(round3),
+            };
+            println!("{}", serde_json::to_string(&summary)?);
+        } else {
+            let share = |n: u64| format!("{n} ({:.2}%)", stats::pct(n, self.c.responses));
+            let mut rows = vec![
+                ("duration", format!("{elapsed:.2} s")),
+                ("sent", self.c.sent.to_string()),
+                ("responses", self.c.responses.to_string()),
+                ("lost", format!("{} ({lost_pct:.2}%)", self.c.lost)),
+                ("queries/s", format!("{qps:.0}")),
+                ("latency p50", stats::fmt_ms(lat.p50)),
+                ("latency p90", stats::fmt_ms(lat.p90)),
+                ("latency p99", stats::fmt_ms(lat.p99)),
+                ("latency p99.9", stats::fmt_ms(lat.p999)),
+                ("latency max", stats::fmt_ms(lat.max)),
+                ("latency mean", stats::fmt_ms(lat.mean)),
+                ("NOERROR", share(self.c.noerror)),
+                ("  of which no answer", self.c.nodata.to_string()),
+                ("NXDOMAIN", share(self.c.nxdomain)),
+                ("SERVFAIL", share(self.c.servfail)),
+                ("REFUSED", share(self.c.refused)),
+                ("other rcode", share(self.c.other_rcode)),
+                ("truncated (TC)", self.c.truncated.to_string()),
+                ("unexpected", self.c.unexpected.to_string()),
+                ("garbled", self.c.garbled.to_string()),
+                ("late responses", self.c.late.to_string()),
+            ];
+            if self.c.send_errors > 0 {
+                rows.push(("send errors", self.c.send_errors.to_string()));
+            }
+            if self.c.recv_errors > 0 {
+                rows.push(("recv errors", self.c.recv_errors.to_string()));
+            }
+            rows.push((
+                "bench cpu",
+                match (bench_cpu_s, bench_cpu_pct) {
+                    (Some(s), Some(p)) => format!("{s:.2} s ({p:.0}% of one core)"),
+                    _ => "-".into(),
+                },
+            ));
+            let title = format!(
+                "DNS queries against {} (UDP, {} socket{}, max {} in flight)",
+                self.args.server,
+                self.sockets.len(),
+                if self.sockets.len() == 1 { "" } else { "s" },
+                self.args.max_outstanding
+            );
+            print!("{}", stats::render_table(&title, &rows));
+        }
+        if bench_cpu_pct.is_some_and(|p| p > 90.0) && self.args.rate == 0 {
+            eprintln!(
+                "note: the bench used a whole core; the server may be faster than measured \
+                 (try --sockets 2, or a second bench process)"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// This process's user+system CPU time, from /proc/self/stat (Linux only;
+/// None elsewhere).
+fn self_cpu_seconds() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/self/stat").ok()?;
+    proc_stat_cpu_ticks(&text).map(|t| t as f64 / CLOCK_TICKS_PER_SEC)
+}
+
+/// USER_HZ, which the kernel fixes at 100 for /proc on every architecture
+/// Linux exposes it to userspace.
+const CLOCK_TICKS_PER_SEC: f64 = 100.0;
+
+/// utime + stime (fields 14 and 15) of a /proc/<pid>/stat line. The
+/// command name (field 2) may contain spaces and parentheses, so fields
+/// are counted from the last ')'.
+fn proc_stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    // After the ')': field 3 (state) is index 0, so utime (14) is index 11.
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+struct LatencyMs {
+    p50: Option<f64>,
+    p90: Option<f64>,
+    p99: Option<f64>,
+    p999: Option<f64>,
+    max: Option<f64>,
+    mean: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct Rcodes {
+    noerror: u64,
+    nxdomain: u64,
+    servfail: u64,
+    refused: u64,
+    other: u64,
+}
+
+#[derive(Serialize)]
+struct JsonSummary {
+    server: String,
+    transport: &'static str,
+    sockets: usize,
+    queries: String,
+    duration_s: f64,
+    sent: u64,
+    responses: u64,
+    lost: u64,
+    lost_pct: f64,
+    qps: f64,
+    latency_ms: LatencyMs,
+    rcodes: Rcodes,
+    /// NOERROR responses without answer records.
+    nodata: u64,
+    truncated: u64,
+    unexpected: u64,
+    garbled: u64,
+    late: u64,
+    send_errors: u64,
+    recv_errors: u64,
+    target_rate: u32,
+    max_outstanding: u32,
+    bench_cpu_s: Option<f64>,
+    bench_cpu_pct: Option<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_stat_fields() {
+        let line = "1234 (causeway (x) b) R 1 2 3 4 5 6 7 8 9 10 250 31 0 0 20 0 1 0";
+        assert_eq!(proc_stat_cpu_ticks(line), Some(281));
+        assert_eq!(proc_stat_cpu_ticks("1234 (x) R 1 2"), None);
+        assert_eq!(proc_stat_cpu_ticks("garbage"), None);
+        if cfg!(target_os = "linux") {
+            assert!(self_cpu_seconds().is_some());
+        }
+    }
+}
