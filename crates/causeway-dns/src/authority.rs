@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use causeway_config::{DnsConfig, DnsRecord, RecordData};
@@ -56,14 +57,14 @@ pub struct LocalAnswer {
 pub struct DynamicNames {
     zone: Option<Name>,
     inner: RwLock<DynamicInner>,
+    /// Bumped on every change, so prepared local answers know to go stale.
+    generation: AtomicU64,
 }
 
 #[derive(Debug, Default)]
 struct DynamicInner {
     forward: HashMap<LowerName, (Ipv4Addr, u64)>,
     reverse: HashMap<LowerName, (Name, u64)>,
-    /// Bumped on every change, so cached local answers know to go stale.
-    generation: u64,
 }
 
 impl DynamicNames {
@@ -73,6 +74,7 @@ impl DynamicNames {
         DynamicNames {
             zone: zone.and_then(|z| Name::from_ascii(z).ok()),
             inner: RwLock::default(),
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -97,7 +99,7 @@ impl DynamicNames {
             }
         }
         d.reverse.insert(LowerName::from(rev), (fqdn, expires));
-        d.generation += 1;
+        self.generation.fetch_add(1, Ordering::Release);
     }
 
     /// Forgets whatever name `ip` carries.
@@ -112,11 +114,11 @@ impl DynamicNames {
                 d.forward.remove(&key);
             }
         }
-        d.generation += 1;
+        self.generation.fetch_add(1, Ordering::Release);
     }
 
     pub fn generation(&self) -> u64 {
-        self.read().generation
+        self.generation.load(Ordering::Acquire)
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, DynamicInner> {

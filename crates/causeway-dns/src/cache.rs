@@ -5,11 +5,11 @@
 //! Pure: the caller passes the time in seconds.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::RwLock;
 
 use causeway_config::CacheConfig;
 use hickory_proto::op::ResponseCode;
-use hickory_proto::rr::{DNSClass, LowerName, RecordType};
+use hickory_proto::rr::RecordType;
 
 use crate::message::ParsedQuery;
 
@@ -18,27 +18,13 @@ pub const STALE_TTL: u32 = 30;
 /// How long past expiry an entry may still be served stale.
 pub const STALE_WINDOW: u64 = 3600;
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct CacheKey {
-    pub name: LowerName,
-    pub qtype: RecordType,
-    pub qclass: DNSClass,
-    pub edns: bool,
-    pub dnssec_ok: bool,
-    pub checking_disabled: bool,
-}
+/// A query's identity for caching: type, class, EDNS flags and lowercased
+/// name, as bytes (see [`crate::fastpath`]).
+pub type CacheKey = Vec<u8>;
 
-impl CacheKey {
-    pub fn of(q: &ParsedQuery) -> Self {
-        CacheKey {
-            name: q.lower.clone(),
-            qtype: q.qtype(),
-            qclass: q.query.query_class(),
-            edns: q.edns.is_some(),
-            dnssec_ok: q.edns.is_some_and(|e| e.dnssec_ok),
-            checking_disabled: q.checking_disabled,
-        }
-    }
+/// The cache key of a query read by the full parser.
+pub fn key_of(q: &ParsedQuery) -> CacheKey {
+    crate::fastpath::key_of(q)
 }
 
 struct Entry {
@@ -138,23 +124,27 @@ pub fn shape(wire: &[u8]) -> Option<Shape> {
 
 pub struct Cache {
     cfg: CacheConfig,
-    map: Mutex<HashMap<CacheKey, Entry>>,
+    map: RwLock<HashMap<CacheKey, Entry>>,
 }
 
 impl Cache {
     pub fn new(cfg: CacheConfig) -> Self {
         Cache {
             cfg,
-            map: Mutex::new(HashMap::new()),
+            map: RwLock::new(HashMap::new()),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<CacheKey, Entry>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<CacheKey, Entry>> {
+        self.map.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<CacheKey, Entry>> {
+        self.map.write().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.read().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -164,8 +154,8 @@ impl Cache {
     /// A copy of the cached response with its TTLs counted down, or, past
     /// expiry but within the stale window, with [`STALE_TTL`]. The caller
     /// patches in the ID and question.
-    pub fn get(&self, key: &CacheKey, now: u64, allow_stale: bool) -> Hit {
-        let map = self.lock();
+    pub fn get(&self, key: &[u8], now: u64, allow_stale: bool) -> Hit {
+        let map = self.read();
         let Some(e) = map.get(key) else {
             return Hit::Miss;
         };
@@ -223,7 +213,7 @@ impl Cache {
         if ttl == 0 {
             return None;
         }
-        let mut map = self.lock();
+        let mut map = self.write();
         if map.len() >= self.cfg.max_entries && !map.contains_key(&key) {
             evict(&mut map, now, self.cfg.max_entries);
         }
@@ -277,14 +267,7 @@ mod tests {
     }
 
     fn key(name: &str) -> CacheKey {
-        CacheKey {
-            name: LowerName::from(Name::from_ascii(name).unwrap()),
-            qtype: RecordType::A,
-            qclass: DNSClass::IN,
-            edns: false,
-            dnssec_ok: false,
-            checking_disabled: false,
-        }
+        name.to_ascii_lowercase().into_bytes()
     }
 
     fn response(name: &str, ttl: u32, rcode: ResponseCode) -> Vec<u8> {

@@ -19,7 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 use tokio::sync::{oneshot, Semaphore};
 
-use crate::cache::{shape, Cache, CacheKey, Hit};
+use crate::cache::{key_of, shape, Cache, CacheKey, Hit};
 use crate::message::ParsedQuery;
 use crate::metrics::DnsMetrics;
 
@@ -131,7 +131,7 @@ impl Forwarder {
 
     /// Answers `q` (whose bytes are `request`) from the cache or upstream.
     pub async fn resolve(self: &Arc<Self>, q: &ParsedQuery, request: &[u8], now: u64) -> Answer {
-        let key = CacheKey::of(q);
+        let key = key_of(q);
         if let Hit::Fresh(wire) = self.cache.get(&key, now, false) {
             self.metrics.cache.with_label_values(&["hit"]).inc();
             return Answer::Response(wire);

@@ -12,8 +12,10 @@
 pub mod authority;
 pub mod cache;
 mod endpoint;
+pub mod fastpath;
 pub mod forward;
 pub mod handler;
+mod hot;
 pub mod message;
 pub mod metrics;
 pub mod server;

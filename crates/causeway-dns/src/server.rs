@@ -2,16 +2,16 @@
 //! configured address, a prepared-response cache in front of the
 //! authority, and forwarding for the rest.
 
-use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use causeway_config::DnsConfig;
 use causeway_runtime::Shutdown;
 use hickory_proto::op::ResponseCode;
-use hickory_proto::rr::{LowerName, RecordType};
+use hickory_proto::rr::RecordType;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
@@ -22,14 +22,9 @@ use crate::authority::{Authority, DynamicNames};
 use crate::endpoint::Endpoint;
 use crate::forward::{Answer, Forwarder};
 use crate::handler::{decide, Decision};
+use crate::hot::Hot;
 use crate::message::{self, ParsedQuery, Rejected};
 use crate::metrics::{qtype_label, rcode_label, DnsMetrics};
-
-/// How long a prepared local response is reused; bounds how late a DHCP
-/// name that expired (rather than being released) keeps answering.
-const PREPARED_SECS: u64 = 5;
-/// Prepared responses kept at most; wildcards can name without end.
-const PREPARED_MAX: usize = 16_384;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DnsError {
@@ -41,27 +36,13 @@ pub enum DnsError {
     Upstream(io::Error),
 }
 
-#[derive(Clone, PartialEq, Eq, Hash)]
-struct PreparedKey {
-    view: usize,
-    name: LowerName,
-    qtype: RecordType,
-    edns: bool,
-    dnssec_ok: bool,
-}
-
-struct Prepared {
-    wire: Vec<u8>,
-    generation: u64,
-    made: u64,
-}
-
-struct Shared {
+pub(crate) struct Shared {
     authority: RwLock<Arc<Authority>>,
-    prepared: Mutex<HashMap<PreparedKey, Prepared>>,
-    forwarder: Option<Arc<Forwarder>>,
+    /// Bumped on every reload, so per-socket prepared answers go stale.
+    reloads: AtomicU64,
+    pub(crate) forwarder: Option<Arc<Forwarder>>,
     dynamic: Arc<DynamicNames>,
-    metrics: DnsMetrics,
+    pub(crate) metrics: DnsMetrics,
     tcp_idle: Duration,
 }
 
@@ -79,14 +60,25 @@ fn unix_now() -> u64 {
 }
 
 /// What to do with one packet.
-enum Step {
-    Reply(Vec<u8>),
+pub(crate) enum Step {
+    /// Send this; `reusable` when it may answer identical queries later.
+    Reply {
+        wire: Vec<u8>,
+        reusable: bool,
+    },
     Forward(ParsedQuery, usize),
     Drop,
 }
 
 impl Shared {
-    fn authority(&self) -> Arc<Authority> {
+    /// Changes whenever records or DHCP names change.
+    pub(crate) fn generation(&self) -> u64 {
+        self.reloads
+            .load(Ordering::Acquire)
+            .wrapping_add(self.dynamic.generation())
+    }
+
+    pub(crate) fn authority(&self) -> Arc<Authority> {
         self.authority
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -114,68 +106,31 @@ impl Shared {
             }
             Err(Rejected::Reply { id, rcode, reason }) => {
                 self.metrics.dropped.with_label_values(&[reason]).inc();
-                return Step::Reply(message::bare_error(id, rcode));
+                return Step::Reply {
+                    wire: message::bare_error(id, rcode),
+                    reusable: false,
+                };
             }
         };
         let auth = self.authority();
         let view = auth.view_for(client);
-        let view_name = auth.view_name(view);
         let limit = if udp {
             q.udp_limit()
         } else {
             usize::from(u16::MAX)
         };
-        let now = unix_now();
-        let key = PreparedKey {
-            view,
-            name: q.lower.clone(),
-            qtype: q.qtype(),
-            edns: q.edns.is_some(),
-            dnssec_ok: q.edns.is_some_and(|e| e.dnssec_ok),
-        };
-        let generation = self.dynamic.generation();
-        {
-            let prepared = self.prepared.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(p) = prepared.get(&key) {
-                if p.generation == generation
-                    && now < p.made + PREPARED_SECS
-                    && p.wire.len() <= limit
-                {
-                    let mut wire = p.wire.clone();
-                    drop(prepared);
-                    if message::patch_for(&mut wire, &q, request) {
-                        self.count(view_name, q.qtype(), &wire);
-                        return Step::Reply(wire);
-                    }
-                }
-            }
-        }
         match decide(
             &auth,
             view,
             &q,
             client,
-            now,
+            unix_now(),
             limit,
             self.forwarder.is_some(),
         ) {
             Decision::Reply { wire, reusable } => {
-                if reusable {
-                    let mut prepared = self.prepared.lock().unwrap_or_else(|p| p.into_inner());
-                    if prepared.len() >= PREPARED_MAX {
-                        prepared.clear();
-                    }
-                    prepared.insert(
-                        key,
-                        Prepared {
-                            wire: wire.clone(),
-                            generation,
-                            made: now,
-                        },
-                    );
-                }
-                self.count(view_name, q.qtype(), &wire);
-                Step::Reply(wire)
+                self.count(auth.view_name(view), q.qtype(), &wire);
+                Step::Reply { wire, reusable }
             }
             Decision::Forward => Step::Forward(q, view),
         }
@@ -231,7 +186,7 @@ impl DnsServer {
         };
         let shared = Arc::new(Shared {
             authority: RwLock::new(Arc::new(authority)),
-            prepared: Mutex::new(HashMap::new()),
+            reloads: AtomicU64::new(0),
             forwarder,
             dynamic,
             metrics,
@@ -277,11 +232,7 @@ impl DnsServer {
             .authority
             .write()
             .unwrap_or_else(|p| p.into_inner()) = Arc::new(authority);
-        self.shared
-            .prepared
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        self.shared.reloads.fetch_add(1, Ordering::AcqRel);
         if cfg.listen != self.listen {
             tracing::warn!(
                 "dns.listen changed; restart to apply it (records and views are applied)"
@@ -359,17 +310,33 @@ fn tcp_listener(addr: SocketAddr) -> Result<TcpListener, DnsError> {
 
 async fn udp_loop(shared: Arc<Shared>, socket: Arc<Endpoint>, mut shutdown: Shutdown) {
     let mut buf = vec![0u8; 4096];
+    let mut hot = Hot::new(&shared);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         let (n, from, local) = tokio::select! {
-            _ = shutdown.wait() => return,
+            _ = shutdown.wait() => {
+                hot.flush(&shared);
+                return;
+            }
+            _ = tick.tick() => {
+                hot.flush(&shared);
+                continue;
+            }
             r = socket.recv(&mut buf) => match r {
                 Ok(x) => x,
                 Err(_) => continue,
             },
         };
         let request = &buf[..n];
-        match shared.step(request, from.ip(), true) {
-            Step::Reply(wire) => {
+        let now = unix_now();
+        if let Some(wire) = hot.answer(&shared, request, from.ip(), now) {
+            let _ = socket.send(wire, from, local).await;
+            continue;
+        }
+        let step = shared.step(request, from.ip(), true);
+        hot.learn(&step, now);
+        match step {
+            Step::Reply { wire, .. } => {
                 let _ = socket.send(&wire, from, local).await;
             }
             Step::Drop => {}
@@ -434,7 +401,7 @@ async fn tcp_connection(
             .await
             .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
         let wire = match shared.step(&request, client, false) {
-            Step::Reply(wire) => wire,
+            Step::Reply { wire, .. } => wire,
             Step::Drop => return Ok(()),
             Step::Forward(q, view) => shared.forward(&q, view, &request, false).await,
         };
