@@ -13,8 +13,8 @@ use std::os::fd::AsRawFd;
 
 use nix::libc;
 use nix::sys::socket::{
-    recvmsg, sendmsg, setsockopt, sockopt, ControlMessage, ControlMessageOwned, MsgFlags,
-    SockaddrIn, SockaddrStorage,
+    recvmmsg, sendmmsg, sendmsg, setsockopt, sockopt, ControlMessage, ControlMessageOwned,
+    MsgFlags, MultiHeaders, SockaddrIn, SockaddrStorage,
 };
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
@@ -22,6 +22,36 @@ use tokio::net::UdpSocket;
 pub struct Endpoint {
     socket: UdpSocket,
     pktinfo: bool,
+}
+
+/// One datagram read by [`Endpoint::recv_batch`].
+#[derive(Debug, Clone, Copy)]
+pub struct Datagram {
+    pub len: usize,
+    pub from: SocketAddr,
+    /// The local address it was sent to, on a wildcard socket.
+    pub local: Option<Ipv4Addr>,
+}
+
+/// A reply for [`Endpoint::send_batch`].
+pub struct Outgoing<'a> {
+    pub wire: &'a [u8],
+    pub to: SocketAddr,
+    pub local: Option<Ipv4Addr>,
+}
+
+fn std_addr(a: &SockaddrStorage) -> Option<SocketAddr> {
+    if let Some(v4) = a.as_sockaddr_in() {
+        return Some(SocketAddr::V4(SocketAddrV4::new(v4.ip(), v4.port())));
+    }
+    a.as_sockaddr_in6().map(|v6| {
+        SocketAddr::V6(std::net::SocketAddrV6::new(
+            v6.ip(),
+            v6.port(),
+            v6.flowinfo(),
+            v6.scope_id(),
+        ))
+    })
 }
 
 impl Endpoint {
@@ -36,38 +66,92 @@ impl Endpoint {
         })
     }
 
-    /// Receives one datagram: its length, its sender, and (on a wildcard
-    /// socket) the local address it was sent to.
-    pub async fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr, Option<Ipv4Addr>)> {
-        if !self.pktinfo {
-            let (n, from) = self.socket.recv_from(buf).await?;
-            return Ok((n, from, None));
-        }
+    /// Waits for datagrams, then reads as many as are queued, up to one per
+    /// buffer, with a single recvmmsg: under load one system call serves
+    /// many queries.
+    pub async fn recv_batch(
+        &self,
+        bufs: &mut [Vec<u8>],
+        got: &mut Vec<Datagram>,
+    ) -> io::Result<()> {
+        got.clear();
         let fd = self.socket.as_raw_fd();
+        let pktinfo = self.pktinfo;
         self.socket
             .async_io(Interest::READABLE, || {
-                let mut iov = [IoSliceMut::new(&mut *buf)];
-                let mut space = nix::cmsg_space!(libc::in_pktinfo);
-                let msg =
-                    recvmsg::<SockaddrStorage>(fd, &mut iov, Some(&mut space), MsgFlags::empty())
-                        .map_err(io::Error::from)?;
-                let mut local = None;
-                if let Ok(cmsgs) = msg.cmsgs() {
-                    for c in cmsgs {
-                        if let ControlMessageOwned::Ipv4PacketInfo(info) = c {
-                            local = Some(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr)));
+                let space = pktinfo.then(|| nix::cmsg_space!(libc::in_pktinfo));
+                let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(bufs.len(), space);
+                let mut iovs: Vec<[IoSliceMut<'_>; 1]> = bufs
+                    .iter_mut()
+                    .map(|b| [IoSliceMut::new(&mut b[..])])
+                    .collect();
+                let results = recvmmsg(
+                    fd,
+                    &mut headers,
+                    iovs.iter_mut(),
+                    MsgFlags::MSG_DONTWAIT,
+                    None,
+                )
+                .map_err(io::Error::from)?;
+                for msg in results {
+                    let Some(from) = msg.address.as_ref().and_then(std_addr) else {
+                        continue;
+                    };
+                    let mut local = None;
+                    if let Ok(cmsgs) = msg.cmsgs() {
+                        for c in cmsgs {
+                            if let ControlMessageOwned::Ipv4PacketInfo(info) = c {
+                                local = Some(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr)));
+                            }
                         }
                     }
+                    got.push(Datagram {
+                        len: msg.bytes,
+                        from,
+                        local,
+                    });
                 }
-                let from = msg
-                    .address
-                    .as_ref()
-                    .and_then(|a| a.as_sockaddr_in())
-                    .map(|s| SocketAddr::V4(SocketAddrV4::new(s.ip(), s.port())))
-                    .ok_or_else(|| io::Error::other("datagram without an IPv4 sender"))?;
-                Ok((msg.bytes, from, local))
+                Ok(())
             })
             .await
+    }
+
+    /// Sends every reply, with sendmmsg when they all leave from the
+    /// socket's own address (a wildcard socket sets each one's source, which
+    /// sendmmsg cannot do per message).
+    pub async fn send_batch(&self, out: &[Outgoing<'_>]) {
+        if self.pktinfo {
+            for o in out {
+                let _ = self.send(o.wire, o.to, o.local).await;
+            }
+            return;
+        }
+        let mut sent = 0;
+        while sent < out.len() {
+            let rest = &out[sent..];
+            let fd = self.socket.as_raw_fd();
+            let result = self
+                .socket
+                .async_io(Interest::WRITABLE, || {
+                    let mut headers =
+                        MultiHeaders::<SockaddrStorage>::preallocate(rest.len(), None);
+                    let iovs: Vec<[IoSlice<'_>; 1]> =
+                        rest.iter().map(|o| [IoSlice::new(o.wire)]).collect();
+                    let addrs: Vec<Option<SockaddrStorage>> = rest
+                        .iter()
+                        .map(|o| Some(SockaddrStorage::from(o.to)))
+                        .collect();
+                    let results = sendmmsg(fd, &mut headers, &iovs, &addrs, [], MsgFlags::empty())
+                        .map_err(io::Error::from)?;
+                    Ok(results.count())
+                })
+                .await;
+            match result {
+                Ok(n) if n > 0 => sent += n,
+                // A reply that cannot be sent is lost, as a UDP reply may be.
+                _ => sent += 1,
+            }
+        }
     }
 
     /// Sends `buf` to `to`, from `local` when the socket is a wildcard one.
@@ -107,17 +191,57 @@ mod tests {
     use super::*;
 
     #[tokio::test]
+    async fn batches_are_read_and_sent_whole() {
+        let server = Endpoint::new(UdpSocket::bind("127.0.0.1:0").await.unwrap()).unwrap();
+        let addr = server.socket.local_addr().unwrap();
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        for i in 0..5u8 {
+            client.send_to(&[i; 3], addr).await.unwrap();
+        }
+        let mut bufs: Vec<Vec<u8>> = (0..8).map(|_| vec![0u8; 64]).collect();
+        let mut got = Vec::new();
+        let mut seen = 0;
+        while seen < 5 {
+            server.recv_batch(&mut bufs, &mut got).await.unwrap();
+            for (i, d) in got.iter().enumerate() {
+                assert_eq!(d.len, 3);
+                assert_eq!(bufs[i][0], seen as u8);
+                assert_eq!(d.from, client.local_addr().unwrap());
+                seen += 1;
+            }
+        }
+        let replies: Vec<Vec<u8>> = (0..5u8).map(|i| vec![i + 100; 2]).collect();
+        let out: Vec<Outgoing<'_>> = replies
+            .iter()
+            .map(|w| Outgoing {
+                wire: w,
+                to: client.local_addr().unwrap(),
+                local: None,
+            })
+            .collect();
+        server.send_batch(&out).await;
+        let mut buf = [0u8; 8];
+        for i in 0..5u8 {
+            let (n, _) = client.recv_from(&mut buf).await.unwrap();
+            assert_eq!(&buf[..n], &[i + 100, i + 100]);
+        }
+    }
+
+    #[tokio::test]
     async fn a_wildcard_socket_learns_and_replies_from_the_destination_address() {
         let server = Endpoint::new(UdpSocket::bind("0.0.0.0:0").await.unwrap()).unwrap();
         let port = server.socket.local_addr().unwrap().port();
         let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
         // 127.0.0.3 is a loopback address the server was never bound to.
         client.send_to(b"ping", ("127.0.0.3", port)).await.unwrap();
+        let mut bufs = vec![vec![0u8; 16]];
+        let mut got = Vec::new();
+        server.recv_batch(&mut bufs, &mut got).await.unwrap();
+        let d = got[0];
+        assert_eq!(&bufs[0][..d.len], b"ping");
+        assert_eq!(d.local, Some(Ipv4Addr::new(127, 0, 0, 3)));
+        server.send(b"pong", d.from, d.local).await.unwrap();
         let mut buf = [0u8; 16];
-        let (n, from, local) = server.recv(&mut buf).await.unwrap();
-        assert_eq!(&buf[..n], b"ping");
-        assert_eq!(local, Some(Ipv4Addr::new(127, 0, 0, 3)));
-        server.send(b"pong", from, local).await.unwrap();
         let (n, reply_from) = client.recv_from(&mut buf).await.unwrap();
         assert_eq!(&buf[..n], b"pong");
         assert_eq!(reply_from, SocketAddr::from(([127, 0, 0, 3], port)));

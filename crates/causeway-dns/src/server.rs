@@ -3,7 +3,7 @@
 //! authority, and forwarding for the rest.
 
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -19,7 +19,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use crate::authority::{Authority, DynamicNames};
-use crate::endpoint::Endpoint;
+use crate::endpoint::{Datagram, Endpoint, Outgoing};
 use crate::forward::{Answer, Forwarder};
 use crate::handler::{decide, Decision};
 use crate::hot::Hot;
@@ -308,12 +308,19 @@ fn tcp_listener(addr: SocketAddr) -> Result<TcpListener, DnsError> {
     TcpListener::from_std(socket.into()).map_err(fail)
 }
 
+/// Datagrams read (and replies sent) per system call at most.
+const BATCH: usize = 32;
+
 async fn udp_loop(shared: Arc<Shared>, socket: Arc<Endpoint>, mut shutdown: Shutdown) {
-    let mut buf = vec![0u8; 4096];
+    let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; 4096]).collect();
+    let mut got: Vec<Datagram> = Vec::with_capacity(BATCH);
+    // Reply bytes, reused from batch to batch, and where each goes.
+    let mut replies: Vec<Vec<u8>> = (0..BATCH).map(|_| Vec::with_capacity(512)).collect();
+    let mut targets: Vec<(usize, SocketAddr, Option<Ipv4Addr>)> = Vec::with_capacity(BATCH);
     let mut hot = Hot::new(&shared);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
-        let (n, from, local) = tokio::select! {
+        tokio::select! {
             _ = shutdown.wait() => {
                 hot.flush(&shared);
                 return;
@@ -322,32 +329,49 @@ async fn udp_loop(shared: Arc<Shared>, socket: Arc<Endpoint>, mut shutdown: Shut
                 hot.flush(&shared);
                 continue;
             }
-            r = socket.recv(&mut buf) => match r {
-                Ok(x) => x,
-                Err(_) => continue,
+            r = socket.recv_batch(&mut bufs, &mut got) => if r.is_err() {
+                continue;
             },
-        };
-        let request = &buf[..n];
+        }
         let now = unix_now();
-        if let Some(wire) = hot.answer(&shared, request, from.ip(), now) {
-            let _ = socket.send(wire, from, local).await;
-            continue;
-        }
-        let step = shared.step(request, from.ip(), true);
-        hot.learn(&step, now);
-        match step {
-            Step::Reply { wire, .. } => {
-                let _ = socket.send(&wire, from, local).await;
+        targets.clear();
+        for (i, d) in got.iter().enumerate() {
+            let request = &bufs[i][..d.len];
+            let reply = &mut replies[targets.len()];
+            reply.clear();
+            if let Some(wire) = hot.answer(&shared, request, d.from.ip(), now) {
+                reply.extend_from_slice(wire);
+                targets.push((targets.len(), d.from, d.local));
+                continue;
             }
-            Step::Drop => {}
-            Step::Forward(q, view) => {
-                let (shared, socket, request) = (shared.clone(), socket.clone(), request.to_vec());
-                tokio::spawn(async move {
-                    let wire = shared.forward(&q, view, &request, true).await;
-                    let _ = socket.send(&wire, from, local).await;
-                });
+            let step = shared.step(request, d.from.ip(), true);
+            hot.learn(&step, now);
+            match step {
+                Step::Reply { wire, .. } => {
+                    reply.extend_from_slice(&wire);
+                    targets.push((targets.len(), d.from, d.local));
+                }
+                Step::Drop => {}
+                Step::Forward(q, view) => {
+                    let (shared, socket, request) =
+                        (shared.clone(), socket.clone(), request.to_vec());
+                    let (from, local) = (d.from, d.local);
+                    tokio::spawn(async move {
+                        let wire = shared.forward(&q, view, &request, true).await;
+                        let _ = socket.send(&wire, from, local).await;
+                    });
+                }
             }
         }
+        let out: Vec<Outgoing<'_>> = targets
+            .iter()
+            .map(|(k, to, local)| Outgoing {
+                wire: &replies[*k],
+                to: *to,
+                local: *local,
+            })
+            .collect();
+        socket.send_batch(&out).await;
     }
 }
 
