@@ -33,6 +33,10 @@ struct ViewData {
     /// Wildcard records keyed by the wildcard's parent (`apps.<zone>` for
     /// `*.apps.<zone>`).
     wildcards: HashMap<LowerName, Vec<Record>>,
+    /// Wildcard parents with no name of their own below them, other than
+    /// the zone apex (where DHCP names live): every name under such a
+    /// parent gets the wildcard's records, whatever its labels.
+    clean_wildcards: std::collections::HashSet<LowerName>,
 }
 
 /// What the authority says about a query.
@@ -285,6 +289,14 @@ impl Authority {
                     up = up.base_name();
                 }
             }
+            let apexes: Vec<&LowerName> = zones.iter().map(|z| &z.apex).collect();
+            data.clean_wildcards = data
+                .wildcards
+                .keys()
+                .filter(|parent| !apexes.contains(parent))
+                .filter(|parent| !data.nodes.keys().any(|n| n != *parent && parent.zone_of(n)))
+                .cloned()
+                .collect();
             views.push(data);
         }
         Ok(Authority {
@@ -318,6 +330,24 @@ impl Authority {
     pub fn may_recurse(&self, client: IpAddr) -> bool {
         let client = canonical(client);
         self.recursion.iter().any(|n| n.contains(&client))
+    }
+
+    /// The wildcard parent every name under which gets the same answer in
+    /// `view`, if `name` lies under one: its answer can serve any other
+    /// name there.
+    pub fn uniform_wildcard(&self, view: usize, name: &LowerName) -> Option<LowerName> {
+        let v = self.views.get(view)?;
+        if v.clean_wildcards.is_empty() {
+            return None;
+        }
+        let mut up = name.base_name();
+        while !up.is_root() {
+            if v.clean_wildcards.contains(&up) {
+                return Some(up);
+            }
+            up = up.base_name();
+        }
+        None
     }
 
     pub fn views(&self) -> usize {

@@ -247,3 +247,18 @@ fn reverse_zones_cover_whole_octets() {
     );
     assert_eq!(names("192.168.4.0/22").len(), 4);
 }
+
+#[test]
+fn a_wildcard_parent_without_names_of_its_own_answers_uniformly() {
+    let (a, _) = authority(
+        "  listen: ['127.0.0.1:5353']\n  records:\n    - {name: '*.svc', type: A, value: 10.0.0.1}\n    - {name: special.svc, type: A, value: 10.0.0.2}\n",
+    );
+    assert_eq!(
+        a.uniform_wildcard(0, &q("x.y.apps.hc1.example.com."))
+            .map(|p| p.to_string()),
+        Some("apps.hc1.example.com.".to_string())
+    );
+    // svc has a name of its own below it, so its answers are not uniform.
+    assert_eq!(a.uniform_wildcard(0, &q("x.svc.hc1.example.com.")), None);
+    assert_eq!(a.uniform_wildcard(0, &q("api.hc1.example.com.")), None);
+}
