@@ -400,44 +400,48 @@ impl Writer {
     }
 }
 
+/// Calls `f` with every whole, readable record among the first `covers`
+/// bytes of the log, its line and its offset.
+fn each_record(
+    path: &Path,
+    covers: u64,
+    mut f: impl FnMut(&LeaseRecord, &[u8], u64) -> io::Result<()>,
+) -> io::Result<()> {
+    let mut reader = BufReader::new(File::open(path)?.take(covers));
+    let mut line = Vec::new();
+    let mut offset = 0u64;
+    loop {
+        line.clear();
+        let n = reader.read_until(b'\n', &mut line)?;
+        if n == 0 || line.last() != Some(&b'\n') {
+            return Ok(());
+        }
+        if let Ok(record) = serde_json::from_slice::<LeaseRecord>(&line) {
+            f(&record, &line, offset)?;
+        }
+        offset += n as u64;
+    }
+}
+
 /// Writes the newest record per address among the first `covers` bytes of
 /// the log to a temporary file. Two passes keep memory to one offset per
 /// address.
 fn compact_prefix(path: &Path, covers: u64) -> io::Result<Compacted> {
     let mut newest: HashMap<Ipv4Addr, u64> = HashMap::new();
-    let mut line = Vec::new();
-    let mut reader = BufReader::new(File::open(path)?.take(covers));
-    let mut offset = 0u64;
-    loop {
-        line.clear();
-        let n = reader.read_until(b'\n', &mut line)?;
-        if n == 0 || line.last() != Some(&b'\n') {
-            break;
-        }
-        if let Ok(r) = serde_json::from_slice::<LeaseRecord>(&line) {
-            newest.insert(r.ip, offset);
-        }
-        offset += n as u64;
-    }
+    each_record(path, covers, |record, _, offset| {
+        newest.insert(record.ip, offset);
+        Ok(())
+    })?;
     let tmp = path.with_extension("compacting");
     let mut out = io::BufWriter::new(File::create(&tmp)?);
-    let mut reader = BufReader::new(File::open(path)?.take(covers));
-    let mut offset = 0u64;
     let mut kept = 0u64;
-    loop {
-        line.clear();
-        let n = reader.read_until(b'\n', &mut line)?;
-        if n == 0 || line.last() != Some(&b'\n') {
-            break;
+    each_record(path, covers, |record, line, offset| {
+        if newest.get(&record.ip) == Some(&offset) {
+            out.write_all(line)?;
+            kept += 1;
         }
-        if let Ok(r) = serde_json::from_slice::<LeaseRecord>(&line) {
-            if newest.get(&r.ip) == Some(&offset) {
-                out.write_all(&line)?;
-                kept += 1;
-            }
-        }
-        offset += n as u64;
-    }
+        Ok(())
+    })?;
     out.into_inner().map_err(|e| e.into_error())?;
     Ok(Compacted { tmp, kept })
 }

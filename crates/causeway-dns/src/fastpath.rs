@@ -173,12 +173,24 @@ pub fn key_of(q: &crate::message::ParsedQuery) -> Vec<u8> {
 
 /// Gives a prepared response the asker's ID, RD bit and question case.
 pub fn patch(response: &mut [u8], q: &Question, request: &[u8]) -> bool {
-    if response.len() < q.question_end || request.len() < q.question_end {
+    patch_raw(response, q.id, q.recursion_desired, q.question_end, request)
+}
+
+/// The patch itself: the question sits right after the header,
+/// uncompressed, in both the response and the request.
+pub fn patch_raw(
+    response: &mut [u8],
+    id: u16,
+    recursion_desired: bool,
+    question_end: usize,
+    request: &[u8],
+) -> bool {
+    if response.len() < question_end || request.len() < question_end || question_end < 12 {
         return false;
     }
-    response[..2].copy_from_slice(&q.id.to_be_bytes());
-    response[2] = (response[2] & !0x01) | u8::from(q.recursion_desired);
-    response[12..q.question_end].copy_from_slice(&request[12..q.question_end]);
+    response[..2].copy_from_slice(&id.to_be_bytes());
+    response[2] = (response[2] & !0x01) | u8::from(recursion_desired);
+    response[12..question_end].copy_from_slice(&request[12..question_end]);
     true
 }
 

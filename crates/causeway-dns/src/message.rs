@@ -194,13 +194,7 @@ pub fn bare_error(id: u16, rcode: ResponseCode) -> Vec<u8> {
 /// letter case) answer `q`: its ID, its RD bit and its question bytes. The
 /// question sits right after the header, uncompressed, in both.
 pub fn patch_for(response: &mut [u8], q: &ParsedQuery, request: &[u8]) -> bool {
-    if response.len() < q.question_end || request.len() < q.question_end {
-        return false;
-    }
-    response[..2].copy_from_slice(&q.id.to_be_bytes());
-    response[2] = (response[2] & !0x01) | u8::from(q.recursion_desired);
-    response[12..q.question_end].copy_from_slice(&request[12..q.question_end]);
-    true
+    crate::fastpath::patch_raw(response, q.id, q.recursion_desired, q.question_end, request)
 }
 
 /// Flags for an answer we relayed: not authoritative (we are not the
