@@ -45,7 +45,7 @@ if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
   if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
     cargo install --locked cargo-fuzz
   fi
-  for target in dhcp_engine dns_query config; do
+  for target in dhcp_engine dns_query client_hello config; do
     (cd fuzz && cargo +nightly fuzz run "$target" -- -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 2>&1 | tail -n 3)
   done
 else
