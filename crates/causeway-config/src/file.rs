@@ -17,6 +17,7 @@ pub struct FileConfig {
     pub network: Option<FileNetwork>,
     pub dhcp: Option<FileDhcp>,
     pub dns: Option<crate::dns::FileDns>,
+    pub proxy: Option<crate::proxy::FileProxy>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -10,6 +10,7 @@ mod dns;
 mod error;
 mod file;
 mod model;
+mod proxy;
 mod validate;
 
 pub use dns::{
@@ -18,6 +19,7 @@ pub use dns::{
 };
 pub use error::{ConfigErrors, FieldError, LoadError};
 pub use model::*;
+pub use proxy::{Listener, ListenerKind, ProxyConfig, Upstream};
 pub use validate::{parse_duration, parse_hex, parse_mac};
 
 use std::path::Path;

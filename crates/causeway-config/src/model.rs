@@ -17,6 +17,7 @@ pub struct Config {
     pub network: Option<Network>,
     pub dhcp: Option<DhcpConfig>,
     pub dns: Option<crate::dns::DnsConfig>,
+    pub proxy: Option<crate::proxy::ProxyConfig>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -339,3 +339,55 @@ fn dns_errors_name_their_paths() {
         ]
     );
 }
+
+#[test]
+fn proxy_routes_are_derived_from_the_cluster() {
+    let p = Config::from_yaml(&format!(
+        "{VLAN}proxy:\n  ingressHttps: 'router.apps-ingress.svc:443'\n"
+    ))
+    .unwrap()
+    .proxy
+    .unwrap();
+    assert_eq!(p.listeners.len(), 2);
+    assert_eq!(p.listeners[0].listen.to_string(), "192.168.100.2:6443");
+    assert_eq!(
+        p.listeners[0].kind,
+        ListenerKind::Plain(Upstream {
+            host: "kube-apiserver.clusters-hc1.svc".into(),
+            port: 6443
+        })
+    );
+    let ListenerKind::Sni { routes, default } = &p.listeners[1].kind else {
+        panic!("443 routes by SNI")
+    };
+    assert_eq!(default, &None);
+    let names: Vec<&str> = routes.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        vec![
+            "oauth.hc1.example.com",
+            "ignition.hc1.example.com",
+            "konnectivity.hc1.example.com",
+            "*.apps.hc1.example.com"
+        ]
+    );
+    assert_eq!(
+        routes[0].1.to_string(),
+        "oauth-openshift.clusters-hc1.svc:6443"
+    );
+}
+
+#[test]
+fn proxy_listener_errors_name_their_paths() {
+    let e = errors(&format!(
+        "{VLAN}proxy:\n  listeners:\n    - {{port: 6443, upstream: 'nohost'}}\n    - {{port: 6443, upstream: '10.0.0.1:6443'}}\n    - {{port: 443}}\n"
+    ));
+    assert_eq!(
+        e,
+        vec![
+            "proxy.listeners[0].upstream: nohost is not host:port, such as kube-apiserver.clusters-hc1.svc:6443",
+            "proxy.listeners[1].port: port 6443 is listed twice",
+            "proxy.listeners[2]: give either upstream, or routes (with an optional default)",
+        ]
+    );
+}

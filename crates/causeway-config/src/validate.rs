@@ -180,6 +180,12 @@ pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
         Some(d) if d.enabled => crate::dns::validate(&mut c, d, network.as_ref(), cluster.as_ref()),
         _ => None,
     };
+    let proxy = match file.proxy {
+        Some(p) if p.enabled => {
+            crate::proxy::validate(&mut c, p, network.as_ref(), cluster.as_ref())
+        }
+        _ => None,
+    };
 
     if c.errors.is_empty() {
         Ok(Config {
@@ -191,6 +197,7 @@ pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
             network,
             dhcp,
             dns,
+            proxy,
         })
     } else {
         Err(ConfigErrors(c.errors))

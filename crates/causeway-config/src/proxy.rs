@@ -1,0 +1,271 @@
+//! The `proxy:` section: listeners by port, each forwarding to one upstream
+//! or routing by TLS server name, with routes derived from the cluster.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::file::{yes, FileDuration};
+use crate::model::{Cluster, Network};
+use crate::validate::Collector;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileProxy {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    pub listen_address: Option<String>,
+    pub control_plane_namespace: Option<String>,
+    /// `host:port` of the hosted cluster's ingress, for `*.apps` on 443.
+    pub ingress_https: Option<String>,
+    /// `host:port` of the hosted cluster's ingress, for port 80.
+    pub ingress_http: Option<String>,
+    #[serde(default)]
+    pub listeners: Vec<FileListener>,
+    pub connect_timeout: Option<FileDuration>,
+    pub hello_timeout: Option<FileDuration>,
+    pub max_connections: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileListener {
+    pub port: u16,
+    pub upstream: Option<String>,
+    #[serde(default)]
+    pub routes: Vec<FileRoute>,
+    pub default: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileRoute {
+    pub sni: String,
+    pub upstream: String,
+}
+
+/// `host:port`, where host is a DNS name (resolved, and re-resolved, at
+/// connect time) or an address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    pub host: String,
+    pub port: u16,
+}
+
+impl std::fmt::Display for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.host.parse::<IpAddr>() {
+            Ok(IpAddr::V6(_)) => write!(f, "[{}]:{}", self.host, self.port),
+            _ => write!(f, "{}:{}", self.host, self.port),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenerKind {
+    /// Every connection to one upstream.
+    Plain(Upstream),
+    /// By the ClientHello's server name; `default` takes the rest.
+    Sni {
+        routes: Vec<(String, Upstream)>,
+        default: Option<Upstream>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listener {
+    pub listen: SocketAddr,
+    pub kind: ListenerKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyConfig {
+    pub listeners: Vec<Listener>,
+    pub connect_timeout: Duration,
+    pub hello_timeout: Duration,
+    pub max_connections: usize,
+}
+
+fn upstream(c: &mut Collector, path: &str, text: &str) -> Option<Upstream> {
+    let t = text.trim();
+    if let Ok(addr) = t.parse::<SocketAddr>() {
+        return Some(Upstream {
+            host: addr.ip().to_string(),
+            port: addr.port(),
+        });
+    }
+    let parsed = t.rsplit_once(':').and_then(|(h, p)| {
+        let port: u16 = p.parse().ok().filter(|p| *p > 0)?;
+        let ok = !h.is_empty()
+            && h.split('.').all(|l| {
+                !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            });
+        ok.then(|| Upstream {
+            host: h.to_ascii_lowercase(),
+            port,
+        })
+    });
+    if parsed.is_none() {
+        c.push(
+            path,
+            format!("{text} is not host:port, such as kube-apiserver.clusters-hc1.svc:6443"),
+        );
+    }
+    parsed
+}
+
+/// The routes HyperShift's control plane needs, for `zone` and namespace `ns`.
+fn derived(
+    zone: &str,
+    ns: &str,
+    https: Option<&Upstream>,
+    http: Option<&Upstream>,
+) -> Vec<(u16, ListenerKind)> {
+    let svc = |name: &str, port: u16| Upstream {
+        host: format!("{name}.{ns}.svc"),
+        port,
+    };
+    let mut routes = vec![
+        (format!("oauth.{zone}"), svc("oauth-openshift", 6443)),
+        (
+            format!("ignition.{zone}"),
+            svc("ignition-server-proxy", 443),
+        ),
+        (
+            format!("konnectivity.{zone}"),
+            svc("konnectivity-server", 8091),
+        ),
+    ];
+    if let Some(i) = https {
+        routes.push((format!("*.apps.{zone}"), i.clone()));
+    }
+    let mut out = vec![
+        (6443, ListenerKind::Plain(svc("kube-apiserver", 6443))),
+        (
+            443,
+            ListenerKind::Sni {
+                routes,
+                default: None,
+            },
+        ),
+    ];
+    if let Some(i) = http {
+        out.push((80, ListenerKind::Plain(i.clone())));
+    }
+    out
+}
+
+pub(crate) fn validate(
+    c: &mut Collector,
+    p: FileProxy,
+    network: Option<&Network>,
+    cluster: Option<&Cluster>,
+) -> Option<ProxyConfig> {
+    let listen_ip: IpAddr = match &p.listen_address {
+        Some(t) => match t.trim().parse() {
+            Ok(ip) => ip,
+            Err(_) => {
+                c.push("proxy.listenAddress", format!("{t} is not an IP address"));
+                return None;
+            }
+        },
+        None => match network.and_then(|n| n.address) {
+            Some(a) => IpAddr::V4(a),
+            None => {
+                c.push(
+                    "proxy.listenAddress",
+                    "missing, and network.address is not set",
+                );
+                return None;
+            }
+        },
+    };
+    let https = p
+        .ingress_https
+        .as_deref()
+        .and_then(|t| upstream(c, "proxy.ingressHttps", t));
+    let http = p
+        .ingress_http
+        .as_deref()
+        .and_then(|t| upstream(c, "proxy.ingressHttp", t));
+    let mut listeners: Vec<(u16, ListenerKind)> = Vec::new();
+    for (i, l) in p.listeners.iter().enumerate() {
+        let path = format!("proxy.listeners[{i}]");
+        if l.port == 0 {
+            c.push(format!("{path}.port"), "must be a port from 1 to 65535");
+        }
+        if p.listeners[..i].iter().any(|o| o.port == l.port) {
+            c.push(
+                format!("{path}.port"),
+                format!("port {} is listed twice", l.port),
+            );
+        }
+        let kind = match (&l.upstream, l.routes.is_empty()) {
+            (Some(u), true) => upstream(c, &format!("{path}.upstream"), u).map(ListenerKind::Plain),
+            (None, false) => {
+                let routes: Vec<(String, Upstream)> = l
+                    .routes
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(j, r)| {
+                        upstream(c, &format!("{path}.routes[{j}].upstream"), &r.upstream)
+                            .map(|u| (r.sni.trim().to_ascii_lowercase(), u))
+                    })
+                    .collect();
+                let default = l
+                    .default
+                    .as_deref()
+                    .and_then(|d| upstream(c, &format!("{path}.default"), d));
+                Some(ListenerKind::Sni { routes, default })
+            }
+            _ => {
+                c.push(
+                    &path,
+                    "give either upstream, or routes (with an optional default)",
+                );
+                None
+            }
+        };
+        if let Some(kind) = kind {
+            listeners.push((l.port, kind));
+        }
+    }
+    if p.listeners.is_empty() {
+        match cluster {
+            Some(cl) => {
+                let ns = p
+                    .control_plane_namespace
+                    .clone()
+                    .unwrap_or_else(|| format!("clusters-{}", cl.name));
+                listeners = derived(&cl.domain(), &ns, https.as_ref(), http.as_ref());
+            }
+            None => c.push(
+                "proxy.listeners",
+                "none listed, and no cluster to derive them from",
+            ),
+        }
+    }
+    let connect_timeout = p
+        .connect_timeout
+        .as_ref()
+        .and_then(|v| c.duration("proxy.connectTimeout", v))
+        .unwrap_or(Duration::from_secs(5));
+    let hello_timeout = p
+        .hello_timeout
+        .as_ref()
+        .and_then(|v| c.duration("proxy.helloTimeout", v))
+        .unwrap_or(Duration::from_secs(10));
+    Some(ProxyConfig {
+        listeners: listeners
+            .into_iter()
+            .map(|(port, kind)| Listener {
+                listen: SocketAddr::new(listen_ip, port),
+                kind,
+            })
+            .collect(),
+        connect_timeout,
+        hello_timeout,
+        max_connections: p.max_connections.unwrap_or(10_000).max(1),
+    })
+}
