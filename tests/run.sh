@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 # Real DHCP clients and peers, and the tools the lab uses.
 PACKAGES=(isc-dhcp-client udhcpc dhcpcd-base kea-admin kea-dhcp4-server iproute2 curl procps util-linux mount
-          bind9-dnsutils knot-dnsutils dnsmasq-base)
+          bind9-dnsutils knot-dnsutils dnsmasq-base openssl)
 
 section() { printf '\n==> %s\n' "$*"; }
 

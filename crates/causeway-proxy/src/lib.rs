@@ -1,7 +1,13 @@
-//! The L4 proxy's pure parts: reading the server name from a TLS
-//! ClientHello without terminating TLS, and choosing a route by port and
-//! name. The listeners and the relay come next; this crate holds no
-//! sockets yet.
+//! The L4 proxy: TCP listeners by port, forwarding each connection to one
+//! upstream or choosing it by the TLS server name, which it reads from the
+//! ClientHello without terminating TLS.
+//!
+//! [`hello`] and [`route`] are pure; [`server`] owns the sockets.
 
 pub mod hello;
+pub mod metrics;
 pub mod route;
+pub mod server;
+
+pub use metrics::ProxyMetrics;
+pub use server::{ProxyError, ProxyServer};

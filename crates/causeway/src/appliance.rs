@@ -9,6 +9,7 @@ use anyhow::Context;
 use causeway_config::{Config, LogFormat};
 use causeway_dhcp::{DhcpMetrics, DhcpServer, LeaseObserver, LeaseState};
 use causeway_dns::{DnsMetrics, DnsServer, DynamicNames};
+use causeway_proxy::{ProxyMetrics, ProxyServer};
 use causeway_runtime::admin::Admin;
 use causeway_runtime::{readiness::Readiness, reload, shutdown, telemetry};
 use tokio::signal::unix::{signal, SignalKind};
@@ -18,16 +19,28 @@ use tokio::signal::unix::{signal, SignalKind};
 pub enum Only {
     All,
     Dns,
+    Proxy,
 }
 
 impl Only {
     fn select(self, mut cfg: Config) -> Config {
-        if self == Only::Dns {
-            cfg.dhcp = None;
+        match self {
+            Only::All => {}
+            Only::Dns => {
+                cfg.dhcp = None;
+                cfg.proxy = None;
+            }
+            Only::Proxy => {
+                cfg.dhcp = None;
+                cfg.dns = None;
+            }
         }
         cfg
     }
 }
+
+/// How long established proxied connections may run on after SIGTERM.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(30);
 
 pub fn run(path: Option<PathBuf>, only: Only) -> anyhow::Result<()> {
     let cfg = match &path {
@@ -38,6 +51,9 @@ pub fn run(path: Option<PathBuf>, only: Only) -> anyhow::Result<()> {
     let cfg = only.select(cfg);
     if only == Only::Dns && cfg.dns.is_none() {
         anyhow::bail!("the config has no dns section");
+    }
+    if only == Only::Proxy && cfg.proxy.is_none() {
+        anyhow::bail!("the config has no proxy section");
     }
     let format = match cfg.log.format {
         LogFormat::Text => telemetry::Format::Text,
@@ -118,6 +134,18 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
         }
         None => None,
     };
+    let proxy = match &cfg.proxy {
+        Some(proxy_cfg) => {
+            let ready = readiness.register("proxy");
+            let metrics = ProxyMetrics::new(&registry).context("registering proxy metrics")?;
+            let server = ProxyServer::start(proxy_cfg, metrics, stop.clone())
+                .await
+                .context("the proxy failed to start")?;
+            ready.set(true);
+            Some(server)
+        }
+        None => None,
+    };
     let (admin_addr, admin_task) = admin
         .bind(cfg.admin.listen, stop.clone())
         .await
@@ -149,6 +177,9 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
         }
     }
     trigger.trigger();
+    if let Some(server) = proxy {
+        server.drain(DRAIN_DEADLINE).await;
+    }
     if let Some(server) = dns {
         server.wait().await;
     }
@@ -174,6 +205,9 @@ fn apply(running: &Config, next: &Config, dhcp: Option<&DhcpServer>, dns: Option
         }
         (None, None) => {}
         _ => tracing::warn!("enabling or disabling DNS needs a restart"),
+    }
+    if running.proxy != next.proxy {
+        tracing::warn!("proxy changes need a restart in this version");
     }
     if running.admin != next.admin {
         tracing::warn!("admin.listen changed; restart to apply it");

@@ -34,6 +34,11 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Run only the L4 proxy of a config (with the admin server).
+    Proxy {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
     /// Validate a config: print every error with its path; exit 1 if any.
     Check {
         #[arg(long, short)]
@@ -54,6 +59,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Appliance { config } => appliance::run(config, appliance::Only::All),
         Command::Dns { config } => appliance::run(Some(config), appliance::Only::Dns),
+        Command::Proxy { config } => appliance::run(Some(config), appliance::Only::Proxy),
         Command::Check { config } => return check(&config),
         Command::Leases { config, json } => leases::run(&config, json),
     };
@@ -72,6 +78,7 @@ fn check(path: &std::path::Path) -> ExitCode {
             let services: Vec<&str> = [
                 cfg.dhcp.as_ref().map(|_| "dhcp"),
                 cfg.dns.as_ref().map(|_| "dns"),
+                cfg.proxy.as_ref().map(|_| "proxy"),
             ]
             .into_iter()
             .flatten()

@@ -1,0 +1,361 @@
+//! The proxy's I/O: listeners, the SNI peek, upstream connection with
+//! failover across resolved addresses, and the byte relay with half-close.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use causeway_config::{ListenerKind, ProxyConfig, Upstream};
+use causeway_runtime::Shutdown;
+use socket2::{Domain, Protocol, Socket, TcpKeepalive, Type};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::hello::{peek, Peek, MAX_HELLO};
+use crate::metrics::ProxyMetrics;
+use crate::route::{RouteError, SniRoutes};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("proxy listen on {addr}: {reason}")]
+    Bind { addr: SocketAddr, reason: String },
+    #[error("proxy routes on {addr}: {source}")]
+    Routes { addr: SocketAddr, source: RouteError },
+}
+
+/// Where a listener sends a connection.
+enum Routing {
+    Plain(Upstream),
+    Sni(SniRoutes<Upstream>),
+}
+
+struct ListenerState {
+    listen: SocketAddr,
+    label: String,
+    routing: Routing,
+    limit: Semaphore,
+}
+
+/// Upstream host names resolve at each connection, so a changed address is
+/// followed at once; the last good answer is kept for when resolution fails.
+#[derive(Default)]
+struct Resolver {
+    last_good: Mutex<HashMap<String, Vec<SocketAddr>>>,
+    next: AtomicUsize,
+}
+
+impl Resolver {
+    async fn addresses(&self, up: &Upstream) -> io::Result<Vec<SocketAddr>> {
+        let key = up.to_string();
+        match tokio::net::lookup_host((up.host.as_str(), up.port)).await {
+            Ok(addrs) => {
+                let addrs: Vec<SocketAddr> = addrs.collect();
+                if !addrs.is_empty() {
+                    self.last_good
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(key, addrs.clone());
+                    return Ok(addrs);
+                }
+                Err(io::Error::new(io::ErrorKind::NotFound, format!("{} has no address", up.host)))
+            }
+            Err(e) => {
+                let kept = self.last_good.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
+                match kept {
+                    Some(addrs) => {
+                        tracing::warn!(upstream = %up, error = %e, "resolution failed; using the last good addresses");
+                        Ok(addrs)
+                    }
+                    None => Err(e),
+                }
+            }
+        }
+    }
+
+    /// The addresses rotated so connections spread over them (round robin).
+    fn rotated(&self, mut addrs: Vec<SocketAddr>) -> Vec<SocketAddr> {
+        if !addrs.is_empty() {
+            let n = self.next.fetch_add(1, Ordering::Relaxed) % addrs.len();
+            addrs.rotate_left(n);
+        }
+        addrs
+    }
+}
+
+struct Shared {
+    cfg: ProxyConfig,
+    metrics: ProxyMetrics,
+    resolver: Resolver,
+    active: watch::Sender<usize>,
+}
+
+pub struct ProxyServer {
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+fn bind(addr: SocketAddr) -> Result<TcpListener, ProxyError> {
+    let fail = |e: io::Error| ProxyError::Bind {
+        addr,
+        reason: match e.kind() {
+            io::ErrorKind::PermissionDenied => format!("port {} needs CAP_NET_BIND_SERVICE", addr.port()),
+            io::ErrorKind::AddrInUse => format!("{addr} is already in use by another process"),
+            io::ErrorKind::AddrNotAvailable => format!("{} is not an address of this host", addr.ip()),
+            _ => e.to_string(),
+        },
+    };
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(fail)?;
+    s.set_reuse_address(true).map_err(fail)?;
+    // One listener per core on the same port; the kernel spreads accepts.
+    s.set_reuse_port(true).map_err(fail)?;
+    s.set_nonblocking(true).map_err(fail)?;
+    s.bind(&addr.into()).map_err(fail)?;
+    s.listen(1024).map_err(fail)?;
+    TcpListener::from_std(s.into()).map_err(fail)
+}
+
+fn keepalive(stream: &TcpStream) {
+    let sock = socket2::SockRef::from(stream);
+    let ka = TcpKeepalive::new().with_time(Duration::from_secs(60)).with_interval(Duration::from_secs(10));
+    let _ = sock.set_tcp_keepalive(&ka);
+    let _ = sock.set_nodelay(true);
+}
+
+impl ProxyServer {
+    pub async fn start(cfg: &ProxyConfig, metrics: ProxyMetrics, shutdown: Shutdown) -> Result<Self, ProxyError> {
+        let (active, _) = watch::channel(0usize);
+        let shared = Arc::new(Shared {
+            cfg: cfg.clone(),
+            metrics,
+            resolver: Resolver::default(),
+            active,
+        });
+        let per_port = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut tasks = Vec::new();
+        for l in &cfg.listeners {
+            let routing = match &l.kind {
+                ListenerKind::Plain(u) => Routing::Plain(u.clone()),
+                ListenerKind::Sni { routes, default } => Routing::Sni(
+                    SniRoutes::new(routes.iter().cloned(), default.clone()).map_err(|source| ProxyError::Routes {
+                        addr: l.listen,
+                        source,
+                    })?,
+                ),
+            };
+            let state = Arc::new(ListenerState {
+                listen: l.listen,
+                label: l.listen.port().to_string(),
+                routing,
+                limit: Semaphore::new(cfg.max_connections),
+            });
+            for _ in 0..per_port {
+                let listener = bind(l.listen)?;
+                tasks.push(tokio::spawn(accept_loop(shared.clone(), state.clone(), listener, shutdown.clone())));
+            }
+            tracing::info!(listen = %l.listen, "proxy listening");
+        }
+        Ok(ProxyServer { shared, tasks })
+    }
+
+    /// After shutdown: the accept loops have stopped; established
+    /// connections get until `deadline` to finish on their own.
+    pub async fn drain(self, deadline: Duration) {
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        let mut active = self.shared.active.subscribe();
+        let open = *active.borrow();
+        if open > 0 {
+            tracing::info!(connections = open, "draining proxied connections");
+        }
+        let _ = tokio::time::timeout(deadline, active.wait_for(|n| *n == 0)).await;
+    }
+}
+
+async fn accept_loop(shared: Arc<Shared>, state: Arc<ListenerState>, listener: TcpListener, mut shutdown: Shutdown) {
+    loop {
+        let (client, from) = tokio::select! {
+            _ = shutdown.wait() => return,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(_) => continue,
+            },
+        };
+        let Ok(permit) = state.limit.try_acquire() else {
+            shared.metrics.refused.with_label_values(&[state.label.as_str()]).inc();
+            drop(client);
+            continue;
+        };
+        permit.forget();
+        let (shared, state) = (shared.clone(), state.clone());
+        tokio::spawn(async move {
+            shared.active.send_modify(|n| *n += 1);
+            let gauge = shared.metrics.active.with_label_values(&[state.label.as_str()]);
+            gauge.inc();
+            shared.metrics.accepted.with_label_values(&[state.label.as_str()]).inc();
+            handle(&shared, &state, client, from).await;
+            gauge.dec();
+            state.limit.add_permits(1);
+            shared.active.send_modify(|n| *n -= 1);
+        });
+    }
+}
+
+/// How one connection went, for the access log.
+struct Outcome {
+    route: String,
+    upstream: Option<SocketAddr>,
+    up_bytes: u64,
+    down_bytes: u64,
+    reason: &'static str,
+}
+
+async fn handle(shared: &Shared, state: &ListenerState, mut client: TcpStream, from: SocketAddr) {
+    let started = Instant::now();
+    keepalive(&client);
+    let outcome = serve(shared, state, &mut client).await;
+    tracing::info!(
+        target: "causeway::access",
+        client = %from,
+        listener = %state.listen,
+        route = %outcome.route,
+        upstream = outcome.upstream.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
+        bytes_up = outcome.up_bytes,
+        bytes_down = outcome.down_bytes,
+        duration_ms = started.elapsed().as_millis() as u64,
+        reason = outcome.reason,
+        "connection closed"
+    );
+}
+
+async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -> Outcome {
+    let mut out = Outcome {
+        route: "-".into(),
+        upstream: None,
+        up_bytes: 0,
+        down_bytes: 0,
+        reason: "closed",
+    };
+    let label = state.label.as_str();
+    let mut peeked = Vec::new();
+    let target = match &state.routing {
+        Routing::Plain(u) => u.clone(),
+        Routing::Sni(routes) => {
+            let found = tokio::time::timeout(shared.cfg.hello_timeout, read_hello(client, &mut peeked)).await;
+            let p = match found {
+                Ok(Ok(p)) => p,
+                Ok(Err(_)) => {
+                    out.reason = "client_closed_before_hello";
+                    return out;
+                }
+                Err(_) => {
+                    shared.metrics.sni_failures.with_label_values(&[label, "hello_timeout"]).inc();
+                    out.reason = "hello_timeout";
+                    return out;
+                }
+            };
+            match &p {
+                Peek::Sni(name) => out.route = name.clone(),
+                Peek::NoSni => out.route = "(no sni)".into(),
+                Peek::NotTls(why) => {
+                    shared.metrics.sni_failures.with_label_values(&[label, why.label()]).inc();
+                    out.route = "(not tls)".into();
+                }
+                Peek::NeedMore => {}
+            }
+            match routes.choose(&p) {
+                Some(u) => u.clone(),
+                None => {
+                    shared.metrics.connect_errors.with_label_values(&[label, "no_route"]).inc();
+                    out.reason = "no_route";
+                    return out;
+                }
+            }
+        }
+    };
+    if out.route == "-" {
+        out.route = target.to_string();
+    }
+    let Some((mut upstream, addr)) = connect(shared, label, &target).await else {
+        out.reason = "connect_failed";
+        return out;
+    };
+    out.upstream = Some(addr);
+    keepalive(&upstream);
+    if !peeked.is_empty() {
+        if upstream.write_all(&peeked).await.is_err() {
+            out.reason = "upstream_write_failed";
+            return out;
+        }
+        out.up_bytes += peeked.len() as u64;
+    }
+    match tokio::io::copy_bidirectional(client, &mut upstream).await {
+        Ok((up, down)) => {
+            out.up_bytes += up;
+            out.down_bytes += down;
+        }
+        Err(_) => out.reason = "reset",
+    }
+    shared.metrics.bytes.with_label_values(&[label, "up"]).inc_by(out.up_bytes);
+    shared.metrics.bytes.with_label_values(&[label, "down"]).inc_by(out.down_bytes);
+    out
+}
+
+/// Reads the client's first bytes until the hello's name is known.
+async fn read_hello(client: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<Peek> {
+    let mut chunk = [0u8; 4096];
+    loop {
+        let p = peek(buf);
+        if p != Peek::NeedMore {
+            return Ok(p);
+        }
+        if buf.len() >= MAX_HELLO {
+            return Ok(peek(buf));
+        }
+        let n = client.read(&mut chunk).await?;
+        if n == 0 {
+            // The client sent what it will send: whatever it is goes to
+            // the default route.
+            return Ok(match peek(buf) {
+                Peek::NeedMore => Peek::NotTls(crate::hello::NotTls::Malformed),
+                p => p,
+            });
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Connects to the first address of `up` that answers, trying each in turn.
+async fn connect(shared: &Shared, label: &str, up: &Upstream) -> Option<(TcpStream, SocketAddr)> {
+    let addrs = match shared.resolver.addresses(up).await {
+        Ok(a) => shared.resolver.rotated(a),
+        Err(e) => {
+            shared.metrics.connect_errors.with_label_values(&[label, "resolve"]).inc();
+            tracing::warn!(upstream = %up, error = %e, "cannot resolve upstream");
+            return None;
+        }
+    };
+    for addr in addrs {
+        let started = Instant::now();
+        match tokio::time::timeout(shared.cfg.connect_timeout, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => {
+                shared.metrics.connect_seconds.with_label_values(&[label]).observe(started.elapsed().as_secs_f64());
+                return Some((s, addr));
+            }
+            Ok(Err(e)) => {
+                let reason = match e.kind() {
+                    io::ErrorKind::ConnectionRefused => "refused",
+                    _ => "error",
+                };
+                shared.metrics.connect_errors.with_label_values(&[label, reason]).inc();
+            }
+            Err(_) => shared.metrics.connect_errors.with_label_values(&[label, "timeout"]).inc(),
+        }
+    }
+    None
+}

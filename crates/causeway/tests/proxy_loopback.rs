@@ -1,0 +1,326 @@
+//! The L4 proxy on loopback with real TLS peers: `openssl s_server`
+//! upstreams, each with its own certificate, and `curl` and
+//! `openssl s_client` as clients. Needs no privileges.
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const DEADLINE: Duration = Duration::from_secs(15);
+
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn cert(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let (pem, key) = (
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}.key")),
+    );
+    let ok = Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+        ])
+        .arg(format!("/CN={name}"))
+        .arg("-addext")
+        .arg(format!("subjectAltName=DNS:{name}"))
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&pem)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "openssl req failed");
+    (pem, key)
+}
+
+/// An `openssl s_server` on loopback answering HTTP with its own
+/// certificate, so a client through the proxy sees which upstream it got.
+fn tls_upstream(dir: &Path, name: &str) -> (Guard, u16, PathBuf) {
+    let (pem, key) = cert(dir, name);
+    let port = free_port();
+    let child = Command::new("openssl")
+        .args(["s_server", "-quiet", "-www", "-accept"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("-cert")
+        .arg(&pem)
+        .arg("-key")
+        .arg(&key)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("s_server", || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    (Guard(child), port, pem)
+}
+
+struct Proxy {
+    child: Guard,
+    admin: u16,
+}
+
+fn start_proxy(dir: &Path, body: &str) -> Proxy {
+    let admin = free_port();
+    let cfg = dir.join("proxy.yaml");
+    std::fs::write(
+        &cfg,
+        format!("admin: {{listen: \"127.0.0.1:{admin}\"}}\ncluster: {{name: hc1, baseDomain: example.com}}\nproxy:\n  listenAddress: 127.0.0.1\n{body}"),
+    )
+    .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_causeway"))
+        .args(["proxy", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("proxy.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let proxy = Proxy {
+        child: Guard(child),
+        admin,
+    };
+    wait_for("/readyz", || {
+        http_get(admin, "/readyz")
+            .is_some_and(|b| b.lines().next().is_some_and(|l| l.contains(" 200 ")))
+    });
+    proxy
+}
+
+fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(body)
+}
+
+/// The subject a TLS client sees through the proxy.
+fn subject_through(port: u16, sni: Option<&str>) -> String {
+    let mut cmd = Command::new("openssl");
+    cmd.args(["s_client", "-connect"])
+        .arg(format!("127.0.0.1:{port}"));
+    match sni {
+        Some(n) => cmd.args(["-servername", n]),
+        None => cmd.arg("-noservername"),
+    };
+    let out = cmd
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.starts_with("subject="))
+        .unwrap_or("")
+        .to_string()
+}
+
+#[test]
+fn sni_routes_the_wildcard_the_default_and_plain_tcp() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_oauth, oauth_port, oauth_pem) = tls_upstream(dir.path(), "oauth.hc1.example.com");
+    let (_apps, apps_port, _) = tls_upstream(dir.path(), "ingress.apps.hc1.example.com");
+    let (_ign, ign_port, _) = tls_upstream(dir.path(), "ignition.hc1.example.com");
+    let (sni_port, api_port) = (free_port(), free_port());
+    let proxy = start_proxy(
+        dir.path(),
+        &format!(
+            "  listeners:\n    - {{port: {api_port}, upstream: \"127.0.0.1:{oauth_port}\"}}\n    - port: {sni_port}\n      routes:\n        - {{sni: oauth.hc1.example.com, upstream: \"127.0.0.1:{oauth_port}\"}}\n        - {{sni: \"*.apps.hc1.example.com\", upstream: \"127.0.0.1:{apps_port}\"}}\n      default: \"127.0.0.1:{ign_port}\"\n"
+        ),
+    );
+    assert!(
+        subject_through(sni_port, Some("oauth.hc1.example.com")).contains("oauth.hc1.example.com")
+    );
+    assert!(subject_through(sni_port, Some("a.b.apps.hc1.example.com")).contains("ingress.apps"));
+    assert!(subject_through(sni_port, None).contains("ignition"));
+    assert!(subject_through(sni_port, Some("unknown.example.org")).contains("ignition"));
+    assert!(subject_through(api_port, Some("anything")).contains("oauth"));
+
+    // curl verifies the upstream's certificate for the name it asked for.
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--cacert"])
+        .arg(&oauth_pem)
+        .arg("--resolve")
+        .arg(format!("oauth.hc1.example.com:{sni_port}:127.0.0.1"))
+        .arg(format!("https://oauth.hc1.example.com:{sni_port}/"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("s_server"),
+        "not the upstream's page"
+    );
+
+    let metrics = http_get(proxy.admin, "/metrics").unwrap();
+    assert!(
+        metrics.contains(&format!(
+            "causeway_proxy_connections_total{{listener=\"{sni_port}\"}} 5"
+        )),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn half_close_is_relayed_so_an_upstream_can_answer_after_eof() {
+    let dir = tempfile::tempdir().unwrap();
+    // An upstream that reads to EOF, then answers with how much it read.
+    let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+    let up_port = upstream.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = upstream.accept().unwrap();
+        let mut all = Vec::new();
+        s.read_to_end(&mut all).unwrap();
+        write!(s, "read {} bytes", all.len()).unwrap();
+    });
+    let port = free_port();
+    let _proxy = start_proxy(
+        dir.path(),
+        &format!("  listeners:\n    - {{port: {port}, upstream: \"127.0.0.1:{up_port}\"}}\n"),
+    );
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    c.write_all(&[7u8; 100_000]).unwrap();
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut reply = String::new();
+    c.read_to_string(&mut reply).unwrap();
+    assert_eq!(reply, "read 100000 bytes");
+    server.join().unwrap();
+}
+
+#[test]
+fn a_slow_hello_is_cut_at_the_timeout_and_the_limit_refuses_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_up, up_port, _) = tls_upstream(dir.path(), "oauth.hc1.example.com");
+    let port = free_port();
+    let proxy = start_proxy(
+        dir.path(),
+        &format!(
+            "  helloTimeout: 1s\n  maxConnections: 2\n  listeners:\n    - port: {port}\n      routes: [{{sni: oauth.hc1.example.com, upstream: \"127.0.0.1:{up_port}\"}}]\n"
+        ),
+    );
+    // Slowloris: a TLS record header and nothing more.
+    let mut slow = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    slow.write_all(&[22, 3, 1, 2, 0]).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 16];
+    let n = slow.read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "the proxy must close, not answer");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "cut after {:?}",
+        started.elapsed()
+    );
+
+    // Two held connections fill the limit; a third is closed at once.
+    let _a = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let _b = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    wait_for("two active connections", || {
+        http_get(proxy.admin, "/metrics").is_some_and(|m| {
+            m.contains(&format!(
+                "causeway_proxy_connections_active{{listener=\"{port}\"}} 2"
+            ))
+        })
+    });
+    let mut third = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    assert_eq!(third.read(&mut buf).unwrap_or(0), 0);
+    let metrics = http_get(proxy.admin, "/metrics").unwrap();
+    assert!(
+        metrics.contains(&format!(
+            "causeway_proxy_refused_total{{listener=\"{port}\"}} 1"
+        )),
+        "{metrics}"
+    );
+    assert!(metrics.contains("reason=\"hello_timeout\"} 1"), "{metrics}");
+}
+
+#[test]
+fn sigterm_lets_an_inflight_transfer_finish_then_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+    let up_port = upstream.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = upstream.accept().unwrap();
+        let mut go = [0u8; 1];
+        s.read_exact(&mut go).unwrap();
+        s.write_all(&vec![1u8; 1_000_000]).unwrap();
+    });
+    let port = free_port();
+    let mut proxy = start_proxy(
+        dir.path(),
+        &format!("  listeners:\n    - {{port: {port}, upstream: \"127.0.0.1:{up_port}\"}}\n"),
+    );
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    wait_for("the connection to be proxied", || {
+        http_get(proxy.admin, "/metrics").is_some_and(|m| {
+            m.contains(&format!(
+                "causeway_proxy_connections_active{{listener=\"{port}\"}} 1"
+            ))
+        })
+    });
+    let pid = proxy.child.0.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    // New connections are no longer accepted once the listener is gone.
+    wait_for("the listener to close", || {
+        TcpStream::connect(("127.0.0.1", port)).is_err()
+    });
+    c.write_all(&[1]).unwrap();
+    let mut got = Vec::new();
+    c.read_to_end(&mut got).unwrap();
+    assert_eq!(got.len(), 1_000_000, "the in-flight transfer was cut");
+    // The client closes its side too; the connection is then done.
+    drop(c);
+    server.join().unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = proxy.child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < DEADLINE, "no exit after the drain");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+}
