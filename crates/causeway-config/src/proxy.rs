@@ -25,6 +25,7 @@ pub struct FileProxy {
     pub listeners: Vec<FileListener>,
     pub connect_timeout: Option<FileDuration>,
     pub hello_timeout: Option<FileDuration>,
+    pub idle_timeout: Option<FileDuration>,
     pub max_connections: Option<usize>,
 }
 
@@ -84,6 +85,7 @@ pub struct ProxyConfig {
     pub listeners: Vec<Listener>,
     pub connect_timeout: Duration,
     pub hello_timeout: Duration,
+    pub idle_timeout: Duration,
     pub max_connections: usize,
 }
 
@@ -256,6 +258,11 @@ pub(crate) fn validate(
         .as_ref()
         .and_then(|v| c.duration("proxy.helloTimeout", v))
         .unwrap_or(Duration::from_secs(10));
+    let idle_timeout = p
+        .idle_timeout
+        .as_ref()
+        .and_then(|v| c.duration("proxy.idleTimeout", v))
+        .unwrap_or(Duration::from_secs(3600));
     Some(ProxyConfig {
         listeners: listeners
             .into_iter()
@@ -266,6 +273,7 @@ pub(crate) fn validate(
             .collect(),
         connect_timeout,
         hello_timeout,
+        idle_timeout,
         max_connections: p.max_connections.unwrap_or(10_000).max(1),
     })
 }

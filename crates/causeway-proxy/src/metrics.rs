@@ -17,32 +17,55 @@ impl ProxyMetrics {
     pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
         let m = ProxyMetrics {
             accepted: IntCounterVec::new(
-                Opts::new("causeway_proxy_connections_total", "Client connections accepted, per listener port"),
+                Opts::new(
+                    "causeway_proxy_connections_total",
+                    "Client connections accepted, per listener port",
+                ),
                 &["listener"],
             )?,
             active: IntGaugeVec::new(
-                Opts::new("causeway_proxy_connections_active", "Client connections open, per listener port"),
+                Opts::new(
+                    "causeway_proxy_connections_active",
+                    "Client connections open, per listener port",
+                ),
                 &["listener"],
             )?,
             refused: IntCounterVec::new(
-                Opts::new("causeway_proxy_refused_total", "Connections closed at once because the listener was at its limit"),
+                Opts::new(
+                    "causeway_proxy_refused_total",
+                    "Connections closed at once because the listener was at its limit",
+                ),
                 &["listener"],
             )?,
             bytes: IntCounterVec::new(
-                Opts::new("causeway_proxy_bytes_total", "Bytes relayed, per listener and direction (up: client to upstream)"),
+                Opts::new(
+                    "causeway_proxy_bytes_total",
+                    "Bytes relayed, per listener and direction (up: client to upstream)",
+                ),
                 &["listener", "direction"],
             )?,
             connect_errors: IntCounterVec::new(
-                Opts::new("causeway_proxy_connect_errors_total", "Upstream connections that failed, per listener and reason"),
+                Opts::new(
+                    "causeway_proxy_connect_errors_total",
+                    "Upstream connections that failed, per listener and reason",
+                ),
                 &["listener", "reason"],
             )?,
             connect_seconds: HistogramVec::new(
-                HistogramOpts::new("causeway_proxy_connect_seconds", "Time to connect to an upstream")
-                    .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0]),
+                HistogramOpts::new(
+                    "causeway_proxy_connect_seconds",
+                    "Time to connect to an upstream",
+                )
+                .buckets(vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0,
+                ]),
                 &["listener"],
             )?,
             sni_failures: IntCounterVec::new(
-                Opts::new("causeway_proxy_sni_failures_total", "ClientHellos not read, per listener and reason"),
+                Opts::new(
+                    "causeway_proxy_sni_failures_total",
+                    "ClientHellos not read, per listener and reason",
+                ),
                 &["listener", "reason"],
             )?,
         };

@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 
 use crate::hello::{peek, Peek, MAX_HELLO};
 use crate::metrics::ProxyMetrics;
+use crate::relay::relay;
 use crate::route::{RouteError, SniRoutes};
 
 #[derive(Debug, thiserror::Error)]
@@ -25,7 +26,10 @@ pub enum ProxyError {
     #[error("proxy listen on {addr}: {reason}")]
     Bind { addr: SocketAddr, reason: String },
     #[error("proxy routes on {addr}: {source}")]
-    Routes { addr: SocketAddr, source: RouteError },
+    Routes {
+        addr: SocketAddr,
+        source: RouteError,
+    },
 }
 
 /// Where a listener sends a connection.
@@ -62,10 +66,18 @@ impl Resolver {
                         .insert(key, addrs.clone());
                     return Ok(addrs);
                 }
-                Err(io::Error::new(io::ErrorKind::NotFound, format!("{} has no address", up.host)))
+                Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("{} has no address", up.host),
+                ))
             }
             Err(e) => {
-                let kept = self.last_good.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
+                let kept = self
+                    .last_good
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&key)
+                    .cloned();
                 match kept {
                     Some(addrs) => {
                         tracing::warn!(upstream = %up, error = %e, "resolution failed; using the last good addresses");
@@ -103,13 +115,18 @@ fn bind(addr: SocketAddr) -> Result<TcpListener, ProxyError> {
     let fail = |e: io::Error| ProxyError::Bind {
         addr,
         reason: match e.kind() {
-            io::ErrorKind::PermissionDenied => format!("port {} needs CAP_NET_BIND_SERVICE", addr.port()),
+            io::ErrorKind::PermissionDenied => {
+                format!("port {} needs CAP_NET_BIND_SERVICE", addr.port())
+            }
             io::ErrorKind::AddrInUse => format!("{addr} is already in use by another process"),
-            io::ErrorKind::AddrNotAvailable => format!("{} is not an address of this host", addr.ip()),
+            io::ErrorKind::AddrNotAvailable => {
+                format!("{} is not an address of this host", addr.ip())
+            }
             _ => e.to_string(),
         },
     };
-    let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(fail)?;
+    let s =
+        Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(fail)?;
     s.set_reuse_address(true).map_err(fail)?;
     // One listener per core on the same port; the kernel spreads accepts.
     s.set_reuse_port(true).map_err(fail)?;
@@ -121,13 +138,19 @@ fn bind(addr: SocketAddr) -> Result<TcpListener, ProxyError> {
 
 fn keepalive(stream: &TcpStream) {
     let sock = socket2::SockRef::from(stream);
-    let ka = TcpKeepalive::new().with_time(Duration::from_secs(60)).with_interval(Duration::from_secs(10));
+    let ka = TcpKeepalive::new()
+        .with_time(Duration::from_secs(60))
+        .with_interval(Duration::from_secs(10));
     let _ = sock.set_tcp_keepalive(&ka);
     let _ = sock.set_nodelay(true);
 }
 
 impl ProxyServer {
-    pub async fn start(cfg: &ProxyConfig, metrics: ProxyMetrics, shutdown: Shutdown) -> Result<Self, ProxyError> {
+    pub async fn start(
+        cfg: &ProxyConfig,
+        metrics: ProxyMetrics,
+        shutdown: Shutdown,
+    ) -> Result<Self, ProxyError> {
         let (active, _) = watch::channel(0usize);
         let shared = Arc::new(Shared {
             cfg: cfg.clone(),
@@ -141,9 +164,11 @@ impl ProxyServer {
             let routing = match &l.kind {
                 ListenerKind::Plain(u) => Routing::Plain(u.clone()),
                 ListenerKind::Sni { routes, default } => Routing::Sni(
-                    SniRoutes::new(routes.iter().cloned(), default.clone()).map_err(|source| ProxyError::Routes {
-                        addr: l.listen,
-                        source,
+                    SniRoutes::new(routes.iter().cloned(), default.clone()).map_err(|source| {
+                        ProxyError::Routes {
+                            addr: l.listen,
+                            source,
+                        }
                     })?,
                 ),
             };
@@ -155,7 +180,12 @@ impl ProxyServer {
             });
             for _ in 0..per_port {
                 let listener = bind(l.listen)?;
-                tasks.push(tokio::spawn(accept_loop(shared.clone(), state.clone(), listener, shutdown.clone())));
+                tasks.push(tokio::spawn(accept_loop(
+                    shared.clone(),
+                    state.clone(),
+                    listener,
+                    shutdown.clone(),
+                )));
             }
             tracing::info!(listen = %l.listen, "proxy listening");
         }
@@ -177,7 +207,12 @@ impl ProxyServer {
     }
 }
 
-async fn accept_loop(shared: Arc<Shared>, state: Arc<ListenerState>, listener: TcpListener, mut shutdown: Shutdown) {
+async fn accept_loop(
+    shared: Arc<Shared>,
+    state: Arc<ListenerState>,
+    listener: TcpListener,
+    mut shutdown: Shutdown,
+) {
     loop {
         let (client, from) = tokio::select! {
             _ = shutdown.wait() => return,
@@ -187,7 +222,11 @@ async fn accept_loop(shared: Arc<Shared>, state: Arc<ListenerState>, listener: T
             },
         };
         let Ok(permit) = state.limit.try_acquire() else {
-            shared.metrics.refused.with_label_values(&[state.label.as_str()]).inc();
+            shared
+                .metrics
+                .refused
+                .with_label_values(&[state.label.as_str()])
+                .inc();
             drop(client);
             continue;
         };
@@ -195,9 +234,16 @@ async fn accept_loop(shared: Arc<Shared>, state: Arc<ListenerState>, listener: T
         let (shared, state) = (shared.clone(), state.clone());
         tokio::spawn(async move {
             shared.active.send_modify(|n| *n += 1);
-            let gauge = shared.metrics.active.with_label_values(&[state.label.as_str()]);
+            let gauge = shared
+                .metrics
+                .active
+                .with_label_values(&[state.label.as_str()]);
             gauge.inc();
-            shared.metrics.accepted.with_label_values(&[state.label.as_str()]).inc();
+            shared
+                .metrics
+                .accepted
+                .with_label_values(&[state.label.as_str()])
+                .inc();
             handle(&shared, &state, client, from).await;
             gauge.dec();
             state.limit.add_permits(1);
@@ -246,7 +292,9 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
     let target = match &state.routing {
         Routing::Plain(u) => u.clone(),
         Routing::Sni(routes) => {
-            let found = tokio::time::timeout(shared.cfg.hello_timeout, read_hello(client, &mut peeked)).await;
+            let found =
+                tokio::time::timeout(shared.cfg.hello_timeout, read_hello(client, &mut peeked))
+                    .await;
             let p = match found {
                 Ok(Ok(p)) => p,
                 Ok(Err(_)) => {
@@ -254,7 +302,11 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
                     return out;
                 }
                 Err(_) => {
-                    shared.metrics.sni_failures.with_label_values(&[label, "hello_timeout"]).inc();
+                    shared
+                        .metrics
+                        .sni_failures
+                        .with_label_values(&[label, "hello_timeout"])
+                        .inc();
                     out.reason = "hello_timeout";
                     return out;
                 }
@@ -263,7 +315,11 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
                 Peek::Sni(name) => out.route = name.clone(),
                 Peek::NoSni => out.route = "(no sni)".into(),
                 Peek::NotTls(why) => {
-                    shared.metrics.sni_failures.with_label_values(&[label, why.label()]).inc();
+                    shared
+                        .metrics
+                        .sni_failures
+                        .with_label_values(&[label, why.label()])
+                        .inc();
                     out.route = "(not tls)".into();
                 }
                 Peek::NeedMore => {}
@@ -271,7 +327,11 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
             match routes.choose(&p) {
                 Some(u) => u.clone(),
                 None => {
-                    shared.metrics.connect_errors.with_label_values(&[label, "no_route"]).inc();
+                    shared
+                        .metrics
+                        .connect_errors
+                        .with_label_values(&[label, "no_route"])
+                        .inc();
                     out.reason = "no_route";
                     return out;
                 }
@@ -294,15 +354,20 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
         }
         out.up_bytes += peeked.len() as u64;
     }
-    match tokio::io::copy_bidirectional(client, &mut upstream).await {
-        Ok((up, down)) => {
-            out.up_bytes += up;
-            out.down_bytes += down;
-        }
-        Err(_) => out.reason = "reset",
-    }
-    shared.metrics.bytes.with_label_values(&[label, "up"]).inc_by(out.up_bytes);
-    shared.metrics.bytes.with_label_values(&[label, "down"]).inc_by(out.down_bytes);
+    let relayed = relay(client, &upstream, shared.cfg.idle_timeout).await;
+    out.up_bytes += relayed.up;
+    out.down_bytes = relayed.down;
+    out.reason = relayed.ended.label();
+    shared
+        .metrics
+        .bytes
+        .with_label_values(&[label, "up"])
+        .inc_by(out.up_bytes);
+    shared
+        .metrics
+        .bytes
+        .with_label_values(&[label, "down"])
+        .inc_by(out.down_bytes);
     out
 }
 
@@ -335,7 +400,11 @@ async fn connect(shared: &Shared, label: &str, up: &Upstream) -> Option<(TcpStre
     let addrs = match shared.resolver.addresses(up).await {
         Ok(a) => shared.resolver.rotated(a),
         Err(e) => {
-            shared.metrics.connect_errors.with_label_values(&[label, "resolve"]).inc();
+            shared
+                .metrics
+                .connect_errors
+                .with_label_values(&[label, "resolve"])
+                .inc();
             tracing::warn!(upstream = %up, error = %e, "cannot resolve upstream");
             return None;
         }
@@ -344,7 +413,11 @@ async fn connect(shared: &Shared, label: &str, up: &Upstream) -> Option<(TcpStre
         let started = Instant::now();
         match tokio::time::timeout(shared.cfg.connect_timeout, TcpStream::connect(addr)).await {
             Ok(Ok(s)) => {
-                shared.metrics.connect_seconds.with_label_values(&[label]).observe(started.elapsed().as_secs_f64());
+                shared
+                    .metrics
+                    .connect_seconds
+                    .with_label_values(&[label])
+                    .observe(started.elapsed().as_secs_f64());
                 return Some((s, addr));
             }
             Ok(Err(e)) => {
@@ -352,9 +425,17 @@ async fn connect(shared: &Shared, label: &str, up: &Upstream) -> Option<(TcpStre
                     io::ErrorKind::ConnectionRefused => "refused",
                     _ => "error",
                 };
-                shared.metrics.connect_errors.with_label_values(&[label, reason]).inc();
+                shared
+                    .metrics
+                    .connect_errors
+                    .with_label_values(&[label, reason])
+                    .inc();
             }
-            Err(_) => shared.metrics.connect_errors.with_label_values(&[label, "timeout"]).inc(),
+            Err(_) => shared
+                .metrics
+                .connect_errors
+                .with_label_values(&[label, "timeout"])
+                .inc(),
         }
     }
     None

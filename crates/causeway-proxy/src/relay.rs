@@ -1,0 +1,241 @@
+//! The byte relay between a client and its upstream: both directions at
+//! once, each ending with a half-close (shutdown of the other side's write)
+//! at EOF, the whole connection ended after an idle timeout.
+//!
+//! On Linux each direction moves bytes with splice(2) through a pipe, so
+//! they never enter user space; where splice is refused it falls back to
+//! a buffered copy.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{splice, OFlag, SpliceFFlags};
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+
+/// Bytes one splice call may move: the default pipe capacity.
+const CHUNK: usize = 64 * 1024;
+
+/// Why a relay ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Both sides finished (EOF each way).
+    Closed,
+    IdleTimeout,
+    /// A read or write failed (a reset, most often).
+    Error,
+}
+
+impl Ended {
+    pub fn label(self) -> &'static str {
+        match self {
+            Ended::Closed => "closed",
+            Ended::IdleTimeout => "idle_timeout",
+            Ended::Error => "reset",
+        }
+    }
+}
+
+pub struct Relayed {
+    pub up: u64,
+    pub down: u64,
+    pub ended: Ended,
+}
+
+/// Counts bytes each way and remembers when any last moved.
+struct Activity {
+    start: Instant,
+    last_ms: AtomicU64,
+    up: AtomicU64,
+    down: AtomicU64,
+}
+
+impl Activity {
+    fn touch(&self, up: bool, n: usize) {
+        let counter = if up { &self.up } else { &self.down };
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn idle_for(&self) -> Duration {
+        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        Duration::from_millis(now.saturating_sub(self.last_ms.load(Ordering::Relaxed)))
+    }
+}
+
+/// Relays until both directions end or nothing moves for `idle`.
+pub async fn relay(client: &TcpStream, upstream: &TcpStream, idle: Duration) -> Relayed {
+    let activity = Activity {
+        start: Instant::now(),
+        last_ms: AtomicU64::new(0),
+        up: AtomicU64::new(0),
+        down: AtomicU64::new(0),
+    };
+    let both = async {
+        let (a, b) = tokio::join!(
+            one_way(client, upstream, &activity, true),
+            one_way(upstream, client, &activity, false)
+        );
+        if a.is_ok() && b.is_ok() {
+            Ended::Closed
+        } else {
+            Ended::Error
+        }
+    };
+    let watchdog = async {
+        let tick = (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));
+        loop {
+            tokio::time::sleep(tick).await;
+            if activity.idle_for() >= idle {
+                return Ended::IdleTimeout;
+            }
+        }
+    };
+    let ended = tokio::select! {
+        e = both => e,
+        e = watchdog => e,
+    };
+    Relayed {
+        up: activity.up.load(Ordering::Relaxed),
+        down: activity.down.load(Ordering::Relaxed),
+        ended,
+    }
+}
+
+fn shutdown_write(s: &TcpStream) {
+    let _ = socket2::SockRef::from(s).shutdown(std::net::Shutdown::Write);
+}
+
+/// One direction: until EOF on `from`, then a half-close of `to`.
+async fn one_way(
+    from: &TcpStream,
+    to: &TcpStream,
+    activity: &Activity,
+    up: bool,
+) -> io::Result<()> {
+    let result = match nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC) {
+        Ok(pipe) => spliced(from, to, pipe, activity, up).await,
+        Err(_) => copied(from, to, activity, up).await,
+    };
+    shutdown_write(to);
+    result
+}
+
+fn splice_flags() -> SpliceFFlags {
+    SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE
+}
+
+async fn spliced(
+    from: &TcpStream,
+    to: &TcpStream,
+    (pipe_r, pipe_w): (OwnedFd, OwnedFd),
+    activity: &Activity,
+    up: bool,
+) -> io::Result<()> {
+    loop {
+        from.readable().await?;
+        let n = match from.try_io(Interest::READABLE, || {
+            splice(from, None, &pipe_w, None, CHUNK, splice_flags()).map_err(io::Error::from)
+        }) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            // Sockets that cannot splice (never on Linux TCP, but be sure).
+            Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => {
+                return copied(from, to, activity, up).await
+            }
+            Err(e) => return Err(e),
+        };
+        let mut left = n;
+        while left > 0 {
+            to.writable().await?;
+            match to.try_io(Interest::WRITABLE, || {
+                splice(&pipe_r, None, to, None, left, splice_flags()).map_err(io::Error::from)
+            }) {
+                Ok(m) => left -= m,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        activity.touch(up, n);
+    }
+}
+
+async fn copied(from: &TcpStream, to: &TcpStream, activity: &Activity, up: bool) -> io::Result<()> {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        from.readable().await?;
+        let n = match from.try_read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        };
+        let mut at = 0;
+        while at < n {
+            to.writable().await?;
+            match to.try_write(&buf[at..n]) {
+                Ok(m) => at += m,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        activity.touch(up, n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// A client and its proxied upstream, with the relay running between
+    /// the proxy's two sockets.
+    async fn pair(idle: Duration) -> (TcpStream, TcpStream, tokio::task::JoinHandle<Relayed>) {
+        let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let back = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(front.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (proxy_client, _) = front.accept().await.unwrap();
+        let proxy_upstream = TcpStream::connect(back.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (upstream, _) = back.accept().await.unwrap();
+        let task = tokio::spawn(async move { relay(&proxy_client, &proxy_upstream, idle).await });
+        (client, upstream, task)
+    }
+
+    #[tokio::test]
+    async fn bytes_cross_both_ways_and_half_close_passes_through() {
+        let (mut client, mut upstream, task) = pair(Duration::from_secs(30)).await;
+        let payload = vec![5u8; 300_000];
+        client.write_all(&payload).await.unwrap();
+        client.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        upstream.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, payload);
+        // After the client's EOF the upstream can still answer.
+        upstream.write_all(b"done").await.unwrap();
+        upstream.shutdown().await.unwrap();
+        let mut reply = Vec::new();
+        client.read_to_end(&mut reply).await.unwrap();
+        assert_eq!(reply, b"done");
+        let r = task.await.unwrap();
+        assert_eq!((r.up, r.down, r.ended), (300_000, 4, Ended::Closed));
+    }
+
+    #[tokio::test]
+    async fn a_silent_connection_ends_at_the_idle_timeout() {
+        let (mut client, _upstream, task) = pair(Duration::from_millis(200)).await;
+        let r = task.await.unwrap();
+        assert_eq!(r.ended, Ended::IdleTimeout);
+        let mut buf = [0u8; 1];
+        // The proxy's sockets are gone: the client sees EOF.
+        assert_eq!(client.read(&mut buf).await.unwrap_or(0), 0);
+    }
+}
