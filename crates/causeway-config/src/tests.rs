@@ -352,10 +352,7 @@ fn proxy_routes_are_derived_from_the_cluster() {
     assert_eq!(p.listeners[0].listen.to_string(), "192.168.100.2:6443");
     assert_eq!(
         p.listeners[0].kind,
-        ListenerKind::Plain(Upstream {
-            host: "kube-apiserver.clusters-hc1.svc".into(),
-            port: 6443
-        })
+        ListenerKind::Plain(Upstream::named("kube-apiserver.clusters-hc1.svc", 6443))
     );
     let ListenerKind::Sni { routes, default } = &p.listeners[1].kind else {
         panic!("443 routes by SNI")

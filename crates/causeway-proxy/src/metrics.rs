@@ -11,6 +11,7 @@ pub struct ProxyMetrics {
     pub connect_errors: IntCounterVec,
     pub connect_seconds: HistogramVec,
     pub sni_failures: IntCounterVec,
+    pub ejections: IntCounterVec,
 }
 
 impl ProxyMetrics {
@@ -68,7 +69,12 @@ impl ProxyMetrics {
                 ),
                 &["listener", "reason"],
             )?,
+            ejections: IntCounterVec::new(
+                Opts::new("causeway_proxy_ejections_total", "Upstream addresses ejected after repeated connect failures"),
+                &["listener"],
+            )?,
         };
+        registry.register(Box::new(m.ejections.clone()))?;
         registry.register(Box::new(m.accepted.clone()))?;
         registry.register(Box::new(m.active.clone()))?;
         registry.register(Box::new(m.refused.clone()))?;

@@ -5,10 +5,10 @@ use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use causeway_config::{ListenerKind, ProxyConfig, Upstream};
+use causeway_config::{Listener, ListenerKind, ProxyConfig, Upstream};
 use causeway_runtime::Shutdown;
 use socket2::{Domain, Protocol, Socket, TcpKeepalive, Type};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -41,8 +41,62 @@ enum Routing {
 struct ListenerState {
     listen: SocketAddr,
     label: String,
-    routing: Routing,
+    /// Swapped whole by a reload; a connection keeps the routing it began with.
+    routing: RwLock<Arc<Routing>>,
     limit: Semaphore,
+}
+
+impl ListenerState {
+    fn routing(&self) -> Arc<Routing> {
+        self.routing.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+fn routing_of(l: &Listener) -> Result<Routing, ProxyError> {
+    Ok(match &l.kind {
+        ListenerKind::Plain(u) => Routing::Plain(u.clone()),
+        ListenerKind::Sni { routes, default } => Routing::Sni(
+            SniRoutes::new(routes.iter().cloned(), default.clone()).map_err(|source| ProxyError::Routes {
+                addr: l.listen,
+                source,
+            })?,
+        ),
+    })
+}
+
+/// Consecutive connect failures after which an address is skipped.
+const FAILURES_TO_EJECT: u32 = 3;
+/// How long an ejected address is skipped.
+const EJECT_FOR: Duration = Duration::from_secs(10);
+
+/// Passive outlier ejection: addresses that keep failing to connect are
+/// tried last for a while.
+#[derive(Default)]
+struct Outliers {
+    state: Mutex<HashMap<SocketAddr, (u32, Option<Instant>)>>,
+}
+
+impl Outliers {
+    fn ejected(&self, addr: &SocketAddr) -> bool {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.get(addr).and_then(|(_, until)| *until).is_some_and(|u| Instant::now() < u)
+    }
+
+    /// Records a failure; true when it ejects the address.
+    fn failed(&self, addr: SocketAddr) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = state.entry(addr).or_insert((0, None));
+        entry.0 += 1;
+        if entry.0 >= FAILURES_TO_EJECT && entry.1.is_none_or(|u| Instant::now() >= u) {
+            entry.1 = Some(Instant::now() + EJECT_FOR);
+            return true;
+        }
+        false
+    }
+
+    fn succeeded(&self, addr: &SocketAddr) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).remove(addr);
+    }
 }
 
 /// Upstream host names resolve at each connection, so a changed address is
@@ -55,6 +109,9 @@ struct Resolver {
 
 impl Resolver {
     async fn addresses(&self, up: &Upstream) -> io::Result<Vec<SocketAddr>> {
+        if !up.addresses.is_empty() {
+            return Ok(up.addresses.clone());
+        }
         let key = up.to_string();
         match tokio::net::lookup_host((up.host.as_str(), up.port)).await {
             Ok(addrs) => {
@@ -100,14 +157,22 @@ impl Resolver {
 }
 
 struct Shared {
-    cfg: ProxyConfig,
+    cfg: RwLock<ProxyConfig>,
     metrics: ProxyMetrics,
     resolver: Resolver,
+    outliers: Outliers,
     active: watch::Sender<usize>,
+}
+
+impl Shared {
+    fn cfg(&self) -> ProxyConfig {
+        self.cfg.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 pub struct ProxyServer {
     shared: Arc<Shared>,
+    listeners: Vec<Arc<ListenerState>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -153,31 +218,24 @@ impl ProxyServer {
     ) -> Result<Self, ProxyError> {
         let (active, _) = watch::channel(0usize);
         let shared = Arc::new(Shared {
-            cfg: cfg.clone(),
+            cfg: RwLock::new(cfg.clone()),
             metrics,
             resolver: Resolver::default(),
+            outliers: Outliers::default(),
             active,
         });
+        let mut listeners = Vec::new();
         let per_port = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut tasks = Vec::new();
         for l in &cfg.listeners {
-            let routing = match &l.kind {
-                ListenerKind::Plain(u) => Routing::Plain(u.clone()),
-                ListenerKind::Sni { routes, default } => Routing::Sni(
-                    SniRoutes::new(routes.iter().cloned(), default.clone()).map_err(|source| {
-                        ProxyError::Routes {
-                            addr: l.listen,
-                            source,
-                        }
-                    })?,
-                ),
-            };
+            let routing = routing_of(l)?;
             let state = Arc::new(ListenerState {
                 listen: l.listen,
                 label: l.listen.port().to_string(),
-                routing,
+                routing: RwLock::new(Arc::new(routing)),
                 limit: Semaphore::new(cfg.max_connections),
             });
+            listeners.push(state.clone());
             for _ in 0..per_port {
                 let listener = bind(l.listen)?;
                 tasks.push(tokio::spawn(accept_loop(
@@ -189,7 +247,29 @@ impl ProxyServer {
             }
             tracing::info!(listen = %l.listen, "proxy listening");
         }
-        Ok(ProxyServer { shared, tasks })
+        Ok(ProxyServer { shared, listeners, tasks })
+    }
+
+    /// Applies new routes and timeouts to the running listeners. Established
+    /// connections keep their upstream; a change of listen addresses needs
+    /// a restart and is reported.
+    pub fn reload(&self, cfg: &ProxyConfig) -> Result<(), ProxyError> {
+        let mut next = Vec::new();
+        for l in &cfg.listeners {
+            if let Some(state) = self.listeners.iter().find(|s| s.listen == l.listen) {
+                next.push((state.clone(), routing_of(l)?));
+            }
+        }
+        let same = cfg.listeners.len() == self.listeners.len() && next.len() == self.listeners.len();
+        if !same {
+            tracing::warn!("proxy listeners changed; restart to open or close ports (routes are applied)");
+        }
+        for (state, routing) in next {
+            *state.routing.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(routing);
+        }
+        *self.shared.cfg.write().unwrap_or_else(|p| p.into_inner()) = cfg.clone();
+        tracing::info!("proxy routes reloaded");
+        Ok(())
     }
 
     /// After shutdown: the accept loops have stopped; established
@@ -288,12 +368,14 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
         reason: "closed",
     };
     let label = state.label.as_str();
+    let cfg = shared.cfg();
+    let routing = state.routing();
     let mut peeked = Vec::new();
-    let target = match &state.routing {
+    let target = match routing.as_ref() {
         Routing::Plain(u) => u.clone(),
         Routing::Sni(routes) => {
             let found =
-                tokio::time::timeout(shared.cfg.hello_timeout, read_hello(client, &mut peeked))
+                tokio::time::timeout(cfg.hello_timeout, read_hello(client, &mut peeked))
                     .await;
             let p = match found {
                 Ok(Ok(p)) => p,
@@ -341,7 +423,7 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
     if out.route == "-" {
         out.route = target.to_string();
     }
-    let Some((mut upstream, addr)) = connect(shared, label, &target).await else {
+    let Some((mut upstream, addr)) = connect(shared, &cfg, label, &target).await else {
         out.reason = "connect_failed";
         return out;
     };
@@ -354,7 +436,7 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
         }
         out.up_bytes += peeked.len() as u64;
     }
-    let relayed = relay(client, &upstream, shared.cfg.idle_timeout).await;
+    let relayed = relay(client, &upstream, cfg.idle_timeout).await;
     out.up_bytes += relayed.up;
     out.down_bytes = relayed.down;
     out.reason = relayed.ended.label();
@@ -396,9 +478,14 @@ async fn read_hello(client: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<Pee
 }
 
 /// Connects to the first address of `up` that answers, trying each in turn.
-async fn connect(shared: &Shared, label: &str, up: &Upstream) -> Option<(TcpStream, SocketAddr)> {
+async fn connect(shared: &Shared, cfg: &ProxyConfig, label: &str, up: &Upstream) -> Option<(TcpStream, SocketAddr)> {
     let addrs = match shared.resolver.addresses(up).await {
-        Ok(a) => shared.resolver.rotated(a),
+        Ok(a) => {
+            let mut a = shared.resolver.rotated(a);
+            // Ejected addresses last: still tried if nothing else answers.
+            a.sort_by_key(|addr| shared.outliers.ejected(addr));
+            a
+        }
         Err(e) => {
             shared
                 .metrics
@@ -411,8 +498,14 @@ async fn connect(shared: &Shared, label: &str, up: &Upstream) -> Option<(TcpStre
     };
     for addr in addrs {
         let started = Instant::now();
-        match tokio::time::timeout(shared.cfg.connect_timeout, TcpStream::connect(addr)).await {
+        let attempt = tokio::time::timeout(cfg.connect_timeout, TcpStream::connect(addr)).await;
+        if !matches!(attempt, Ok(Ok(_))) && shared.outliers.failed(addr) {
+            shared.metrics.ejections.with_label_values(&[label]).inc();
+            tracing::warn!(upstream = %up, address = %addr, "address ejected after repeated connect failures");
+        }
+        match attempt {
             Ok(Ok(s)) => {
+                shared.outliers.succeeded(&addr);
                 shared
                     .metrics
                     .connect_seconds

@@ -167,7 +167,7 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
                 };
                 match Config::load(p).map(|c| only.select(c)) {
                     Ok(next) => {
-                        apply(&running, &next, dhcp.as_ref(), dns.as_ref());
+                        apply(&running, &next, dhcp.as_ref(), dns.as_ref(), proxy.as_ref());
                         tracing::info!(?cause, "config reloaded");
                         running = next;
                     }
@@ -191,7 +191,13 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
     Ok(())
 }
 
-fn apply(running: &Config, next: &Config, dhcp: Option<&DhcpServer>, dns: Option<&DnsServer>) {
+fn apply(
+    running: &Config,
+    next: &Config,
+    dhcp: Option<&DhcpServer>,
+    dns: Option<&DnsServer>,
+    proxy: Option<&ProxyServer>,
+) {
     match (dhcp, &next.dhcp) {
         (Some(server), Some(cfg)) => server.reload(cfg),
         (None, None) => {}
@@ -206,8 +212,14 @@ fn apply(running: &Config, next: &Config, dhcp: Option<&DhcpServer>, dns: Option
         (None, None) => {}
         _ => tracing::warn!("enabling or disabling DNS needs a restart"),
     }
-    if running.proxy != next.proxy {
-        tracing::warn!("proxy changes need a restart in this version");
+    match (proxy, &next.proxy) {
+        (Some(server), Some(cfg)) => {
+            if let Err(e) = server.reload(cfg) {
+                tracing::error!("proxy reload failed; its running routes stay: {e}");
+            }
+        }
+        (None, None) => {}
+        _ => tracing::warn!("enabling or disabling the proxy needs a restart"),
     }
     if running.admin != next.admin {
         tracing::warn!("admin.listen changed; restart to apply it");

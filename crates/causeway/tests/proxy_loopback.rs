@@ -324,3 +324,81 @@ fn sigterm_lets_an_inflight_transfer_finish_then_exits_0() {
     };
     assert!(status.success(), "{status}");
 }
+
+#[test]
+fn with_one_of_two_addresses_down_every_connection_succeeds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_up, up_port, _) = tls_upstream(dir.path(), "oauth.hc1.example.com");
+    // A port with nothing listening: connections to it are refused.
+    let dead = free_port();
+    let port = free_port();
+    let proxy = start_proxy(
+        dir.path(),
+        &format!("  listeners:\n    - {{port: {port}, upstream: \"127.0.0.1:{dead},127.0.0.1:{up_port}\"}}\n"),
+    );
+    for _ in 0..6 {
+        assert!(subject_through(port, Some("oauth.hc1.example.com")).contains("oauth"));
+    }
+    let metrics = http_get(proxy.admin, "/metrics").unwrap();
+    assert!(
+        metrics.contains(&format!(
+            "causeway_proxy_ejections_total{{listener=\"{port}\"}} 1"
+        )),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn a_reload_changes_routes_and_keeps_established_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_a, a_port, _) = tls_upstream(dir.path(), "first.hc1.example.com");
+    let (_b, b_port, _) = tls_upstream(dir.path(), "second.hc1.example.com");
+    // A plain upstream that echoes, to hold a connection across the reload.
+    let echo = TcpListener::bind("127.0.0.1:0").unwrap();
+    let echo_port = echo.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        if let Ok((mut s, _)) = echo.accept() {
+            let mut buf = [0u8; 64];
+            while let Ok(n) = s.read(&mut buf) {
+                if n == 0 || s.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let (sni_port, echo_listener) = (free_port(), free_port());
+    let body = |target: u16| {
+        format!(
+            "  listeners:\n    - port: {sni_port}\n      routes: [{{sni: api.hc1.example.com, upstream: \"127.0.0.1:{target}\"}}]\n    - {{port: {echo_listener}, upstream: \"127.0.0.1:{echo_port}\"}}\n"
+        )
+    };
+    let mut proxy = start_proxy(dir.path(), &body(a_port));
+    assert!(subject_through(sni_port, Some("api.hc1.example.com")).contains("first"));
+    let mut held = TcpStream::connect(("127.0.0.1", echo_listener)).unwrap();
+    held.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    held.write_all(b"before").unwrap();
+    let mut buf = [0u8; 6];
+    held.read_exact(&mut buf).unwrap();
+
+    let cfg = dir.path().join("proxy.yaml");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace(&a_port.to_string(), &b_port.to_string());
+    std::fs::write(&cfg, text).unwrap();
+    assert!(Command::new("kill")
+        .args(["-HUP", &proxy.child.0.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    wait_for("the new route", || {
+        subject_through(sni_port, Some("api.hc1.example.com")).contains("second")
+    });
+
+    held.write_all(b"after!").unwrap();
+    held.read_exact(&mut buf).unwrap();
+    assert_eq!(
+        &buf, b"after!",
+        "the established connection did not survive the reload"
+    );
+    let _ = proxy.child.0.kill();
+}
