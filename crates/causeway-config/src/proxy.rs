@@ -109,7 +109,10 @@ pub struct ProxyConfig {
 fn upstream(c: &mut Collector, path: &str, text: &str) -> Option<Upstream> {
     let t = text.trim();
     if t.contains(',') {
-        let addrs: Result<Vec<SocketAddr>, _> = t.split(',').map(|a| a.trim().parse::<SocketAddr>()).collect();
+        let addrs: Result<Vec<SocketAddr>, _> = t
+            .split(',')
+            .map(|a| a.trim().parse::<SocketAddr>())
+            .collect();
         return match addrs {
             Ok(addrs) => Some(Upstream {
                 host: addrs[0].ip().to_string(),
@@ -117,7 +120,10 @@ fn upstream(c: &mut Collector, path: &str, text: &str) -> Option<Upstream> {
                 addresses: addrs,
             }),
             Err(_) => {
-                c.push(path, format!("{text} is not a list of address:port separated by commas"));
+                c.push(
+                    path,
+                    format!("{text} is not a list of address:port separated by commas"),
+                );
                 None
             }
         };

@@ -70,7 +70,10 @@ impl ProxyMetrics {
                 &["listener", "reason"],
             )?,
             ejections: IntCounterVec::new(
-                Opts::new("causeway_proxy_ejections_total", "Upstream addresses ejected after repeated connect failures"),
+                Opts::new(
+                    "causeway_proxy_ejections_total",
+                    "Upstream addresses ejected after repeated connect failures",
+                ),
                 &["listener"],
             )?,
         };

@@ -48,7 +48,10 @@ struct ListenerState {
 
 impl ListenerState {
     fn routing(&self) -> Arc<Routing> {
-        self.routing.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.routing
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 
@@ -56,9 +59,11 @@ fn routing_of(l: &Listener) -> Result<Routing, ProxyError> {
     Ok(match &l.kind {
         ListenerKind::Plain(u) => Routing::Plain(u.clone()),
         ListenerKind::Sni { routes, default } => Routing::Sni(
-            SniRoutes::new(routes.iter().cloned(), default.clone()).map_err(|source| ProxyError::Routes {
-                addr: l.listen,
-                source,
+            SniRoutes::new(routes.iter().cloned(), default.clone()).map_err(|source| {
+                ProxyError::Routes {
+                    addr: l.listen,
+                    source,
+                }
             })?,
         ),
     })
@@ -79,7 +84,10 @@ struct Outliers {
 impl Outliers {
     fn ejected(&self, addr: &SocketAddr) -> bool {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        state.get(addr).and_then(|(_, until)| *until).is_some_and(|u| Instant::now() < u)
+        state
+            .get(addr)
+            .and_then(|(_, until)| *until)
+            .is_some_and(|u| Instant::now() < u)
     }
 
     /// Records a failure; true when it ejects the address.
@@ -95,7 +103,10 @@ impl Outliers {
     }
 
     fn succeeded(&self, addr: &SocketAddr) {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).remove(addr);
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(addr);
     }
 }
 
@@ -247,7 +258,11 @@ impl ProxyServer {
             }
             tracing::info!(listen = %l.listen, "proxy listening");
         }
-        Ok(ProxyServer { shared, listeners, tasks })
+        Ok(ProxyServer {
+            shared,
+            listeners,
+            tasks,
+        })
     }
 
     /// Applies new routes and timeouts to the running listeners. Established
@@ -260,9 +275,12 @@ impl ProxyServer {
                 next.push((state.clone(), routing_of(l)?));
             }
         }
-        let same = cfg.listeners.len() == self.listeners.len() && next.len() == self.listeners.len();
+        let same =
+            cfg.listeners.len() == self.listeners.len() && next.len() == self.listeners.len();
         if !same {
-            tracing::warn!("proxy listeners changed; restart to open or close ports (routes are applied)");
+            tracing::warn!(
+                "proxy listeners changed; restart to open or close ports (routes are applied)"
+            );
         }
         for (state, routing) in next {
             *state.routing.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(routing);
@@ -375,8 +393,7 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
         Routing::Plain(u) => u.clone(),
         Routing::Sni(routes) => {
             let found =
-                tokio::time::timeout(cfg.hello_timeout, read_hello(client, &mut peeked))
-                    .await;
+                tokio::time::timeout(cfg.hello_timeout, read_hello(client, &mut peeked)).await;
             let p = match found {
                 Ok(Ok(p)) => p,
                 Ok(Err(_)) => {
@@ -478,7 +495,12 @@ async fn read_hello(client: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<Pee
 }
 
 /// Connects to the first address of `up` that answers, trying each in turn.
-async fn connect(shared: &Shared, cfg: &ProxyConfig, label: &str, up: &Upstream) -> Option<(TcpStream, SocketAddr)> {
+async fn connect(
+    shared: &Shared,
+    cfg: &ProxyConfig,
+    label: &str,
+    up: &Upstream,
+) -> Option<(TcpStream, SocketAddr)> {
     let addrs = match shared.resolver.addresses(up).await {
         Ok(a) => {
             let mut a = shared.resolver.rotated(a);
