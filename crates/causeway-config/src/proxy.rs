@@ -33,6 +33,8 @@ pub struct FileProxy {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileListener {
     pub port: u16,
+    #[serde(default)]
+    pub proxy_protocol: bool,
     pub upstream: Option<String>,
     #[serde(default)]
     pub routes: Vec<FileRoute>,
@@ -95,6 +97,8 @@ pub enum ListenerKind {
 pub struct Listener {
     pub listen: SocketAddr,
     pub kind: ListenerKind,
+    /// Send a PROXY protocol v2 header to the upstream first.
+    pub proxy_protocol: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -223,7 +227,7 @@ pub(crate) fn validate(
         .ingress_http
         .as_deref()
         .and_then(|t| upstream(c, "proxy.ingressHttp", t));
-    let mut listeners: Vec<(u16, ListenerKind)> = Vec::new();
+    let mut listeners: Vec<(u16, ListenerKind, bool)> = Vec::new();
     for (i, l) in p.listeners.iter().enumerate() {
         let path = format!("proxy.listeners[{i}]");
         if l.port == 0 {
@@ -262,7 +266,7 @@ pub(crate) fn validate(
             }
         };
         if let Some(kind) = kind {
-            listeners.push((l.port, kind));
+            listeners.push((l.port, kind, l.proxy_protocol));
         }
     }
     if p.listeners.is_empty() {
@@ -272,7 +276,10 @@ pub(crate) fn validate(
                     .control_plane_namespace
                     .clone()
                     .unwrap_or_else(|| format!("clusters-{}", cl.name));
-                listeners = derived(&cl.domain(), &ns, https.as_ref(), http.as_ref());
+                listeners = derived(&cl.domain(), &ns, https.as_ref(), http.as_ref())
+                    .into_iter()
+                    .map(|(port, kind)| (port, kind, false))
+                    .collect();
             }
             None => c.push(
                 "proxy.listeners",
@@ -298,9 +305,10 @@ pub(crate) fn validate(
     Some(ProxyConfig {
         listeners: listeners
             .into_iter()
-            .map(|(port, kind)| Listener {
+            .map(|(port, kind, proxy_protocol)| Listener {
                 listen: SocketAddr::new(listen_ip, port),
                 kind,
+                proxy_protocol,
             })
             .collect(),
         connect_timeout,

@@ -6,6 +6,7 @@
 
 pub mod hello;
 pub mod metrics;
+pub mod proxy_protocol;
 pub mod relay;
 pub mod route;
 pub mod server;

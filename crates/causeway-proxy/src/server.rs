@@ -43,6 +43,7 @@ struct ListenerState {
     label: String,
     /// Swapped whole by a reload; a connection keeps the routing it began with.
     routing: RwLock<Arc<Routing>>,
+    proxy_protocol: bool,
     limit: Semaphore,
 }
 
@@ -244,6 +245,7 @@ impl ProxyServer {
                 listen: l.listen,
                 label: l.listen.port().to_string(),
                 routing: RwLock::new(Arc::new(routing)),
+                proxy_protocol: l.proxy_protocol,
                 limit: Semaphore::new(cfg.max_connections),
             });
             listeners.push(state.clone());
@@ -446,6 +448,11 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
     };
     out.upstream = Some(addr);
     keepalive(&upstream);
+    if state.proxy_protocol {
+        let local = client.local_addr().unwrap_or(state.listen);
+        let from = client.peer_addr().unwrap_or(local);
+        peeked.splice(0..0, crate::proxy_protocol::header_v2(from, local));
+    }
     if !peeked.is_empty() {
         if upstream.write_all(&peeked).await.is_err() {
             out.reason = "upstream_write_failed";

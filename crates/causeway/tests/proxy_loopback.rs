@@ -402,3 +402,32 @@ fn a_reload_changes_routes_and_keeps_established_connections() {
     );
     let _ = proxy.child.0.kill();
 }
+
+#[test]
+fn proxy_protocol_v2_tells_the_upstream_the_client_address() {
+    let dir = tempfile::tempdir().unwrap();
+    // An upstream that reads the 28-byte IPv4 header and answers with the
+    // client address it carries.
+    let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+    let up_port = upstream.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = upstream.accept().unwrap();
+        let mut h = [0u8; 28];
+        s.read_exact(&mut h).unwrap();
+        assert_eq!(&h[..12], b"\r\n\r\n\0\r\nQUIT\n");
+        let ip = std::net::Ipv4Addr::new(h[16], h[17], h[18], h[19]);
+        let port = u16::from_be_bytes([h[24], h[25]]);
+        write!(s, "{ip}:{port}").unwrap();
+    });
+    let port = free_port();
+    let _proxy = start_proxy(
+        dir.path(),
+        &format!("  listeners:\n    - {{port: {port}, upstream: \"127.0.0.1:{up_port}\", proxyProtocol: true}}\n"),
+    );
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut said = String::new();
+    c.read_to_string(&mut said).unwrap();
+    assert_eq!(said, c.local_addr().unwrap().to_string());
+    server.join().unwrap();
+}
