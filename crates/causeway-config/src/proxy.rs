@@ -27,6 +27,8 @@ pub struct FileProxy {
     pub hello_timeout: Option<FileDuration>,
     pub idle_timeout: Option<FileDuration>,
     pub max_connections: Option<usize>,
+    #[serde(default)]
+    pub resolvers: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -108,6 +110,9 @@ pub struct ProxyConfig {
     pub hello_timeout: Duration,
     pub idle_timeout: Duration,
     pub max_connections: usize,
+    /// DNS servers to resolve upstream names with, honouring TTLs; empty
+    /// means the system resolver at each connection.
+    pub resolvers: Vec<SocketAddr>,
 }
 
 fn upstream(c: &mut Collector, path: &str, text: &str) -> Option<Upstream> {
@@ -302,6 +307,20 @@ pub(crate) fn validate(
         .as_ref()
         .and_then(|v| c.duration("proxy.idleTimeout", v))
         .unwrap_or(Duration::from_secs(3600));
+    let mut resolvers = Vec::new();
+    for (i, t) in p.resolvers.iter().enumerate() {
+        let t = t.trim();
+        match t
+            .parse::<SocketAddr>()
+            .or_else(|_| t.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+        {
+            Ok(a) => resolvers.push(a),
+            Err(_) => c.push(
+                format!("proxy.resolvers[{i}]"),
+                format!("{t} is not an address or address:port"),
+            ),
+        }
+    }
     Some(ProxyConfig {
         listeners: listeners
             .into_iter()
@@ -314,6 +333,7 @@ pub(crate) fn validate(
         connect_timeout,
         hello_timeout,
         idle_timeout,
+        resolvers,
         max_connections: p.max_connections.unwrap_or(10_000).max(1),
     })
 }

@@ -8,6 +8,7 @@ pub mod hello;
 pub mod metrics;
 pub mod proxy_protocol;
 pub mod relay;
+pub mod resolve;
 pub mod route;
 pub mod server;
 

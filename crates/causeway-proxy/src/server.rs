@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 use crate::hello::{peek, Peek, MAX_HELLO};
 use crate::metrics::ProxyMetrics;
 use crate::relay::relay;
+use crate::resolve::DnsResolver;
 use crate::route::{RouteError, SniRoutes};
 
 #[derive(Debug, thiserror::Error)]
@@ -117,17 +118,32 @@ impl Outliers {
 struct Resolver {
     last_good: Mutex<HashMap<String, Vec<SocketAddr>>>,
     next: AtomicUsize,
+    /// Configured DNS servers, when names are not left to the system.
+    dns: Option<DnsResolver>,
 }
 
 impl Resolver {
+    async fn lookup(&self, up: &Upstream) -> io::Result<Vec<SocketAddr>> {
+        match &self.dns {
+            Some(dns) => Ok(dns
+                .lookup(&up.host)
+                .await?
+                .into_iter()
+                .map(|ip| SocketAddr::new(ip, up.port))
+                .collect()),
+            None => Ok(tokio::net::lookup_host((up.host.as_str(), up.port))
+                .await?
+                .collect()),
+        }
+    }
+
     async fn addresses(&self, up: &Upstream) -> io::Result<Vec<SocketAddr>> {
         if !up.addresses.is_empty() {
             return Ok(up.addresses.clone());
         }
         let key = up.to_string();
-        match tokio::net::lookup_host((up.host.as_str(), up.port)).await {
+        match self.lookup(up).await {
             Ok(addrs) => {
-                let addrs: Vec<SocketAddr> = addrs.collect();
                 if !addrs.is_empty() {
                     self.last_good
                         .lock()
@@ -232,7 +248,10 @@ impl ProxyServer {
         let shared = Arc::new(Shared {
             cfg: RwLock::new(cfg.clone()),
             metrics,
-            resolver: Resolver::default(),
+            resolver: Resolver {
+                dns: (!cfg.resolvers.is_empty()).then(|| DnsResolver::new(cfg.resolvers.clone())),
+                ..Resolver::default()
+            },
             outliers: Outliers::default(),
             active,
         });

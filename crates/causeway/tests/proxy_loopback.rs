@@ -431,3 +431,75 @@ fn proxy_protocol_v2_tells_the_upstream_the_client_address() {
     assert_eq!(said, c.local_addr().unwrap().to_string());
     server.join().unwrap();
 }
+
+#[test]
+fn new_connections_follow_a_changed_upstream_address() {
+    let dir = tempfile::tempdir().unwrap();
+    // Two upstreams on one port, on two loopback addresses.
+    let up_port = free_port();
+    let mut upstreams = Vec::new();
+    for (ip, name) in [("127.0.0.1", "first.test"), ("127.0.0.2", "second.test")] {
+        let (pem, key) = cert(dir.path(), name);
+        let child = Command::new("openssl")
+            .args(["s_server", "-quiet", "-www", "-accept"])
+            .arg(format!("{ip}:{up_port}"))
+            .arg("-cert")
+            .arg(&pem)
+            .arg("-key")
+            .arg(&key)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        upstreams.push(Guard(child));
+        wait_for("s_server", || TcpStream::connect((ip, up_port)).is_ok());
+    }
+    // A resolver the test controls: dnsmasq answering from a hosts file,
+    // with a one-second TTL.
+    let hosts = dir.path().join("hosts");
+    std::fs::write(&hosts, "127.0.0.1 api.upstream.test\n").unwrap();
+    let dns_port = {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.local_addr().unwrap().port()
+    };
+    let dnsmasq = Guard(
+        Command::new("dnsmasq")
+            .args([
+                "--keep-in-foreground",
+                "--no-resolv",
+                "--no-hosts",
+                "--bind-interfaces",
+                "--local-ttl=1",
+            ])
+            .arg("--listen-address=127.0.0.1")
+            .arg(format!("--port={dns_port}"))
+            .arg(format!("--addn-hosts={}", hosts.display()))
+            .arg(format!(
+                "--pid-file={}",
+                dir.path().join("dnsmasq.pid").display()
+            ))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let port = free_port();
+    let _proxy = start_proxy(
+        dir.path(),
+        &format!(
+            "  resolvers: [\"127.0.0.1:{dns_port}\"]\n  listeners:\n    - {{port: {port}, upstream: \"api.upstream.test:{up_port}\"}}\n"
+        ),
+    );
+    wait_for("the first upstream", || {
+        subject_through(port, Some("x")).contains("first.test")
+    });
+    std::fs::write(&hosts, "127.0.0.2 api.upstream.test\n").unwrap();
+    assert!(Command::new("kill")
+        .args(["-HUP", &dnsmasq.0.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    // Once the cached answer's TTL runs out, new connections go to the new address.
+    wait_for("the second upstream", || {
+        subject_through(port, Some("x")).contains("second.test")
+    });
+}
