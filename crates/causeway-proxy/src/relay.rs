@@ -116,6 +116,12 @@ async fn one_way(
     activity: &Activity,
     up: bool,
 ) -> io::Result<()> {
+    // The pipe is made only once there is something to move: an idle
+    // connection holds no pipe (two descriptors and a kernel buffer).
+    if let Err(e) = from.readable().await {
+        shutdown_write(to);
+        return Err(e);
+    }
     let result = match nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC) {
         Ok(pipe) => spliced(from, to, pipe, activity, up).await,
         Err(_) => copied(from, to, activity, up).await,

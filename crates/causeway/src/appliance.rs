@@ -81,8 +81,24 @@ fn dhcp_names(cfg: &Config, names: &Arc<DynamicNames>) -> Option<LeaseObserver> 
     }))
 }
 
+/// Raises the open-files limit to its hard maximum: every proxied
+/// connection holds two sockets (and two pipes while bytes move), and the
+/// usual soft limit of 1024 would cap the proxy near 500 connections.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::debug!(from = soft, to = hard, "open-files limit raised"),
+            Err(e) => tracing::warn!(soft, hard, error = %e, "cannot raise the open-files limit"),
+        },
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot read the open-files limit"),
+    }
+}
+
 async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result<()> {
     let started = Instant::now();
+    raise_open_files_limit();
     match &path {
         Some(p) => tracing::info!(config = %p.display(), "causeway appliance starting"),
         None => tracing::info!(
