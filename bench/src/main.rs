@@ -1,9 +1,10 @@
 // Entry point of `causeway-bench`: load generators for causeway's services
 // that also work against other implementations, so numbers are comparable.
-// Each protocol is a subcommand; `proxy` will join `dhcp` and `dns`.
+// Each protocol is a subcommand: `dhcp`, `dns` and `proxy`.
 
 mod dhcp;
 mod dns;
+mod proxy;
 mod stats;
 
 use clap::{Parser, Subcommand};
@@ -12,7 +13,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "causeway-bench",
     version,
-    about = "Load generators for DHCP and DNS (and later the proxy), against causeway or any peer"
+    about = "Load generators for DHCP, DNS and TCP proxies, against causeway or any peer"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -28,6 +29,10 @@ enum Command {
     /// unbound, knot-resolver, dnsmasq): throughput, losses, latency and
     /// the rcode mix
     Dns(dns::DnsArgs),
+    /// TCP load through an L4 proxy (causeway, HAProxy, nginx stream) or
+    /// straight to its upstream: connection rate, throughput, latency at a
+    /// fixed rate, idle connections; with a built-in upstream server
+    Proxy(proxy::ProxyArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -40,5 +45,6 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Dhcp(args) => rt.block_on(dhcp::run(args)),
         Command::Dns(args) => rt.block_on(dns::run(args)),
+        Command::Proxy(args) => rt.block_on(proxy::run(args)),
     }
 }

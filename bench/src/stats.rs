@@ -220,6 +220,61 @@ pub fn pct(part: u64, whole: u64) -> f64 {
     }
 }
 
+/// Parses a byte count: "64", "1500", "16k", "128KiB", "4m", "1MiB", "1g".
+/// Every suffix is binary (k = 1024), which is what socket buffers and
+/// payload sizes are spoken of in. Used by the proxy bench's size flags.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid size {s:?}: expected e.g. 64, 16k or 1MiB"))?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        other => {
+            return Err(format!(
+                "invalid size unit {other:?} in {s:?}: use k, m or g (binary)"
+            ))
+        }
+    };
+    value
+        .checked_mul(scale)
+        .ok_or_else(|| format!("size {s:?} out of range"))
+}
+
+/// `bytes` moved in `secs` as Gbit/s (10^9 bits, as iperf3 and NICs count),
+/// 0 when no time passed.
+pub fn gbit_per_s(bytes: u64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        bytes as f64 * 8.0 / secs / 1e9
+    } else {
+        0.0
+    }
+}
+
+/// This process's user+system CPU time in seconds, from /proc/self/stat
+/// (Linux only; None elsewhere). Lets a bench say when it, rather than the
+/// server under test, was the bottleneck.
+pub fn self_cpu_seconds() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // USER_HZ is fixed at 100 for /proc on every architecture.
+    proc_stat_ticks(&text).map(|t| t as f64 / 100.0)
+}
+
+/// utime + stime (fields 14 and 15) of a /proc/<pid>/stat line, counted
+/// from the last ')' because the command name may contain spaces.
+fn proc_stat_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
 /// Renders label/value rows as an aligned two-column table.
 pub fn render_table(title: &str, rows: &[(&str, String)]) -> String {
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
@@ -284,5 +339,36 @@ mod tests {
         assert!(parse_duration("ten").is_err());
         assert!(parse_duration("5 parsecs").is_err());
         assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64"), Ok(64));
+        assert_eq!(parse_size("16k"), Ok(16 * 1024));
+        assert_eq!(parse_size("128KiB"), Ok(128 * 1024));
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_size(" 2g "), Ok(2 << 30));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("1.5k").is_err());
+        assert!(parse_size("3 parsecs").is_err());
+        assert!(parse_size("99999999999999999999g").is_err());
+        assert!(parse_size("18446744073709551615k").is_err());
+    }
+
+    #[test]
+    fn gbits() {
+        assert_eq!(gbit_per_s(1_250_000_000, 1.0), 10.0);
+        assert_eq!(gbit_per_s(125_000_000, 2.0), 0.5);
+        assert_eq!(gbit_per_s(1, 0.0), 0.0);
+    }
+
+    #[test]
+    fn cpu_ticks() {
+        let line = "1234 (causeway (x) b) R 1 2 3 4 5 6 7 8 9 10 250 31 0 0 20 0 1 0";
+        assert_eq!(proc_stat_ticks(line), Some(281));
+        assert_eq!(proc_stat_ticks("garbage"), None);
+        if cfg!(target_os = "linux") {
+            assert!(self_cpu_seconds().is_some());
+        }
     }
 }

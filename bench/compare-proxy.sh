@@ -1,0 +1,770 @@
+#!/usr/bin/env bash
+# Compare causeway's L4 proxy with HAProxy (mode tcp) and nginx (stream),
+# and with no proxy at all, on one machine, on loopback, against the same
+# upstream, measured with causeway-bench and iperf3.
+#
+#   bench/compare-proxy.sh [--quick] [--write docs/benchmarks.md] [--targets direct,haproxy,nginx,causeway] [--no-build]
+#
+# Needs root (it apt-get installs haproxy, nginx with libnginx-mod-stream
+# and iperf3 when missing, with a policy-rc.d that keeps their services
+# from starting, which it then disables), python3 and ss. Every proxy runs
+# in the foreground from its own config in a temp dir; no system service
+# or system config is touched. Every process the script started and its
+# temp dir are removed on exit, including on error, Ctrl-C or timeout.
+#
+# Lab (loopback only): the upstream on 127.0.0.1:9000 is, in turn,
+# `causeway-bench proxy upstream` in echo mode (connection rate, latency,
+# idle connections), in sink and source mode (bulk throughput up and down)
+# and `iperf3 -s`. Each proxy, one at a time, listens on 127.0.0.1:18443
+# and forwards every connection to 127.0.0.1:9000; "direct" is the same
+# load straight to 127.0.0.1:9000. HAProxy and nginx get one thread or
+# worker per core and no logging; causeway runs `causeway proxy` with
+# RUST_LOG=warn (its per-connection access line is at info).
+#
+# Measured per path: throughput over 1 and 4 streams (causeway-bench and
+# iperf3 -P 1 / -P 4), short connections per second, round-trip latency at
+# a fixed 1000 requests/s, and the proxy's RSS before and while it holds
+# 10000 idle connections (fewer when the open-files hard limit cannot fit
+# two descriptors per connection in one process; the report says so).
+#
+# Builds causeway-bench and causeway (cargo build --release) unless
+# BENCH_BIN and CAUSEWAY_BIN are given, or --no-build uses target/release.
+# causeway is skipped, with a note, when its binary is missing or its
+# `proxy` subcommand does not start. Measurements run under a global time
+# bound (full ~9.5 min, --quick 2 min; COMPARE_PROXY_LIMIT=<seconds>
+# overrides).
+set -euo pipefail
+
+die() { printf 'compare-proxy: error: %s\n' "$*" >&2; exit 1; }
+log() { printf '[%5ss] %s\n' "$SECONDS" "$*" >&2; }
+
+# ---------------------------------------------------------------- arguments
+QUICK=0 WRITE="" NO_BUILD=0 TARGETS="direct,haproxy,nginx,causeway"
+ORIG_ARGS=("$@")
+while (($#)); do
+    case $1 in
+        --quick) QUICK=1 ;;
+        --write) [[ $# -ge 2 ]] || die "--write needs a file"; WRITE=$2; shift ;;
+        --write=*) WRITE=${1#--write=} ;;
+        --targets) [[ $# -ge 2 ]] || die "--targets needs a list"; TARGETS=$2; shift ;;
+        --targets=*) TARGETS=${1#--targets=} ;;
+        --no-build) NO_BUILD=1 ;;
+        -h | --help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown argument: $1 (see --help)" ;;
+    esac
+    shift
+done
+for t in ${TARGETS//,/ }; do
+    case $t in direct | haproxy | nginx | causeway) ;; *) die "unknown target '$t' (direct, haproxy, nginx, causeway)" ;; esac
+done
+
+[[ $(id -u) -eq 0 ]] || die "must run as root (missing packages are apt-get installed, and the open-files limit is raised); try: sudo $0 ${ORIG_ARGS[*]}"
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [[ -n $WRITE && $WRITE != /* ]]; then WRITE="$PWD/$WRITE"; fi
+
+need() { command -v "$1" >/dev/null 2>&1 || die "'$1' not found${2:+ ($2)}"; }
+need timeout coreutils
+need python3
+need ss iproute2
+
+NGINX_STREAM_SO=/usr/lib/nginx/modules/ngx_stream_module.so
+
+# ------------------------------------------------------- install & build
+# Both run once, before the timed part (the re-exec below sets CWP_TIMED=1
+# so the child skips them).
+install_missing() {
+    local pkgs=() p
+    command -v haproxy >/dev/null || pkgs+=(haproxy)
+    command -v nginx >/dev/null || pkgs+=(nginx)
+    [[ -f $NGINX_STREAM_SO ]] || pkgs+=(libnginx-mod-stream)
+    command -v iperf3 >/dev/null || pkgs+=(iperf3)
+    ((${#pkgs[@]})) || return 0
+    need apt-get "install ${pkgs[*]} by hand"
+    log "installing ${pkgs[*]} (their services kept from starting)"
+    # policy-rc.d exit 101 = "action forbidden": invoke-rc.d and
+    # deb-systemd-invoke then start nothing during the install.
+    local prc=/usr/sbin/policy-rc.d backup=""
+    if [[ -e $prc ]]; then backup=$(mktemp); cp -p "$prc" "$backup"; fi
+    printf '#!/bin/sh\nexit 101\n' >"$prc"
+    chmod 755 "$prc"
+    local rc=0
+    {
+        DEBIAN_FRONTEND=noninteractive timeout 600 apt-get update -qq &&
+            DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq --no-install-recommends "${pkgs[@]}"
+    } >&2 || rc=$?
+    if [[ -n $backup ]]; then mv "$backup" "$prc"; else rm -f "$prc"; fi
+    ((rc == 0)) || die "apt-get install ${pkgs[*]} failed"
+    # Nor should they start at the next boot.
+    if command -v systemctl >/dev/null; then
+        for p in haproxy.service nginx.service iperf3.service; do
+            systemctl disable --now "$p" >/dev/null 2>&1 || true
+        done
+    fi
+}
+
+if [[ -z ${CWP_TIMED:-} ]]; then
+    install_missing
+    if [[ -n ${BENCH_BIN:-} ]]; then
+        :
+    elif ((NO_BUILD)); then
+        BENCH_BIN=$REPO/target/release/causeway-bench
+    else
+        need cargo
+        log "building: cargo build --release -p causeway-bench"
+        (cd "$REPO" && timeout -k 10 900 cargo build --release -q -p causeway-bench) >&2 ||
+            die "cargo build -p causeway-bench failed or took over 15 min"
+        BENCH_BIN=$REPO/target/release/causeway-bench
+    fi
+    if [[ -z ${CAUSEWAY_BIN:-} ]]; then
+        CAUSEWAY_BIN=$REPO/target/release/causeway
+        if ((!NO_BUILD)) && [[ ,$TARGETS, == *,causeway,* ]]; then
+            log "building: cargo build --release -p causeway"
+            (cd "$REPO" && timeout -k 10 900 cargo build --release -q -p causeway) >&2 ||
+                log "warning: cargo build -p causeway failed; causeway will be skipped"
+        fi
+    fi
+    [[ -x $BENCH_BIN ]] || die "causeway-bench binary not found: $BENCH_BIN"
+    "$BENCH_BIN" proxy --help >/dev/null 2>&1 || die "$BENCH_BIN has no 'proxy' subcommand (rebuild it)"
+    export BENCH_BIN CAUSEWAY_BIN
+    # Global time bound: timeout signals this script with TERM, the trap
+    # below cleans up, and KILL follows 20 s later if anything hangs.
+    if ((QUICK)); then LIMIT=120; else LIMIT=570; fi
+    LIMIT=${COMPARE_PROXY_LIMIT:-$LIMIT}
+    export CWP_TIMED=1 CWP_LIMIT=$LIMIT CWP_CMD="bench/compare-proxy.sh${ORIG_ARGS[*]:+ ${ORIG_ARGS[*]}}"
+    # exec: stay in the caller's foreground process group so Ctrl-C reaches us.
+    exec timeout -k 20 "$LIMIT" "$0" "${ORIG_ARGS[@]}"
+fi
+
+need haproxy "apt-get install haproxy"
+need nginx "apt-get install nginx libnginx-mod-stream"
+need iperf3 "apt-get install iperf3"
+[[ -f $NGINX_STREAM_SO ]] || die "$NGINX_STREAM_SO missing (apt-get install libnginx-mod-stream)"
+
+# ------------------------------------------------------------ lab & cleanup
+UP_PORT=9000 PROXY_PORT=18443 ADMIN_PORT=19898
+TMP=$(mktemp -d "/tmp/compare-proxy.$$.XXXXXX")
+chmod 755 "$TMP"
+UP_PID="" SRV_PIDS="" BENCH_PID=""
+RESULTS=$TMP/results.tsv
+: >"$RESULTS"
+
+# stop_pids PID... : TERM, up to 3 s grace, then KILL; only our own
+# processes (and nginx's workers, which are its children).
+stop_pids() {
+    local p deadline=$((SECONDS + 3)) alive
+    for p in "$@"; do kill -TERM "$p" 2>/dev/null || true; done
+    while ((SECONDS < deadline)); do
+        alive=0
+        for p in "$@"; do kill -0 "$p" 2>/dev/null && alive=1; done
+        ((alive)) || break
+        sleep 0.1
+    done
+    for p in "$@"; do kill -KILL "$p" 2>/dev/null || true; done
+    for p in "$@"; do wait "$p" 2>/dev/null || true; done
+}
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    set +e
+    # shellcheck disable=SC2046,SC2086
+    stop_pids $BENCH_PID $SRV_PIDS $UP_PID $(jobs -p)
+    if [[ -n ${KEEP_TMP:-} ]]; then
+        echo "compare-proxy: kept $TMP" >&2
+    else
+        rm -rf "$TMP"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'log "interrupted"; exit 130' INT
+trap 'log "terminated (SIGTERM; the global time bound is ${CWP_LIMIT}s)"; exit 143' TERM
+
+listening() { [[ -n $(ss -Hltn "sport = :$1" 2>/dev/null) ]]; }
+for p in $UP_PORT $PROXY_PORT $ADMIN_PORT; do
+    if listening "$p"; then die "port $p is already in use: $(ss -Hltnp "sport = :$p" | head -1)"; fi
+done
+
+# Open files: HAProxy and nginx hold two descriptors per proxied connection
+# (client and upstream socket), causeway six (its splice relay adds two
+# pipes), in one process (HAProxy, causeway) or spread over workers
+# (nginx). Raise the soft limit to the hard one (and the hard one when
+# allowed), then size the idle test so every proxy gets the same number
+# of connections and the hungriest still fits.
+NOFILE=$(ulimit -Hn)
+if [[ $NOFILE != unlimited ]] && ((NOFILE < 65536)); then
+    ulimit -Hn 65536 2>/dev/null || true
+    NOFILE=$(ulimit -Hn)
+fi
+[[ $NOFILE == unlimited ]] && NOFILE=65536
+ulimit -n "$NOFILE"
+FDS_PER_CONN=2
+if [[ ,$TARGETS, == *,causeway,* ]]; then FDS_PER_CONN=6; fi
+IDLE_N=10000
+if ((IDLE_N * FDS_PER_CONN + 400 > NOFILE)); then
+    IDLE_N=$(((NOFILE - 400) / FDS_PER_CONN / 100 * 100))
+    log "note: the open-files hard limit is $NOFILE here and cannot be raised; holding $IDLE_N idle connections instead of 10000 ($FDS_PER_CONN descriptors each)"
+fi
+((IDLE_N >= 100)) || die "open-files limit $NOFILE is too low for the idle test"
+
+if ((QUICK)); then
+    RUN_S=2 IPERF_S=2 HOLD_S=2 DIRECTIONS="up"
+else
+    RUN_S=8 IPERF_S=8 HOLD_S=5 DIRECTIONS="up down"
+fi
+CONC=64 PAYLOAD=64 LAT_RATE=1000 LAT_CONNS=4
+CLK_TCK=$(getconf CLK_TCK)
+NPROC=$(nproc)
+
+res() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$RESULTS"; }
+
+# jget FILE KEY... : fields of a JSON summary ("-" if null or missing).
+jget() {
+    python3 - "$@" <<'PY'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except Exception:
+    d = {}
+out = []
+for k in sys.argv[2:]:
+    v = d
+    for part in k.split("."):
+        v = v.get(part) if isinstance(v, dict) else None
+    out.append("-" if v is None else str(v))
+print(" ".join(out))
+PY
+}
+
+# utime+stime of processes (all their threads), in clock ticks.
+cpu_ticks() {
+    local p t=0 v
+    for p in "$@"; do
+        v=$(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | awk '{print $12 + $13}')
+        t=$((t + ${v:-0}))
+    done
+    echo "$t"
+}
+ticks_to_s() { python3 -c "print(round($1 / $CLK_TCK, 2))"; }
+
+# Open descriptors of processes, summed.
+fd_count() {
+    local p t=0 v
+    for p in "$@"; do
+        v=$(find "/proc/$p/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
+        t=$((t + v))
+    done
+    echo "$t"
+}
+
+# VmRSS of processes, summed, in KiB.
+rss_kib() {
+    local p t=0 v
+    for p in "$@"; do
+        v=$(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null)
+        t=$((t + ${v:-0}))
+    done
+    echo "$t"
+}
+
+# A process and its children (nginx's master and workers).
+with_children() {
+    local p=$1
+    echo "$p"
+    cat "/proc/$p/task/"*/children 2>/dev/null | tr ' ' '\n' | grep -v '^$' || true
+}
+
+# wait_port PORT SECONDS PID : until something listens on PORT; fail
+# early if PID died.
+wait_port() {
+    local deadline=$((SECONDS + $2))
+    while ((SECONDS < deadline)); do
+        kill -0 "$3" 2>/dev/null || return 1
+        listening "$1" && return 0
+        sleep 0.05
+    done
+    return 1
+}
+
+# ------------------------------------------------------------- upstreams
+# start_upstream echo|sink|source|iperf3 [ARGS...] : replaces whatever
+# runs on UP_PORT.
+start_upstream() {
+    local mode=$1
+    shift
+    if [[ -n $UP_PID ]]; then stop_pids "$UP_PID"; UP_PID=""; fi
+    if [[ $mode == iperf3 ]]; then
+        iperf3 -s -B 127.0.0.1 -p "$UP_PORT" >>"$TMP/iperf3-server.log" 2>&1 &
+    else
+        "$BENCH_BIN" proxy upstream --listen "127.0.0.1:$UP_PORT" --mode "$mode" "$@" \
+            >>"$TMP/upstream.out" 2>>"$TMP/upstream.log" &
+    fi
+    UP_PID=$!
+    wait_port "$UP_PORT" 10 "$UP_PID" ||
+        { tail -5 "$TMP/upstream.log" "$TMP/iperf3-server.log" >&2 2>/dev/null; die "the $mode upstream did not listen on 127.0.0.1:$UP_PORT within 10 s"; }
+}
+
+# probe PORT : true when one echo exchange through PORT succeeds (the echo
+# upstream runs with --close-after PAYLOAD at that point).
+probe() {
+    local out
+    out=$(timeout -k 2 5 "$BENCH_BIN" proxy conn --target "127.0.0.1:$1" --duration 200ms \
+        --concurrency 1 --timeout 500ms --payload "$PAYLOAD" --expect-close --json 2>/dev/null) || return 1
+    [[ $(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["ok"] > 0)' "$out" 2>/dev/null) == True ]]
+}
+
+# wait_ready PORT SECONDS PID... : probe until an exchange goes through;
+# fail early if a proxy process died.
+wait_ready() {
+    local port=$1 deadline=$((SECONDS + $2)) p
+    shift 2
+    while ((SECONDS < deadline)); do
+        for p in "$@"; do kill -0 "$p" 2>/dev/null || return 1; done
+        probe "$port" && return 0
+        sleep 0.2
+    done
+    return 1
+}
+
+# ---------------------------------------------------------------- proxies
+# start_NAME DIR : write the config, start in the foreground as our child,
+# set SRV_PIDS. Every proxy: 127.0.0.1:$PROXY_PORT -> 127.0.0.1:$UP_PORT.
+
+start_haproxy() {
+    local dir=$1
+    # maxconn: HAProxy refuses connections past it; the idle test needs
+    # IDLE_N at once. No log directive anywhere, so nothing is logged.
+    cat >"$dir/haproxy.cfg" <<EOF
+global
+    nbthread $NPROC
+    maxconn $((IDLE_N + 100))
+
+defaults
+    mode tcp
+    maxconn $((IDLE_N + 100))
+    timeout connect 5s
+    timeout client 5m
+    timeout server 5m
+
+frontend fe
+    bind 127.0.0.1:$PROXY_PORT
+    default_backend be
+
+backend be
+    server up 127.0.0.1:$UP_PORT
+EOF
+    haproxy -c -q -f "$dir/haproxy.cfg" >"$dir/check.out" 2>&1 || { cat "$dir/check.out" >&2; return 1; }
+    # -db: foreground, no master-worker; one process, $NPROC threads.
+    haproxy -db -f "$dir/haproxy.cfg" >"$dir/out" 2>&1 &
+    SRV_PIDS=$!
+}
+
+start_nginx() {
+    local dir=$1
+    # worker_connections counts both sides of a proxied connection and is
+    # per worker; sized so one worker could take every idle connection.
+    cat >"$dir/nginx.conf" <<EOF
+load_module $NGINX_STREAM_SO;
+daemon off;
+master_process on;
+worker_processes $NPROC;
+worker_rlimit_nofile $NOFILE;
+pid $dir/nginx.pid;
+error_log $dir/error.log crit;
+
+events {
+    worker_connections $((IDLE_N * 2 + 200));
+}
+
+stream {
+    server {
+        listen 127.0.0.1:$PROXY_PORT reuseport;
+        proxy_pass 127.0.0.1:$UP_PORT;
+        proxy_timeout 5m;
+        # Off by default: a client's half-close would end the session
+        # before the sink's count (or any reply) could come back. HAProxy
+        # and causeway pass it on by default.
+        proxy_half_close on;
+    }
+}
+EOF
+    nginx -t -q -e "$dir/error.log" -p "$dir" -c "$dir/nginx.conf" >"$dir/check.out" 2>&1 ||
+        { cat "$dir/check.out" "$dir/error.log" >&2 2>/dev/null; return 1; }
+    nginx -e "$dir/error.log" -p "$dir" -c "$dir/nginx.conf" >"$dir/out" 2>&1 &
+    SRV_PIDS=$!
+}
+
+CAUSEWAY_NOTE=""
+start_causeway() {
+    local dir=$1
+    cat >"$dir/causeway.yaml" <<EOF
+admin: {listen: "127.0.0.1:$ADMIN_PORT"}
+proxy:
+  listenAddress: 127.0.0.1
+  listeners:
+    - {port: $PROXY_PORT, upstream: "127.0.0.1:$UP_PORT"}
+EOF
+    if [[ ! -x $CAUSEWAY_BIN ]]; then
+        CAUSEWAY_NOTE="binary $CAUSEWAY_BIN not found"
+        return 2
+    fi
+    # Its access log line per connection is at info; HAProxy and nginx
+    # log nothing here either.
+    RUST_LOG=warn "$CAUSEWAY_BIN" proxy --config "$dir/causeway.yaml" >"$dir/out" 2>&1 &
+    SRV_PIDS=$!
+}
+
+version_of() {
+    case $1 in
+        haproxy) haproxy -v 2>/dev/null | awk 'NR == 1 {print "HAProxy " $3}' ;;
+        nginx) nginx -v 2>&1 | awk -F/ '{print "nginx " $2}' ;;
+        causeway) echo "causeway $("$CAUSEWAY_BIN" --version 2>/dev/null | awk '{print $NF}') ($(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?'))" ;;
+        direct) echo "-" ;;
+    esac
+}
+
+# ----------------------------------------------------------- measurements
+# bench NAME KEY TIMEOUT ARGS... : one causeway-bench client run to a JSON
+# file, with the proxy's CPU around it.
+bench() {
+    local name=$1 key=$2 limit=$3 out t0 t1
+    shift 3
+    out=$TMP/$name/$key.json
+    # shellcheck disable=SC2086
+    t0=$(cpu_ticks $SRV_PIDS)
+    timeout -k 5 "$limit" "$BENCH_BIN" proxy "$@" --json >"$out" 2>>"$TMP/$name/bench.log" || true
+    # shellcheck disable=SC2086
+    t1=$(cpu_ticks $SRV_PIDS)
+    [[ -s $out ]] || { tail -5 "$TMP/$name/bench.log" >&2; die "causeway-bench proxy $1 produced no result against $name"; }
+    res "$name" "${key}_cpu" "$(ticks_to_s $((t1 - t0)))"
+}
+
+# The upstream closes each connection right after its echo and the client
+# waits for that: with the client closing first, every leg's TIME_WAIT
+# would land on its connecting side, and on loopback, connecting from one
+# address to one port, the proxy's upstream connects then run out of
+# ephemeral ports near 15 000 conn/s (nginx logged EADDRNOTAVAIL) and all
+# proxies measure the kernel's port search instead of themselves.
+measure_conn() {
+    local name=$1 port=$2 f
+    bench "$name" conn $((RUN_S + 15)) conn --target "127.0.0.1:$port" --duration "${RUN_S}s" \
+        --concurrency "$CONC" --payload "$PAYLOAD" --expect-close
+    read -r -a f <<<"$(jget "$TMP/$name/conn.json" conn_per_s ok failed latency_ms.p50 latency_ms.p99 bench_cpu_pct)"
+    res "$name" conn_rate "${f[0]}"
+    res "$name" conn_ok "${f[1]}"
+    res "$name" conn_failed "${f[2]}"
+    res "$name" conn_p50 "${f[3]}"
+    res "$name" conn_p99 "${f[4]}"
+    res "$name" conn_benchcpu "${f[5]}"
+    log "  conn: $(printf '%.0f' "${f[0]}") conn/s, failed ${f[2]}, exchange p99 ${f[4]} ms, bench CPU ${f[5]}%"
+}
+
+measure_latency() {
+    local name=$1 port=$2 f
+    bench "$name" lat $((RUN_S + 15)) latency --target "127.0.0.1:$port" --duration "${RUN_S}s" \
+        --rate "$LAT_RATE" --connections "$LAT_CONNS" --payload "$PAYLOAD"
+    read -r -a f <<<"$(jget "$TMP/$name/lat.json" req_per_s ok failed latency_ms.p50 latency_ms.p99 latency_ms.p999)"
+    res "$name" lat_rate "${f[0]}"
+    res "$name" lat_failed "${f[2]}"
+    res "$name" lat_p50 "${f[3]}"
+    res "$name" lat_p99 "${f[4]}"
+    res "$name" lat_p999 "${f[5]}"
+    log "  latency at $LAT_RATE/s: p50 ${f[3]} ms, p99 ${f[4]} ms, p99.9 ${f[5]} ms, failed ${f[2]}"
+}
+
+# RSS of the proxy before and while the idle client holds IDLE_N
+# connections through it (each has carried one echoed byte).
+measure_idle() {
+    local name=$1 port=$2 dir=$TMP/$1 pids before held fds0 fds1 deadline f
+    # shellcheck disable=SC2086
+    pids=$(for p in $SRV_PIDS; do with_children "$p"; done | sort -u | tr '\n' ' ')
+    # shellcheck disable=SC2086
+    before=$(rss_kib $pids)
+    # shellcheck disable=SC2086
+    fds0=$(fd_count $pids)
+    "$BENCH_BIN" proxy idle --target "127.0.0.1:$port" --connections "$IDLE_N" --hold "${HOLD_S}s" \
+        --open-within 20s --json >"$dir/idle.json" 2>"$dir/idle.log" &
+    BENCH_PID=$!
+    deadline=$((SECONDS + 45))
+    while ! grep -q '^holding ' "$dir/idle.log" 2>/dev/null; do
+        kill -0 "$BENCH_PID" 2>/dev/null || break
+        ((SECONDS < deadline)) || break
+        sleep 0.1
+    done
+    # Let the proxy finish its bookkeeping for the last connections.
+    sleep 0.5
+    # shellcheck disable=SC2086
+    held=$(rss_kib $pids)
+    # shellcheck disable=SC2086
+    fds1=$(fd_count $pids)
+    timeout -k 2 $((HOLD_S + 20)) tail --pid="$BENCH_PID" -f /dev/null || true
+    wait "$BENCH_PID" 2>/dev/null || true
+    BENCH_PID=""
+    read -r -a f <<<"$(jget "$dir/idle.json" opened held_open failed)"
+    [[ ${f[0]} != - ]] || { tail -5 "$dir/idle.log" >&2; die "causeway-bench proxy idle produced no result against $name"; }
+    res "$name" idle_opened "${f[0]}"
+    res "$name" idle_held "${f[1]}"
+    res "$name" idle_failed "${f[2]}"
+    res "$name" rss_before "$before"
+    res "$name" rss_held "$held"
+    res "$name" fds_before "$fds0"
+    res "$name" fds_held "$fds1"
+    log "  idle: ${f[0]} of $IDLE_N open (${f[1]} still open after ${HOLD_S} s), RSS $((before / 1024)) -> $((held / 1024)) MiB, descriptors $fds0 -> $fds1"
+}
+
+measure_tput() {
+    local name=$1 port=$2 dir=$3 streams=$4 key f
+    key=tput_${dir}_$streams
+    bench "$name" "$key" $((RUN_S + 25)) throughput --target "127.0.0.1:$port" --duration "${RUN_S}s" \
+        --streams "$streams" --direction "$dir"
+    read -r -a f <<<"$(jget "$TMP/$name/$key.json" gbit_s unconfirmed failed_streams bench_cpu_pct)"
+    res "$name" "$key" "${f[0]}"
+    res "$name" "${key}_bad" "$((${f[1]/-/0} + ${f[2]/-/0}))"
+    log "  throughput $dir x$streams: ${f[0]} Gbit/s (unconfirmed ${f[1]}, failed ${f[2]}, bench CPU ${f[3]}%)"
+}
+
+measure_iperf() {
+    local name=$1 port=$2 streams=$3 out=$TMP/$1/iperf_$3.json gbps
+    for _ in 1 2; do
+        timeout -k 2 $((IPERF_S + 15)) iperf3 -c 127.0.0.1 -p "$port" -t "$IPERF_S" -P "$streams" -J \
+            >"$out" 2>>"$TMP/$name/iperf.log" && break
+        # The server may still be tearing the last test down ("busy").
+        sleep 1
+    done
+    gbps=$(python3 -c '
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+    print(round(d["end"]["sum_received"]["bits_per_second"] / 1e9, 3))
+except Exception:
+    print("-")' "$out")
+    res "$name" "iperf_$streams" "$gbps"
+    log "  iperf3 -P $streams: $gbps Gbit/s (received)"
+}
+
+measure() {
+    local name=$1 dir=$TMP/$1 port rc=0 d
+    mkdir -p "$dir"
+    start_upstream echo --close-after "$PAYLOAD"
+    SRV_PIDS=""
+    port=$PROXY_PORT
+    if [[ $name == direct ]]; then
+        port=$UP_PORT
+    else
+        "start_$name" "$dir" || rc=$?
+        if ((rc == 2)); then
+            echo "causeway: proxy not available in this build, skipped ($CAUSEWAY_NOTE)" >&2
+            res "$name" skipped "$CAUSEWAY_NOTE"
+            return 0
+        fi
+        ((rc == 0)) || die "$name: config rejected (see above)"
+        # shellcheck disable=SC2086
+        if ! wait_ready "$port" 15 $SRV_PIDS; then
+            tail -5 "$dir"/out "$dir"/error.log >&2 2>/dev/null || true
+            # shellcheck disable=SC2086
+            stop_pids $SRV_PIDS
+            SRV_PIDS=""
+            if [[ $name == causeway ]]; then
+                if grep -q "unrecognized subcommand" "$dir/out" 2>/dev/null; then
+                    CAUSEWAY_NOTE="this causeway binary has no \`proxy\` subcommand"
+                else
+                    CAUSEWAY_NOTE="\`causeway proxy\` did not relay on 127.0.0.1:$PROXY_PORT within 15 s: $(head -c 200 "$dir/out" 2>/dev/null | tr '\n' ' ')"
+                fi
+                echo "causeway: proxy not available in this build, skipped" >&2
+                res "$name" skipped "$CAUSEWAY_NOTE"
+                return 0
+            fi
+            die "$name did not relay on 127.0.0.1:$port within 15 s"
+        fi
+        # nginx's workers too, for CPU, RSS and cleanup.
+        # shellcheck disable=SC2086
+        SRV_PIDS=$(for p in $SRV_PIDS; do with_children "$p"; done | sort -u | tr '\n' ' ')
+    fi
+    res "$name" version "$(version_of "$name")"
+    log "$name: 127.0.0.1:$port${SRV_PIDS:+ (pids ${SRV_PIDS% })} — $(version_of "$name")"
+
+    measure_conn "$name" "$port"
+    # Persistent connections from here on.
+    start_upstream echo
+    measure_latency "$name" "$port"
+    [[ $name == direct ]] || measure_idle "$name" "$port"
+    for d in $DIRECTIONS; do
+        if [[ $d == up ]]; then start_upstream sink; else start_upstream source; fi
+        measure_tput "$name" "$port" "$d" 1
+        measure_tput "$name" "$port" "$d" 4
+    done
+    start_upstream iperf3
+    measure_iperf "$name" "$port" 1
+    measure_iperf "$name" "$port" 4
+    # shellcheck disable=SC2086
+    stop_pids $SRV_PIDS
+    SRV_PIDS=""
+}
+
+# CPU time the hypervisor gave to others ("steal") while we measured: on a
+# shared VM it is the first suspect when figures move between runs.
+cpu_steal() { awk '/^cpu / {t = 0; for (i = 2; i <= 9; i++) t += $i; print $9, t}' /proc/stat; }
+read -r STEAL0 TOTAL0 <<<"$(cpu_steal)"
+log "temp $TMP; idle test: $IDLE_N connections (open-files limit $NOFILE); runs of ${RUN_S} s"
+for t in ${TARGETS//,/ }; do measure "$t"; done
+read -r STEAL1 TOTAL1 <<<"$(cpu_steal)"
+CWP_STEAL=$(python3 -c "print(round(100 * ($STEAL1 - $STEAL0) / max(1, $TOTAL1 - $TOTAL0), 1))")
+log "CPU steal during the measurements: $CWP_STEAL%"
+stop_pids $UP_PID
+UP_PID=""
+
+# ------------------------------------------------------------------ report
+export CWP_DATE CWP_NPROC CWP_KERNEL CWP_CPU CWP_QUICK=$QUICK CWP_IPERF CWP_STEAL
+CWP_DATE=$(date -u '+%Y-%m-%d %H:%M UTC')
+CWP_NPROC=$NPROC
+CWP_KERNEL=$(uname -r)
+CWP_CPU=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
+CWP_IPERF=$(iperf3 --version 2>/dev/null | awk 'NR == 1 {print $2}')
+export RUN_S IPERF_S HOLD_S CONC PAYLOAD LAT_RATE LAT_CONNS IDLE_N NOFILE FDS_PER_CONN TARGETS DIRECTIONS UP_PORT PROXY_PORT
+
+REPORT=$TMP/report.md
+python3 - "$RESULTS" >"$REPORT" <<'PY'
+import os, sys
+from collections import defaultdict
+r = defaultdict(dict)
+for line in open(sys.argv[1]):
+    s, k, v = line.rstrip("\n").split("\t", 2)
+    r[s][k] = v
+E = os.environ
+targets = E["TARGETS"].split(",")
+ran = [t for t in targets if "skipped" not in r[t]]
+down = "down" in E["DIRECTIONS"].split()
+proxies = [t for t in ran if t != "direct"]
+
+def num(x):
+    try: return float(x)
+    except (TypeError, ValueError): return None
+def fmt(x, nd=2):
+    v = num(x)
+    return "-" if v is None else f"{v:.{nd}f}"
+def fmt_int(x):
+    v = num(x)
+    return "-" if v is None else f"{round(v):,}".replace(",", " ")
+def ratio(t, ref, key):
+    if ref not in ran: return "-"
+    a, b = num(r[t].get(key)), num(r[ref].get(key))
+    return "-" if a is None or not b else f"{a / b:.2f}×"
+def pair(*xs): return " / ".join(xs)
+
+names = {"direct": "direct (no proxy)", "haproxy": "HAProxy", "nginx": "nginx stream", "causeway": "causeway"}
+print("### TCP proxy: causeway vs HAProxy vs nginx (stream)\n")
+print(f"- Run: {E['CWP_DATE']}, `nproc` = {E['CWP_NPROC']} ({E['CWP_CPU']}), kernel {E['CWP_KERNEL']}, CPU steal {E['CWP_STEAL']}% over the measurements"
+      + (" — **quick mode** (short runs; not for publication)" if E["CWP_QUICK"] == "1" else ""))
+print(f"- Command: `{E['CWP_CMD']}`")
+print("- Versions: " + ", ".join([r[t]["version"] for t in proxies if "version" in r[t]] + [f"iperf3 {E['CWP_IPERF']}"]))
+print(f"- Lab: loopback only, one path at a time, sharing the {E['CWP_NPROC']} cores with the load generator and the upstream (nothing pinned). "
+      f"Each proxy listens on 127.0.0.1:{E['PROXY_PORT']} and forwards to 127.0.0.1:{E['UP_PORT']}; *direct* is the same load straight to :{E['UP_PORT']}. "
+      f"The upstream is `causeway-bench proxy upstream` (echo for connections, latency and idle; sink and source for throughput), or `iperf3 -s` for the iperf3 runs.")
+print(f"- Config: HAProxy 2 threads (`nbthread {E['CWP_NPROC']}`), `mode tcp`, no `log`, `maxconn {int(E['IDLE_N']) + 100}`, run with `-db`; "
+      f"nginx `worker_processes {E['CWP_NPROC']}`, `stream` module, `listen ... reuseport`, `worker_connections {int(E['IDLE_N']) * 2 + 200}`, "
+      "`error_log ... crit` (stream has no access log unless configured), `proxy_half_close on` (HAProxy and causeway pass a half-close on by default); "
+      "causeway `causeway proxy` with `RUST_LOG=warn` (its access line per connection is at info). "
+      "Each proxy's own defaults otherwise: HAProxy and nginx copy through user space, causeway relays with splice(2). No kernel tuning.")
+print(f"- Throughput: {E['RUN_S']} s per run, `causeway-bench proxy throughput --streams 1|4 --direction up` (128 KiB writes; sender-side rate, every byte confirmed by the sink's count)"
+      + (" and `--direction down` (receiver-side)" if down else "")
+      + f"; `iperf3 -c 127.0.0.1 -p <port> -t {E['IPERF_S']} -P 1|4` (receiver-side sum). Ratios: higher is better.")
+print(f"- Connections: `causeway-bench proxy conn --concurrency {E['CONC']} --payload {E['PAYLOAD']} --expect-close` for {E['RUN_S']} s "
+      f"against `proxy upstream --mode echo --close-after {E['PAYLOAD']}` (connect, {E['PAYLOAD']} bytes echoed, the upstream closes, then the client; see below). "
+      f"Latency: `causeway-bench proxy latency --rate {E['LAT_RATE']} --connections {E['LAT_CONNS']} --payload {E['PAYLOAD']}` for {E['RUN_S']} s; "
+      "added p99 = the path's p99 minus direct's.")
+print(f"- Memory: VmRSS of the proxy's processes (nginx: master + workers) just before and while `causeway-bench proxy idle --connections {E['IDLE_N']}` "
+      "holds its connections (each has carried one echoed byte, so both sides are open); per connection = the difference / connections open. "
+      "Kernel memory (socket buffers, pipes) is not in VmRSS; descriptors per connection show who holds more kernel objects."
+      + (f" {E['IDLE_N']} rather than 10000 connections for every proxy: the open-files hard limit here is {E['NOFILE']} and cannot be raised, and "
+         + ("causeway may hold six descriptors per connection (two sockets, and two pipes for its splice relay)." if E["FDS_PER_CONN"] == "6"
+            else "a proxy holds two descriptors per connection.")
+         if int(E["IDLE_N"]) < 10000 else ""))
+for t in targets:
+    if "skipped" in r[t]:
+        print(f"- **{t}: proxy not available in this build, skipped** ({r[t]['skipped']}).")
+print()
+
+print("| path | bench 1 stream Gbit/s | bench 4 streams | iperf3 -P 1 | iperf3 -P 4 |"
+      + (" bench down 1 / 4 |" if down else "")
+      + " 1 stream vs HAProxy (bench / iperf3) | 4 streams vs HAProxy | 1 stream vs direct | 4 streams vs direct |")
+print("|---|---:|---:|---:|---:|" + ("---:|" if down else "") + "---:|---:|---:|---:|")
+notes = []
+for t in ran:
+    d = r[t]
+    cells = [names[t], fmt(d.get("tput_up_1")), fmt(d.get("tput_up_4")), fmt(d.get("iperf_1")), fmt(d.get("iperf_4"))]
+    if down:
+        cells.append(pair(fmt(d.get("tput_down_1")), fmt(d.get("tput_down_4"))))
+    cells += [pair(ratio(t, "haproxy", "tput_up_1"), ratio(t, "haproxy", "iperf_1")),
+              pair(ratio(t, "haproxy", "tput_up_4"), ratio(t, "haproxy", "iperf_4")),
+              pair(ratio(t, "direct", "tput_up_1"), ratio(t, "direct", "iperf_1")),
+              pair(ratio(t, "direct", "tput_up_4"), ratio(t, "direct", "iperf_4"))]
+    print("| " + " | ".join(cells) + " |")
+    for k, v in d.items():
+        if k.startswith("tput_") and k.endswith("_bad") and num(v):
+            notes.append(f"{names[t]} {k[5:-4].replace('_', ' x')}: {fmt_int(v)} stream(s) failed or were not fully confirmed by the sink")
+print()
+
+def per_conn(t):
+    b, h, n = num(r[t].get("rss_before")), num(r[t].get("rss_held")), num(r[t].get("idle_opened"))
+    return (h - b) / n if None not in (b, h, n) and n else None
+def fds_per_conn(t):
+    b, h, n = num(r[t].get("fds_before")), num(r[t].get("fds_held")), num(r[t].get("idle_opened"))
+    return (h - b) / n if None not in (b, h, n) and n else None
+def added(t, key):
+    a, b = num(r[t].get(key)), num(r.get("direct", {}).get(key))
+    if a is None or b is None or "direct" not in ran: return "-"
+    return f"{a - b:+.3f}"
+def conn_per_cpu(t):
+    ok, cpu = num(r[t].get("conn_ok")), num(r[t].get("conn_cpu"))
+    return ok / cpu if ok is not None and cpu else None
+
+print(f"| path | conn/s ({E['CONC']} in flight) | vs HAProxy | failed | conn per proxy CPU-s | latency p50 / p99 / p99.9 ms at {E['LAT_RATE']}/s | added p99 vs direct ms | idle connections open / after hold | proxy RSS before → holding MiB | RSS per idle connection KiB | descriptors per connection |")
+print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+for t in ran:
+    d = r[t]
+    pc = per_conn(t)
+    cells = [names[t], fmt_int(d.get("conn_rate")), ratio(t, "haproxy", "conn_rate"), fmt_int(d.get("conn_failed")),
+             fmt_int(conn_per_cpu(t)) if t != "direct" else "-",
+             pair(fmt(d.get("lat_p50"), 3), fmt(d.get("lat_p99"), 3), fmt(d.get("lat_p999"), 3)),
+             added(t, "lat_p99") if t != "direct" else "-",
+             (f"{fmt_int(d.get('idle_opened'))} / {fmt_int(d.get('idle_held'))}" if "idle_opened" in d else "-"),
+             (f"{num(d['rss_before']) / 1024:.1f} → {num(d['rss_held']) / 1024:.1f}" if "rss_held" in d else "-"),
+             ("-" if pc is None else f"{pc:.1f}"),
+             ("-" if fds_per_conn(t) is None else f"{fds_per_conn(t):.1f}")]
+    print("| " + " | ".join(cells) + " |")
+    if num(d.get("lat_failed")):
+        notes.append(f"{names[t]} latency run: {fmt_int(d['lat_failed'])} round trips failed")
+    if num(d.get("idle_failed")):
+        notes.append(f"{names[t]} idle run: {fmt_int(d['idle_failed'])} connections failed to open")
+print()
+print("Why the upstream closes first: TIME_WAIT stays with whichever side closes first. Were it the client, each proxy's connects to the upstream "
+      "(all from 127.0.0.1 to one port) would leave TIME_WAIT sockets on the proxy's side, and on loopback every new connect then searches the ephemeral "
+      "ports past them: in trial runs every proxy hit the same ceiling and nginx logged `connect() failed (99: Cannot assign requested "
+      "address)`, the kernel's limit rather than the proxies'. With the upstream closing first the TIME_WAIT sockets sit on the listening sides, "
+      "where they cost no ports. conn per proxy CPU-s = exchanges / the proxy's utime+stime over the run.")
+if notes:
+    print()
+    for n in notes:
+        print(f"- Note: {n}.")
+PY
+
+cat "$REPORT"
+
+if [[ -n $WRITE ]]; then
+    python3 - "$WRITE" "$REPORT" <<'PY'
+import os, sys
+path, report = sys.argv[1], open(sys.argv[2]).read().rstrip("\n")
+begin, end = "<!-- compare-proxy:begin -->", "<!-- compare-proxy:end -->"
+text = open(path).read() if os.path.exists(path) else ""
+block = f"{begin}\n{report}\n{end}"
+if begin in text and end in text and text.index(begin) < text.index(end):
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    text = head + block + tail
+else:
+    text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + block + "\n"
+open(path, "w").write(text)
+PY
+    log "wrote the report into $WRITE"
+fi
