@@ -116,15 +116,15 @@ async fn one_way(
     activity: &Activity,
     up: bool,
 ) -> io::Result<()> {
-    // The pipe is made only once there is something to move: an idle
-    // connection holds no pipe (two descriptors and a kernel buffer).
-    if let Err(e) = from.readable().await {
-        shutdown_write(to);
-        return Err(e);
-    }
-    let result = match nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC) {
-        Ok(pipe) => spliced(from, to, pipe, activity, up).await,
-        Err(_) => copied(from, to, activity, up).await,
+    // The first bytes go through a small buffer: a short exchange (and an
+    // idle connection) never pays for a pipe. Past that, splice.
+    let result = match copied(from, to, activity, up, Some(SPLICE_AFTER)).await {
+        Ok(Copy::Eof) => Ok(()),
+        Ok(Copy::Limit) => match nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC) {
+            Ok(pipe) => spliced(from, to, pipe, activity, up).await,
+            Err(_) => copied(from, to, activity, up, None).await.map(|_| ()),
+        },
+        Err(e) => Err(e),
     };
     shutdown_write(to);
     result
@@ -151,7 +151,7 @@ async fn spliced(
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             // Sockets that cannot splice (never on Linux TCP, but be sure).
             Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => {
-                return copied(from, to, activity, up).await
+                return copied(from, to, activity, up, None).await.map(|_| ())
             }
             Err(e) => return Err(e),
         };
@@ -170,12 +170,32 @@ async fn spliced(
     }
 }
 
-async fn copied(from: &TcpStream, to: &TcpStream, activity: &Activity, up: bool) -> io::Result<()> {
+/// How a buffered copy stopped.
+enum Copy {
+    Eof,
+    /// It moved `limit` bytes; the rest is for splice.
+    Limit,
+}
+
+/// Bytes moved by buffered copy before a direction switches to splice.
+const SPLICE_AFTER: u64 = 64 * 1024;
+
+async fn copied(
+    from: &TcpStream,
+    to: &TcpStream,
+    activity: &Activity,
+    up: bool,
+    limit: Option<u64>,
+) -> io::Result<Copy> {
     let mut buf = vec![0u8; 16 * 1024];
+    let mut moved = 0u64;
     loop {
+        if limit.is_some_and(|l| moved >= l) {
+            return Ok(Copy::Limit);
+        }
         from.readable().await?;
         let n = match from.try_read(&mut buf) {
-            Ok(0) => return Ok(()),
+            Ok(0) => return Ok(Copy::Eof),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
@@ -189,6 +209,7 @@ async fn copied(from: &TcpStream, to: &TcpStream, activity: &Activity, up: bool)
                 Err(e) => return Err(e),
             }
         }
+        moved += n as u64;
         activity.touch(up, n);
     }
 }

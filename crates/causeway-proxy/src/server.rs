@@ -337,7 +337,14 @@ async fn accept_loop(
             _ = shutdown.wait() => return,
             r = listener.accept() => match r {
                 Ok(x) => x,
-                Err(_) => continue,
+                Err(e) => {
+                    // Out of descriptors or memory: retrying at once would
+                    // spin; give connections a moment to close.
+                    shared.metrics.connect_errors.with_label_values(&[state.label.as_str(), "accept"]).inc();
+                    tracing::warn!(listen = %state.listen, error = %e, "accept failed; pausing");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
             },
         };
         let Ok(permit) = state.limit.try_acquire() else {
