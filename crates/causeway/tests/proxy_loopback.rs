@@ -65,11 +65,17 @@ fn cert(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
 /// An `openssl s_server` on loopback answering HTTP with its own
 /// certificate, so a client through the proxy sees which upstream it got.
 fn tls_upstream(dir: &Path, name: &str) -> (Guard, u16, PathBuf) {
-    let (pem, key) = cert(dir, name);
     let port = free_port();
+    let (guard, pem) = tls_upstream_at(dir, name, "127.0.0.1", port);
+    (guard, port, pem)
+}
+
+/// The same, on a given loopback address and port.
+fn tls_upstream_at(dir: &Path, name: &str, ip: &str, port: u16) -> (Guard, PathBuf) {
+    let (pem, key) = cert(dir, name);
     let child = Command::new("openssl")
         .args(["s_server", "-quiet", "-www", "-accept"])
-        .arg(format!("127.0.0.1:{port}"))
+        .arg(format!("{ip}:{port}"))
         .arg("-cert")
         .arg(&pem)
         .arg("-key")
@@ -78,10 +84,8 @@ fn tls_upstream(dir: &Path, name: &str) -> (Guard, u16, PathBuf) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    wait_for("s_server", || {
-        TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
-    (Guard(child), port, pem)
+    wait_for("s_server", || TcpStream::connect((ip, port)).is_ok());
+    (Guard(child), pem)
 }
 
 struct Proxy {
@@ -439,20 +443,7 @@ fn new_connections_follow_a_changed_upstream_address() {
     let up_port = free_port();
     let mut upstreams = Vec::new();
     for (ip, name) in [("127.0.0.1", "first.test"), ("127.0.0.2", "second.test")] {
-        let (pem, key) = cert(dir.path(), name);
-        let child = Command::new("openssl")
-            .args(["s_server", "-quiet", "-www", "-accept"])
-            .arg(format!("{ip}:{up_port}"))
-            .arg("-cert")
-            .arg(&pem)
-            .arg("-key")
-            .arg(&key)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        upstreams.push(Guard(child));
-        wait_for("s_server", || TcpStream::connect((ip, up_port)).is_ok());
+        upstreams.push(tls_upstream_at(dir.path(), name, ip, up_port).0);
     }
     // A resolver the test controls: dnsmasq answering from a hosts file,
     // with a one-second TTL.
