@@ -186,10 +186,11 @@ for p in $UP_PORT $PROXY_PORT $ADMIN_PORT; do
     if listening "$p"; then die "port $p is already in use: $(ss -Hltnp "sport = :$p" | head -1)"; fi
 done
 
-# Open files: HAProxy and nginx hold two descriptors per proxied connection
-# (client and upstream socket), causeway six (its splice relay adds two
-# pipes), in one process (HAProxy, causeway) or spread over workers
-# (nginx). Raise the soft limit to the hard one (and the hard one when
+# Open files: every proxy holds two descriptors per idle proxied
+# connection (client and upstream socket), in one process (HAProxy,
+# causeway) or spread over workers (nginx); causeway's splice pipes (two
+# more) exist only on a direction past its first 64 KB, which an idle
+# connection never reaches. Raise the soft limit to the hard one (and the hard one when
 # allowed), then size the idle test so every proxy gets the same number
 # of connections and the hungriest still fits.
 NOFILE=$(ulimit -Hn)
@@ -200,7 +201,6 @@ fi
 [[ $NOFILE == unlimited ]] && NOFILE=65536
 ulimit -n "$NOFILE"
 FDS_PER_CONN=2
-if [[ ,$TARGETS, == *,causeway,* ]]; then FDS_PER_CONN=6; fi
 IDLE_N=10000
 if ((IDLE_N * FDS_PER_CONN + 400 > NOFILE)); then
     IDLE_N=$(((NOFILE - 400) / FDS_PER_CONN / 100 * 100))

@@ -19,7 +19,7 @@ pub use dns::{
 };
 pub use error::{ConfigErrors, FieldError, LoadError};
 pub use model::*;
-pub use proxy::{Listener, ListenerKind, ProxyConfig, Upstream};
+pub use proxy::{Balance, HealthCheck, Listener, ListenerKind, ProxyConfig, Upstream};
 pub use validate::{parse_duration, parse_hex, parse_mac};
 
 use std::path::Path;

@@ -29,6 +29,19 @@ pub struct FileProxy {
     pub max_connections: Option<usize>,
     #[serde(default)]
     pub resolvers: Vec<String>,
+    /// `roundRobin` (the default) or `leastConnections`.
+    pub balance: Option<String>,
+    pub health_check: Option<FileHealthCheck>,
+}
+
+/// Active TCP health checking of every upstream address.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileHealthCheck {
+    pub interval: Option<FileDuration>,
+    pub timeout: Option<FileDuration>,
+    pub unhealthy_threshold: Option<u32>,
+    pub healthy_threshold: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -103,6 +116,25 @@ pub struct Listener {
     pub proxy_protocol: bool,
 }
 
+/// How a connection picks among an upstream's addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Balance {
+    #[default]
+    RoundRobin,
+    LeastConnections,
+}
+
+/// Active TCP health checks: an address is marked down after
+/// `unhealthy_threshold` failed connects in a row and up again after
+/// `healthy_threshold` good ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthCheck {
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub unhealthy_threshold: u32,
+    pub healthy_threshold: u32,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyConfig {
     pub listeners: Vec<Listener>,
@@ -113,6 +145,9 @@ pub struct ProxyConfig {
     /// DNS servers to resolve upstream names with, honouring TTLs; empty
     /// means the system resolver at each connection.
     pub resolvers: Vec<SocketAddr>,
+    pub balance: Balance,
+    /// None: only passive ejection on failed connects.
+    pub health_check: Option<HealthCheck>,
 }
 
 fn upstream(c: &mut Collector, path: &str, text: &str) -> Option<Upstream> {
@@ -321,7 +356,55 @@ pub(crate) fn validate(
             ),
         }
     }
+    let balance = match p.balance.as_deref().map(str::trim) {
+        None | Some("roundRobin") => Balance::RoundRobin,
+        Some("leastConnections") => Balance::LeastConnections,
+        Some(other) => {
+            c.push(
+                "proxy.balance",
+                format!("{other} is not roundRobin or leastConnections"),
+            );
+            Balance::RoundRobin
+        }
+    };
+    let health_check = p.health_check.as_ref().map(|h| {
+        let interval = h
+            .interval
+            .as_ref()
+            .and_then(|v| c.duration("proxy.healthCheck.interval", v))
+            .unwrap_or(Duration::from_secs(5));
+        let timeout = h
+            .timeout
+            .as_ref()
+            .and_then(|v| c.duration("proxy.healthCheck.timeout", v))
+            .unwrap_or(Duration::from_secs(1));
+        if interval.is_zero() {
+            c.push("proxy.healthCheck.interval", "must be above zero");
+        }
+        if timeout > interval {
+            c.push(
+                "proxy.healthCheck.timeout",
+                "must not be longer than the interval",
+            );
+        }
+        let threshold = |c: &mut Collector, name: &str, v: Option<u32>, default: u32| match v {
+            Some(0) => {
+                c.push(format!("proxy.healthCheck.{name}"), "must be at least 1");
+                default
+            }
+            Some(n) => n,
+            None => default,
+        };
+        HealthCheck {
+            interval,
+            timeout,
+            unhealthy_threshold: threshold(c, "unhealthyThreshold", h.unhealthy_threshold, 2),
+            healthy_threshold: threshold(c, "healthyThreshold", h.healthy_threshold, 1),
+        }
+    });
     Some(ProxyConfig {
+        balance,
+        health_check,
         listeners: listeners
             .into_iter()
             .map(|(port, kind, proxy_protocol)| Listener {

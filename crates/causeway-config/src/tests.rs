@@ -216,6 +216,10 @@ fn durations_accept_units() {
         parse_duration("2d"),
         Some(std::time::Duration::from_secs(172800))
     );
+    assert_eq!(
+        parse_duration("250ms"),
+        Some(std::time::Duration::from_millis(250))
+    );
     assert_eq!(parse_duration("1w"), None);
     assert_eq!(parse_duration(""), None);
     assert_eq!(parse_duration("99999999999999999999d"), None);
@@ -385,6 +389,47 @@ fn proxy_listener_errors_name_their_paths() {
             "proxy.listeners[0].upstream: nohost is not host:port, such as kube-apiserver.clusters-hc1.svc:6443",
             "proxy.listeners[1].port: port 6443 is listed twice",
             "proxy.listeners[2]: give either upstream, or routes (with an optional default)",
+        ]
+    );
+}
+
+#[test]
+fn proxy_balance_and_health_check_default_and_parse() {
+    let p = Config::from_yaml(&format!("{VLAN}proxy: {{}}\n"))
+        .unwrap()
+        .proxy
+        .unwrap();
+    assert_eq!(p.balance, crate::Balance::RoundRobin);
+    assert_eq!(p.health_check, None);
+    let p = Config::from_yaml(&format!(
+        "{VLAN}proxy:\n  balance: leastConnections\n  healthCheck: {{interval: 2s, unhealthyThreshold: 3}}\n"
+    ))
+    .unwrap()
+    .proxy
+    .unwrap();
+    assert_eq!(p.balance, crate::Balance::LeastConnections);
+    assert_eq!(
+        p.health_check,
+        Some(crate::HealthCheck {
+            interval: std::time::Duration::from_secs(2),
+            timeout: std::time::Duration::from_secs(1),
+            unhealthy_threshold: 3,
+            healthy_threshold: 1,
+        })
+    );
+}
+
+#[test]
+fn proxy_balance_and_health_check_errors_name_their_paths() {
+    let e = errors(&format!(
+        "{VLAN}proxy:\n  balance: random\n  healthCheck: {{interval: 1s, timeout: 2s, healthyThreshold: 0}}\n"
+    ));
+    assert_eq!(
+        e,
+        vec![
+            "proxy.balance: random is not roundRobin or leastConnections",
+            "proxy.healthCheck.timeout: must not be longer than the interval",
+            "proxy.healthCheck.healthyThreshold: must be at least 1",
         ]
     );
 }

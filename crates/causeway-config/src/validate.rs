@@ -116,6 +116,9 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
         .unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
     let count: u64 = digits.parse().ok()?;
+    if unit == "ms" {
+        return Some(Duration::from_millis(count));
+    }
     let scale = match unit {
         "" | "s" => 1,
         "m" => 60,

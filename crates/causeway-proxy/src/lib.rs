@@ -2,8 +2,9 @@
 //! upstream or choosing it by the TLS server name, which it reads from the
 //! ClientHello without terminating TLS.
 //!
-//! [`hello`] and [`route`] are pure; [`server`] owns the sockets.
+//! [`hello`], [`route`] and the ordering in [`balance`] are pure; [`server`] owns the sockets.
 
+pub mod balance;
 pub mod hello;
 pub mod metrics;
 pub mod proxy_protocol;

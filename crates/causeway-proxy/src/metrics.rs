@@ -12,6 +12,9 @@ pub struct ProxyMetrics {
     pub connect_seconds: HistogramVec,
     pub sni_failures: IntCounterVec,
     pub ejections: IntCounterVec,
+    pub upstream_open: IntGaugeVec,
+    pub health_checks: IntCounterVec,
+    pub upstream_down: IntGaugeVec,
 }
 
 impl ProxyMetrics {
@@ -76,7 +79,31 @@ impl ProxyMetrics {
                 ),
                 &["listener"],
             )?,
+            upstream_open: IntGaugeVec::new(
+                Opts::new(
+                    "causeway_proxy_upstream_connections_active",
+                    "Connections open to each upstream address",
+                ),
+                &["address"],
+            )?,
+            health_checks: IntCounterVec::new(
+                Opts::new(
+                    "causeway_proxy_health_checks_total",
+                    "Active TCP health checks, per upstream address and result (ok, failed)",
+                ),
+                &["address", "result"],
+            )?,
+            upstream_down: IntGaugeVec::new(
+                Opts::new(
+                    "causeway_proxy_upstream_down",
+                    "1 while active health checks hold an upstream address down",
+                ),
+                &["address"],
+            )?,
         };
+        registry.register(Box::new(m.upstream_open.clone()))?;
+        registry.register(Box::new(m.health_checks.clone()))?;
+        registry.register(Box::new(m.upstream_down.clone()))?;
         registry.register(Box::new(m.ejections.clone()))?;
         registry.register(Box::new(m.accepted.clone()))?;
         registry.register(Box::new(m.active.clone()))?;

@@ -180,6 +180,40 @@ enum Copy {
 /// Bytes moved by buffered copy before a direction switches to splice.
 const SPLICE_AFTER: u64 = 64 * 1024;
 
+/// Bytes read at once by a buffered copy.
+const COPY_CHUNK: usize = 16 * 1024;
+
+/// What one read-then-write step did.
+enum Step {
+    Eof,
+    /// `n` bytes read; `rest` holds those the destination did not take.
+    Moved {
+        n: usize,
+        rest: Option<Vec<u8>>,
+    },
+}
+
+/// Reads what is ready and writes it straight on. The buffer lives on this
+/// call's stack, not in the connection's task, so an idle connection holds
+/// no buffer at all; only bytes the destination cannot take yet are kept.
+fn read_then_write(from: &TcpStream, to: &TcpStream) -> io::Result<Step> {
+    let mut buf = [0u8; COPY_CHUNK];
+    let n = match from.try_read(&mut buf) {
+        Ok(0) => return Ok(Step::Eof),
+        Ok(n) => n,
+        Err(e) => return Err(e),
+    };
+    let written = match to.try_write(&buf[..n]) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+        Err(e) => return Err(e),
+    };
+    Ok(Step::Moved {
+        n,
+        rest: (written < n).then(|| buf[written..n].to_vec()),
+    })
+}
+
 async fn copied(
     from: &TcpStream,
     to: &TcpStream,
@@ -187,26 +221,27 @@ async fn copied(
     up: bool,
     limit: Option<u64>,
 ) -> io::Result<Copy> {
-    let mut buf = vec![0u8; 16 * 1024];
     let mut moved = 0u64;
     loop {
         if limit.is_some_and(|l| moved >= l) {
             return Ok(Copy::Limit);
         }
         from.readable().await?;
-        let n = match from.try_read(&mut buf) {
-            Ok(0) => return Ok(Copy::Eof),
-            Ok(n) => n,
+        let (n, rest) = match read_then_write(from, to) {
+            Ok(Step::Eof) => return Ok(Copy::Eof),
+            Ok(Step::Moved { n, rest }) => (n, rest),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
         };
-        let mut at = 0;
-        while at < n {
-            to.writable().await?;
-            match to.try_write(&buf[at..n]) {
-                Ok(m) => at += m,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Err(e),
+        if let Some(rest) = rest {
+            let mut at = 0;
+            while at < rest.len() {
+                to.writable().await?;
+                match to.try_write(&rest[at..]) {
+                    Ok(m) => at += m,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    Err(e) => return Err(e),
+                }
             }
         }
         moved += n as u64;

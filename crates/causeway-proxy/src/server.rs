@@ -1,21 +1,22 @@
 //! The proxy's I/O: listeners, the SNI peek, upstream connection with
 //! failover across resolved addresses, and the byte relay with half-close.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use causeway_config::{Listener, ListenerKind, ProxyConfig, Upstream};
+use causeway_config::{HealthCheck, Listener, ListenerKind, ProxyConfig, Upstream};
 use causeway_runtime::Shutdown;
 use socket2::{Domain, Protocol, Socket, TcpKeepalive, Type};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
+use crate::balance::{self, Health, OpenCounts, Transition};
 use crate::hello::{peek, Peek, MAX_HELLO};
 use crate::metrics::ProxyMetrics;
 use crate::relay::relay;
@@ -174,13 +175,9 @@ impl Resolver {
         }
     }
 
-    /// The addresses rotated so connections spread over them (round robin).
-    fn rotated(&self, mut addrs: Vec<SocketAddr>) -> Vec<SocketAddr> {
-        if !addrs.is_empty() {
-            let n = self.next.fetch_add(1, Ordering::Relaxed) % addrs.len();
-            addrs.rotate_left(n);
-        }
-        addrs
+    /// Advances the rotation that spreads connections over equal addresses.
+    fn turn(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed)
     }
 }
 
@@ -189,6 +186,8 @@ struct Shared {
     metrics: ProxyMetrics,
     resolver: Resolver,
     outliers: Outliers,
+    open: OpenCounts,
+    health: Health,
     active: watch::Sender<usize>,
 }
 
@@ -253,6 +252,8 @@ impl ProxyServer {
                 ..Resolver::default()
             },
             outliers: Outliers::default(),
+            open: OpenCounts::default(),
+            health: Health::default(),
             active,
         });
         let mut listeners = Vec::new();
@@ -279,6 +280,7 @@ impl ProxyServer {
             }
             tracing::info!(listen = %l.listen, "proxy listening");
         }
+        tasks.push(tokio::spawn(health_loop(shared.clone(), shutdown)));
         Ok(ProxyServer {
             shared,
             listeners,
@@ -473,6 +475,7 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
         return out;
     };
     out.upstream = Some(addr);
+    let _counted = OpenGuard::new(shared, addr);
     keepalive(&upstream);
     if state.proxy_protocol {
         let local = client.local_addr().unwrap_or(state.listen);
@@ -505,7 +508,6 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
 
 /// Reads the client's first bytes until the hello's name is known.
 async fn read_hello(client: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<Peek> {
-    let mut chunk = [0u8; 4096];
     loop {
         let p = peek(buf);
         if p != Peek::NeedMore {
@@ -514,7 +516,12 @@ async fn read_hello(client: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<Pee
         if buf.len() >= MAX_HELLO {
             return Ok(peek(buf));
         }
-        let n = client.read(&mut chunk).await?;
+        client.readable().await?;
+        let n = match read_into(client, buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        };
         if n == 0 {
             // The client sent what it will send: whatever it is goes to
             // the default route.
@@ -523,8 +530,16 @@ async fn read_hello(client: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<Pee
                 p => p,
             });
         }
-        buf.extend_from_slice(&chunk[..n]);
     }
+}
+
+/// Appends what is ready. The read buffer is on this call's stack, so a
+/// client that has sent nothing yet costs no buffer in its task.
+fn read_into(client: &TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+    let mut chunk = [0u8; 4096];
+    let n = client.try_read(&mut chunk)?;
+    buf.extend_from_slice(&chunk[..n]);
+    Ok(n)
 }
 
 /// Connects to the first address of `up` that answers, trying each in turn.
@@ -535,12 +550,13 @@ async fn connect(
     up: &Upstream,
 ) -> Option<(TcpStream, SocketAddr)> {
     let addrs = match shared.resolver.addresses(up).await {
-        Ok(a) => {
-            let mut a = shared.resolver.rotated(a);
-            // Ejected addresses last: still tried if nothing else answers.
-            a.sort_by_key(|addr| shared.outliers.ejected(addr));
-            a
-        }
+        Ok(a) => balance::order(
+            cfg.balance,
+            a,
+            shared.resolver.turn(),
+            |addr| shared.open.get(addr),
+            |addr| shared.outliers.ejected(addr) || shared.health.is_down(addr),
+        ),
         Err(e) => {
             shared
                 .metrics
@@ -587,4 +603,135 @@ async fn connect(
         }
     }
     None
+}
+
+/// Counts a connection against its upstream address while it is open, for
+/// least-connections and the per-address gauge.
+struct OpenGuard<'a> {
+    shared: &'a Shared,
+    addr: SocketAddr,
+    label: String,
+}
+
+impl<'a> OpenGuard<'a> {
+    fn new(shared: &'a Shared, addr: SocketAddr) -> Self {
+        let label = addr.to_string();
+        shared.open.opened(addr);
+        shared
+            .metrics
+            .upstream_open
+            .with_label_values(&[label.as_str()])
+            .inc();
+        OpenGuard {
+            shared,
+            addr,
+            label,
+        }
+    }
+}
+
+impl Drop for OpenGuard<'_> {
+    fn drop(&mut self) {
+        self.shared.open.closed(&self.addr);
+        self.shared
+            .metrics
+            .upstream_open
+            .with_label_values(&[self.label.as_str()])
+            .dec();
+    }
+}
+
+/// Every upstream the listeners may send to.
+fn upstreams_of(cfg: &ProxyConfig) -> Vec<Upstream> {
+    let mut all: Vec<Upstream> = Vec::new();
+    for l in &cfg.listeners {
+        match &l.kind {
+            ListenerKind::Plain(u) => all.push(u.clone()),
+            ListenerKind::Sni { routes, default } => {
+                all.extend(routes.iter().map(|(_, u)| u.clone()));
+                all.extend(default.iter().cloned());
+            }
+        }
+    }
+    all.dedup();
+    all
+}
+
+/// Active health checks: each interval, a TCP connect to every address of
+/// every upstream, all at once; the config is re-read each round so a
+/// reload can turn checks on, off or retime them.
+async fn health_loop(shared: Arc<Shared>, mut shutdown: Shutdown) {
+    loop {
+        let cfg = shared.cfg();
+        let pause = match cfg.health_check {
+            Some(rule) => {
+                check_round(&shared, &cfg, &rule).await;
+                rule.interval
+            }
+            None => {
+                shared.health.retain(|_| false);
+                shared.metrics.upstream_down.reset();
+                Duration::from_secs(1)
+            }
+        };
+        tokio::select! {
+            _ = shutdown.wait() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
+async fn check_round(shared: &Shared, cfg: &ProxyConfig, rule: &HealthCheck) {
+    let mut checks = tokio::task::JoinSet::new();
+    let mut checked = HashSet::new();
+    for up in upstreams_of(cfg) {
+        let addrs = match shared.resolver.addresses(&up).await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(upstream = %up, error = %e, "health check cannot resolve upstream");
+                continue;
+            }
+        };
+        for addr in addrs {
+            if checked.insert(addr) {
+                let timeout = rule.timeout;
+                checks.spawn(async move {
+                    let ok = matches!(
+                        tokio::time::timeout(timeout, TcpStream::connect(addr)).await,
+                        Ok(Ok(_))
+                    );
+                    (addr, ok)
+                });
+            }
+        }
+    }
+    while let Some(done) = checks.join_next().await {
+        let Ok((addr, ok)) = done else { continue };
+        let label = addr.to_string();
+        shared
+            .metrics
+            .health_checks
+            .with_label_values(&[label.as_str(), if ok { "ok" } else { "failed" }])
+            .inc();
+        match shared.health.record(addr, ok, rule) {
+            Some(Transition::Down) => {
+                shared
+                    .metrics
+                    .upstream_down
+                    .with_label_values(&[label.as_str()])
+                    .set(1);
+                tracing::warn!(address = %addr, "upstream address down: failed its health checks");
+            }
+            Some(Transition::Up) => {
+                shared
+                    .metrics
+                    .upstream_down
+                    .with_label_values(&[label.as_str()])
+                    .set(0);
+                tracing::info!(address = %addr, "upstream address up again: passed its health checks");
+            }
+            None => {}
+        }
+    }
+    shared.health.retain(|a| checked.contains(a));
 }

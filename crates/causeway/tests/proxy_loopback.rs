@@ -1,5 +1,5 @@
 //! The L4 proxy on loopback with real TLS peers: `openssl s_server`
-//! upstreams, each with its own certificate, and `curl` and
+//! upstreams, each with its own rcgen certificate, and `curl` and
 //! `openssl s_client` as clients. Needs no privileges.
 
 // Test code: a failed unwrap is a failed test.
@@ -38,27 +38,20 @@ fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// A self-signed certificate for `name` (as both CN and SAN), from rcgen.
 fn cert(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     let (pem, key) = (
         dir.join(format!("{name}.pem")),
         dir.join(format!("{name}.key")),
     );
-    let ok = Command::new("openssl")
-        .args([
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-        ])
-        .arg(format!("/CN={name}"))
-        .arg("-addext")
-        .arg(format!("subjectAltName=DNS:{name}"))
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&pem)
-        .stderr(Stdio::null())
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "openssl req failed");
+    let mut params = rcgen::CertificateParams::new(vec![name.to_string()]).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    let key_pair = rcgen::KeyPair::generate().unwrap();
+    let issued = params.self_signed(&key_pair).unwrap();
+    std::fs::write(&pem, issued.pem()).unwrap();
+    std::fs::write(&key, key_pair.serialize_pem()).unwrap();
     (pem, key)
 }
 
@@ -492,5 +485,143 @@ fn new_connections_follow_a_changed_upstream_address() {
     // Once the cached answer's TTL runs out, new connections go to the new address.
     wait_for("the second upstream", || {
         subject_through(port, Some("x")).contains("second.test")
+    });
+}
+
+/// The value of the first metric line that starts with `series`.
+fn metric(admin: u16, series: &str) -> Option<f64> {
+    http_get(admin, "/metrics")?
+        .lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn least_connections_sends_new_connections_past_a_busy_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_a, a_port, _) = tls_upstream(dir.path(), "a.hc1.example.com");
+    let (_b, b_port, _) = tls_upstream(dir.path(), "b.hc1.example.com");
+    let port = free_port();
+    let proxy = start_proxy(
+        dir.path(),
+        &format!("  balance: leastConnections\n  listeners:\n    - {{port: {port}, upstream: \"127.0.0.1:{a_port},127.0.0.1:{b_port}\"}}\n"),
+    );
+    // A plain listener connects upstream as soon as it accepts, so this
+    // idle client holds one connection open to one of the two.
+    let _held = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let open_to = |p: u16| {
+        metric(
+            proxy.admin,
+            &format!("causeway_proxy_upstream_connections_active{{address=\"127.0.0.1:{p}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    wait_for("the held connection to reach an upstream", || {
+        open_to(a_port) + open_to(b_port) == 1.0
+    });
+    let idle = if open_to(a_port) == 1.0 { "b." } else { "a." };
+    // Round robin would send every other one of these to the busy address.
+    for i in 0..4 {
+        let subject = subject_through(port, None);
+        assert!(
+            subject.contains(idle),
+            "connection {i} went to {subject}, not {idle}"
+        );
+    }
+}
+
+#[test]
+fn health_checks_take_a_dead_address_out_and_bring_it_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_up, up_port, _) = tls_upstream(dir.path(), "a.hc1.example.com");
+    let dead = free_port();
+    let port = free_port();
+    let proxy = start_proxy(
+        dir.path(),
+        &format!("  healthCheck: {{interval: 100ms, timeout: 100ms, unhealthyThreshold: 2, healthyThreshold: 1}}\n  listeners:\n    - {{port: {port}, upstream: \"127.0.0.1:{dead},127.0.0.1:{up_port}\"}}\n"),
+    );
+    let down = |p: u16| {
+        metric(
+            proxy.admin,
+            &format!("causeway_proxy_upstream_down{{address=\"127.0.0.1:{p}\"}}"),
+        )
+    };
+    wait_for("the dead address to be marked down", || {
+        down(dead) == Some(1.0)
+    });
+    let refused =
+        format!("causeway_proxy_connect_errors_total{{listener=\"{port}\",reason=\"refused\"}}");
+    let refused_before = metric(proxy.admin, &refused).unwrap_or(0.0);
+    for _ in 0..6 {
+        assert!(subject_through(port, None).contains("a.hc1"));
+    }
+    // Marked down, it is not even tried: passive ejection alone would
+    // have let connections hit it (and be refused) first.
+    assert_eq!(metric(proxy.admin, &refused).unwrap_or(0.0), refused_before);
+
+    let (_revived, _) = tls_upstream_at(dir.path(), "b.hc1.example.com", "127.0.0.1", dead);
+    wait_for("the revived address to be marked up", || {
+        down(dead) == Some(0.0)
+    });
+    let mut seen_revived = false;
+    for _ in 0..6 {
+        seen_revived |= subject_through(port, None).contains("b.hc1");
+    }
+    assert!(seen_revived, "the revived address took no connection");
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+/// Bounded memory under many idle clients: 10,000 connections (fewer only
+/// when this process may not open that many files) that never send a
+/// ClientHello. Each must cost the proxy under 40 KB of RSS.
+#[test]
+fn ten_thousand_idle_clients_cost_under_40_kb_each() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    // Headroom for the other tests running in this process at once.
+    let clients = 10_000usize.min(hard.saturating_sub(1_000) as usize);
+    if clients < 10_000 {
+        eprintln!("NOTE: open-files hard limit {hard}: holding {clients} idle clients, not 10000");
+    }
+    assert!(clients >= 1_000, "open-files hard limit {hard} is too low");
+
+    let dir = tempfile::tempdir().unwrap();
+    let (_up, up_port, _) = tls_upstream(dir.path(), "oauth.hc1.example.com");
+    let port = free_port();
+    let proxy = start_proxy(
+        dir.path(),
+        &format!("  helloTimeout: 5m\n  maxConnections: 20000\n  listeners:\n    - port: {port}\n      routes: [{{sni: oauth.hc1.example.com, upstream: \"127.0.0.1:{up_port}\"}}]\n"),
+    );
+    let pid = proxy.child.0.id();
+    let active = format!("causeway_proxy_connections_active{{listener=\"{port}\"}}");
+    let before = rss_kib(pid);
+    let mut held = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        held.push(TcpStream::connect(("127.0.0.1", port)).unwrap());
+    }
+    wait_for("every idle client to be accepted", || {
+        metric(proxy.admin, &active) == Some(clients as f64)
+    });
+    let during = rss_kib(pid);
+    let per_client = (during.saturating_sub(before) * 1024) / clients as u64;
+    eprintln!("proxy RSS {before} KiB -> {during} KiB with {clients} idle clients: {per_client} bytes each");
+    assert!(per_client < 40 * 1024, "{per_client} bytes per idle client");
+
+    // Still serving while they are held.
+    assert!(subject_through(port, Some("oauth.hc1.example.com")).contains("oauth"));
+    drop(held);
+    wait_for("the idle clients to be closed", || {
+        metric(proxy.admin, &active) == Some(0.0)
     });
 }
