@@ -18,6 +18,7 @@ pub struct FileConfig {
     pub dhcp: Option<FileDhcp>,
     pub dns: Option<crate::dns::FileDns>,
     pub proxy: Option<crate::proxy::FileProxy>,
+    pub routing: Option<crate::routing::FileRouting>,
 }
 
 #[derive(Debug, Default, Deserialize)]

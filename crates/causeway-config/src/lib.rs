@@ -11,6 +11,7 @@ mod error;
 mod file;
 mod model;
 mod proxy;
+mod routing;
 mod validate;
 
 pub use dns::{
@@ -20,6 +21,7 @@ pub use dns::{
 pub use error::{ConfigErrors, FieldError, LoadError};
 pub use model::*;
 pub use proxy::{Balance, HealthCheck, Listener, ListenerKind, ProxyConfig, Upstream};
+pub use routing::{RoutedInterface, RoutingConfig, DEFAULT_PRIORITY, DEFAULT_TABLE};
 pub use validate::{parse_duration, parse_hex, parse_mac};
 
 use std::path::Path;

@@ -18,6 +18,7 @@ pub struct Config {
     pub dhcp: Option<DhcpConfig>,
     pub dns: Option<crate::dns::DnsConfig>,
     pub proxy: Option<crate::proxy::ProxyConfig>,
+    pub routing: Option<crate::routing::RoutingConfig>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -433,3 +433,55 @@ fn proxy_balance_and_health_check_errors_name_their_paths() {
         ]
     );
 }
+
+#[test]
+fn routing_derives_from_the_network() {
+    let r = Config::from_yaml(&format!("{VLAN}routing: {{extraRoutes: [10.20.0.0/16]}}\n"))
+        .unwrap()
+        .routing
+        .unwrap();
+    assert!(r.loose_rp_filter);
+    assert_eq!(
+        r.interfaces,
+        vec![crate::RoutedInterface {
+            interface: "net1".into(),
+            cidr: "192.168.100.0/24".parse().unwrap(),
+            address: Ipv4Addr::new(192, 168, 100, 2),
+            gateway: Ipv4Addr::new(192, 168, 100, 1),
+            table: 100,
+            priority: 1000,
+            extra_routes: vec!["10.20.0.0/16".parse().unwrap()],
+        }]
+    );
+}
+
+#[test]
+fn routing_errors_name_their_paths() {
+    let e = errors(
+        "routing:\n  interfaces:\n    - {interface: net1, cidr: 10.0.0.0/24, address: 10.0.1.2, gateway: 10.0.0.1, table: 254, priority: 32767}\n    - {interface: net2, cidr: 10.0.2.0/24, address: 10.0.2.2, gateway: 10.0.2.1, table: 101, extraRoutes: [nope]}\n",
+    );
+    assert_eq!(
+        e,
+        vec![
+            "routing.interfaces[0].table: table 254 is reserved by the kernel (0, 253 default, 254 main, 255 local)",
+            "routing.interfaces[0].priority: priority 32767 must be between 1 and 32765, before the main table's rule",
+            "routing.interfaces[0].address: 10.0.1.2 is not in 10.0.0.0/24",
+            "routing.interfaces[1].extraRoutes[0]: nope is not an IPv4 CIDR such as 10.20.0.0/16",
+        ]
+    );
+    let e = errors(
+        "routing:\n  interfaces:\n    - {interface: net1, cidr: 10.0.0.0/24, address: 10.0.0.2, gateway: 10.0.0.1, table: 7}\n    - {interface: net1, cidr: 10.0.2.0/24, address: 10.0.2.2, gateway: 10.0.2.1, table: 7}\n",
+    );
+    assert_eq!(
+        e,
+        vec![
+            "routing: net1 and net1 both use table 7",
+            "routing: interface net1 is listed twice"
+        ]
+    );
+    let e = errors("network: {cidr: 10.0.0.0/24}\nrouting: {}\n");
+    assert_eq!(
+        e,
+        vec!["routing: needs network.interface, network.address, network.gateway"]
+    );
+}

@@ -189,6 +189,10 @@ pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
         }
         _ => None,
     };
+    let routing = match file.routing {
+        Some(r) if r.enabled => crate::routing::validate(&mut c, r, network.as_ref()),
+        _ => None,
+    };
 
     if c.errors.is_empty() {
         Ok(Config {
@@ -201,6 +205,7 @@ pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
             dhcp,
             dns,
             proxy,
+            routing,
         })
     } else {
         Err(ConfigErrors(c.errors))

@@ -10,6 +10,7 @@ use causeway_config::{Config, LogFormat};
 use causeway_dhcp::{DhcpMetrics, DhcpServer, LeaseObserver, LeaseState};
 use causeway_dns::{DnsMetrics, DnsServer, DynamicNames};
 use causeway_proxy::{ProxyMetrics, ProxyServer};
+use causeway_route::{Reconciler, RouteMetrics};
 use causeway_runtime::admin::Admin;
 use causeway_runtime::{readiness::Readiness, reload, shutdown, telemetry};
 use tokio::signal::unix::{signal, SignalKind};
@@ -29,10 +30,12 @@ impl Only {
             Only::Dns => {
                 cfg.dhcp = None;
                 cfg.proxy = None;
+                cfg.routing = None;
             }
             Only::Proxy => {
                 cfg.dhcp = None;
                 cfg.dns = None;
+                cfg.routing = None;
             }
         }
         cfg
@@ -120,6 +123,33 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
     let names = Arc::new(DynamicNames::for_zone(
         cfg.dns.as_ref().and_then(|d| d.zone.as_deref()),
     ));
+    // Routing first: replies from every other service depend on it.
+    let routing = match &cfg.routing {
+        Some(routing_cfg) => {
+            let ready = readiness.register("routing");
+            let metrics = RouteMetrics::new(&registry).context("registering routing metrics")?;
+            let reconciler = Arc::new(
+                Reconciler::new(routing_cfg.clone(), Some(metrics))
+                    .context("policy routing failed to start")?,
+            );
+            let report = reconciler
+                .reconcile(true)
+                .await
+                .context("policy routing failed to start")?;
+            for (interface, status) in &report.interfaces {
+                tracing::info!(
+                    interface,
+                    status = status.label(),
+                    changes = report.changed,
+                    "policy routing applied"
+                );
+            }
+            ready.set(true);
+            let task = tokio::spawn(reconciler.clone().run(stop.clone()));
+            Some((reconciler, task))
+        }
+        None => None,
+    };
     let dhcp = match &cfg.dhcp {
         Some(dhcp_cfg) => {
             let ready = readiness.register("dhcp");
@@ -184,6 +214,7 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
                 match Config::load(p).map(|c| only.select(c)) {
                     Ok(next) => {
                         apply(&running, &next, dhcp.as_ref(), dns.as_ref(), proxy.as_ref());
+                        reroute(&next, routing.as_ref().map(|(r, _)| r.clone())).await;
                         tracing::info!(?cause, "config reloaded");
                         running = next;
                     }
@@ -202,9 +233,30 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
     if let Some(server) = dhcp {
         server.wait().await;
     }
+    // The rules and routes stay: a restart finds them in place, and
+    // `causeway route flush` removes them.
+    if let Some((_, task)) = routing {
+        let _ = task.await;
+    }
     let _ = admin_task.await;
     tracing::info!("causeway appliance stopped");
     Ok(())
+}
+
+async fn reroute(next: &Config, reconciler: Option<Arc<Reconciler>>) {
+    match (reconciler, &next.routing) {
+        (Some(r), Some(cfg)) => {
+            r.set_config(cfg.clone());
+            match r.reconcile(false).await {
+                Ok(report) => {
+                    tracing::info!(changes = report.changed, "policy routing reloaded")
+                }
+                Err(e) => tracing::error!("policy routing reload failed: {e}"),
+            }
+        }
+        (None, None) => {}
+        _ => tracing::warn!("enabling or disabling routing needs a restart"),
+    }
 }
 
 fn apply(

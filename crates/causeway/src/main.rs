@@ -3,6 +3,7 @@
 
 mod appliance;
 mod leases;
+mod route;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,6 +40,14 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Policy routing for the config's VLAN interfaces (needs CAP_NET_ADMIN
+    /// for apply and flush).
+    Route {
+        #[arg(value_enum)]
+        action: route::Action,
+        #[arg(long, short)]
+        config: PathBuf,
+    },
     /// Validate a config: print every error with its path; exit 1 if any.
     Check {
         #[arg(long, short)]
@@ -60,6 +69,7 @@ fn main() -> ExitCode {
         Command::Appliance { config } => appliance::run(config, appliance::Only::All),
         Command::Dns { config } => appliance::run(Some(config), appliance::Only::Dns),
         Command::Proxy { config } => appliance::run(Some(config), appliance::Only::Proxy),
+        Command::Route { action, config } => route::run(action, &config),
         Command::Check { config } => return check(&config),
         Command::Leases { config, json } => leases::run(&config, json),
     };
@@ -79,6 +89,7 @@ fn check(path: &std::path::Path) -> ExitCode {
                 cfg.dhcp.as_ref().map(|_| "dhcp"),
                 cfg.dns.as_ref().map(|_| "dns"),
                 cfg.proxy.as_ref().map(|_| "proxy"),
+                cfg.routing.as_ref().map(|_| "routing"),
             ]
             .into_iter()
             .flatten()

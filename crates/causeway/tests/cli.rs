@@ -20,6 +20,7 @@ fn check_accepts_the_examples() {
     for (example, services) in [
         ("examples/local.yaml", "dhcp, dns"),
         ("examples/vlan.yaml", "dhcp, dns, proxy"),
+        ("examples/appliance.yaml", "dhcp, dns, proxy, routing"),
     ] {
         let out = causeway()
             .args(["check", "--config"])

@@ -1,0 +1,361 @@
+//! The kernel side: reads links, addresses, rules and routes over rtnetlink
+//! and writes the changes [`crate::plan`] decides. Only rules and routes
+//! that carry [`PROTOCOL`] are ever read back as ours or removed.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr};
+
+use futures::stream::{Stream, StreamExt, TryStreamExt};
+use ipnet::Ipv4Net;
+use netlink_packet_route::address::AddressAttribute;
+use netlink_packet_route::link::{LinkAttribute, LinkFlags};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType,
+};
+use netlink_packet_route::rule::{RuleAction as NlRuleAction, RuleAttribute, RuleMessage};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload};
+use rtnetlink::{Handle, IpVersion, MulticastGroup, RouteMessageBuilder};
+
+use crate::plan::{Route, Rule, RuleAction, Scope, PROTOCOL};
+
+const EPERM: i32 = 1;
+const ENOENT: i32 = 2;
+const ESRCH: i32 = 3;
+const ENODEV: i32 = 19;
+const EEXIST: i32 = 17;
+
+/// A refused or failed netlink request, worded for an operator.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {reason}")]
+pub struct NetlinkError {
+    pub what: String,
+    pub reason: String,
+    pub errno: Option<i32>,
+}
+
+impl NetlinkError {
+    fn new(what: impl Into<String>, e: &rtnetlink::Error) -> Self {
+        let errno = match e {
+            rtnetlink::Error::NetlinkError(m) => m.code.map(|c| -c.get()),
+            _ => None,
+        };
+        let reason = match errno {
+            Some(EPERM) => {
+                "operation not permitted: causeway needs CAP_NET_ADMIN to change routing"
+                    .to_string()
+            }
+            Some(n) => io::Error::from_raw_os_error(n).to_string(),
+            None => e.to_string(),
+        };
+        NetlinkError {
+            what: what.into(),
+            reason,
+            errno,
+        }
+    }
+
+    pub fn is_permission(&self) -> bool {
+        self.errno == Some(EPERM)
+    }
+
+    /// Already there (add) or already gone (remove): the goal is met.
+    fn is_settled(&self) -> bool {
+        matches!(self.errno, Some(EEXIST | ENOENT | ESRCH))
+    }
+}
+
+/// An interface as the kernel reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    pub index: u32,
+    /// Administratively up (`ip link set up`).
+    pub up: bool,
+    /// Carrier present.
+    pub lower_up: bool,
+}
+
+pub struct Kernel {
+    handle: Handle,
+}
+
+fn protocol() -> RouteProtocol {
+    RouteProtocol::from(PROTOCOL)
+}
+
+impl Kernel {
+    /// Opens a netlink connection; must run inside a tokio runtime.
+    pub fn connect() -> io::Result<Self> {
+        let (connection, handle, _) = rtnetlink::new_connection()?;
+        tokio::spawn(connection);
+        Ok(Kernel { handle })
+    }
+
+    pub async fn link(&self, name: &str) -> Result<Option<Link>, NetlinkError> {
+        let mut links = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_string())
+            .execute();
+        match links.try_next().await {
+            Ok(Some(msg)) => {
+                let flags = msg.header.flags;
+                // The name filter is a request; check what came back.
+                let named = msg
+                    .attributes
+                    .iter()
+                    .any(|a| matches!(a, LinkAttribute::IfName(n) if n == name));
+                Ok(named.then_some(Link {
+                    index: msg.header.index,
+                    up: flags.contains(LinkFlags::Up),
+                    lower_up: flags.contains(LinkFlags::LowerUp),
+                }))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => {
+                let err = NetlinkError::new(format!("look up interface {name}"), &e);
+                if err.errno == Some(ENODEV) {
+                    Ok(None)
+                } else {
+                    Err(err)
+                }
+            }
+        }
+    }
+
+    /// The IPv4 addresses on an interface, with their prefix lengths.
+    pub async fn addresses(&self, index: u32) -> Result<Vec<Ipv4Net>, NetlinkError> {
+        let mut request = self.handle.address().get().set_link_index_filter(index);
+        request.message_mut().header.family = AddressFamily::Inet;
+        let mut stream = request.execute();
+        let mut out = Vec::new();
+        loop {
+            let msg = match stream.try_next().await {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(e) => return Err(NetlinkError::new("list addresses", &e)),
+            };
+            if msg.header.index != index {
+                continue;
+            }
+            let local = msg.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Local(IpAddr::V4(ip)) => Some(*ip),
+                _ => None,
+            });
+            let address = msg.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Address(IpAddr::V4(ip)) => Some(*ip),
+                _ => None,
+            });
+            if let Some(ip) = local.or(address) {
+                if let Ok(net) = Ipv4Net::new(ip, msg.header.prefix_len) {
+                    out.push(net);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The IPv4 rules that carry our protocol, with the kernel's messages
+    /// (needed to remove them).
+    pub async fn owned_rules(&self) -> Result<Vec<(Rule, RuleMessage)>, NetlinkError> {
+        let mut stream = self.handle.rule().get(IpVersion::V4).execute();
+        let mut out = Vec::new();
+        loop {
+            let msg = match stream.try_next().await {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(e) => return Err(NetlinkError::new("list rules", &e)),
+            };
+            let mut rule = Rule {
+                // The kernel leaves the priority out when it is 0.
+                priority: 0,
+                table: u32::from(msg.header.table),
+                from: Ipv4Net::default(),
+                action: match msg.header.action {
+                    NlRuleAction::ToTable => RuleAction::ToTable,
+                    other => RuleAction::Other(u8::from(other)),
+                },
+            };
+            let mut ours = false;
+            for attr in &msg.attributes {
+                match attr {
+                    RuleAttribute::Priority(p) => rule.priority = *p,
+                    // Tables past 255 only fit in the attribute.
+                    RuleAttribute::Table(t) => rule.table = *t,
+                    RuleAttribute::Source(IpAddr::V4(ip)) => {
+                        rule.from = Ipv4Net::new(*ip, msg.header.src_len).unwrap_or_default();
+                    }
+                    RuleAttribute::Protocol(p) => ours = *p == protocol(),
+                    _ => {}
+                }
+            }
+            if ours {
+                out.push((rule, msg));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The IPv4 routes, in any table, that carry our protocol.
+    pub async fn owned_routes(&self) -> Result<Vec<(Route, RouteMessage)>, NetlinkError> {
+        // Without strict checking the kernel dumps every table and ignores
+        // the filter, so ownership is decided here.
+        let filter = RouteMessageBuilder::<Ipv4Addr>::new()
+            .protocol(RouteProtocol::Unspec)
+            .kind(RouteType::Unspec)
+            .build();
+        let mut stream = self.handle.route().get(filter).execute();
+        let mut out = Vec::new();
+        loop {
+            let msg = match stream.try_next().await {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(e) => return Err(NetlinkError::new("list routes", &e)),
+            };
+            if msg.header.protocol != protocol() {
+                continue;
+            }
+            let mut route = Route {
+                table: u32::from(msg.header.table),
+                destination: Ipv4Net::default(),
+                gateway: None,
+                source: None,
+                interface: 0,
+                scope: if msg.header.scope == RouteScope::Link {
+                    Scope::Link
+                } else {
+                    Scope::Universe
+                },
+            };
+            let prefix = msg.header.destination_prefix_length;
+            for attr in &msg.attributes {
+                match attr {
+                    RouteAttribute::Table(t) => route.table = *t,
+                    RouteAttribute::Destination(RouteAddress::Inet(ip)) => {
+                        route.destination = Ipv4Net::new(*ip, prefix).unwrap_or_default();
+                    }
+                    RouteAttribute::Gateway(RouteAddress::Inet(ip)) => route.gateway = Some(*ip),
+                    RouteAttribute::PrefSource(RouteAddress::Inet(ip)) => route.source = Some(*ip),
+                    RouteAttribute::Oif(i) => route.interface = *i,
+                    _ => {}
+                }
+            }
+            out.push((route, msg));
+        }
+        Ok(out)
+    }
+
+    pub async fn add_rule(&self, rule: &Rule) -> Result<(), NetlinkError> {
+        let mut request = self
+            .handle
+            .rule()
+            .add()
+            .v4()
+            .source_prefix(rule.from.addr(), rule.from.prefix_len())
+            .table_id(rule.table)
+            .priority(rule.priority)
+            // Set explicitly: a rule with no action is accepted, and every
+            // lookup through it then fails.
+            .action(NlRuleAction::ToTable);
+        request
+            .message_mut()
+            .attributes
+            .push(RuleAttribute::Protocol(protocol()));
+        settled(request.execute().await, format!("add rule \"{rule}\""))
+    }
+
+    pub async fn remove_rule(&self, rule: &Rule, msg: RuleMessage) -> Result<(), NetlinkError> {
+        settled(
+            self.handle.rule().del(msg).execute().await,
+            format!("remove rule \"{rule}\""),
+        )
+    }
+
+    pub async fn add_route(&self, route: &Route, name: &str) -> Result<(), NetlinkError> {
+        let mut builder = RouteMessageBuilder::<Ipv4Addr>::new()
+            .table_id(route.table)
+            .output_interface(route.interface)
+            .protocol(protocol())
+            .scope(match route.scope {
+                Scope::Link => RouteScope::Link,
+                Scope::Universe => RouteScope::Universe,
+            });
+        if route.destination.prefix_len() > 0 {
+            builder = builder
+                .destination_prefix(route.destination.addr(), route.destination.prefix_len());
+        }
+        if let Some(g) = route.gateway {
+            builder = builder.gateway(g);
+        }
+        if let Some(s) = route.source {
+            builder = builder.pref_source(s);
+        }
+        settled(
+            self.handle.route().add(builder.build()).execute().await,
+            format!("add route \"{}\"", route.display(name)),
+        )
+    }
+
+    pub async fn remove_route(
+        &self,
+        route: &Route,
+        name: &str,
+        msg: RouteMessage,
+    ) -> Result<(), NetlinkError> {
+        settled(
+            self.handle.route().del(msg).execute().await,
+            format!("remove route \"{}\"", route.display(name)),
+        )
+    }
+}
+
+fn settled(result: Result<(), rtnetlink::Error>, what: String) -> Result<(), NetlinkError> {
+    match result {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let err = NetlinkError::new(what, &e);
+            if err.is_settled() {
+                Ok(())
+            } else {
+                Err(err)
+            }
+        }
+    }
+}
+
+/// A change that may have undone installed routing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A link appeared, changed state or went away.
+    Link { index: u32 },
+    /// An IPv4 address was added to or removed from a link.
+    Address { index: u32 },
+    /// Events were lost (the socket's buffer overflowed): resync everything.
+    Lost,
+}
+
+/// Link and IPv4 address events, on a connection of their own.
+pub fn events() -> io::Result<impl Stream<Item = Event> + Unpin + Send> {
+    let (connection, _, messages) =
+        rtnetlink::new_multicast_connection(&[MulticastGroup::Link, MulticastGroup::Ipv4Ifaddr])?;
+    tokio::spawn(connection);
+    Ok(messages.filter_map(|(msg, _)| futures::future::ready(event_of(msg))))
+}
+
+fn event_of(msg: NetlinkMessage<RouteNetlinkMessage>) -> Option<Event> {
+    match msg.payload {
+        NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(l))
+        | NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelLink(l)) => Some(Event::Link {
+            index: l.header.index,
+        }),
+        NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewAddress(a))
+        | NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelAddress(a)) => {
+            Some(Event::Address {
+                index: a.header.index,
+            })
+        }
+        NetlinkPayload::Overrun(_) => Some(Event::Lost),
+        _ => None,
+    }
+}
