@@ -27,7 +27,10 @@ pub fn init(level: &str, format: Format) -> Result<(), TelemetryError> {
     })?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, never in journald
+        // or a log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let _ = match format {
         Format::Text => builder.try_init(),
         Format::Json => builder.json().flatten_event(true).try_init(),

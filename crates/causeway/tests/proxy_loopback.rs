@@ -5,6 +5,8 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -38,23 +40,6 @@ fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
-/// A self-signed certificate for `name` (as both CN and SAN), from rcgen.
-fn cert(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-    let (pem, key) = (
-        dir.join(format!("{name}.pem")),
-        dir.join(format!("{name}.key")),
-    );
-    let mut params = rcgen::CertificateParams::new(vec![name.to_string()]).unwrap();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, name);
-    let key_pair = rcgen::KeyPair::generate().unwrap();
-    let issued = params.self_signed(&key_pair).unwrap();
-    std::fs::write(&pem, issued.pem()).unwrap();
-    std::fs::write(&key, key_pair.serialize_pem()).unwrap();
-    (pem, key)
-}
-
 /// An `openssl s_server` on loopback answering HTTP with its own
 /// certificate, so a client through the proxy sees which upstream it got.
 fn tls_upstream(dir: &Path, name: &str) -> (Guard, u16, PathBuf) {
@@ -65,7 +50,7 @@ fn tls_upstream(dir: &Path, name: &str) -> (Guard, u16, PathBuf) {
 
 /// The same, on a given loopback address and port.
 fn tls_upstream_at(dir: &Path, name: &str, ip: &str, port: u16) -> (Guard, PathBuf) {
-    let (pem, key) = cert(dir, name);
+    let (pem, key) = support::tls_cert(dir, name, &[name]);
     let child = Command::new("openssl")
         .args(["s_server", "-quiet", "-www", "-accept"])
         .arg(format!("{ip}:{port}"))

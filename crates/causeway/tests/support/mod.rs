@@ -613,3 +613,24 @@ pub fn leases(config: &Path) -> Vec<LeaseView> {
         })
         .collect()
 }
+
+// ---------------------------------------------------------------- TLS
+
+/// A self-signed certificate from rcgen with `names` as its SANs and the
+/// first as its CN, written as `<dir>/<file>.pem` and `<dir>/<file>.key`.
+pub fn tls_cert(dir: &Path, file: &str, names: &[&str]) -> (PathBuf, PathBuf) {
+    let (pem, key) = (
+        dir.join(format!("{file}.pem")),
+        dir.join(format!("{file}.key")),
+    );
+    let sans: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let mut params = rcgen::CertificateParams::new(sans).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, names[0]);
+    let key_pair = rcgen::KeyPair::generate().unwrap();
+    let issued = params.self_signed(&key_pair).unwrap();
+    fs::write(&pem, issued.pem()).unwrap();
+    fs::write(&key, key_pair.serialize_pem()).unwrap();
+    (pem, key)
+}
