@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 
 use causeway_config::{Balance, HealthCheck};
+use prometheus::IntGauge;
 
 /// The order in which to try `addrs`. `turn` rotates the start so equal
 /// candidates share the load; `avoid` (ejected or failing health checks)
@@ -34,24 +35,30 @@ pub fn order(
     addrs
 }
 
-/// Connections open to each upstream address.
+/// Connections open to each upstream address, with the address's gauge so
+/// its label is formatted once per address rather than per connection.
 #[derive(Default)]
 pub struct OpenCounts {
-    counts: Mutex<HashMap<SocketAddr, usize>>,
+    counts: Mutex<HashMap<SocketAddr, (usize, IntGauge)>>,
 }
 
 impl OpenCounts {
     pub fn get(&self, addr: &SocketAddr) -> usize {
-        self.lock().get(addr).copied().unwrap_or(0)
+        self.lock().get(addr).map_or(0, |(n, _)| *n)
     }
 
-    pub fn opened(&self, addr: SocketAddr) {
-        *self.lock().entry(addr).or_insert(0) += 1;
+    /// Counts one more; returns the address's gauge, made by `gauge` the
+    /// first time.
+    pub fn opened(&self, addr: SocketAddr, gauge: impl FnOnce() -> IntGauge) -> IntGauge {
+        let mut counts = self.lock();
+        let entry = counts.entry(addr).or_insert_with(|| (0, gauge()));
+        entry.0 += 1;
+        entry.1.clone()
     }
 
     pub fn closed(&self, addr: &SocketAddr) {
         let mut counts = self.lock();
-        if let Some(n) = counts.get_mut(addr) {
+        if let Some((n, _)) = counts.get_mut(addr) {
             *n = n.saturating_sub(1);
             if *n == 0 {
                 counts.remove(addr);
@@ -59,7 +66,7 @@ impl OpenCounts {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, usize>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, (usize, IntGauge)>> {
         self.counts.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -201,8 +208,9 @@ mod tests {
     #[test]
     fn open_counts_go_up_and_down() {
         let c = OpenCounts::default();
-        c.opened(a(1));
-        c.opened(a(1));
+        let gauge = || IntGauge::new("open", "open").unwrap();
+        c.opened(a(1), gauge);
+        c.opened(a(1), gauge);
         c.closed(&a(1));
         assert_eq!(c.get(&a(1)), 1);
         c.closed(&a(1));

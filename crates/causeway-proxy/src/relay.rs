@@ -6,6 +6,7 @@
 //! they never enter user space; where splice is refused it falls back to
 //! a buffered copy.
 
+use std::cell::RefCell;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -193,24 +194,36 @@ enum Step {
     },
 }
 
-/// Reads what is ready and writes it straight on. The buffer lives on this
-/// call's stack, not in the connection's task, so an idle connection holds
-/// no buffer at all; only bytes the destination cannot take yet are kept.
+thread_local! {
+    /// One copy buffer per runtime thread. It is only used between awaits
+    /// (a non-blocking read, then a non-blocking write), so no connection
+    /// holds it while waiting, and none needs a buffer of its own.
+    static SCRATCH: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; COPY_CHUNK].into_boxed_slice());
+}
+
+/// Runs `f` on this thread's scratch buffer; `f` must not await.
+pub(crate) fn with_scratch<R>(f: impl FnOnce(&mut [u8]) -> R) -> R {
+    SCRATCH.with(|cell| f(&mut cell.borrow_mut()))
+}
+
+/// Reads what is ready and writes it straight on; only bytes the
+/// destination cannot take yet are kept, in a buffer of their own.
 fn read_then_write(from: &TcpStream, to: &TcpStream) -> io::Result<Step> {
-    let mut buf = [0u8; COPY_CHUNK];
-    let n = match from.try_read(&mut buf) {
-        Ok(0) => return Ok(Step::Eof),
-        Ok(n) => n,
-        Err(e) => return Err(e),
-    };
-    let written = match to.try_write(&buf[..n]) {
-        Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
-        Err(e) => return Err(e),
-    };
-    Ok(Step::Moved {
-        n,
-        rest: (written < n).then(|| buf[written..n].to_vec()),
+    with_scratch(|buf| {
+        let n = match from.try_read(buf) {
+            Ok(0) => return Ok(Step::Eof),
+            Ok(n) => n,
+            Err(e) => return Err(e),
+        };
+        let written = match to.try_write(&buf[..n]) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+            Err(e) => return Err(e),
+        };
+        Ok(Step::Moved {
+            n,
+            rest: (written < n).then(|| buf[written..n].to_vec()),
+        })
     })
 }
 

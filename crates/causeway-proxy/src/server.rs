@@ -13,7 +13,7 @@ use causeway_runtime::Shutdown;
 use socket2::{Domain, Protocol, Socket, TcpKeepalive, Type};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::balance::{self, Health, OpenCounts, Transition};
@@ -47,6 +47,29 @@ struct ListenerState {
     routing: RwLock<Arc<Routing>>,
     proxy_protocol: bool,
     limit: Semaphore,
+    counters: ListenerCounters,
+}
+
+/// This listener's metric series, looked up once rather than per
+/// connection.
+struct ListenerCounters {
+    accepted: prometheus::IntCounter,
+    active: prometheus::IntGauge,
+    bytes_up: prometheus::IntCounter,
+    bytes_down: prometheus::IntCounter,
+    connect_seconds: prometheus::Histogram,
+}
+
+impl ListenerCounters {
+    fn new(m: &ProxyMetrics, label: &str) -> Self {
+        ListenerCounters {
+            accepted: m.accepted.with_label_values(&[label]),
+            active: m.active.with_label_values(&[label]),
+            bytes_up: m.bytes.with_label_values(&[label, "up"]),
+            bytes_down: m.bytes.with_label_values(&[label, "down"]),
+            connect_seconds: m.connect_seconds.with_label_values(&[label]),
+        }
+    }
 }
 
 impl ListenerState {
@@ -182,17 +205,21 @@ impl Resolver {
 }
 
 struct Shared {
-    cfg: RwLock<ProxyConfig>,
+    /// Swapped whole by a reload; a connection reads it once.
+    cfg: RwLock<Arc<ProxyConfig>>,
     metrics: ProxyMetrics,
     resolver: Resolver,
     outliers: Outliers,
     open: OpenCounts,
     health: Health,
-    active: watch::Sender<usize>,
+    /// Connections being served, and a wake-up for the drain when the
+    /// count reaches zero.
+    active: AtomicUsize,
+    drained: Notify,
 }
 
 impl Shared {
-    fn cfg(&self) -> ProxyConfig {
+    fn cfg(&self) -> Arc<ProxyConfig> {
         self.cfg.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
@@ -223,18 +250,32 @@ fn bind(addr: SocketAddr) -> Result<TcpListener, ProxyError> {
     // One listener per core on the same port; the kernel spreads accepts.
     s.set_reuse_port(true).map_err(fail)?;
     s.set_nonblocking(true).map_err(fail)?;
+    keepalive(socket2::SockRef::from(&s)).map_err(fail)?;
     s.bind(&addr.into()).map_err(fail)?;
     s.listen(1024).map_err(fail)?;
     TcpListener::from_std(s.into()).map_err(fail)
 }
 
-fn keepalive(stream: &TcpStream) {
-    let sock = socket2::SockRef::from(stream);
+/// TCP keepalive (60 s idle, then every 10 s) and no Nagle delay. Set on
+/// each listening socket, whose accepted sockets inherit both on Linux, and
+/// on each upstream socket before it connects.
+fn keepalive(sock: socket2::SockRef<'_>) -> io::Result<()> {
     let ka = TcpKeepalive::new()
         .with_time(Duration::from_secs(60))
         .with_interval(Duration::from_secs(10));
-    let _ = sock.set_tcp_keepalive(&ka);
-    let _ = sock.set_nodelay(true);
+    sock.set_tcp_keepalive(&ka)?;
+    sock.set_nodelay(true)
+}
+
+async fn connect_one(addr: SocketAddr) -> io::Result<TcpStream> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // Best effort, as for any socket option: the relay works without it.
+    let _ = keepalive(socket2::SockRef::from(&socket));
+    socket.connect(addr).await
 }
 
 impl ProxyServer {
@@ -243,9 +284,8 @@ impl ProxyServer {
         metrics: ProxyMetrics,
         shutdown: Shutdown,
     ) -> Result<Self, ProxyError> {
-        let (active, _) = watch::channel(0usize);
         let shared = Arc::new(Shared {
-            cfg: RwLock::new(cfg.clone()),
+            cfg: RwLock::new(Arc::new(cfg.clone())),
             metrics,
             resolver: Resolver {
                 dns: (!cfg.resolvers.is_empty()).then(|| DnsResolver::new(cfg.resolvers.clone())),
@@ -254,16 +294,19 @@ impl ProxyServer {
             outliers: Outliers::default(),
             open: OpenCounts::default(),
             health: Health::default(),
-            active,
+            active: AtomicUsize::new(0),
+            drained: Notify::new(),
         });
         let mut listeners = Vec::new();
         let per_port = std::thread::available_parallelism().map_or(1, |n| n.get());
         let mut tasks = Vec::new();
         for l in &cfg.listeners {
             let routing = routing_of(l)?;
+            let label = l.listen.port().to_string();
             let state = Arc::new(ListenerState {
                 listen: l.listen,
-                label: l.listen.port().to_string(),
+                counters: ListenerCounters::new(&shared.metrics, &label),
+                label,
                 routing: RwLock::new(Arc::new(routing)),
                 proxy_protocol: l.proxy_protocol,
                 limit: Semaphore::new(cfg.max_connections),
@@ -308,7 +351,7 @@ impl ProxyServer {
         for (state, routing) in next {
             *state.routing.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(routing);
         }
-        *self.shared.cfg.write().unwrap_or_else(|p| p.into_inner()) = cfg.clone();
+        *self.shared.cfg.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(cfg.clone());
         tracing::info!("proxy routes reloaded");
         Ok(())
     }
@@ -319,12 +362,25 @@ impl ProxyServer {
         for t in self.tasks {
             let _ = t.await;
         }
-        let mut active = self.shared.active.subscribe();
-        let open = *active.borrow();
+        let open = self.shared.active.load(Ordering::Acquire);
         if open > 0 {
             tracing::info!(connections = open, "draining proxied connections");
         }
-        let _ = tokio::time::timeout(deadline, active.wait_for(|n| *n == 0)).await;
+        let shared = &self.shared;
+        let _ = tokio::time::timeout(deadline, async {
+            loop {
+                let drained = shared.drained.notified();
+                tokio::pin!(drained);
+                // Registered before the check, so a last close between the
+                // two still wakes it.
+                drained.as_mut().enable();
+                if shared.active.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                drained.await;
+            }
+        })
+        .await;
     }
 }
 
@@ -361,21 +417,15 @@ async fn accept_loop(
         permit.forget();
         let (shared, state) = (shared.clone(), state.clone());
         tokio::spawn(async move {
-            shared.active.send_modify(|n| *n += 1);
-            let gauge = shared
-                .metrics
-                .active
-                .with_label_values(&[state.label.as_str()]);
-            gauge.inc();
-            shared
-                .metrics
-                .accepted
-                .with_label_values(&[state.label.as_str()])
-                .inc();
+            shared.active.fetch_add(1, Ordering::AcqRel);
+            state.counters.active.inc();
+            state.counters.accepted.inc();
             handle(&shared, &state, client, from).await;
-            gauge.dec();
+            state.counters.active.dec();
             state.limit.add_permits(1);
-            shared.active.send_modify(|n| *n -= 1);
+            if shared.active.fetch_sub(1, Ordering::AcqRel) == 1 {
+                shared.drained.notify_waiters();
+            }
         });
     }
 }
@@ -391,13 +441,12 @@ struct Outcome {
 
 async fn handle(shared: &Shared, state: &ListenerState, mut client: TcpStream, from: SocketAddr) {
     let started = Instant::now();
-    keepalive(&client);
     let outcome = serve(shared, state, &mut client).await;
     tracing::info!(
         target: "causeway::access",
         client = %from,
         listener = %state.listen,
-        route = %outcome.route,
+        route = if outcome.route.is_empty() { "-" } else { outcome.route.as_str() },
         upstream = outcome.upstream.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
         bytes_up = outcome.up_bytes,
         bytes_down = outcome.down_bytes,
@@ -409,7 +458,7 @@ async fn handle(shared: &Shared, state: &ListenerState, mut client: TcpStream, f
 
 async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -> Outcome {
     let mut out = Outcome {
-        route: "-".into(),
+        route: String::new(),
         upstream: None,
         up_bytes: 0,
         down_bytes: 0,
@@ -420,7 +469,7 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
     let routing = state.routing();
     let mut peeked = Vec::new();
     let target = match routing.as_ref() {
-        Routing::Plain(u) => u.clone(),
+        Routing::Plain(u) => u,
         Routing::Sni(routes) => {
             let found =
                 tokio::time::timeout(cfg.hello_timeout, read_hello(client, &mut peeked)).await;
@@ -454,7 +503,7 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
                 Peek::NeedMore => {}
             }
             match routes.choose(&p) {
-                Some(u) => u.clone(),
+                Some(u) => u,
                 None => {
                     shared
                         .metrics
@@ -467,16 +516,16 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
             }
         }
     };
-    if out.route == "-" {
+    // Only the access log reads it: no formatting when that is off.
+    if out.route.is_empty() && tracing::enabled!(target: "causeway::access", tracing::Level::INFO) {
         out.route = target.to_string();
     }
-    let Some((mut upstream, addr)) = connect(shared, &cfg, label, &target).await else {
+    let Some((mut upstream, addr)) = connect(shared, state, &cfg, target).await else {
         out.reason = "connect_failed";
         return out;
     };
     out.upstream = Some(addr);
     let _counted = OpenGuard::new(shared, addr);
-    keepalive(&upstream);
     if state.proxy_protocol {
         let local = client.local_addr().unwrap_or(state.listen);
         let from = client.peer_addr().unwrap_or(local);
@@ -493,16 +542,8 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
     out.up_bytes += relayed.up;
     out.down_bytes = relayed.down;
     out.reason = relayed.ended.label();
-    shared
-        .metrics
-        .bytes
-        .with_label_values(&[label, "up"])
-        .inc_by(out.up_bytes);
-    shared
-        .metrics
-        .bytes
-        .with_label_values(&[label, "down"])
-        .inc_by(out.down_bytes);
+    state.counters.bytes_up.inc_by(out.up_bytes);
+    state.counters.bytes_down.inc_by(out.down_bytes);
     out
 }
 
@@ -533,22 +574,27 @@ async fn read_hello(client: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<Pee
     }
 }
 
-/// Appends what is ready. The read buffer is on this call's stack, so a
-/// client that has sent nothing yet costs no buffer in its task.
+/// Appends what is ready, never past [`MAX_HELLO`]. The read goes through
+/// the thread's scratch buffer, so a client that has sent nothing yet costs
+/// no buffer in its task.
 fn read_into(client: &TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
-    let mut chunk = [0u8; 4096];
-    let n = client.try_read(&mut chunk)?;
-    buf.extend_from_slice(&chunk[..n]);
-    Ok(n)
+    let room = MAX_HELLO.saturating_sub(buf.len()).max(1);
+    crate::relay::with_scratch(|scratch| {
+        let take = room.min(scratch.len());
+        let n = client.try_read(&mut scratch[..take])?;
+        buf.extend_from_slice(&scratch[..n]);
+        Ok(n)
+    })
 }
 
 /// Connects to the first address of `up` that answers, trying each in turn.
 async fn connect(
     shared: &Shared,
+    state: &ListenerState,
     cfg: &ProxyConfig,
-    label: &str,
     up: &Upstream,
 ) -> Option<(TcpStream, SocketAddr)> {
+    let label = state.label.as_str();
     let addrs = match shared.resolver.addresses(up).await {
         Ok(a) => balance::order(
             cfg.balance,
@@ -569,7 +615,7 @@ async fn connect(
     };
     for addr in addrs {
         let started = Instant::now();
-        let attempt = tokio::time::timeout(cfg.connect_timeout, TcpStream::connect(addr)).await;
+        let attempt = tokio::time::timeout(cfg.connect_timeout, connect_one(addr)).await;
         if !matches!(attempt, Ok(Ok(_))) && shared.outliers.failed(addr) {
             shared.metrics.ejections.with_label_values(&[label]).inc();
             tracing::warn!(upstream = %up, address = %addr, "address ejected after repeated connect failures");
@@ -577,10 +623,9 @@ async fn connect(
         match attempt {
             Ok(Ok(s)) => {
                 shared.outliers.succeeded(&addr);
-                shared
-                    .metrics
+                state
+                    .counters
                     .connect_seconds
-                    .with_label_values(&[label])
                     .observe(started.elapsed().as_secs_f64());
                 return Some((s, addr));
             }
@@ -610,34 +655,30 @@ async fn connect(
 struct OpenGuard<'a> {
     shared: &'a Shared,
     addr: SocketAddr,
-    label: String,
+    gauge: prometheus::IntGauge,
 }
 
 impl<'a> OpenGuard<'a> {
     fn new(shared: &'a Shared, addr: SocketAddr) -> Self {
-        let label = addr.to_string();
-        shared.open.opened(addr);
-        shared
-            .metrics
-            .upstream_open
-            .with_label_values(&[label.as_str()])
-            .inc();
+        let gauge = shared.open.opened(addr, || {
+            shared
+                .metrics
+                .upstream_open
+                .with_label_values(&[addr.to_string().as_str()])
+        });
+        gauge.inc();
         OpenGuard {
             shared,
             addr,
-            label,
+            gauge,
         }
     }
 }
 
 impl Drop for OpenGuard<'_> {
     fn drop(&mut self) {
+        self.gauge.dec();
         self.shared.open.closed(&self.addr);
-        self.shared
-            .metrics
-            .upstream_open
-            .with_label_values(&[self.label.as_str()])
-            .dec();
     }
 }
 
@@ -734,4 +775,28 @@ async fn check_round(shared: &Shared, cfg: &ProxyConfig, rule: &HealthCheck) {
         }
     }
     shared.health.retain(|a| checked.contains(a));
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// Keepalive and no-delay are set once on the listener: the accepted
+    /// socket must have inherited them, or clients would go without.
+    #[tokio::test]
+    async fn accepted_sockets_inherit_keepalive_and_nodelay() {
+        let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _client = TcpStream::connect(addr).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        let sock = socket2::SockRef::from(&accepted);
+        assert!(sock.keepalive().unwrap());
+        assert!(sock.nodelay().unwrap());
+        assert_eq!(sock.keepalive_time().unwrap(), Duration::from_secs(60));
+
+        let upstream = connect_one(addr).await.unwrap();
+        let sock = socket2::SockRef::from(&upstream);
+        assert!(sock.keepalive().unwrap() && sock.nodelay().unwrap());
+    }
 }
