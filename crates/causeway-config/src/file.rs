@@ -32,6 +32,7 @@ pub struct FileLog {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileAdmin {
     pub listen: Option<String>,
+    pub interface: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

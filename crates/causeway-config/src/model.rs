@@ -37,6 +37,9 @@ pub struct LogConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdminConfig {
     pub listen: SocketAddr,
+    /// Accept only connections arriving on this interface (SO_BINDTODEVICE),
+    /// so a pod's probes reach it on the pod network and the VLAN cannot.
+    pub interface: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

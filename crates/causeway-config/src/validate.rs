@@ -160,6 +160,22 @@ pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
         }
     };
 
+    let admin_interface = file
+        .admin
+        .interface
+        .as_deref()
+        .map(str::trim)
+        .map(str::to_string);
+    if admin_interface
+        .as_deref()
+        .is_some_and(|i| i.is_empty() || i.len() > 15)
+    {
+        c.push(
+            "admin.interface",
+            "must be an interface name of 1 to 15 characters",
+        );
+    }
+
     let cluster = file.cluster.map(|cl| {
         if cl.name.trim().is_empty() {
             c.push("cluster.name", "must not be empty");
@@ -199,6 +215,7 @@ pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
             log,
             admin: AdminConfig {
                 listen: admin_listen,
+                interface: admin_interface,
             },
             cluster,
             network,

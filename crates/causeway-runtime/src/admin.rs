@@ -60,9 +60,22 @@ impl Admin {
     pub async fn bind(
         self,
         addr: SocketAddr,
+        interface: Option<&str>,
         mut shutdown: Shutdown,
     ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let socket = socket2::Socket::new(
+            socket2::Domain::for_address(addr),
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )?;
+        socket.set_reuse_address(true)?;
+        if let Some(name) = interface {
+            socket.bind_device(Some(name.as_bytes()))?;
+        }
+        socket.set_nonblocking(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(128)?;
+        let listener = tokio::net::TcpListener::from_std(socket.into())?;
         let local = listener.local_addr()?;
         let router = self.router;
         let task = tokio::spawn(async move {

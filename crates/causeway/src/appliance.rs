@@ -193,7 +193,11 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
         None => None,
     };
     let (admin_addr, admin_task) = admin
-        .bind(cfg.admin.listen, stop.clone())
+        .bind(
+            cfg.admin.listen,
+            cfg.admin.interface.as_deref(),
+            stop.clone(),
+        )
         .await
         .with_context(|| format!("admin server on {}", cfg.admin.listen))?;
     tracing::info!(admin = %admin_addr, ready = readiness.is_ready(), startup_ms = started.elapsed().as_millis() as u64, "causeway appliance serving");

@@ -1,0 +1,314 @@
+//! The `Infra` custom resource. Every field of the schema that Go-operator
+//! users already write is accepted under the same name with the same
+//! meaning; causeway's additions are optional.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+fn yes() -> bool {
+    true
+}
+
+/// The isolated VLAN and its hosted cluster's infrastructure services.
+// The printer columns repeat `type_ = "string"` by nature.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "hostedcluster.densityops.com",
+    version = "v1alpha1",
+    kind = "Infra",
+    plural = "infras",
+    shortname = "infra",
+    namespaced,
+    status = "InfraStatus",
+    doc = "DHCP, split-horizon DNS and an L4 proxy to the control plane for a hosted cluster's nodes on an isolated VLAN, run by causeway",
+    annotation("helm.sh/resource-policy", "keep"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type=='Ready')].status"
+    ),
+    printcolumn(
+        name = "DHCP",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type=='DHCPReady')].status"
+    ),
+    printcolumn(
+        name = "DNS",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type=='DNSReady')].status"
+    ),
+    printcolumn(
+        name = "Proxy",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type=='ProxyReady')].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct InfraSpec {
+    pub network_config: NetworkConfig,
+    #[serde(default)]
+    pub infra_components: InfraComponents,
+    /// The HostedCluster (hypershift.openshift.io/v1beta1) these services
+    /// are for. When set, the cluster name, base domain and control-plane
+    /// namespace default to the HostedCluster's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosted_cluster_ref: Option<HostedClusterRef>,
+    /// Policy routing inside each pod: the routing table and rule priority
+    /// for the VLAN interface.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<RoutingSpec>,
+    /// Resources for every data-plane container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkConfig {
+    /// The VLAN's IPv4 network, such as 192.168.100.0/24.
+    pub cidr: String,
+    /// The VLAN's gateway; the default route the DHCP server hands out.
+    pub gateway: String,
+    /// The Multus NetworkAttachmentDefinition of the VLAN.
+    pub network_attachment_definition: String,
+    /// Its namespace; by default the Infra's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_attachment_namespace: Option<String>,
+    /// Upstream resolvers for names outside the hosted cluster's zone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dns_servers: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InfraComponents {
+    #[serde(default)]
+    pub dhcp: DhcpSpec,
+    #[serde(default)]
+    pub dns: DnsSpec,
+    #[serde(default)]
+    pub proxy: ProxySpec,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DhcpSpec {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// The DHCP pod's static address on the VLAN.
+    #[serde(rename = "serverIP", default, skip_serializing_if = "Option::is_none")]
+    pub server_ip: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub range_start: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub range_end: Option<String>,
+    /// Such as 1h or 24h.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_time: Option<String>,
+    /// Accepted for compatibility and ignored (a warning condition says
+    /// so): every component runs the operator's causeway image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Fixed addresses for known clients.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reservations: Vec<Reservation>,
+}
+
+impl Default for DhcpSpec {
+    fn default() -> Self {
+        DhcpSpec {
+            enabled: true,
+            server_ip: None,
+            range_start: None,
+            range_end: None,
+            lease_time: None,
+            image: None,
+            reservations: Vec::new(),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Reservation {
+    pub mac: String,
+    pub ip: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DnsSpec {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// The DNS pod's static address on the VLAN; the DNS server DHCP hands
+    /// out.
+    #[serde(rename = "serverIP", default, skip_serializing_if = "Option::is_none")]
+    pub server_ip: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_domain: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_name: Option<String>,
+    /// Accepted for compatibility and ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Extra records, as in the appliance config's `dns.records`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub records: Vec<DnsRecordSpec>,
+}
+
+impl Default for DnsSpec {
+    fn default() -> Self {
+        DnsSpec {
+            enabled: true,
+            server_ip: None,
+            base_domain: None,
+            cluster_name: None,
+            image: None,
+            records: Vec::new(),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DnsRecordSpec {
+    pub name: String,
+    /// A, AAAA, CNAME, SRV, TXT or PTR.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub value: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxySpec {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// The proxy pod's static address on the VLAN; api, api-int, oauth,
+    /// ignition, konnectivity and *.apps resolve to it on the VLAN.
+    #[serde(rename = "serverIP", default, skip_serializing_if = "Option::is_none")]
+    pub server_ip: Option<String>,
+    /// Where clients off the VLAN (the default DNS view) reach the control
+    /// plane: an IP address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub internal_proxy_service: Option<String>,
+    /// By default `<hostedCluster namespace>-<name>`, or
+    /// `clusters-<clusterName>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_namespace: Option<String>,
+    /// The kube-apiserver Service's name in the control-plane namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_server_service: Option<String>,
+    /// Accepted for compatibility and ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Accepted for compatibility and ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_image: Option<String>,
+    /// Accepted for compatibility and ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manager_image: Option<String>,
+    /// `host:port` of the hosted cluster's ingress for `*.apps` on 443 (and
+    /// `ingressHttp` for 80).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress_https: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress_http: Option<String>,
+    /// Listeners beyond the derived ones, as in the appliance config's
+    /// `proxy.listeners`: `{port, upstream}` or `{port, routes, default}`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_routes: Vec<ProxyRouteSpec>,
+}
+
+impl Default for ProxySpec {
+    fn default() -> Self {
+        ProxySpec {
+            enabled: true,
+            server_ip: None,
+            internal_proxy_service: None,
+            control_plane_namespace: None,
+            api_server_service: None,
+            image: None,
+            proxy_image: None,
+            manager_image: None,
+            ingress_https: None,
+            ingress_http: None,
+            extra_routes: Vec::new(),
+        }
+    }
+}
+
+/// One extra TCP listener of the proxy.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyRouteSpec {
+    pub port: u16,
+    /// `host:port` every connection goes to.
+    pub upstream: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostedClusterRef {
+    pub name: String,
+    /// By default the Infra's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RoutingSpec {
+    /// Default 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<u32>,
+    /// Default 1000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u32>,
+    /// Remote client subnets behind the VLAN gateway.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_routes: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InfraStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Readiness per component, as in the Go operator's status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub component_status: Option<ComponentStatus>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentStatus {
+    #[serde(default)]
+    pub dhcp_ready: bool,
+    #[serde(default)]
+    pub dns_ready: bool,
+    #[serde(default)]
+    pub proxy_ready: bool,
+}
+
+/// The CRD as YAML, exactly as `charts/causeway/templates/crd-infra.yaml`
+/// holds it.
+pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+    use kube::CustomResourceExt;
+    let body = serde_yaml::to_string(&Infra::crd())?;
+    Ok(format!(
+        "# Generated by `causeway operator crd`; do not edit. A test fails when\n# this file differs from what the code generates.\n{body}"
+    ))
+}

@@ -1,0 +1,8 @@
+//! The causeway operator: an `Infra` object becomes causeway pods on the
+//! hosted cluster's VLAN. It observes, renders as a pure function
+//! ([`validate`], then [`render`]), and applies with server-side apply
+//! ([`controller`]).
+
+pub mod crd;
+pub mod render;
+pub mod validate;

@@ -1,0 +1,430 @@
+//! Render and validation tables: for a set of Infra specs (the Go
+//! operator's reference example first), the objects are exactly what is
+//! expected, every rendered config passes the appliance's own validation,
+//! and every bad spec gets its precise message.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use causeway_operator::crd::Infra;
+use causeway_operator::render::{render, Owner, Rendered, Workload};
+use causeway_operator::validate::{validate, HostedClusterFacts, Plan};
+
+const REFERENCE: &str = include_str!("fixtures/reference-infra.yaml");
+const IMAGE: &str = "registry.example/causeway:0.1.0";
+
+fn reference() -> Infra {
+    serde_yaml::from_str(REFERENCE).unwrap()
+}
+
+fn owner() -> Owner {
+    Owner {
+        name: "example-infra".into(),
+        namespace: "clusters".into(),
+        uid: "0b9e5f7a-1111-2222-3333-444455556666".into(),
+    }
+}
+
+fn plan_of(infra: &Infra) -> Plan {
+    validate(&infra.spec, "clusters", None).unwrap()
+}
+
+fn rendered(infra: &Infra) -> Rendered {
+    render(&plan_of(infra), &owner(), IMAGE, None)
+}
+
+fn config_text(r: &Rendered, component: &str) -> String {
+    let c = r
+        .components
+        .iter()
+        .find(|c| c.component.name() == component)
+        .unwrap();
+    c.config.data.as_ref().unwrap()["config.yaml"].clone()
+}
+
+#[test]
+fn the_reference_example_is_accepted_as_written() {
+    let infra = reference();
+    let plan = plan_of(&infra);
+    assert_eq!(plan.cidr.to_string(), "192.168.100.0/24");
+    assert_eq!(plan.nad_name, "vlan100");
+    assert_eq!(plan.nad_namespace, "default");
+    assert_eq!(plan.cluster_name.as_deref(), Some("my-cluster"));
+    assert_eq!(
+        plan.proxy.as_ref().unwrap().control_plane_namespace,
+        "clusters-my-cluster"
+    );
+    assert!(plan.warnings.is_empty());
+}
+
+#[test]
+fn the_reference_example_renders_three_components() {
+    let r = rendered(&reference());
+    let names: Vec<(String, String, &str)> = r
+        .components
+        .iter()
+        .map(|c| {
+            let (name, kind) = match &c.workload {
+                Workload::StatefulSet(s) => (s.metadata.name.clone().unwrap(), "StatefulSet"),
+                Workload::Deployment(d) => (d.metadata.name.clone().unwrap(), "Deployment"),
+            };
+            (c.config.metadata.name.clone().unwrap(), name, kind)
+        })
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            (
+                "example-infra-dhcp-config".to_string(),
+                "example-infra-dhcp".to_string(),
+                "StatefulSet"
+            ),
+            (
+                "example-infra-dns-config".into(),
+                "example-infra-dns".into(),
+                "Deployment"
+            ),
+            (
+                "example-infra-proxy-config".into(),
+                "example-infra-proxy".into(),
+                "Deployment"
+            ),
+        ]
+    );
+    assert_eq!(
+        r.service_account.metadata.name.as_deref(),
+        Some("example-infra-causeway")
+    );
+}
+
+#[test]
+fn every_object_is_owned_by_the_infra_and_labelled() {
+    let r = rendered(&reference());
+    let mut metas = vec![&r.service_account.metadata];
+    for c in &r.components {
+        metas.push(&c.config.metadata);
+        metas.push(match &c.workload {
+            Workload::StatefulSet(s) => &s.metadata,
+            Workload::Deployment(d) => &d.metadata,
+        });
+    }
+    for m in metas {
+        let refs = m.owner_references.as_ref().unwrap();
+        assert_eq!(refs.len(), 1, "{:?}", m.name);
+        assert_eq!(refs[0].kind, "Infra");
+        assert_eq!(refs[0].name, "example-infra");
+        assert_eq!(refs[0].uid, owner().uid);
+        assert_eq!(refs[0].controller, Some(true));
+        assert_eq!(m.namespace.as_deref(), Some("clusters"));
+        let labels = m.labels.as_ref().unwrap();
+        assert_eq!(labels["app.kubernetes.io/instance"], "example-infra");
+        assert_eq!(labels["app.kubernetes.io/managed-by"], "causeway-operator");
+    }
+}
+
+#[test]
+fn pods_carry_the_multus_annotation_capabilities_and_probes() {
+    let r = rendered(&reference());
+    let expect = [
+        (
+            "dhcp",
+            "192.168.100.2/24",
+            vec!["NET_ADMIN", "NET_BIND_SERVICE", "NET_RAW"],
+        ),
+        (
+            "dns",
+            "192.168.100.3/24",
+            vec!["NET_ADMIN", "NET_BIND_SERVICE"],
+        ),
+        (
+            "proxy",
+            "192.168.100.10/24",
+            vec!["NET_ADMIN", "NET_BIND_SERVICE"],
+        ),
+    ];
+    for (c, (component, ip, caps)) in r.components.iter().zip(expect) {
+        assert_eq!(c.component.name(), component);
+        let template = match &c.workload {
+            Workload::StatefulSet(s) => &s.spec.as_ref().unwrap().template,
+            Workload::Deployment(d) => {
+                let spec = d.spec.as_ref().unwrap();
+                assert_eq!(
+                    spec.strategy.as_ref().unwrap().type_.as_deref(),
+                    Some("Recreate"),
+                    "a rolling update would hold {ip} twice"
+                );
+                &spec.template
+            }
+        };
+        let annotations = template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .annotations
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            annotations["k8s.v1.cni.cncf.io/networks"],
+            format!(
+                r#"[{{"interface":"net1","ips":["{ip}"],"name":"vlan100","namespace":"default"}}]"#
+            )
+        );
+        let pod = template.spec.as_ref().unwrap();
+        assert_eq!(
+            pod.service_account_name.as_deref(),
+            Some("example-infra-causeway")
+        );
+        let container = &pod.containers[0];
+        assert_eq!(container.image.as_deref(), Some(IMAGE));
+        let sc = container.security_context.as_ref().unwrap();
+        let got = sc.capabilities.as_ref().unwrap();
+        assert_eq!(
+            got.add.as_deref(),
+            Some(&caps.iter().map(|s| s.to_string()).collect::<Vec<_>>()[..])
+        );
+        assert_eq!(got.drop.as_deref(), Some(&["ALL".to_string()][..]));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        for (probe, path) in [
+            (&container.readiness_probe, "/readyz"),
+            (&container.liveness_probe, "/healthz"),
+        ] {
+            let get = probe.as_ref().unwrap().http_get.as_ref().unwrap();
+            assert_eq!(get.path.as_deref(), Some(path));
+        }
+    }
+}
+
+#[test]
+fn the_dhcp_statefulset_keeps_its_leases_on_a_volume() {
+    let r = rendered(&reference());
+    let Workload::StatefulSet(s) = &r.components[0].workload else {
+        panic!("DHCP is not a StatefulSet");
+    };
+    let spec = s.spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(1));
+    let claims = spec.volume_claim_templates.as_ref().unwrap();
+    assert_eq!(claims[0].metadata.name.as_deref(), Some("leases"));
+    let mounts = spec.template.spec.as_ref().unwrap().containers[0]
+        .volume_mounts
+        .as_ref()
+        .unwrap();
+    assert!(mounts
+        .iter()
+        .any(|m| m.name == "leases" && m.mount_path == "/var/lib/causeway"));
+}
+
+#[test]
+fn every_rendered_config_passes_the_appliance_validation() {
+    let r = rendered(&reference());
+    for c in &r.components {
+        let text = config_text(&r, c.component.name());
+        let cfg = causeway_config::Config::from_yaml(&text)
+            .unwrap_or_else(|e| panic!("{} config rejected:\n{e}\n{text}", c.component.name()));
+        assert!(cfg.routing.is_some(), "no policy routing in {text}");
+        assert_eq!(cfg.admin.interface.as_deref(), Some("eth0"));
+    }
+    let dhcp = causeway_config::Config::from_yaml(&config_text(&r, "dhcp")).unwrap();
+    let d = dhcp.dhcp.unwrap();
+    let subnet = &d.subnets[0];
+    assert_eq!(
+        subnet.options.dns_servers,
+        vec!["192.168.100.3".parse::<std::net::Ipv4Addr>().unwrap()]
+    );
+    assert_eq!(
+        subnet.options.router,
+        vec!["192.168.100.1".parse::<std::net::Ipv4Addr>().unwrap()]
+    );
+    assert!(dhcp.dns.is_none() && dhcp.proxy.is_none());
+
+    let dns = causeway_config::Config::from_yaml(&config_text(&r, "dns")).unwrap();
+    assert_eq!(
+        dns.dns.as_ref().unwrap().zone.as_deref(),
+        Some("my-cluster.example.com.")
+    );
+    let proxy = causeway_config::Config::from_yaml(&config_text(&r, "proxy")).unwrap();
+    let listeners = &proxy.proxy.as_ref().unwrap().listeners;
+    assert_eq!(listeners[0].listen.to_string(), "192.168.100.10:6443");
+}
+
+#[test]
+fn a_disabled_component_renders_nothing() {
+    let mut infra = reference();
+    infra.spec.infra_components.dns.enabled = false;
+    let r = rendered(&infra);
+    let names: Vec<&str> = r.components.iter().map(|c| c.component.name()).collect();
+    assert_eq!(names, vec!["dhcp", "proxy"]);
+    // Without causeway DNS, clients get the upstreams.
+    let dhcp = causeway_config::Config::from_yaml(&config_text(&r, "dhcp")).unwrap();
+    assert_eq!(
+        dhcp.dhcp.unwrap().subnets[0].options.dns_servers,
+        vec![
+            "8.8.8.8".parse::<std::net::Ipv4Addr>().unwrap(),
+            "8.8.4.4".parse().unwrap()
+        ]
+    );
+}
+
+#[test]
+fn the_prefix_comes_from_the_cidr() {
+    let mut infra = reference();
+    let net = &mut infra.spec.network_config;
+    net.cidr = "10.20.30.64/26".into();
+    net.gateway = "10.20.30.65".into();
+    let c = &mut infra.spec.infra_components;
+    c.dhcp.server_ip = Some("10.20.30.66".into());
+    c.dhcp.range_start = Some("10.20.30.80".into());
+    c.dhcp.range_end = Some("10.20.30.120".into());
+    c.dns.server_ip = Some("10.20.30.67".into());
+    c.proxy.server_ip = Some("10.20.30.68".into());
+    let r = rendered(&infra);
+    let Workload::Deployment(d) = &r.components[2].workload else {
+        panic!()
+    };
+    let a = &d
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .annotations
+        .as_ref()
+        .unwrap()["k8s.v1.cni.cncf.io/networks"];
+    assert!(a.contains(r#""ips":["10.20.30.68/26"]"#), "{a}");
+}
+
+#[test]
+fn an_internal_proxy_address_makes_a_second_view() {
+    let mut infra = reference();
+    infra.spec.infra_components.proxy.internal_proxy_service = Some("172.30.0.10".into());
+    let r = rendered(&infra);
+    let dns = causeway_config::Config::from_yaml(&config_text(&r, "dns")).unwrap();
+    let views = &dns.dns.unwrap().views;
+    let names: Vec<&str> = views.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(&names[..2], ["vlan", "internal"]);
+}
+
+#[test]
+fn a_hosted_cluster_ref_fills_name_domain_and_namespace() {
+    let mut infra = reference();
+    let dns = &mut infra.spec.infra_components.dns;
+    dns.cluster_name = None;
+    dns.base_domain = None;
+    infra.spec.infra_components.proxy.control_plane_namespace = None;
+    let hc = HostedClusterFacts {
+        name: "hc7".into(),
+        namespace: "clusters".into(),
+        base_domain: Some("corp.example".into()),
+    };
+    let plan = validate(&infra.spec, "clusters", Some(&hc)).unwrap();
+    assert_eq!(plan.cluster_name.as_deref(), Some("hc7"));
+    assert_eq!(plan.base_domain.as_deref(), Some("corp.example"));
+    assert_eq!(plan.proxy.unwrap().control_plane_namespace, "clusters-hc7");
+}
+
+#[test]
+fn ignored_image_fields_are_reported_as_warnings() {
+    let mut infra = reference();
+    infra.spec.infra_components.proxy.manager_image = Some("quay.io/x/y:1".into());
+    let plan = plan_of(&infra);
+    assert_eq!(
+        plan.warnings,
+        vec!["infraComponents.proxy.managerImage is ignored: every component runs the operator's causeway image"]
+    );
+}
+
+/// Each bad spec, made from the reference by one change, and the exact
+/// messages it must produce.
+#[test]
+fn every_bad_spec_gets_its_precise_message() {
+    type Change = fn(&mut Infra);
+    let table: Vec<(&str, Change, Vec<&str>)> = vec![
+        (
+            "bad cidr",
+            |i| i.spec.network_config.cidr = "192.168.100.0/33".into(),
+            vec![r#"networkConfig.cidr: "192.168.100.0/33" is not an IPv4 CIDR such as 192.168.100.0/24"#],
+        ),
+        (
+            "gateway outside",
+            |i| i.spec.network_config.gateway = "10.0.0.1".into(),
+            vec!["networkConfig.gateway: 10.0.0.1 is outside networkConfig.cidr 192.168.100.0/24"],
+        ),
+        (
+            "server ip not an address",
+            |i| i.spec.infra_components.dns.server_ip = Some("dns-pod".into()),
+            vec![r#"infraComponents.dns.serverIP: "dns-pod" is not an IPv4 address"#],
+        ),
+        (
+            "server ip missing",
+            |i| i.spec.infra_components.proxy.server_ip = None,
+            vec!["infraComponents.proxy.serverIP: required when the component is enabled"],
+        ),
+        (
+            "two pods on one address",
+            |i| i.spec.infra_components.proxy.server_ip = Some("192.168.100.3".into()),
+            vec!["infraComponents.proxy.serverIP: 192.168.100.3 is also infraComponents.dns.serverIP"],
+        ),
+        (
+            "a pod on the gateway",
+            |i| i.spec.infra_components.dns.server_ip = Some("192.168.100.1".into()),
+            vec!["infraComponents.dns.serverIP: 192.168.100.1 is the gateway"],
+        ),
+        (
+            "a pod inside the range",
+            |i| i.spec.infra_components.proxy.server_ip = Some("192.168.100.150".into()),
+            vec!["infraComponents.proxy.serverIP: 192.168.100.150 is inside the DHCP range 192.168.100.100-192.168.100.200"],
+        ),
+        (
+            "range reversed",
+            |i| i.spec.infra_components.dhcp.range_end = Some("192.168.100.50".into()),
+            vec!["infraComponents.dhcp.rangeEnd: 192.168.100.50 is before rangeStart 192.168.100.100"],
+        ),
+        (
+            "range outside",
+            |i| i.spec.infra_components.dhcp.range_end = Some("192.168.101.20".into()),
+            vec!["infraComponents.dhcp.rangeEnd: 192.168.101.20 is outside networkConfig.cidr 192.168.100.0/24"],
+        ),
+        (
+            "range over the gateway",
+            |i| i.spec.infra_components.dhcp.range_start = Some("192.168.100.1".into()),
+            vec![
+                "infraComponents.dhcp.serverIP: 192.168.100.2 is inside the DHCP range 192.168.100.1-192.168.100.200",
+                "infraComponents.dns.serverIP: 192.168.100.3 is inside the DHCP range 192.168.100.1-192.168.100.200",
+                "infraComponents.proxy.serverIP: 192.168.100.10 is inside the DHCP range 192.168.100.1-192.168.100.200",
+                "infraComponents.dhcp.rangeStart: the range 192.168.100.1-192.168.100.200 holds the gateway 192.168.100.1",
+            ],
+        ),
+        (
+            "broadcast",
+            |i| i.spec.infra_components.dns.server_ip = Some("192.168.100.255".into()),
+            vec!["infraComponents.dns.serverIP: 192.168.100.255 is the network or broadcast address of 192.168.100.0/24"],
+        ),
+        (
+            "lease time",
+            |i| i.spec.infra_components.dhcp.lease_time = Some("one hour".into()),
+            vec![r#"infraComponents.dhcp.leaseTime: "one hour" is not a duration such as 1h or 24h"#],
+        ),
+        (
+            "no cluster name",
+            |i| i.spec.infra_components.dns.cluster_name = None,
+            vec!["infraComponents.dns.clusterName: required for DNS and the proxy (or set hostedClusterRef)"],
+        ),
+        (
+            "no NAD",
+            |i| i.spec.network_config.network_attachment_definition = " ".into(),
+            vec!["networkConfig.networkAttachmentDefinition: required"],
+        ),
+        (
+            "bad upstream",
+            |i| i.spec.network_config.dns_servers = vec!["dns.google".into()],
+            vec![r#"networkConfig.dnsServers[0]: "dns.google" is not an IPv4 address"#],
+        ),
+    ];
+    for (what, change, want) in table {
+        let mut infra = reference();
+        change(&mut infra);
+        let got = validate(&infra.spec, "clusters", None).expect_err(what);
+        assert_eq!(got, want, "{what}");
+    }
+}
