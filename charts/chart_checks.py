@@ -1,0 +1,343 @@
+#!/usr/bin/env python3
+"""Checks of the causeway chart that helm and kubernetes-validate cannot make.
+
+Used by charts/test.sh; needs only PyYAML.
+
+  chart_checks.py values-table VALUES README
+      README's `| Key | Type | Default | Description |` table lists exactly the
+      leaf keys of VALUES, each with its type and default.
+  chart_checks.py values-comments VALUES
+      every key of VALUES has a comment line right above it.
+  chart_checks.py rendered CASE FILE
+      the objects helm rendered for CASE (see CASES) are what the templates
+      promise.
+  chart_checks.py drop-kinds KIND[,KIND...] < IN > OUT
+      copies a multi-document YAML stream, without the documents of those
+      kinds (for schemas kubernetes-validate does not ship).
+"""
+
+import re
+import sys
+
+import yaml
+
+TABLE_HEADER = re.compile(r"^\|\s*Key\s*\|\s*Type\s*\|\s*Default\s*\|\s*Description\s*\|\s*$")
+
+
+def leaves(node, prefix=""):
+    """Dotted key -> value for every leaf: a scalar, a list or an empty map."""
+    out = {}
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(leaves(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
+def type_name(value):
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, dict):
+        return "object"
+    return "null"
+
+
+def readme_rows(path):
+    """(key, type, default text, line number) for each row of the values table."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    starts = [i for i, line in enumerate(lines) if TABLE_HEADER.match(line)]
+    if len(starts) != 1:
+        raise SystemExit(f"{path}: expected one '| Key | Type | Default | Description |' table, found {len(starts)}")
+    i = starts[0] + 2  # past the header and its |---| line
+    while i < len(lines) and lines[i].startswith("|"):
+        cells = [c.strip() for c in lines[i].strip().strip("|").split("|")]
+        if len(cells) < 4:
+            raise SystemExit(f"{path}:{i + 1}: a row needs 4 cells: {lines[i]}")
+        rows.append((cells[0].strip("`"), cells[1], cells[2], i + 1))
+        i += 1
+    return rows
+
+
+def values_table(values_path, readme_path):
+    with open(values_path, encoding="utf-8") as f:
+        values = leaves(yaml.safe_load(f) or {})
+    errors = []
+    seen = set()
+    for key, typ, default, line in readme_rows(readme_path):
+        where = f"{readme_path}:{line}"
+        if key in seen:
+            errors.append(f"{where}: {key} is listed twice")
+        seen.add(key)
+        if key not in values:
+            errors.append(f"{where}: {key} is not a leaf key of {values_path}")
+            continue
+        want = values[key]
+        if typ != type_name(want):
+            errors.append(f"{where}: {key} has type {type_name(want)} in values.yaml, not {typ}")
+        m = re.fullmatch(r"`(.*)`", default)
+        if not m:
+            errors.append(f"{where}: the default of {key} must be in backquotes: {default}")
+        elif yaml.safe_load(m.group(1)) != want:
+            errors.append(f"{where}: {key} defaults to {want!r} in values.yaml, not {m.group(1)}")
+    for key in sorted(set(values) - seen):
+        errors.append(f"{readme_path}: values table lacks {key} (default {values[key]!r})")
+    for e in errors:
+        print(e)
+    if not errors:
+        print(f"values table: {len(values)} keys, types and defaults match")
+    return 1 if errors else 0
+
+
+def values_comments(values_path):
+    """Each value (a key holding a scalar, a list or {}) has a comment above it."""
+    errors = []
+    key_line = re.compile(r"^\s*[A-Za-z0-9_.-]+:(\s*)(.*)$")
+    with open(values_path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        m = key_line.match(line)
+        if not m:
+            continue
+        rest = m.group(2).split("#")[0].strip()
+        following = next((n.strip() for n in lines[i + 1:] if n.strip() and not n.strip().startswith("#")), "")
+        if not rest and not following.startswith("-"):
+            continue  # a map of further keys, each commented itself
+        above = lines[i - 1].strip() if i > 0 else ""
+        if not above.startswith("#"):
+            errors.append(f"{values_path}:{i + 1}: no comment above `{line.strip()}`")
+    for e in errors:
+        print(e)
+    return 1 if errors else 0
+
+
+def load(path):
+    with open(path, encoding="utf-8") as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def one(docs, kind, name=None):
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    if len(found) != 1:
+        raise AssertionError(f"expected one {kind}{' ' + name if name else ''}, found {len(found)}")
+    return found[0]
+
+
+def kinds(docs):
+    """The kinds rendered, less the CRD (present once it is generated)."""
+    return sorted(d["kind"] for d in docs if d["kind"] != "CustomResourceDefinition")
+
+
+def check_crd(docs):
+    """The generated Infra CRD, if there, is the one the chart's RBAC names."""
+    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    if not crds:
+        return
+    assert len(crds) == 1, f"expected one CRD, found {len(crds)}"
+    crd = crds[0]
+    spec = crd["spec"]
+    assert crd["metadata"]["name"] == "infras.hostedcluster.densityops.com", crd["metadata"]["name"]
+    assert spec["group"] == "hostedcluster.densityops.com", spec["group"]
+    assert spec["scope"] == "Namespaced", spec["scope"]
+    names = spec["names"]
+    assert (names["kind"], names["plural"], names.get("singular")) == ("Infra", "infras", "infra"), names
+    served = [v for v in spec["versions"] if v["name"] == "v1alpha1"]
+    assert served and served[0]["served"] and served[0]["storage"], spec["versions"]
+    assert "status" in served[0].get("subresources", {}), "the operator patches infras/status: enable the subresource"
+    assert "openAPIV3Schema" in served[0].get("schema", {}), "v1alpha1 needs schema.openAPIV3Schema"
+
+
+def container(docs):
+    return one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+def env(docs):
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(docs)["env"]}
+
+
+def pod(docs):
+    return one(docs, "Deployment")["spec"]["template"]["spec"]
+
+
+def node_terms(docs):
+    aff = pod(docs)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return [[(e["key"], e["operator"]) for e in t["matchExpressions"]] for t in aff["nodeSelectorTerms"]]
+
+
+CP = "node-role.kubernetes.io/control-plane"
+MASTER = "node-role.kubernetes.io/master"
+BASE_KINDS = ["ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "ServiceAccount"]
+
+
+def case_default(docs):
+    check_crd(docs)
+    assert kinds(docs) == BASE_KINDS, kinds(docs)
+    dep = one(docs, "Deployment")
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"]["type"] == "RollingUpdate"
+    c = container(docs)
+    assert c["image"] == "causeway:0.1.0", c["image"]
+    assert c["command"] == ["/causeway"] and c["args"] == ["operator", "--admin-listen", "0.0.0.0:8080"], c
+    e = env(docs)
+    assert e["CAUSEWAY_IMAGE"] == "causeway:0.1.0", e
+    assert e["CAUSEWAY_LEADER_ELECTION"] == "true", e
+    assert e["CAUSEWAY_LOG_LEVEL"] == "info", e
+    assert e["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}, e
+    assert e["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}, e
+    assert c["ports"] == [{"name": "admin", "containerPort": 8080, "protocol": "TCP"}], c["ports"]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    p = pod(docs)
+    assert p["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert p["serviceAccountName"] == "causeway"
+    # master: control-plane OR master label, and both taints tolerated
+    assert node_terms(docs) == [[(CP, "Exists")], [(MASTER, "Exists")]], node_terms(docs)
+    assert {(t["key"], t["effect"]) for t in p["tolerations"]} == {(CP, "NoSchedule"), (MASTER, "NoSchedule")}
+    assert "nodeSelector" not in p and "podAntiAffinity" not in p["affinity"]
+    role = one(docs, "Role")
+    assert role["metadata"]["namespace"] == "causeway-system"
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["causeway-operator"],
+         "verbs": ["get", "update"]},
+    ], role["rules"]
+    cr = one(docs, "ClusterRole")
+    granted = {(g, r) for rule in cr["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    for forbidden in [("", "secrets"), ("", "*"), ("*", "*"), ("rbac.authorization.k8s.io", "roles"),
+                      ("rbac.authorization.k8s.io", "rolebindings"), ("coordination.k8s.io", "leases")]:
+        assert forbidden not in granted, f"ClusterRole grants {forbidden}"
+    for rule in cr["rules"]:
+        assert "*" not in rule["verbs"], rule
+    assert ("hostedcluster.densityops.com", "infras/status") in granted
+    crb = one(docs, "ClusterRoleBinding")
+    assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "causeway", "namespace": "causeway-system"}]
+
+
+def case_production(docs):
+    assert kinds(docs) == sorted(BASE_KINDS + ["Service"]), kinds(docs)
+    dep = one(docs, "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    assert node_terms(docs) == [[(CP, "Exists")], [(MASTER, "Exists")]]
+    anti = pod(docs)["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["podAffinityTerm"]["labelSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    svc = one(docs, "Service")
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["ports"][0]["targetPort"] == "admin"
+    assert container(docs)["resources"]["limits"]["memory"] == "512Mi"
+
+
+def case_openshift(docs):
+    assert kinds(docs) == sorted(BASE_KINDS + ["SecurityContextConstraints"]), kinds(docs)
+    scc = one(docs, "SecurityContextConstraints")
+    assert scc["apiVersion"] == "security.openshift.io/v1"
+    assert scc["metadata"]["name"] == "causeway-dataplane"
+    assert sorted(scc["allowedCapabilities"]) == ["NET_ADMIN", "NET_BIND_SERVICE", "NET_RAW"], scc["allowedCapabilities"]
+    assert scc["requiredDropCapabilities"] == ["ALL"]
+    assert scc["defaultAddCapabilities"] is None
+    assert scc["runAsUser"] == {"type": "RunAsAny"}
+    assert scc["allowPrivilegedContainer"] is False and scc["allowPrivilegeEscalation"] is False
+    for host in ["allowHostDirVolumePlugin", "allowHostIPC", "allowHostNetwork", "allowHostPID", "allowHostPorts"]:
+        assert scc[host] is False, host
+    assert "hostPath" not in scc["volumes"] and "*" not in scc["volumes"]
+    assert scc["users"] == []
+    assert scc["groups"] == ["system:serviceaccounts:clusters", "system:serviceaccounts:causeway-infra"], scc
+    assert "metadata" in scc and "namespace" not in scc["metadata"]
+
+
+def case_openshift_all(docs):
+    assert one(docs, "SecurityContextConstraints", "cw-scc")["groups"] == ["system:serviceaccounts"]
+
+
+def case_worker(docs):
+    p = pod(docs)
+    assert node_terms(docs) == [[(CP, "DoesNotExist"), (MASTER, "DoesNotExist")]], node_terms(docs)
+    assert "tolerations" not in p and "nodeSelector" not in p
+
+
+def case_custom(docs):
+    p = pod(docs)
+    assert p["nodeSelector"] == {"node-role.kubernetes.io/infra": ""}, p.get("nodeSelector")
+    assert p["tolerations"] == [{"key": "infra", "operator": "Exists", "effect": "NoSchedule"}], p.get("tolerations")
+    assert "affinity" not in p
+
+
+def case_no_leader(docs):
+    assert kinds(docs) == ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"], kinds(docs)
+    assert one(docs, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    assert env(docs)["CAUSEWAY_LEADER_ELECTION"] == "false"
+
+
+def case_images(docs):
+    c = container(docs)
+    assert c["image"] == "registry.example.com/causeway:1.2.3", c["image"]
+    assert env(docs)["CAUSEWAY_IMAGE"] == "registry.example.com/dp@sha256:" + "0" * 64, env(docs)
+    assert env(docs)["CAUSEWAY_LOG_LEVEL"] == "debug"
+    labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert labels["team"] == "net" and labels["app.kubernetes.io/name"] == "causeway", labels
+
+
+def case_existing_sa(docs):
+    assert "ServiceAccount" not in kinds(docs)
+    assert pod(docs)["serviceAccountName"] == "existing"
+    assert one(docs, "ClusterRoleBinding")["subjects"][0]["name"] == "existing"
+    assert one(docs, "RoleBinding")["subjects"][0]["name"] == "existing"
+
+
+CASES = {
+    "default": case_default,
+    "production": case_production,
+    "openshift": case_openshift,
+    "openshift-all": case_openshift_all,
+    "worker": case_worker,
+    "custom": case_custom,
+    "no-leader": case_no_leader,
+    "images": case_images,
+    "existing-sa": case_existing_sa,
+}
+
+
+def rendered(case, path):
+    try:
+        CASES[case](load(path))
+    except AssertionError as e:
+        print(f"{case}: {e}")
+        return 1
+    return 0
+
+
+def drop_kinds(names):
+    drop = set(names.split(","))
+    docs = [d for d in yaml.safe_load_all(sys.stdin) if d and d.get("kind") not in drop]
+    yaml.safe_dump_all(docs, sys.stdout, sort_keys=False)
+    return 0
+
+
+def main(argv):
+    if len(argv) == 4 and argv[1] == "values-table":
+        return values_table(argv[2], argv[3])
+    if len(argv) == 3 and argv[1] == "values-comments":
+        return values_comments(argv[2])
+    if len(argv) == 4 and argv[1] == "rendered" and argv[2] in CASES:
+        return rendered(argv[2], argv[3])
+    if len(argv) == 3 and argv[1] == "drop-kinds":
+        return drop_kinds(argv[2])
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

