@@ -3,6 +3,9 @@
 //! ([`validate`], then [`render`]), and applies with server-side apply
 //! ([`controller`]).
 
+pub mod controller;
 pub mod crd;
+pub mod leader;
 pub mod render;
+pub mod status;
 pub mod validate;

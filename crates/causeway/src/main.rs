@@ -3,6 +3,7 @@
 
 mod appliance;
 mod leases;
+mod operator;
 mod route;
 
 use std::path::PathBuf;
@@ -40,6 +41,21 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// The Kubernetes operator: Infra objects become causeway pods on the
+    /// VLAN. `causeway operator crd` prints the Infra CRD.
+    Operator {
+        #[command(subcommand)]
+        what: Option<OperatorCommand>,
+        /// The admin server: /metrics, /healthz, /readyz.
+        #[arg(long, default_value = "0.0.0.0:8080")]
+        admin_listen: std::net::SocketAddr,
+        /// Take a coordination.k8s.io Lease before reconciling, so several
+        /// replicas are safe (env CAUSEWAY_LEADER_ELECTION=false turns it off).
+        #[arg(long, env = "CAUSEWAY_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+        leader_election: bool,
+        #[arg(long, env = "CAUSEWAY_LOG_LEVEL", default_value = "info")]
+        log_level: String,
+    },
     /// Policy routing for the config's VLAN interfaces (needs CAP_NET_ADMIN
     /// for apply and flush).
     Route {
@@ -63,6 +79,12 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum OperatorCommand {
+    /// Print the Infra CustomResourceDefinition (YAML), as the chart holds it.
+    Crd,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -70,6 +92,20 @@ fn main() -> ExitCode {
         Command::Dns { config } => appliance::run(Some(config), appliance::Only::Dns),
         Command::Proxy { config } => appliance::run(Some(config), appliance::Only::Proxy),
         Command::Route { action, config } => route::run(action, &config),
+        Command::Operator {
+            what: Some(OperatorCommand::Crd),
+            ..
+        } => operator::print_crd(),
+        Command::Operator {
+            what: None,
+            admin_listen,
+            leader_election,
+            log_level,
+        } => operator::run(operator::Options {
+            admin_listen,
+            leader_election,
+            log_level,
+        }),
         Command::Check { config } => return check(&config),
         Command::Leases { config, json } => leases::run(&config, json),
     };

@@ -1,0 +1,243 @@
+//! The Infra's status conditions, computed from what one reconcile saw.
+//! Pure; a condition keeps its `lastTransitionTime` while its status does
+//! not change.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::render::Component;
+
+/// How one component stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ComponentState {
+    Disabled,
+    Ready,
+    /// Why not, for the condition's message.
+    NotReady(String),
+}
+
+/// What a reconcile found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    /// `Err` holds every validation message.
+    pub valid: Result<(), Vec<String>>,
+    pub warnings: Vec<String>,
+    pub components: Vec<(Component, ComponentState)>,
+}
+
+pub const READY: &str = "Ready";
+pub const VALID: &str = "Valid";
+pub const IGNORED_FIELDS: &str = "IgnoredFields";
+
+pub fn condition_type(component: Component) -> &'static str {
+    match component {
+        Component::Dhcp => "DHCPReady",
+        Component::Dns => "DNSReady",
+        Component::Proxy => "ProxyReady",
+    }
+}
+
+fn make(
+    prev: &[Condition],
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
+    let status = if ok { "True" } else { "False" };
+    let since = prev
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        observed_generation: generation,
+        last_transition_time: since,
+    }
+}
+
+pub fn conditions(
+    prev: &[Condition],
+    observed: &Observed,
+    generation: Option<i64>,
+    now: &Time,
+) -> Vec<Condition> {
+    let mut out = Vec::new();
+    let valid = observed.valid.is_ok();
+    out.push(match &observed.valid {
+        Ok(()) => make(
+            prev,
+            VALID,
+            true,
+            "Valid",
+            "the spec is valid".into(),
+            generation,
+            now,
+        ),
+        Err(errors) => make(
+            prev,
+            VALID,
+            false,
+            "Invalid",
+            errors.join("; "),
+            generation,
+            now,
+        ),
+    });
+    let mut not_ready = Vec::new();
+    for (component, state) in &observed.components {
+        let t = condition_type(*component);
+        out.push(match state {
+            ComponentState::Disabled => make(
+                prev,
+                t,
+                true,
+                "Disabled",
+                format!("{} is disabled", component.name()),
+                generation,
+                now,
+            ),
+            ComponentState::Ready => make(
+                prev,
+                t,
+                true,
+                "Ready",
+                format!("the {} pod is ready", component.name()),
+                generation,
+                now,
+            ),
+            ComponentState::NotReady(why) => {
+                not_ready.push(component.name());
+                make(prev, t, false, "NotReady", why.clone(), generation, now)
+            }
+        });
+    }
+    out.push(if !valid {
+        make(
+            prev,
+            READY,
+            false,
+            "Invalid",
+            "the spec is invalid; see the Valid condition".into(),
+            generation,
+            now,
+        )
+    } else if not_ready.is_empty() {
+        make(
+            prev,
+            READY,
+            true,
+            "Ready",
+            "every enabled component is ready".into(),
+            generation,
+            now,
+        )
+    } else {
+        make(
+            prev,
+            READY,
+            false,
+            "ComponentsNotReady",
+            format!("not ready: {}", not_ready.join(", ")),
+            generation,
+            now,
+        )
+    });
+    if !observed.warnings.is_empty() {
+        out.push(make(
+            prev,
+            IGNORED_FIELDS,
+            true,
+            "Ignored",
+            observed.warnings.join("; "),
+            generation,
+            now,
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> Time {
+        Time(s.parse().unwrap())
+    }
+
+    fn observed(dns: ComponentState) -> Observed {
+        Observed {
+            valid: Ok(()),
+            warnings: vec![],
+            components: vec![
+                (Component::Dhcp, ComponentState::Ready),
+                (Component::Dns, dns),
+                (Component::Proxy, ComponentState::Disabled),
+            ],
+        }
+    }
+
+    fn find<'a>(c: &'a [Condition], t: &str) -> &'a Condition {
+        c.iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    #[test]
+    fn ready_needs_every_enabled_component() {
+        let now = at("2026-11-22T10:00:00Z");
+        let c = conditions(
+            &[],
+            &observed(ComponentState::NotReady("0 of 1 pods ready".into())),
+            Some(3),
+            &now,
+        );
+        let ready = find(&c, READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.message.as_str()),
+            ("False", "not ready: dns")
+        );
+        assert_eq!(find(&c, "DNSReady").message, "0 of 1 pods ready");
+        assert_eq!(find(&c, "ProxyReady").reason, "Disabled");
+        assert_eq!(ready.observed_generation, Some(3));
+        let c = conditions(&c, &observed(ComponentState::Ready), Some(3), &now);
+        assert_eq!(find(&c, READY).status, "True");
+    }
+
+    #[test]
+    fn transition_time_moves_only_with_the_status() {
+        let t0 = at("2026-11-22T10:00:00Z");
+        let t1 = at("2026-11-22T10:05:00Z");
+        let t2 = at("2026-11-22T10:09:00Z");
+        let first = conditions(&[], &observed(ComponentState::Ready), Some(1), &t0);
+        let same = conditions(&first, &observed(ComponentState::Ready), Some(2), &t1);
+        assert_eq!(find(&same, READY).last_transition_time, t0);
+        assert_eq!(find(&same, READY).observed_generation, Some(2));
+        let flipped = conditions(
+            &same,
+            &observed(ComponentState::NotReady("x".into())),
+            Some(2),
+            &t2,
+        );
+        assert_eq!(find(&flipped, READY).last_transition_time, t2);
+        assert_eq!(find(&flipped, "DHCPReady").last_transition_time, t0);
+    }
+
+    #[test]
+    fn an_invalid_spec_says_why_and_is_not_ready() {
+        let now = at("2026-11-22T10:00:00Z");
+        let obs = Observed {
+            valid: Err(vec!["a: bad".into(), "b: worse".into()]),
+            warnings: vec!["x is ignored".into()],
+            components: vec![],
+        };
+        let c = conditions(&[], &obs, None, &now);
+        assert_eq!(find(&c, VALID).message, "a: bad; b: worse");
+        assert_eq!(find(&c, READY).reason, "Invalid");
+        assert_eq!(find(&c, IGNORED_FIELDS).message, "x is ignored");
+    }
+}
