@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 # Real DHCP clients and peers, and the tools the lab uses.
 PACKAGES=(isc-dhcp-client udhcpc dhcpcd-base kea-admin kea-dhcp4-server iproute2 curl procps util-linux mount
-          bind9-dnsutils knot-dnsutils dnsmasq-base openssl)
+          bind9-dnsutils knot-dnsutils dnsmasq-base openssl buildah binutils)
 
 section() { printf '\n==> %s\n' "$*"; }
 
@@ -50,6 +50,17 @@ if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
   done
 else
   echo "SKIP cargo fuzz: no nightly toolchain here; the same harness runs on stable as the property tests arbitrary_bytes_never_panic and mutated_valid_packets_never_panic"
+fi
+
+section "helm chart (helm from npm, kubernetes-validate from PyPI)"
+bash charts/test.sh
+
+section "image (buildah, FROM scratch)"
+if [ "$(id -u)" = 0 ] && command -v buildah >/dev/null; then
+  images/build.sh
+  images/test.sh
+else
+  echo "SKIP image: buildah needs root and the buildah package"
 fi
 
 section "tests"

@@ -9,3 +9,4 @@ pub mod leader;
 pub mod render;
 pub mod status;
 pub mod validate;
+pub mod hosted;

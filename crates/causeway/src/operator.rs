@@ -84,9 +84,14 @@ async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
             }
         }
     }
-    let (controller_stop_tx, controller_stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let controller = tokio::spawn(controller::run(client, image, metrics, async move {
-        let _ = controller_stop_rx.await;
+    let (controller_stop_tx, controller_stop_rx) = tokio::sync::watch::channel(false);
+    let mut infra_stop = controller_stop_rx.clone();
+    let mut hosted_stop = controller_stop_rx;
+    let controller = tokio::spawn(controller::run(client.clone(), image, metrics, async move {
+        let _ = infra_stop.wait_for(|stop| *stop).await;
+    }));
+    let hosted = tokio::spawn(causeway_operator::hosted::run(client, async move {
+        let _ = hosted_stop.wait_for(|stop| *stop).await;
     }));
     let lost = async {
         match &elector {
@@ -98,8 +103,9 @@ async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
         _ = &mut stop_signal => false,
         _ = lost => true,
     };
-    let _ = controller_stop_tx.send(());
+    let _ = controller_stop_tx.send(true);
     let _ = controller.await;
+    let _ = hosted.await;
     trigger.trigger();
     let _ = admin_task.await;
     if lost_leadership {

@@ -1,0 +1,172 @@
+//! HostedClusters that ask for one get an Infra: a HostedCluster
+//! (hypershift.openshift.io/v1beta1) annotated with [`ANNOTATION`] gets an
+//! Infra of the same name and namespace, whose spec is the annotation's
+//! value (JSON or YAML, the Infra's spec fields) with `hostedClusterRef`
+//! pointing back. The Infra is owned by the HostedCluster, so it goes when
+//! the cluster does.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+use crate::controller::{hosted_cluster_resource, MANAGER};
+use crate::crd::{HostedClusterRef, Infra, InfraSpec};
+
+/// The annotation whose value is the Infra spec to create.
+pub const ANNOTATION: &str = "causeway.io/infra";
+
+/// The Infra a HostedCluster asks for, if it asks: `None` without the
+/// annotation, `Err` with a message when its value is not an Infra spec.
+pub fn infra_for(hc: &DynamicObject) -> Option<Result<Infra, String>> {
+    let text = hc.annotations().get(ANNOTATION)?;
+    let mut spec: InfraSpec = match serde_yaml::from_str(text) {
+        Ok(s) => s,
+        Err(e) => return Some(Err(format!("annotation {ANNOTATION}: not an Infra spec: {e}"))),
+    };
+    let name = hc.name_any();
+    let namespace = hc.namespace().unwrap_or_default();
+    spec.hosted_cluster_ref = Some(HostedClusterRef {
+        name: name.clone(),
+        namespace: Some(namespace.clone()),
+    });
+    let mut infra = Infra::new(&name, spec);
+    infra.metadata = ObjectMeta {
+        name: Some(name.clone()),
+        namespace: Some(namespace),
+        labels: Some(
+            [(
+                "app.kubernetes.io/managed-by".to_string(),
+                MANAGER.to_string(),
+            )]
+            .into(),
+        ),
+        owner_references: Some(vec![OwnerReference {
+            api_version: "hypershift.openshift.io/v1beta1".into(),
+            kind: "HostedCluster".into(),
+            name,
+            uid: hc.metadata.uid.clone().unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }]),
+        ..ObjectMeta::default()
+    };
+    Some(Ok(infra))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HostedError {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+pub struct HostedContext {
+    pub client: Client,
+}
+
+pub async fn reconcile(
+    hc: Arc<DynamicObject>,
+    ctx: Arc<HostedContext>,
+) -> Result<Action, HostedError> {
+    match infra_for(&hc) {
+        None => {}
+        Some(Err(message)) => {
+            tracing::warn!(hosted_cluster = %hc.name_any(), %message, "no Infra made");
+        }
+        Some(Ok(infra)) => {
+            let ns = infra.namespace().unwrap_or_default();
+            let api: Api<Infra> = Api::namespaced(ctx.client.clone(), &ns);
+            api.patch(
+                &infra.name_any(),
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&infra),
+            )
+            .await?;
+        }
+    }
+    Ok(Action::requeue(Duration::from_secs(600)))
+}
+
+fn error_policy(hc: Arc<DynamicObject>, error: &HostedError, _: Arc<HostedContext>) -> Action {
+    tracing::warn!(hosted_cluster = %hc.name_any(), %error, "retrying in 30 s");
+    Action::requeue(Duration::from_secs(30))
+}
+
+/// Runs until `shutdown`; returns at once when the cluster has no
+/// HostedCluster API (HyperShift not installed).
+pub async fn run(
+    client: Client,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let ar = hosted_cluster_resource();
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+    if let Err(e) = api.list(&ListParams::default().limit(1)).await {
+        tracing::info!(error = %e, "no HostedCluster API here: annotated HostedClusters are not watched");
+        return;
+    }
+    let ctx = Arc::new(HostedContext {
+        client: client.clone(),
+    });
+    Controller::new_with(api, watcher::Config::default(), ar)
+        .owns(Api::<Infra>::all(client), watcher::Config::default())
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::warn!(error = %e, "hostedcluster controller");
+            }
+        })
+        .await;
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn hc(annotation: Option<&str>) -> DynamicObject {
+        let mut o = DynamicObject::new("hc1", &hosted_cluster_resource()).within("clusters");
+        o.metadata.uid = Some("uid-1".into());
+        if let Some(a) = annotation {
+            o.metadata.annotations = Some([(ANNOTATION.to_string(), a.to_string())].into());
+        }
+        o
+    }
+
+    #[test]
+    fn no_annotation_no_infra() {
+        assert!(infra_for(&hc(None)).is_none());
+    }
+
+    #[test]
+    fn the_annotation_becomes_an_owned_infra_pointing_back() {
+        let spec = r#"{"networkConfig": {"cidr": "192.168.100.0/24", "gateway": "192.168.100.1",
+            "networkAttachmentDefinition": "vlan100"},
+            "infraComponents": {"dhcp": {"serverIP": "192.168.100.2",
+                "rangeStart": "192.168.100.100", "rangeEnd": "192.168.100.200"}}}"#;
+        let infra = infra_for(&hc(Some(spec))).unwrap().unwrap();
+        assert_eq!(infra.name_any(), "hc1");
+        assert_eq!(infra.namespace().as_deref(), Some("clusters"));
+        let owner = &infra.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!((owner.kind.as_str(), owner.uid.as_str()), ("HostedCluster", "uid-1"));
+        assert_eq!(
+            infra.spec.hosted_cluster_ref,
+            Some(HostedClusterRef {
+                name: "hc1".into(),
+                namespace: Some("clusters".into())
+            })
+        );
+        assert_eq!(infra.spec.network_config.network_attachment_definition, "vlan100");
+    }
+
+    #[test]
+    fn a_bad_annotation_says_why() {
+        let err = infra_for(&hc(Some("networkConfig: 7"))).unwrap().unwrap_err();
+        assert!(err.starts_with("annotation causeway.io/infra: not an Infra spec"), "{err}");
+    }
+}
