@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use crate::controller::{hosted_cluster_resource, MANAGER};
 use crate::crd::{HostedClusterRef, Infra, InfraSpec};
@@ -27,7 +27,11 @@ pub fn infra_for(hc: &DynamicObject) -> Option<Result<Infra, String>> {
     let text = hc.annotations().get(ANNOTATION)?;
     let mut spec: InfraSpec = match serde_yaml::from_str(text) {
         Ok(s) => s,
-        Err(e) => return Some(Err(format!("annotation {ANNOTATION}: not an Infra spec: {e}"))),
+        Err(e) => {
+            return Some(Err(format!(
+                "annotation {ANNOTATION}: not an Infra spec: {e}"
+            )))
+        }
     };
     let name = hc.name_any();
     let namespace = hc.namespace().unwrap_or_default();
@@ -153,7 +157,10 @@ mod tests {
         assert_eq!(infra.name_any(), "hc1");
         assert_eq!(infra.namespace().as_deref(), Some("clusters"));
         let owner = &infra.metadata.owner_references.as_ref().unwrap()[0];
-        assert_eq!((owner.kind.as_str(), owner.uid.as_str()), ("HostedCluster", "uid-1"));
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("HostedCluster", "uid-1")
+        );
         assert_eq!(
             infra.spec.hosted_cluster_ref,
             Some(HostedClusterRef {
@@ -161,12 +168,20 @@ mod tests {
                 namespace: Some("clusters".into())
             })
         );
-        assert_eq!(infra.spec.network_config.network_attachment_definition, "vlan100");
+        assert_eq!(
+            infra.spec.network_config.network_attachment_definition,
+            "vlan100"
+        );
     }
 
     #[test]
     fn a_bad_annotation_says_why() {
-        let err = infra_for(&hc(Some("networkConfig: 7"))).unwrap().unwrap_err();
-        assert!(err.starts_with("annotation causeway.io/infra: not an Infra spec"), "{err}");
+        let err = infra_for(&hc(Some("networkConfig: 7")))
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            err.starts_with("annotation causeway.io/infra: not an Infra spec"),
+            "{err}"
+        );
     }
 }

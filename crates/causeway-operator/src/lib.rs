@@ -5,8 +5,8 @@
 
 pub mod controller;
 pub mod crd;
+pub mod hosted;
 pub mod leader;
 pub mod render;
 pub mod status;
 pub mod validate;
-pub mod hosted;

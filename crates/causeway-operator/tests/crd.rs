@@ -21,9 +21,15 @@ fn the_chart_crd_matches_the_generated_one() {
 fn the_crd_has_the_names_and_subresource_the_chart_and_users_expect() {
     use kube::CustomResourceExt;
     let crd = causeway_operator::crd::Infra::crd();
-    assert_eq!(crd.metadata.name.as_deref(), Some("infras.hostedcluster.densityops.com"));
+    assert_eq!(
+        crd.metadata.name.as_deref(),
+        Some("infras.hostedcluster.densityops.com")
+    );
     assert_eq!(crd.spec.scope, "Namespaced");
-    assert_eq!(crd.spec.names.short_names.as_deref(), Some(&["infra".to_string()][..]));
+    assert_eq!(
+        crd.spec.names.short_names.as_deref(),
+        Some(&["infra".to_string()][..])
+    );
     let v = &crd.spec.versions[0];
     assert_eq!(v.name, "v1alpha1");
     assert!(v.served && v.storage);

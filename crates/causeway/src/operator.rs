@@ -87,9 +87,14 @@ async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
     let (controller_stop_tx, controller_stop_rx) = tokio::sync::watch::channel(false);
     let mut infra_stop = controller_stop_rx.clone();
     let mut hosted_stop = controller_stop_rx;
-    let controller = tokio::spawn(controller::run(client.clone(), image, metrics, async move {
-        let _ = infra_stop.wait_for(|stop| *stop).await;
-    }));
+    let controller = tokio::spawn(controller::run(
+        client.clone(),
+        image,
+        metrics,
+        async move {
+            let _ = infra_stop.wait_for(|stop| *stop).await;
+        },
+    ));
     let hosted = tokio::spawn(causeway_operator::hosted::run(client, async move {
         let _ = hosted_stop.wait_for(|stop| *stop).await;
     }));
