@@ -9,7 +9,7 @@
 use std::cell::RefCell;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::fcntl::{splice, OFlag, SpliceFFlags};
@@ -51,6 +51,8 @@ struct Activity {
     last_ms: AtomicU64,
     up: AtomicU64,
     down: AtomicU64,
+    /// Directions that have ended.
+    ended: AtomicU8,
 }
 
 impl Activity {
@@ -74,6 +76,7 @@ pub async fn relay(client: &TcpStream, upstream: &TcpStream, idle: Duration) -> 
         last_ms: AtomicU64::new(0),
         up: AtomicU64::new(0),
         down: AtomicU64::new(0),
+        ended: AtomicU8::new(0),
     };
     let both = async {
         let (a, b) = tokio::join!(
@@ -127,7 +130,12 @@ async fn one_way(
         },
         Err(e) => Err(e),
     };
-    shutdown_write(to);
+    // The first direction to end half-closes the other side. When the
+    // second ends, the relay is over and closing both sockets sends the
+    // FIN: a shutdown then would be a system call for nothing.
+    if activity.ended.fetch_add(1, Ordering::AcqRel) == 0 {
+        shutdown_write(to);
+    }
     result
 }
 
@@ -240,11 +248,28 @@ async fn copied(
             return Ok(Copy::Limit);
         }
         from.readable().await?;
-        let (n, rest) = match read_then_write(from, to) {
-            Ok(Step::Eof) => return Ok(Copy::Eof),
-            Ok(Step::Moved { n, rest }) => (n, rest),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
+        let mut step = None;
+        // A short read drained the socket (a stream socket returns all it
+        // holds, up to the buffer): answering WouldBlock to try_io clears
+        // the readiness now, rather than with one more read that would
+        // find nothing. Bytes arriving after the read raise a new readiness
+        // event, which this does not clear.
+        let outcome = from.try_io(Interest::READABLE, || {
+            let done = read_then_write(from, to)?;
+            let drained = matches!(done, Step::Moved { n, .. } if n < COPY_CHUNK);
+            step = Some(done);
+            if drained {
+                Err(io::ErrorKind::WouldBlock.into())
+            } else {
+                Ok(())
+            }
+        });
+        let (n, rest) = match (step, outcome) {
+            (Some(Step::Eof), _) => return Ok(Copy::Eof),
+            (Some(Step::Moved { n, rest }), _) => (n, rest),
+            (None, Err(e)) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            (None, Err(e)) => return Err(e),
+            (None, Ok(())) => continue,
         };
         if let Some(rest) = rest {
             let mut at = 0;

@@ -13,7 +13,7 @@ use causeway_runtime::Shutdown;
 use socket2::{Domain, Protocol, Socket, TcpKeepalive, Type};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{watch, Notify, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::balance::{self, Health, OpenCounts, Transition};
@@ -224,13 +224,20 @@ impl Shared {
     }
 }
 
+/// The proxy runs on threads of its own, one per core, each with a
+/// single-threaded runtime, its own SO_REUSEPORT listener per port, and
+/// every connection it accepted: a connection's wake-ups never cross
+/// threads.
 pub struct ProxyServer {
     shared: Arc<Shared>,
     listeners: Vec<Arc<ListenerState>>,
-    tasks: Vec<JoinHandle<()>>,
+    health: JoinHandle<()>,
+    workers: Vec<std::thread::JoinHandle<()>>,
+    /// Set when draining is over: the workers drop what is left.
+    release_workers: watch::Sender<bool>,
 }
 
-fn bind(addr: SocketAddr) -> Result<TcpListener, ProxyError> {
+fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ProxyError> {
     let fail = |e: io::Error| ProxyError::Bind {
         addr,
         reason: match e.kind() {
@@ -253,7 +260,7 @@ fn bind(addr: SocketAddr) -> Result<TcpListener, ProxyError> {
     keepalive(socket2::SockRef::from(&s)).map_err(fail)?;
     s.bind(&addr.into()).map_err(fail)?;
     s.listen(1024).map_err(fail)?;
-    TcpListener::from_std(s.into()).map_err(fail)
+    Ok(s.into())
 }
 
 /// TCP keepalive (60 s idle, then every 10 s) and no Nagle delay. Set on
@@ -298,8 +305,10 @@ impl ProxyServer {
             drained: Notify::new(),
         });
         let mut listeners = Vec::new();
-        let per_port = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let mut tasks = Vec::new();
+        let workers_n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // Bound here, so a port in use fails the start with its reason.
+        let mut bound: Vec<Vec<(Arc<ListenerState>, std::net::TcpListener)>> =
+            (0..workers_n).map(|_| Vec::new()).collect();
         for l in &cfg.listeners {
             let routing = routing_of(l)?;
             let label = l.listen.port().to_string();
@@ -312,22 +321,34 @@ impl ProxyServer {
                 limit: Semaphore::new(cfg.max_connections),
             });
             listeners.push(state.clone());
-            for _ in 0..per_port {
-                let listener = bind(l.listen)?;
-                tasks.push(tokio::spawn(accept_loop(
-                    shared.clone(),
-                    state.clone(),
-                    listener,
-                    shutdown.clone(),
-                )));
+            for per_worker in &mut bound {
+                per_worker.push((state.clone(), bind(l.listen)?));
             }
             tracing::info!(listen = %l.listen, "proxy listening");
         }
-        tasks.push(tokio::spawn(health_loop(shared.clone(), shutdown)));
+        let (release_workers, released) = watch::channel(false);
+        let mut workers = Vec::new();
+        for (i, sockets) in bound.into_iter().enumerate() {
+            let (shared, shutdown, released) = (shared.clone(), shutdown.clone(), released.clone());
+            let worker = std::thread::Builder::new()
+                .name(format!("causeway-proxy-{i}"))
+                .spawn(move || worker(shared, sockets, shutdown, released))
+                .map_err(|e| ProxyError::Bind {
+                    addr: cfg
+                        .listeners
+                        .first()
+                        .map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |l| l.listen),
+                    reason: format!("cannot start a proxy thread: {e}"),
+                })?;
+            workers.push(worker);
+        }
+        let health = tokio::spawn(health_loop(shared.clone(), shutdown));
         Ok(ProxyServer {
             shared,
             listeners,
-            tasks,
+            health,
+            workers,
+            release_workers,
         })
     }
 
@@ -359,9 +380,7 @@ impl ProxyServer {
     /// After shutdown: the accept loops have stopped; established
     /// connections get until `deadline` to finish on their own.
     pub async fn drain(self, deadline: Duration) {
-        for t in self.tasks {
-            let _ = t.await;
-        }
+        let _ = self.health.await;
         let open = self.shared.active.load(Ordering::Acquire);
         if open > 0 {
             tracing::info!(connections = open, "draining proxied connections");
@@ -381,7 +400,55 @@ impl ProxyServer {
             }
         })
         .await;
+        let _ = self.release_workers.send(true);
+        let workers = self.workers;
+        let _ = tokio::task::spawn_blocking(move || {
+            for w in workers {
+                let _ = w.join();
+            }
+        })
+        .await;
     }
+}
+
+/// One proxy thread: accepts on its own listeners until shutdown, and runs
+/// its connections until they end or the drain releases it.
+fn worker(
+    shared: Arc<Shared>,
+    sockets: Vec<(Arc<ListenerState>, std::net::TcpListener)>,
+    shutdown: Shutdown,
+    mut released: watch::Receiver<bool>,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start a proxy thread's runtime");
+            return;
+        }
+    };
+    runtime.block_on(async move {
+        let mut loops = Vec::new();
+        for (state, socket) in sockets {
+            match TcpListener::from_std(socket) {
+                Ok(listener) => loops.push(tokio::spawn(accept_loop(
+                    shared.clone(),
+                    state,
+                    listener,
+                    shutdown.clone(),
+                ))),
+                Err(e) => tracing::error!(listen = %state.listen, error = %e, "cannot register a proxy listener"),
+            }
+        }
+        for l in loops {
+            let _ = l.await;
+        }
+        // Accepting is over; the connections on this thread go on until
+        // the drain is done with them (or the server is dropped).
+        let _ = released.wait_for(|r| *r).await;
+    });
 }
 
 async fn accept_loop(
@@ -786,7 +853,8 @@ mod tests {
     /// socket must have inherited them, or clients would go without.
     #[tokio::test]
     async fn accepted_sockets_inherit_keepalive_and_nodelay() {
-        let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let listener =
+            TcpListener::from_std(bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap()).unwrap();
         let addr = listener.local_addr().unwrap();
         let _client = TcpStream::connect(addr).await.unwrap();
         let (accepted, _) = listener.accept().await.unwrap();
