@@ -668,15 +668,6 @@ fn query_packet(id: u16, name: &str) -> Vec<u8> {
     p
 }
 
-fn vm_rss_kib(pid: u32) -> u64 {
-    fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no VmRSS for pid {pid}"))
-}
-
 #[test]
 fn memory_stays_bounded_when_the_upstream_blackholes() {
     const QUERIES: u16 = 20_000;
@@ -688,7 +679,7 @@ fn memory_stays_bounded_when_the_upstream_blackholes() {
         hole.addr()
     ));
     let in_flight = "causeway_dns_upstream_in_flight";
-    let rss_before = vm_rss_kib(server.pid());
+    let rss_before = support::rss_kib(server.pid());
 
     let target = server.dns;
     let flood = std::thread::spawn(move || {
@@ -713,7 +704,7 @@ fn memory_stays_bounded_when_the_upstream_blackholes() {
     let watch_until = Instant::now() + Duration::from_secs(3);
     while Instant::now() < watch_until {
         max_in_flight = max_in_flight.max(server.sample(in_flight));
-        max_rss = max_rss.max(vm_rss_kib(server.pid()));
+        max_rss = max_rss.max(support::rss_kib(server.pid()));
         samples += 1;
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -726,7 +717,7 @@ fn memory_stays_bounded_when_the_upstream_blackholes() {
         || (server.sample(in_flight) == 0.0).then_some(()),
         || server.describe(),
     );
-    max_rss = max_rss.max(vm_rss_kib(server.pid()));
+    max_rss = max_rss.max(support::rss_kib(server.pid()));
 
     assert!(
         max_in_flight > 0.0,

@@ -115,16 +115,7 @@ fn subject_through(port: u16, sni: Option<&str>) -> String {
         Some(n) => cmd.args(["-servername", n]),
         None => cmd.arg("-noservername"),
     };
-    let out = cmd
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find(|l| l.starts_with("subject="))
-        .unwrap_or("")
-        .to_string()
+    support::s_client_subject(&mut cmd)
 }
 
 #[test]
@@ -556,16 +547,6 @@ fn health_checks_take_a_dead_address_out_and_bring_it_back() {
     assert!(seen_revived, "the revived address took no connection");
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap()
-}
-
 /// Bounded memory under many idle clients: 10,000 connections (fewer only
 /// when this process may not open that many files) that never send a
 /// ClientHello. Each must cost the proxy under 40 KB of RSS.
@@ -590,7 +571,7 @@ fn ten_thousand_idle_clients_cost_under_40_kb_each() {
     );
     let pid = proxy.child.0.id();
     let active = format!("causeway_proxy_connections_active{{listener=\"{port}\"}}");
-    let before = rss_kib(pid);
+    let before = support::rss_kib(pid);
     let mut held = Vec::with_capacity(clients);
     for _ in 0..clients {
         held.push(TcpStream::connect(("127.0.0.1", port)).unwrap());
@@ -598,7 +579,7 @@ fn ten_thousand_idle_clients_cost_under_40_kb_each() {
     wait_for("every idle client to be accepted", || {
         metric(proxy.admin, &active) == Some(clients as f64)
     });
-    let during = rss_kib(pid);
+    let during = support::rss_kib(pid);
     let per_client = (during.saturating_sub(before) * 1024) / clients as u64;
     eprintln!("proxy RSS {before} KiB -> {during} KiB with {clients} idle clients: {per_client} bytes each");
     assert!(per_client < 40 * 1024, "{per_client} bytes per idle client");

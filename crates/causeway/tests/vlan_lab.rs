@@ -306,19 +306,11 @@ fn curl(ns: &Netns, ca: &Path, name: &str, port: u16, ip: &str) -> Result<String
 
 /// The certificate subject a TLS client in `ns` sees for `sni` on :443.
 fn subject(ns: &Netns, sni: &str) -> String {
-    let out = ns
-        .command(tool("openssl", "openssl"))
-        .args(["s_client", "-connect", &format!("{APPLIANCE_IP}:443")])
-        .args(["-servername", sni])
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find(|l| l.starts_with("subject="))
-        .unwrap_or("")
-        .to_string()
+    support::s_client_subject(
+        ns.command(tool("openssl", "openssl"))
+            .args(["s_client", "-connect", &format!("{APPLIANCE_IP}:443")])
+            .args(["-servername", sni]),
+    )
 }
 
 /// dhclient in the VM namespace, with a hook of ours that records what it
@@ -490,16 +482,6 @@ fn vm_sees_the_control_plane(lab: &Lab, from: &Netns, who: &str) {
     }
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap()
-}
-
 #[test]
 fn the_vlan_lab_end_to_end() {
     if !root_or_skip("the_vlan_lab_end_to_end") {
@@ -548,7 +530,7 @@ fn the_vlan_lab_end_to_end() {
     // --- With policy routing, after a restart.
     let cfg = lab.config(true, "", "10.0.0.15:443");
     let (appliance, to_ready) = lab.start_appliance("appliance", &cfg);
-    let rss = rss_kib(appliance.proc.pid());
+    let rss = support::rss_kib(appliance.proc.pid());
     eprintln!(
         "FIGURE appliance (routing, DHCP, DNS, proxy) start to /readyz 200: {} ms (polled every 50 ms through curl); RSS idle: {:.1} MiB",
         to_ready.as_millis(),

@@ -634,3 +634,30 @@ pub fn tls_cert(dir: &Path, file: &str, names: &[&str]) -> (PathBuf, PathBuf) {
     fs::write(&key, key_pair.serialize_pem()).unwrap();
     (pem, key)
 }
+
+/// The certificate subject line (`subject=CN=...`) that `openssl s_client`
+/// prints, run as `s_client` (already given its connect and name
+/// arguments); empty when the handshake failed.
+pub fn s_client_subject(s_client: &mut Command) -> String {
+    let out = s_client
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.starts_with("subject="))
+        .unwrap_or("")
+        .to_string()
+}
+
+/// A process's resident set (VmRSS), in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
