@@ -17,12 +17,17 @@ pub struct FileProxy {
     pub enabled: bool,
     pub listen_address: Option<String>,
     pub control_plane_namespace: Option<String>,
+    /// The kube-apiserver Service's name in the control-plane namespace.
+    pub api_server_service: Option<String>,
     /// `host:port` of the hosted cluster's ingress, for `*.apps` on 443.
     pub ingress_https: Option<String>,
     /// `host:port` of the hosted cluster's ingress, for port 80.
     pub ingress_http: Option<String>,
     #[serde(default)]
     pub listeners: Vec<FileListener>,
+    /// Listeners added to the derived (or listed) ones.
+    #[serde(default)]
+    pub extra_listeners: Vec<FileListener>,
     pub connect_timeout: Option<FileDuration>,
     pub hello_timeout: Option<FileDuration>,
     pub idle_timeout: Option<FileDuration>,
@@ -200,6 +205,7 @@ fn upstream(c: &mut Collector, path: &str, text: &str) -> Option<Upstream> {
 fn derived(
     zone: &str,
     ns: &str,
+    api_server_service: &str,
     https: Option<&Upstream>,
     http: Option<&Upstream>,
 ) -> Vec<(u16, ListenerKind)> {
@@ -219,7 +225,7 @@ fn derived(
         routes.push((format!("*.apps.{zone}"), i.clone()));
     }
     let mut out = vec![
-        (6443, ListenerKind::Plain(svc("kube-apiserver", 6443))),
+        (6443, ListenerKind::Plain(svc(api_server_service, 6443))),
         (
             443,
             ListenerKind::Sni {
@@ -232,6 +238,63 @@ fn derived(
         out.push((80, ListenerKind::Plain(i.clone())));
     }
     out
+}
+
+/// Listeners as written, each checked; `taken` are ports already in use.
+fn parse_listeners(
+    c: &mut Collector,
+    prefix: &str,
+    file: &[FileListener],
+    taken: &[u16],
+) -> Vec<(u16, ListenerKind, bool)> {
+    let mut listeners = Vec::new();
+    for (i, l) in file.iter().enumerate() {
+        let path = format!("{prefix}[{i}]");
+        if l.port == 0 {
+            c.push(format!("{path}.port"), "must be a port from 1 to 65535");
+        }
+        if file[..i].iter().any(|o| o.port == l.port) {
+            c.push(
+                format!("{path}.port"),
+                format!("port {} is listed twice", l.port),
+            );
+        } else if taken.contains(&l.port) {
+            c.push(
+                format!("{path}.port"),
+                format!("port {} is already a proxy listener", l.port),
+            );
+        }
+        let kind = match (&l.upstream, l.routes.is_empty()) {
+            (Some(u), true) => upstream(c, &format!("{path}.upstream"), u).map(ListenerKind::Plain),
+            (None, false) => {
+                let routes: Vec<(String, Upstream)> = l
+                    .routes
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(j, r)| {
+                        upstream(c, &format!("{path}.routes[{j}].upstream"), &r.upstream)
+                            .map(|u| (r.sni.trim().to_ascii_lowercase(), u))
+                    })
+                    .collect();
+                let default = l
+                    .default
+                    .as_deref()
+                    .and_then(|d| upstream(c, &format!("{path}.default"), d));
+                Some(ListenerKind::Sni { routes, default })
+            }
+            _ => {
+                c.push(
+                    &path,
+                    "give either upstream, or routes (with an optional default)",
+                );
+                None
+            }
+        };
+        if let Some(kind) = kind {
+            listeners.push((l.port, kind, l.proxy_protocol));
+        }
+    }
+    listeners
 }
 
 pub(crate) fn validate(
@@ -267,48 +330,7 @@ pub(crate) fn validate(
         .ingress_http
         .as_deref()
         .and_then(|t| upstream(c, "proxy.ingressHttp", t));
-    let mut listeners: Vec<(u16, ListenerKind, bool)> = Vec::new();
-    for (i, l) in p.listeners.iter().enumerate() {
-        let path = format!("proxy.listeners[{i}]");
-        if l.port == 0 {
-            c.push(format!("{path}.port"), "must be a port from 1 to 65535");
-        }
-        if p.listeners[..i].iter().any(|o| o.port == l.port) {
-            c.push(
-                format!("{path}.port"),
-                format!("port {} is listed twice", l.port),
-            );
-        }
-        let kind = match (&l.upstream, l.routes.is_empty()) {
-            (Some(u), true) => upstream(c, &format!("{path}.upstream"), u).map(ListenerKind::Plain),
-            (None, false) => {
-                let routes: Vec<(String, Upstream)> = l
-                    .routes
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(j, r)| {
-                        upstream(c, &format!("{path}.routes[{j}].upstream"), &r.upstream)
-                            .map(|u| (r.sni.trim().to_ascii_lowercase(), u))
-                    })
-                    .collect();
-                let default = l
-                    .default
-                    .as_deref()
-                    .and_then(|d| upstream(c, &format!("{path}.default"), d));
-                Some(ListenerKind::Sni { routes, default })
-            }
-            _ => {
-                c.push(
-                    &path,
-                    "give either upstream, or routes (with an optional default)",
-                );
-                None
-            }
-        };
-        if let Some(kind) = kind {
-            listeners.push((l.port, kind, l.proxy_protocol));
-        }
-    }
+    let mut listeners = parse_listeners(c, "proxy.listeners", &p.listeners, &[]);
     if p.listeners.is_empty() {
         match cluster {
             Some(cl) => {
@@ -316,7 +338,8 @@ pub(crate) fn validate(
                     .control_plane_namespace
                     .clone()
                     .unwrap_or_else(|| format!("clusters-{}", cl.name));
-                listeners = derived(&cl.domain(), &ns, https.as_ref(), http.as_ref())
+                let api = p.api_server_service.as_deref().unwrap_or("kube-apiserver");
+                listeners = derived(&cl.domain(), &ns, api, https.as_ref(), http.as_ref())
                     .into_iter()
                     .map(|(port, kind)| (port, kind, false))
                     .collect();
@@ -327,6 +350,13 @@ pub(crate) fn validate(
             ),
         }
     }
+    let taken: Vec<u16> = listeners.iter().map(|(port, _, _)| *port).collect();
+    listeners.extend(parse_listeners(
+        c,
+        "proxy.extraListeners",
+        &p.extra_listeners,
+        &taken,
+    ));
     let connect_timeout = p
         .connect_timeout
         .as_ref()

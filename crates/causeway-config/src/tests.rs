@@ -485,3 +485,26 @@ fn routing_errors_name_their_paths() {
         vec!["routing: needs network.interface, network.address, network.gateway"]
     );
 }
+
+#[test]
+fn proxy_extra_listeners_join_the_derived_ones_with_the_api_service_named() {
+    let p = Config::from_yaml(&format!(
+        "{VLAN}proxy:\n  apiServerService: kas\n  extraListeners:\n    - {{port: 22623, upstream: 'machine-config.clusters-hc1.svc:22623'}}\n"
+    ))
+    .unwrap()
+    .proxy
+    .unwrap();
+    let ports: Vec<u16> = p.listeners.iter().map(|l| l.listen.port()).collect();
+    assert_eq!(ports, vec![6443, 443, 22623]);
+    assert_eq!(
+        p.listeners[0].kind,
+        crate::ListenerKind::Plain(crate::Upstream::named("kas.clusters-hc1.svc", 6443))
+    );
+    let e = errors(&format!(
+        "{VLAN}proxy:\n  extraListeners:\n    - {{port: 443, upstream: '10.0.0.1:443'}}\n"
+    ));
+    assert_eq!(
+        e,
+        vec!["proxy.extraListeners[0].port: port 443 is already a proxy listener"]
+    );
+}

@@ -278,43 +278,11 @@ pub fn appliance_config(plan: &Plan, component: Component) -> String {
             if let Some(i) = &p.ingress_http {
                 let _ = writeln!(y, "  ingressHttp: {}", q(i));
             }
-            if p.api_server_service != "kube-apiserver" || !p.extra_routes.is_empty() {
-                // Listing any listener replaces the derived ones, so list
-                // them all, with the API server's service as configured.
-                let ns = &p.control_plane_namespace;
-                let _ = writeln!(y, "  listeners:");
-                let _ = writeln!(
-                    y,
-                    "    - {{port: 6443, upstream: \"{}.{ns}.svc:6443\"}}",
-                    p.api_server_service
-                );
-                let zone = format!(
-                    "{}.{}",
-                    plan.cluster_name.as_deref().unwrap_or_default(),
-                    plan.base_domain.as_deref().unwrap_or_default()
-                );
-                let _ = writeln!(y, "    - port: 443");
-                let _ = writeln!(y, "      routes:");
-                for (sni, svc, port) in [
-                    ("oauth", "oauth-openshift", 6443),
-                    ("ignition", "ignition-server-proxy", 443),
-                    ("konnectivity", "konnectivity-server", 8091),
-                ] {
-                    let _ = writeln!(
-                        y,
-                        "        - {{sni: {sni}.{zone}, upstream: \"{svc}.{ns}.svc:{port}\"}}"
-                    );
-                }
-                if let Some(i) = &p.ingress_https {
-                    let _ = writeln!(
-                        y,
-                        "        - {{sni: \"*.apps.{zone}\", upstream: {}}}",
-                        q(i)
-                    );
-                }
-                if let Some(i) = &p.ingress_http {
-                    let _ = writeln!(y, "    - {{port: 80, upstream: {}}}", q(i));
-                }
+            if p.api_server_service != "kube-apiserver" {
+                let _ = writeln!(y, "  apiServerService: {}", q(&p.api_server_service));
+            }
+            if !p.extra_routes.is_empty() {
+                let _ = writeln!(y, "  extraListeners:");
                 for (port, upstream) in &p.extra_routes {
                     let _ = writeln!(y, "    - {{port: {port}, upstream: {}}}", q(upstream));
                 }

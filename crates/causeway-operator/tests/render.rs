@@ -428,3 +428,26 @@ fn every_bad_spec_gets_its_precise_message() {
         assert_eq!(got, want, "{what}");
     }
 }
+
+#[test]
+fn the_api_service_and_extra_routes_reach_the_proxy_config() {
+    let mut infra = reference();
+    let p = &mut infra.spec.infra_components.proxy;
+    p.api_server_service = Some("kas".into());
+    p.extra_routes = vec![causeway_operator::crd::ProxyRouteSpec {
+        port: 22623,
+        upstream: "machine-config.clusters-my-cluster.svc:22623".into(),
+    }];
+    let r = rendered(&infra);
+    let proxy = causeway_config::Config::from_yaml(&config_text(&r, "proxy")).unwrap();
+    let listeners = proxy.proxy.unwrap().listeners;
+    let ports: Vec<u16> = listeners.iter().map(|l| l.listen.port()).collect();
+    assert_eq!(ports, vec![6443, 443, 22623]);
+    assert_eq!(
+        listeners[0].kind,
+        causeway_config::ListenerKind::Plain(causeway_config::Upstream::named(
+            "kas.clusters-my-cluster.svc",
+            6443
+        ))
+    );
+}
