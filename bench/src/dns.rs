@@ -261,7 +261,7 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
         stopped_at: None,
         last_response_at: None,
         first_send_error: None,
-        cpu_at_start: self_cpu_seconds(),
+        cpu_at_start: stats::self_cpu_seconds(),
         sendbuf: [0; MAX_QUERY_LEN],
         pending: None,
         args,
@@ -615,7 +615,7 @@ impl Bench {
     ) {
         let elapsed = now.saturating_duration_since(self.start).as_secs_f64();
         let qps = meter.tick(self.c.responses, now);
-        let cpu = self_cpu_seconds();
+        let cpu = stats::self_cpu_seconds();
         let cpu_pct = match (cpu, last_cpu.1) {
             (Some(b), Some(a)) => {
                 let dt = now.saturating_duration_since(last_cpu.0).as_secs_f64();
@@ -648,7 +648,7 @@ impl Bench {
             0.0
         };
         let lost_pct = stats::pct(self.c.lost, self.c.sent);
-        let bench_cpu_s = match (self_cpu_seconds(), self.cpu_at_start) {
+        let bench_cpu_s = match (stats::self_cpu_seconds(), self.cpu_at_start) {
             (Some(b), Some(a)) => Some(b - a),
             _ => None,
         };
@@ -753,29 +753,6 @@ impl Bench {
     }
 }
 
-/// This process's user+system CPU time, from /proc/self/stat (Linux only;
-/// None elsewhere).
-fn self_cpu_seconds() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/self/stat").ok()?;
-    proc_stat_cpu_ticks(&text).map(|t| t as f64 / CLOCK_TICKS_PER_SEC)
-}
-
-/// USER_HZ, which the kernel fixes at 100 for /proc on every architecture
-/// Linux exposes it to userspace.
-const CLOCK_TICKS_PER_SEC: f64 = 100.0;
-
-/// utime + stime (fields 14 and 15) of a /proc/<pid>/stat line. The
-/// command name (field 2) may contain spaces and parentheses, so fields
-/// are counted from the last ')'.
-fn proc_stat_cpu_ticks(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    // After the ')': field 3 (state) is index 0, so utime (14) is index 11.
-    let utime: u64 = fields.nth(11)?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    Some(utime + stime)
-}
-
 fn round3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
 }
@@ -825,20 +802,4 @@ struct JsonSummary {
     max_outstanding: u32,
     bench_cpu_s: Option<f64>,
     bench_cpu_pct: Option<f64>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn proc_stat_fields() {
-        let line = "1234 (causeway (x) b) R 1 2 3 4 5 6 7 8 9 10 250 31 0 0 20 0 1 0";
-        assert_eq!(proc_stat_cpu_ticks(line), Some(281));
-        assert_eq!(proc_stat_cpu_ticks("1234 (x) R 1 2"), None);
-        assert_eq!(proc_stat_cpu_ticks("garbage"), None);
-        if cfg!(target_os = "linux") {
-            assert!(self_cpu_seconds().is_some());
-        }
-    }
 }

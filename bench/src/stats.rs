@@ -291,6 +291,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn proc_stat_fields() {
+        let line = "1234 (causeway (x) b) R 1 2 3 4 5 6 7 8 9 10 250 31 0 0 20 0 1 0";
+        assert_eq!(proc_stat_ticks(line), Some(281));
+        assert_eq!(proc_stat_ticks("1234 (x) R 1 2"), None);
+        assert_eq!(proc_stat_ticks("garbage"), None);
+        if cfg!(target_os = "linux") {
+            assert!(self_cpu_seconds().is_some());
+        }
+    }
+
+    #[test]
     fn buckets_are_contiguous_and_bounded() {
         let mut prev_hi = None;
         for idx in 0..BUCKETS {
