@@ -410,6 +410,43 @@ async fn stop_signal() -> &'static str {
 }
 
 /// A 1 s interval whose first tick is 1 s from now, for progress lines.
+/// Runs a measurement's tasks to their end: a progress line each second
+/// (`progress`), Ctrl-C or SIGTERM stops the clock so the tasks finish what
+/// they are doing (`finishing` says what), and past `hard_end` whatever is
+/// still running is abandoned with a warning (`abandoned` says what).
+async fn supervise(
+    tasks: &mut tokio::task::JoinSet<()>,
+    clock: &Clock,
+    hard_end: Duration,
+    finishing: &str,
+    abandoned: &str,
+    mut progress: impl FnMut(),
+) {
+    let mut ticks = progress_interval();
+    let signal = stop_signal();
+    tokio::pin!(signal);
+    let mut signalled = false;
+    let hard_end = tokio::time::sleep(hard_end);
+    tokio::pin!(hard_end);
+    loop {
+        tokio::select! {
+            biased;
+            why = &mut signal, if !signalled => {
+                signalled = true;
+                eprintln!("{why}: {finishing}");
+                clock.stop_now();
+            }
+            _ = &mut hard_end => {
+                eprintln!("warning: {abandoned} at the hard end were abandoned");
+                tasks.abort_all();
+                break;
+            }
+            _ = ticks.tick() => progress(),
+            res = tasks.join_next() => if res.is_none() { break },
+        }
+    }
+}
+
 fn progress_interval() -> tokio::time::Interval {
     let mut iv = tokio::time::interval_at(
         tokio::time::Instant::now() + Duration::from_secs(1),

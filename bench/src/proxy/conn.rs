@@ -15,9 +15,8 @@ use serde::Serialize;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use super::{
-    connect_from, fmt_cpu, note_if_bench_bound, parse_len, parse_sources, print_table,
-    progress_interval, round3, stop_signal, within, Clock, CpuSpan, Failed, Failure, Failures,
-    LatencyMs, Sources,
+    connect_from, fmt_cpu, note_if_bench_bound, parse_len, parse_sources, print_table, round3,
+    supervise, within, Clock, CpuSpan, Failed, Failure, Failures, LatencyMs, Sources,
 };
 use crate::stats::{self, LatencyRecorder, RateMeter};
 
@@ -122,52 +121,38 @@ pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
         ));
     }
 
-    let mut progress = progress_interval();
     let mut meter = RateMeter::new(clock.start);
-    let signal = stop_signal();
-    tokio::pin!(signal);
-    let mut signalled = false;
     // Workers finish their exchange in progress, each bounded by two
     // timeouts; past that (plus a margin) they are abandoned.
-    let hard_end = tokio::time::sleep(args.duration + args.timeout * 2 + Duration::from_secs(1));
-    tokio::pin!(hard_end);
-    loop {
-        tokio::select! {
-            biased;
-            why = &mut signal, if !signalled => {
-                signalled = true;
-                eprintln!("{why}: finishing the exchanges in flight");
-                clock.stop_now();
-            }
-            _ = &mut hard_end => {
-                eprintln!("warning: exchanges still in flight at the hard end were abandoned");
-                workers.abort_all();
-                break;
-            }
-            _ = progress.tick() => {
-                let s = shared.borrow();
-                let now = Instant::now();
+    supervise(
+        &mut workers,
+        &clock,
+        args.duration + args.timeout * 2 + Duration::from_secs(1),
+        "finishing the exchanges in flight",
+        "exchanges still in flight",
+        || {
+            let s = shared.borrow();
+            let now = Instant::now();
+            eprintln!(
+                "[{:6.1}s] ok {:>9}  conn/s {:>8.0}  failed {:>6}  inflight {:>5}  p99 {}",
+                clock.elapsed_s(),
+                s.ok,
+                meter.tick(s.ok, now),
+                s.failures.total(),
+                s.inflight,
+                stats::fmt_ms(s.exchange.percentile_ms(99.0)),
+            );
+            // Only on the first tick, so it prints once.
+            if s.ok == 0 && s.failures.total() > 0 && clock.elapsed_s() < 1.5 {
                 eprintln!(
-                    "[{:6.1}s] ok {:>9}  conn/s {:>8.0}  failed {:>6}  inflight {:>5}  p99 {}",
-                    clock.elapsed_s(),
-                    s.ok,
-                    meter.tick(s.ok, now),
-                    s.failures.total(),
-                    s.inflight,
-                    stats::fmt_ms(s.exchange.percentile_ms(99.0)),
-                );
-                // Only on the first tick, so it prints once.
-                if s.ok == 0 && s.failures.total() > 0 && clock.elapsed_s() < 1.5 {
-                    eprintln!(
-                        "hint: nothing succeeded yet; is an echo upstream (causeway-bench proxy \
+                    "hint: nothing succeeded yet; is an echo upstream (causeway-bench proxy \
                          upstream --mode echo) behind {}?",
-                        args.target
-                    );
-                }
+                    args.target
+                );
             }
-            res = workers.join_next() => if res.is_none() { break },
-        }
-    }
+        },
+    )
+    .await;
     let s = shared.borrow();
     report(&args, &clock, &s, cpu)
 }

@@ -17,8 +17,8 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
 use super::{
-    connect, fmt_cpu, note_if_bench_bound, parse_len, print_table, progress_interval, round3,
-    stop_signal, within, Clock, CpuSpan, Failed, Failure, Failures, LatencyMs,
+    connect, fmt_cpu, note_if_bench_bound, parse_len, print_table, round3, supervise, within,
+    Clock, CpuSpan, Failed, Failure, Failures, LatencyMs,
 };
 use crate::stats::{self, LatencyRecorder, RateMeter};
 
@@ -114,42 +114,28 @@ pub async fn run(args: LatencyArgs) -> anyhow::Result<()> {
         ));
     }
 
-    let mut progress = progress_interval();
     let mut meter = RateMeter::new(clock.start);
-    let signal = stop_signal();
-    tokio::pin!(signal);
-    let mut signalled = false;
-    let hard_end = tokio::time::sleep(args.duration + args.timeout * 2 + Duration::from_secs(1));
-    tokio::pin!(hard_end);
-    loop {
-        tokio::select! {
-            biased;
-            why = &mut signal, if !signalled => {
-                signalled = true;
-                eprintln!("{why}: finishing the requests in flight");
-                clock.stop_now();
-            }
-            _ = &mut hard_end => {
-                eprintln!("warning: requests still in flight at the hard end were abandoned");
-                tasks.abort_all();
-                break;
-            }
-            _ = progress.tick() => {
-                let s = shared.borrow();
-                eprintln!(
-                    "[{:6.1}s] ok {:>9}  req/s {:>8.0}  failed {:>6}  late {:>6}  p50 {}  p99 {}",
-                    clock.elapsed_s(),
-                    s.ok,
-                    meter.tick(s.ok, Instant::now()),
-                    s.failures.total(),
-                    s.late,
-                    stats::fmt_ms(s.lat.percentile_ms(50.0)),
-                    stats::fmt_ms(s.lat.percentile_ms(99.0)),
-                );
-            }
-            res = tasks.join_next() => if res.is_none() { break },
-        }
-    }
+    supervise(
+        &mut tasks,
+        &clock,
+        args.duration + args.timeout * 2 + Duration::from_secs(1),
+        "finishing the requests in flight",
+        "requests still in flight",
+        || {
+            let s = shared.borrow();
+            eprintln!(
+                "[{:6.1}s] ok {:>9}  req/s {:>8.0}  failed {:>6}  late {:>6}  p50 {}  p99 {}",
+                clock.elapsed_s(),
+                s.ok,
+                meter.tick(s.ok, Instant::now()),
+                s.failures.total(),
+                s.late,
+                stats::fmt_ms(s.lat.percentile_ms(50.0)),
+                stats::fmt_ms(s.lat.percentile_ms(99.0)),
+            );
+        },
+    )
+    .await;
     let s = shared.borrow();
     report(&args, &clock, &s, cpu)
 }

@@ -16,8 +16,8 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
 use super::{
-    connect, fmt_bytes, fmt_cpu, note_if_bench_bound, parse_len, print_table, progress_interval,
-    round3, stop_signal, within, Clock, CpuSpan, Failed, Failure,
+    connect, fmt_bytes, fmt_cpu, note_if_bench_bound, parse_len, print_table, round3, supervise,
+    within, Clock, CpuSpan, Failed, Failure,
 };
 use crate::stats::{self, RateMeter};
 
@@ -123,46 +123,32 @@ pub async fn run(args: ThroughputArgs) -> anyhow::Result<()> {
         });
     }
 
-    let mut progress = progress_interval();
     let mut meter = RateMeter::new(clock.start);
-    let signal = stop_signal();
-    tokio::pin!(signal);
-    let mut signalled = false;
     // Connect, the transfer, then the half-close and the count, each
     // bounded by --timeout; past this the streams are abandoned.
-    let hard_end = tokio::time::sleep(args.duration + args.timeout * 3 + Duration::from_secs(1));
-    tokio::pin!(hard_end);
-    loop {
-        tokio::select! {
-            biased;
-            why = &mut signal, if !signalled => {
-                signalled = true;
-                eprintln!("{why}: ending the transfer");
-                clock.stop_now();
-            }
-            _ = &mut hard_end => {
-                eprintln!("warning: streams still busy at the hard end were abandoned");
-                tasks.abort_all();
-                break;
-            }
-            _ = progress.tick() => {
-                let total: u64 = streams.iter().map(|s| s.bytes.get()).sum();
-                let running = streams
-                    .iter()
-                    .filter(|s| s.started.get().is_some() && s.finished.get().is_none())
-                    .count();
-                eprintln!(
-                    "[{:6.1}s] {:>7.2} Gbit/s  total {:>10}  streams running {}/{}",
-                    clock.elapsed_s(),
-                    meter.tick(total, Instant::now()) * 8.0 / 1e9,
-                    fmt_bytes(total),
-                    running,
-                    streams.len(),
-                );
-            }
-            res = tasks.join_next() => if res.is_none() { break },
-        }
-    }
+    supervise(
+        &mut tasks,
+        &clock,
+        args.duration + args.timeout * 3 + Duration::from_secs(1),
+        "ending the transfer",
+        "streams still busy",
+        || {
+            let total: u64 = streams.iter().map(|s| s.bytes.get()).sum();
+            let running = streams
+                .iter()
+                .filter(|s| s.started.get().is_some() && s.finished.get().is_none())
+                .count();
+            eprintln!(
+                "[{:6.1}s] {:>7.2} Gbit/s  total {:>10}  streams running {}/{}",
+                clock.elapsed_s(),
+                meter.tick(total, Instant::now()) * 8.0 / 1e9,
+                fmt_bytes(total),
+                running,
+                streams.len(),
+            );
+        },
+    )
+    .await;
     report(&args, &clock, &streams, cpu)
 }
 
