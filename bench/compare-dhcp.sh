@@ -22,36 +22,20 @@
 # against a freshly started server with an empty lease file.
 set -euo pipefail
 
-die() { printf 'compare-dhcp: error: %s\n' "$*" >&2; exit 1; }
-log() { printf '[%5ss] %s\n' "$SECONDS" "$*" >&2; }
+NAME=compare-dhcp
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # ---------------------------------------------------------------- arguments
-QUICK=0 WRITE="" NO_BUILD=0 SERVERS="kea-st,kea-mt,dhcpd,causeway"
+SERVERS="kea-st,kea-mt,dhcpd,causeway"
 ORIG_ARGS=("$@")
-while (($#)); do
-    case $1 in
-        --quick) QUICK=1 ;;
-        --write) [[ $# -ge 2 ]] || die "--write needs a file"; WRITE=$2; shift ;;
-        --write=*) WRITE=${1#--write=} ;;
-        --servers) [[ $# -ge 2 ]] || die "--servers needs a list"; SERVERS=$2; shift ;;
-        --servers=*) SERVERS=${1#--servers=} ;;
-        --no-build) NO_BUILD=1 ;;
-        -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) die "unknown argument: $1 (see --help)" ;;
-    esac
-    shift
-done
-for s in ${SERVERS//,/ }; do
-    case $s in kea-st | kea-mt | dhcpd | causeway) ;; *) die "unknown server '$s' (kea-st, kea-mt, dhcpd, causeway)" ;; esac
-done
+parse_args servers "kea-st kea-mt dhcpd causeway" 22 "$@"
 
 [[ $(id -u) -eq 0 ]] || die "must run as root (network namespaces, binding port 67); try: sudo $0 ${ORIG_ARGS[*]}"
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-if [[ -n $WRITE && $WRITE != /* ]]; then WRITE="$PWD/$WRITE"; fi
 
 # -------------------------------------------------------------------- tools
-need() { command -v "$1" >/dev/null 2>&1 || die "'$1' not found${2:+ ($2)}"; }
 need ip iproute2
 need ss iproute2
 need timeout coreutils
@@ -163,27 +147,8 @@ CLK_TCK=$(getconf CLK_TCK)
 SEED=0
 RUN=0
 
-res() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$RESULTS"; }
-
-# jget FILE KEY... : print fields of a causeway-bench JSON summary.
-jget() {
-    python3 - "$@" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-out = []
-for k in sys.argv[2:]:
-    v = d
-    for part in k.split("."):
-        v = v.get(part) if isinstance(v, dict) else None
-    out.append("-" if v is None else str(v))
-print(" ".join(out))
-PY
-}
 
 calc() { python3 -c "import math; print($1)"; }
-
-# utime+stime of a process (all threads), in clock ticks.
-cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
 
 # bench OUT.json TIMEOUT_S ARGS... : one causeway-bench run from the client ns.
 bench() {

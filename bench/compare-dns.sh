@@ -29,35 +29,19 @@
 # --quick 2 min; COMPARE_DNS_LIMIT=<seconds> overrides).
 set -euo pipefail
 
-die() { printf 'compare-dns: error: %s\n' "$*" >&2; exit 1; }
-log() { printf '[%5ss] %s\n' "$SECONDS" "$*" >&2; }
+NAME=compare-dns
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # ---------------------------------------------------------------- arguments
-QUICK=0 WRITE="" NO_BUILD=0 SERVERS="unbound,kresd,dnsmasq,causeway"
+SERVERS="unbound,kresd,dnsmasq,causeway"
 ORIG_ARGS=("$@")
-while (($#)); do
-    case $1 in
-        --quick) QUICK=1 ;;
-        --write) [[ $# -ge 2 ]] || die "--write needs a file"; WRITE=$2; shift ;;
-        --write=*) WRITE=${1#--write=} ;;
-        --servers) [[ $# -ge 2 ]] || die "--servers needs a list"; SERVERS=$2; shift ;;
-        --servers=*) SERVERS=${1#--servers=} ;;
-        --no-build) NO_BUILD=1 ;;
-        -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) die "unknown argument: $1 (see --help)" ;;
-    esac
-    shift
-done
-for s in ${SERVERS//,/ }; do
-    case $s in unbound | kresd | dnsmasq | causeway) ;; *) die "unknown server '$s' (unbound, kresd, dnsmasq, causeway)" ;; esac
-done
+parse_args servers "unbound kresd dnsmasq causeway" 29 "$@"
 
 [[ $(id -u) -eq 0 ]] || die "must run as root (servers bind port 53; missing packages are apt-get installed); try: sudo $0 ${ORIG_ARGS[*]}"
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-if [[ -n $WRITE && $WRITE != /* ]]; then WRITE="$PWD/$WRITE"; fi
 
-need() { command -v "$1" >/dev/null 2>&1 || die "'$1' not found${2:+ ($2)}"; }
 need timeout coreutils
 need python3
 need ss iproute2
@@ -66,37 +50,12 @@ need ss iproute2
 # Both run once, before the timed part (the re-exec below sets CWD_TIMED=1
 # so the child skips them).
 install_missing() {
-    local pkgs=() p
+    local pkgs=()
     command -v unbound >/dev/null || pkgs+=(unbound)
     command -v kresd >/dev/null || pkgs+=(knot-resolver)
     command -v dnsmasq >/dev/null || pkgs+=(dnsmasq)
     command -v dnsperf >/dev/null || pkgs+=(dnsperf)
-    ((${#pkgs[@]})) || return 0
-    need apt-get "install ${pkgs[*]} by hand"
-    log "installing ${pkgs[*]} (their services kept from starting)"
-    # policy-rc.d exit 101 = "action forbidden": invoke-rc.d and
-    # deb-systemd-invoke then start nothing during the install.
-    local prc=/usr/sbin/policy-rc.d backup=""
-    if [[ -e $prc ]]; then backup=$(mktemp); cp -p "$prc" "$backup"; fi
-    printf '#!/bin/sh\nexit 101\n' >"$prc"
-    chmod 755 "$prc"
-    local resolv_before
-    resolv_before=$(cat /etc/resolv.conf 2>/dev/null || true)
-    local rc=0
-    {
-        DEBIAN_FRONTEND=noninteractive timeout 600 apt-get update -qq &&
-            DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq --no-install-recommends "${pkgs[@]}"
-    } >&2 || rc=$?
-    if [[ -n $backup ]]; then mv "$backup" "$prc"; else rm -f "$prc"; fi
-    ((rc == 0)) || die "apt-get install ${pkgs[*]} failed"
-    # Nor should they start at the next boot.
-    if command -v systemctl >/dev/null; then
-        for p in unbound.service unbound-resolvconf.service dnsmasq.service kresd@1.service kres-cache-gc.service; do
-            systemctl disable --now "$p" >/dev/null 2>&1 || true
-        done
-    fi
-    [[ $(cat /etc/resolv.conf 2>/dev/null || true) == "$resolv_before" ]] ||
-        log "warning: /etc/resolv.conf changed during the install; check it"
+    apt_install "unbound.service unbound-resolvconf.service dnsmasq.service kresd@1.service kres-cache-gc.service" "${pkgs[@]}"
 }
 
 if [[ -z ${CWD_TIMED:-} ]]; then
@@ -146,19 +105,6 @@ UP_PID="" SRV_PIDS=""
 RESULTS=$TMP/results.tsv
 : >"$RESULTS"
 
-# stop_pids PID... : TERM, up to 3 s grace, then KILL; only our own children.
-stop_pids() {
-    local p deadline=$((SECONDS + 3)) alive
-    for p in "$@"; do kill -TERM "$p" 2>/dev/null || true; done
-    while ((SECONDS < deadline)); do
-        alive=0
-        for p in "$@"; do kill -0 "$p" 2>/dev/null && alive=1; done
-        ((alive)) || break
-        sleep 0.1
-    done
-    for p in "$@"; do kill -KILL "$p" 2>/dev/null || true; done
-    for p in "$@"; do wait "$p" 2>/dev/null || true; done
-}
 
 cleanup() {
     local rc=$?
@@ -193,32 +139,8 @@ NPROC=$(nproc)
 SLABS=1
 while ((SLABS < NPROC)); do SLABS=$((SLABS * 2)); done
 
-res() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$RESULTS"; }
 
-# jget FILE KEY... : fields of a causeway-bench JSON summary ("-" if null).
-jget() {
-    python3 - "$@" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-out = []
-for k in sys.argv[2:]:
-    v = d
-    for part in k.split("."):
-        v = v.get(part) if isinstance(v, dict) else None
-    out.append("-" if v is None else str(v))
-print(" ".join(out))
-PY
-}
 
-# utime+stime of processes (all their threads), in clock ticks.
-cpu_ticks() {
-    local p t=0 v
-    for p in "$@"; do
-        v=$(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | awk '{print $12 + $13}')
-        t=$((t + ${v:-0}))
-    done
-    echo "$t"
-}
 ticks_to_s() { python3 -c "print(round($1 / $CLK_TCK, 2))"; }
 
 # Query files for dnsperf, the same names causeway-bench generates: local

@@ -35,35 +35,19 @@
 # overrides).
 set -euo pipefail
 
-die() { printf 'compare-proxy: error: %s\n' "$*" >&2; exit 1; }
-log() { printf '[%5ss] %s\n' "$SECONDS" "$*" >&2; }
+NAME=compare-proxy
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # ---------------------------------------------------------------- arguments
-QUICK=0 WRITE="" NO_BUILD=0 TARGETS="direct,haproxy,nginx,causeway"
+TARGETS="direct,haproxy,nginx,causeway"
 ORIG_ARGS=("$@")
-while (($#)); do
-    case $1 in
-        --quick) QUICK=1 ;;
-        --write) [[ $# -ge 2 ]] || die "--write needs a file"; WRITE=$2; shift ;;
-        --write=*) WRITE=${1#--write=} ;;
-        --targets) [[ $# -ge 2 ]] || die "--targets needs a list"; TARGETS=$2; shift ;;
-        --targets=*) TARGETS=${1#--targets=} ;;
-        --no-build) NO_BUILD=1 ;;
-        -h | --help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) die "unknown argument: $1 (see --help)" ;;
-    esac
-    shift
-done
-for t in ${TARGETS//,/ }; do
-    case $t in direct | haproxy | nginx | causeway) ;; *) die "unknown target '$t' (direct, haproxy, nginx, causeway)" ;; esac
-done
+parse_args targets "direct haproxy nginx causeway" 35 "$@"
 
 [[ $(id -u) -eq 0 ]] || die "must run as root (missing packages are apt-get installed, and the open-files limit is raised); try: sudo $0 ${ORIG_ARGS[*]}"
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-if [[ -n $WRITE && $WRITE != /* ]]; then WRITE="$PWD/$WRITE"; fi
 
-need() { command -v "$1" >/dev/null 2>&1 || die "'$1' not found${2:+ ($2)}"; }
 need timeout coreutils
 need python3
 need ss iproute2
@@ -74,33 +58,12 @@ NGINX_STREAM_SO=/usr/lib/nginx/modules/ngx_stream_module.so
 # Both run once, before the timed part (the re-exec below sets CWP_TIMED=1
 # so the child skips them).
 install_missing() {
-    local pkgs=() p
+    local pkgs=()
     command -v haproxy >/dev/null || pkgs+=(haproxy)
     command -v nginx >/dev/null || pkgs+=(nginx)
     [[ -f $NGINX_STREAM_SO ]] || pkgs+=(libnginx-mod-stream)
     command -v iperf3 >/dev/null || pkgs+=(iperf3)
-    ((${#pkgs[@]})) || return 0
-    need apt-get "install ${pkgs[*]} by hand"
-    log "installing ${pkgs[*]} (their services kept from starting)"
-    # policy-rc.d exit 101 = "action forbidden": invoke-rc.d and
-    # deb-systemd-invoke then start nothing during the install.
-    local prc=/usr/sbin/policy-rc.d backup=""
-    if [[ -e $prc ]]; then backup=$(mktemp); cp -p "$prc" "$backup"; fi
-    printf '#!/bin/sh\nexit 101\n' >"$prc"
-    chmod 755 "$prc"
-    local rc=0
-    {
-        DEBIAN_FRONTEND=noninteractive timeout 600 apt-get update -qq &&
-            DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq --no-install-recommends "${pkgs[@]}"
-    } >&2 || rc=$?
-    if [[ -n $backup ]]; then mv "$backup" "$prc"; else rm -f "$prc"; fi
-    ((rc == 0)) || die "apt-get install ${pkgs[*]} failed"
-    # Nor should they start at the next boot.
-    if command -v systemctl >/dev/null; then
-        for p in haproxy.service nginx.service iperf3.service; do
-            systemctl disable --now "$p" >/dev/null 2>&1 || true
-        done
-    fi
+    apt_install "haproxy.service nginx.service iperf3.service" "${pkgs[@]}"
 }
 
 if [[ -z ${CWP_TIMED:-} ]]; then
@@ -149,20 +112,6 @@ UP_PID="" SRV_PIDS="" BENCH_PID=""
 RESULTS=$TMP/results.tsv
 : >"$RESULTS"
 
-# stop_pids PID... : TERM, up to 3 s grace, then KILL; only our own
-# processes (and nginx's workers, which are its children).
-stop_pids() {
-    local p deadline=$((SECONDS + 3)) alive
-    for p in "$@"; do kill -TERM "$p" 2>/dev/null || true; done
-    while ((SECONDS < deadline)); do
-        alive=0
-        for p in "$@"; do kill -0 "$p" 2>/dev/null && alive=1; done
-        ((alive)) || break
-        sleep 0.1
-    done
-    for p in "$@"; do kill -KILL "$p" 2>/dev/null || true; done
-    for p in "$@"; do wait "$p" 2>/dev/null || true; done
-}
 
 cleanup() {
     local rc=$?
@@ -217,35 +166,8 @@ CONC=64 PAYLOAD=64 LAT_RATE=1000 LAT_CONNS=4
 CLK_TCK=$(getconf CLK_TCK)
 NPROC=$(nproc)
 
-res() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$RESULTS"; }
 
-# jget FILE KEY... : fields of a JSON summary ("-" if null or missing).
-jget() {
-    python3 - "$@" <<'PY'
-import json, sys
-try:
-    d = json.load(open(sys.argv[1]))
-except Exception:
-    d = {}
-out = []
-for k in sys.argv[2:]:
-    v = d
-    for part in k.split("."):
-        v = v.get(part) if isinstance(v, dict) else None
-    out.append("-" if v is None else str(v))
-print(" ".join(out))
-PY
-}
 
-# utime+stime of processes (all their threads), in clock ticks.
-cpu_ticks() {
-    local p t=0 v
-    for p in "$@"; do
-        v=$(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | awk '{print $12 + $13}')
-        t=$((t + ${v:-0}))
-    done
-    echo "$t"
-}
 ticks_to_s() { python3 -c "print(round($1 / $CLK_TCK, 2))"; }
 
 # Open descriptors of processes, summed.
