@@ -5,14 +5,15 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dhcproto::v4::{DhcpOption, Message, MessageType, Opcode, OptionCode};
-use dhcproto::{Decodable, Decoder, Encodable};
+use dhcproto::v4::{DhcpOption, Message, OptionCode};
 
 const DEADLINE: Duration = Duration::from_secs(15);
 
@@ -113,66 +114,6 @@ dhcp:
     )
 }
 
-struct Relay {
-    socket: UdpSocket,
-    server: SocketAddr,
-    xid: u32,
-}
-
-impl Relay {
-    fn new(port: u16) -> Relay {
-        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
-        socket
-            .set_read_timeout(Some(Duration::from_secs(2)))
-            .unwrap();
-        Relay {
-            socket,
-            server: SocketAddr::from(([127, 0, 0, 1], port)),
-            xid: 1,
-        }
-    }
-
-    fn exchange(&mut self, kind: MessageType, mac: [u8; 6], extra: &[DhcpOption]) -> Message {
-        self.xid += 1;
-        let mut m = Message::default();
-        m.set_opcode(Opcode::BootRequest)
-            .set_xid(self.xid)
-            .set_chaddr(&mac)
-            .set_giaddr(Ipv4Addr::LOCALHOST)
-            .set_hops(1);
-        m.opts_mut().insert(DhcpOption::MessageType(kind));
-        for o in extra {
-            m.opts_mut().insert(o.clone());
-        }
-        self.socket
-            .send_to(&m.to_vec().unwrap(), self.server)
-            .unwrap();
-        let mut buf = [0u8; 1500];
-        loop {
-            let (n, _) = self.socket.recv_from(&mut buf).expect("no reply within 2s");
-            let reply = Message::decode(&mut Decoder::new(&buf[..n])).unwrap();
-            if reply.xid() == self.xid {
-                return reply;
-            }
-        }
-    }
-
-    fn dora(&mut self, mac: [u8; 6]) -> Message {
-        let offer = self.exchange(MessageType::Discover, mac, &[]);
-        assert_eq!(offer.opts().msg_type(), Some(MessageType::Offer));
-        let ack = self.exchange(
-            MessageType::Request,
-            mac,
-            &[
-                DhcpOption::ServerIdentifier(Ipv4Addr::LOCALHOST),
-                DhcpOption::RequestedIpAddress(offer.yiaddr()),
-            ],
-        );
-        assert_eq!(ack.opts().msg_type(), Some(MessageType::Ack));
-        ack
-    }
-}
-
 fn mtu_of(m: &Message) -> Option<u16> {
     match m.opts().get(OptionCode::InterfaceMtu) {
         Some(DhcpOption::InterfaceMtu(v)) => Some(*v),
@@ -194,9 +135,9 @@ fn appliance_serves_reloads_and_stops_gracefully() {
     let (status, body) = http_get(admin_port, "/healthz").unwrap();
     assert_eq!((status, body.trim()), (200, "ok"));
 
-    let mut relay = Relay::new(dhcp_port);
+    let mut relay = support::Relay::new(SocketAddr::from(([127, 0, 0, 1], dhcp_port)));
     let mac = [0x52, 0x54, 0, 0, 0, 1];
-    let ack = relay.dora(mac);
+    let ack = relay.dora(mac, &[]);
     let ip = ack.yiaddr();
     assert!(ip.octets()[..3] == [10, 9, 0]);
     assert_eq!(mtu_of(&ack), Some(1400));
@@ -215,8 +156,10 @@ fn appliance_serves_reloads_and_stops_gracefully() {
     // A valid change is applied without a restart.
     std::fs::write(&cfg_path, config(dir.path(), dhcp_port, admin_port, 1300)).unwrap();
     app.signal("-HUP");
-    wait_for_dhcp("the new MTU", || mtu_of(&relay.dora(mac)) == Some(1300));
-    assert_eq!(relay.dora(mac).yiaddr(), ip, "a reload keeps leases");
+    wait_for_dhcp("the new MTU", || {
+        mtu_of(&relay.dora(mac, &[])) == Some(1300)
+    });
+    assert_eq!(relay.dora(mac, &[]).yiaddr(), ip, "a reload keeps leases");
 
     // An invalid change is rejected and the running config stays.
     std::fs::write(&cfg_path, "dhcp:\n  leaseTime: forever\n").unwrap();
@@ -225,7 +168,7 @@ fn appliance_serves_reloads_and_stops_gracefully() {
         app.log_contains("reload rejected")
     });
     assert!(app.log_contains("dhcp.leaseTime: forever is not a duration"));
-    assert_eq!(mtu_of(&relay.dora(mac)), Some(1300));
+    assert_eq!(mtu_of(&relay.dora(mac, &[])), Some(1300));
 
     let mut app = app;
     app.signal("-TERM");
@@ -261,12 +204,12 @@ fn a_config_file_change_is_picked_up_without_a_signal() {
     wait_for("/readyz", || {
         http_get(admin_port, "/readyz").is_some_and(|(s, _)| s == 200)
     });
-    let mut relay = Relay::new(dhcp_port);
+    let mut relay = support::Relay::new(SocketAddr::from(([127, 0, 0, 1], dhcp_port)));
     let mac = [0x52, 0x54, 0, 0, 0, 2];
-    assert_eq!(mtu_of(&relay.dora(mac)), Some(1400));
+    assert_eq!(mtu_of(&relay.dora(mac, &[])), Some(1400));
     std::fs::write(&cfg_path, config(dir.path(), dhcp_port, admin_port, 1280)).unwrap();
     wait_for_dhcp("the watched file's new MTU", || {
-        mtu_of(&relay.dora(mac)) == Some(1280)
+        mtu_of(&relay.dora(mac, &[])) == Some(1280)
     });
 }
 

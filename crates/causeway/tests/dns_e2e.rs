@@ -23,8 +23,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dhcproto::v4::{DhcpOption, Message, MessageType, Opcode};
-use dhcproto::{Decodable, Decoder, Encodable};
+use dhcproto::v4::DhcpOption;
 use support::{
     causeway_bin, metric, poll_until, root_or_skip, tool, wait_for, AdminAt, Appliance, Netns, Proc,
 };
@@ -768,91 +767,6 @@ fn clients_outside_the_allowed_cidrs_get_refused() {
 
 // ------------------------------------------------------- DHCP names in DNS
 
-/// A DHCP relay agent on loopback, as appliance_loopback.rs drives one.
-struct Relay {
-    socket: UdpSocket,
-    server: SocketAddr,
-    xid: u32,
-}
-
-impl Relay {
-    fn new(server: SocketAddr) -> Relay {
-        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
-        socket
-            .set_read_timeout(Some(Duration::from_secs(2)))
-            .unwrap();
-        Relay {
-            socket,
-            server,
-            xid: 0x0cau32 << 16,
-        }
-    }
-
-    fn message(&mut self, kind: MessageType, mac: [u8; 6], extra: &[DhcpOption]) -> Message {
-        self.xid += 1;
-        let mut m = Message::default();
-        m.set_opcode(Opcode::BootRequest)
-            .set_xid(self.xid)
-            .set_chaddr(&mac);
-        m.opts_mut().insert(DhcpOption::MessageType(kind));
-        for o in extra {
-            m.opts_mut().insert(o.clone());
-        }
-        m
-    }
-
-    fn send(&self, m: &Message) {
-        self.socket
-            .send_to(&m.to_vec().unwrap(), self.server)
-            .unwrap();
-    }
-
-    fn exchange(&mut self, kind: MessageType, mac: [u8; 6], extra: &[DhcpOption]) -> Message {
-        let mut m = self.message(kind, mac, extra);
-        m.set_giaddr(Ipv4Addr::LOCALHOST).set_hops(1);
-        self.send(&m);
-        let mut buf = [0u8; 1500];
-        loop {
-            let (n, _) = self
-                .socket
-                .recv_from(&mut buf)
-                .expect("no DHCP reply within 2 s");
-            let reply = Message::decode(&mut Decoder::new(&buf[..n])).unwrap();
-            if reply.xid() == self.xid {
-                return reply;
-            }
-        }
-    }
-
-    fn dora(&mut self, mac: [u8; 6], hostname: &str) -> Ipv4Addr {
-        let host = DhcpOption::Hostname(hostname.to_owned());
-        let offer = self.exchange(MessageType::Discover, mac, std::slice::from_ref(&host));
-        assert_eq!(offer.opts().msg_type(), Some(MessageType::Offer));
-        let ack = self.exchange(
-            MessageType::Request,
-            mac,
-            &[
-                host,
-                DhcpOption::ServerIdentifier(Ipv4Addr::LOCALHOST),
-                DhcpOption::RequestedIpAddress(offer.yiaddr()),
-            ],
-        );
-        assert_eq!(ack.opts().msg_type(), Some(MessageType::Ack));
-        ack.yiaddr()
-    }
-
-    /// A client's RELEASE: unicast to the server id, ciaddr set, no reply.
-    fn release(&mut self, mac: [u8; 6], ip: Ipv4Addr) {
-        let mut m = self.message(
-            MessageType::Release,
-            mac,
-            &[DhcpOption::ServerIdentifier(Ipv4Addr::LOCALHOST)],
-        );
-        m.set_ciaddr(ip);
-        self.send(&m);
-    }
-}
-
 fn reverse_of(ip: Ipv4Addr) -> String {
     let o = ip.octets();
     format!("{}.{}.{}.{}.in-addr.arpa.", o[3], o[2], o[1], o[0])
@@ -894,9 +808,11 @@ dns:
     let name = fqdn("vm-7");
     let name_dot = format!("{name}.");
 
-    let mut relay = Relay::new(dhcp);
+    let mut relay = support::Relay::new(dhcp);
     let mac = [0x52, 0x54, 0x00, 0x0c, 0x00, 0x07];
-    let ip = relay.dora(mac, "vm-7");
+    let ip = relay
+        .dora(mac, &[DhcpOption::Hostname("vm-7".into())])
+        .yiaddr();
     let ip_text = ip.to_string();
 
     let forward = wait_for(

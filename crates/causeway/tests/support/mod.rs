@@ -16,7 +16,10 @@
 
 use std::fs::{self, File};
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+
+use dhcproto::v4::{DhcpOption, Message, MessageType, Opcode};
+use dhcproto::{Decodable, Decoder, Encodable};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -660,4 +663,87 @@ pub fn rss_kib(pid: u32) -> u64 {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .unwrap()
+}
+
+// ---------------------------------------------------------------- DHCP
+
+/// A DHCP relay agent on loopback (giaddr 127.0.0.1) talking to a server's
+/// relay port: whole exchanges without privileges.
+pub struct Relay {
+    socket: UdpSocket,
+    server: SocketAddr,
+    xid: u32,
+}
+
+impl Relay {
+    pub fn new(server: SocketAddr) -> Relay {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        Relay {
+            socket,
+            server,
+            xid: 0x0cau32 << 16,
+        }
+    }
+
+    fn message(&mut self, kind: MessageType, mac: [u8; 6], extra: &[DhcpOption]) -> Message {
+        self.xid += 1;
+        let mut m = Message::default();
+        m.set_opcode(Opcode::BootRequest)
+            .set_xid(self.xid)
+            .set_chaddr(&mac);
+        m.opts_mut().insert(DhcpOption::MessageType(kind));
+        for o in extra {
+            m.opts_mut().insert(o.clone());
+        }
+        m
+    }
+
+    fn send(&self, m: &Message) {
+        self.socket
+            .send_to(&m.to_vec().unwrap(), self.server)
+            .unwrap();
+    }
+
+    pub fn exchange(&mut self, kind: MessageType, mac: [u8; 6], extra: &[DhcpOption]) -> Message {
+        let mut m = self.message(kind, mac, extra);
+        m.set_giaddr(Ipv4Addr::LOCALHOST).set_hops(1);
+        self.send(&m);
+        let mut buf = [0u8; 1500];
+        loop {
+            let (n, _) = self
+                .socket
+                .recv_from(&mut buf)
+                .expect("no DHCP reply within 2 s");
+            let reply = Message::decode(&mut Decoder::new(&buf[..n])).unwrap();
+            if reply.xid() == self.xid {
+                return reply;
+            }
+        }
+    }
+
+    /// DISCOVER then REQUEST, both carrying `extra`; returns the ACK.
+    pub fn dora(&mut self, mac: [u8; 6], extra: &[DhcpOption]) -> Message {
+        let offer = self.exchange(MessageType::Discover, mac, extra);
+        assert_eq!(offer.opts().msg_type(), Some(MessageType::Offer));
+        let mut request = extra.to_vec();
+        request.push(DhcpOption::ServerIdentifier(Ipv4Addr::LOCALHOST));
+        request.push(DhcpOption::RequestedIpAddress(offer.yiaddr()));
+        let ack = self.exchange(MessageType::Request, mac, &request);
+        assert_eq!(ack.opts().msg_type(), Some(MessageType::Ack));
+        ack
+    }
+
+    /// A client's RELEASE: unicast to the server id, ciaddr set, no reply.
+    pub fn release(&mut self, mac: [u8; 6], ip: Ipv4Addr) {
+        let mut m = self.message(
+            MessageType::Release,
+            mac,
+            &[DhcpOption::ServerIdentifier(Ipv4Addr::LOCALHOST)],
+        );
+        m.set_ciaddr(ip);
+        self.send(&m);
+    }
 }
