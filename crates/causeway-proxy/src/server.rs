@@ -769,16 +769,21 @@ fn upstreams_of(cfg: &ProxyConfig) -> Vec<Upstream> {
 /// every upstream, all at once; the config is re-read each round so a
 /// reload can turn checks on, off or retime them.
 async fn health_loop(shared: Arc<Shared>, mut shutdown: Shutdown) {
+    let mut checking = false;
     loop {
         let cfg = shared.cfg();
         let pause = match cfg.health_check {
             Some(rule) => {
+                checking = true;
                 check_round(&shared, &cfg, &rule).await;
                 rule.interval
             }
             None => {
-                shared.health.retain(|_| false);
-                shared.metrics.upstream_down.reset();
+                // Checks just turned off by a reload: forget their verdicts.
+                if std::mem::take(&mut checking) {
+                    shared.health.retain(|_| false);
+                    shared.metrics.upstream_down.reset();
+                }
                 Duration::from_secs(1)
             }
         };
