@@ -4,10 +4,11 @@
 //!
 //! Pure: the caller passes the time in seconds.
 
-use std::collections::HashMap;
 use std::sync::RwLock;
 
 use causeway_config::CacheConfig;
+// Keys are names clients chose: the hasher is seeded per process.
+use foldhash::{HashMap, HashMapExt};
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 

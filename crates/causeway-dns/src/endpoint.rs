@@ -1,23 +1,33 @@
-//! A UDP socket that answers from the address each query arrived on.
+//! A UDP socket served by a thread of its own, answering from the address
+//! each query arrived on.
 //!
-//! A socket bound to a specific address always does. One bound to 0.0.0.0
-//! would let the kernel pick the source by the main routing table, which on
-//! a dual-homed host may be the wrong interface's address; policy routing
-//! (one table per source address) then sends the reply the wrong way. So
-//! such a socket asks for IP_PKTINFO, learns each query's destination, and
-//! sends the reply with that as its source.
+//! The socket is blocking and never registered with an event loop. A
+//! registered socket costs the kernel a readiness callback for every
+//! datagram received and every reply freed after sending; a thread parked
+//! in recvmmsg costs nothing until a query arrives, and under load never
+//! parks. Replies to forwarded queries come from async tasks, which send
+//! with MSG_DONTWAIT on the same socket.
+//!
+//! A socket bound to a specific address always answers from it. One bound
+//! to 0.0.0.0 would let the kernel pick the source by the main routing
+//! table, which on a dual-homed host may be the wrong interface's address;
+//! policy routing (one table per source address) then sends the reply the
+//! wrong way. So such a socket asks for IP_PKTINFO, learns each query's
+//! destination, and sends the reply with that as its source.
 
 use std::io::{self, IoSlice, IoSliceMut};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
+#[cfg(test)]
+use std::sync::Arc;
+use std::time::Duration;
 
+use nix::errno::Errno;
 use nix::libc;
 use nix::sys::socket::{
-    recvmmsg, sendmmsg, sendmsg, setsockopt, sockopt, ControlMessage, ControlMessageOwned,
-    MsgFlags, MultiHeaders, SockaddrIn, SockaddrStorage,
+    recvmmsg, sendmmsg, sendmsg, setsockopt, shutdown, sockopt, ControlMessage,
+    ControlMessageOwned, MsgFlags, MultiHeaders, Shutdown, SockaddrIn, SockaddrStorage,
 };
-use tokio::io::Interest;
-use tokio::net::UdpSocket;
 
 pub struct Endpoint {
     socket: UdpSocket,
@@ -40,6 +50,25 @@ pub struct Outgoing<'a> {
     pub local: Option<Ipv4Addr>,
 }
 
+/// The message headers recvmmsg and sendmmsg fill in, kept by the serving
+/// thread from one batch to the next.
+pub struct BatchHeaders {
+    recv: MultiHeaders<SockaddrStorage>,
+    send: MultiHeaders<SockaddrStorage>,
+    addrs: Vec<Option<SockaddrStorage>>,
+}
+
+impl BatchHeaders {
+    pub fn new(endpoint: &Endpoint, batch: usize) -> Self {
+        let space = endpoint.pktinfo.then(|| nix::cmsg_space!(libc::in_pktinfo));
+        BatchHeaders {
+            recv: MultiHeaders::preallocate(batch, space),
+            send: MultiHeaders::preallocate(batch, None),
+            addrs: Vec::with_capacity(batch),
+        }
+    }
+}
+
 fn std_addr(a: &SockaddrStorage) -> Option<SocketAddr> {
     if let Some(v4) = a.as_sockaddr_in() {
         return Some(SocketAddr::V4(SocketAddrV4::new(v4.ip(), v4.port())));
@@ -55,119 +84,129 @@ fn std_addr(a: &SockaddrStorage) -> Option<SocketAddr> {
 }
 
 impl Endpoint {
-    pub fn new(socket: UdpSocket) -> io::Result<Self> {
+    /// Takes a bound socket; `wait` bounds how long [`Self::recv_batch`]
+    /// blocks, so the serving thread gets to its housekeeping when idle.
+    pub fn new(socket: UdpSocket, wait: Duration) -> io::Result<Self> {
         let wildcard = matches!(socket.local_addr()?, SocketAddr::V4(a) if a.ip().is_unspecified());
         if wildcard {
             setsockopt(&socket, sockopt::Ipv4PacketInfo, &true).map_err(io::Error::from)?;
         }
+        socket.set_nonblocking(false)?;
+        socket.set_read_timeout(Some(wait))?;
         Ok(Endpoint {
             socket,
             pktinfo: wildcard,
         })
     }
 
-    /// Waits for datagrams, then reads as many as are queued, up to one per
-    /// buffer, with a single recvmmsg: under load one system call serves
-    /// many queries.
-    pub async fn recv_batch(
+    #[cfg(test)]
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.socket.local_addr()
+    }
+
+    /// Blocks until a datagram arrives (or the wait runs out, or
+    /// [`Self::wake`]), then reads every queued one up to one per buffer
+    /// with a single recvmmsg: under load one system call serves many
+    /// queries. Returns false once the socket has been shut by
+    /// [`Self::wake`]; true otherwise, with nothing read if the wait ran out.
+    pub fn recv_batch(
         &self,
+        headers: &mut BatchHeaders,
         bufs: &mut [Vec<u8>],
         got: &mut Vec<Datagram>,
-    ) -> io::Result<()> {
+    ) -> io::Result<bool> {
         got.clear();
-        let fd = self.socket.as_raw_fd();
-        let pktinfo = self.pktinfo;
-        self.socket
-            .async_io(Interest::READABLE, || {
-                let space = pktinfo.then(|| nix::cmsg_space!(libc::in_pktinfo));
-                let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(bufs.len(), space);
-                let mut iovs: Vec<[IoSliceMut<'_>; 1]> = bufs
-                    .iter_mut()
-                    .map(|b| [IoSliceMut::new(&mut b[..])])
-                    .collect();
-                let results = recvmmsg(
-                    fd,
-                    &mut headers,
-                    iovs.iter_mut(),
-                    MsgFlags::MSG_DONTWAIT,
-                    None,
-                )
-                .map_err(io::Error::from)?;
-                for msg in results {
-                    let Some(from) = msg.address.as_ref().and_then(std_addr) else {
-                        continue;
-                    };
-                    let mut local = None;
-                    if let Ok(cmsgs) = msg.cmsgs() {
-                        for c in cmsgs {
-                            if let ControlMessageOwned::Ipv4PacketInfo(info) = c {
-                                local = Some(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr)));
-                            }
-                        }
+        let mut iovs: Vec<[IoSliceMut<'_>; 1]> = bufs
+            .iter_mut()
+            .map(|b| [IoSliceMut::new(&mut b[..])])
+            .collect();
+        let results = match recvmmsg(
+            self.socket.as_raw_fd(),
+            &mut headers.recv,
+            iovs.iter_mut(),
+            MsgFlags::MSG_WAITFORONE,
+            None,
+        ) {
+            Ok(r) => r,
+            Err(Errno::EAGAIN | Errno::EINTR) => return Ok(true),
+            Err(e) => return Err(e.into()),
+        };
+        for msg in results {
+            // A shut socket yields empty messages with no sender; a real
+            // datagram, even an empty one, always has a sender.
+            let Some(from) = msg.address.as_ref().and_then(std_addr) else {
+                return Ok(false);
+            };
+            let mut local = None;
+            if let Ok(cmsgs) = msg.cmsgs() {
+                for c in cmsgs {
+                    if let ControlMessageOwned::Ipv4PacketInfo(info) = c {
+                        local = Some(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr)));
                     }
-                    got.push(Datagram {
-                        len: msg.bytes,
-                        from,
-                        local,
-                    });
                 }
-                Ok(())
-            })
-            .await
+            }
+            got.push(Datagram {
+                len: msg.bytes,
+                from,
+                local,
+            });
+        }
+        Ok(true)
     }
 
     /// Sends every reply, with sendmmsg when they all leave from the
     /// socket's own address (a wildcard socket sets each one's source, which
-    /// sendmmsg cannot do per message).
-    pub async fn send_batch(&self, out: &[Outgoing<'_>]) {
+    /// sendmmsg cannot do per message). Blocks while the send buffer is full.
+    pub fn send_batch(&self, headers: &mut BatchHeaders, out: &[Outgoing<'_>]) {
         if self.pktinfo {
             for o in out {
-                let _ = self.send(o.wire, o.to, o.local).await;
+                let _ = self.send(o.wire, o.to, o.local, MsgFlags::empty());
             }
             return;
         }
+        let fd = self.socket.as_raw_fd();
         let mut sent = 0;
         while sent < out.len() {
             let rest = &out[sent..];
-            let fd = self.socket.as_raw_fd();
-            let result = self
-                .socket
-                .async_io(Interest::WRITABLE, || {
-                    let mut headers =
-                        MultiHeaders::<SockaddrStorage>::preallocate(rest.len(), None);
-                    let iovs: Vec<[IoSlice<'_>; 1]> =
-                        rest.iter().map(|o| [IoSlice::new(o.wire)]).collect();
-                    let addrs: Vec<Option<SockaddrStorage>> = rest
-                        .iter()
-                        .map(|o| Some(SockaddrStorage::from(o.to)))
-                        .collect();
-                    let results = sendmmsg(fd, &mut headers, &iovs, &addrs, [], MsgFlags::empty())
-                        .map_err(io::Error::from)?;
-                    Ok(results.count())
-                })
-                .await;
-            match result {
-                Ok(n) if n > 0 => sent += n,
+            headers.addrs.clear();
+            headers
+                .addrs
+                .extend(rest.iter().map(|o| Some(SockaddrStorage::from(o.to))));
+            let iovs: Vec<[IoSlice<'_>; 1]> = rest.iter().map(|o| [IoSlice::new(o.wire)]).collect();
+            match sendmmsg(
+                fd,
+                &mut headers.send,
+                &iovs,
+                &headers.addrs,
+                [],
+                MsgFlags::empty(),
+            ) {
+                Ok(results) => sent += results.count().max(1),
+                Err(Errno::EINTR) => {}
                 // A reply that cannot be sent is lost, as a UDP reply may be.
-                _ => sent += 1,
+                Err(_) => sent += 1,
             }
         }
     }
 
     /// Sends `buf` to `to`, from `local` when the socket is a wildcard one.
-    pub async fn send(
+    fn send(
         &self,
         buf: &[u8],
         to: SocketAddr,
         local: Option<Ipv4Addr>,
+        flags: MsgFlags,
     ) -> io::Result<usize> {
+        let fd = self.socket.as_raw_fd();
+        let iov = [IoSlice::new(buf)];
         let (SocketAddr::V4(to4), Some(local), true) = (to, local, self.pktinfo) else {
-            return self.socket.send_to(buf, to).await;
+            let dest = SockaddrStorage::from(to);
+            return sendmsg(fd, &iov, &[], flags, Some(&dest)).map_err(io::Error::from);
         };
-        if local.is_broadcast() || local.is_multicast() || local.is_unspecified() {
-            return self.socket.send_to(buf, to).await;
-        }
         let dest = SockaddrIn::from(to4);
+        if local.is_broadcast() || local.is_multicast() || local.is_unspecified() {
+            return sendmsg(fd, &iov, &[], flags, Some(&dest)).map_err(io::Error::from);
+        }
         let info = libc::in_pktinfo {
             ipi_ifindex: 0,
             ipi_spec_dst: libc::in_addr {
@@ -175,14 +214,37 @@ impl Endpoint {
             },
             ipi_addr: libc::in_addr { s_addr: 0 },
         };
-        let fd = self.socket.as_raw_fd();
-        self.socket
-            .async_io(Interest::WRITABLE, || {
-                let iov = [IoSlice::new(buf)];
-                let cmsgs = [ControlMessage::Ipv4PacketInfo(&info)];
-                sendmsg(fd, &iov, &cmsgs, MsgFlags::empty(), Some(&dest)).map_err(io::Error::from)
-            })
-            .await
+        let cmsgs = [ControlMessage::Ipv4PacketInfo(&info)];
+        sendmsg(fd, &iov, &cmsgs, flags, Some(&dest)).map_err(io::Error::from)
+    }
+
+    /// Sends one reply from an async task without blocking its thread.
+    /// While the send buffer is full it retries a few times, a millisecond
+    /// apart, then gives the reply up as lost.
+    pub async fn send_from_task(
+        &self,
+        buf: &[u8],
+        to: SocketAddr,
+        local: Option<Ipv4Addr>,
+    ) -> io::Result<usize> {
+        let mut tries = 0;
+        loop {
+            match self.send(buf, to, local, MsgFlags::MSG_DONTWAIT) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && tries < 10 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Makes a thread blocked in [`Self::recv_batch`] return now, and every
+    /// later call return at once. Shutting down the read side of an
+    /// unconnected UDP socket reports ENOTCONN, yet marks it shut and wakes
+    /// its readers, which is all this needs.
+    pub fn wake(&self) {
+        let _ = shutdown(self.socket.as_raw_fd(), Shutdown::Read);
     }
 }
 
@@ -190,19 +252,26 @@ impl Endpoint {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn batches_are_read_and_sent_whole() {
-        let server = Endpoint::new(UdpSocket::bind("127.0.0.1:0").await.unwrap()).unwrap();
-        let addr = server.socket.local_addr().unwrap();
-        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    fn endpoint(addr: &str) -> Endpoint {
+        Endpoint::new(UdpSocket::bind(addr).unwrap(), Duration::from_secs(5)).unwrap()
+    }
+
+    #[test]
+    fn batches_are_read_and_sent_whole() {
+        let server = endpoint("127.0.0.1:0");
+        let mut headers = BatchHeaders::new(&server, 8);
+        let addr = server.local_addr().unwrap();
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
         for i in 0..5u8 {
-            client.send_to(&[i; 3], addr).await.unwrap();
+            client.send_to(&[i; 3], addr).unwrap();
         }
         let mut bufs: Vec<Vec<u8>> = (0..8).map(|_| vec![0u8; 64]).collect();
         let mut got = Vec::new();
         let mut seen = 0;
         while seen < 5 {
-            server.recv_batch(&mut bufs, &mut got).await.unwrap();
+            assert!(server
+                .recv_batch(&mut headers, &mut bufs, &mut got)
+                .unwrap());
             for (i, d) in got.iter().enumerate() {
                 assert_eq!(d.len, 3);
                 assert_eq!(bufs[i][0], seen as u8);
@@ -219,31 +288,97 @@ mod tests {
                 local: None,
             })
             .collect();
-        server.send_batch(&out).await;
+        server.send_batch(&mut headers, &out);
         let mut buf = [0u8; 8];
         for i in 0..5u8 {
-            let (n, _) = client.recv_from(&mut buf).await.unwrap();
+            let (n, _) = client.recv_from(&mut buf).unwrap();
             assert_eq!(&buf[..n], &[i + 100, i + 100]);
         }
     }
 
-    #[tokio::test]
-    async fn a_wildcard_socket_learns_and_replies_from_the_destination_address() {
-        let server = Endpoint::new(UdpSocket::bind("0.0.0.0:0").await.unwrap()).unwrap();
-        let port = server.socket.local_addr().unwrap().port();
-        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    #[test]
+    fn an_empty_datagram_is_a_query_not_a_shutdown() {
+        let server = endpoint("127.0.0.1:0");
+        let mut headers = BatchHeaders::new(&server, 4);
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+        client.send_to(&[], server.local_addr().unwrap()).unwrap();
+        let mut bufs = vec![vec![0u8; 16]; 4];
+        let mut got = Vec::new();
+        assert!(server
+            .recv_batch(&mut headers, &mut bufs, &mut got)
+            .unwrap());
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].len, 0);
+    }
+
+    #[test]
+    fn wake_releases_a_blocked_reader_and_every_later_read() {
+        let server = Arc::new(endpoint("127.0.0.1:0"));
+        let reader = server.clone();
+        let blocked = std::thread::spawn(move || {
+            let mut headers = BatchHeaders::new(&reader, 4);
+            let mut bufs = vec![vec![0u8; 16]; 4];
+            let mut got = Vec::new();
+            let first = reader
+                .recv_batch(&mut headers, &mut bufs, &mut got)
+                .unwrap();
+            let second = reader
+                .recv_batch(&mut headers, &mut bufs, &mut got)
+                .unwrap();
+            (first, second, std::time::Instant::now())
+        });
+        // The reader may not have blocked yet; waking first is as good, since
+        // the shut state persists.
+        let woke = std::time::Instant::now();
+        server.wake();
+        let (first, second, returned) = blocked.join().unwrap();
+        assert!(!first && !second);
+        // Well inside the 5 s receive timeout: the wake did it.
+        assert!(returned.duration_since(woke) < Duration::from_secs(4));
+    }
+
+    #[test]
+    fn a_wildcard_socket_learns_and_replies_from_the_destination_address() {
+        let server = endpoint("0.0.0.0:0");
+        let mut headers = BatchHeaders::new(&server, 1);
+        let port = server.local_addr().unwrap().port();
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
         // 127.0.0.3 is a loopback address the server was never bound to.
-        client.send_to(b"ping", ("127.0.0.3", port)).await.unwrap();
+        client.send_to(b"ping", ("127.0.0.3", port)).unwrap();
         let mut bufs = vec![vec![0u8; 16]];
         let mut got = Vec::new();
-        server.recv_batch(&mut bufs, &mut got).await.unwrap();
+        assert!(server
+            .recv_batch(&mut headers, &mut bufs, &mut got)
+            .unwrap());
         let d = got[0];
         assert_eq!(&bufs[0][..d.len], b"ping");
         assert_eq!(d.local, Some(Ipv4Addr::new(127, 0, 0, 3)));
-        server.send(b"pong", d.from, d.local).await.unwrap();
+        server.send_batch(
+            &mut headers,
+            &[Outgoing {
+                wire: b"pong",
+                to: d.from,
+                local: d.local,
+            }],
+        );
         let mut buf = [0u8; 16];
-        let (n, reply_from) = client.recv_from(&mut buf).await.unwrap();
+        let (n, reply_from) = client.recv_from(&mut buf).unwrap();
         assert_eq!(&buf[..n], b"pong");
         assert_eq!(reply_from, SocketAddr::from(([127, 0, 0, 3], port)));
+    }
+
+    #[tokio::test]
+    async fn a_task_sends_without_blocking() {
+        let server = endpoint("127.0.0.1:0");
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let n = server
+            .send_from_task(b"late", client.local_addr().unwrap(), None)
+            .await
+            .unwrap();
+        assert_eq!(n, 4);
+        let mut buf = [0u8; 8];
+        let (n, from) = client.recv_from(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"late");
+        assert_eq!(from, server.local_addr().unwrap());
     }
 }

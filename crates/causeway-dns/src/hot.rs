@@ -5,10 +5,11 @@
 //! goes straight to the forwarding cache. Query counts are kept locally and
 //! added to the shared metrics once a second.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+// Keys are query bytes a client chose: the hasher is seeded per process.
+use foldhash::{HashMap, HashMapExt};
 use hickory_proto::rr::{LowerName, Name, RecordType};
 use hickory_proto::serialize::binary::{BinDecodable, BinEncodable};
 

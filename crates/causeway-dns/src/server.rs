@@ -14,12 +14,12 @@ use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::authority::{Authority, DynamicNames};
-use crate::endpoint::{Datagram, Endpoint, Outgoing};
+use crate::endpoint::{BatchHeaders, Datagram, Endpoint, Outgoing};
 use crate::forward::{Answer, Forwarder};
 use crate::handler::{decide, Decision};
 use crate::hot::Hot;
@@ -49,6 +49,8 @@ pub(crate) struct Shared {
 pub struct DnsServer {
     shared: Arc<Shared>,
     tasks: Vec<JoinHandle<()>>,
+    /// One per UDP socket, each served by a thread of its own.
+    udp: Vec<(Arc<Endpoint>, oneshot::Receiver<()>)>,
     listen: Vec<SocketAddr>,
 }
 
@@ -197,16 +199,30 @@ impl DnsServer {
             n => n,
         };
         let tcp_limit = Arc::new(Semaphore::new(cfg.max_tcp_connections));
+        let runtime = tokio::runtime::Handle::current();
         let mut tasks = Vec::new();
+        let mut udp = Vec::new();
         for addr in &cfg.listen {
-            for _ in 0..sockets {
-                let socket =
-                    Arc::new(Endpoint::new(udp_socket(*addr)?).map_err(|e| bind_error(*addr, &e))?);
-                tasks.push(tokio::spawn(udp_loop(
+            for index in 0..sockets {
+                let socket = udp_socket(*addr)?;
+                let endpoint = Arc::new(
+                    Endpoint::new(socket, HOUSEKEEPING).map_err(|e| bind_error(*addr, &e))?,
+                );
+                let (done_tx, done_rx) = oneshot::channel();
+                let (shared, thread_endpoint, runtime, shutdown) = (
                     shared.clone(),
-                    socket,
+                    endpoint.clone(),
+                    runtime.clone(),
                     shutdown.clone(),
-                )));
+                );
+                std::thread::Builder::new()
+                    .name(format!("dns-udp-{index}"))
+                    .spawn(move || {
+                        udp_thread(&shared, &thread_endpoint, &runtime, &shutdown);
+                        let _ = done_tx.send(());
+                    })
+                    .map_err(|e| bind_error(*addr, &e))?;
+                udp.push((endpoint, done_rx));
             }
             let listener = tcp_listener(*addr)?;
             tasks.push(tokio::spawn(tcp_loop(
@@ -217,9 +233,20 @@ impl DnsServer {
             )));
             tracing::info!(listen = %addr, udp_sockets = sockets, "DNS listening on UDP and TCP");
         }
+        // The UDP threads block in the kernel; shutting their sockets' read
+        // side is what gets them to look at the shutdown signal promptly.
+        let endpoints: Vec<Arc<Endpoint>> = udp.iter().map(|(e, _)| e.clone()).collect();
+        let mut stop = shutdown.clone();
+        tasks.push(tokio::spawn(async move {
+            stop.wait().await;
+            for e in &endpoints {
+                e.wake();
+            }
+        }));
         Ok(DnsServer {
             shared,
             tasks,
+            udp,
             listen: cfg.listen.clone(),
         })
     }
@@ -242,9 +269,22 @@ impl DnsServer {
         Ok(())
     }
 
-    pub async fn wait(self) {
-        for t in self.tasks {
+    pub async fn wait(mut self) {
+        for (_, done) in std::mem::take(&mut self.udp) {
+            let _ = done.await;
+        }
+        for t in std::mem::take(&mut self.tasks) {
             let _ = t.await;
+        }
+    }
+}
+
+impl Drop for DnsServer {
+    /// A server dropped without a shutdown (a test, a failed start) must not
+    /// leave its UDP threads holding the sockets.
+    fn drop(&mut self) {
+        for (endpoint, _) in &self.udp {
+            endpoint.wake();
         }
     }
 }
@@ -278,20 +318,19 @@ fn bind_error(addr: SocketAddr, e: &io::Error) -> DnsError {
     DnsError::Bind { addr, reason }
 }
 
-fn udp_socket(addr: SocketAddr) -> Result<UdpSocket, DnsError> {
+fn udp_socket(addr: SocketAddr) -> Result<std::net::UdpSocket, DnsError> {
     let fail = |e: io::Error| bind_error(addr, &e);
     let socket =
         Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP)).map_err(fail)?;
     // Several sockets on one address, each with its own task: the kernel
     // spreads queries over them.
     socket.set_reuse_port(true).map_err(fail)?;
-    socket.set_nonblocking(true).map_err(fail)?;
     let _ = socket.set_recv_buffer_size(4 << 20);
     if addr.is_ipv6() {
         let _ = socket.set_only_v6(true);
     }
     socket.bind(&addr.into()).map_err(fail)?;
-    UdpSocket::from_std(socket.into()).map_err(fail)
+    Ok(socket.into())
 }
 
 fn tcp_listener(addr: SocketAddr) -> Result<TcpListener, DnsError> {
@@ -310,28 +349,49 @@ fn tcp_listener(addr: SocketAddr) -> Result<TcpListener, DnsError> {
 
 /// Datagrams read (and replies sent) per system call at most.
 const BATCH: usize = 32;
+/// How often an idle UDP thread wakes to publish its counts.
+const HOUSEKEEPING: Duration = Duration::from_secs(1);
 
-async fn udp_loop(shared: Arc<Shared>, socket: Arc<Endpoint>, mut shutdown: Shutdown) {
+/// Serves one UDP socket until shutdown. Local answers are made here, on
+/// this thread; forwarded queries become tasks on `runtime`, which send
+/// their own replies.
+fn udp_thread(
+    shared: &Arc<Shared>,
+    socket: &Arc<Endpoint>,
+    runtime: &tokio::runtime::Handle,
+    shutdown: &Shutdown,
+) {
+    let mut headers = BatchHeaders::new(socket, BATCH);
     let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; 4096]).collect();
     let mut got: Vec<Datagram> = Vec::with_capacity(BATCH);
     // Reply bytes, reused from batch to batch, and where each goes.
     let mut replies: Vec<Vec<u8>> = (0..BATCH).map(|_| Vec::with_capacity(512)).collect();
     let mut targets: Vec<(usize, SocketAddr, Option<Ipv4Addr>)> = Vec::with_capacity(BATCH);
-    let mut hot = Hot::new(&shared);
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut hot = Hot::new(shared);
+    let mut flushed = std::time::Instant::now();
     loop {
-        tokio::select! {
-            _ = shutdown.wait() => {
-                hot.flush(&shared);
+        if shutdown.is_triggered() {
+            hot.flush(shared);
+            return;
+        }
+        if flushed.elapsed() >= HOUSEKEEPING {
+            hot.flush(shared);
+            flushed = std::time::Instant::now();
+        }
+        match socket.recv_batch(&mut headers, &mut bufs, &mut got) {
+            Ok(true) => {}
+            // Shut by a shutdown or by the server being dropped.
+            Ok(false) => {
+                hot.flush(shared);
                 return;
             }
-            _ = tick.tick() => {
-                hot.flush(&shared);
+            Err(e) => {
+                tracing::debug!(error = %e, "DNS UDP receive failed");
                 continue;
             }
-            r = socket.recv_batch(&mut bufs, &mut got) => if r.is_err() {
-                continue;
-            },
+        }
+        if got.is_empty() {
+            continue;
         }
         let now = unix_now();
         targets.clear();
@@ -339,7 +399,7 @@ async fn udp_loop(shared: Arc<Shared>, socket: Arc<Endpoint>, mut shutdown: Shut
             let request = &bufs[i][..d.len];
             let reply = &mut replies[targets.len()];
             reply.clear();
-            if let Some(wire) = hot.answer(&shared, request, d.from.ip(), now) {
+            if let Some(wire) = hot.answer(shared, request, d.from.ip(), now) {
                 reply.extend_from_slice(wire);
                 targets.push((targets.len(), d.from, d.local));
                 continue;
@@ -356,9 +416,9 @@ async fn udp_loop(shared: Arc<Shared>, socket: Arc<Endpoint>, mut shutdown: Shut
                     let (shared, socket, request) =
                         (shared.clone(), socket.clone(), request.to_vec());
                     let (from, local) = (d.from, d.local);
-                    tokio::spawn(async move {
+                    runtime.spawn(async move {
                         let wire = shared.forward(&q, view, &request, true).await;
-                        let _ = socket.send(&wire, from, local).await;
+                        let _ = socket.send_from_task(&wire, from, local).await;
                     });
                 }
             }
@@ -371,7 +431,7 @@ async fn udp_loop(shared: Arc<Shared>, socket: Arc<Endpoint>, mut shutdown: Shut
                 local: *local,
             })
             .collect();
-        socket.send_batch(&out).await;
+        socket.send_batch(&mut headers, &out);
     }
 }
 
