@@ -9,15 +9,61 @@
 use std::cell::RefCell;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::fcntl::{splice, OFlag, SpliceFFlags};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-/// Bytes one splice call may move: the default pipe capacity.
+/// The default pipe capacity, and so what one splice call moves at first.
 const CHUNK: usize = 64 * 1024;
+
+/// A direction that has spliced this much is a bulk transfer, and its pipe
+/// is grown to [`BULK_PIPE`]: a larger pipe halves the system calls per
+/// byte, and one stream through the proxy went from about 0.55 to about
+/// 0.62 of direct loopback throughput (iperf3, 2 cores). 256 KB to 1 MB
+/// measured alike, 2 MB worse.
+const GROW_AFTER: u64 = 1 << 20;
+const BULK_PIPE: usize = 256 * 1024;
+/// Grown pipes at once, process-wide. The kernel counts pipe pages per
+/// user (`fs.pipe-user-pages-soft`, 16384 by default) and gives every new
+/// pipe two pages once a user is past it, so big pipes must not starve
+/// new connections: 64 of them are 4096 pages, a quarter of the default.
+const MAX_BULK_PIPES: usize = 64;
+static BULK_PIPES: AtomicUsize = AtomicUsize::new(0);
+
+/// A pipe grown for a bulk transfer; the slot is given back on drop.
+struct BulkSlot;
+
+impl BulkSlot {
+    fn take() -> Option<Self> {
+        BULK_PIPES
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_BULK_PIPES).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| BulkSlot)
+    }
+}
+
+impl Drop for BulkSlot {
+    fn drop(&mut self) {
+        BULK_PIPES.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Grows the pipe when a slot is free and the kernel agrees; returns the
+/// slot and the capacity now in force.
+fn grow(pipe_w: &OwnedFd) -> Option<(BulkSlot, usize)> {
+    let slot = BulkSlot::take()?;
+    let size = i32::try_from(BULK_PIPE).ok()?;
+    match nix::fcntl::fcntl(pipe_w, nix::fcntl::FcntlArg::F_SETPIPE_SZ(size)) {
+        Ok(got) => Some((slot, usize::try_from(got).ok()?.max(CHUNK))),
+        // Over the user's pipe budget (EPERM): keep the default pipe.
+        Err(_) => None,
+    }
+}
 
 /// Why a relay ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,10 +196,22 @@ async fn spliced(
     activity: &Activity,
     up: bool,
 ) -> io::Result<()> {
+    let mut chunk = CHUNK;
+    let mut spliced_bytes = 0u64;
+    // Growing is tried once per direction; the slot lives as long as it.
+    let mut growth_tried = false;
+    let mut _bulk: Option<BulkSlot> = None;
     loop {
+        if !growth_tried && spliced_bytes >= GROW_AFTER {
+            growth_tried = true;
+            if let Some((slot, size)) = grow(&pipe_w) {
+                _bulk = Some(slot);
+                chunk = size;
+            }
+        }
         from.readable().await?;
         let n = match from.try_io(Interest::READABLE, || {
-            splice(from, None, &pipe_w, None, CHUNK, splice_flags()).map_err(io::Error::from)
+            splice(from, None, &pipe_w, None, chunk, splice_flags()).map_err(io::Error::from)
         }) {
             Ok(0) => return Ok(()),
             Ok(n) => n,
@@ -176,6 +234,7 @@ async fn spliced(
             }
         }
         activity.touch(up, n);
+        spliced_bytes = spliced_bytes.saturating_add(n as u64);
     }
 }
 
@@ -337,5 +396,56 @@ mod tests {
         let mut buf = [0u8; 1];
         // The proxy's sockets are gone: the client sees EOF.
         assert_eq!(client.read(&mut buf).await.unwrap_or(0), 0);
+    }
+
+    #[tokio::test]
+    async fn a_bulk_transfer_keeps_every_byte_in_order_across_the_pipe_growth() {
+        let (mut client, mut upstream, task) = pair(Duration::from_secs(30)).await;
+        // Four times the growth threshold, in a pattern that shows any
+        // reordering or loss, not just a count.
+        let payload: Vec<u8> = (0..4 * GROW_AFTER as usize)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let sent = payload.clone();
+        let writer = tokio::spawn(async move {
+            client.write_all(&sent).await.unwrap();
+            client.shutdown().await.unwrap();
+            client
+        });
+        let mut got = Vec::new();
+        upstream.read_to_end(&mut got).await.unwrap();
+        assert!(
+            got == payload,
+            "{} bytes arrived, not the {} sent in order",
+            got.len(),
+            payload.len()
+        );
+        drop(upstream);
+        drop(writer.await.unwrap());
+        let r = task.await.unwrap();
+        assert_eq!(r.up, payload.len() as u64);
+    }
+
+    #[test]
+    fn a_grown_pipe_has_the_bulk_size_and_gives_its_slot_back() {
+        let (_r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).unwrap();
+        let Some((slot, size)) = grow(&w) else {
+            // Another test may hold every slot, or the user is over the
+            // kernel's pipe budget: then there is nothing to check.
+            eprintln!("SKIP: no bulk pipe slot or pipe budget left");
+            return;
+        };
+        assert_eq!(size, BULK_PIPE);
+        let in_kernel = nix::fcntl::fcntl(&w, nix::fcntl::FcntlArg::F_GETPIPE_SZ).unwrap();
+        assert_eq!(in_kernel as usize, BULK_PIPE);
+        drop(slot);
+        // The count is process-wide, so take every free slot: the cap holds.
+        let held: Vec<BulkSlot> = std::iter::from_fn(BulkSlot::take)
+            .take(MAX_BULK_PIPES + 1)
+            .collect();
+        assert!(!held.is_empty() && held.len() <= MAX_BULK_PIPES);
+        assert!(BulkSlot::take().is_none());
+        drop(held);
+        assert!(BulkSlot::take().is_some());
     }
 }
