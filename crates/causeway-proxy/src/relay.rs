@@ -65,6 +65,19 @@ fn grow(pipe_w: &OwnedFd) -> Option<(BulkSlot, usize)> {
     }
 }
 
+/// TCP keepalive: 60 s idle, then a probe every 10 s. Set on each
+/// listening socket, whose accepted sockets inherit it on Linux, and on an
+/// upstream socket once its connection outlives the relay's first watchdog
+/// tick: the three system calls would be a sixth of what a short
+/// connection costs the proxy, and no probe could go out before the tick
+/// anyway.
+pub(crate) fn keepalive(sock: socket2::SockRef<'_>) -> io::Result<()> {
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(60))
+        .with_interval(Duration::from_secs(10));
+    sock.set_tcp_keepalive(&ka)
+}
+
 /// Why a relay ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ended {
@@ -137,11 +150,14 @@ pub async fn relay(client: &TcpStream, upstream: &TcpStream, idle: Duration) -> 
     };
     let watchdog = async {
         let tick = (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));
+        tokio::time::sleep(tick).await;
+        // Best effort, as for any socket option: the relay works without it.
+        let _ = keepalive(socket2::SockRef::from(upstream));
         loop {
-            tokio::time::sleep(tick).await;
             if activity.idle_for() >= idle {
                 return Ended::IdleTimeout;
             }
+            tokio::time::sleep(tick).await;
         }
     };
     let ended = tokio::select! {
@@ -349,6 +365,7 @@ async fn copied(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
@@ -447,5 +464,31 @@ mod tests {
         assert!(BulkSlot::take().is_none());
         drop(held);
         assert!(BulkSlot::take().is_some());
+    }
+
+    #[tokio::test]
+    async fn the_upstream_side_gets_keepalive_once_the_connection_outlives_a_tick() {
+        let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let back = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _client = TcpStream::connect(front.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (proxy_client, _) = front.accept().await.unwrap();
+        let proxy_upstream = Arc::new(
+            TcpStream::connect(back.local_addr().unwrap())
+                .await
+                .unwrap(),
+        );
+        let (_upstream, _) = back.accept().await.unwrap();
+        let sock = socket2::SockRef::from(&*proxy_upstream);
+        assert!(!sock.keepalive().unwrap());
+        // An idle timeout of 400 ms makes the tick 100 ms.
+        let relayed = proxy_upstream.clone();
+        let task = tokio::spawn(async move {
+            relay(&proxy_client, &relayed, Duration::from_millis(400)).await
+        });
+        assert_eq!(task.await.unwrap().ended, Ended::IdleTimeout);
+        assert!(sock.keepalive().unwrap());
+        assert_eq!(sock.keepalive_time().unwrap(), Duration::from_secs(60));
     }
 }

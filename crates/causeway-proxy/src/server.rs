@@ -257,21 +257,11 @@ fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ProxyError> {
     // One listener per core on the same port; the kernel spreads accepts.
     s.set_reuse_port(true).map_err(fail)?;
     s.set_nonblocking(true).map_err(fail)?;
-    keepalive(socket2::SockRef::from(&s)).map_err(fail)?;
+    crate::relay::keepalive(socket2::SockRef::from(&s)).map_err(fail)?;
+    s.set_nodelay(true).map_err(fail)?;
     s.bind(&addr.into()).map_err(fail)?;
     s.listen(1024).map_err(fail)?;
     Ok(s.into())
-}
-
-/// TCP keepalive (60 s idle, then every 10 s) and no Nagle delay. Set on
-/// each listening socket, whose accepted sockets inherit both on Linux, and
-/// on each upstream socket before it connects.
-fn keepalive(sock: socket2::SockRef<'_>) -> io::Result<()> {
-    let ka = TcpKeepalive::new()
-        .with_time(Duration::from_secs(60))
-        .with_interval(Duration::from_secs(10));
-    sock.set_tcp_keepalive(&ka)?;
-    sock.set_nodelay(true)
 }
 
 async fn connect_one(addr: SocketAddr) -> io::Result<TcpStream> {
@@ -280,8 +270,9 @@ async fn connect_one(addr: SocketAddr) -> io::Result<TcpStream> {
     } else {
         tokio::net::TcpSocket::new_v6()?
     };
-    // Best effort, as for any socket option: the relay works without it.
-    let _ = keepalive(socket2::SockRef::from(&socket));
+    // Keepalive waits for the relay's first watchdog tick (see
+    // relay::keepalive); only the no-delay a short exchange needs is set now.
+    socket.set_nodelay(true)?;
     socket.connect(addr).await
 }
 
@@ -870,6 +861,7 @@ mod tests {
 
         let upstream = connect_one(addr).await.unwrap();
         let sock = socket2::SockRef::from(&upstream);
-        assert!(sock.keepalive().unwrap() && sock.nodelay().unwrap());
+        assert!(sock.nodelay().unwrap());
+        assert!(!sock.keepalive().unwrap(), "set later, by the relay");
     }
 }
