@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use causeway_config::{HealthCheck, Listener, ListenerKind, ProxyConfig, Upstream};
 use causeway_runtime::Shutdown;
-use socket2::{Domain, Protocol, Socket, TcpKeepalive, Type};
+use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify, Semaphore};
