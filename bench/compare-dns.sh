@@ -3,7 +3,7 @@
 # dnsmasq on one machine, on loopback, with the same zone data and the same
 # local upstream, measured with dnsperf and causeway-bench.
 #
-#   bench/compare-dns.sh [--quick] [--write docs/benchmarks.md] [--servers unbound,kresd,dnsmasq,causeway] [--no-build]
+#   bench/compare-dns.sh [--quick] [--rounds N] [--write docs/benchmarks.md] [--servers unbound,kresd,dnsmasq,causeway] [--no-build]
 #
 # Needs root (port 53), python3, and unbound, knot-resolver, dnsmasq and
 # dnsperf, which it apt-get installs when missing (with a policy-rc.d that
@@ -26,7 +26,11 @@
 # BENCH_BIN and CAUSEWAY_BIN are given, or --no-build uses target/release.
 # causeway is skipped, with a note, when its binary is missing or does not
 # serve DNS yet. Measurements run under a global time bound (full ~9.5 min,
-# --quick 2 min; COMPARE_DNS_LIMIT=<seconds> overrides).
+# --quick 2 min, times the rounds; COMPARE_DNS_LIMIT=<seconds> overrides).
+#
+# --rounds N measures every server N times, alternating the order from
+# round to round; the report gives the median of each figure and, for the
+# ratios causeway is judged by, the median and range over the rounds.
 set -euo pipefail
 
 NAME=compare-dns
@@ -84,6 +88,7 @@ if [[ -z ${CWD_TIMED:-} ]]; then
     # Global time bound: timeout signals this script with TERM, the trap
     # below cleans up, and KILL follows 20 s later if anything hangs.
     if ((QUICK)); then LIMIT=120; else LIMIT=570; fi
+    LIMIT=$((LIMIT * ROUNDS))
     LIMIT=${COMPARE_DNS_LIMIT:-$LIMIT}
     export CWD_TIMED=1 CWD_LIMIT=$LIMIT CWD_CMD="bench/compare-dns.sh${ORIG_ARGS[*]:+ ${ORIG_ARGS[*]}}"
     # exec: stay in the caller's foreground process group so Ctrl-C reaches us.
@@ -472,7 +477,10 @@ measure() {
     SRV_PIDS=""
 }
 
-for s in ${SERVERS//,/ }; do measure "$s"; done
+for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
+    ((ROUNDS == 1)) || log "round $ROUND of $ROUNDS"
+    for s in $(round_order "$ROUND" "$SERVERS"); do measure "$s"; done
+done
 
 # ------------------------------------------------------------------ report
 export CWD_DATE CWD_NPROC CWD_KERNEL CWD_CPU CWD_QUICK=$QUICK CWD_DNSPERF
@@ -481,17 +489,16 @@ CWD_NPROC=$(nproc)
 CWD_KERNEL=$(uname -r)
 CWD_CPU=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
 CWD_DNSPERF=$(dnsperf -h 2>&1 | awk '/^Version/ {print $2; exit}')
-export RUN_S LAT_S OUTSTANDING SOCKETS LAT_RATE CACHED_NAMES SERVERS UPSTREAM
+export RUN_S LAT_S OUTSTANDING SOCKETS LAT_RATE CACHED_NAMES SERVERS UPSTREAM ROUNDS
 
 REPORT=$TMP/report.md
 python3 - "$RESULTS" >"$REPORT" <<'PY'
 import os, sys
-from collections import defaultdict
-r = defaultdict(dict)
-for line in open(sys.argv[1]):
-    s, k, v = line.rstrip("\n").split("\t", 2)
-    r[s][k] = v
 E = os.environ
+sys.path.insert(0, E["BENCH_DIR"])
+from rounds import load, spread
+r, by_round = load(sys.argv[1])
+rounds = int(E["ROUNDS"])
 servers = E["SERVERS"].split(",")
 ran = [s for s in servers if "skipped" not in r[s]]
 
@@ -535,6 +542,25 @@ print()
 
 def ref(key):
     return r.get("unbound", {}).get(key)
+
+def per_cpu_rounds(s, key):
+    resp = [num(v) for v in by_round.get(s, {}).get(key + "_resp", [])]
+    cpu = [num(v) for v in by_round.get(s, {}).get(key + "_cpu", [])]
+    return [a / b if a is not None and b else None for a, b in zip(resp, cpu)]
+def vs_unbound(key):
+    return [a / b if a is not None and b else None
+            for a, b in zip(per_cpu_rounds("causeway", key), per_cpu_rounds("unbound", key))]
+
+if rounds > 1:
+    print(f"- Rounds: {rounds}, each measuring every server, in reverse order every other round. Every figure below is the median over the rounds "
+          "(queries per CPU-second from the medians of its parts); causeway's queries per CPU-second against unbound's are also given round by round, "
+          "as median (lowest–highest):\n")
+    judged = [("local, dnsperf", "local_dp"), ("local, causeway-bench", "local_b"),
+              ("cached, dnsperf", "cached_dp"), ("cached, causeway-bench", "cached_b"), (f"{E['LAT_RATE']} q/s mix", "lat")]
+    print("| causeway q per CPU-s vs unbound | " + " | ".join(j[0] for j in judged) + " |")
+    print("|---|" + "---:|" * len(judged))
+    print("| over the rounds | " + " | ".join(spread(vs_unbound(k)) for _, k in judged) + " |")
+    print()
 print("| server | workload | dnsperf q/s | lost | q per CPU-s | causeway-bench q/s | lost | p99 ms | q per CPU-s | bench CPU | q/s vs unbound (dnsperf / bench) | q per CPU-s vs unbound (dnsperf / bench) |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 notes = []
@@ -563,7 +589,7 @@ for s in ran:
     d = r[s]
     u = r.get("unbound", {})
     cells = [s, fmt_int(d.get("lat_qps")), fmt_int(d.get("lat_lost")), fmt_ms(d.get("lat_p50")),
-             fmt_ms(d.get("lat_p99")), fmt_ms(d.get("lat_p999")), d.get("lat_cpu", "-"), fmt_int(per_cpu(s, "lat")),
+             fmt_ms(d.get("lat_p99")), fmt_ms(d.get("lat_p999")), fmt_ms(d.get("lat_cpu")), fmt_int(per_cpu(s, "lat")),
              ratio(num(d.get("lat_p99")), num(u.get("lat_p99"))) if "unbound" in ran else "-",
              ratio(per_cpu(s, "lat"), per_cpu("unbound", "lat")) if "unbound" in ran else "-"]
     print("| " + " | ".join(cells) + " |")

@@ -3,7 +3,7 @@
 # and with no proxy at all, on one machine, on loopback, against the same
 # upstream, measured with causeway-bench and iperf3.
 #
-#   bench/compare-proxy.sh [--quick] [--write docs/benchmarks.md] [--targets direct,haproxy,nginx,causeway] [--no-build]
+#   bench/compare-proxy.sh [--quick] [--rounds N] [--write docs/benchmarks.md] [--targets direct,haproxy,nginx,causeway] [--no-build]
 #
 # Needs root (it apt-get installs haproxy, nginx with libnginx-mod-stream
 # and iperf3 when missing, with a policy-rc.d that keeps their services
@@ -31,8 +31,12 @@
 # BENCH_BIN and CAUSEWAY_BIN are given, or --no-build uses target/release.
 # causeway is skipped, with a note, when its binary is missing or its
 # `proxy` subcommand does not start. Measurements run under a global time
-# bound (full ~9.5 min, --quick 2 min; COMPARE_PROXY_LIMIT=<seconds>
-# overrides).
+# bound (full ~9.5 min, --quick 2 min, times the rounds;
+# COMPARE_PROXY_LIMIT=<seconds> overrides).
+#
+# --rounds N measures every target N times, alternating the order from
+# round to round; the report gives the median of each figure and, for the
+# ratios the targets are judged by, the median and range over the rounds.
 set -euo pipefail
 
 NAME=compare-proxy
@@ -93,6 +97,7 @@ if [[ -z ${CWP_TIMED:-} ]]; then
     # Global time bound: timeout signals this script with TERM, the trap
     # below cleans up, and KILL follows 20 s later if anything hangs.
     if ((QUICK)); then LIMIT=120; else LIMIT=570; fi
+    LIMIT=$((LIMIT * ROUNDS))
     LIMIT=${COMPARE_PROXY_LIMIT:-$LIMIT}
     export CWP_TIMED=1 CWP_LIMIT=$LIMIT CWP_CMD="bench/compare-proxy.sh${ORIG_ARGS[*]:+ ${ORIG_ARGS[*]}}"
     # exec: stay in the caller's foreground process group so Ctrl-C reaches us.
@@ -529,7 +534,10 @@ measure() {
 cpu_steal() { awk '/^cpu / {t = 0; for (i = 2; i <= 9; i++) t += $i; print $9, t}' /proc/stat; }
 read -r STEAL0 TOTAL0 <<<"$(cpu_steal)"
 log "temp $TMP; idle test: $IDLE_N connections (open-files limit $NOFILE); runs of ${RUN_S} s"
-for t in ${TARGETS//,/ }; do measure "$t"; done
+for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
+    ((ROUNDS == 1)) || log "round $ROUND of $ROUNDS"
+    for t in $(round_order "$ROUND" "$TARGETS"); do measure "$t"; done
+done
 read -r STEAL1 TOTAL1 <<<"$(cpu_steal)"
 CWP_STEAL=$(python3 -c "print(round(100 * ($STEAL1 - $STEAL0) / max(1, $TOTAL1 - $TOTAL0), 1))")
 log "CPU steal during the measurements: $CWP_STEAL%"
@@ -543,17 +551,16 @@ CWP_NPROC=$NPROC
 CWP_KERNEL=$(uname -r)
 CWP_CPU=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
 CWP_IPERF=$(iperf3 --version 2>/dev/null | awk 'NR == 1 {print $2}')
-export RUN_S IPERF_S HOLD_S CONC PAYLOAD LAT_RATE LAT_CONNS IDLE_N NOFILE FDS_PER_CONN TARGETS DIRECTIONS UP_PORT PROXY_PORT
+export RUN_S IPERF_S HOLD_S CONC PAYLOAD LAT_RATE LAT_CONNS IDLE_N NOFILE FDS_PER_CONN TARGETS DIRECTIONS UP_PORT PROXY_PORT ROUNDS
 
 REPORT=$TMP/report.md
 python3 - "$RESULTS" >"$REPORT" <<'PY'
 import os, sys
-from collections import defaultdict
-r = defaultdict(dict)
-for line in open(sys.argv[1]):
-    s, k, v = line.rstrip("\n").split("\t", 2)
-    r[s][k] = v
 E = os.environ
+sys.path.insert(0, E["BENCH_DIR"])
+from rounds import load, round_ratios, spread
+r, by_round = load(sys.argv[1])
+rounds = int(E["ROUNDS"])
 targets = E["TARGETS"].split(",")
 ran = [t for t in targets if "skipped" not in r[t]]
 down = "down" in E["DIRECTIONS"].split()
@@ -607,6 +614,20 @@ for t in targets:
         print(f"- **{t}: proxy not available in this build, skipped** ({r[t]['skipped']}).")
 print()
 
+if rounds > 1:
+    print(f"- Rounds: {rounds}, each measuring every path, in reverse order every other round. Every figure below is the median over the rounds "
+          "(per-connection memory from the medians of its parts); the ratios causeway is judged by are also given round by round, "
+          "as median (lowest–highest):\n")
+    judged = [("1 stream vs HAProxy (bench / iperf3)", "haproxy", ("tput_up_1", "iperf_1")),
+              ("4 streams vs HAProxy", "haproxy", ("tput_up_4", "iperf_4")),
+              ("1 stream vs direct", "direct", ("tput_up_1", "iperf_1")),
+              ("4 streams vs direct", "direct", ("tput_up_4", "iperf_4")),
+              ("conn/s vs HAProxy", "haproxy", ("conn_rate",))]
+    print("| causeway | " + " | ".join(j[0] for j in judged) + " |")
+    print("|---|" + "---:|" * len(judged))
+    print("| over the rounds | " + " | ".join(" / ".join(spread(round_ratios(by_round, "causeway", ref, k)) for k in keys)
+                                           for _, ref, keys in judged) + " |")
+    print()
 print("| path | bench 1 stream Gbit/s | bench 4 streams | iperf3 -P 1 | iperf3 -P 4 |"
       + (" bench down 1 / 4 |" if down else "")
       + " 1 stream vs HAProxy (bench / iperf3) | 4 streams vs HAProxy | 1 stream vs direct | 4 streams vs direct |")

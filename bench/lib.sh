@@ -6,18 +6,22 @@ die() { printf '%s: error: %s\n' "$NAME" "$*" >&2; exit 1; }
 log() { printf '[%5ss] %s\n' "$SECONDS" "$*" >&2; }
 need() { command -v "$1" >/dev/null 2>&1 || die "'$1' not found${2:+ ($2)}"; }
 
+# Where the bench scripts and their report helper (rounds.py) live.
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export BENCH_DIR
+
 # parse_args LIST_OPTION CHOICES HELP_LINES ARGS... : the options every
-# compare script takes (--quick, --write FILE, --no-build, -h) and one
+# compare script takes (--quick, --rounds N, --write FILE, --no-build, -h) and one
 # comma-separated list option (--servers or --targets), whose value goes
 # into the upper-case variable of that name (its default set beforehand)
 # and must name only CHOICES (space-separated). Sets QUICK, WRITE (made
-# absolute) and NO_BUILD.
+# absolute), ROUNDS (1 unless given) and NO_BUILD.
 # shellcheck disable=SC2034 # the sourcing script reads QUICK and NO_BUILD
 parse_args() {
     local opt=$1 choices=$2 help=$3 var
     var=${opt^^}
     shift 3
-    QUICK=0 WRITE="" NO_BUILD=0
+    QUICK=0 WRITE="" NO_BUILD=0 ROUNDS=1
     while (($#)); do
         case $1 in
             --quick) QUICK=1 ;;
@@ -26,11 +30,14 @@ parse_args() {
             "--$opt") [[ $# -ge 2 ]] || die "--$opt needs a list"; printf -v "$var" '%s' "$2"; shift ;;
             "--$opt="*) printf -v "$var" '%s' "${1#--"$opt"=}" ;;
             --no-build) NO_BUILD=1 ;;
+            --rounds) [[ $# -ge 2 ]] || die "--rounds needs a number"; ROUNDS=$2; shift ;;
+            --rounds=*) ROUNDS=${1#--rounds=} ;;
             -h | --help) sed -n "2,${help}p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
             *) die "unknown argument: $1 (see --help)" ;;
         esac
         shift
     done
+    [[ $ROUNDS =~ ^[1-9]$ ]] || die "--rounds takes 1 to 9, not '$ROUNDS'"
     local item
     for item in ${!var//,/ }; do
         [[ " $choices " == *" $item "* ]] || die "unknown ${opt%s} '$item' (${choices// /, })"
@@ -86,7 +93,21 @@ stop_pids() {
 }
 
 # res NAME KEY VALUE : one result row, into $RESULTS.
+# Every round appends its own line; the report takes the median per key.
 res() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$RESULTS"; }
+
+# round_order ROUND LIST : the comma-separated LIST in order on odd rounds
+# and reversed on even ones, so no target always runs first or last.
+round_order() {
+    local items i
+    IFS=, read -r -a items <<<"$2"
+    if (($1 % 2)); then
+        echo "${items[*]}"
+    else
+        for ((i = ${#items[@]} - 1; i >= 0; i--)); do printf '%s ' "${items[i]}"; done
+        echo
+    fi
+}
 
 # jget FILE KEY... : fields of a JSON summary ("-" if null or missing;
 # dotted keys reach into objects).

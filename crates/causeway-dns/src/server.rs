@@ -322,7 +322,7 @@ fn udp_socket(addr: SocketAddr) -> Result<std::net::UdpSocket, DnsError> {
     let fail = |e: io::Error| bind_error(addr, &e);
     let socket =
         Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP)).map_err(fail)?;
-    // Several sockets on one address, each with its own task: the kernel
+    // Several sockets on one address, each with its own thread: the kernel
     // spreads queries over them.
     socket.set_reuse_port(true).map_err(fail)?;
     let _ = socket.set_recv_buffer_size(4 << 20);
