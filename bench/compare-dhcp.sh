@@ -161,7 +161,7 @@ bench() {
     [[ -s $out ]] || { tail -5 "$TMP/bench.log" >&2; die "causeway-bench produced no result ($*)"; }
 }
 
-server_log_tail() { [[ -n $SRV_DIR && -f $SRV_DIR/out ]] && tail -20 "$SRV_DIR/out" >&2 || true; }
+server_log_tail() { if [[ -n $SRV_DIR && -f $SRV_DIR/out ]]; then tail -20 "$SRV_DIR/out" >&2 || true; fi; }
 
 write_config() { # NAME DIR
     local name=$1 dir=$2

@@ -39,6 +39,15 @@ fi
 section "formatting and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# Every shell script in the repository, the bench comparisons included:
+# they run rarely, so a mistake in one would otherwise wait for a bench day.
+mapfile -t scripts < <(git ls-files '*.sh' .ci/run)
+if command -v shellcheck >/dev/null; then
+  shellcheck "${scripts[@]}"
+  echo "shellcheck: ${#scripts[@]} scripts clean"
+else
+  echo "SKIP shellcheck: not installed (not root, so the package step could not add it)"
+fi
 
 section "build (the e2e tests drive these binaries)"
 cargo build --workspace --bins --locked
