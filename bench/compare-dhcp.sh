@@ -30,6 +30,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 SERVERS="kea-st,kea-mt,dhcpd,causeway"
 ORIG_ARGS=("$@")
 parse_args servers "kea-st kea-mt dhcpd causeway" 22 "$@"
+# Each of its measurements already starts a fresh server; repeated rounds
+# are for the DNS and proxy comparisons only.
+((ROUNDS == 1)) || die "--rounds is for compare-dns.sh and compare-proxy.sh; compare-dhcp.sh measures once"
 
 [[ $(id -u) -eq 0 ]] || die "must run as root (network namespaces, binding port 67); try: sudo $0 ${ORIG_ARGS[*]}"
 
