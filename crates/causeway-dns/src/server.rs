@@ -200,8 +200,14 @@ impl DnsServer {
         };
         let tcp_limit = Arc::new(Semaphore::new(cfg.max_tcp_connections));
         let runtime = tokio::runtime::Handle::current();
-        let mut tasks = Vec::new();
-        let mut udp = Vec::new();
+        // Built up as sockets are bound: when one fails, dropping this wakes
+        // the UDP threads already started and stops the TCP loops.
+        let mut server = DnsServer {
+            shared: shared.clone(),
+            tasks: Vec::new(),
+            udp: Vec::new(),
+            listen: cfg.listen.clone(),
+        };
         for addr in &cfg.listen {
             for index in 0..sockets {
                 let socket = udp_socket(*addr)?;
@@ -222,10 +228,10 @@ impl DnsServer {
                         let _ = done_tx.send(());
                     })
                     .map_err(|e| bind_error(*addr, &e))?;
-                udp.push((endpoint, done_rx));
+                server.udp.push((endpoint, done_rx));
             }
             let listener = tcp_listener(*addr)?;
-            tasks.push(tokio::spawn(tcp_loop(
+            server.tasks.push(tokio::spawn(tcp_loop(
                 shared.clone(),
                 listener,
                 tcp_limit.clone(),
@@ -235,20 +241,15 @@ impl DnsServer {
         }
         // The UDP threads block in the kernel; shutting their sockets' read
         // side is what gets them to look at the shutdown signal promptly.
-        let endpoints: Vec<Arc<Endpoint>> = udp.iter().map(|(e, _)| e.clone()).collect();
+        let endpoints: Vec<Arc<Endpoint>> = server.udp.iter().map(|(e, _)| e.clone()).collect();
         let mut stop = shutdown.clone();
-        tasks.push(tokio::spawn(async move {
+        server.tasks.push(tokio::spawn(async move {
             stop.wait().await;
             for e in &endpoints {
                 e.wake();
             }
         }));
-        Ok(DnsServer {
-            shared,
-            tasks,
-            udp,
-            listen: cfg.listen.clone(),
-        })
+        Ok(server)
     }
 
     /// Swaps in new records and views; queries in flight finish on the old.
@@ -280,11 +281,15 @@ impl DnsServer {
 }
 
 impl Drop for DnsServer {
-    /// A server dropped without a shutdown (a test, a failed start) must not
-    /// leave its UDP threads holding the sockets.
+    /// A server dropped without a shutdown (a test, a start that failed
+    /// half-way) must not leave its threads and tasks holding the sockets.
+    /// After [`DnsServer::wait`] there is nothing left here to stop.
     fn drop(&mut self) {
         for (endpoint, _) in &self.udp {
             endpoint.wake();
+        }
+        for task in &self.tasks {
+            task.abort();
         }
     }
 }
@@ -496,5 +501,87 @@ async fn tcp_connection(
         framed.extend_from_slice(&n.to_be_bytes());
         framed.extend_from_slice(&wire);
         stream.write_all(&framed).await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use causeway_config::Config;
+
+    fn config(listen: &[SocketAddr]) -> DnsConfig {
+        let listen: Vec<String> = listen.iter().map(|a| format!("\"{a}\"")).collect();
+        let yaml = format!(
+            "cluster: {{name: hc1, baseDomain: example.com}}\n\
+             dns:\n  listen: [{}]\n  proxyAddress: 192.168.100.2\n  upstreams: [\"127.0.0.1:9\"]\n  udpSockets: 2\n",
+            listen.join(", ")
+        );
+        Config::from_yaml(&yaml).unwrap().dns.unwrap()
+    }
+
+    fn free_port() -> SocketAddr {
+        std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    }
+
+    /// A plain bind (no SO_REUSEPORT) succeeds only once no socket of the
+    /// server holds the address any more.
+    fn released(addr: SocketAddr) -> bool {
+        std::net::UdpSocket::bind(addr).is_ok()
+    }
+
+    /// Polls, a millisecond apart and for at most 2 s, until `done`.
+    async fn within_2s(mut done: impl FnMut() -> bool) -> bool {
+        for _ in 0..2000 {
+            if done() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        done()
+    }
+
+    #[tokio::test]
+    async fn a_start_that_fails_half_way_releases_what_it_bound() {
+        let first = free_port();
+        // The second address's TCP port is taken, so the start fails after
+        // the first address's UDP threads are running.
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let second = taken.local_addr().unwrap();
+        let (_trigger, shutdown) = causeway_runtime::shutdown::channel();
+        let metrics = DnsMetrics::new(&prometheus::Registry::new()).unwrap();
+        let started = DnsServer::start(
+            &config(&[first, second]),
+            Arc::new(DynamicNames::for_zone(None)),
+            metrics,
+            shutdown,
+        )
+        .await;
+        assert!(matches!(started, Err(DnsError::Bind { addr, .. }) if addr == second));
+        assert!(within_2s(|| released(first)).await, "{first} still held");
+    }
+
+    #[tokio::test]
+    async fn shutdown_stops_the_udp_threads_and_wait_returns() {
+        let addr = free_port();
+        let (trigger, shutdown) = causeway_runtime::shutdown::channel();
+        let metrics = DnsMetrics::new(&prometheus::Registry::new()).unwrap();
+        let server = DnsServer::start(
+            &config(&[addr]),
+            Arc::new(DynamicNames::for_zone(None)),
+            metrics,
+            shutdown,
+        )
+        .await
+        .unwrap();
+        assert!(!released(addr));
+        trigger.trigger();
+        // Well inside the threads' 1 s receive timeout: the wake did it.
+        tokio::time::timeout(Duration::from_millis(900), server.wait())
+            .await
+            .expect("the server stopped");
+        assert!(within_2s(|| released(addr)).await, "{addr} still held");
     }
 }
