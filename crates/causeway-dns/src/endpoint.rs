@@ -18,6 +18,7 @@
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 #[cfg(test)]
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,12 +27,16 @@ use nix::errno::Errno;
 use nix::libc;
 use nix::sys::socket::{
     recvmmsg, sendmmsg, sendmsg, setsockopt, shutdown, sockopt, ControlMessage,
-    ControlMessageOwned, MsgFlags, MultiHeaders, Shutdown, SockaddrIn, SockaddrStorage,
+    ControlMessageOwned, MsgFlags, MultiHeaders, Shutdown, SockaddrStorage,
 };
 
 pub struct Endpoint {
     socket: UdpSocket,
     pktinfo: bool,
+    /// Set by [`Endpoint::wake`]. The kernel's answer to a read on a shut
+    /// socket (empty messages, their sender fields left as the last call
+    /// wrote them) cannot be told from datagrams by itself.
+    shut: AtomicBool,
 }
 
 /// One datagram read by [`Endpoint::recv_batch`].
@@ -96,6 +101,7 @@ impl Endpoint {
         Ok(Endpoint {
             socket,
             pktinfo: wildcard,
+            shut: AtomicBool::new(false),
         })
     }
 
@@ -120,22 +126,24 @@ impl Endpoint {
             .iter_mut()
             .map(|b| [IoSliceMut::new(&mut b[..])])
             .collect();
-        let results = match recvmmsg(
+        let received = recvmmsg(
             self.socket.as_raw_fd(),
             &mut headers.recv,
             iovs.iter_mut(),
             MsgFlags::MSG_WAITFORONE,
             None,
-        ) {
+        );
+        if self.shut.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let results = match received {
             Ok(r) => r,
             Err(Errno::EAGAIN | Errno::EINTR) => return Ok(true),
             Err(e) => return Err(e.into()),
         };
         for msg in results {
-            // A shut socket yields empty messages with no sender; a real
-            // datagram, even an empty one, always has a sender.
             let Some(from) = msg.address.as_ref().and_then(std_addr) else {
-                return Ok(false);
+                continue;
             };
             let mut local = None;
             if let Ok(cmsgs) = msg.cmsgs() {
@@ -197,25 +205,33 @@ impl Endpoint {
         local: Option<Ipv4Addr>,
         flags: MsgFlags,
     ) -> io::Result<usize> {
-        let fd = self.socket.as_raw_fd();
+        // The source is set only on a wildcard socket, and only to an
+        // address a reply can come from.
+        let source = match (to, local, self.pktinfo) {
+            (SocketAddr::V4(_), Some(l), true)
+                if !(l.is_broadcast() || l.is_multicast() || l.is_unspecified()) =>
+            {
+                Some(libc::in_pktinfo {
+                    ipi_ifindex: 0,
+                    ipi_spec_dst: libc::in_addr {
+                        s_addr: u32::from(l).to_be(),
+                    },
+                    ipi_addr: libc::in_addr { s_addr: 0 },
+                })
+            }
+            _ => None,
+        };
+        let cmsg = source.as_ref().map(ControlMessage::Ipv4PacketInfo);
         let iov = [IoSlice::new(buf)];
-        let (SocketAddr::V4(to4), Some(local), true) = (to, local, self.pktinfo) else {
-            let dest = SockaddrStorage::from(to);
-            return sendmsg(fd, &iov, &[], flags, Some(&dest)).map_err(io::Error::from);
-        };
-        let dest = SockaddrIn::from(to4);
-        if local.is_broadcast() || local.is_multicast() || local.is_unspecified() {
-            return sendmsg(fd, &iov, &[], flags, Some(&dest)).map_err(io::Error::from);
-        }
-        let info = libc::in_pktinfo {
-            ipi_ifindex: 0,
-            ipi_spec_dst: libc::in_addr {
-                s_addr: u32::from(local).to_be(),
-            },
-            ipi_addr: libc::in_addr { s_addr: 0 },
-        };
-        let cmsgs = [ControlMessage::Ipv4PacketInfo(&info)];
-        sendmsg(fd, &iov, &cmsgs, flags, Some(&dest)).map_err(io::Error::from)
+        let dest = SockaddrStorage::from(to);
+        sendmsg(
+            self.socket.as_raw_fd(),
+            &iov,
+            cmsg.as_slice(),
+            flags,
+            Some(&dest),
+        )
+        .map_err(io::Error::from)
     }
 
     /// Sends one reply from an async task without blocking its thread.
@@ -244,6 +260,7 @@ impl Endpoint {
     /// unconnected UDP socket reports ENOTCONN, yet marks it shut and wakes
     /// its readers, which is all this needs.
     pub fn wake(&self) {
+        self.shut.store(true, Ordering::Release);
         let _ = shutdown(self.socket.as_raw_fd(), Shutdown::Read);
     }
 }
@@ -314,25 +331,33 @@ mod tests {
     #[test]
     fn wake_releases_a_blocked_reader_and_every_later_read() {
         let server = Arc::new(endpoint("127.0.0.1:0"));
+        // One real datagram first: the headers then hold its sender, as
+        // they do in a serving thread, and a shut socket's empty messages
+        // must not read as more datagrams from it.
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+        client.send_to(b"q", server.local_addr().unwrap()).unwrap();
+        let (first_read, took_it) = std::sync::mpsc::channel();
         let reader = server.clone();
         let blocked = std::thread::spawn(move || {
             let mut headers = BatchHeaders::new(&reader, 4);
             let mut bufs = vec![vec![0u8; 16]; 4];
             let mut got = Vec::new();
-            let first = reader
-                .recv_batch(&mut headers, &mut bufs, &mut got)
-                .unwrap();
-            let second = reader
-                .recv_batch(&mut headers, &mut bufs, &mut got)
-                .unwrap();
-            (first, second, std::time::Instant::now())
+            let mut read = || {
+                let open = reader
+                    .recv_batch(&mut headers, &mut bufs, &mut got)
+                    .unwrap();
+                (open, got.len())
+            };
+            first_read.send(read()).unwrap();
+            // Blocks until the wake (or has it already).
+            let after = [read(), read()];
+            (after, std::time::Instant::now())
         });
-        // The reader may not have blocked yet; waking first is as good, since
-        // the shut state persists.
+        assert_eq!(took_it.recv().unwrap(), (true, 1));
         let woke = std::time::Instant::now();
         server.wake();
-        let (first, second, returned) = blocked.join().unwrap();
-        assert!(!first && !second);
+        let (after, returned) = blocked.join().unwrap();
+        assert_eq!(after, [(false, 0), (false, 0)]);
         // Well inside the 5 s receive timeout: the wake did it.
         assert!(returned.duration_since(woke) < Duration::from_secs(4));
     }

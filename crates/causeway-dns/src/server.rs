@@ -357,9 +357,10 @@ const BATCH: usize = 32;
 /// How often an idle UDP thread wakes to publish its counts.
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
 
-/// Serves one UDP socket until shutdown. Local answers are made here, on
-/// this thread; forwarded queries become tasks on `runtime`, which send
-/// their own replies.
+/// Serves one UDP socket until shutdown, or until the socket is shut
+/// ([`Endpoint::wake`], when the server is dropped). Local answers are made
+/// here, on this thread; forwarded queries become tasks on `runtime`, which
+/// send their own replies.
 fn udp_thread(
     shared: &Arc<Shared>,
     socket: &Arc<Endpoint>,
@@ -375,28 +376,24 @@ fn udp_thread(
     let mut hot = Hot::new(shared);
     let mut flushed = std::time::Instant::now();
     loop {
-        if shutdown.is_triggered() {
-            hot.flush(shared);
-            return;
-        }
         if flushed.elapsed() >= HOUSEKEEPING {
             hot.flush(shared);
             flushed = std::time::Instant::now();
         }
         match socket.recv_batch(&mut headers, &mut bufs, &mut got) {
-            Ok(true) => {}
-            // Shut by a shutdown or by the server being dropped.
-            Ok(false) => {
-                hot.flush(shared);
-                return;
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "DNS UDP receive failed");
+            Ok(true) if !got.is_empty() => {}
+            Ok(false) => break,
+            // Nothing read (the wait ran out, or a woken read): the shutdown
+            // signal is looked at here, off the path that serves queries.
+            other => {
+                if let Err(e) = other {
+                    tracing::debug!(error = %e, "DNS UDP receive failed");
+                }
+                if shutdown.is_triggered() {
+                    break;
+                }
                 continue;
             }
-        }
-        if got.is_empty() {
-            continue;
         }
         let now = unix_now();
         targets.clear();
@@ -438,6 +435,7 @@ fn udp_thread(
             .collect();
         socket.send_batch(&mut headers, &out);
     }
+    hot.flush(shared);
 }
 
 async fn tcp_loop(
@@ -543,6 +541,12 @@ mod tests {
         done()
     }
 
+    async fn start(listen: &[SocketAddr], shutdown: Shutdown) -> Result<DnsServer, DnsError> {
+        let metrics = DnsMetrics::new(&prometheus::Registry::new()).unwrap();
+        let names = Arc::new(DynamicNames::for_zone(None));
+        DnsServer::start(&config(listen), names, metrics, shutdown).await
+    }
+
     #[tokio::test]
     async fn a_start_that_fails_half_way_releases_what_it_bound() {
         let first = free_port();
@@ -551,14 +555,7 @@ mod tests {
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let second = taken.local_addr().unwrap();
         let (_trigger, shutdown) = causeway_runtime::shutdown::channel();
-        let metrics = DnsMetrics::new(&prometheus::Registry::new()).unwrap();
-        let started = DnsServer::start(
-            &config(&[first, second]),
-            Arc::new(DynamicNames::for_zone(None)),
-            metrics,
-            shutdown,
-        )
-        .await;
+        let started = start(&[first, second], shutdown).await;
         assert!(matches!(started, Err(DnsError::Bind { addr, .. }) if addr == second));
         assert!(within_2s(|| released(first)).await, "{first} still held");
     }
@@ -567,15 +564,7 @@ mod tests {
     async fn shutdown_stops_the_udp_threads_and_wait_returns() {
         let addr = free_port();
         let (trigger, shutdown) = causeway_runtime::shutdown::channel();
-        let metrics = DnsMetrics::new(&prometheus::Registry::new()).unwrap();
-        let server = DnsServer::start(
-            &config(&[addr]),
-            Arc::new(DynamicNames::for_zone(None)),
-            metrics,
-            shutdown,
-        )
-        .await
-        .unwrap();
+        let server = start(&[addr], shutdown).await.unwrap();
         assert!(!released(addr));
         trigger.trigger();
         // Well inside the threads' 1 s receive timeout: the wake did it.
