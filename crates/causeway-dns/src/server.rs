@@ -517,11 +517,17 @@ mod tests {
         Config::from_yaml(&yaml).unwrap().dns.unwrap()
     }
 
+    /// A port free for both UDP and TCP (the server binds both), found by
+    /// holding both at once; other tests take ephemeral ports meanwhile, so
+    /// a UDP port alone is often someone's TCP port.
     fn free_port() -> SocketAddr {
-        std::net::UdpSocket::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
+        loop {
+            let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = tcp.local_addr().unwrap();
+            if std::net::UdpSocket::bind(addr).is_ok() {
+                return addr;
+            }
+        }
     }
 
     /// A plain bind (no SO_REUSEPORT) succeeds only once no socket of the
