@@ -79,7 +79,8 @@ fi
 section "tests"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --workspace --locked 2>&1 | tee "$log"
+# --no-fail-fast: one flaky binary must not hide how the others fare.
+cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
 # One closing line for the whole run (cargo prints one per test binary,
 # the last of which is often an empty doc-test run). Tests that returned
 # early for want of root said "SKIP ..." and count as skipped, not passed.
