@@ -5,8 +5,8 @@
 //! registered socket costs the kernel a readiness callback for every
 //! datagram received and every reply freed after sending; a thread parked
 //! in recvmmsg costs nothing until a query arrives, and under load never
-//! parks. Replies to forwarded queries come from async tasks, which send
-//! with MSG_DONTWAIT on the same socket.
+//! parks. While the thread has queries upstream it polls this socket and
+//! its upstream socket together ([`Endpoint::poll_with`]).
 //!
 //! A socket bound to a specific address always answers from it. One bound
 //! to 0.0.0.0 would let the kernel pick the source by the main routing
@@ -17,7 +17,7 @@
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 #[cfg(test)]
 use std::sync::Arc;
@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::libc;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{
     recvmmsg, sendmmsg, sendmsg, setsockopt, shutdown, sockopt, ControlMessage,
     ControlMessageOwned, MsgFlags, MultiHeaders, Shutdown, SockaddrStorage,
@@ -115,11 +116,13 @@ impl Endpoint {
     /// with a single recvmmsg: under load one system call serves many
     /// queries. Returns false once the socket has been shut by
     /// [`Self::wake`]; true otherwise, with nothing read if the wait ran out.
+    /// With `block` false it does not wait at all (the caller has polled).
     pub fn recv_batch(
         &self,
         headers: &mut BatchHeaders,
         bufs: &mut [Vec<u8>],
         got: &mut Vec<Datagram>,
+        block: bool,
     ) -> io::Result<bool> {
         got.clear();
         let mut iovs: Vec<[IoSliceMut<'_>; 1]> = bufs
@@ -130,7 +133,11 @@ impl Endpoint {
             self.socket.as_raw_fd(),
             &mut headers.recv,
             iovs.iter_mut(),
-            MsgFlags::MSG_WAITFORONE,
+            if block {
+                MsgFlags::MSG_WAITFORONE
+            } else {
+                MsgFlags::MSG_DONTWAIT
+            },
             None,
         );
         if self.shut.load(Ordering::Acquire) {
@@ -234,25 +241,36 @@ impl Endpoint {
         .map_err(io::Error::from)
     }
 
-    /// Sends one reply from an async task without blocking its thread.
-    /// While the send buffer is full it retries a few times, a millisecond
-    /// apart, then gives the reply up as lost.
-    pub async fn send_from_task(
+    /// Sends one reply without blocking: a reply that finds the send buffer
+    /// full is lost, as any UDP reply may be, rather than holding up the
+    /// thread (or task) that has other clients to serve.
+    pub fn send_now(
         &self,
         buf: &[u8],
         to: SocketAddr,
         local: Option<Ipv4Addr>,
     ) -> io::Result<usize> {
-        let mut tries = 0;
-        loop {
-            match self.send(buf, to, local, MsgFlags::MSG_DONTWAIT) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock && tries < 10 => {
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-                other => return other,
-            }
+        self.send(buf, to, local, MsgFlags::MSG_DONTWAIT)
+    }
+
+    /// Waits until this socket or `upstream` has something to read, or
+    /// `wait` runs out, and says which: (this one, upstream). A shut socket
+    /// ([`Self::wake`]) reads as ready.
+    pub fn poll_with(&self, upstream: &UdpSocket, wait: Duration) -> io::Result<(bool, bool)> {
+        // Rounded up, so a timer due in under a millisecond is not polled for
+        // again and again with a zero wait.
+        let millis = u16::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(u16::MAX);
+        let mut fds = [
+            PollFd::new(self.socket.as_fd(), PollFlags::POLLIN),
+            PollFd::new(upstream.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::from(millis)) {
+            Ok(_) => {}
+            Err(Errno::EINTR) => return Ok((false, false)),
+            Err(e) => return Err(e.into()),
         }
+        let ready = |fd: &PollFd<'_>| fd.revents().is_some_and(|r| !r.is_empty());
+        Ok((ready(&fds[0]), ready(&fds[1])))
     }
 
     /// Makes a thread blocked in [`Self::recv_batch`] return now, and every
@@ -287,7 +305,7 @@ mod tests {
         let mut seen = 0;
         while seen < 5 {
             assert!(server
-                .recv_batch(&mut headers, &mut bufs, &mut got)
+                .recv_batch(&mut headers, &mut bufs, &mut got, true)
                 .unwrap());
             for (i, d) in got.iter().enumerate() {
                 assert_eq!(d.len, 3);
@@ -322,7 +340,7 @@ mod tests {
         let mut bufs = vec![vec![0u8; 16]; 4];
         let mut got = Vec::new();
         assert!(server
-            .recv_batch(&mut headers, &mut bufs, &mut got)
+            .recv_batch(&mut headers, &mut bufs, &mut got, true)
             .unwrap());
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].len, 0);
@@ -344,7 +362,7 @@ mod tests {
             let mut got = Vec::new();
             let mut read = || {
                 let open = reader
-                    .recv_batch(&mut headers, &mut bufs, &mut got)
+                    .recv_batch(&mut headers, &mut bufs, &mut got, true)
                     .unwrap();
                 (open, got.len())
             };
@@ -373,7 +391,7 @@ mod tests {
         let mut bufs = vec![vec![0u8; 16]];
         let mut got = Vec::new();
         assert!(server
-            .recv_batch(&mut headers, &mut bufs, &mut got)
+            .recv_batch(&mut headers, &mut bufs, &mut got, true)
             .unwrap());
         let d = got[0];
         assert_eq!(&bufs[0][..d.len], b"ping");
@@ -392,18 +410,54 @@ mod tests {
         assert_eq!(reply_from, SocketAddr::from(([127, 0, 0, 3], port)));
     }
 
-    #[tokio::test]
-    async fn a_task_sends_without_blocking() {
+    #[test]
+    fn poll_says_which_socket_has_something_to_read() {
         let server = endpoint("127.0.0.1:0");
-        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let n = server
-            .send_from_task(b"late", client.local_addr().unwrap(), None)
-            .await
+        let upstream = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let wait = Duration::from_millis(50);
+        assert_eq!(server.poll_with(&upstream, wait).unwrap(), (false, false));
+
+        peer.send_to(b"answer", upstream.local_addr().unwrap())
             .unwrap();
-        assert_eq!(n, 4);
+        assert_eq!(server.poll_with(&upstream, wait).unwrap(), (false, true));
+
+        server
+            .send_now(b"query", peer.local_addr().unwrap(), None)
+            .unwrap();
         let mut buf = [0u8; 8];
-        let (n, from) = client.recv_from(&mut buf).unwrap();
-        assert_eq!(&buf[..n], b"late");
-        assert_eq!(from, server.local_addr().unwrap());
+        let (n, from) = peer.recv_from(&mut buf).unwrap();
+        assert_eq!(
+            (&buf[..n], from),
+            (&b"query"[..], server.local_addr().unwrap())
+        );
+        peer.send_to(b"query", server.local_addr().unwrap())
+            .unwrap();
+        assert_eq!(server.poll_with(&upstream, wait).unwrap(), (true, true));
+    }
+
+    #[test]
+    fn a_woken_socket_polls_ready_and_reads_as_shut() {
+        let server = Arc::new(endpoint("127.0.0.1:0"));
+        let upstream = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let waker = server.clone();
+        // The outcome does not hang on the pause: a socket shut before the
+        // poll polls ready too. It only makes a blocked poll the usual case.
+        let woken = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            waker.wake();
+        });
+        // Far longer than the wake takes: a return before it is the wake.
+        let (ready, _) = server
+            .poll_with(&upstream, Duration::from_secs(30))
+            .unwrap();
+        woken.join().unwrap();
+        assert!(ready);
+        let mut headers = BatchHeaders::new(&server, 4);
+        let mut bufs: Vec<Vec<u8>> = (0..4).map(|_| vec![0u8; 64]).collect();
+        let mut got = Vec::new();
+        assert!(!server
+            .recv_batch(&mut headers, &mut bufs, &mut got, false)
+            .unwrap());
     }
 }

@@ -3,9 +3,14 @@
 //! share one upstream query; the number of upstream queries is bounded;
 //! upstreams that keep failing are skipped for a while; answers are cached
 //! and, when every upstream fails, served stale.
+//!
+//! The shared state (cache, queries in flight by name, upstream health, the
+//! bound) lives here, used from two places: the UDP serving threads, which
+//! each ask upstream on a socket of their own ([`crate::outbound`]), and
+//! [`Forwarder::resolve`] for queries that came over TCP.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,11 +22,12 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::cache::{key_of, shape, Cache, CacheKey, Hit};
 use crate::message::ParsedQuery;
 use crate::metrics::DnsMetrics;
+use crate::outbound::Client;
 
 /// Consecutive failures after which an upstream is skipped.
 const FAILURES_TO_SKIP: u32 = 3;
@@ -36,7 +42,7 @@ pub enum Answer {
 }
 
 #[derive(Debug, thiserror::Error)]
-enum FetchError {
+pub(crate) enum FetchError {
     #[error("timed out")]
     Timeout,
     #[error("{0}")]
@@ -50,7 +56,7 @@ enum FetchError {
 }
 
 impl FetchError {
-    fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             FetchError::Timeout => "timeout",
             FetchError::Io(_) => "io",
@@ -75,14 +81,35 @@ struct Pending {
     tx: oneshot::Sender<Vec<u8>>,
 }
 
+/// Someone waiting for the answer to a query already on its way upstream.
+pub(crate) enum Waiter {
+    /// A task serving a TCP client.
+    Task(oneshot::Sender<Answer>),
+    /// A UDP client, answered by whoever gets the answer.
+    Datagram(Box<Client>),
+}
+
+/// One of the bounded upstream queries, given back when dropped.
+pub(crate) struct InFlight {
+    _permit: OwnedSemaphorePermit,
+    gauge: prometheus::IntGauge,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
 pub struct Forwarder {
     upstreams: Vec<Upstream>,
     policy: UpstreamPolicy,
     timeout: Duration,
     socket: Arc<UdpSocket>,
     pending: Mutex<HashMap<u16, Pending>>,
-    coalesce: Mutex<HashMap<CacheKey, Vec<oneshot::Sender<Answer>>>>,
-    permits: Semaphore,
+    /// Names on their way upstream, and who else waits for each.
+    coalesce: Mutex<HashMap<CacheKey, Vec<Waiter>>>,
+    permits: Arc<Semaphore>,
     pub cache: Cache,
     metrics: DnsMetrics,
     epoch: Instant,
@@ -100,11 +127,7 @@ impl Forwarder {
         metrics: DnsMetrics,
         shutdown: Shutdown,
     ) -> std::io::Result<Arc<Self>> {
-        let any_v6 = upstreams.iter().any(SocketAddr::is_ipv6);
-        let bind: SocketAddr = if any_v6 { "[::]:0" } else { "0.0.0.0:0" }
-            .parse()
-            .map_err(|_| std::io::Error::other("bind address"))?;
-        let socket = Arc::new(UdpSocket::bind(bind).await?);
+        let socket = Arc::new(UdpSocket::bind(local_bind(&upstreams)).await?);
         let fwd = Arc::new(Forwarder {
             upstreams: upstreams
                 .into_iter()
@@ -120,7 +143,7 @@ impl Forwarder {
             socket: socket.clone(),
             pending: Mutex::new(HashMap::new()),
             coalesce: Mutex::new(HashMap::new()),
-            permits: Semaphore::new(cfg.max_upstream_in_flight),
+            permits: Arc::new(Semaphore::new(cfg.max_upstream_in_flight)),
             cache: Cache::new(cfg.cache.clone()),
             metrics,
             epoch: Instant::now(),
@@ -129,41 +152,86 @@ impl Forwarder {
         Ok(fwd)
     }
 
-    /// Answers `q` (whose bytes are `request`) from the cache or upstream.
-    pub async fn resolve(self: &Arc<Self>, q: &ParsedQuery, request: &[u8], now: u64) -> Answer {
+    /// Answers `q` (whose bytes are `request`) from the cache or upstream,
+    /// for a TCP client. Also returns those who joined the query meanwhile,
+    /// for the caller to answer.
+    pub(crate) async fn resolve(
+        &self,
+        q: &ParsedQuery,
+        request: &[u8],
+        now: u64,
+    ) -> (Answer, Vec<Waiter>) {
         let key = key_of(q);
-        if let Hit::Fresh(wire) = self.cache.get(&key, now, false) {
+        if let Some(wire) = self.cached(&key, now) {
+            return (Answer::Response(wire), Vec::new());
+        }
+        let (tx, rx) = oneshot::channel();
+        if self.join(&key, Waiter::Task(tx)).is_ok() {
+            return (rx.await.unwrap_or(Answer::ServFail), Vec::new());
+        }
+        let result = match self.in_flight() {
+            Some(_slot) => self.fetch(q, request).await,
+            None => Err(FetchError::Overloaded),
+        };
+        self.settle(&key, q, result, now)
+    }
+
+    /// A fresh cached answer, counting the hit or the miss.
+    pub(crate) fn cached(&self, key: &[u8], now: u64) -> Option<Vec<u8>> {
+        if let Hit::Fresh(wire) = self.cache.get(key, now, false) {
             self.metrics.cache.with_label_values(&["hit"]).inc();
-            return Answer::Response(wire);
+            return Some(wire);
         }
         self.metrics.cache.with_label_values(&["miss"]).inc();
-        let waiting = {
-            let mut map = lock(&self.coalesce);
-            match map.get_mut(&key) {
-                Some(waiters) => {
-                    let (tx, rx) = oneshot::channel();
-                    waiters.push(tx);
-                    Some(rx)
-                }
-                None => {
-                    map.insert(key.clone(), Vec::new());
-                    None
-                }
+        None
+    }
+
+    /// Joins `waiter` to the identical query on its way upstream, if there
+    /// is one. If not, hands the waiter back and marks the name as on its
+    /// way: the caller asks upstream and must [`Self::settle`] it.
+    pub(crate) fn join(&self, key: &CacheKey, waiter: Waiter) -> Result<(), Waiter> {
+        let mut map = lock(&self.coalesce);
+        match map.get_mut(key) {
+            Some(waiters) => {
+                waiters.push(waiter);
+                self.metrics.coalesced.inc();
+                Ok(())
             }
-        };
-        if let Some(rx) = waiting {
-            self.metrics.coalesced.inc();
-            return rx.await.unwrap_or(Answer::ServFail);
+            None => {
+                map.insert(key.clone(), Vec::new());
+                Err(waiter)
+            }
         }
-        // Whatever happens below, the waiters must hear back.
-        let answer = match self.fetch(q, request).await {
+    }
+
+    /// One upstream query's place under the bound, if one is free.
+    pub(crate) fn in_flight(&self) -> Option<InFlight> {
+        let permit = self.permits.clone().try_acquire_owned().ok()?;
+        self.metrics.upstream_in_flight.inc();
+        Some(InFlight {
+            _permit: permit,
+            gauge: self.metrics.upstream_in_flight.clone(),
+        })
+    }
+
+    /// Ends the query for `key` that [`Self::join`] let the caller lead:
+    /// caches the answer, or falls back to a stale one, and returns the
+    /// answer with everyone who waits for it.
+    pub(crate) fn settle(
+        &self,
+        key: &CacheKey,
+        q: &ParsedQuery,
+        result: Result<Vec<u8>, FetchError>,
+        now: u64,
+    ) -> (Answer, Vec<Waiter>) {
+        let answer = match result {
             Ok(wire) => {
                 self.cache.insert(key.clone(), &wire, now);
                 Answer::Response(wire)
             }
             Err(e) => {
                 tracing::debug!(name = %q.lower, error = %e, "forwarding failed");
-                match self.cache.get(&key, now, true) {
+                match self.cache.get(key, now, true) {
                     Hit::Stale(wire) | Hit::Fresh(wire) => {
                         self.metrics.cache.with_label_values(&["stale"]).inc();
                         Answer::Response(wire)
@@ -172,30 +240,63 @@ impl Forwarder {
                 }
             }
         };
-        let waiters = lock(&self.coalesce).remove(&key).unwrap_or_default();
-        for w in waiters {
-            let _ = w.send(answer.clone());
-        }
-        answer
+        let waiters = lock(&self.coalesce).remove(key).unwrap_or_default();
+        (answer, waiters)
     }
 
     fn now_ms(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Upstreams to try, in order: those not being skipped first, in config
-    /// order (sequential) or shuffled (random).
-    fn order(&self) -> Vec<&Upstream> {
+    /// Indices of the upstreams to try, in order: those not being skipped
+    /// first, in config order (sequential) or shuffled (random).
+    pub(crate) fn order(&self) -> Vec<usize> {
         let now = self.now_ms();
-        let mut ups: Vec<&Upstream> = self.upstreams.iter().collect();
+        let mut order: Vec<usize> = (0..self.upstreams.len()).collect();
         if self.policy == UpstreamPolicy::Random {
-            ups.shuffle(&mut rand::rng());
+            order.shuffle(&mut rand::rng());
         }
-        ups.sort_by_key(|u| u.skip_until.load(Ordering::Relaxed) > now);
-        ups
+        order.sort_by_key(|&i| self.upstreams[i].skip_until.load(Ordering::Relaxed) > now);
+        order
     }
 
-    fn failed(&self, up: &Upstream, e: &FetchError) {
+    /// The time a query may take over every upstream, and the share of it
+    /// one upstream gets before the next is asked.
+    pub(crate) fn timeouts(&self) -> (Duration, Duration) {
+        // Leave time for the others if the first does not answer.
+        let per_try =
+            (self.timeout / self.upstreams.len().max(1) as u32).max(Duration::from_millis(300));
+        (self.timeout, per_try)
+    }
+
+    /// Where a socket that asks these upstreams binds: any address, any
+    /// port (the kernel's random port is half of what keeps forged answers
+    /// out).
+    pub(crate) fn local_bind(&self) -> SocketAddr {
+        let addrs: Vec<SocketAddr> = self.upstreams.iter().map(|u| u.addr).collect();
+        local_bind(&addrs)
+    }
+
+    pub(crate) fn upstream_addr(&self, index: usize) -> Option<SocketAddr> {
+        self.upstreams.get(index).map(|u| u.addr)
+    }
+
+    /// Checks an upstream's answer: it must parse and must not be a failure
+    /// another upstream might not have.
+    pub(crate) fn check(wire: Vec<u8>) -> Result<Vec<u8>, FetchError> {
+        match shape(&wire) {
+            None => Err(FetchError::Malformed),
+            Some(s) if matches!(s.rcode, ResponseCode::ServFail | ResponseCode::Refused) => {
+                Err(FetchError::Failed(s.rcode))
+            }
+            Some(_) => Ok(wire),
+        }
+    }
+
+    pub(crate) fn failed(&self, index: usize, e: &FetchError) {
+        let Some(up) = self.upstreams.get(index) else {
+            return;
+        };
         self.metrics
             .upstream_errors
             .with_label_values(&[up.label.as_str(), e.label()])
@@ -208,7 +309,10 @@ impl Forwarder {
         }
     }
 
-    fn succeeded(&self, up: &Upstream, took: Duration) {
+    pub(crate) fn succeeded(&self, index: usize, took: Duration) {
+        let Some(up) = self.upstreams.get(index) else {
+            return;
+        };
         up.failures.store(0, Ordering::Relaxed);
         up.skip_until.store(0, Ordering::Relaxed);
         self.metrics
@@ -218,23 +322,11 @@ impl Forwarder {
     }
 
     async fn fetch(&self, q: &ParsedQuery, request: &[u8]) -> Result<Vec<u8>, FetchError> {
-        let _permit = self
-            .permits
-            .try_acquire()
-            .map_err(|_| FetchError::Overloaded)?;
-        self.metrics.upstream_in_flight.inc();
-        let result = self.fetch_inner(q, request).await;
-        self.metrics.upstream_in_flight.dec();
-        result
-    }
-
-    async fn fetch_inner(&self, q: &ParsedQuery, request: &[u8]) -> Result<Vec<u8>, FetchError> {
-        let deadline = Instant::now() + self.timeout;
-        let order = self.order();
-        // Leave time for the others if the first does not answer.
-        let per_try = (self.timeout / order.len().max(1) as u32).max(Duration::from_millis(300));
+        let (total, per_try) = self.timeouts();
+        let deadline = Instant::now() + total;
         let mut last = FetchError::Timeout;
-        for up in order {
+        for index in self.order() {
+            let up = &self.upstreams[index];
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
                 break;
@@ -247,20 +339,13 @@ impl Forwarder {
                 }
                 other => other,
             };
-            let checked = attempt.and_then(|wire| match shape(&wire) {
-                None => Err(FetchError::Malformed),
-                Some(s) if matches!(s.rcode, ResponseCode::ServFail | ResponseCode::Refused) => {
-                    Err(FetchError::Failed(s.rcode))
-                }
-                Some(_) => Ok(wire),
-            });
-            match checked {
+            match attempt.and_then(Self::check) {
                 Ok(wire) => {
-                    self.succeeded(up, started.elapsed());
+                    self.succeeded(index, started.elapsed());
                     return Ok(wire);
                 }
                 Err(e) => {
-                    self.failed(up, &e);
+                    self.failed(index, &e);
                     last = e;
                 }
             }
@@ -320,6 +405,15 @@ impl Forwarder {
     }
 }
 
+fn local_bind(upstreams: &[SocketAddr]) -> SocketAddr {
+    let any = if upstreams.iter().any(SocketAddr::is_ipv6) {
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    };
+    SocketAddr::new(any, 0)
+}
+
 /// Delivers upstream responses to the queries waiting for them. A response
 /// is accepted only from the upstream asked, with the ID and the question
 /// it was asked.
@@ -360,7 +454,11 @@ async fn receive_loop(fwd: Arc<Forwarder>, socket: Arc<UdpSocket>, mut shutdown:
 }
 
 /// One query over TCP (after a truncated UDP answer).
-async fn tcp(addr: SocketAddr, request: &[u8], wait: Duration) -> Result<Vec<u8>, FetchError> {
+pub(crate) async fn tcp(
+    addr: SocketAddr,
+    request: &[u8],
+    wait: Duration,
+) -> Result<Vec<u8>, FetchError> {
     let exchange = async {
         let mut s = TcpStream::connect(addr).await?;
         let len = u16::try_from(request.len()).map_err(|_| FetchError::Malformed)?;

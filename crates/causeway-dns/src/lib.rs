@@ -18,6 +18,7 @@ pub mod handler;
 mod hot;
 pub mod message;
 pub mod metrics;
+mod outbound;
 pub mod server;
 
 pub use authority::{Authority, DynamicNames};

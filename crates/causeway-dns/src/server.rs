@@ -6,7 +6,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use causeway_config::DnsConfig;
 use causeway_runtime::Shutdown;
@@ -20,11 +20,12 @@ use tokio::task::JoinHandle;
 
 use crate::authority::{Authority, DynamicNames};
 use crate::endpoint::{BatchHeaders, Datagram, Endpoint, Outgoing};
-use crate::forward::{Answer, Forwarder};
+use crate::forward::{Answer, Forwarder, Waiter};
 use crate::handler::{decide, Decision};
 use crate::hot::Hot;
 use crate::message::{self, ParsedQuery, Rejected};
 use crate::metrics::{qtype_label, rcode_label, DnsMetrics};
+use crate::outbound::{Client, Outbound};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DnsError {
@@ -54,7 +55,7 @@ pub struct DnsServer {
     listen: Vec<SocketAddr>,
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -138,12 +139,42 @@ impl Shared {
         }
     }
 
-    /// The forwarded answer, made to fit the client.
-    async fn forward(&self, q: &ParsedQuery, view: usize, request: &[u8], udp: bool) -> Vec<u8> {
+    /// The forwarded answer for a TCP client.
+    async fn forward(&self, q: &ParsedQuery, view: usize, request: &[u8]) -> Vec<u8> {
         let Some(fwd) = &self.forwarder else {
             return message::error_response(q, ResponseCode::ServFail, true);
         };
-        let wire = match fwd.resolve(q, request, unix_now()).await {
+        let (answer, waiters) = fwd.resolve(q, request, unix_now()).await;
+        self.deliver(&answer, waiters);
+        self.fit(answer, q, view, request, false)
+    }
+
+    /// Answers everyone waiting for a forwarded query.
+    pub(crate) fn deliver(&self, answer: &Answer, waiters: Vec<Waiter>) {
+        for waiter in waiters {
+            match waiter {
+                Waiter::Task(tx) => {
+                    let _ = tx.send(answer.clone());
+                }
+                Waiter::Datagram(c) => {
+                    let wire = self.fit(answer.clone(), &c.q, c.view, &c.request, true);
+                    let _ = c.endpoint.send_now(&wire, c.to, c.local);
+                }
+            }
+        }
+    }
+
+    /// A forwarded answer made to fit its client: the client's ID and
+    /// question spelling, truncated if it is too big for the client's UDP.
+    fn fit(
+        &self,
+        answer: Answer,
+        q: &ParsedQuery,
+        view: usize,
+        request: &[u8],
+        udp: bool,
+    ) -> Vec<u8> {
+        let wire = match answer {
             Answer::Response(mut wire) => {
                 if !message::patch_for(&mut wire, q, request) {
                     message::error_response(q, ResponseCode::ServFail, true)
@@ -214,17 +245,19 @@ impl DnsServer {
                 let endpoint = Arc::new(
                     Endpoint::new(socket, HOUSEKEEPING).map_err(|e| bind_error(*addr, &e))?,
                 );
+                let mut outbound = match &shared.forwarder {
+                    Some(fwd) => Some(
+                        Outbound::new(fwd.clone(), runtime.clone()).map_err(DnsError::Upstream)?,
+                    ),
+                    None => None,
+                };
                 let (done_tx, done_rx) = oneshot::channel();
-                let (shared, thread_endpoint, runtime, shutdown) = (
-                    shared.clone(),
-                    endpoint.clone(),
-                    runtime.clone(),
-                    shutdown.clone(),
-                );
+                let (shared, thread_endpoint, shutdown) =
+                    (shared.clone(), endpoint.clone(), shutdown.clone());
                 std::thread::Builder::new()
                     .name(format!("dns-udp-{index}"))
                     .spawn(move || {
-                        udp_thread(&shared, &thread_endpoint, &runtime, &shutdown);
+                        udp_thread(&shared, &thread_endpoint, outbound.as_mut(), &shutdown);
                         let _ = done_tx.send(());
                     })
                     .map_err(|e| bind_error(*addr, &e))?;
@@ -358,13 +391,13 @@ const BATCH: usize = 32;
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
 
 /// Serves one UDP socket until shutdown, or until the socket is shut
-/// ([`Endpoint::wake`], when the server is dropped). Local answers are made
-/// here, on this thread; forwarded queries become tasks on `runtime`, which
-/// send their own replies.
+/// ([`Endpoint::wake`], when the server is dropped). Everything is done on
+/// this thread: local answers, and forwarding on its own upstream socket
+/// (`outbound`, absent when there are no upstreams).
 fn udp_thread(
     shared: &Arc<Shared>,
     socket: &Arc<Endpoint>,
-    runtime: &tokio::runtime::Handle,
+    mut outbound: Option<&mut Outbound>,
     shutdown: &Shutdown,
 ) {
     let mut headers = BatchHeaders::new(socket, BATCH);
@@ -374,13 +407,37 @@ fn udp_thread(
     let mut replies: Vec<Vec<u8>> = (0..BATCH).map(|_| Vec::with_capacity(512)).collect();
     let mut targets: Vec<(usize, SocketAddr, Option<Ipv4Addr>)> = Vec::with_capacity(BATCH);
     let mut hot = Hot::new(shared);
-    let mut flushed = std::time::Instant::now();
+    let mut flushed = Instant::now();
     loop {
         if flushed.elapsed() >= HOUSEKEEPING {
             hot.flush(shared);
-            flushed = std::time::Instant::now();
+            flushed = Instant::now();
         }
-        match socket.recv_batch(&mut headers, &mut bufs, &mut got) {
+        // With queries upstream, wait on both sockets (and the next
+        // upstream timeout); without, block on the clients' socket alone.
+        let block = match outbound.as_deref_mut() {
+            Some(out) if !out.is_idle() => {
+                let wait = out.next_timer().map_or(HOUSEKEEPING, |at| {
+                    at.saturating_duration_since(Instant::now())
+                        .min(HOUSEKEEPING)
+                });
+                let (queries, answers) =
+                    socket.poll_with(out.socket(), wait).unwrap_or((true, true));
+                if answers {
+                    out.receive(shared);
+                }
+                out.expire(shared);
+                if !queries {
+                    if shutdown.is_triggered() {
+                        break;
+                    }
+                    continue;
+                }
+                false
+            }
+            _ => true,
+        };
+        match socket.recv_batch(&mut headers, &mut bufs, &mut got, block) {
             Ok(true) if !got.is_empty() => {}
             Ok(false) => break,
             // Nothing read (the wait ran out, or a woken read): the shutdown
@@ -414,14 +471,22 @@ fn udp_thread(
                     targets.push((targets.len(), d.from, d.local));
                 }
                 Step::Drop => {}
+                // A query is forwarded only when there are upstreams, and
+                // then every thread has its outbound socket.
                 Step::Forward(q, view) => {
-                    let (shared, socket, request) =
-                        (shared.clone(), socket.clone(), request.to_vec());
-                    let (from, local) = (d.from, d.local);
-                    runtime.spawn(async move {
-                        let wire = shared.forward(&q, view, &request, true).await;
-                        let _ = socket.send_from_task(&wire, from, local).await;
-                    });
+                    if let Some(out) = outbound.as_deref_mut() {
+                        out.forward(
+                            shared,
+                            Client {
+                                endpoint: socket.clone(),
+                                q,
+                                view,
+                                request: request.to_vec(),
+                                to: d.from,
+                                local: d.local,
+                            },
+                        );
+                    }
                 }
             }
         }
@@ -434,6 +499,9 @@ fn udp_thread(
             })
             .collect();
         socket.send_batch(&mut headers, &out);
+    }
+    if let Some(out) = outbound {
+        out.abandon(shared);
     }
     hot.flush(shared);
 }
@@ -490,7 +558,7 @@ async fn tcp_connection(
         let wire = match shared.step(&request, client, false) {
             Step::Reply { wire, .. } => wire,
             Step::Drop => return Ok(()),
-            Step::Forward(q, view) => shared.forward(&q, view, &request, false).await,
+            Step::Forward(q, view) => shared.forward(&q, view, &request).await,
         };
         let Ok(n) = u16::try_from(wire.len()) else {
             continue;

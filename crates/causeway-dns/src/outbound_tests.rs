@@ -1,0 +1,247 @@
+//! Forwarding from the UDP threads, through a running server, against
+//! upstreams on loopback that each test drives by hand: when they answer,
+//! what, from where, and whether over TCP.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use causeway_config::Config;
+use causeway_runtime::shutdown::{channel, ShutdownTrigger};
+use hickory_proto::op::{Message, MessageType, Query};
+use hickory_proto::rr::rdata::A;
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+
+use crate::authority::DynamicNames;
+use crate::metrics::DnsMetrics;
+use crate::server::DnsServer;
+
+struct Lab {
+    addr: SocketAddr,
+    metrics: DnsMetrics,
+    _server: DnsServer,
+    _trigger: ShutdownTrigger,
+}
+
+/// A server on a free loopback port with two UDP threads, so that clients
+/// are spread over both, forwarding to `upstreams`.
+async fn serve(upstreams: &[SocketAddr], extra: &str) -> Lab {
+    let addr = loop {
+        let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = tcp.local_addr().unwrap();
+        if UdpSocket::bind(addr).is_ok() {
+            break addr;
+        }
+    };
+    let upstreams: Vec<String> = upstreams.iter().map(|u| format!("\"{u}\"")).collect();
+    let yaml = format!(
+        "cluster: {{name: hc1, baseDomain: example.com}}\n\
+         dns:\n  listen: [\"{addr}\"]\n  proxyAddress: 192.168.100.2\n  udpSockets: 2\n  upstreams: [{}]\n{extra}",
+        upstreams.join(", ")
+    );
+    let cfg = Config::from_yaml(&yaml).unwrap().dns.unwrap();
+    let metrics = DnsMetrics::new(&prometheus::Registry::new()).unwrap();
+    let (trigger, shutdown) = channel();
+    let server = DnsServer::start(
+        &cfg,
+        Arc::new(DynamicNames::for_zone(None)),
+        metrics.clone(),
+        shutdown,
+    )
+    .await
+    .unwrap();
+    Lab {
+        addr,
+        metrics,
+        _server: server,
+        _trigger: trigger,
+    }
+}
+
+fn query(id: u16, name: &str) -> Vec<u8> {
+    let mut m = Message::new();
+    m.set_id(id).set_recursion_desired(true);
+    m.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+    m.to_vec().unwrap()
+}
+
+/// An upstream's answer to `request`: one A record, or, truncated, none.
+fn answer(request: &[u8], ip: Ipv4Addr, truncated: bool) -> Vec<u8> {
+    let q = Message::from_vec(request).unwrap();
+    let mut m = Message::new();
+    m.set_id(q.id())
+        .set_message_type(MessageType::Response)
+        .set_recursion_desired(true)
+        .set_recursion_available(true)
+        .set_truncated(truncated);
+    m.add_queries(q.queries().to_vec());
+    if !truncated {
+        let name = q.queries()[0].name().clone();
+        m.add_answer(Record::from_rdata(name, 300, RData::A(A(ip))));
+    }
+    m.to_vec().unwrap()
+}
+
+fn socket() -> UdpSocket {
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s
+}
+
+/// The reply `client` gets: its ID and its A records.
+fn reply(client: &UdpSocket) -> (u16, Vec<Ipv4Addr>) {
+    let mut buf = [0u8; 1500];
+    let (n, _) = client.recv_from(&mut buf).expect("a reply within 5 s");
+    let m = Message::from_vec(&buf[..n]).unwrap();
+    let ips = m
+        .answers()
+        .iter()
+        .filter_map(|r| match r.data() {
+            RData::A(a) => Some(a.0),
+            _ => None,
+        })
+        .collect();
+    (m.id(), ips)
+}
+
+/// Polls `done`, a millisecond apart, for at most 5 s.
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(Instant::now() < until, "not within 5 s: {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_queries_in_flight_share_one_upstream_query() {
+    let upstream = socket();
+    let lab = serve(&[upstream.local_addr().unwrap()], "").await;
+    let clients: Vec<UdpSocket> = (0..5).map(|_| socket()).collect();
+    for (i, c) in clients.iter().enumerate() {
+        c.send_to(&query(100 + i as u16, "www.example.net."), lab.addr)
+            .unwrap();
+    }
+    let mut buf = [0u8; 1500];
+    let (n, from) = upstream.recv_from(&mut buf).unwrap();
+    // The answer is held until the four later queries have joined the first.
+    eventually("four queries coalesced", || {
+        lab.metrics.coalesced.get() == 4
+    });
+    let ip = Ipv4Addr::new(192, 0, 2, 7);
+    upstream
+        .send_to(&answer(&buf[..n], ip, false), from)
+        .unwrap();
+    for (i, c) in clients.iter().enumerate() {
+        assert_eq!(reply(c), (100 + i as u16, vec![ip]));
+    }
+    upstream.set_nonblocking(true).unwrap();
+    assert!(
+        upstream.recv_from(&mut buf).is_err(),
+        "a second upstream query was sent"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_upstream_is_passed_over_for_the_next() {
+    let (silent, answering) = (socket(), socket());
+    let silent_addr = silent.local_addr().unwrap();
+    // Two upstreams in 2 s: each gets 1 s before the next is asked.
+    let lab = serve(
+        &[silent_addr, answering.local_addr().unwrap()],
+        "  upstreamTimeout: 2s\n",
+    )
+    .await;
+    let ip = Ipv4Addr::new(192, 0, 2, 8);
+    let answerer = std::thread::spawn(move || {
+        let mut buf = [0u8; 1500];
+        let (n, from) = answering.recv_from(&mut buf).unwrap();
+        answering
+            .send_to(&answer(&buf[..n], ip, false), from)
+            .unwrap();
+    });
+    let client = socket();
+    client
+        .send_to(&query(7, "failover.example.net."), lab.addr)
+        .unwrap();
+    assert_eq!(reply(&client), (7, vec![ip]));
+    answerer.join().unwrap();
+    let mut buf = [0u8; 1500];
+    silent.set_nonblocking(true).unwrap();
+    assert!(
+        silent.recv_from(&mut buf).is_ok(),
+        "the first upstream was not asked first"
+    );
+    let timeouts = lab
+        .metrics
+        .upstream_errors
+        .with_label_values(&[silent_addr.to_string().as_str(), "timeout"])
+        .get();
+    assert_eq!(timeouts, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_upstream_answer_is_asked_again_over_tcp() {
+    // One upstream port for both: a UDP socket that always truncates, and
+    // a TCP listener with the whole answer.
+    let (udp, tcp) = loop {
+        let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+        if let Ok(udp) = UdpSocket::bind(tcp.local_addr().unwrap()) {
+            break (udp, tcp);
+        }
+    };
+    let lab = serve(&[udp.local_addr().unwrap()], "").await;
+    let ip = Ipv4Addr::new(192, 0, 2, 9);
+    let upstream = std::thread::spawn(move || {
+        let mut buf = [0u8; 1500];
+        let (n, from) = udp.recv_from(&mut buf).unwrap();
+        udp.send_to(&answer(&buf[..n], ip, true), from).unwrap();
+        let (mut stream, _) = tcp.accept().unwrap();
+        let mut len = [0u8; 2];
+        stream.read_exact(&mut len).unwrap();
+        let mut request = vec![0u8; usize::from(u16::from_be_bytes(len))];
+        stream.read_exact(&mut request).unwrap();
+        let whole = answer(&request, ip, false);
+        let mut framed = u16::try_from(whole.len()).unwrap().to_be_bytes().to_vec();
+        framed.extend_from_slice(&whole);
+        stream.write_all(&framed).unwrap();
+    });
+    let client = socket();
+    client
+        .send_to(&query(9, "big.example.net."), lab.addr)
+        .unwrap();
+    assert_eq!(reply(&client), (9, vec![ip]));
+    upstream.join().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_from_another_address_is_not_taken() {
+    let (upstream, forger) = (socket(), socket());
+    let lab = serve(&[upstream.local_addr().unwrap()], "").await;
+    let client = socket();
+    client
+        .send_to(&query(10, "forged.example.net."), lab.addr)
+        .unwrap();
+    let mut buf = [0u8; 1500];
+    let (n, from) = upstream.recv_from(&mut buf).unwrap();
+    // Right ID, right question, wrong source port.
+    forger
+        .send_to(
+            &answer(&buf[..n], Ipv4Addr::new(203, 0, 113, 66), false),
+            from,
+        )
+        .unwrap();
+    let dropped = || {
+        lab.metrics
+            .dropped
+            .with_label_values(&["unexpected_upstream_response"])
+            .get()
+    };
+    eventually("the forged answer dropped", || dropped() == 1);
+    let ip = Ipv4Addr::new(192, 0, 2, 10);
+    upstream
+        .send_to(&answer(&buf[..n], ip, false), from)
+        .unwrap();
+    assert_eq!(reply(&client), (10, vec![ip]));
+}
