@@ -405,6 +405,19 @@ impl Forwarder {
     }
 }
 
+/// The sender of an answer as the upstream list names it. A socket bound
+/// to `[::]` (there is an IPv6 upstream) sees IPv4 upstreams' answers come
+/// from IPv4-mapped addresses.
+pub(crate) fn unmapped(from: SocketAddr) -> SocketAddr {
+    match from {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), v6.port()),
+            None => from,
+        },
+        v4 => v4,
+    }
+}
+
 fn local_bind(upstreams: &[SocketAddr]) -> SocketAddr {
     let any = if upstreams.iter().any(SocketAddr::is_ipv6) {
         IpAddr::V6(Ipv6Addr::UNSPECIFIED)
@@ -427,6 +440,7 @@ async fn receive_loop(fwd: Arc<Forwarder>, socket: Arc<UdpSocket>, mut shutdown:
                 Err(_) => continue,
             },
         };
+        let from = unmapped(from);
         let wire = &buf[..n];
         if n < 12 {
             continue;
@@ -477,4 +491,27 @@ pub(crate) async fn tcp(
     tokio::time::timeout(wait, exchange)
         .await
         .map_err(|_| FetchError::Timeout)?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_from_ipv4_mapped_addresses_match_ipv4_upstreams() {
+        let mapped: SocketAddr = "[::ffff:127.0.0.53]:53".parse().unwrap();
+        let v4: SocketAddr = "127.0.0.53:53".parse().unwrap();
+        assert_eq!(unmapped(mapped), v4);
+        assert_eq!(unmapped(v4), v4);
+        let v6: SocketAddr = "[2001:db8::53]:53".parse().unwrap();
+        assert_eq!(unmapped(v6), v6);
+    }
+
+    #[test]
+    fn a_socket_for_mixed_upstreams_binds_ipv6_any() {
+        let v4: SocketAddr = "192.0.2.1:53".parse().unwrap();
+        let v6: SocketAddr = "[2001:db8::1]:53".parse().unwrap();
+        assert_eq!(local_bind(&[v4]), "0.0.0.0:0".parse().unwrap());
+        assert_eq!(local_bind(&[v4, v6]), "[::]:0".parse().unwrap());
+    }
 }

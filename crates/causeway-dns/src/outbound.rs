@@ -176,6 +176,12 @@ impl Outbound {
                     self.flights.insert(id, flight);
                     return;
                 }
+                // Our own send buffer is full: no fault of the upstream's,
+                // and no other upstream would fare better now.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    last = FetchError::Overloaded;
+                    break;
+                }
                 Err(e) => {
                     let e = FetchError::Io(e);
                     self.fwd.failed(index, &e);
@@ -208,6 +214,7 @@ impl Outbound {
                     return;
                 }
             };
+            let from = forward::unmapped(from);
             let wire = &self.buf[..n];
             let id = wire.get(..2).map(|b| u16::from_be_bytes([b[0], b[1]]));
             let expected = id.and_then(|id| self.flights.get(&id)).is_some_and(|f| {
