@@ -33,6 +33,10 @@ use crate::outbound::Client;
 const FAILURES_TO_SKIP: u32 = 3;
 /// How long a failing upstream is skipped before it is tried again.
 const SKIP_FOR: Duration = Duration::from_secs(5);
+/// Clients that may wait on one name's upstream query. The number of names
+/// upstream is bounded by `maxUpstreamInFlight`; this bounds what a flood
+/// of one name can hold while its upstream does not answer.
+pub(crate) const MAX_WAITERS_PER_NAME: usize = 256;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
@@ -87,6 +91,16 @@ pub(crate) enum Waiter {
     Task(oneshot::Sender<Answer>),
     /// A UDP client, answered by whoever gets the answer.
     Datagram(Box<Client>),
+}
+
+/// What [`Forwarder::join`] made of a query.
+pub(crate) enum Join {
+    /// An identical query was upstream: the waiter will be answered with it.
+    Joined,
+    /// None was: the caller asks upstream, and must [`Forwarder::settle`].
+    Lead(Waiter),
+    /// One was, with as many waiting as may: the caller answers SERVFAIL.
+    Full(Waiter),
 }
 
 /// One of the bounded upstream queries, given back when dropped.
@@ -166,8 +180,10 @@ impl Forwarder {
             return (Answer::Response(wire), Vec::new());
         }
         let (tx, rx) = oneshot::channel();
-        if self.join(&key, Waiter::Task(tx)).is_ok() {
-            return (rx.await.unwrap_or(Answer::ServFail), Vec::new());
+        match self.join(&key, Waiter::Task(tx)) {
+            Join::Joined => return (rx.await.unwrap_or(Answer::ServFail), Vec::new()),
+            Join::Full(_) => return (Answer::ServFail, Vec::new()),
+            Join::Lead(_) => {}
         }
         let result = match self.in_flight() {
             Some(_slot) => self.fetch(q, request).await,
@@ -187,19 +203,20 @@ impl Forwarder {
     }
 
     /// Joins `waiter` to the identical query on its way upstream, if there
-    /// is one. If not, hands the waiter back and marks the name as on its
-    /// way: the caller asks upstream and must [`Self::settle`] it.
-    pub(crate) fn join(&self, key: &CacheKey, waiter: Waiter) -> Result<(), Waiter> {
+    /// is one and it has room. If there is none, hands the waiter back and
+    /// marks the name as on its way.
+    pub(crate) fn join(&self, key: &CacheKey, waiter: Waiter) -> Join {
         let mut map = lock(&self.coalesce);
         match map.get_mut(key) {
+            Some(waiters) if waiters.len() >= MAX_WAITERS_PER_NAME => Join::Full(waiter),
             Some(waiters) => {
                 waiters.push(waiter);
                 self.metrics.coalesced.inc();
-                Ok(())
+                Join::Joined
             }
             None => {
                 map.insert(key.clone(), Vec::new());
-                Err(waiter)
+                Join::Lead(waiter)
             }
         }
     }
@@ -496,6 +513,45 @@ pub(crate) async fn tcp(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use causeway_config::Config;
+
+    #[tokio::test]
+    async fn a_name_takes_only_so_many_waiters() {
+        let cfg = Config::from_yaml(
+            "cluster: {name: hc1, baseDomain: example.com}\ndns:\n  listen: ['127.0.0.1:5353']\n",
+        )
+        .unwrap()
+        .dns
+        .unwrap();
+        let metrics = DnsMetrics::new(&prometheus::Registry::new()).unwrap();
+        let (_trigger, shutdown) = causeway_runtime::shutdown::channel();
+        let upstream = vec!["127.0.0.1:9".parse().unwrap()];
+        let fwd = Forwarder::start(&cfg, upstream, metrics, shutdown)
+            .await
+            .unwrap();
+        let key: CacheKey = b"one name".to_vec();
+        let waiter = || Waiter::Task(oneshot::channel().0);
+        assert!(matches!(fwd.join(&key, waiter()), Join::Lead(_)));
+        for _ in 0..MAX_WAITERS_PER_NAME {
+            assert!(matches!(fwd.join(&key, waiter()), Join::Joined));
+        }
+        assert!(matches!(fwd.join(&key, waiter()), Join::Full(_)));
+        let other: CacheKey = b"another name".to_vec();
+        assert!(matches!(fwd.join(&other, waiter()), Join::Lead(_)));
+        let (_, waiters) = fwd.settle(&key, &probe(), Err(FetchError::Timeout), 0);
+        assert_eq!(waiters.len(), MAX_WAITERS_PER_NAME);
+        // Settled, the name starts over.
+        assert!(matches!(fwd.join(&key, waiter()), Join::Lead(_)));
+    }
+
+    fn probe() -> ParsedQuery {
+        let mut m = hickory_proto::op::Message::new();
+        m.add_query(hickory_proto::op::Query::query(
+            hickory_proto::rr::Name::from_ascii("a.example.net.").unwrap(),
+            hickory_proto::rr::RecordType::A,
+        ));
+        crate::message::parse(&m.to_vec().unwrap()).unwrap()
+    }
 
     #[test]
     fn answers_from_ipv4_mapped_addresses_match_ipv4_upstreams() {

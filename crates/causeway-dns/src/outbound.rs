@@ -21,7 +21,7 @@ use rand::Rng;
 
 use crate::cache::{key_of, shape, CacheKey};
 use crate::endpoint::Endpoint;
-use crate::forward::{self, Answer, FetchError, Forwarder, InFlight, Waiter};
+use crate::forward::{self, Answer, FetchError, Forwarder, InFlight, Join, Waiter};
 use crate::message::ParsedQuery;
 use crate::server::{unix_now, Shared};
 
@@ -114,10 +114,11 @@ impl Outbound {
             );
             return;
         }
-        // Joined: whoever asked first answers this client too.
-        let Err(Waiter::Datagram(client)) = self.fwd.join(&key, Waiter::Datagram(Box::new(client)))
-        else {
-            return;
+        let client = match self.fwd.join(&key, Waiter::Datagram(Box::new(client))) {
+            Join::Lead(Waiter::Datagram(client)) => client,
+            // Joined: whoever asked first answers this client too.
+            Join::Joined | Join::Lead(Waiter::Task(_)) => return,
+            Join::Full(waiter) => return shared.deliver(&Answer::ServFail, vec![waiter]),
         };
         let Some(slot) = self.fwd.in_flight() else {
             let (answer, mut waiters) =
