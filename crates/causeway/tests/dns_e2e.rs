@@ -18,7 +18,7 @@
 mod support;
 
 use std::fs;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -48,18 +48,6 @@ fn tempdir() -> TempDir {
 
 fn fqdn(name: &str) -> String {
     format!("{name}.{ZONE}")
-}
-
-/// A port free for both UDP and TCP on `ip` a moment ago (DNS binds both).
-fn free_dns_port(ip: Ipv4Addr) -> u16 {
-    for _ in 0..50 {
-        let udp = UdpSocket::bind((ip, 0)).expect("binding a UDP socket on loopback");
-        let port = udp.local_addr().unwrap().port();
-        if TcpListener::bind((ip, port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no port free for both UDP and TCP on {ip}");
 }
 
 // ------------------------------------------------------------ dig and kdig
@@ -231,7 +219,10 @@ impl Server {
     /// `dns_extra` is more of the `dns:` block, each line indented by two.
     fn dns(dns_extra: &str) -> Server {
         let dir = tempdir();
-        let dns = SocketAddr::from((Ipv4Addr::LOCALHOST, free_dns_port(Ipv4Addr::LOCALHOST)));
+        let dns = SocketAddr::from((
+            Ipv4Addr::LOCALHOST,
+            support::free_udp_and_tcp_port(Ipv4Addr::LOCALHOST),
+        ));
         let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, support::free_tcp_port()));
         let config = format!(
             r#"log: {{level: info}}
@@ -320,7 +311,7 @@ impl Dnsmasq {
     fn start(ttl: u32) -> Dnsmasq {
         let dir = tempdir();
         let ip = Ipv4Addr::new(127, 0, 0, 53);
-        let addr = SocketAddr::from((ip, free_dns_port(ip)));
+        let addr = SocketAddr::from((ip, support::free_udp_and_tcp_port(ip)));
         let mut cmd = Command::new(tool("dnsmasq", "dnsmasq-base"));
         cmd.args([
             "--keep-in-foreground",
@@ -776,7 +767,10 @@ fn reverse_of(ip: Ipv4Addr) -> String {
 fn dhcp_names_resolve_and_stop_after_release() {
     let dir = tempdir();
     let dead = Blackhole::new();
-    let dns = SocketAddr::from((Ipv4Addr::LOCALHOST, free_dns_port(Ipv4Addr::LOCALHOST)));
+    let dns = SocketAddr::from((
+        Ipv4Addr::LOCALHOST,
+        support::free_udp_and_tcp_port(Ipv4Addr::LOCALHOST),
+    ));
     let dhcp = SocketAddr::from((Ipv4Addr::LOCALHOST, support::free_udp_port()));
     let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, support::free_tcp_port()));
     let config = format!(

@@ -435,10 +435,8 @@ fn new_connections_follow_a_changed_upstream_address() {
     // with a one-second TTL.
     let hosts = dir.path().join("hosts");
     std::fs::write(&hosts, "127.0.0.1 api.upstream.test\n").unwrap();
-    let dns_port = {
-        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        s.local_addr().unwrap().port()
-    };
+    // dnsmasq binds TCP as well as UDP.
+    let dns_port = support::free_udp_and_tcp_port(std::net::Ipv4Addr::LOCALHOST);
     let dnsmasq = Guard(
         Command::new("dnsmasq")
             .args([

@@ -153,6 +153,21 @@ pub fn free_udp_port() -> u16 {
         .expect("no free UDP port on 127.0.0.1")
 }
 
+/// A port free for both UDP and TCP on `ip` a moment ago, for servers that
+/// bind both (DNS). A port found free for UDP alone is often some TCP
+/// connection's ephemeral port, more so while another test holds thousands
+/// of connections open.
+pub fn free_udp_and_tcp_port(ip: Ipv4Addr) -> u16 {
+    for _ in 0..50 {
+        let udp = UdpSocket::bind((ip, 0)).expect("binding a UDP socket on loopback");
+        let port = udp.local_addr().unwrap().port();
+        if TcpListener::bind((ip, port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no port free for both UDP and TCP on {ip}");
+}
+
 // ---------------------------------------------------------------- commands
 
 /// Runs a short command to completion; panics with its output on failure.
