@@ -93,14 +93,27 @@ pub(crate) enum Waiter {
     Datagram(Box<Client>),
 }
 
-/// What [`Forwarder::join`] made of a query.
-pub(crate) enum Join {
+impl From<Box<Client>> for Waiter {
+    fn from(client: Box<Client>) -> Self {
+        Waiter::Datagram(client)
+    }
+}
+
+impl From<oneshot::Sender<Answer>> for Waiter {
+    fn from(tx: oneshot::Sender<Answer>) -> Self {
+        Waiter::Task(tx)
+    }
+}
+
+/// What [`Forwarder::join`] made of a query; the waiter comes back unless
+/// it joined.
+pub(crate) enum Join<W> {
     /// An identical query was upstream: the waiter will be answered with it.
     Joined,
     /// None was: the caller asks upstream, and must [`Forwarder::settle`].
-    Lead(Waiter),
+    Lead(W),
     /// One was, with as many waiting as may: the caller answers SERVFAIL.
-    Full(Waiter),
+    Full(W),
 }
 
 /// One of the bounded upstream queries, given back when dropped.
@@ -180,7 +193,7 @@ impl Forwarder {
             return (Answer::Response(wire), Vec::new());
         }
         let (tx, rx) = oneshot::channel();
-        match self.join(&key, Waiter::Task(tx)) {
+        match self.join(&key, tx) {
             Join::Joined => return (rx.await.unwrap_or(Answer::ServFail), Vec::new()),
             Join::Full(_) => return (Answer::ServFail, Vec::new()),
             Join::Lead(_) => {}
@@ -205,12 +218,12 @@ impl Forwarder {
     /// Joins `waiter` to the identical query on its way upstream, if there
     /// is one and it has room. If there is none, hands the waiter back and
     /// marks the name as on its way.
-    pub(crate) fn join(&self, key: &CacheKey, waiter: Waiter) -> Join {
+    pub(crate) fn join<W: Into<Waiter>>(&self, key: &CacheKey, waiter: W) -> Join<W> {
         let mut map = lock(&self.coalesce);
         match map.get_mut(key) {
             Some(waiters) if waiters.len() >= MAX_WAITERS_PER_NAME => Join::Full(waiter),
             Some(waiters) => {
-                waiters.push(waiter);
+                waiters.push(waiter.into());
                 self.metrics.coalesced.inc();
                 Join::Joined
             }
@@ -530,7 +543,7 @@ mod tests {
             .await
             .unwrap();
         let key: CacheKey = b"one name".to_vec();
-        let waiter = || Waiter::Task(oneshot::channel().0);
+        let waiter = || oneshot::channel::<Answer>().0;
         assert!(matches!(fwd.join(&key, waiter()), Join::Lead(_)));
         for _ in 0..MAX_WAITERS_PER_NAME {
             assert!(matches!(fwd.join(&key, waiter()), Join::Joined));

@@ -114,11 +114,13 @@ impl Outbound {
             );
             return;
         }
-        let client = match self.fwd.join(&key, Waiter::Datagram(Box::new(client))) {
-            Join::Lead(Waiter::Datagram(client)) => client,
-            // Joined: whoever asked first answers this client too.
-            Join::Joined | Join::Lead(Waiter::Task(_)) => return,
-            Join::Full(waiter) => return shared.deliver(&Answer::ServFail, vec![waiter]),
+        let client = match self.fwd.join(&key, Box::new(client)) {
+            Join::Lead(client) => client,
+            // Whoever asked first answers this client too.
+            Join::Joined => return,
+            Join::Full(client) => {
+                return shared.deliver(&Answer::ServFail, vec![Waiter::Datagram(client)])
+            }
         };
         let Some(slot) = self.fwd.in_flight() else {
             let (answer, mut waiters) =
@@ -160,8 +162,9 @@ impl Outbound {
                 break;
             };
             self.packet.clear();
-            self.packet.extend_from_slice(&flight.client.request);
-            self.packet[..2].copy_from_slice(&id.to_be_bytes());
+            self.packet.extend_from_slice(&id.to_be_bytes());
+            self.packet
+                .extend_from_slice(flight.client.request.get(2..).unwrap_or_default());
             match self.socket.send_to(&self.packet, addr) {
                 Ok(_) => {
                     if self.flights.is_empty() {
