@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use causeway_config::Config;
 use causeway_runtime::shutdown::{channel, ShutdownTrigger};
-use hickory_proto::op::{Message, MessageType, Query};
+use hickory_proto::op::{Message, MessageType, Query, ResponseCode};
 use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 
@@ -20,8 +20,8 @@ use crate::server::DnsServer;
 struct Lab {
     addr: SocketAddr,
     metrics: DnsMetrics,
-    _server: DnsServer,
-    _trigger: ShutdownTrigger,
+    server: DnsServer,
+    trigger: ShutdownTrigger,
 }
 
 /// A server on a free loopback port with two UDP threads, so that clients
@@ -54,8 +54,8 @@ async fn serve(upstreams: &[SocketAddr], extra: &str) -> Lab {
     Lab {
         addr,
         metrics,
-        _server: server,
-        _trigger: trigger,
+        server,
+        trigger,
     }
 }
 
@@ -244,4 +244,26 @@ async fn an_answer_from_another_address_is_not_taken() {
         .send_to(&answer(&buf[..n], ip, false), from)
         .unwrap();
     assert_eq!(reply(&client), (10, vec![ip]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_upstream_at_shutdown_gets_servfail_not_silence() {
+    let silent = socket();
+    let lab = serve(&[silent.local_addr().unwrap()], "  upstreamTimeout: 30s\n").await;
+    let client = socket();
+    client
+        .send_to(&query(11, "late.example.net."), lab.addr)
+        .unwrap();
+    let mut buf = [0u8; 1500];
+    silent.recv_from(&mut buf).expect("the query reached the upstream");
+    let stopped = Instant::now();
+    lab.trigger.trigger();
+    tokio::time::timeout(Duration::from_secs(5), lab.server.wait())
+        .await
+        .expect("the server stopped");
+    let (n, _) = client.recv_from(&mut buf).expect("an answer at shutdown");
+    let m = Message::from_vec(&buf[..n]).unwrap();
+    assert_eq!((m.id(), m.response_code()), (11, ResponseCode::ServFail));
+    // Far inside the 30 s upstream timeout: the shutdown answered it.
+    assert!(stopped.elapsed() < Duration::from_secs(5));
 }
