@@ -255,7 +255,9 @@ async fn a_query_upstream_at_shutdown_gets_servfail_not_silence() {
         .send_to(&query(11, "late.example.net."), lab.addr)
         .unwrap();
     let mut buf = [0u8; 1500];
-    silent.recv_from(&mut buf).expect("the query reached the upstream");
+    silent
+        .recv_from(&mut buf)
+        .expect("the query reached the upstream");
     let stopped = Instant::now();
     lab.trigger.trigger();
     tokio::time::timeout(Duration::from_secs(5), lab.server.wait())
