@@ -154,7 +154,7 @@ impl Forwarder {
         metrics: DnsMetrics,
         shutdown: Shutdown,
     ) -> std::io::Result<Arc<Self>> {
-        let socket = Arc::new(UdpSocket::bind(local_bind(&upstreams)).await?);
+        let socket = Arc::new(UdpSocket::bind(local_bind(upstreams.iter().copied())).await?);
         let fwd = Arc::new(Forwarder {
             upstreams: upstreams
                 .into_iter()
@@ -303,8 +303,7 @@ impl Forwarder {
     /// port (the kernel's random port is half of what keeps forged answers
     /// out).
     pub(crate) fn local_bind(&self) -> SocketAddr {
-        let addrs: Vec<SocketAddr> = self.upstreams.iter().map(|u| u.addr).collect();
-        local_bind(&addrs)
+        local_bind(self.upstreams.iter().map(|u| u.addr))
     }
 
     pub(crate) fn upstream_addr(&self, index: usize) -> Option<SocketAddr> {
@@ -435,10 +434,25 @@ impl Forwarder {
     }
 }
 
+/// The query ID an upstream answer carries.
+pub(crate) fn answer_id(wire: &[u8]) -> Option<u16> {
+    wire.get(..12).map(|h| u16::from_be_bytes([h[0], h[1]]))
+}
+
+/// Whether `wire`, received from `from`, answers the query sent to `asked`
+/// with `question` (the question's bytes as sent; the letter case of an
+/// answer may differ).
+pub(crate) fn answers(wire: &[u8], from: SocketAddr, asked: SocketAddr, question: &[u8]) -> bool {
+    unmapped(from) == asked
+        && wire
+            .get(12..12 + question.len())
+            .is_some_and(|got| got.eq_ignore_ascii_case(question))
+}
+
 /// The sender of an answer as the upstream list names it. A socket bound
 /// to `[::]` (there is an IPv6 upstream) sees IPv4 upstreams' answers come
 /// from IPv4-mapped addresses.
-pub(crate) fn unmapped(from: SocketAddr) -> SocketAddr {
+fn unmapped(from: SocketAddr) -> SocketAddr {
     match from {
         SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
             Some(v4) => SocketAddr::new(IpAddr::V4(v4), v6.port()),
@@ -448,8 +462,8 @@ pub(crate) fn unmapped(from: SocketAddr) -> SocketAddr {
     }
 }
 
-fn local_bind(upstreams: &[SocketAddr]) -> SocketAddr {
-    let any = if upstreams.iter().any(SocketAddr::is_ipv6) {
+fn local_bind(mut upstreams: impl Iterator<Item = SocketAddr>) -> SocketAddr {
+    let any = if upstreams.any(|a| a.is_ipv6()) {
         IpAddr::V6(Ipv6Addr::UNSPECIFIED)
     } else {
         IpAddr::V4(Ipv4Addr::UNSPECIFIED)
@@ -470,19 +484,14 @@ async fn receive_loop(fwd: Arc<Forwarder>, socket: Arc<UdpSocket>, mut shutdown:
                 Err(_) => continue,
             },
         };
-        let from = unmapped(from);
         let wire = &buf[..n];
-        if n < 12 {
+        let Some(id) = answer_id(wire) else {
             continue;
-        }
-        let id = u16::from_be_bytes([wire[0], wire[1]]);
+        };
         let mut pending = lock(&fwd.pending);
-        let matches = pending.get(&id).is_some_and(|p| {
-            p.from == from
-                && wire
-                    .get(12..12 + p.question.len())
-                    .is_some_and(|qb| qb.eq_ignore_ascii_case(&p.question))
-        });
+        let matches = pending
+            .get(&id)
+            .is_some_and(|p| answers(wire, from, p.from, &p.question));
         if !matches {
             fwd.metrics
                 .dropped
@@ -580,7 +589,7 @@ mod tests {
     fn a_socket_for_mixed_upstreams_binds_ipv6_any() {
         let v4: SocketAddr = "192.0.2.1:53".parse().unwrap();
         let v6: SocketAddr = "[2001:db8::1]:53".parse().unwrap();
-        assert_eq!(local_bind(&[v4]), "0.0.0.0:0".parse().unwrap());
-        assert_eq!(local_bind(&[v4, v6]), "[::]:0".parse().unwrap());
+        assert_eq!(local_bind([v4].into_iter()), "0.0.0.0:0".parse().unwrap());
+        assert_eq!(local_bind([v4, v6].into_iter()), "[::]:0".parse().unwrap());
     }
 }

@@ -218,22 +218,17 @@ impl Outbound {
                     return;
                 }
             };
-            let from = forward::unmapped(from);
             let wire = &self.buf[..n];
-            let id = wire.get(..2).map(|b| u16::from_be_bytes([b[0], b[1]]));
-            let expected = id.and_then(|id| self.flights.get(&id)).is_some_and(|f| {
+            let expected = |f: &Flight| {
+                let asked = self.fwd.upstream_addr(f.upstream);
                 let question = f.client.request.get(12..f.client.q.question_end);
-                self.fwd.upstream_addr(f.upstream) == Some(from)
-                    && question.is_some_and(|asked| {
-                        wire.get(12..12 + asked.len())
-                            .is_some_and(|got| got.eq_ignore_ascii_case(asked))
-                    })
-            });
-            let flight = match id {
-                Some(id) if expected => self.flights.remove(&id),
-                _ => None,
+                asked
+                    .zip(question)
+                    .is_some_and(|(asked, question)| forward::answers(wire, from, asked, question))
             };
-            let Some(flight) = flight else {
+            let id =
+                forward::answer_id(wire).filter(|id| self.flights.get(id).is_some_and(expected));
+            let Some(flight) = id.and_then(|id| self.flights.remove(&id)) else {
                 shared
                     .metrics
                     .dropped
@@ -267,10 +262,9 @@ impl Outbound {
                 break;
             }
             self.timers.pop();
-            match self.flights.get(&id) {
-                Some(f) if f.attempt == attempt => {}
-                // Answered, or sent again since: this timer is over.
-                _ => continue,
+            // Answered, or sent again since: this timer is over.
+            if self.flights.get(&id).is_none_or(|f| f.attempt != attempt) {
+                continue;
             }
             if let Some(flight) = self.flights.remove(&id) {
                 self.fwd.failed(flight.upstream, &FetchError::Timeout);
@@ -305,8 +299,7 @@ impl Outbound {
     /// wait for them, on other threads too, get a stale answer or SERVFAIL
     /// rather than nothing.
     pub fn abandon(&mut self, shared: &Shared) {
-        let flights: Vec<Flight> = self.flights.drain().map(|(_, f)| f).collect();
-        for flight in flights {
+        for (_, flight) in self.flights.drain() {
             finish(shared, &self.fwd, flight, Err(FetchError::Timeout));
         }
         self.timers.clear();
