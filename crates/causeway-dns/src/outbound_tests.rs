@@ -27,13 +27,7 @@ struct Lab {
 /// A server on a free loopback port with two UDP threads, so that clients
 /// are spread over both, forwarding to `upstreams`.
 async fn serve(upstreams: &[SocketAddr], extra: &str) -> Lab {
-    let addr = loop {
-        let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = tcp.local_addr().unwrap();
-        if UdpSocket::bind(addr).is_ok() {
-            break addr;
-        }
-    };
+    let addr = crate::server::tests::free_port();
     let upstreams: Vec<String> = upstreams.iter().map(|u| format!("\"{u}\"")).collect();
     let yaml = format!(
         "cluster: {{name: hc1, baseDomain: example.com}}\n\

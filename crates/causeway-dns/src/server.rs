@@ -571,7 +571,7 @@ async fn tcp_connection(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use causeway_config::Config;
 
@@ -588,7 +588,7 @@ mod tests {
     /// A port free for both UDP and TCP (the server binds both), found by
     /// holding both at once; other tests take ephemeral ports meanwhile, so
     /// a UDP port alone is often someone's TCP port.
-    fn free_port() -> SocketAddr {
+    pub(crate) fn free_port() -> SocketAddr {
         loop {
             let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             let addr = tcp.local_addr().unwrap();
