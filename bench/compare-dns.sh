@@ -3,7 +3,7 @@
 # dnsmasq on one machine, on loopback, with the same zone data and the same
 # local upstream, measured with dnsperf and causeway-bench.
 #
-#   bench/compare-dns.sh [--quick] [--rounds N] [--write docs/benchmarks.md] [--servers unbound,kresd,dnsmasq,causeway] [--no-build]
+#   bench/compare-dns.sh [--quick] [--rounds N] [--write docs/benchmarks.md] [--servers unbound,kresd,dnsmasq,causeway] [--threads N] [--no-build]
 #
 # Needs root (port 53), python3, and unbound, knot-resolver, dnsmasq and
 # dnsperf, which it apt-get installs when missing (with a policy-rc.d that
@@ -31,6 +31,11 @@
 # --rounds N measures every server N times, alternating the order from
 # round to round; the report gives the median of each figure and, for the
 # ratios causeway is judged by, the median and range over the rounds.
+#
+# --threads N gives every server that can spread over threads N of them
+# (unbound num-threads, N kresd processes, causeway udpSockets); the
+# default is one per core. dnsmasq has one thread whatever N is. A run with
+# N other than one per core writes its own block in the --write file.
 set -euo pipefail
 
 NAME=compare-dns
@@ -40,7 +45,18 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # ---------------------------------------------------------------- arguments
 SERVERS="unbound,kresd,dnsmasq,causeway"
 ORIG_ARGS=("$@")
-parse_args servers "unbound kresd dnsmasq causeway" 29 "$@"
+THREADS=$(nproc)
+SHARED_ARGS=()
+while (($#)); do
+    case $1 in
+        --threads) [[ $# -ge 2 ]] || die "--threads needs a number"; THREADS=$2; shift ;;
+        --threads=*) THREADS=${1#--threads=} ;;
+        *) SHARED_ARGS+=("$1") ;;
+    esac
+    shift
+done
+[[ $THREADS =~ ^[1-9][0-9]?$ ]] || die "--threads takes 1 to 99, not '$THREADS'"
+parse_args servers "unbound kresd dnsmasq causeway" 38 ${SHARED_ARGS[@]+"${SHARED_ARGS[@]}"}
 
 [[ $(id -u) -eq 0 ]] || die "must run as root (servers bind port 53; missing packages are apt-get installed); try: sudo $0 ${ORIG_ARGS[*]}"
 
@@ -140,9 +156,8 @@ OUTSTANDING=200 SOCKETS=4 LAT_RATE=5000 CACHED_NAMES=100
 ZONE=hc1.example.com FWD=example.net PROXY=192.168.100.2
 LOCAL_NAMES="api api-int oauth ignition konnectivity"
 CLK_TCK=$(getconf CLK_TCK)
-NPROC=$(nproc)
 SLABS=1
-while ((SLABS < NPROC)); do SLABS=$((SLABS * 2)); done
+while ((SLABS < THREADS)); do SLABS=$((SLABS * 2)); done
 
 
 
@@ -248,7 +263,7 @@ server:
   interface: $addr
   port: 53
   do-daemonize: no
-  num-threads: $NPROC
+  num-threads: $THREADS
   so-reuseport: yes
   so-rcvbuf: 4m
   so-sndbuf: 4m
@@ -304,7 +319,7 @@ policy.add(policy.suffix(policy.DENY, policy.todnames({ '$ZONE.' })))
 policy.add(policy.all(policy.STUB({ '$UPSTREAM@53' })))
 EOF
     SRV_PIDS=""
-    for i in $(seq 1 "$NPROC"); do
+    for i in $(seq 1 "$THREADS"); do
         (cd "$dir" && exec kresd -n -q -c "$dir/kresd.conf" "$dir") >"$dir/out.$i" 2>&1 &
         SRV_PIDS+="$! "
     done
@@ -352,6 +367,7 @@ dns:
   proxyAddress: $PROXY
   upstreams: ["$UPSTREAM:53"]
   recursionClients: [127.0.0.0/8]
+  udpSockets: $THREADS
 EOF
     if [[ ! -x $CAUSEWAY_BIN ]]; then
         CAUSEWAY_NOTE="binary $CAUSEWAY_BIN not found"
@@ -489,7 +505,7 @@ CWD_NPROC=$(nproc)
 CWD_KERNEL=$(uname -r)
 CWD_CPU=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
 CWD_DNSPERF=$(dnsperf -h 2>&1 | awk '/^Version/ {print $2; exit}')
-export RUN_S LAT_S OUTSTANDING SOCKETS LAT_RATE CACHED_NAMES SERVERS UPSTREAM ROUNDS
+export RUN_S LAT_S OUTSTANDING SOCKETS LAT_RATE CACHED_NAMES SERVERS UPSTREAM ROUNDS THREADS
 
 REPORT=$TMP/report.md
 python3 - "$RESULTS" >"$REPORT" <<'PY'
@@ -518,7 +534,10 @@ def ratio(a, b, invert=False):
     if a is None or not b: return "-"
     return f"{(b / a if invert else a / b):.2f}×"
 
-print("### DNS: causeway vs unbound vs knot-resolver vs dnsmasq\n")
+threads = int(E["THREADS"])
+per_core = threads == int(E["CWD_NPROC"])
+print("### DNS: causeway vs unbound vs knot-resolver vs dnsmasq"
+      + ("" if per_core else f", {threads} thread{'s' if threads > 1 else ''} per server") + "\n")
 print(f"- Run: {E['CWD_DATE']}, `nproc` = {E['CWD_NPROC']} ({E['CWD_CPU']}), kernel {E['CWD_KERNEL']}"
       + (" — **quick mode** (short runs; not for publication)" if E["CWD_QUICK"] == "1" else ""))
 print(f"- Command: `{E['CWD_CMD']}`")
@@ -533,8 +552,9 @@ print(f"- Load: {E['OUTSTANDING']} queries in flight over {E['SOCKETS']} client 
       f"Latency: `--rate {E['LAT_RATE']} --mix local=70,cached=20,miss=10` for {E['LAT_S']} s (miss = a new name each time, forwarded).")
 print("- Server CPU: utime+stime of the server's processes (all threads) over the run, from /proc/<pid>/stat; "
       "queries per CPU-second = responses / that. Ratios are to unbound: for q/s and q per CPU-s higher is better, for p99 lower is better. "
-      f"Config: unbound `num-threads: {E['CWD_NPROC']}`, `so-reuseport`, `so-rcvbuf: 4m`; kresd one process per core (SO_REUSEPORT, shared LMDB cache); "
-      "dnsmasq single-threaded, `cache-size=10000`, `dns-forward-max=1000`.")
+      + ("Threads: one per core, " if per_core else f"Threads: {threads} per server on {E['CWD_NPROC']} cores (`--threads {threads}`), ")
+      + f"so unbound `num-threads: {threads}`, kresd {threads} process{'es' if threads > 1 else ''}, causeway `udpSockets: {threads}`; dnsmasq has one. "
+      "Config: unbound `so-reuseport`, `so-rcvbuf: 4m`; kresd SO_REUSEPORT and a shared LMDB cache; dnsmasq `cache-size=10000`, `dns-forward-max=1000`.")
 for s in servers:
     if "skipped" in r[s]:
         print(f"- **{s}: DNS not available in this build, skipped** ({r[s]['skipped']}).")
@@ -608,7 +628,8 @@ if [[ -n $WRITE ]]; then
     python3 - "$WRITE" "$REPORT" <<'PY'
 import os, sys
 path, report = sys.argv[1], open(sys.argv[2]).read().rstrip("\n")
-begin, end = "<!-- compare-dns:begin -->", "<!-- compare-dns:end -->"
+tag = "compare-dns" if os.environ["THREADS"] == os.environ["CWD_NPROC"] else f"compare-dns-threads{os.environ['THREADS']}"
+begin, end = f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->"
 text = open(path).read() if os.path.exists(path) else ""
 block = f"{begin}\n{report}\n{end}"
 if begin in text and end in text and text.index(begin) < text.index(end):
