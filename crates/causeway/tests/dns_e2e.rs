@@ -7,7 +7,7 @@
 //! `SKIP <test>: needs root (network namespaces)` and passes.
 //!
 //! Tools: bind9-dnsutils (dig), knot-dnsutils (kdig), dnsmasq-base
-//! (dnsmasq), iproute2 (ip, root test only).
+//! (dnsmasq), dnsperf (load across reloads), iproute2 (ip, root test only).
 //!
 //! Every upstream a server is given is on loopback (a dnsmasq of ours, or a
 //! socket of ours that never answers), so no query ever leaves the machine.
@@ -585,6 +585,101 @@ fn forwarded_names_resolve_through_a_local_upstream_and_are_cached() {
         misses,
         "the second query went upstream"
     );
+}
+
+/// Swaps what [`Server::dns`] was given as `dns_extra` for `dns_extra`, and
+/// asks for a reload.
+fn reload_with(server: &Server, dns_extra: &str) {
+    let path = &server.app.config;
+    let current = fs::read_to_string(path).unwrap();
+    let base = format!("  ingressAddress: {INGRESS}\n");
+    let end = current
+        .find(&base)
+        .expect("a config written by Server::dns")
+        + base.len();
+    // Renamed into place, so the file watcher never reads half a config.
+    let next = path.with_extension("next");
+    fs::write(&next, format!("{}{dns_extra}", &current[..end])).unwrap();
+    fs::rename(&next, path).unwrap();
+    server.app.proc.signal("HUP");
+}
+
+/// dnsperf's count for `label` ("Queries sent:", "Queries lost:", ...).
+fn dnsperf_count(report: &str, label: &str) -> u64 {
+    report
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(label))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no `{label}` in dnsperf's report:\n{report}"))
+}
+
+#[test]
+fn reloads_of_records_and_views_under_load_lose_no_query() {
+    let record =
+        |last: u8| format!("  records:\n    - {{name: reg, type: A, value: 10.1.0.{last}}}\n");
+    let view = "  views:\n    - name: loopback\n      clients: [127.0.0.0/8]\n      proxyAddress: 10.0.0.99\n";
+    let server = Server::dns(&record(1));
+    let dir = tempdir();
+    let queries = dir.path().join("queries.txt");
+    let names = ["api", "reg", "x.y.apps", "missing"];
+    let lines: Vec<String> = names.iter().map(|n| format!("{} A\n", fqdn(n))).collect();
+    fs::write(&queries, lines.concat()).unwrap();
+    // A steady 2000 q/s for 8 s, 20 in flight: bounded in count and time.
+    let mut dnsperf = Proc::spawn(
+        "dnsperf",
+        dir.path(),
+        Command::new(tool("dnsperf", "dnsperf"))
+            .arg("-s")
+            .arg(server.dns.ip().to_string())
+            .arg("-p")
+            .arg(server.dns.port().to_string())
+            .arg("-d")
+            .arg(&queries)
+            .args(["-l", "8", "-Q", "2000", "-q", "20", "-t", "2"]),
+    );
+
+    // Each reload changes a shared record and adds or removes a view that
+    // points api elsewhere for loopback clients; the next one starts once
+    // dig sees both changes.
+    for round in 0..6u8 {
+        let with_view = round % 2 == 0;
+        let last = if with_view { 2 } else { 1 };
+        reload_with(&server, &(record(last) + if with_view { view } else { "" }));
+        let (want_reg, want_api) = (
+            format!("10.1.0.{last}"),
+            if with_view { "10.0.0.99" } else { PROXY },
+        );
+        wait_for(
+            &format!("reload {round} to be answered"),
+            DEADLINE,
+            || {
+                let reg = dig(server.dns, &[&fqdn("reg"), "A"])?;
+                let api = dig(server.dns, &[&fqdn("api"), "A"])?;
+                (reg.answers("A") == [want_reg.as_str()] && api.answers("A") == [want_api])
+                    .then_some(())
+            },
+            || server.describe(),
+        );
+    }
+    assert!(
+        dnsperf.try_status().is_none(),
+        "dnsperf ended before the last reload, so the reloads were not under load\n{}",
+        dnsperf.describe()
+    );
+    // Its 8 s, then up to its 2 s timeout for the last queries.
+    let status = dnsperf.wait_exit(Duration::from_secs(20));
+    let report = dnsperf.output();
+    assert!(status.success(), "dnsperf failed: {report}");
+    let sent = dnsperf_count(&report, "Queries sent:");
+    let completed = dnsperf_count(&report, "Queries completed:");
+    let lost = dnsperf_count(&report, "Queries lost:");
+    assert!(
+        sent >= 8000,
+        "only {sent} queries sent: not the load asked for\n{report}"
+    );
+    assert_eq!(lost, 0, "queries lost across the reloads\n{report}");
+    assert_eq!(completed, sent, "{report}");
 }
 
 #[test]
