@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use causeway_config::Config;
 use causeway_runtime::shutdown::{channel, ShutdownTrigger};
-use hickory_proto::op::{Message, MessageType, Query, ResponseCode};
+use hickory_proto::op::{Edns, Message, MessageType, Query, ResponseCode};
 use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 
@@ -262,4 +262,119 @@ async fn a_query_upstream_at_shutdown_gets_servfail_not_silence() {
     assert_eq!((m.id(), m.response_code()), (11, ResponseCode::ServFail));
     // Far inside the 30 s upstream timeout: the shutdown answered it.
     assert!(stopped.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edns_and_the_do_bit_go_upstream_and_come_back() {
+    let upstream = socket();
+    let lab = serve(&[upstream.local_addr().unwrap()], "").await;
+    let client = socket();
+    let mut asked = Message::from_vec(&query(12, "signed.example.net.")).unwrap();
+    let mut edns = Edns::new();
+    edns.set_max_payload(1232).set_dnssec_ok(true);
+    asked.set_edns(edns.clone());
+    client.send_to(&asked.to_vec().unwrap(), lab.addr).unwrap();
+    let mut buf = [0u8; 1500];
+    let (n, from) = upstream.recv_from(&mut buf).unwrap();
+    let forwarded = Message::from_vec(&buf[..n]).unwrap();
+    let sent_on = forwarded.extensions().as_ref();
+    assert!(sent_on.is_some(), "the query went upstream without EDNS");
+    assert!(
+        sent_on.is_some_and(|e| e.flags().dnssec_ok),
+        "the DO bit was cleared on the way upstream"
+    );
+    // The upstream answers with an OPT of its own, DO set, as a server
+    // that returns DNSSEC records does.
+    let ip = Ipv4Addr::new(192, 0, 2, 12);
+    let mut answered = Message::from_vec(&answer(&buf[..n], ip, false)).unwrap();
+    answered.set_edns(edns);
+    upstream.send_to(&answered.to_vec().unwrap(), from).unwrap();
+    let (n, _) = client.recv_from(&mut buf).expect("a reply within 5 s");
+    let m = Message::from_vec(&buf[..n]).unwrap();
+    assert_eq!(m.id(), 12);
+    assert!(
+        m.extensions().as_ref().is_some_and(|e| e.flags().dnssec_ok),
+        "the reply lost the upstream's EDNS or its DO bit"
+    );
+    assert_eq!(m.answers().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_in_flight_bound_a_new_name_gets_servfail_at_once() {
+    let silent = socket();
+    let lab = serve(
+        &[silent.local_addr().unwrap()],
+        "  upstreamTimeout: 30s\n  maxUpstreamInFlight: 2\n",
+    )
+    .await;
+    let client = socket();
+    client
+        .send_to(&query(21, "one.example.net."), lab.addr)
+        .unwrap();
+    client
+        .send_to(&query(22, "two.example.net."), lab.addr)
+        .unwrap();
+    let mut buf = [0u8; 1500];
+    for _ in 0..2 {
+        silent
+            .recv_from(&mut buf)
+            .expect("both queries went upstream");
+    }
+    eventually("two upstream queries in flight", || {
+        lab.metrics.upstream_in_flight.get() == 2
+    });
+    let asked = Instant::now();
+    client
+        .send_to(&query(23, "three.example.net."), lab.addr)
+        .unwrap();
+    let (n, _) = client.recv_from(&mut buf).expect("an answer to the third");
+    let m = Message::from_vec(&buf[..n]).unwrap();
+    assert_eq!((m.id(), m.response_code()), (23, ResponseCode::ServFail));
+    // Far inside the 30 s upstream timeout: refused at the bound, not timed out.
+    assert!(asked.elapsed() < Duration::from_secs(5));
+    silent.set_nonblocking(true).unwrap();
+    assert!(
+        silent.recv_from(&mut buf).is_err(),
+        "a third query went upstream past the bound"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_random_policy_spreads_queries_over_the_upstreams() {
+    let upstreams = [socket(), socket()];
+    let addrs: Vec<SocketAddr> = upstreams.iter().map(|u| u.local_addr().unwrap()).collect();
+    let lab = serve(&addrs, "  upstreamPolicy: random\n").await;
+    for u in &upstreams {
+        u.set_nonblocking(true).unwrap();
+    }
+    let client = socket();
+    let ip = Ipv4Addr::new(192, 0, 2, 13);
+    let mut asked = [0usize; 2];
+    // 40 names: all on one upstream by chance is 2 in 2^40.
+    for i in 0..40u16 {
+        client
+            .send_to(&query(200 + i, &format!("r{i}.example.net.")), lab.addr)
+            .unwrap();
+        let mut buf = [0u8; 1500];
+        let mut got = None;
+        eventually("the query upstream", || {
+            got = upstreams
+                .iter()
+                .enumerate()
+                .find_map(|(k, u)| u.recv_from(&mut buf).ok().map(|(n, from)| (k, n, from)));
+            got.is_some()
+        });
+        let Some((k, n, from)) = got else {
+            unreachable!("eventually returned")
+        };
+        asked[k] += 1;
+        upstreams[k]
+            .send_to(&answer(&buf[..n], ip, false), from)
+            .unwrap();
+        assert_eq!(reply(&client), (200 + i, vec![ip]));
+    }
+    assert!(
+        asked.iter().all(|&n| n > 0),
+        "every query went to one upstream: {asked:?}"
+    );
 }

@@ -574,12 +574,17 @@ async fn tcp_connection(
 pub(crate) mod tests {
     use super::*;
     use causeway_config::Config;
+    use hickory_proto::op::{Message, Query, ResponseCode};
+    use hickory_proto::rr::{Name, RecordType};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
 
-    fn config(listen: &[SocketAddr]) -> DnsConfig {
+    /// `extra` is more of the `dns:` block, each line indented by two.
+    fn config(listen: &[SocketAddr], extra: &str) -> DnsConfig {
         let listen: Vec<String> = listen.iter().map(|a| format!("\"{a}\"")).collect();
         let yaml = format!(
             "cluster: {{name: hc1, baseDomain: example.com}}\n\
-             dns:\n  listen: [{}]\n  proxyAddress: 192.168.100.2\n  upstreams: [\"127.0.0.1:9\"]\n  udpSockets: 2\n",
+             dns:\n  listen: [{}]\n  proxyAddress: 192.168.100.2\n  upstreams: [\"127.0.0.1:9\"]\n  udpSockets: 2\n{extra}",
             listen.join(", ")
         );
         Config::from_yaml(&yaml).unwrap().dns.unwrap()
@@ -618,7 +623,107 @@ pub(crate) mod tests {
     async fn start(listen: &[SocketAddr], shutdown: Shutdown) -> Result<DnsServer, DnsError> {
         let metrics = DnsMetrics::new(&prometheus::Registry::new()).unwrap();
         let names = Arc::new(DynamicNames::for_zone(None));
-        DnsServer::start(&config(listen), names, metrics, shutdown).await
+        DnsServer::start(&config(listen, ""), names, metrics, shutdown).await
+    }
+
+    async fn start_with(
+        addr: SocketAddr,
+        extra: &str,
+        shutdown: Shutdown,
+    ) -> (DnsServer, DnsMetrics) {
+        let metrics = DnsMetrics::new(&prometheus::Registry::new()).unwrap();
+        let names = Arc::new(DynamicNames::for_zone(None));
+        let server = DnsServer::start(&config(&[addr], extra), names, metrics.clone(), shutdown)
+            .await
+            .unwrap();
+        (server, metrics)
+    }
+
+    /// One query for a local name over `stream`; the reply's ID and rcode,
+    /// or None when the connection is closed or says nothing in 5 s.
+    async fn ask_tcp(stream: &mut TcpStream, id: u16) -> Option<(u16, ResponseCode)> {
+        let mut q = Message::new();
+        q.set_id(id).set_recursion_desired(true);
+        q.add_query(Query::query(
+            Name::from_ascii("api.hc1.example.com.").ok()?,
+            RecordType::A,
+        ));
+        let wire = q.to_vec().ok()?;
+        let mut framed = u16::try_from(wire.len()).ok()?.to_be_bytes().to_vec();
+        framed.extend_from_slice(&wire);
+        let exchange = async {
+            stream.write_all(&framed).await.ok()?;
+            let len = stream.read_u16().await.ok()?;
+            let mut reply = vec![0u8; usize::from(len)];
+            stream.read_exact(&mut reply).await.ok()?;
+            let m = Message::from_vec(&reply).ok()?;
+            Some((m.id(), m.response_code()))
+        };
+        tokio::time::timeout(Duration::from_secs(5), exchange)
+            .await
+            .ok()?
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_tcp_connection_is_closed_after_the_idle_timeout() {
+        let addr = free_port();
+        let (_trigger, shutdown) = causeway_runtime::shutdown::channel();
+        let (_server, metrics) = start_with(addr, "  tcpIdleTimeout: 300ms\n", shutdown).await;
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(
+            ask_tcp(&mut client, 1).await,
+            Some((1, ResponseCode::NoError))
+        );
+        let idle_from = Instant::now();
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(5), client.read(&mut byte))
+            .await
+            .expect("closed by the server within 5 s");
+        assert!(matches!(read, Ok(0)), "{read:?}");
+        let idle = idle_from.elapsed();
+        assert!(
+            idle >= Duration::from_millis(250),
+            "closed after {idle:?}, inside the timeout"
+        );
+        assert!(within_2s(|| metrics.tcp_connections.get() == 0).await);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tcp_connections_past_the_bound_are_closed_and_counted() {
+        let addr = free_port();
+        let (_trigger, shutdown) = causeway_runtime::shutdown::channel();
+        let (_server, metrics) = start_with(addr, "  maxTcpConnections: 2\n", shutdown).await;
+        let mut held = Vec::new();
+        for id in 0..2 {
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            assert_eq!(ask_tcp(&mut c, id).await, Some((id, ResponseCode::NoError)));
+            held.push(c);
+        }
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(
+            ask_tcp(&mut third, 2).await,
+            None,
+            "a third connection was served"
+        );
+        assert_eq!(metrics.tcp_refused.get(), 1);
+        assert_eq!(metrics.tcp_connections.get(), 2);
+        // The two held go on; once one closes, a new connection is served.
+        assert_eq!(
+            ask_tcp(&mut held[1], 3).await,
+            Some((3, ResponseCode::NoError))
+        );
+        drop(held.remove(0));
+        let mut served = false;
+        for id in 10..60 {
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            if ask_tcp(&mut c, id).await.is_some() {
+                served = true;
+                break;
+            }
+            // Refused because the server has not seen the close yet.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(served, "no connection served after one of the two closed");
     }
 
     #[tokio::test]
