@@ -76,12 +76,14 @@ fn start_proxy(dir: &Path, body: &str) -> Proxy {
     let cfg = dir.join("proxy.yaml");
     std::fs::write(
         &cfg,
-        format!("admin: {{listen: \"127.0.0.1:{admin}\"}}\ncluster: {{name: hc1, baseDomain: example.com}}\nproxy:\n  listenAddress: 127.0.0.1\n{body}"),
+        format!("log: {{format: json}}\nadmin: {{listen: \"127.0.0.1:{admin}\"}}\ncluster: {{name: hc1, baseDomain: example.com}}\nproxy:\n  listenAddress: 127.0.0.1\n{body}"),
     )
     .unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_causeway"))
         .args(["proxy", "--config"])
         .arg(&cfg)
+        // The config's level (info) decides, so the access log is written.
+        .env_remove("RUST_LOG")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("proxy.log")).unwrap())
         .spawn()
@@ -95,6 +97,16 @@ fn start_proxy(dir: &Path, body: &str) -> Proxy {
             .is_some_and(|b| b.lines().next().is_some_and(|l| l.contains(" 200 ")))
     });
     proxy
+}
+
+/// The proxy's log lines so far (it logs JSON), with `field` equal to `value`.
+fn log_lines(dir: &Path, field: &str, value: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("proxy.log"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v[field] == value)
+        .collect()
 }
 
 fn http_get(port: u16, path: &str) -> Option<String> {
@@ -192,6 +204,29 @@ fn half_close_is_relayed_so_an_upstream_can_answer_after_eof() {
     c.read_to_string(&mut reply).unwrap();
     assert_eq!(reply, "read 100000 bytes");
     server.join().unwrap();
+
+    // One access line at close, with what crossed each way.
+    let client = c.local_addr().unwrap().to_string();
+    drop(c);
+    wait_for("the connection's access line", || {
+        !log_lines(dir.path(), "target", "causeway::access").is_empty()
+    });
+    let lines = log_lines(dir.path(), "target", "causeway::access");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let line = &lines[0];
+    let upstream = format!("127.0.0.1:{up_port}");
+    assert_eq!(line["client"], client.as_str(), "{line}");
+    assert_eq!(
+        line["listener"],
+        format!("127.0.0.1:{port}").as_str(),
+        "{line}"
+    );
+    assert_eq!(line["route"], upstream.as_str(), "{line}");
+    assert_eq!(line["upstream"], upstream.as_str(), "{line}");
+    assert_eq!(line["bytes_up"], 100_000, "{line}");
+    assert_eq!(line["bytes_down"], "read 100000 bytes".len(), "{line}");
+    assert_eq!(line["reason"], "closed", "{line}");
+    assert!(line["duration_ms"].is_u64(), "{line}");
 }
 
 #[test]
@@ -477,6 +512,22 @@ fn new_connections_follow_a_changed_upstream_address() {
     wait_for("the second upstream", || {
         subject_through(port, Some("x")).contains("second.test")
     });
+
+    // With the resolver gone, the last good answer is kept.
+    drop(dnsmasq);
+    wait_for(
+        "a failed resolution answered from the last good addresses",
+        || {
+            subject_through(port, Some("x")).contains("second.test")
+                && !log_lines(
+                    dir.path(),
+                    "message",
+                    "resolution failed; using the last good addresses",
+                )
+                .is_empty()
+        },
+    );
+    assert!(subject_through(port, Some("x")).contains("second.test"));
 }
 
 /// The value of the first metric line that starts with `series`.
