@@ -6,6 +6,8 @@ use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, 
 pub struct ProxyMetrics {
     pub accepted: IntCounterVec,
     pub active: IntGaugeVec,
+    pub route_accepted: IntCounterVec,
+    pub route_active: IntGaugeVec,
     pub refused: IntCounterVec,
     pub bytes: IntCounterVec,
     pub connect_errors: IntCounterVec,
@@ -33,6 +35,20 @@ impl ProxyMetrics {
                     "Client connections open, per listener port",
                 ),
                 &["listener"],
+            )?,
+            route_accepted: IntCounterVec::new(
+                Opts::new(
+                    "causeway_proxy_route_connections_total",
+                    "Connections routed, per listener port and route (the SNI pattern as configured, default, or a plain listener's upstream)",
+                ),
+                &["listener", "route"],
+            )?,
+            route_active: IntGaugeVec::new(
+                Opts::new(
+                    "causeway_proxy_route_connections_active",
+                    "Routed connections open, per listener port and route",
+                ),
+                &["listener", "route"],
             )?,
             refused: IntCounterVec::new(
                 Opts::new(
@@ -107,6 +123,8 @@ impl ProxyMetrics {
         registry.register(Box::new(m.ejections.clone()))?;
         registry.register(Box::new(m.accepted.clone()))?;
         registry.register(Box::new(m.active.clone()))?;
+        registry.register(Box::new(m.route_accepted.clone()))?;
+        registry.register(Box::new(m.route_active.clone()))?;
         registry.register(Box::new(m.refused.clone()))?;
         registry.register(Box::new(m.bytes.clone()))?;
         registry.register(Box::new(m.connect_errors.clone()))?;

@@ -36,8 +36,44 @@ pub enum ProxyError {
 
 /// Where a listener sends a connection.
 enum Routing {
-    Plain(Upstream),
-    Sni(SniRoutes<Upstream>),
+    Plain(Target),
+    Sni(SniRoutes<Target>),
+}
+
+/// A route's upstream, with the route's metric series, looked up when the
+/// routes are built rather than per connection. The route label comes from
+/// the config (an SNI pattern, `default`, or a plain listener's upstream),
+/// never from what a client sent, so the series stay as few as the routes.
+struct Target {
+    upstream: Upstream,
+    accepted: prometheus::IntCounter,
+    active: prometheus::IntGauge,
+}
+
+impl Target {
+    fn new(metrics: &ProxyMetrics, listener: &str, route: &str, upstream: &Upstream) -> Self {
+        Target {
+            upstream: upstream.clone(),
+            accepted: metrics.route_accepted.with_label_values(&[listener, route]),
+            active: metrics.route_active.with_label_values(&[listener, route]),
+        }
+    }
+}
+
+/// Holds a connection in a gauge until dropped.
+struct Held<'a>(&'a prometheus::IntGauge);
+
+impl<'a> Held<'a> {
+    fn new(gauge: &'a prometheus::IntGauge) -> Self {
+        gauge.inc();
+        Held(gauge)
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 struct ListenerState {
@@ -81,15 +117,21 @@ impl ListenerState {
     }
 }
 
-fn routing_of(l: &Listener) -> Result<Routing, ProxyError> {
+fn routing_of(l: &Listener, metrics: &ProxyMetrics) -> Result<Routing, ProxyError> {
+    let listener = l.listen.port().to_string();
+    let target = |route: &str, u: &Upstream| Target::new(metrics, &listener, route, u);
     Ok(match &l.kind {
-        ListenerKind::Plain(u) => Routing::Plain(u.clone()),
+        ListenerKind::Plain(u) => Routing::Plain(target(&u.to_string(), u)),
         ListenerKind::Sni { routes, default } => Routing::Sni(
-            SniRoutes::new(routes.iter().cloned(), default.clone()).map_err(|source| {
-                ProxyError::Routes {
-                    addr: l.listen,
-                    source,
-                }
+            SniRoutes::new(
+                routes
+                    .iter()
+                    .map(|(pattern, u)| (pattern.clone(), target(pattern, u))),
+                default.as_ref().map(|u| target("default", u)),
+            )
+            .map_err(|source| ProxyError::Routes {
+                addr: l.listen,
+                source,
             })?,
         ),
     })
@@ -301,7 +343,7 @@ impl ProxyServer {
         let mut bound: Vec<Vec<(Arc<ListenerState>, std::net::TcpListener)>> =
             (0..workers_n).map(|_| Vec::new()).collect();
         for l in &cfg.listeners {
-            let routing = routing_of(l)?;
+            let routing = routing_of(l, &shared.metrics)?;
             let label = l.listen.port().to_string();
             let state = Arc::new(ListenerState {
                 listen: l.listen,
@@ -350,7 +392,7 @@ impl ProxyServer {
         let mut next = Vec::new();
         for l in &cfg.listeners {
             if let Some(state) = self.listeners.iter().find(|s| s.listen == l.listen) {
-                next.push((state.clone(), routing_of(l)?));
+                next.push((state.clone(), routing_of(l, &self.shared.metrics)?));
             }
         }
         let same =
@@ -574,6 +616,9 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
             }
         }
     };
+    target.accepted.inc();
+    let _routed = Held::new(&target.active);
+    let target = &target.upstream;
     // Only the access log reads it: no formatting when that is off.
     if out.route.is_empty() && tracing::enabled!(target: "causeway::access", tracing::Level::INFO) {
         out.route = target.to_string();

@@ -177,6 +177,38 @@ fn sni_routes_the_wildcard_the_default_and_plain_tcp() {
         )),
         "{metrics}"
     );
+    // Per route, labelled with the configured pattern, never the name sent.
+    let route = |kind: &str, port: u16, route: &str| {
+        metric(
+            proxy.admin,
+            &format!(
+                "causeway_proxy_route_connections_{kind}{{listener=\"{port}\",route=\"{route}\"}}"
+            ),
+        )
+    };
+    assert_eq!(route("total", sni_port, "oauth.hc1.example.com"), Some(2.0));
+    assert_eq!(
+        route("total", sni_port, "*.apps.hc1.example.com"),
+        Some(1.0)
+    );
+    assert_eq!(route("total", sni_port, "default"), Some(2.0));
+    let plain = format!("127.0.0.1:{oauth_port}");
+    assert_eq!(route("total", api_port, &plain), Some(1.0));
+    let held = TcpStream::connect(("127.0.0.1", api_port)).unwrap();
+    wait_for("the held connection counted on its route", || {
+        route("active", api_port, &plain) == Some(1.0)
+    });
+    drop(held);
+    wait_for("every routed connection to be closed", || {
+        [
+            (sni_port, "oauth.hc1.example.com"),
+            (sni_port, "*.apps.hc1.example.com"),
+            (sni_port, "default"),
+            (api_port, plain.as_str()),
+        ]
+        .iter()
+        .all(|(port, r)| route("active", *port, r) == Some(0.0))
+    });
 }
 
 #[test]
