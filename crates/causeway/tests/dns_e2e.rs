@@ -625,7 +625,8 @@ fn reloads_of_records_and_views_under_load_lose_no_query() {
     let names = ["api", "reg", "x.y.apps", "missing"];
     let lines: Vec<String> = names.iter().map(|n| format!("{} A\n", fqdn(n))).collect();
     fs::write(&queries, lines.concat()).unwrap();
-    // A steady 2000 q/s for 8 s, 20 in flight: bounded in count and time.
+    // A steady 1500 q/s for 12 s, 20 in flight: bounded in count and time,
+    // and long enough that six reloads fit inside it on a loaded machine.
     let mut dnsperf = Proc::spawn(
         "dnsperf",
         dir.path(),
@@ -636,7 +637,7 @@ fn reloads_of_records_and_views_under_load_lose_no_query() {
             .arg(server.dns.port().to_string())
             .arg("-d")
             .arg(&queries)
-            .args(["-l", "8", "-Q", "2000", "-q", "20", "-t", "2"]),
+            .args(["-l", "12", "-Q", "1500", "-q", "20", "-t", "2"]),
     );
 
     // Each reload changes a shared record and adds or removes a view that
@@ -667,7 +668,7 @@ fn reloads_of_records_and_views_under_load_lose_no_query() {
         "dnsperf ended before the last reload, so the reloads were not under load\n{}",
         dnsperf.describe()
     );
-    // Its 8 s, then up to its 2 s timeout for the last queries.
+    // Its 12 s, then up to its 2 s timeout for the last queries.
     let status = dnsperf.wait_exit(Duration::from_secs(20));
     let report = dnsperf.output();
     assert!(status.success(), "dnsperf failed: {report}");
