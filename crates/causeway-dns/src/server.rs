@@ -621,21 +621,19 @@ pub(crate) mod tests {
     }
 
     async fn start(listen: &[SocketAddr], shutdown: Shutdown) -> Result<DnsServer, DnsError> {
-        let metrics = DnsMetrics::new(&prometheus::Registry::new()).unwrap();
-        let names = Arc::new(DynamicNames::for_zone(None));
-        DnsServer::start(&config(listen, ""), names, metrics, shutdown).await
+        start_with(listen, "", shutdown).await.0
     }
 
+    /// A server with `extra` in its `dns:` block, and its metrics.
     async fn start_with(
-        addr: SocketAddr,
+        listen: &[SocketAddr],
         extra: &str,
         shutdown: Shutdown,
-    ) -> (DnsServer, DnsMetrics) {
+    ) -> (Result<DnsServer, DnsError>, DnsMetrics) {
         let metrics = DnsMetrics::new(&prometheus::Registry::new()).unwrap();
         let names = Arc::new(DynamicNames::for_zone(None));
-        let server = DnsServer::start(&config(&[addr], extra), names, metrics.clone(), shutdown)
-            .await
-            .unwrap();
+        let server =
+            DnsServer::start(&config(listen, extra), names, metrics.clone(), shutdown).await;
         (server, metrics)
     }
 
@@ -668,7 +666,8 @@ pub(crate) mod tests {
     async fn an_idle_tcp_connection_is_closed_after_the_idle_timeout() {
         let addr = free_port();
         let (_trigger, shutdown) = causeway_runtime::shutdown::channel();
-        let (_server, metrics) = start_with(addr, "  tcpIdleTimeout: 300ms\n", shutdown).await;
+        let (server, metrics) = start_with(&[addr], "  tcpIdleTimeout: 300ms\n", shutdown).await;
+        let _server = server.unwrap();
         let mut client = TcpStream::connect(addr).await.unwrap();
         assert_eq!(
             ask_tcp(&mut client, 1).await,
@@ -692,7 +691,8 @@ pub(crate) mod tests {
     async fn tcp_connections_past_the_bound_are_closed_and_counted() {
         let addr = free_port();
         let (_trigger, shutdown) = causeway_runtime::shutdown::channel();
-        let (_server, metrics) = start_with(addr, "  maxTcpConnections: 2\n", shutdown).await;
+        let (server, metrics) = start_with(&[addr], "  maxTcpConnections: 2\n", shutdown).await;
+        let _server = server.unwrap();
         let mut held = Vec::new();
         for id in 0..2 {
             let mut c = TcpStream::connect(addr).await.unwrap();
