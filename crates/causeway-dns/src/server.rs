@@ -9,10 +9,11 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use causeway_config::DnsConfig;
+use causeway_runtime::cpus;
 use causeway_runtime::Shutdown;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
-use socket2::{Domain, Protocol, Socket, Type};
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, Semaphore};
@@ -229,6 +230,7 @@ impl DnsServer {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         };
+        let usable_cpus = cpus::usable();
         let tcp_limit = Arc::new(Semaphore::new(cfg.max_tcp_connections));
         let runtime = tokio::runtime::Handle::current();
         // Built up as sockets are bound: when one fails, dropping this wakes
@@ -241,7 +243,7 @@ impl DnsServer {
         };
         for addr in &cfg.listen {
             for index in 0..sockets {
-                let socket = udp_socket(*addr)?;
+                let socket = udp_socket(*addr, cpus::for_slot(index, &usable_cpus))?;
                 let endpoint = Arc::new(
                     Endpoint::new(socket, HOUSEKEEPING).map_err(|e| bind_error(*addr, &e))?,
                 );
@@ -270,7 +272,12 @@ impl DnsServer {
                 tcp_limit.clone(),
                 shutdown.clone(),
             )));
-            tracing::info!(listen = %addr, udp_sockets = sockets, "DNS listening on UDP and TCP");
+            tracing::info!(
+                listen = %addr,
+                udp_sockets = sockets,
+                steered_to_cpus = ?&usable_cpus[..sockets.min(usable_cpus.len())],
+                "DNS listening on UDP and TCP"
+            );
         }
         // The UDP threads block in the kernel; shutting their sockets' read
         // side is what gets them to look at the shutdown signal promptly.
@@ -356,13 +363,20 @@ fn bind_error(addr: SocketAddr, e: &io::Error) -> DnsError {
     DnsError::Bind { addr, reason }
 }
 
-fn udp_socket(addr: SocketAddr) -> Result<std::net::UdpSocket, DnsError> {
+/// One socket of the address's SO_REUSEPORT group, steered to `cpu`.
+fn udp_socket(addr: SocketAddr, cpu: Option<usize>) -> Result<std::net::UdpSocket, DnsError> {
     let fail = |e: io::Error| bind_error(addr, &e);
     let socket =
         Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP)).map_err(fail)?;
-    // Several sockets on one address, each with its own thread: the kernel
-    // spreads queries over them.
+    // Several sockets on one address, each with its own thread. Each takes
+    // the queries its CPU processes (see causeway_runtime::cpus); where no
+    // socket matches a CPU, the kernel spreads by hash.
     socket.set_reuse_port(true).map_err(fail)?;
+    if let Some(cpu) = cpu {
+        if let Err(e) = cpus::steer(SockRef::from(&socket), cpu) {
+            tracing::debug!(%addr, cpu, error = %e, "UDP socket not steered to its CPU");
+        }
+    }
     let _ = socket.set_recv_buffer_size(4 << 20);
     if addr.is_ipv6() {
         let _ = socket.set_only_v6(true);

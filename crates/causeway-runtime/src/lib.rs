@@ -1,10 +1,12 @@
 //! Runtime plumbing every causeway service shares: the admin HTTP server
 //! (`/metrics`, `/healthz`, `/readyz` and service JSON endpoints),
-//! readiness, tracing setup, graceful shutdown and config reload triggers.
+//! readiness, tracing setup, graceful shutdown, config reload triggers, and
+//! which CPUs the process may use (for sockets steered one per core).
 //!
 //! It holds no protocol logic and no config schema; services plug into it.
 
 pub mod admin;
+pub mod cpus;
 pub mod readiness;
 pub mod reload;
 pub mod shutdown;
