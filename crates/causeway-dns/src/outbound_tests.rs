@@ -12,6 +12,8 @@ use causeway_runtime::shutdown::{channel, ShutdownTrigger};
 use hickory_proto::op::{Edns, Message, MessageType, Query, ResponseCode};
 use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
+use nix::sched::{sched_setaffinity, CpuSet};
+use nix::unistd::Pid;
 
 use crate::authority::DynamicNames;
 use crate::metrics::DnsMetrics;
@@ -24,8 +26,8 @@ struct Lab {
     trigger: ShutdownTrigger,
 }
 
-/// A server on a free loopback port with two UDP threads, so that clients
-/// are spread over both, forwarding to `upstreams`.
+/// A server on a free loopback port with two UDP threads (steered to the
+/// first two usable CPUs), forwarding to `upstreams`.
 async fn serve(upstreams: &[SocketAddr], extra: &str) -> Lab {
     let addr = crate::server::tests::free_port();
     let upstreams: Vec<String> = upstreams.iter().map(|u| format!("\"{u}\"")).collect();
@@ -108,14 +110,31 @@ fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Sends `wire` from `client` on a thread pinned to `cpu`: the server's
+/// UDP sockets are steered one per CPU, so this picks the thread that
+/// reads it.
+fn send_from_cpu(cpu: usize, client: &UdpSocket, wire: &[u8], to: SocketAddr) {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut only = CpuSet::new();
+            only.set(cpu).unwrap();
+            sched_setaffinity(Pid::from_raw(0), &only).unwrap();
+            client.send_to(wire, to).unwrap();
+        });
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn identical_queries_in_flight_share_one_upstream_query() {
     let upstream = socket();
     let lab = serve(&[upstream.local_addr().unwrap()], "").await;
     let clients: Vec<UdpSocket> = (0..5).map(|_| socket()).collect();
+    // From alternate CPUs, so both UDP threads join the one upstream query
+    // (with one usable CPU, one thread takes them all).
+    let cpus = causeway_runtime::cpus::usable();
     for (i, c) in clients.iter().enumerate() {
-        c.send_to(&query(100 + i as u16, "www.example.net."), lab.addr)
-            .unwrap();
+        let wire = query(100 + i as u16, "www.example.net.");
+        send_from_cpu(cpus[i % cpus.len()], c, &wire, lab.addr);
     }
     let mut buf = [0u8; 1500];
     let (n, from) = upstream.recv_from(&mut buf).unwrap();
