@@ -77,6 +77,22 @@ mod tests {
         assert_eq!(for_slot(0, &[]), None);
     }
 
+    /// (major, minor) of a kernel release string such as "6.18.44-fc".
+    fn kernel_version(release: &str) -> Option<(u32, u32)> {
+        let mut parts = release.trim().split(['.', '-']);
+        let major = parts.next()?.parse().ok()?;
+        let minor = parts.next()?.parse().ok()?;
+        Some((major, minor))
+    }
+
+    #[test]
+    fn kernel_versions_compare_by_major_then_minor() {
+        assert_eq!(kernel_version("6.18.44-fc-v782\n"), Some((6, 18)));
+        assert!(kernel_version("5.15.0-91-generic") < Some((6, 1)));
+        assert!(kernel_version("6.1") >= Some((6, 1)));
+        assert_eq!(kernel_version("garbage"), None);
+    }
+
     fn reuseport_member(addr: SocketAddr) -> UdpSocket {
         let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).unwrap();
         s.set_reuse_port(true).unwrap();
@@ -126,6 +142,11 @@ mod tests {
         let cpus = usable();
         if cpus.len() < 2 {
             eprintln!("SKIP each_cpus_traffic_reaches_the_socket_steered_to_it: needs 2 usable CPUs, have {cpus:?}");
+            return;
+        }
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        if kernel_version(&release) < Some((6, 1)) {
+            eprintln!("SKIP each_cpus_traffic_reaches_the_socket_steered_to_it: kernel {release:?} predates steering by SO_INCOMING_CPU (6.1)");
             return;
         }
         let probe = UdpSocket::bind("127.0.0.1:0").unwrap();
