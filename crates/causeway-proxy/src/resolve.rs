@@ -21,7 +21,7 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(2);
 /// After a failed lookup, how long the last good answer stands before the
 /// servers are asked again: with a resolver that black-holes queries, one
 /// new connection in this long waits out the query timeout, not every one.
-const RETRY_AFTER: Duration = Duration::from_secs(5);
+pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(5);
 
 struct Entry {
     addrs: Vec<IpAddr>,

@@ -20,7 +20,7 @@ use crate::balance::{self, Health, OpenCounts, Transition};
 use crate::hello::{peek, Peek, MAX_HELLO};
 use crate::metrics::ProxyMetrics;
 use crate::relay::relay;
-use crate::resolve::DnsResolver;
+use crate::resolve::{DnsResolver, RETRY_AFTER};
 use crate::route::{RouteError, SniRoutes};
 
 #[derive(Debug, thiserror::Error)]
@@ -183,6 +183,12 @@ impl Outliers {
 #[derive(Default)]
 struct Resolver {
     last_good: Mutex<HashMap<String, Vec<SocketAddr>>>,
+    /// Upstreams whose lookup failed with no last good answer to fall back
+    /// on, and until when new connections to them fail at once: with a
+    /// resolver that black-holes queries, one connection in
+    /// [`RETRY_AFTER`] waits out the lookup, not every one. Keyed by
+    /// configured upstream, so it holds no more entries than the config.
+    failing: Mutex<HashMap<String, Instant>>,
     next: AtomicUsize,
     /// Configured DNS servers, when names are not left to the system.
     dns: Option<DnsResolver>,
@@ -208,15 +214,36 @@ impl Resolver {
             return Ok(up.addresses.clone());
         }
         let key = up.to_string();
+        let held = self
+            .failing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .copied();
+        if let Some(until) = held.filter(|until| Instant::now() < *until) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "{} did not resolve; asking again in {} ms",
+                    up.host,
+                    until.saturating_duration_since(Instant::now()).as_millis()
+                ),
+            ));
+        }
         match self.lookup(up).await {
             Ok(addrs) => {
                 if !addrs.is_empty() {
+                    self.failing
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&key);
                     self.last_good
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .insert(key, addrs.clone());
                     return Ok(addrs);
                 }
+                self.hold_failure(key);
                 Err(io::Error::new(
                     io::ErrorKind::NotFound,
                     format!("{} has no address", up.host),
@@ -234,10 +261,20 @@ impl Resolver {
                         tracing::warn!(upstream = %up, error = %e, "resolution failed; using the last good addresses");
                         Ok(addrs)
                     }
-                    None => Err(e),
+                    None => {
+                        self.hold_failure(key);
+                        Err(e)
+                    }
                 }
             }
         }
+    }
+
+    fn hold_failure(&self, key: String) {
+        self.failing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, Instant::now() + RETRY_AFTER);
     }
 
     /// Advances the rotation that spreads connections over equal addresses.
@@ -889,6 +926,32 @@ async fn check_round(shared: &Shared, cfg: &ProxyConfig, rule: &HealthCheck) {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// A resolver that black-holes queries must cost one new connection in
+    /// RETRY_AFTER the lookup timeout, not every one: the second connection
+    /// fails without asking.
+    #[tokio::test]
+    async fn a_name_that_never_resolved_is_not_asked_again_at_once() {
+        let black_hole = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let resolver = Resolver {
+            dns: Some(DnsResolver::new(vec![black_hole.local_addr().unwrap()])),
+            ..Resolver::default()
+        };
+        let up = Upstream::named("never.test", 443);
+        assert!(resolver.addresses(&up).await.is_err());
+        let second = resolver.addresses(&up).await.unwrap_err();
+        assert!(second.to_string().contains("asking again in"), "{second}");
+        black_hole.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 512];
+        assert!(
+            black_hole.recv_from(&mut buf).is_ok(),
+            "the first was asked"
+        );
+        assert!(
+            black_hole.recv_from(&mut buf).is_err(),
+            "the second connection asked again"
+        );
+    }
 
     /// Keepalive and no-delay are set once on the listener: the accepted
     /// socket must have inherited them, or clients would go without.
