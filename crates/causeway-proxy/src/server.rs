@@ -555,10 +555,11 @@ async fn accept_loop(
         let (shared, state) = (shared.clone(), state.clone());
         tokio::spawn(async move {
             shared.active.fetch_add(1, Ordering::AcqRel);
-            state.counters.active.inc();
             state.counters.accepted.inc();
-            handle(&shared, &state, client, from).await;
-            state.counters.active.dec();
+            {
+                let _open = Held::new(&state.counters.active);
+                handle(&shared, &state, client, from).await;
+            }
             state.limit.add_permits(1);
             if shared.active.fetch_sub(1, Ordering::AcqRel) == 1 {
                 shared.drained.notify_waiters();
