@@ -117,17 +117,53 @@ impl ListenerState {
     }
 }
 
+/// The route label of each of a listener's routes, as its metric series
+/// carry it: a plain listener's upstream, each SNI pattern, `default`.
+fn route_labels(l: &Listener) -> Vec<String> {
+    match &l.kind {
+        ListenerKind::Plain(u) => vec![u.to_string()],
+        ListenerKind::Sni { routes, default } => routes
+            .iter()
+            .map(|(pattern, _)| pattern.clone())
+            .chain(default.as_ref().map(|_| "default".to_string()))
+            .collect(),
+    }
+}
+
+/// The (listener, route) series of `old` that `new` no longer has.
+fn dropped_routes(old: &ProxyConfig, new: &ProxyConfig) -> Vec<(String, String)> {
+    let labels = |cfg: &ProxyConfig| -> Vec<(String, String)> {
+        cfg.listeners
+            .iter()
+            .flat_map(|l| {
+                let port = l.listen.port().to_string();
+                route_labels(l).into_iter().map(move |r| (port.clone(), r))
+            })
+            .collect()
+    };
+    let kept = labels(new);
+    labels(old)
+        .into_iter()
+        .filter(|pair| !kept.contains(pair))
+        .collect()
+}
+
 fn routing_of(l: &Listener, metrics: &ProxyMetrics) -> Result<Routing, ProxyError> {
     let listener = l.listen.port().to_string();
     let target = |route: &str, u: &Upstream| Target::new(metrics, &listener, route, u);
+    let mut labels = route_labels(l).into_iter();
     Ok(match &l.kind {
-        ListenerKind::Plain(u) => Routing::Plain(target(&u.to_string(), u)),
+        ListenerKind::Plain(u) => Routing::Plain(target(&labels.next().unwrap_or_default(), u)),
         ListenerKind::Sni { routes, default } => Routing::Sni(
             SniRoutes::new(
                 routes
                     .iter()
-                    .map(|(pattern, u)| (pattern.clone(), target(pattern, u))),
-                default.as_ref().map(|u| target("default", u)),
+                    .zip(labels.by_ref())
+                    .map(|((pattern, u), route)| (pattern.clone(), target(&route, u)))
+                    .collect::<Vec<_>>(),
+                default
+                    .as_ref()
+                    .map(|u| target(&labels.next().unwrap_or_default(), u)),
             )
             .map_err(|source| ProxyError::Routes {
                 addr: l.listen,
@@ -441,6 +477,14 @@ impl ProxyServer {
         }
         for (state, routing) in next {
             *state.routing.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(routing);
+        }
+        // A removed route's series would otherwise be exported for ever at
+        // their last values. Connections still on it keep counting into
+        // the unexported series, and the listener's gauge still has them.
+        for (listener, route) in dropped_routes(&self.shared.cfg(), cfg) {
+            let m = &self.shared.metrics;
+            let _ = m.route_accepted.remove_label_values(&[&listener, &route]);
+            let _ = m.route_active.remove_label_values(&[&listener, &route]);
         }
         *self.shared.cfg.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(cfg.clone());
         tracing::info!("proxy routes reloaded");
@@ -927,6 +971,57 @@ async fn check_round(shared: &Shared, cfg: &ProxyConfig, rule: &HealthCheck) {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// The route labels the registry exports, as Prometheus text.
+    fn exported_routes(registry: &prometheus::Registry) -> String {
+        let mut text = String::new();
+        prometheus::TextEncoder::new()
+            .encode_utf8(&registry.gather(), &mut text)
+            .unwrap();
+        text.lines()
+            .filter(|l| l.starts_with("causeway_proxy_route_"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[tokio::test]
+    async fn a_reload_stops_exporting_the_series_of_removed_routes() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cfg = |pattern: &str| {
+            causeway_config::Config::from_yaml(&format!(
+                "proxy:\n  listenAddress: 127.0.0.1\n  listeners:\n    - port: {port}\n      routes: [{{sni: {pattern}, upstream: \"127.0.0.1:9\"}}]\n      default: \"127.0.0.1:9\"\n"
+            ))
+            .unwrap()
+            .proxy
+            .unwrap()
+        };
+        let registry = prometheus::Registry::new();
+        let (trigger, shutdown) = causeway_runtime::shutdown::channel();
+        let server = ProxyServer::start(
+            &cfg("old.test"),
+            ProxyMetrics::new(&registry).unwrap(),
+            shutdown,
+        )
+        .await
+        .unwrap();
+        let before = exported_routes(&registry);
+        assert!(before.contains("route=\"old.test\""), "{before}");
+        assert!(before.contains("route=\"default\""), "{before}");
+        server.reload(&cfg("new.test")).unwrap();
+        let after = exported_routes(&registry);
+        assert!(after.contains("route=\"new.test\""), "{after}");
+        assert!(!after.contains("route=\"old.test\""), "{after}");
+        assert!(
+            after.contains("route=\"default\""),
+            "a route the reload kept lost its series: {after}"
+        );
+        trigger.trigger();
+        server.drain(Duration::from_secs(1)).await;
+    }
 
     /// A resolver that black-holes queries must cost one new connection in
     /// RETRY_AFTER the lookup timeout, not every one: the second connection
