@@ -8,8 +8,9 @@
 //! processing it, and falls back to the usual hash when no socket matches.
 //! A client that sends from one core then reaches one server thread, which
 //! reads it in large batches, instead of two threads that each read half as
-//! much and sleep and wake twice as often. Older kernels accept the option
-//! and keep hashing, so steering is never worse than no steering.
+//! much and sleep and wake twice as often. The price: traffic that one CPU
+//! receives (a NIC with one queue and no RPS) all goes to one socket.
+//! Older kernels accept the option and keep hashing.
 
 use std::io;
 
