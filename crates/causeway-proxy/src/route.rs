@@ -66,6 +66,14 @@ impl<T> SniRoutes<T> {
         })
     }
 
+    /// Every route's target, the default's last.
+    pub fn targets(&self) -> impl Iterator<Item = &T> {
+        self.exact
+            .values()
+            .chain(self.wildcards.iter().map(|(_, t)| t))
+            .chain(self.default.as_ref())
+    }
+
     /// The target for what the peek found, if any route takes it.
     pub fn choose(&self, peek: &Peek) -> Option<&T> {
         match peek {

@@ -40,12 +40,24 @@ enum Routing {
     Sni(SniRoutes<Target>),
 }
 
+impl Routing {
+    /// The route labels its series carry.
+    fn labels(&self) -> Vec<&str> {
+        match self {
+            Routing::Plain(t) => vec![t.route.as_str()],
+            Routing::Sni(routes) => routes.targets().map(|t| t.route.as_str()).collect(),
+        }
+    }
+}
+
 /// A route's upstream, with the route's metric series, looked up when the
 /// routes are built rather than per connection. The route label comes from
 /// the config (an SNI pattern, `default`, or a plain listener's upstream),
 /// never from what a client sent, so the series stay as few as the routes.
 struct Target {
     upstream: Upstream,
+    /// The route label of its series.
+    route: String,
     accepted: prometheus::IntCounter,
     active: prometheus::IntGauge,
 }
@@ -54,6 +66,7 @@ impl Target {
     fn new(metrics: &ProxyMetrics, listener: &str, route: &str, upstream: &Upstream) -> Self {
         Target {
             upstream: upstream.clone(),
+            route: route.to_string(),
             accepted: metrics.route_accepted.with_label_values(&[listener, route]),
             active: metrics.route_active.with_label_values(&[listener, route]),
         }
@@ -117,53 +130,17 @@ impl ListenerState {
     }
 }
 
-/// The route label of each of a listener's routes, as its metric series
-/// carry it: a plain listener's upstream, each SNI pattern, `default`.
-fn route_labels(l: &Listener) -> Vec<String> {
-    match &l.kind {
-        ListenerKind::Plain(u) => vec![u.to_string()],
-        ListenerKind::Sni { routes, default } => routes
-            .iter()
-            .map(|(pattern, _)| pattern.clone())
-            .chain(default.as_ref().map(|_| "default".to_string()))
-            .collect(),
-    }
-}
-
-/// The (listener, route) series of `old` that `new` no longer has.
-fn dropped_routes(old: &ProxyConfig, new: &ProxyConfig) -> Vec<(String, String)> {
-    let labels = |cfg: &ProxyConfig| -> Vec<(String, String)> {
-        cfg.listeners
-            .iter()
-            .flat_map(|l| {
-                let port = l.listen.port().to_string();
-                route_labels(l).into_iter().map(move |r| (port.clone(), r))
-            })
-            .collect()
-    };
-    let kept = labels(new);
-    labels(old)
-        .into_iter()
-        .filter(|pair| !kept.contains(pair))
-        .collect()
-}
-
 fn routing_of(l: &Listener, metrics: &ProxyMetrics) -> Result<Routing, ProxyError> {
     let listener = l.listen.port().to_string();
     let target = |route: &str, u: &Upstream| Target::new(metrics, &listener, route, u);
-    let mut labels = route_labels(l).into_iter();
     Ok(match &l.kind {
-        ListenerKind::Plain(u) => Routing::Plain(target(&labels.next().unwrap_or_default(), u)),
+        ListenerKind::Plain(u) => Routing::Plain(target(&u.to_string(), u)),
         ListenerKind::Sni { routes, default } => Routing::Sni(
             SniRoutes::new(
                 routes
                     .iter()
-                    .zip(labels.by_ref())
-                    .map(|((pattern, u), route)| (pattern.clone(), target(&route, u)))
-                    .collect::<Vec<_>>(),
-                default
-                    .as_ref()
-                    .map(|u| target(&labels.next().unwrap_or_default(), u)),
+                    .map(|(pattern, u)| (pattern.clone(), target(pattern, u))),
+                default.as_ref().map(|u| target("default", u)),
             )
             .map_err(|source| ProxyError::Routes {
                 addr: l.listen,
@@ -476,15 +453,21 @@ impl ProxyServer {
             );
         }
         for (state, routing) in next {
-            *state.routing.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(routing);
-        }
-        // A removed route's series would otherwise be exported for ever at
-        // their last values. Connections still on it keep counting into
-        // the unexported series, and the listener's gauge still has them.
-        for (listener, route) in dropped_routes(&self.shared.cfg(), cfg) {
-            let m = &self.shared.metrics;
-            let _ = m.route_accepted.remove_label_values(&[&listener, &route]);
-            let _ = m.route_active.remove_label_values(&[&listener, &route]);
+            let routing = Arc::new(routing);
+            let old = std::mem::replace(
+                &mut *state.routing.write().unwrap_or_else(|p| p.into_inner()),
+                routing.clone(),
+            );
+            // A removed route's series would otherwise be exported for ever
+            // at their last values. Connections still on it keep counting
+            // into the unexported series; the listener's gauge still has them.
+            let kept = routing.labels();
+            for route in old.labels().into_iter().filter(|r| !kept.contains(r)) {
+                let series = [state.label.as_str(), route];
+                let m = &self.shared.metrics;
+                let _ = m.route_accepted.remove_label_values(&series);
+                let _ = m.route_active.remove_label_values(&series);
+            }
         }
         *self.shared.cfg.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(cfg.clone());
         tracing::info!("proxy routes reloaded");
