@@ -20,7 +20,7 @@ use crate::balance::{self, Health, OpenCounts, Transition};
 use crate::hello::{peek, Peek, MAX_HELLO};
 use crate::metrics::ProxyMetrics;
 use crate::relay::relay;
-use crate::resolve::{DnsResolver, RETRY_AFTER};
+use crate::resolve::DnsResolver;
 use crate::route::{RouteError, SniRoutes};
 
 #[derive(Debug, thiserror::Error)]
@@ -191,17 +191,28 @@ impl Outliers {
     }
 }
 
+/// After a failed lookup, how long an upstream's name is not asked again:
+/// new connections get the last good answer meanwhile, or fail at once if
+/// there is none. With a resolver that black-holes queries, one connection
+/// in this long waits out the lookup, not every one.
+const RETRY_AFTER: Duration = Duration::from_secs(5);
+
+/// What the lookups of one upstream's name left behind.
+#[derive(Default)]
+struct Known {
+    /// The last good answer; empty while the name has never resolved.
+    addrs: Vec<SocketAddr>,
+    /// Set by a failed lookup: until when the name is not asked again.
+    retry_at: Option<Instant>,
+}
+
 /// Upstream host names resolve at each connection, so a changed address is
 /// followed at once; the last good answer is kept for when resolution fails.
 #[derive(Default)]
 struct Resolver {
-    last_good: Mutex<HashMap<String, Vec<SocketAddr>>>,
-    /// Upstreams whose lookup failed with no last good answer to fall back
-    /// on, and until when new connections to them fail at once: with a
-    /// resolver that black-holes queries, one connection in
-    /// [`RETRY_AFTER`] waits out the lookup, not every one. Keyed by
-    /// configured upstream, so it holds no more entries than the config.
-    failing: Mutex<HashMap<String, Instant>>,
+    /// Keyed by configured upstream, so it holds no more entries than the
+    /// config has upstreams.
+    known: Mutex<HashMap<String, Known>>,
     next: AtomicUsize,
     /// Configured DNS servers, when names are not left to the system.
     dns: Option<DnsResolver>,
@@ -222,72 +233,66 @@ impl Resolver {
         }
     }
 
+    fn known(&self) -> std::sync::MutexGuard<'_, HashMap<String, Known>> {
+        self.known.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     async fn addresses(&self, up: &Upstream) -> io::Result<Vec<SocketAddr>> {
         if !up.addresses.is_empty() {
             return Ok(up.addresses.clone());
         }
         let key = up.to_string();
-        let held = self
-            .failing
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-            .copied();
-        if let Some(until) = held.filter(|until| Instant::now() < *until) {
-            return Err(io::Error::new(
+        if let Some(held) = self.held(&key, up) {
+            return held;
+        }
+        let failure = match self.lookup(up).await {
+            Ok(addrs) if !addrs.is_empty() => {
+                self.known().insert(
+                    key,
+                    Known {
+                        addrs: addrs.clone(),
+                        retry_at: None,
+                    },
+                );
+                return Ok(addrs);
+            }
+            Ok(_) => io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{} has no address", up.host),
+            ),
+            Err(e) => e,
+        };
+        let mut known = self.known();
+        let entry = known.entry(key).or_default();
+        entry.retry_at = Some(Instant::now() + RETRY_AFTER);
+        if entry.addrs.is_empty() {
+            return Err(failure);
+        }
+        tracing::warn!(upstream = %up, error = %failure, "resolution failed; using the last good addresses");
+        Ok(entry.addrs.clone())
+    }
+
+    /// Within [`RETRY_AFTER`] of a failed lookup: the last good answer, or
+    /// the failure at once when there is none.
+    fn held(&self, key: &str, up: &Upstream) -> Option<io::Result<Vec<SocketAddr>>> {
+        let known = self.known();
+        let entry = known.get(key)?;
+        let left = entry
+            .retry_at?
+            .checked_duration_since(Instant::now())
+            .filter(|left| !left.is_zero())?;
+        Some(if entry.addrs.is_empty() {
+            Err(io::Error::new(
                 io::ErrorKind::NotFound,
                 format!(
                     "{} did not resolve; asking again in {} ms",
                     up.host,
-                    until.saturating_duration_since(Instant::now()).as_millis()
+                    left.as_millis()
                 ),
-            ));
-        }
-        match self.lookup(up).await {
-            Ok(addrs) => {
-                if !addrs.is_empty() {
-                    self.failing
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&key);
-                    self.last_good
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(key, addrs.clone());
-                    return Ok(addrs);
-                }
-                self.hold_failure(key);
-                Err(io::Error::new(
-                    io::ErrorKind::NotFound,
-                    format!("{} has no address", up.host),
-                ))
-            }
-            Err(e) => {
-                let kept = self
-                    .last_good
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(&key)
-                    .cloned();
-                match kept {
-                    Some(addrs) => {
-                        tracing::warn!(upstream = %up, error = %e, "resolution failed; using the last good addresses");
-                        Ok(addrs)
-                    }
-                    None => {
-                        self.hold_failure(key);
-                        Err(e)
-                    }
-                }
-            }
-        }
-    }
-
-    fn hold_failure(&self, key: String) {
-        self.failing
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, Instant::now() + RETRY_AFTER);
+            ))
+        } else {
+            Ok(entry.addrs.clone())
+        })
     }
 
     /// Advances the rotation that spreads connections over equal addresses.
@@ -1004,6 +1009,41 @@ mod tests {
         );
         trigger.trigger();
         server.drain(Duration::from_secs(1)).await;
+    }
+
+    #[tokio::test]
+    async fn after_a_failed_lookup_the_last_answer_stands_before_asking_again() {
+        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        server
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let resolver = Resolver {
+            dns: Some(DnsResolver::new(vec![server.local_addr().unwrap()])),
+            ..Resolver::default()
+        };
+        let up = Upstream::named("api.test", 443);
+        let kept = vec![SocketAddr::from(([10, 0, 0, 1], 443))];
+        resolver.known().insert(
+            up.to_string(),
+            Known {
+                addrs: kept.clone(),
+                retry_at: None,
+            },
+        );
+        // The server answers, with no address.
+        let answering = std::thread::spawn(move || {
+            crate::resolve::tests::answer_with_no_address(&server);
+            server
+        });
+        assert_eq!(resolver.addresses(&up).await.unwrap(), kept);
+        let server = answering.join().unwrap();
+        assert_eq!(resolver.addresses(&up).await.unwrap(), kept);
+        server.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 512];
+        assert!(
+            server.recv_from(&mut buf).is_err(),
+            "the servers were asked again within RETRY_AFTER"
+        );
     }
 
     /// A resolver that black-holes queries must cost one new connection in
