@@ -3,7 +3,7 @@
 # dnsmasq on one machine, on loopback, with the same zone data and the same
 # local upstream, measured with dnsperf and causeway-bench.
 #
-#   bench/compare-dns.sh [--quick] [--rounds N] [--write docs/benchmarks.md] [--servers unbound,kresd,dnsmasq,causeway] [--threads N] [--no-build]
+#   bench/compare-dns.sh [--quick] [--rounds N] [--write docs/benchmarks.md] [--servers unbound,kresd,dnsmasq,causeway,causeway-pinned] [--threads N] [--no-build]
 #
 # Needs root (port 53), python3, and unbound, knot-resolver, dnsmasq and
 # dnsperf, which it apt-get installs when missing (with a policy-rc.d that
@@ -17,7 +17,8 @@
 # Lab (all port 53): upstream 127.0.0.53 (DNS_UPSTREAM overrides), an
 # unbound auth-zone serving example.net (h0..h999 and a wildcard), TTL 3600.
 # Servers under test, one at a time: causeway 127.0.0.11, unbound
-# 127.0.0.12, kresd 127.0.0.13, dnsmasq 127.0.0.14, each answering
+# 127.0.0.12, kresd 127.0.0.13, dnsmasq 127.0.0.14, and causeway again
+# with its UDP threads pinned (`pinUdpThreads: true`) 127.0.0.15, each answering
 # hc1.example.com locally (api, api-int, oauth, ignition, konnectivity and
 # *.apps -> 192.168.100.2, anything else NXDOMAIN) and forwarding the rest
 # to the upstream.
@@ -43,7 +44,7 @@ NAME=compare-dns
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # ---------------------------------------------------------------- arguments
-SERVERS="unbound,kresd,dnsmasq,causeway"
+SERVERS="unbound,kresd,dnsmasq,causeway,causeway-pinned"
 ORIG_ARGS=("$@")
 THREADS=$(nproc)
 SHARED_ARGS=()
@@ -56,7 +57,7 @@ while (($#)); do
     shift
 done
 [[ $THREADS =~ ^[1-9][0-9]?$ ]] || die "--threads takes 1 to 99, not '$THREADS'"
-parse_args servers "unbound kresd dnsmasq causeway" 38 ${SHARED_ARGS[@]+"${SHARED_ARGS[@]}"}
+parse_args servers "unbound kresd dnsmasq causeway causeway-pinned" 39 ${SHARED_ARGS[@]+"${SHARED_ARGS[@]}"}
 
 [[ $(id -u) -eq 0 ]] || die "must run as root (servers bind port 53; missing packages are apt-get installed); try: sudo $0 ${ORIG_ARGS[*]}"
 
@@ -93,7 +94,7 @@ if [[ -z ${CWD_TIMED:-} ]]; then
     fi
     if [[ -z ${CAUSEWAY_BIN:-} ]]; then
         CAUSEWAY_BIN=$REPO/target/release/causeway
-        if ((!NO_BUILD)) && [[ ,$SERVERS, == *,causeway,* ]]; then
+        if ((!NO_BUILD)) && [[ ,$SERVERS, == *,causeway* ]]; then
             log "building: cargo build --release -p causeway"
             (cd "$REPO" && timeout -k 10 900 cargo build --release -q -p causeway) >&2 ||
                 log "warning: cargo build -p causeway failed; causeway will be skipped"
@@ -119,7 +120,7 @@ need getconf
 
 # ------------------------------------------------------------ lab & cleanup
 UPSTREAM=${DNS_UPSTREAM:-127.0.0.53}
-declare -A ADDR=([causeway]=127.0.0.11 [unbound]=127.0.0.12 [kresd]=127.0.0.13 [dnsmasq]=127.0.0.14)
+declare -A ADDR=([causeway]=127.0.0.11 [unbound]=127.0.0.12 [kresd]=127.0.0.13 [dnsmasq]=127.0.0.14 [causeway-pinned]=127.0.0.15)
 TMP=$(mktemp -d "/tmp/compare-dns.$$.XXXXXX")
 chmod 755 "$TMP"
 UP_PID="" SRV_PIDS=""
@@ -357,8 +358,9 @@ EOF
 }
 
 CAUSEWAY_NOTE=""
+# start_causeway DIR ADDR [EXTRA] : EXTRA is more of the dns block.
 start_causeway() {
-    local dir=$1 addr=$2 out
+    local dir=$1 addr=$2 extra=${3:-} out
     cat >"$dir/causeway.yaml" <<EOF
 admin: {listen: "127.0.0.1:19292"}
 cluster: {name: hc1, baseDomain: example.com}
@@ -368,6 +370,7 @@ dns:
   upstreams: ["$UPSTREAM:53"]
   recursionClients: [127.0.0.0/8]
   udpSockets: $THREADS
+$extra
 EOF
     if [[ ! -x $CAUSEWAY_BIN ]]; then
         CAUSEWAY_NOTE="binary $CAUSEWAY_BIN not found"
@@ -383,11 +386,14 @@ EOF
     SRV_PIDS=$!
 }
 
+start_causeway_pinned() { start_causeway "$1" "$2" "  pinUdpThreads: true"; }
+
 version_of() {
     case $1 in
         unbound) unbound -V 2>/dev/null | awk 'NR == 1 {print "unbound " $2}' ;;
         kresd) kresd --version 2>/dev/null | awk '{print "kresd " $NF}' ;;
         dnsmasq) dnsmasq --version 2>/dev/null | awk 'NR == 1 {print "dnsmasq " $3}' ;;
+        causeway-pinned) echo "$(version_of causeway), UDP threads pinned" ;;
         causeway) echo "causeway $("$CAUSEWAY_BIN" --version 2>/dev/null | awk '{print $NF}') ($(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?'))" ;;
     esac
 }
@@ -455,7 +461,7 @@ measure() {
     local name=$1 dir=$TMP/$1 addr=${ADDR[$1]} rc=0
     mkdir -p "$dir"
     SRV_PIDS=""
-    "start_$name" "$dir" "$addr" || rc=$?
+    "start_${name//-/_}" "$dir" "$addr" || rc=$?
     if ((rc == 2)); then
         echo "$name: DNS not available in this build, skipped ($CAUSEWAY_NOTE)" >&2
         res "$name" skipped "$CAUSEWAY_NOTE"
@@ -468,9 +474,9 @@ measure() {
         # shellcheck disable=SC2086
         stop_pids $SRV_PIDS
         SRV_PIDS=""
-        if [[ $name == causeway ]]; then
+        if [[ $name == causeway* ]]; then
             CAUSEWAY_NOTE="no answer from $addr:53 within 15 s"
-            echo "causeway: DNS not available in this build, skipped ($CAUSEWAY_NOTE)" >&2
+            echo "$name: DNS not available in this build, skipped ($CAUSEWAY_NOTE)" >&2
             res "$name" skipped "$CAUSEWAY_NOTE"
             return 0
         fi
@@ -542,7 +548,7 @@ print(f"- Run: {E['CWD_DATE']}, `nproc` = {E['CWD_NPROC']} ({E['CWD_CPU']}), ker
       + (" — **quick mode** (short runs; not for publication)" if E["CWD_QUICK"] == "1" else ""))
 print(f"- Command: `{E['CWD_CMD']}`")
 print("- Versions: " + ", ".join([r[s]["version"] for s in ran if "version" in r[s]] + [f"dnsperf {E['CWD_DNSPERF']}"]))
-print(f"- Lab: loopback only; each server on its own 127.0.0.x:53, one at a time, sharing the {E['CWD_NPROC']} cores with the load generator (nothing pinned). "
+print(f"- Lab: loopback only; each server on its own 127.0.0.x:53, one at a time, sharing the {E['CWD_NPROC']} cores with the load generator (nothing pinned but causeway-pinned's UDP threads: `pinUdpThreads: true`, each on the CPU its socket is steered to). "
       f"Same data everywhere: zone hc1.example.com answered locally (api, api-int, oauth, ignition, konnectivity, *.apps → 192.168.100.2), "
       f"everything else forwarded to one upstream, an unbound auth-zone for example.net on {E['UPSTREAM']}:53 (h0–h999 + wildcard, TTL 3600). No DNSSEC validation anywhere.")
 print(f"- Load: {E['OUTSTANDING']} queries in flight over {E['SOCKETS']} client sockets (so servers that spread sockets over threads can), "
@@ -567,19 +573,20 @@ def per_cpu_rounds(s, key):
     resp = [num(v) for v in by_round.get(s, {}).get(key + "_resp", [])]
     cpu = [num(v) for v in by_round.get(s, {}).get(key + "_cpu", [])]
     return [a / b if a is not None and b else None for a, b in zip(resp, cpu)]
-def vs_unbound(key):
+def vs_unbound(key, s="causeway"):
     return [a / b if a is not None and b else None
-            for a, b in zip(per_cpu_rounds("causeway", key), per_cpu_rounds("unbound", key))]
+            for a, b in zip(per_cpu_rounds(s, key), per_cpu_rounds("unbound", key))]
 
 if rounds > 1:
     print(f"- Rounds: {rounds}, each measuring every server, in reverse order every other round. Every figure below is the median over the rounds "
-          "(queries per CPU-second from the medians of its parts); causeway's queries per CPU-second against unbound's are also given round by round, "
+          "(queries per CPU-second from the medians of its parts); each causeway's queries per CPU-second against unbound's are also given round by round, "
           "as median (lowest–highest):\n")
     judged = [("local, dnsperf", "local_dp"), ("local, causeway-bench", "local_b"),
               ("cached, dnsperf", "cached_dp"), ("cached, causeway-bench", "cached_b"), (f"{E['LAT_RATE']} q/s mix", "lat")]
-    print("| causeway q per CPU-s vs unbound | " + " | ".join(j[0] for j in judged) + " |")
+    print("| q per CPU-s vs unbound, over the rounds | " + " | ".join(j[0] for j in judged) + " |")
     print("|---|" + "---:|" * len(judged))
-    print("| over the rounds | " + " | ".join(spread(vs_unbound(k)) for _, k in judged) + " |")
+    for s in (c for c in ran if c.startswith("causeway")):
+        print(f"| {s} | " + " | ".join(spread(vs_unbound(k, s)) for _, k in judged) + " |")
     print()
 print("| server | workload | dnsperf q/s | lost | q per CPU-s | causeway-bench q/s | lost | p99 ms | q per CPU-s | bench CPU | q/s vs unbound (dnsperf / bench) | q per CPU-s vs unbound (dnsperf / bench) |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -43,6 +43,7 @@ pub struct FileDns {
     pub tcp_idle_timeout: Option<FileDuration>,
     pub max_tcp_connections: Option<usize>,
     pub udp_sockets: Option<usize>,
+    pub pin_udp_threads: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -112,6 +113,9 @@ pub struct DnsConfig {
     pub max_tcp_connections: usize,
     /// UDP sockets per listen address (SO_REUSEPORT); 0 means one per core.
     pub udp_sockets: usize,
+    /// Bind the thread serving UDP socket N to the CPU that socket is
+    /// steered to. Off by default: see docs/dns.md for when it pays.
+    pub pin_udp_threads: bool,
     pub ttl: u32,
 }
 
@@ -607,6 +611,7 @@ pub(crate) fn validate(
         tcp_idle_timeout,
         max_tcp_connections: d.max_tcp_connections.unwrap_or(1024).max(1),
         udp_sockets: d.udp_sockets.unwrap_or(0),
+        pin_udp_threads: d.pin_udp_threads.unwrap_or(false),
         ttl,
     })
 }

@@ -53,7 +53,11 @@ pub struct DnsServer {
     tasks: Vec<JoinHandle<()>>,
     /// One per UDP socket, each served by a thread of its own.
     udp: Vec<(Arc<Endpoint>, oneshot::Receiver<()>)>,
+    /// What only a restart changes: the addresses, and the UDP sockets and
+    /// their threads.
     listen: Vec<SocketAddr>,
+    udp_sockets: usize,
+    pin_udp_threads: bool,
 }
 
 pub(crate) fn unix_now() -> u64 {
@@ -240,6 +244,8 @@ impl DnsServer {
             tasks: Vec::new(),
             udp: Vec::new(),
             listen: cfg.listen.clone(),
+            udp_sockets: cfg.udp_sockets,
+            pin_udp_threads: cfg.pin_udp_threads,
         };
         for addr in &cfg.listen {
             for index in 0..sockets {
@@ -256,14 +262,26 @@ impl DnsServer {
                 let (done_tx, done_rx) = oneshot::channel();
                 let (shared, thread_endpoint, shutdown) =
                     (shared.clone(), endpoint.clone(), shutdown.clone());
+                let pin_to = cpus::for_slot(index, &usable_cpus).filter(|_| cfg.pin_udp_threads);
+                let (running_tx, running_rx) = oneshot::channel();
                 std::thread::Builder::new()
                     .name(format!("dns-udp-{index}"))
                     .spawn(move || {
+                        if let Some(cpu) = pin_to {
+                            // The thread serves queries either way; pinned
+                            // or not only changes where it runs.
+                            if let Err(e) = cpus::pin_current_thread(cpu) {
+                                tracing::warn!(cpu, error = %e, "could not pin a DNS UDP thread; it runs unpinned");
+                            }
+                        }
+                        let _ = running_tx.send(());
                         udp_thread(&shared, &thread_endpoint, outbound.as_mut(), &shutdown);
                         let _ = done_tx.send(());
                     })
                     .map_err(|e| bind_error(*addr, &e))?;
                 server.udp.push((endpoint, done_rx));
+                // Once start returns, every thread runs where it will stay.
+                let _ = running_rx.await;
             }
             let listener = tcp_listener(*addr)?;
             server.tasks.push(tokio::spawn(tcp_loop(
@@ -276,6 +294,7 @@ impl DnsServer {
                 listen = %addr,
                 udp_sockets = sockets,
                 steered_to_cpus = ?&usable_cpus[..sockets.min(usable_cpus.len())],
+                threads_pinned = cfg.pin_udp_threads,
                 "DNS listening on UDP and TCP"
             );
         }
@@ -304,6 +323,11 @@ impl DnsServer {
         if cfg.listen != self.listen {
             tracing::warn!(
                 "dns.listen changed; restart to apply it (records and views are applied)"
+            );
+        }
+        if cfg.udp_sockets != self.udp_sockets || cfg.pin_udp_threads != self.pin_udp_threads {
+            tracing::warn!(
+                "dns.udpSockets or dns.pinUdpThreads changed; restart to apply it (records and views are applied)"
             );
         }
         tracing::info!("DNS records reloaded");

@@ -14,7 +14,7 @@
 
 use std::io;
 
-use nix::sched::{sched_getaffinity, CpuSet};
+use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
 use socket2::SockRef;
 
@@ -53,10 +53,18 @@ pub fn steer(socket: SockRef<'_>, cpu: usize) -> io::Result<()> {
     socket.set_cpu_affinity(cpu)
 }
 
+/// Binds the calling thread to `cpu` alone, so the thread serving a
+/// steered socket runs where that socket's traffic is processed.
+pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
+    let mut only = CpuSet::new();
+    only.set(cpu).map_err(io::Error::from)?;
+    // Pid 0 is the calling thread, not the whole process.
+    sched_setaffinity(Pid::from_raw(0), &only).map_err(io::Error::from)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nix::sched::sched_setaffinity;
     use socket2::{Domain, Protocol, Socket, Type};
     use std::net::{SocketAddr, UdpSocket};
     use std::time::{Duration, Instant};
@@ -76,6 +84,34 @@ mod tests {
         let steered: Vec<_> = (0..5).map(|s| for_slot(s, &cpus).unwrap()).collect();
         assert_eq!(steered, [2, 3, 6, 2, 3]);
         assert_eq!(for_slot(0, &[]), None);
+    }
+
+    #[test]
+    fn a_pinned_thread_runs_on_its_cpu_alone_and_the_others_keep_theirs() {
+        let cpus = usable();
+        let target = *cpus.last().unwrap();
+        let (allowed, ran_on) = std::thread::spawn(move || {
+            pin_current_thread(target).unwrap();
+            let set = sched_getaffinity(Pid::from_raw(0)).unwrap();
+            let allowed: Vec<usize> = (0..CpuSet::count())
+                .filter(|&c| set.is_set(c).unwrap_or(false))
+                .collect();
+            (allowed, nix::sched::sched_getcpu().unwrap())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(allowed, [target]);
+        assert_eq!(ran_on, target);
+        // The caller's own set is untouched: pinning is per thread.
+        assert_eq!(usable(), cpus);
+    }
+
+    #[test]
+    fn pinning_to_a_cpu_past_the_set_size_is_an_error() {
+        let past = CpuSet::count();
+        std::thread::spawn(move || assert!(pin_current_thread(past).is_err()))
+            .join()
+            .unwrap();
     }
 
     /// (major, minor) of a kernel release string such as "6.18.44-fc".
@@ -107,9 +143,7 @@ mod tests {
     /// to `cpu`.
     fn send_from_cpu(cpu: usize, to: SocketAddr) {
         std::thread::spawn(move || {
-            let mut only = CpuSet::new();
-            only.set(cpu).unwrap();
-            sched_setaffinity(Pid::from_raw(0), &only).unwrap();
+            pin_current_thread(cpu).unwrap();
             for _ in 0..8 {
                 let client = UdpSocket::bind("127.0.0.1:0").unwrap();
                 for _ in 0..8 {

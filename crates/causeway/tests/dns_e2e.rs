@@ -464,6 +464,80 @@ fn apps_wildcard_matches_any_depth() {
     assert_eq!(api.answers("A"), [PROXY], "{}", api.raw);
 }
 
+/// The CPUs in a `Cpus_allowed_list` such as `0-3,6`.
+fn cpu_list(list: &str) -> Vec<usize> {
+    let mut cpus = Vec::new();
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.parse::<usize>().unwrap()..=b.parse().unwrap()),
+            None => cpus.push(part.parse().unwrap()),
+        }
+    }
+    cpus
+}
+
+/// The CPUs a task (`/proc/<pid>` or `/proc/<pid>/task/<tid>`) may run on.
+fn allowed_cpus(task: &std::path::Path) -> Vec<usize> {
+    let status = fs::read_to_string(task.join("status")).unwrap();
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap();
+    cpu_list(line)
+}
+
+/// Each `dns-udp-N` thread of a server, with the CPUs it may run on.
+fn udp_threads(server: &Server) -> Vec<(String, Vec<usize>)> {
+    let mut threads: Vec<(String, Vec<usize>)> =
+        fs::read_dir(format!("/proc/{}/task", server.pid()))
+            .unwrap()
+            .filter_map(|t| {
+                let path = t.ok()?.path();
+                let name = fs::read_to_string(path.join("comm"))
+                    .ok()?
+                    .trim()
+                    .to_string();
+                name.starts_with("dns-udp-")
+                    .then(|| (name, allowed_cpus(&path)))
+            })
+            .collect();
+    threads.sort();
+    threads
+}
+
+#[test]
+fn cpu_lists_read_ranges_and_singles() {
+    assert_eq!(cpu_list("0-3,6\n"), [0, 1, 2, 3, 6]);
+    assert_eq!(cpu_list("5"), [5]);
+}
+
+#[test]
+fn pinned_udp_threads_run_on_their_steered_cpus_and_unpinned_ones_anywhere() {
+    let pinned =
+        Server::dns("  upstreams: [\"127.0.0.1:9\"]\n  udpSockets: 2\n  pinUdpThreads: true\n");
+    let unpinned = Server::dns("  upstreams: [\"127.0.0.1:9\"]\n  udpSockets: 2\n");
+    let usable = allowed_cpus(std::path::Path::new(&format!("/proc/{}", pinned.pid())));
+    // Socket N is steered to the N-th usable CPU, wrapping round.
+    let expected: Vec<(String, Vec<usize>)> = (0..2)
+        .map(|n| (format!("dns-udp-{n}"), vec![usable[n % usable.len()]]))
+        .collect();
+    assert_eq!(udp_threads(&pinned), expected, "{}", pinned.describe());
+    let everywhere: Vec<(String, Vec<usize>)> = (0..2)
+        .map(|n| (format!("dns-udp-{n}"), usable.clone()))
+        .collect();
+    assert_eq!(
+        udp_threads(&unpinned),
+        everywhere,
+        "{}",
+        unpinned.describe()
+    );
+    // Pinned threads still serve, whichever socket the query lands on.
+    for _ in 0..4 {
+        let reply = dig_ok(pinned.dns, &[&fqdn("api"), "A"]);
+        assert_eq!(reply.answers("A"), [PROXY], "{}", reply.raw);
+    }
+}
+
 #[test]
 fn nxdomain_and_nodata_come_back_correctly() {
     let server = Server::dns("  upstreams: [\"127.0.0.1:9\"]\n");
