@@ -20,10 +20,11 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 
 use dhcproto::v4::{DhcpOption, Message, MessageType, Opcode};
 use dhcproto::{Decodable, Decoder, Encodable};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Once;
+use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
 
 /// How often bounded waits re-check their condition.
@@ -137,20 +138,46 @@ pub fn complete_lines(path: &Path) -> Vec<String> {
 
 // ---------------------------------------------------------------- ports
 
+/// Ports this test process has handed out. The tests of a binary run in
+/// parallel, and a port found free is only released for its server to bind
+/// later: without this, two tests could be handed the same port in that
+/// gap, and one server would fail to start with EADDRINUSE.
+static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
+/// Takes the first port `probe` finds free that no test of this process
+/// was given before.
+fn unique_port(what: &str, mut probe: impl FnMut() -> Option<u16>) -> u16 {
+    for _ in 0..200 {
+        let Some(port) = probe() else { continue };
+        if HANDED_OUT
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(port)
+        {
+            return port;
+        }
+    }
+    panic!("no {what} port free on loopback that was not already handed out");
+}
+
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 pub fn free_tcp_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free TCP port on 127.0.0.1")
+    unique_port("TCP", || {
+        TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .ok()
+    })
 }
 
 /// A UDP port on 127.0.0.1 that was free a moment ago.
 pub fn free_udp_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .map(|a| a.port())
-        .expect("no free UDP port on 127.0.0.1")
+    unique_port("UDP", || {
+        UdpSocket::bind("127.0.0.1:0")
+            .and_then(|s| s.local_addr())
+            .map(|a| a.port())
+            .ok()
+    })
 }
 
 /// A port free for both UDP and TCP on `ip` a moment ago, for servers that
@@ -158,14 +185,11 @@ pub fn free_udp_port() -> u16 {
 /// connection's ephemeral port, more so while another test holds thousands
 /// of connections open.
 pub fn free_udp_and_tcp_port(ip: Ipv4Addr) -> u16 {
-    for _ in 0..50 {
-        let udp = UdpSocket::bind((ip, 0)).expect("binding a UDP socket on loopback");
-        let port = udp.local_addr().unwrap().port();
-        if TcpListener::bind((ip, port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no port free for both UDP and TCP on {ip}");
+    unique_port("UDP and TCP", || {
+        let udp = UdpSocket::bind((ip, 0)).ok()?;
+        let port = udp.local_addr().ok()?.port();
+        TcpListener::bind((ip, port)).ok().map(|_| port)
+    })
 }
 
 // ---------------------------------------------------------------- commands
