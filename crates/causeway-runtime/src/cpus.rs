@@ -1,5 +1,5 @@
-//! The CPUs this process may run on, and steering a socket of a
-//! SO_REUSEPORT group to one of them.
+//! The CPUs this process may run on, steering a socket of a SO_REUSEPORT
+//! group to one of them, and pinning the thread that serves it there.
 //!
 //! A service that opens one socket per core (the DNS server's UDP sockets)
 //! gets the most from them when each core's socket takes that core's
