@@ -129,10 +129,7 @@ pub(crate) mod tests {
     /// empty address list, so the caller falls back and says so.
     #[tokio::test]
     async fn a_lookup_that_finds_no_address_fails_even_with_an_expired_answer() {
-        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        server
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .unwrap();
+        let server = stand_in_resolver();
         let resolver = DnsResolver::new(vec![server.local_addr().unwrap()]);
         // An answer whose TTL has just run out.
         resolver.cache.lock().unwrap().insert(
@@ -148,6 +145,18 @@ pub(crate) mod tests {
             "a failed lookup must fail, so the caller says it uses the last good answer"
         );
         answering.join().unwrap();
+    }
+
+    /// A UDP socket on loopback for a test to answer queries on itself; a
+    /// read gives up after 5 s, so a test whose query never comes fails
+    /// instead of hanging (test helper, also used by the proxy server's
+    /// resolver tests).
+    pub(crate) fn stand_in_resolver() -> std::net::UdpSocket {
+        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        server
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        server
     }
 
     /// Answers one query on `server` with no address (test helper, also used

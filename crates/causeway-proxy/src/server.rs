@@ -1013,10 +1013,7 @@ mod tests {
 
     #[tokio::test]
     async fn after_a_failed_lookup_the_last_answer_stands_before_asking_again() {
-        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        server
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .unwrap();
+        let server = crate::resolve::tests::stand_in_resolver();
         let resolver = Resolver {
             dns: Some(DnsResolver::new(vec![server.local_addr().unwrap()])),
             ..Resolver::default()
