@@ -12,8 +12,6 @@ use causeway_runtime::shutdown::{channel, ShutdownTrigger};
 use hickory_proto::op::{Edns, Message, MessageType, Query, ResponseCode};
 use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
-use nix::sched::{sched_setaffinity, CpuSet};
-use nix::unistd::Pid;
 
 use crate::authority::DynamicNames;
 use crate::metrics::DnsMetrics;
@@ -116,9 +114,7 @@ fn eventually(what: &str, mut done: impl FnMut() -> bool) {
 fn send_from_cpu(cpu: usize, client: &UdpSocket, wire: &[u8], to: SocketAddr) {
     std::thread::scope(|s| {
         s.spawn(|| {
-            let mut only = CpuSet::new();
-            only.set(cpu).unwrap();
-            sched_setaffinity(Pid::from_raw(0), &only).unwrap();
+            causeway_runtime::cpus::pin_current_thread(cpu).unwrap();
             client.send_to(wire, to).unwrap();
         });
     });
