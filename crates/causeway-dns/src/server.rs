@@ -249,7 +249,8 @@ impl DnsServer {
         };
         for addr in &cfg.listen {
             for index in 0..sockets {
-                let socket = udp_socket(*addr, cpus::for_slot(index, &usable_cpus))?;
+                let cpu = cpus::for_slot(index, &usable_cpus);
+                let socket = udp_socket(*addr, cpu)?;
                 let endpoint = Arc::new(
                     Endpoint::new(socket, HOUSEKEEPING).map_err(|e| bind_error(*addr, &e))?,
                 );
@@ -262,7 +263,7 @@ impl DnsServer {
                 let (done_tx, done_rx) = oneshot::channel();
                 let (shared, thread_endpoint, shutdown) =
                     (shared.clone(), endpoint.clone(), shutdown.clone());
-                let pin_to = cpus::for_slot(index, &usable_cpus).filter(|_| cfg.pin_udp_threads);
+                let pin_to = cpu.filter(|_| cfg.pin_udp_threads);
                 let (running_tx, running_rx) = oneshot::channel();
                 std::thread::Builder::new()
                     .name(format!("dns-udp-{index}"))
