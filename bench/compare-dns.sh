@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Compare causeway's DNS server with unbound, knot-resolver (kresd) and
 # dnsmasq on one machine, on loopback, with the same zone data and the same
-# local upstream, measured with dnsperf and causeway-bench.
+# local upstream, measured with dnsperf and causeway-bench. A reference
+# responder with no DNS logic (`causeway-bench dns-floor`) is measured the
+# same way, as the floor of what the kernel's UDP path costs per query.
 #
-#   bench/compare-dns.sh [--quick] [--rounds N] [--write docs/benchmarks.md] [--servers unbound,kresd,dnsmasq,causeway,causeway-pinned] [--threads N] [--no-build]
+#   bench/compare-dns.sh [--quick] [--rounds N] [--write docs/benchmarks.md] [--servers unbound,kresd,dnsmasq,causeway,causeway-pinned,floor] [--threads N] [--no-build]
 #
 # Needs root (port 53), python3, and unbound, knot-resolver, dnsmasq and
 # dnsperf, which it apt-get installs when missing (with a policy-rc.d that
@@ -21,7 +23,8 @@
 # with its UDP threads pinned (`pinUdpThreads: true`) 127.0.0.15, each answering
 # hc1.example.com locally (api, api-int, oauth, ignition, konnectivity and
 # *.apps -> 192.168.100.2, anything else NXDOMAIN) and forwarding the rest
-# to the upstream.
+# to the upstream. The floor, 127.0.0.16, answers every A question with one
+# A record, forwards nothing, and serves its sockets as causeway does.
 #
 # Builds causeway-bench and causeway (cargo build --release) unless
 # BENCH_BIN and CAUSEWAY_BIN are given, or --no-build uses target/release.
@@ -44,7 +47,7 @@ NAME=compare-dns
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # ---------------------------------------------------------------- arguments
-SERVERS="unbound,kresd,dnsmasq,causeway,causeway-pinned"
+SERVERS="unbound,kresd,dnsmasq,causeway,causeway-pinned,floor"
 ORIG_ARGS=("$@")
 THREADS=$(nproc)
 SHARED_ARGS=()
@@ -57,7 +60,7 @@ while (($#)); do
     shift
 done
 [[ $THREADS =~ ^[1-9][0-9]?$ ]] || die "--threads takes 1 to 99, not '$THREADS'"
-parse_args servers "unbound kresd dnsmasq causeway causeway-pinned" 39 ${SHARED_ARGS[@]+"${SHARED_ARGS[@]}"}
+parse_args servers "unbound kresd dnsmasq causeway causeway-pinned floor" 39 ${SHARED_ARGS[@]+"${SHARED_ARGS[@]}"}
 
 [[ $(id -u) -eq 0 ]] || die "must run as root (servers bind port 53; missing packages are apt-get installed); try: sudo $0 ${ORIG_ARGS[*]}"
 
@@ -120,7 +123,7 @@ need getconf
 
 # ------------------------------------------------------------ lab & cleanup
 UPSTREAM=${DNS_UPSTREAM:-127.0.0.53}
-declare -A ADDR=([causeway]=127.0.0.11 [unbound]=127.0.0.12 [kresd]=127.0.0.13 [dnsmasq]=127.0.0.14 [causeway-pinned]=127.0.0.15)
+declare -A ADDR=([causeway]=127.0.0.11 [unbound]=127.0.0.12 [kresd]=127.0.0.13 [dnsmasq]=127.0.0.14 [causeway-pinned]=127.0.0.15 [floor]=127.0.0.16)
 TMP=$(mktemp -d "/tmp/compare-dns.$$.XXXXXX")
 chmod 755 "$TMP"
 UP_PID="" SRV_PIDS=""
@@ -388,12 +391,20 @@ EOF
 
 start_causeway_pinned() { start_causeway "$1" "$2" "  pinUdpThreads: true"; }
 
+# The floor: causeway-bench's responder with no DNS logic, as many sockets
+# (and threads) as the other servers get.
+start_floor() {
+    "$BENCH_BIN" dns-floor --listen "$2:53" --sockets "$THREADS" --answer "$PROXY" >"$1/out" 2>&1 &
+    SRV_PIDS=$!
+}
+
 version_of() {
     case $1 in
         unbound) unbound -V 2>/dev/null | awk 'NR == 1 {print "unbound " $2}' ;;
         kresd) kresd --version 2>/dev/null | awk '{print "kresd " $NF}' ;;
         dnsmasq) dnsmasq --version 2>/dev/null | awk 'NR == 1 {print "dnsmasq " $3}' ;;
         causeway-pinned) echo "$(version_of causeway), UDP threads pinned" ;;
+        floor) echo "floor: causeway-bench dns-floor" ;;
         causeway) echo "causeway $("$CAUSEWAY_BIN" --version 2>/dev/null | awk '{print $NF}') ($(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?'))" ;;
     esac
 }
@@ -551,6 +562,11 @@ print("- Versions: " + ", ".join([r[s]["version"] for s in ran if "version" in r
 print(f"- Lab: loopback only; each server on its own 127.0.0.x:53, one at a time, sharing the {E['CWD_NPROC']} cores with the load generator (nothing pinned but causeway-pinned's UDP threads: `pinUdpThreads: true`, each on the CPU its socket is steered to). "
       f"Same data everywhere: zone hc1.example.com answered locally (api, api-int, oauth, ignition, konnectivity, *.apps → 192.168.100.2), "
       f"everything else forwarded to one upstream, an unbound auth-zone for example.net on {E['UPSTREAM']}:53 (h0–h999 + wildcard, TTL 3600). No DNSSEC validation anywhere.")
+if "floor" in ran:
+    print("- Floor: `causeway-bench dns-floor`, a responder with no DNS logic: every A question gets one A record, nothing is looked up, cached, counted "
+          "or forwarded (so its *cached* rows are answered just like the local ones). Its sockets are served as causeway's are (a SO_REUSEPORT group of "
+          "steered sockets, one blocking thread each, 32 datagrams per recvmmsg, replies by sendmmsg). Its queries per CPU-second are what the kernel's "
+          "UDP path allows on this host; a server's against the floor's give the share of its cost that is the kernel's.")
 print(f"- Load: {E['OUTSTANDING']} queries in flight over {E['SOCKETS']} client sockets (so servers that spread sockets over threads can), "
       f"{E['RUN_S']} s per run, 2 s timeout. dnsperf: `dnsperf -q {E['OUTSTANDING']} -c {E['SOCKETS']} -t 2 -l {E['RUN_S']}` (its default is -q 100). "
       f"causeway-bench: `causeway-bench dns --max-outstanding {E['OUTSTANDING']} --sockets {E['SOCKETS']} --mix local=100` (or `cached=100`). "
@@ -585,9 +601,19 @@ if rounds > 1:
               ("cached, dnsperf", "cached_dp"), ("cached, causeway-bench", "cached_b"), (f"{E['LAT_RATE']} q/s mix", "lat")]
     print("| q per CPU-s vs unbound, over the rounds | " + " | ".join(j[0] for j in judged) + " |")
     print("|---|" + "---:|" * len(judged))
-    for s in (c for c in ran if c.startswith("causeway")):
+    for s in (c for c in ran if c.startswith("causeway") or c == "floor"):
         print(f"| {s} | " + " | ".join(spread(vs_unbound(k, s)) for _, k in judged) + " |")
     print()
+    if "floor" in ran:
+        def vs_floor(key, s):
+            return [a / b if a is not None and b else None
+                    for a, b in zip(per_cpu_rounds(s, key), per_cpu_rounds("floor", key))]
+        print("Each server's queries per CPU-second as a share of the floor's, round by round, median (lowest–highest):\n")
+        print("| q per CPU-s vs the floor, over the rounds | " + " | ".join(j[0] for j in judged) + " |")
+        print("|---|" + "---:|" * len(judged))
+        for s in (c for c in ran if c != "floor"):
+            print(f"| {s} | " + " | ".join(spread(vs_floor(k, s)) for _, k in judged) + " |")
+        print()
 print("| server | workload | dnsperf q/s | lost | q per CPU-s | causeway-bench q/s | lost | p99 ms | q per CPU-s | bench CPU | q/s vs unbound (dnsperf / bench) | q per CPU-s vs unbound (dnsperf / bench) |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 notes = []

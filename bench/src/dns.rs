@@ -6,6 +6,7 @@
 // in `wire`, the query names come from `workload`; this file owns the CLI,
 // the sockets and the event loop.
 
+pub mod floor;
 mod wire;
 mod workload;
 

@@ -1,6 +1,7 @@
 // Entry point of `causeway-bench`: load generators for causeway's services
 // that also work against other implementations, so numbers are comparable.
-// Each protocol is a subcommand: `dhcp`, `dns` and `proxy`.
+// Each protocol is a subcommand: `dhcp`, `dns` and `proxy`; `dns-floor` is
+// the reference responder the DNS comparison measures servers against.
 
 mod dhcp;
 mod dns;
@@ -29,6 +30,11 @@ enum Command {
     /// unbound, knot-resolver, dnsmasq): throughput, losses, latency and
     /// the rcode mix
     Dns(dns::DnsArgs),
+    /// A DNS responder that does the least work a UDP server can per
+    /// query, served like causeway's UDP sockets: measures what the
+    /// kernel's UDP path costs on this host, as a floor for the servers
+    /// compared; runs until Ctrl-C or SIGTERM
+    DnsFloor(dns::floor::FloorArgs),
     /// TCP load through an L4 proxy (causeway, HAProxy, nginx stream) or
     /// straight to its upstream: connection rate, throughput, latency at a
     /// fixed rate, idle connections; with a built-in upstream server
@@ -45,6 +51,36 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Dhcp(args) => rt.block_on(dhcp::run(args)),
         Command::Dns(args) => rt.block_on(dns::run(args)),
+        Command::DnsFloor(args) => rt.block_on(dns::floor::run(args)),
         Command::Proxy(args) => rt.block_on(proxy::run(args)),
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM, with the word for the log. The compare
+/// scripts stop the built-in servers (proxy upstream, dns-floor) with
+/// TERM and still want their summaries. If a
+/// handler cannot be installed that branch never fires: every run is
+/// bounded anyway.
+pub async fn stop_signal() -> &'static str {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => "interrupted",
+        _ = term => "terminated",
     }
 }

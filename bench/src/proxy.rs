@@ -23,6 +23,7 @@ use serde::Serialize;
 use tokio::net::{TcpSocket, TcpStream};
 
 use crate::stats;
+use crate::stop_signal;
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
@@ -378,34 +379,6 @@ impl Clock {
 
     fn elapsed_s(&self) -> f64 {
         self.start.elapsed().as_secs_f64()
-    }
-}
-
-/// Resolves on Ctrl-C or SIGTERM, with the word for the log. The compare
-/// script stops the upstream with TERM and still wants its summary. If a
-/// handler cannot be installed that branch never fires: every run is
-/// bounded anyway.
-async fn stop_signal() -> &'static str {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let term = async {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => "interrupted",
-        _ = term => "terminated",
     }
 }
 

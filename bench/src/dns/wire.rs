@@ -1,10 +1,11 @@
 // DNS wire format for the load generator: pure functions that encode query
-// names and packets and parse just enough of a response (header and
-// question) to match it to its query. Hand-written rather than through a
+// names and packets, parse just enough of a response (header and question)
+// to match it to its query, and build the floor responder's answers. Hand-written rather than through a
 // DNS library because the send loop reuses one buffer per packet and never
 // allocates, and parsing stops after the question.
 
 use std::fmt;
+use std::net::Ipv4Addr;
 
 pub const HEADER_LEN: usize = 12;
 /// Largest encoded name (RFC 1035 2.3.4).
@@ -16,6 +17,11 @@ pub const MAX_QUERY_LEN: usize = HEADER_LEN + MAX_NAME_LEN + 4 + 11;
 const FLAG_QR: u16 = 0x8000;
 const FLAG_TC: u16 = 0x0200;
 const FLAG_RD: u16 = 0x0100;
+const FLAG_AA: u16 = 0x0400;
+const OPCODE_MASK: u16 = 0x7800;
+const TYPE_A: u16 = 1;
+/// TTL of the floor responder's A records.
+const FLOOR_TTL: u32 = 30;
 const CLASS_IN: u16 = 1;
 const TYPE_OPT: u16 = 41;
 /// The EDNS buffer size the DNS flag day 2020 settled on.
@@ -30,6 +36,8 @@ pub enum WireError {
     UnknownType(String),
     Short,
     NotAResponse,
+    NotAQuery,
+    QuestionCount(u16),
     CompressedQuestion,
     BadLabel(u8),
 }
@@ -50,6 +58,8 @@ impl fmt::Display for WireError {
             ),
             WireError::Short => write!(f, "message truncated"),
             WireError::NotAResponse => write!(f, "QR bit clear: not a response"),
+            WireError::NotAQuery => write!(f, "QR bit set: not a query"),
+            WireError::QuestionCount(n) => write!(f, "{n} questions (a query has one)"),
             WireError::CompressedQuestion => write!(f, "compression pointer in the question"),
             WireError::BadLabel(b) => write!(f, "invalid label length byte {b:#04x}"),
         }
@@ -241,37 +251,13 @@ pub fn parse_response(msg: &[u8]) -> Result<ResponseInfo, WireError> {
     let question = if qdcount == 0 {
         None
     } else {
+        let name_end = first_name_end(msg)?;
+        msg.get(name_end..name_end + 4).ok_or(WireError::Short)?; // qtype, qclass
         let mut h = Fnv::new();
-        let mut i = HEADER_LEN;
-        loop {
-            let len = *msg.get(i).ok_or(WireError::Short)?;
-            match len {
-                0 => {
-                    h.byte(0);
-                    i += 1;
-                    break;
-                }
-                1..=63 => {
-                    let label = msg
-                        .get(i..i + 1 + usize::from(len))
-                        .ok_or(WireError::Short)?;
-                    for &b in label {
-                        h.byte(b.to_ascii_lowercase());
-                    }
-                    i += label.len();
-                    if i - HEADER_LEN >= MAX_NAME_LEN {
-                        return Err(WireError::NameTooLong);
-                    }
-                }
-                // Nothing precedes the first question for a pointer to
-                // point at, so this is a broken (or hostile) packet.
-                0xc0..=0xff => return Err(WireError::CompressedQuestion),
-                other => return Err(WireError::BadLabel(other)),
-            }
+        for &b in &msg[HEADER_LEN..name_end] {
+            h.byte(b.to_ascii_lowercase());
         }
-        let qtype = msg.get(i..i + 2).ok_or(WireError::Short)?;
-        msg.get(i + 2..i + 4).ok_or(WireError::Short)?; // qclass
-        h.bytes(qtype);
+        h.bytes(&msg[name_end..name_end + 2]);
         Some(h.0)
     };
     Ok(ResponseInfo {
@@ -281,6 +267,67 @@ pub fn parse_response(msg: &[u8]) -> Result<ResponseInfo, WireError> {
         ancount,
         question,
     })
+}
+
+/// Where the first question's name ends (one past its root label). Never
+/// panics: a name that runs off the message, or is not a plain sequence of
+/// labels, is an error.
+fn first_name_end(msg: &[u8]) -> Result<usize, WireError> {
+    let mut i = HEADER_LEN;
+    loop {
+        let len = *msg.get(i).ok_or(WireError::Short)?;
+        match len {
+            0 => return Ok(i + 1),
+            1..=63 => {
+                i += 1 + usize::from(len);
+                if i - HEADER_LEN >= MAX_NAME_LEN {
+                    return Err(WireError::NameTooLong);
+                }
+            }
+            // Nothing precedes the first question for a pointer to point
+            // at, so this is a broken (or hostile) packet.
+            0xc0..=0xff => return Err(WireError::CompressedQuestion),
+            other => return Err(WireError::BadLabel(other)),
+        }
+    }
+}
+
+/// The answer of `causeway-bench dns-floor`, written into `out`: the
+/// query's header and question with QR and AA set (opcode, ID and RD kept),
+/// then one A record for `address` when the question asks for A, none
+/// otherwise. Whatever followed the question (an OPT record) is left out,
+/// so the answer is the same size as a plain authoritative server's.
+pub fn floor_answer(query: &[u8], address: Ipv4Addr, out: &mut Vec<u8>) -> Result<(), WireError> {
+    if query.len() < HEADER_LEN {
+        return Err(WireError::Short);
+    }
+    let flags = u16::from_be_bytes([query[2], query[3]]);
+    if flags & FLAG_QR != 0 {
+        return Err(WireError::NotAQuery);
+    }
+    let qdcount = u16::from_be_bytes([query[4], query[5]]);
+    if qdcount != 1 {
+        return Err(WireError::QuestionCount(qdcount));
+    }
+    let name_end = first_name_end(query)?;
+    let question = query.get(..name_end + 4).ok_or(WireError::Short)?;
+    let is_a = question[name_end..name_end + 2] == TYPE_A.to_be_bytes();
+    out.clear();
+    out.extend_from_slice(question);
+    let answer_flags = FLAG_QR | FLAG_AA | (flags & (OPCODE_MASK | FLAG_RD));
+    out[2..4].copy_from_slice(&answer_flags.to_be_bytes());
+    out[6..8].copy_from_slice(&u16::from(is_a).to_be_bytes()); // ancount
+    out[8..12].fill(0); // nscount, arcount
+    if is_a {
+        // The owner is the question's name, by a pointer to offset 12.
+        out.extend_from_slice(&[0xc0, HEADER_LEN as u8]);
+        out.extend_from_slice(&TYPE_A.to_be_bytes());
+        out.extend_from_slice(&CLASS_IN.to_be_bytes());
+        out.extend_from_slice(&FLOOR_TTL.to_be_bytes());
+        out.extend_from_slice(&4u16.to_be_bytes());
+        out.extend_from_slice(&address.octets());
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -451,5 +498,78 @@ mod tests {
                 .collect();
             let _ = parse_response(&buf);
         }
+    }
+
+    #[test]
+    fn floor_answers_a_with_one_record_and_keeps_the_question() {
+        let mut q = build_query(&wire("Api.hc1.example.com"), 1, FLAGS);
+        set_id(&mut q, 0x1234);
+        let mut out = Vec::new();
+        floor_answer(&q, Ipv4Addr::new(192, 0, 2, 7), &mut out).unwrap();
+        let info = parse_response(&out).unwrap();
+        assert_eq!(info.id, 0x1234);
+        assert_eq!(info.rcode, Rcode::NoError);
+        assert_eq!(info.ancount, 1);
+        assert_eq!(
+            info.question,
+            Some(question_hash(&wire("api.hc1.example.com"), 1))
+        );
+        // QR, AA and the query's RD; no TC, no RA.
+        assert_eq!(u16::from_be_bytes([out[2], out[3]]), 0x8500);
+        let record = &out[q.len()..];
+        assert_eq!(
+            record,
+            [0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 30, 0, 4, 192, 0, 2, 7]
+        );
+    }
+
+    #[test]
+    fn floor_answers_other_types_with_no_data_and_drops_edns() {
+        let q = build_query(
+            &wire("api.hc1.example.com"),
+            28,
+            QueryFlags {
+                rd: false,
+                edns: true,
+            },
+        );
+        let mut out = Vec::new();
+        floor_answer(&q, Ipv4Addr::new(192, 0, 2, 1), &mut out).unwrap();
+        assert_eq!(out.len(), q.len() - 11, "the OPT record is left out");
+        let info = parse_response(&out).unwrap();
+        assert_eq!(info.ancount, 0);
+        assert_eq!(info.rcode, Rcode::NoError);
+        assert_eq!(&out[8..12], [0, 0, 0, 0]);
+        assert_eq!(u16::from_be_bytes([out[2], out[3]]), 0x8400);
+    }
+
+    #[test]
+    fn floor_refuses_what_is_not_one_plain_question() {
+        let q = build_query(&wire("api.hc1.example.com"), 1, FLAGS);
+        let mut out = Vec::new();
+        let a = Ipv4Addr::new(192, 0, 2, 1);
+        for n in 0..q.len() {
+            assert!(
+                floor_answer(&q[..n], a, &mut out).is_err(),
+                "prefix {n} answered"
+            );
+        }
+        let response = answer(&q, 0, false);
+        assert_eq!(
+            floor_answer(&response, a, &mut out),
+            Err(WireError::NotAQuery)
+        );
+        let mut two = q.clone();
+        two[5] = 2;
+        assert_eq!(
+            floor_answer(&two, a, &mut out),
+            Err(WireError::QuestionCount(2))
+        );
+        let mut pointer = q.clone();
+        pointer[12] = 0xc0;
+        assert_eq!(
+            floor_answer(&pointer, a, &mut out),
+            Err(WireError::CompressedQuestion)
+        );
     }
 }

@@ -1019,3 +1019,81 @@ dns:
     );
     server.app.stop();
 }
+
+/// The comparison's reference responder (`causeway-bench dns-floor`)
+/// answers real clients as its docs say: one A record for an A question,
+/// NODATA for any other type. It drops what is not a query without
+/// answering and goes on serving, and on SIGTERM it reports exactly what
+/// it answered and dropped, then exits 0.
+#[test]
+fn dns_floor_answers_dig_drops_garbage_and_reports_its_counts() {
+    let dir = tempdir();
+    let listen = SocketAddr::from(([127, 0, 0, 1], support::free_udp_port()));
+    let mut floor = Proc::spawn(
+        "dns-floor",
+        dir.path(),
+        Command::new(support::bench_bin()).args([
+            "dns-floor",
+            "--listen",
+            &listen.to_string(),
+            "--sockets",
+            "2",
+            "--answer",
+            "192.0.2.7",
+            "--json",
+        ]),
+    );
+    // It says so once every socket of the group is bound.
+    wait_for(
+        "dns-floor to bind",
+        DEADLINE,
+        || {
+            floor
+                .output()
+                .contains("dns-floor: answering on")
+                .then_some(())
+        },
+        || floor.describe(),
+    );
+
+    let a = dig_ok(listen, &["api.hc1.example.com", "A"]);
+    assert_eq!(a.status, "NOERROR", "{}", a.raw);
+    assert!(a.has_flag("aa"), "{}", a.raw);
+    assert_eq!(a.answers("A"), ["192.0.2.7"], "{}", a.raw);
+    let aaaa = dig_ok(listen, &["api.hc1.example.com", "AAAA"]);
+    assert_eq!(aaaa.status, "NOERROR", "{}", aaaa.raw);
+    assert!(aaaa.answer.is_empty(), "{}", aaaa.raw);
+
+    // Two datagrams that are not queries (too short; a response), then a
+    // query: the only reply that comes back is the query's.
+    let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+    client.set_read_timeout(Some(DEADLINE)).unwrap();
+    client.send_to(&[0xff; 7], listen).unwrap();
+    let mut response = query_packet(0x0102, "x.apps.hc1.example.com");
+    response[2] |= 0x80;
+    client.send_to(&response, listen).unwrap();
+    client
+        .send_to(&query_packet(0x0a0b, "x.apps.hc1.example.com"), listen)
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let (len, _) = client.recv_from(&mut buf).expect("no reply to the query");
+    assert_eq!(
+        &buf[..2],
+        [0x0a, 0x0b],
+        "a reply to something that was not a query"
+    );
+    assert_eq!(&buf[6..8], [0, 1], "ANCOUNT of {:?}", &buf[..len]);
+
+    floor.signal("TERM");
+    assert!(floor.wait_exit(DEADLINE).success(), "{}", floor.describe());
+    let output = floor.output();
+    let summary: serde_json::Value = output
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON summary in:\n{output}"));
+    assert_eq!(summary["answered"], 3, "{summary}");
+    assert_eq!(summary["malformed"], 2, "{summary}");
+    assert_eq!(summary["sockets"], 2, "{summary}");
+    assert_eq!(summary["stopped_by"], "terminated", "{summary}");
+}
