@@ -57,10 +57,9 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// Resolves on Ctrl-C or SIGTERM, with the word for the log. The compare
-/// scripts stop the built-in servers (proxy upstream, dns-floor) with
-/// TERM and still want their summaries. If a
-/// handler cannot be installed that branch never fires: every run is
-/// bounded anyway.
+/// scripts stop the built-in servers (proxy upstream, dns-floor) with TERM
+/// and still want their summaries. If a handler cannot be installed that
+/// branch never fires: the scripts bound every run anyway.
 pub async fn stop_signal() -> &'static str {
     let ctrl_c = async {
         if tokio::signal::ctrl_c().await.is_err() {
