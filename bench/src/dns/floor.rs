@@ -157,7 +157,8 @@ fn serve(socket: &UdpSocket, answer: Ipv4Addr, counts: &Counts) {
     let mut recv_headers = MultiHeaders::<SockaddrStorage>::preallocate(BATCH, None);
     let mut send_headers = MultiHeaders::<SockaddrStorage>::preallocate(BATCH, None);
     let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; QUERY_BUF]).collect();
-    let mut got: Vec<(usize, SockaddrStorage)> = Vec::with_capacity(BATCH);
+    // (buffer, length, sender) of each datagram read.
+    let mut got: Vec<(usize, usize, SockaddrStorage)> = Vec::with_capacity(BATCH);
     let mut replies: Vec<Vec<u8>> = (0..BATCH).map(|_| Vec::with_capacity(512)).collect();
     let mut to: Vec<Option<SockaddrStorage>> = Vec::with_capacity(BATCH);
     loop {
@@ -175,7 +176,11 @@ fn serve(socket: &UdpSocket, answer: Ipv4Addr, counts: &Counts) {
                 MsgFlags::MSG_WAITFORONE,
                 None,
             ) {
-                Ok(results) => got.extend(results.filter_map(|m| Some((m.bytes, m.address?)))),
+                Ok(results) => got.extend(
+                    results
+                        .enumerate()
+                        .filter_map(|(i, m)| Some((i, m.bytes, m.address?))),
+                ),
                 Err(Errno::EINTR | Errno::EAGAIN) => continue,
                 Err(e) => {
                     eprintln!("dns-floor: receive failed, thread stops: {e}");
@@ -185,9 +190,9 @@ fn serve(socket: &UdpSocket, answer: Ipv4Addr, counts: &Counts) {
         }
         to.clear();
         let mut malformed = 0;
-        for (i, (len, from)) in got.iter().enumerate() {
+        for &(i, len, ref from) in &got {
             let reply = &mut replies[to.len()];
-            if wire::floor_answer(&bufs[i][..*len], answer, reply).is_ok() {
+            if wire::floor_answer(&bufs[i][..len], answer, reply).is_ok() {
                 to.push(Some(*from));
             } else {
                 malformed += 1;
