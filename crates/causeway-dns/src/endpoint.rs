@@ -43,6 +43,9 @@ pub struct Endpoint {
 /// One datagram read by [`Endpoint::recv_batch`].
 #[derive(Debug, Clone, Copy)]
 pub struct Datagram {
+    /// The buffer it was read into: a datagram whose sender cannot be read
+    /// is skipped, so a datagram's place in the batch need not be its buffer's.
+    pub buf: usize,
     pub len: usize,
     pub from: SocketAddr,
     /// The local address it was sent to, on a wildcard socket.
@@ -148,7 +151,7 @@ impl Endpoint {
             Err(Errno::EAGAIN | Errno::EINTR) => return Ok(true),
             Err(e) => return Err(e.into()),
         };
-        for msg in results {
+        for (buf, msg) in results.enumerate() {
             let Some(from) = msg.address.as_ref().and_then(std_addr) else {
                 continue;
             };
@@ -161,6 +164,7 @@ impl Endpoint {
                 }
             }
             got.push(Datagram {
+                buf,
                 len: msg.bytes,
                 from,
                 local,

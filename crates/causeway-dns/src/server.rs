@@ -493,8 +493,8 @@ fn udp_thread(
         }
         let now = unix_now();
         targets.clear();
-        for (i, d) in got.iter().enumerate() {
-            let request = &bufs[i][..d.len];
+        for d in &got {
+            let request = &bufs[d.buf][..d.len];
             let reply = &mut replies[targets.len()];
             reply.clear();
             if let Some(wire) = hot.answer(shared, request, d.from.ip(), now) {
