@@ -136,6 +136,13 @@ get_kubernetes_validate() {
 HELM=""
 KV=()
 PY=()
+# `charts/test.sh --print-helm`: fetch helm into the cache if need be and
+# print its path (the operator tests render the chart with it).
+if [ "${1:-}" = --print-helm ]; then
+  get_helm >&2
+  echo "$HELM"
+  exit 0
+fi
 section "tools"
 get_helm
 get_kubernetes_validate

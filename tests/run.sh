@@ -68,6 +68,19 @@ fi
 section "helm chart (helm from npm, kubernetes-validate from PyPI)"
 bash charts/test.sh
 
+section "Kubernetes control plane for the operator tests (tests/kube/cluster.sh)"
+# kube-apiserver and kube-controller-manager 1.20 are built once from
+# Debian's source package (about 7 minutes on 2 cores) and cached in
+# /var/cache/causeway-test, outside the clone.
+if [ "$(id -u)" = 0 ]; then
+  bash tests/kube/cluster.sh build
+else
+  echo "SKIP kube-apiserver build: needs root; the operator tests will SKIP"
+fi
+# The operator tests install the chart from `helm template` with this helm.
+CAUSEWAY_HELM="$(bash charts/test.sh --print-helm 2>/dev/null | tail -n 1 || true)"
+export CAUSEWAY_HELM
+
 section "image (buildah, FROM scratch)"
 if [ "$(id -u)" = 0 ] && command -v buildah >/dev/null; then
   images/build.sh

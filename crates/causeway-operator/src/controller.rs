@@ -1,43 +1,59 @@
-//! The Infra controller: observe (the Infra, its HostedCluster, its
-//! NetworkAttachmentDefinition, what it owns), render with the pure
-//! functions, apply with server-side apply, report status.
+//! The Infra controller, in three steps per reconcile:
+//! - observe: the Infra and what it owns come from the controller's
+//!   reflector stores; the few foreign objects it names (its HostedCluster,
+//!   NetworkAttachmentDefinition, internal proxy Service, and the policy in
+//!   the control-plane namespace) are read;
+//! - render: [`validate`] then [`render`], pure functions of the above;
+//! - apply: server-side apply under one field manager, only for objects
+//!   whose live state differs from the rendering ([`drift`]), so a reconcile
+//!   in steady state writes nothing. Status is applied to `/status` the
+//!   same way, and only when it changed.
+//!
+//! A finalizer removes what owner references cannot reach: the
+//! NetworkPolicy in the control-plane namespace.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
-use kube::core::{ApiResource, GroupVersionKind};
+use kube::core::{ApiResource, GroupVersionKind, NamespaceResourceScope};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::watcher;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::finalizer::{finalizer, Event as Finalize};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
-use serde_json::json;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use crate::crd::{ComponentStatus, Infra, InfraStatus};
-use crate::render::{self, Component, Owner, Workload};
+use crate::drift;
+use crate::error::Error;
+use crate::render::{self, Component, Owner, Rendered, Settings, Workload};
 use crate::status::{self, ComponentState, Observed};
-use crate::validate::{self, HostedClusterFacts};
+use crate::validate::{self, HostedClusterFacts, InternalProxyTarget, ServiceAddress};
 
 /// The field manager of every server-side apply.
 pub const MANAGER: &str = "causeway-operator";
+/// Removes the control-plane NetworkPolicy before the Infra goes.
+pub const FINALIZER: &str = "causeway.io/cleanup";
+/// The label every object the operator makes carries; the child watches
+/// select on it, so the stores hold ours and nothing else.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", MANAGER);
 const CONTROLLER: &str = "infra";
-
-#[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
-    #[error("the Infra has no namespace")]
-    NoNamespace,
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-}
 
 #[derive(Clone)]
 pub struct OperatorMetrics {
     reconciles: IntCounterVec,
+    errors: IntCounterVec,
+    writes: IntCounterVec,
     seconds: HistogramVec,
 }
 
@@ -51,6 +67,20 @@ impl OperatorMetrics {
                 ),
                 &["controller", "result"],
             )?,
+            errors: IntCounterVec::new(
+                Opts::new(
+                    "causeway_operator_reconcile_errors_total",
+                    "Failed reconciles, by controller and kind of error",
+                ),
+                &["controller", "error"],
+            )?,
+            writes: IntCounterVec::new(
+                Opts::new(
+                    "causeway_operator_api_writes_total",
+                    "Requests that change objects (apply, delete), by kind and verb",
+                ),
+                &["kind", "verb"],
+            )?,
             seconds: HistogramVec::new(
                 HistogramOpts::new(
                     "causeway_operator_reconcile_seconds",
@@ -63,20 +93,38 @@ impl OperatorMetrics {
             )?,
         };
         registry.register(Box::new(m.reconciles.clone()))?;
+        registry.register(Box::new(m.errors.clone()))?;
+        registry.register(Box::new(m.writes.clone()))?;
         registry.register(Box::new(m.seconds.clone()))?;
         Ok(m)
     }
+
+    pub fn write(&self, kind: &str, verb: &str) {
+        self.writes.with_label_values(&[kind, verb]).inc();
+    }
+}
+
+/// What the reconciler reads from: one store per kind it owns, all limited
+/// to the watched namespace (or all) and to objects it made.
+#[derive(Clone)]
+pub struct Stores {
+    pub config_maps: Store<ConfigMap>,
+    pub deployments: Store<Deployment>,
+    pub stateful_sets: Store<StatefulSet>,
+    pub service_accounts: Store<ServiceAccount>,
+    pub services: Store<Service>,
+    pub network_policies: Store<NetworkPolicy>,
 }
 
 pub struct Context {
     pub client: Client,
-    /// The image the data-plane pods run.
-    pub image: String,
+    pub settings: Settings,
+    pub stores: Stores,
     pub recorder: Option<Recorder>,
     pub metrics: Option<OperatorMetrics>,
 }
 
-fn nad_resource() -> ApiResource {
+pub fn nad_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition"),
         "network-attachment-definitions",
@@ -98,7 +146,8 @@ fn apply_params() -> PatchParams {
     PatchParams::apply(MANAGER).force()
 }
 
-/// What a referenced HostedCluster says, or why it could not be read.
+/// What a referenced HostedCluster says, or why it could not be read. A
+/// HostedCluster that is there but malformed gives what could be read.
 async fn hosted_cluster(
     client: &Client,
     infra: &Infra,
@@ -125,172 +174,405 @@ async fn hosted_cluster(
             r.name
         )),
         Err(e) => Err(format!(
-            "hostedClusterRef: reading HostedCluster {hc_ns}/{}: {e}",
-            r.name
+            "hostedClusterRef: reading HostedCluster {hc_ns}/{}: {}",
+            r.name,
+            api_message(&e)
         )),
     }
 }
 
-async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K, kube::Error>
-where
-    K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let name = obj.meta().name.clone().unwrap_or_default();
-    api.patch(&name, &apply_params(), &Patch::Apply(obj)).await
+/// An API error as a condition message: a 404 on the whole resource means
+/// its CRD is not installed.
+fn api_message(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) if s.code == 404 => "the API is not installed (no CRD)".into(),
+        other => other.to_string(),
+    }
 }
 
-async fn delete_if_present<K>(api: &Api<K>, name: &str) -> Result<(), kube::Error>
+/// Whether the NetworkAttachmentDefinition is there: `Err` says why not.
+async fn network_attachment(client: &Client, ns: &str, name: &str) -> Result<(), String> {
+    let nads: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &nad_resource());
+    match nads.get_opt(name).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(format!("NetworkAttachmentDefinition {ns}/{name} not found")),
+        Err(e) => Err(format!(
+            "NetworkAttachmentDefinition {ns}/{name}: {}",
+            api_message(&e)
+        )),
+    }
+}
+
+/// The Service `internalProxyService` names, read live (it is not ours,
+/// so not in a store; its changes still trigger a reconcile).
+async fn service_address(client: &Client, ns: &str, name: &str) -> Result<ServiceAddress, Error> {
+    let api: Api<Service> = Api::namespaced(client.clone(), ns);
+    Ok(match api.get_opt(name).await? {
+        None => ServiceAddress::Missing,
+        Some(svc) => svc
+            .spec
+            .and_then(|s| s.cluster_ip)
+            .and_then(|ip| ip.parse().ok())
+            .map_or(ServiceAddress::NoClusterIp, ServiceAddress::ClusterIp),
+    })
+}
+
+fn live<K>(store: &Store<K>, ns: &str, name: &str) -> Option<Arc<K>>
 where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: Resource<DynamicType = ()> + Clone,
 {
-    match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => {
-            tracing::info!(name, "deleted: its component is disabled");
-            Ok(())
+    store.get(&ObjectRef::new(name).within(ns))
+}
+
+impl Context {
+    fn counted(&self, kind: &str, verb: &str) {
+        if let Some(m) = &self.metrics {
+            m.write(kind, verb);
         }
-        Err(e) if not_found(&e) => Ok(()),
-        Err(e) => Err(e),
+    }
+
+    /// Applies `desired` unless the stored live object already is it.
+    async fn ensure<K>(&self, store: &Store<K>, mut desired: K) -> Result<(), Error>
+    where
+        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+            + Clone
+            + Serialize
+            + DeserializeOwned
+            + std::fmt::Debug,
+    {
+        drift::stamp(&mut desired);
+        let ns = desired.meta().namespace.clone().ok_or(Error::NoNamespace)?;
+        let name = desired.meta().name.clone().unwrap_or_default();
+        let current = live(store, &ns, &name);
+        if !drift::needs_apply(&desired, current.as_deref()) {
+            return Ok(());
+        }
+        let api: Api<K> = Api::namespaced(self.client.clone(), &ns);
+        api.patch(&name, &apply_params(), &Patch::Apply(&desired))
+            .await?;
+        self.counted(&K::kind(&()), "apply");
+        tracing::debug!(kind = %K::kind(&()), namespace = %ns, %name, "applied");
+        Ok(())
+    }
+
+    /// Deletes an object of ours the stored state still shows.
+    async fn remove<K>(&self, store: &Store<K>, ns: &str, name: &str) -> Result<(), Error>
+    where
+        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug,
+    {
+        if live(store, ns, name).is_none() {
+            return Ok(());
+        }
+        let api: Api<K> = Api::namespaced(self.client.clone(), ns);
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => {
+                self.counted(&K::kind(&()), "delete");
+                tracing::info!(kind = %K::kind(&()), namespace = %ns, %name, "deleted: its component is disabled");
+                Ok(())
+            }
+            Err(e) if not_found(&e) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The control-plane policy lives outside the watched objects: read,
+    /// compared and applied like the rest.
+    async fn ensure_read<K>(&self, mut desired: K) -> Result<(), Error>
+    where
+        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+            + Clone
+            + Serialize
+            + DeserializeOwned
+            + std::fmt::Debug,
+    {
+        drift::stamp(&mut desired);
+        let ns = desired.meta().namespace.clone().ok_or(Error::NoNamespace)?;
+        let name = desired.meta().name.clone().unwrap_or_default();
+        let api: Api<K> = Api::namespaced(self.client.clone(), &ns);
+        let current = api.get_opt(&name).await?;
+        if !drift::needs_apply(&desired, current.as_ref()) {
+            return Ok(());
+        }
+        api.patch(&name, &apply_params(), &Patch::Apply(&desired))
+            .await?;
+        self.counted(&K::kind(&()), "apply");
+        Ok(())
     }
 }
 
-fn ready_replicas(w: &Workload) -> i32 {
+fn workload_state(w: Option<&Workload>, component: Component) -> ComponentState {
+    let not_ready = |why: String| ComponentState::NotReady(why);
+    let pods = component.name();
     match w {
-        Workload::StatefulSet(s) => s
-            .status
-            .as_ref()
-            .and_then(|s| s.ready_replicas)
-            .unwrap_or(0),
-        Workload::Deployment(d) => d
-            .status
-            .as_ref()
-            .and_then(|s| s.ready_replicas)
-            .unwrap_or(0),
+        None => not_ready(format!("the {pods} workload is not there yet")),
+        Some(Workload::StatefulSet(s)) => {
+            let generation = s.metadata.generation;
+            let Some(st) = &s.status else {
+                return not_ready(format!("0 of 1 {pods} pods ready"));
+            };
+            if st.observed_generation < generation {
+                return not_ready(format!(
+                    "the {pods} StatefulSet has not seen its latest spec"
+                ));
+            }
+            let updated = st.update_revision.is_none() || st.update_revision == st.current_revision;
+            if st.ready_replicas.unwrap_or(0) >= 1 && updated {
+                ComponentState::Ready
+            } else if !updated {
+                not_ready(format!("the {pods} pod is being replaced"))
+            } else {
+                not_ready(format!("0 of 1 {pods} pods ready"))
+            }
+        }
+        Some(Workload::Deployment(d)) => {
+            let generation = d.metadata.generation;
+            let Some(st) = &d.status else {
+                return not_ready(format!("0 of 1 {pods} pods ready"));
+            };
+            if st.observed_generation < generation {
+                return not_ready(format!(
+                    "the {pods} Deployment has not seen its latest spec"
+                ));
+            }
+            let updated = st.updated_replicas.unwrap_or(0) >= 1;
+            let ready = st.ready_replicas.unwrap_or(0) >= 1;
+            // Recreate: the old pod is gone before the new one starts, so
+            // any ready pod after an update is the new one.
+            if updated && ready {
+                ComponentState::Ready
+            } else {
+                not_ready(format!("0 of 1 {pods} pods ready"))
+            }
+        }
     }
 }
 
-/// One pass over one Infra.
-pub async fn reconcile(infra: Arc<Infra>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+/// One pass over one Infra, wrapped in the finalizer.
+pub async fn reconcile(infra: Arc<Infra>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
-    let result = reconcile_inner(&infra, &ctx).await;
+    let ns = infra.namespace().ok_or(Error::NoNamespace)?;
+    let api: Api<Infra> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut valid = true;
+    let result = finalizer(&api, FINALIZER, infra, |event| async {
+        match event {
+            Finalize::Apply(infra) => {
+                let (action, was_valid) = apply_infra(&infra, &ctx).await?;
+                valid = was_valid;
+                Ok(action)
+            }
+            Finalize::Cleanup(infra) => cleanup(&infra, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        kube::runtime::finalizer::Error::AddFinalizer(e)
+        | kube::runtime::finalizer::Error::RemoveFinalizer(e) => Error::Kube(e),
+        other => Error::Finalizer(other.to_string()),
+    });
     if let Some(m) = &ctx.metrics {
         m.seconds
             .with_label_values(&[CONTROLLER])
             .observe(started.elapsed().as_secs_f64());
         let label = match &result {
-            Ok((_, true)) => "ok",
-            Ok((_, false)) => "invalid",
+            Ok(_) if valid => "ok",
+            Ok(_) => "invalid",
             Err(_) => "error",
         };
         m.reconciles.with_label_values(&[CONTROLLER, label]).inc();
+        if let Err(e) = &result {
+            m.errors
+                .with_label_values(&[CONTROLLER, e.metric_label()])
+                .inc();
+        }
     }
-    result.map(|(action, _)| action)
+    result
+}
+
+async fn cleanup(infra: &Infra, ctx: &Context) -> Result<Action, Error> {
+    let owner = owner_of(infra)?;
+    // The policy is wherever the Infra's proxy reached: found by its labels,
+    // as the spec that named the namespace may have changed since.
+    let api: Api<NetworkPolicy> = Api::all(ctx.client.clone());
+    let selector = format!(
+        "{}={},{}={}",
+        render::INFRA_NAME_LABEL,
+        owner.name,
+        render::INFRA_NAMESPACE_LABEL,
+        owner.namespace
+    );
+    let found = api
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await?;
+    for policy in found {
+        let ns = policy.namespace().unwrap_or_default();
+        let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &ns);
+        match api
+            .delete(&policy.name_any(), &DeleteParams::default())
+            .await
+        {
+            Ok(_) => ctx.counted("NetworkPolicy", "delete"),
+            Err(e) if not_found(&e) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    tracing::info!(infra = %owner.name, namespace = %owner.namespace, "cleaned up; owned objects go by garbage collection");
+    Ok(Action::await_change())
+}
+
+fn owner_of(infra: &Infra) -> Result<Owner, Error> {
+    Ok(Owner {
+        name: infra.name_any(),
+        namespace: infra.namespace().ok_or(Error::NoNamespace)?,
+        uid: infra.metadata.uid.clone().unwrap_or_default(),
+    })
 }
 
 /// The action, and whether the spec was valid.
-async fn reconcile_inner(infra: &Infra, ctx: &Context) -> Result<(Action, bool), ReconcileError> {
-    let ns = infra.namespace().ok_or(ReconcileError::NoNamespace)?;
-    let name = infra.name_any();
+async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Error> {
+    let owner = owner_of(infra)?;
+    let ns = owner.namespace.clone();
     let client = &ctx.client;
-    let owner = Owner {
-        name: name.clone(),
-        namespace: ns.clone(),
-        uid: infra.metadata.uid.clone().unwrap_or_default(),
-    };
 
-    // Observe.
+    // Observe what the Infra names.
     let hc = hosted_cluster(client, infra, &ns).await;
-    let plan = match hc {
-        Ok(facts) => validate::validate(&infra.spec, &ns, facts.as_ref()),
-        Err(why) => Err(vec![why]),
+    let mut service_addresses = BTreeMap::new();
+    if let Some(InternalProxyTarget::Service { namespace, name }) = infra
+        .spec
+        .infra_components
+        .proxy_enabled()
+        .and_then(|p| validate::internal_proxy_target(p, &ns))
+    {
+        let address = service_address(client, &namespace, &name).await?;
+        service_addresses.insert((namespace, name), address);
+    }
+    let lookup = |ns: &str, name: &str| {
+        service_addresses
+            .get(&(ns.to_string(), name.to_string()))
+            .copied()
+            .unwrap_or(ServiceAddress::Missing)
     };
-    let plan = match plan {
-        Ok(plan) => {
-            let nads: Api<DynamicObject> =
-                Api::namespaced_with(client.clone(), &plan.nad_namespace, &nad_resource());
-            match nads.get_opt(&plan.nad_name).await? {
-                Some(_) => Ok(plan),
-                None => Err(vec![format!(
-                    "networkConfig.networkAttachmentDefinition: NetworkAttachmentDefinition {}/{} not found",
-                    plan.nad_namespace, plan.nad_name
-                )]),
-            }
-        }
-        Err(e) => Err(e),
+    let plan = match hc {
+        Ok(facts) => validate::validate(&infra.spec, &ns, facts.as_ref(), &lookup),
+        Err(why) => Err(vec![why]),
     };
     let plan = match plan {
         Ok(plan) => plan,
         Err(errors) => {
             // Nothing is changed while the spec is invalid: what runs keeps
             // running. Checked again on the next change or in a minute
-            // (a missing NAD may appear).
-            tracing::warn!(infra = %name, namespace = %ns, errors = ?errors, "invalid Infra");
+            // (a HostedCluster or Service named may appear).
+            tracing::warn!(infra = %owner.name, namespace = %ns, errors = ?errors, "invalid Infra");
             let observed = Observed {
-                valid: Err(errors.clone()),
+                valid: Err(errors),
+                network_attachment: None,
                 warnings: Vec::new(),
                 components: Vec::new(),
             };
-            write_status(ctx, infra, &observed, None).await?;
+            write_status(ctx, infra, &observed).await?;
             return Ok((Action::requeue(Duration::from_secs(60)), false));
         }
     };
+    if let Err(why) = network_attachment(client, &plan.nad_namespace, &plan.nad_name).await {
+        tracing::warn!(infra = %owner.name, namespace = %ns, %why, "network attachment missing");
+        let observed = Observed {
+            valid: Ok(()),
+            network_attachment: Some(Err(why)),
+            warnings: plan.warnings.clone(),
+            components: Vec::new(),
+        };
+        write_status(ctx, infra, &observed).await?;
+        return Ok((Action::requeue(Duration::from_secs(30)), true));
+    }
 
-    // Render and apply.
-    let rendered = render::render(&plan, &owner, &ctx.image, infra.spec.resources.as_ref());
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let deploys: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
-    apply(&sas, &rendered.service_account).await?;
+    // Render, and apply what differs.
+    let rendered = render::render(&plan, &owner, &ctx.settings);
+    let states = apply_rendered(ctx, &owner, rendered).await?;
+
+    let observed = Observed {
+        valid: Ok(()),
+        network_attachment: Some(Ok(())),
+        warnings: plan.warnings.clone(),
+        components: states,
+    };
+    write_status(ctx, infra, &observed).await?;
+    // Owned objects are watched, so changes come as events; this is the
+    // backstop for anything missed, and it writes nothing when all is well.
+    Ok((Action::requeue(Duration::from_secs(300)), true))
+}
+
+async fn apply_rendered(
+    ctx: &Context,
+    owner: &Owner,
+    rendered: Rendered,
+) -> Result<Vec<(Component, ComponentState)>, Error> {
+    let s = &ctx.stores;
+    let ns = owner.namespace.as_str();
+    ctx.ensure(&s.service_accounts, rendered.service_account)
+        .await?;
+    ctx.ensure(&s.network_policies, rendered.admin_policy)
+        .await?;
+    if let Some(policy) = rendered.control_plane_policy {
+        let target = policy.metadata.namespace.clone().unwrap_or_default();
+        match ctx.ensure_read(policy).await {
+            // HyperShift makes the control-plane namespace; until it has,
+            // there is nothing to let through. Tried again on the resync.
+            Err(Error::Kube(e)) if not_found(&e) => {
+                tracing::info!(namespace = %target, "control-plane namespace not there yet: its NetworkPolicy waits");
+            }
+            other => other?,
+        }
+    }
     let mut states = Vec::new();
     for component in Component::ALL {
+        let name = render::object_name(owner, component);
         let Some(objects) = rendered
             .components
             .iter()
             .find(|c| c.component == component)
+            .cloned()
         else {
-            delete_if_present(&cms, &render::config_map_name(&owner, component)).await?;
-            let workload = render::object_name(&owner, component);
+            ctx.remove(
+                &s.config_maps,
+                ns,
+                &render::config_map_name(owner, component),
+            )
+            .await?;
             match component {
-                Component::Dhcp => delete_if_present(&sets, &workload).await?,
-                _ => delete_if_present(&deploys, &workload).await?,
+                Component::Dhcp => ctx.remove(&s.stateful_sets, ns, &name).await?,
+                _ => ctx.remove(&s.deployments, ns, &name).await?,
+            }
+            if component == Component::Dns {
+                ctx.remove(&s.services, ns, &name).await?;
             }
             states.push((component, ComponentState::Disabled));
             continue;
         };
-        apply(&cms, &objects.config).await?;
-        let live = match &objects.workload {
-            Workload::StatefulSet(s) => Workload::StatefulSet(apply(&sets, s).await?),
-            Workload::Deployment(d) => Workload::Deployment(apply(&deploys, d).await?),
+        ctx.ensure(&s.config_maps, objects.config).await?;
+        if let Some(service) = objects.service {
+            ctx.ensure(&s.services, service).await?;
+        }
+        let live_workload = match objects.workload {
+            Workload::StatefulSet(set) => {
+                ctx.ensure(&s.stateful_sets, set).await?;
+                live(&s.stateful_sets, ns, &name).map(|w| Workload::StatefulSet((*w).clone()))
+            }
+            Workload::Deployment(d) => {
+                ctx.ensure(&s.deployments, d).await?;
+                live(&s.deployments, ns, &name).map(|w| Workload::Deployment((*w).clone()))
+            }
         };
-        let ready = ready_replicas(&live);
-        states.push((
-            component,
-            if ready >= 1 {
-                ComponentState::Ready
-            } else {
-                ComponentState::NotReady(format!("0 of 1 {} pods ready", component.name()))
-            },
-        ));
+        states.push((component, workload_state(live_workload.as_ref(), component)));
     }
-
-    let observed = Observed {
-        valid: Ok(()),
-        warnings: plan.warnings.clone(),
-        components: states,
-    };
-    write_status(ctx, infra, &observed, Some(&observed.components)).await?;
-    // Owned objects are watched, so changes come as events; this is the
-    // backstop for anything missed.
-    Ok((Action::requeue(Duration::from_secs(300)), true))
+    Ok(states)
 }
 
-async fn write_status(
-    ctx: &Context,
-    infra: &Infra,
-    observed: &Observed,
-    components: Option<&[(Component, ComponentState)]>,
-) -> Result<(), ReconcileError> {
-    let ns = infra.namespace().ok_or(ReconcileError::NoNamespace)?;
+async fn write_status(ctx: &Context, infra: &Infra, observed: &Observed) -> Result<(), Error> {
+    let ns = infra.namespace().ok_or(Error::NoNamespace)?;
     let previous = infra.status.clone().unwrap_or_default();
     let conditions = status::conditions(
         &previous.conditions,
@@ -299,10 +581,10 @@ async fn write_status(
         &Time(k8s_openapi::jiff::Timestamp::now()),
     );
     let ready = |c: Component| {
-        components.is_some_and(|all| {
-            all.iter()
-                .any(|(k, s)| *k == c && *s == ComponentState::Ready)
-        })
+        observed
+            .components
+            .iter()
+            .any(|(k, s)| *k == c && *s == ComponentState::Ready)
     };
     let next = InfraStatus {
         conditions,
@@ -313,18 +595,20 @@ async fn write_status(
             proxy_ready: ready(Component::Proxy),
         }),
     };
-    let was_ready = is_ready(&previous);
-    let now_ready = is_ready(&next);
     if next == previous {
         return Ok(());
     }
+    let was_ready = is_ready(&previous);
+    let now_ready = is_ready(&next);
     let api: Api<Infra> = Api::namespaced(ctx.client.clone(), &ns);
-    api.patch_status(
-        &infra.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": next })),
-    )
-    .await?;
+    let body = serde_json::json!({
+        "apiVersion": Infra::api_version(&()),
+        "kind": Infra::kind(&()),
+        "status": next,
+    });
+    api.patch_status(&infra.name_any(), &apply_params(), &Patch::Apply(&body))
+        .await?;
+    ctx.counted("Infra", "apply-status");
     if was_ready != now_ready {
         let (type_, reason, note) = if now_ready {
             (
@@ -368,44 +652,132 @@ async fn publish(ctx: &Context, infra: &Infra, type_: EventType, reason: &str, n
     }
 }
 
-fn error_policy(infra: Arc<Infra>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(infra = %infra.name_any(), %error, "reconcile failed; retrying in 15 s");
+fn error_policy(infra: Arc<Infra>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(infra = %infra.name_any(), namespace = ?infra.namespace(), %error, "reconcile failed; retrying in 15 s");
     Action::requeue(Duration::from_secs(15))
 }
 
-/// Runs the controller until `shutdown` resolves.
+/// Which namespaces one controller watches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    All,
+    Namespace(String),
+}
+
+impl Scope {
+    pub fn api<K>(&self, client: &Client) -> Api<K>
+    where
+        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>,
+    {
+        match self {
+            Scope::All => Api::all(client.clone()),
+            Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
+        }
+    }
+}
+
+/// A reflector over our objects of one kind: its store, and the stream
+/// that feeds it (and triggers the owners' reconciles).
+fn owned<K>(
+    api: Api<K>,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let config = watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
+    let stream = reflector::reflector(writer, watcher(api, config))
+        .default_backoff()
+        .touched_objects();
+    (reader, stream)
+}
+
+/// Whether `infra` names `svc` as its internal proxy Service.
+fn names_service(infra: &Infra, svc_ns: &str, svc_name: &str) -> bool {
+    let Some(ns) = infra.namespace() else {
+        return false;
+    };
+    matches!(
+        infra
+            .spec
+            .infra_components
+            .proxy
+            .as_ref()
+            .and_then(|p| validate::internal_proxy_target(p, &ns)),
+        Some(InternalProxyTarget::Service { namespace, name }) if namespace == svc_ns && name == svc_name
+    )
+}
+
+/// Runs the Infra controller over `scope` until `shutdown` resolves.
 pub async fn run(
     client: Client,
-    image: String,
-    metrics: OperatorMetrics,
+    scope: Scope,
+    settings: Settings,
+    recorder: Option<Recorder>,
+    metrics: Option<OperatorMetrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: MANAGER.into(),
-            instance: std::env::var("POD_NAME").ok(),
-        },
-    );
+    let (config_maps, cm_stream) = owned(scope.api::<ConfigMap>(&client));
+    let (deployments, deploy_stream) = owned(scope.api::<Deployment>(&client));
+    let (stateful_sets, sts_stream) = owned(scope.api::<StatefulSet>(&client));
+    let (service_accounts, sa_stream) = owned(scope.api::<ServiceAccount>(&client));
+    let (services, svc_stream) = owned(scope.api::<Service>(&client));
+    let (network_policies, np_stream) = owned(scope.api::<NetworkPolicy>(&client));
     let ctx = Arc::new(Context {
         client: client.clone(),
-        image,
-        recorder: Some(recorder),
-        metrics: Some(metrics),
+        settings,
+        stores: Stores {
+            config_maps,
+            deployments,
+            stateful_sets,
+            service_accounts,
+            services,
+            network_policies,
+        },
+        recorder,
+        metrics,
     });
-    let infras: Api<Infra> = Api::all(client.clone());
-    let config = watcher::Config::default();
-    Controller::new(infras, config.clone())
-        .owns(Api::<ConfigMap>::all(client.clone()), config.clone())
-        .owns(Api::<Deployment>::all(client.clone()), config.clone())
-        .owns(Api::<StatefulSet>::all(client.clone()), config.clone())
-        .owns(Api::<ServiceAccount>::all(client), config)
+    let controller = Controller::new(scope.api::<Infra>(&client), watcher::Config::default());
+    let infras = controller.store();
+    // Any Service an Infra names as its internal proxy: its ClusterIP is
+    // rendered into the DNS config, so a new or replaced Service re-renders.
+    let named_services = watcher(scope.api::<Service>(&client), watcher::Config::default())
+        .default_backoff()
+        .touched_objects();
+    controller
+        .owns_stream(cm_stream)
+        .owns_stream(deploy_stream)
+        .owns_stream(sts_stream)
+        .owns_stream(sa_stream)
+        .owns_stream(svc_stream)
+        .owns_stream(np_stream)
+        .watches_stream(named_services, move |svc: Service| {
+            let ns = svc.namespace().unwrap_or_default();
+            let name = svc.name_any();
+            infras
+                .state()
+                .into_iter()
+                .filter(|i| names_service(i, &ns, &name))
+                .map(|i| ObjectRef::from_obj(&*i))
+                .collect::<Vec<_>>()
+        })
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             match result {
-                Ok((obj, _)) => tracing::debug!(infra = %obj.name, "reconciled"),
-                Err(e) => tracing::warn!(error = %e, "controller"),
+                Ok((obj, _)) => {
+                    tracing::debug!(infra = %obj.name, namespace = ?obj.namespace, "reconciled")
+                }
+                Err(e) => tracing::debug!(error = %e, "controller"),
             }
         })
         .await;

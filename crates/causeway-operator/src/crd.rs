@@ -87,15 +87,32 @@ pub struct NetworkConfig {
     pub dns_servers: Vec<String>,
 }
 
+/// The components to run. As with the Go operator, a component whose
+/// object is left out is disabled; one that is written is enabled unless it
+/// says `enabled: false`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InfraComponents {
-    #[serde(default)]
-    pub dhcp: DhcpSpec,
-    #[serde(default)]
-    pub dns: DnsSpec,
-    #[serde(default)]
-    pub proxy: ProxySpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhcp: Option<DhcpSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<DnsSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<ProxySpec>,
+}
+
+impl InfraComponents {
+    pub fn dhcp_enabled(&self) -> Option<&DhcpSpec> {
+        self.dhcp.as_ref().filter(|d| d.enabled)
+    }
+
+    pub fn dns_enabled(&self) -> Option<&DnsSpec> {
+        self.dns.as_ref().filter(|d| d.enabled)
+    }
+
+    pub fn proxy_enabled(&self) -> Option<&ProxySpec> {
+        self.proxy.as_ref().filter(|p| p.enabled)
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -103,7 +120,8 @@ pub struct InfraComponents {
 pub struct DhcpSpec {
     #[serde(default = "yes")]
     pub enabled: bool,
-    /// The DHCP pod's static address on the VLAN.
+    /// The DHCP pod's static address on the VLAN, optionally with the
+    /// VLAN's prefix length (`192.168.100.2/24`).
     #[serde(rename = "serverIP", default, skip_serializing_if = "Option::is_none")]
     pub server_ip: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -150,8 +168,8 @@ pub struct Reservation {
 pub struct DnsSpec {
     #[serde(default = "yes")]
     pub enabled: bool,
-    /// The DNS pod's static address on the VLAN; the DNS server DHCP hands
-    /// out.
+    /// The DNS pod's static address on the VLAN (optionally with the
+    /// VLAN's prefix length); the DNS server DHCP hands out.
     #[serde(rename = "serverIP", default, skip_serializing_if = "Option::is_none")]
     pub server_ip: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -194,12 +212,15 @@ pub struct DnsRecordSpec {
 pub struct ProxySpec {
     #[serde(default = "yes")]
     pub enabled: bool,
-    /// The proxy pod's static address on the VLAN; api, api-int, oauth,
-    /// ignition, konnectivity and *.apps resolve to it on the VLAN.
+    /// The proxy pod's static address on the VLAN (optionally with the
+    /// VLAN's prefix length); api, api-int, oauth, ignition, konnectivity
+    /// and, with an ingress target, *.apps resolve to it on the VLAN.
     #[serde(rename = "serverIP", default, skip_serializing_if = "Option::is_none")]
     pub server_ip: Option<String>,
     /// Where clients off the VLAN (the default DNS view) reach the control
-    /// plane: an IP address.
+    /// plane: an IP address, or a Service as `name` (in the Infra's
+    /// namespace) or `name.namespace`, whose ClusterIP is used and followed
+    /// when it changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub internal_proxy_service: Option<String>,
     /// By default `<hostedCluster namespace>-<name>`, or

@@ -4,6 +4,11 @@
 //! value (JSON or YAML, the Infra's spec fields) with `hostedClusterRef`
 //! pointing back. The Infra is owned by the HostedCluster, so it goes when
 //! the cluster does.
+//!
+//! Off unless the operator is started with it: whoever may annotate a
+//! HostedCluster would otherwise get NET_ADMIN pods made for them. The
+//! HostedCluster API may be installed after the operator starts; it is
+//! looked for every [`API_POLL`] until it is there.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +25,10 @@ use crate::crd::{HostedClusterRef, Infra, InfraSpec};
 
 /// The annotation whose value is the Infra spec to create.
 pub const ANNOTATION: &str = "causeway.io/infra";
+
+/// How often the operator looks for the HostedCluster API while it is not
+/// installed.
+pub const API_POLL: Duration = Duration::from_secs(10);
 
 /// The Infra a HostedCluster asks for, if it asks: `None` without the
 /// annotation, `Err` with a message when its value is not an Infra spec.
@@ -101,23 +110,45 @@ fn error_policy(hc: Arc<DynamicObject>, error: &HostedError, _: Arc<HostedContex
     Action::requeue(Duration::from_secs(30))
 }
 
-/// Runs until `shutdown`; returns at once when the cluster has no
-/// HostedCluster API (HyperShift not installed).
+/// Runs until `shutdown` resolves. While the HostedCluster API is not
+/// installed, it waits for it.
 pub async fn run(
     client: Client,
+    scope: crate::controller::Scope,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let ar = hosted_cluster_resource();
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-    if let Err(e) = api.list(&ListParams::default().limit(1)).await {
-        tracing::info!(error = %e, "no HostedCluster API here: annotated HostedClusters are not watched");
-        return;
+    let api: Api<DynamicObject> = match &scope {
+        crate::controller::Scope::All => Api::all_with(client.clone(), &ar),
+        crate::controller::Scope::Namespace(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+    };
+    let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
+    let mut said = false;
+    loop {
+        match api.list(&ListParams::default().limit(1)).await {
+            Ok(_) => break,
+            Err(e) => {
+                if !said {
+                    tracing::info!(error = %e, every_seconds = API_POLL.as_secs(), "no HostedCluster API yet: looking again until it is installed");
+                    said = true;
+                }
+            }
+        }
+        tokio::select! {
+            _ = shutdown.clone() => return,
+            _ = tokio::time::sleep(API_POLL) => {}
+        }
     }
+    tracing::info!("HostedCluster API found: annotated HostedClusters get Infras");
     let ctx = Arc::new(HostedContext {
         client: client.clone(),
     });
+    let infras: Api<Infra> = match &scope {
+        crate::controller::Scope::All => Api::all(client),
+        crate::controller::Scope::Namespace(ns) => Api::namespaced(client, ns),
+    };
     Controller::new_with(api, watcher::Config::default(), ar)
-        .owns(Api::<Infra>::all(client), watcher::Config::default())
+        .owns(infras, watcher::Config::default())
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {

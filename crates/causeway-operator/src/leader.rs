@@ -1,8 +1,14 @@
 //! Leader election on a coordination.k8s.io Lease, so two replicas never
-//! reconcile at once. The holder renews every few seconds; another replica
-//! takes over only after the lease has gone unrenewed for its duration.
-//! Updates carry the resourceVersion they read, so two candidates cannot
-//! both win a race.
+//! reconcile at once. The holder renews every [`RETRY_PERIOD`]; another
+//! replica takes over only after the lease has gone unrenewed for
+//! [`LEASE_DURATION`]. A holder that could not renew for [`RENEW_DEADLINE`]
+//! stops acting, and that deadline is shorter than the lease duration, so
+//! the old leader has stopped before anyone else may start. Updates carry
+//! the resourceVersion they read, so two candidates cannot both win a race.
+//!
+//! The timings are client-go's defaults. No maintained Rust crate for
+//! Lease election offered more than these ~100 lines, with its own
+//! dependency pins, so this stays ours.
 
 use std::time::Duration;
 
@@ -13,7 +19,14 @@ use kube::api::{Api, PostParams};
 use kube::Client;
 
 pub const LEASE_DURATION: Duration = Duration::from_secs(15);
-pub const RENEW_EVERY: Duration = Duration::from_secs(5);
+/// How long the holder keeps acting without a successful renewal.
+pub const RENEW_DEADLINE: Duration = Duration::from_secs(10);
+/// How often the holder renews and a candidate retries.
+pub const RETRY_PERIOD: Duration = Duration::from_secs(2);
+
+// Two leaders at once would be possible otherwise.
+const _: () = assert!(RENEW_DEADLINE.as_secs() < LEASE_DURATION.as_secs());
+const _: () = assert!(RETRY_PERIOD.as_secs() < RENEW_DEADLINE.as_secs());
 
 /// Whether `spec`, read at `now`, may be taken by `me`.
 pub fn may_take(spec: Option<&LeaseSpec>, me: &str, now: Timestamp) -> bool {
@@ -110,29 +123,34 @@ impl LeaderElector {
                     tracing::warn!(error = %e, "leader election: cannot read or write the lease")
                 }
             }
-            tokio::time::sleep(RENEW_EVERY).await;
+            tokio::time::sleep(RETRY_PERIOD).await;
         }
     }
 
-    /// Renews until a renewal fails for longer than the lease lasts, then
-    /// returns: leadership is lost, and the caller must stop reconciling.
+    /// Renews until no renewal has succeeded for [`RENEW_DEADLINE`], or
+    /// another replica holds the lease, then returns: leadership is lost,
+    /// and the caller must stop reconciling at once.
     pub async fn keep(&self) {
         let mut last_ok = std::time::Instant::now();
         loop {
-            tokio::time::sleep(RENEW_EVERY).await;
-            match self.try_acquire().await {
-                Ok(true) => last_ok = std::time::Instant::now(),
-                Ok(false) => {
+            tokio::time::sleep(RETRY_PERIOD).await;
+            // A renewal that hangs must not carry us past the deadline.
+            let left = RENEW_DEADLINE.saturating_sub(last_ok.elapsed());
+            match tokio::time::timeout(left, self.try_acquire()).await {
+                Ok(Ok(true)) => last_ok = std::time::Instant::now(),
+                Ok(Ok(false)) => {
                     tracing::error!(lease = %self.name, "leader election lost: another replica holds the lease");
                     return;
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, "leader election: renewal failed");
-                    if last_ok.elapsed() > LEASE_DURATION {
-                        tracing::error!("leader election lost: could not renew the lease in time");
-                        return;
-                    }
-                }
+                Ok(Err(e)) => tracing::warn!(error = %e, "leader election: renewal failed"),
+                Err(_) => tracing::warn!("leader election: renewal timed out"),
+            }
+            if last_ok.elapsed() >= RENEW_DEADLINE {
+                tracing::error!(
+                    deadline_seconds = RENEW_DEADLINE.as_secs(),
+                    "leader election lost: could not renew the lease in time"
+                );
+                return;
             }
         }
     }

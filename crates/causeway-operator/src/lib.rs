@@ -3,10 +3,14 @@
 //! ([`validate`], then [`render`]), and applies with server-side apply
 //! ([`controller`]).
 
+pub mod client;
 pub mod controller;
 pub mod crd;
+pub mod drift;
+pub mod error;
 pub mod hosted;
 pub mod leader;
+pub mod manager;
 pub mod render;
 pub mod status;
 pub mod validate;

@@ -17,8 +17,12 @@ use k8s_openapi::api::apps::v1::{
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction,
     PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, SeccompProfile, SecurityContext, ServiceAccount, Volume, VolumeMount,
-    VolumeResourceRequirements,
+    ResourceRequirements, SeccompProfile, SecurityContext, Service, ServiceAccount, ServicePort,
+    ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -67,6 +71,9 @@ pub struct ComponentObjects {
     pub component: Component,
     pub config: ConfigMap,
     pub workload: Workload,
+    /// DNS only: a ClusterIP Service, so the pod network reaches the
+    /// default view.
+    pub service: Option<Service>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -79,7 +86,35 @@ pub enum Workload {
 pub struct Rendered {
     pub service_account: ServiceAccount,
     pub components: Vec<ComponentObjects>,
+    /// In the Infra's namespace: the admin port only from the operator and
+    /// monitoring, the service ports from anywhere.
+    pub admin_policy: NetworkPolicy,
+    /// In the control-plane namespace (so not owned: owner references do
+    /// not cross namespaces; the Infra's finalizer removes it): lets the
+    /// proxy pods through HyperShift's default-deny policies.
+    pub control_plane_policy: Option<NetworkPolicy>,
 }
+
+/// What the rendering needs beyond the plan.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The image the data-plane pods run.
+    pub image: String,
+    /// Where the operator runs: its pods may reach the admin port.
+    pub operator_namespace: String,
+    /// Resources for every data-plane container.
+    pub resources: Option<ResourceRequirements>,
+}
+
+/// Namespaces whose pods may scrape the admin port: OpenShift's cluster
+/// monitoring and user-workload monitoring label their namespaces so.
+pub const MONITORING_NAMESPACE_LABEL: (&str, &str) = ("openshift.io/cluster-monitoring", "true");
+/// The label every namespace carries with its own name (Kubernetes 1.21+).
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+/// Labels on the control-plane NetworkPolicy naming its Infra, since it
+/// cannot carry an owner reference.
+pub const INFRA_NAME_LABEL: &str = "causeway.io/infra-name";
+pub const INFRA_NAMESPACE_LABEL: &str = "causeway.io/infra-namespace";
 
 pub fn object_name(owner: &Owner, component: Component) -> String {
     format!("{}-{}", owner.name, component.name())
@@ -87,6 +122,16 @@ pub fn object_name(owner: &Owner, component: Component) -> String {
 
 pub fn config_map_name(owner: &Owner, component: Component) -> String {
     format!("{}-{}-config", owner.name, component.name())
+}
+
+pub fn admin_policy_name(owner: &Owner) -> String {
+    format!("{}-causeway-admin", owner.name)
+}
+
+/// Unique per Infra in the control-plane namespace, which several Infras'
+/// proxies may reach.
+pub fn control_plane_policy_name(owner: &Owner) -> String {
+    format!("causeway-proxy-{}-{}", owner.namespace, owner.name)
 }
 
 pub fn service_account_name(owner: &Owner) -> String {
@@ -434,12 +479,9 @@ fn pod_template(
 
 /// Everything for `plan`. Disabled components are absent; the controller
 /// deletes what it made for them before.
-pub fn render(
-    plan: &Plan,
-    owner: &Owner,
-    image: &str,
-    resources: Option<&ResourceRequirements>,
-) -> Rendered {
+pub fn render(plan: &Plan, owner: &Owner, settings: &Settings) -> Rendered {
+    let image = settings.image.as_str();
+    let resources = settings.resources.as_ref();
     let mut components = Vec::new();
     for component in Component::ALL {
         if server_ip(plan, component).is_none() {
@@ -504,10 +546,12 @@ pub fn render(
                 ..Deployment::default()
             }),
         };
+        let service = (component == Component::Dns).then(|| dns_service(owner));
         components.push(ComponentObjects {
             component,
             config,
             workload,
+            service,
         });
     }
     Rendered {
@@ -517,5 +561,145 @@ pub fn render(
             ..ServiceAccount::default()
         },
         components,
+        admin_policy: admin_policy(owner, &settings.operator_namespace),
+        control_plane_policy: plan
+            .proxy
+            .as_ref()
+            .map(|p| control_plane_policy(owner, &p.control_plane_namespace)),
+    }
+}
+
+fn dns_service(owner: &Owner) -> Service {
+    let port = |name: &str, protocol: &str| ServicePort {
+        name: Some(name.into()),
+        port: 53,
+        protocol: Some(protocol.into()),
+        target_port: Some(IntOrString::Int(53)),
+        ..ServicePort::default()
+    };
+    Service {
+        metadata: meta(
+            owner,
+            object_name(owner, Component::Dns),
+            Some(Component::Dns),
+        ),
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".into()),
+            selector: Some(selector_labels(owner, Component::Dns)),
+            ports: Some(vec![port("dns", "UDP"), port("dns-tcp", "TCP")]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    }
+}
+
+fn tcp_port(port: i32) -> NetworkPolicyPort {
+    NetworkPolicyPort {
+        port: Some(IntOrString::Int(port)),
+        protocol: Some("TCP".into()),
+        ..NetworkPolicyPort::default()
+    }
+}
+
+fn namespace_peer(labels: BTreeMap<String, String>) -> NetworkPolicyPeer {
+    NetworkPolicyPeer {
+        namespace_selector: Some(LabelSelector {
+            match_labels: Some(labels),
+            ..LabelSelector::default()
+        }),
+        ..NetworkPolicyPeer::default()
+    }
+}
+
+/// Every pod of the Infra admits its service ports from anywhere on the pod
+/// network (the VLAN side is not subject to pod-network policy), and its
+/// admin port only from the operator's namespace and monitoring.
+fn admin_policy(owner: &Owner, operator_namespace: &str) -> NetworkPolicy {
+    let service_ports = [
+        (53, "UDP"),
+        (53, "TCP"),
+        (67, "UDP"),
+        (80, "TCP"),
+        (443, "TCP"),
+        (6443, "TCP"),
+    ]
+    .into_iter()
+    .map(|(port, protocol)| NetworkPolicyPort {
+        port: Some(IntOrString::Int(port)),
+        protocol: Some(protocol.into()),
+        ..NetworkPolicyPort::default()
+    })
+    .collect();
+    let (monitoring_key, monitoring_value) = MONITORING_NAMESPACE_LABEL;
+    NetworkPolicy {
+        metadata: meta(owner, admin_policy_name(owner), None),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([
+                    ("app.kubernetes.io/name".to_string(), "causeway".to_string()),
+                    ("app.kubernetes.io/instance".into(), owner.name.clone()),
+                ])),
+                ..LabelSelector::default()
+            }),
+            policy_types: Some(vec!["Ingress".into()]),
+            ingress: Some(vec![
+                NetworkPolicyIngressRule {
+                    ports: Some(service_ports),
+                    from: None,
+                },
+                NetworkPolicyIngressRule {
+                    ports: Some(vec![tcp_port(ADMIN_PORT)]),
+                    from: Some(vec![
+                        namespace_peer(BTreeMap::from([(
+                            NAMESPACE_NAME_LABEL.to_string(),
+                            operator_namespace.to_string(),
+                        )])),
+                        namespace_peer(BTreeMap::from([(
+                            monitoring_key.to_string(),
+                            monitoring_value.to_string(),
+                        )])),
+                    ]),
+                },
+            ]),
+            ..NetworkPolicySpec::default()
+        }),
+    }
+}
+
+/// In the control-plane namespace: every pod there admits the Infra's proxy
+/// pods, as HyperShift's own policies admit only what they know.
+fn control_plane_policy(owner: &Owner, control_plane_namespace: &str) -> NetworkPolicy {
+    let mut labels = labels(owner, Some(Component::Proxy));
+    labels.insert(INFRA_NAME_LABEL.into(), owner.name.clone());
+    labels.insert(INFRA_NAMESPACE_LABEL.into(), owner.namespace.clone());
+    NetworkPolicy {
+        metadata: ObjectMeta {
+            name: Some(control_plane_policy_name(owner)),
+            namespace: Some(control_plane_namespace.to_string()),
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector::default()),
+            policy_types: Some(vec!["Ingress".into()]),
+            ingress: Some(vec![NetworkPolicyIngressRule {
+                ports: None,
+                from: Some(vec![NetworkPolicyPeer {
+                    namespace_selector: Some(LabelSelector {
+                        match_labels: Some(BTreeMap::from([(
+                            NAMESPACE_NAME_LABEL.to_string(),
+                            owner.namespace.clone(),
+                        )])),
+                        ..LabelSelector::default()
+                    }),
+                    pod_selector: Some(LabelSelector {
+                        match_labels: Some(selector_labels(owner, Component::Proxy)),
+                        ..LabelSelector::default()
+                    }),
+                    ..NetworkPolicyPeer::default()
+                }]),
+            }]),
+            ..NetworkPolicySpec::default()
+        }),
     }
 }

@@ -20,12 +20,16 @@ pub enum ComponentState {
 pub struct Observed {
     /// `Err` holds every validation message.
     pub valid: Result<(), Vec<String>>,
+    /// Whether the NetworkAttachmentDefinition is there (`Err` says why
+    /// not); `None` when not looked at, for an invalid spec.
+    pub network_attachment: Option<Result<(), String>>,
     pub warnings: Vec<String>,
     pub components: Vec<(Component, ComponentState)>,
 }
 
 pub const READY: &str = "Ready";
 pub const VALID: &str = "Valid";
+pub const NETWORK_ATTACHMENT: &str = "NetworkAttachment";
 pub const IGNORED_FIELDS: &str = "IgnoredFields";
 
 pub fn condition_type(component: Component) -> &'static str {
@@ -89,6 +93,28 @@ pub fn conditions(
             now,
         ),
     });
+    match &observed.network_attachment {
+        Some(Ok(())) => out.push(make(
+            prev,
+            NETWORK_ATTACHMENT,
+            true,
+            "Found",
+            "the NetworkAttachmentDefinition is there".into(),
+            generation,
+            now,
+        )),
+        Some(Err(why)) => out.push(make(
+            prev,
+            NETWORK_ATTACHMENT,
+            false,
+            "NotFound",
+            why.clone(),
+            generation,
+            now,
+        )),
+        None => {}
+    }
+    let attachment_missing = matches!(observed.network_attachment, Some(Err(_)));
     let mut not_ready = Vec::new();
     for (component, state) in &observed.components {
         let t = condition_type(*component);
@@ -124,6 +150,17 @@ pub fn conditions(
             false,
             "Invalid",
             "the spec is invalid; see the Valid condition".into(),
+            generation,
+            now,
+        )
+    } else if attachment_missing {
+        make(
+            prev,
+            READY,
+            false,
+            "NetworkAttachmentMissing",
+            "the NetworkAttachmentDefinition is missing; see the NetworkAttachment condition"
+                .into(),
             generation,
             now,
         )
@@ -174,6 +211,7 @@ mod tests {
     fn observed(dns: ComponentState) -> Observed {
         Observed {
             valid: Ok(()),
+            network_attachment: Some(Ok(())),
             warnings: vec![],
             components: vec![
                 (Component::Dhcp, ComponentState::Ready),
@@ -232,6 +270,7 @@ mod tests {
         let now = at("2026-11-22T10:00:00Z");
         let obs = Observed {
             valid: Err(vec!["a: bad".into(), "b: worse".into()]),
+            network_attachment: None,
             warnings: vec!["x is ignored".into()],
             components: vec![],
         };
@@ -239,5 +278,28 @@ mod tests {
         assert_eq!(find(&c, VALID).message, "a: bad; b: worse");
         assert_eq!(find(&c, READY).reason, "Invalid");
         assert_eq!(find(&c, IGNORED_FIELDS).message, "x is ignored");
+        assert!(c.iter().all(|c| c.type_ != NETWORK_ATTACHMENT));
+    }
+
+    #[test]
+    fn a_missing_network_attachment_has_its_own_condition() {
+        let now = at("2026-11-22T10:00:00Z");
+        let obs = Observed {
+            valid: Ok(()),
+            network_attachment: Some(Err(
+                "NetworkAttachmentDefinition default/vlan100 not found".into()
+            )),
+            warnings: vec![],
+            components: vec![],
+        };
+        let c = conditions(&[], &obs, Some(1), &now);
+        assert_eq!(find(&c, VALID).status, "True");
+        let nad = find(&c, NETWORK_ATTACHMENT);
+        assert_eq!(
+            (nad.status.as_str(), nad.reason.as_str()),
+            ("False", "NotFound")
+        );
+        assert!(nad.message.contains("default/vlan100"));
+        assert_eq!(find(&c, READY).reason, "NetworkAttachmentMissing");
     }
 }

@@ -7,7 +7,48 @@ use std::net::Ipv4Addr;
 use causeway_config::{DEFAULT_PRIORITY, DEFAULT_TABLE};
 use ipnet::Ipv4Net;
 
-use crate::crd::{DnsRecordSpec, InfraSpec, Reservation};
+use crate::crd::{DnsRecordSpec, InfraSpec, ProxySpec, Reservation};
+
+/// What `internalProxyService` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InternalProxyTarget {
+    Address(Ipv4Addr),
+    Service { namespace: String, name: String },
+}
+
+/// What the cluster says about a Service `internalProxyService` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServiceAddress {
+    ClusterIp(Ipv4Addr),
+    /// Headless, or IPv6 only.
+    NoClusterIp,
+    Missing,
+}
+
+/// `internalProxyService` read as the Go operator's users write it: an
+/// address, or a Service as `name`, `name.namespace` or
+/// `name.namespace.svc[.cluster.local]`.
+pub fn internal_proxy_target(p: &ProxySpec, infra_namespace: &str) -> Option<InternalProxyTarget> {
+    let text = p.internal_proxy_service.as_deref()?.trim();
+    if text.is_empty() {
+        return None;
+    }
+    if let Ok(ip) = text.parse() {
+        return Some(InternalProxyTarget::Address(ip));
+    }
+    let text = text
+        .strip_suffix(".svc.cluster.local")
+        .or_else(|| text.strip_suffix(".svc"))
+        .unwrap_or(text);
+    let (name, namespace) = match text.split_once('.') {
+        Some((name, ns)) => (name, ns),
+        None => (text, infra_namespace),
+    };
+    Some(InternalProxyTarget::Service {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+    })
+}
 
 /// What the operator learned from a referenced HostedCluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +142,35 @@ impl Check {
         }
     }
 
+    /// A pod's static address: [`Check::vlan_ip`], optionally written with
+    /// a prefix length, which must then be the VLAN's (the Go operator's
+    /// users write `192.168.100.2/24`).
+    fn server_ip(
+        &mut self,
+        path: &str,
+        text: Option<&str>,
+        cidr: Option<Ipv4Net>,
+    ) -> Option<Ipv4Addr> {
+        let Some((address, prefix)) = text.and_then(|t| t.split_once('/')) else {
+            return self.vlan_ip(path, text, cidr);
+        };
+        let ip = self.vlan_ip(path, Some(address), cidr)?;
+        match (prefix.trim().parse::<u8>(), cidr) {
+            (Ok(p), Some(net)) if p == net.prefix_len() => Some(ip),
+            (Ok(p), Some(net)) => {
+                self.fail(format!(
+                    "{path}: prefix /{p} differs from networkConfig.cidr {net}"
+                ));
+                None
+            }
+            (Ok(_), None) => Some(ip),
+            (Err(_), _) => {
+                self.fail(format!("{path}: {prefix:?} is not a prefix length"));
+                None
+            }
+        }
+    }
+
     /// A required address inside the VLAN, and not its network or
     /// broadcast address.
     fn vlan_ip(
@@ -128,11 +198,13 @@ impl Check {
 }
 
 /// Validates `spec`. `hosted_cluster` is what the referenced HostedCluster
-/// says, when there is a reference and it was read.
+/// says, when there is a reference and it was read; `services` answers for
+/// the Service `internalProxyService` may name.
 pub fn validate(
     spec: &InfraSpec,
     infra_namespace: &str,
     hosted_cluster: Option<&HostedClusterFacts>,
+    services: &dyn Fn(&str, &str) -> ServiceAddress,
 ) -> Result<Plan, Vec<String>> {
     let mut c = Check { errors: Vec::new() };
     let net = &spec.network_config;
@@ -165,19 +237,23 @@ pub fn validate(
         .filter_map(|(i, s)| c.ip(&format!("networkConfig.dnsServers[{i}]"), s))
         .collect();
 
+    // Names come from the dns object even when DNS itself is disabled, as
+    // the proxy's routes need them too.
     let cluster_name = comps
         .dns
-        .cluster_name
-        .clone()
+        .as_ref()
+        .and_then(|d| d.cluster_name.clone())
         .filter(|s| !s.trim().is_empty())
         .or_else(|| hosted_cluster.map(|h| h.name.clone()));
     let base_domain = comps
         .dns
-        .base_domain
-        .clone()
+        .as_ref()
+        .and_then(|d| d.base_domain.clone())
         .filter(|s| !s.trim().is_empty())
         .or_else(|| hosted_cluster.and_then(|h| h.base_domain.clone()));
-    let needs_cluster = comps.dns.enabled || comps.proxy.enabled;
+    let dns_spec = comps.dns_enabled();
+    let proxy_spec = comps.proxy_enabled();
+    let needs_cluster = dns_spec.is_some() || proxy_spec.is_some();
     if needs_cluster && cluster_name.is_none() {
         c.fail("infraComponents.dns.clusterName: required for DNS and the proxy (or set hostedClusterRef)");
     }
@@ -185,9 +261,8 @@ pub fn validate(
         c.fail("infraComponents.dns.baseDomain: required for DNS and the proxy (or set hostedClusterRef to a HostedCluster with spec.dns.baseDomain)");
     }
 
-    let dhcp = if comps.dhcp.enabled {
-        let d = &comps.dhcp;
-        let server_ip = c.vlan_ip(
+    let dhcp = if let Some(d) = comps.dhcp_enabled() {
+        let server_ip = c.server_ip(
             "infraComponents.dhcp.serverIP",
             d.server_ip.as_deref(),
             cidr,
@@ -241,31 +316,42 @@ pub fn validate(
     } else {
         None
     };
-    let dns = if comps.dns.enabled {
-        c.vlan_ip(
-            "infraComponents.dns.serverIP",
-            comps.dns.server_ip.as_deref(),
-            cidr,
-        )
-        .map(|server_ip| DnsPlan {
-            server_ip,
-            records: comps.dns.records.clone(),
-        })
+    let dns = if let Some(d) = dns_spec {
+        c.server_ip("infraComponents.dns.serverIP", d.server_ip.as_deref(), cidr)
+            .map(|server_ip| DnsPlan {
+                server_ip,
+                records: d.records.clone(),
+            })
     } else {
         None
     };
-    let proxy = if comps.proxy.enabled {
-        let p = &comps.proxy;
-        let server_ip = c.vlan_ip(
+    let proxy = if let Some(p) = proxy_spec {
+        let server_ip = c.server_ip(
             "infraComponents.proxy.serverIP",
             p.server_ip.as_deref(),
             cidr,
         );
-        let internal_address = p
-            .internal_proxy_service
-            .as_deref()
-            .filter(|s| !s.trim().is_empty())
-            .and_then(|s| c.ip("infraComponents.proxy.internalProxyService", s));
+        let internal_address = match internal_proxy_target(p, infra_namespace) {
+            None => None,
+            Some(InternalProxyTarget::Address(ip)) => Some(ip),
+            Some(InternalProxyTarget::Service { namespace, name }) => {
+                match services(&namespace, &name) {
+                    ServiceAddress::ClusterIp(ip) => Some(ip),
+                    ServiceAddress::Missing => {
+                        c.fail(format!(
+                            "infraComponents.proxy.internalProxyService: Service {namespace}/{name} not found"
+                        ));
+                        None
+                    }
+                    ServiceAddress::NoClusterIp => {
+                        c.fail(format!(
+                            "infraComponents.proxy.internalProxyService: Service {namespace}/{name} has no IPv4 ClusterIP"
+                        ));
+                        None
+                    }
+                }
+            }
+        };
         let control_plane_namespace = p
             .control_plane_namespace
             .clone()
@@ -360,17 +446,27 @@ pub fn validate(
     };
 
     let mut warnings = Vec::new();
+    let proxy_set = |f: fn(&ProxySpec) -> bool| comps.proxy.as_ref().is_some_and(f);
     for (path, set) in [
-        ("infraComponents.dhcp.image", comps.dhcp.image.is_some()),
-        ("infraComponents.dns.image", comps.dns.image.is_some()),
-        ("infraComponents.proxy.image", comps.proxy.image.is_some()),
+        (
+            "infraComponents.dhcp.image",
+            comps.dhcp.as_ref().is_some_and(|d| d.image.is_some()),
+        ),
+        (
+            "infraComponents.dns.image",
+            comps.dns.as_ref().is_some_and(|d| d.image.is_some()),
+        ),
+        (
+            "infraComponents.proxy.image",
+            proxy_set(|p| p.image.is_some()),
+        ),
         (
             "infraComponents.proxy.proxyImage",
-            comps.proxy.proxy_image.is_some(),
+            proxy_set(|p| p.proxy_image.is_some()),
         ),
         (
             "infraComponents.proxy.managerImage",
-            comps.proxy.manager_image.is_some(),
+            proxy_set(|p| p.manager_image.is_some()),
         ),
     ] {
         if set {

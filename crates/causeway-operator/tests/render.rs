@@ -6,8 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use causeway_operator::crd::Infra;
-use causeway_operator::render::{render, Owner, Rendered, Workload};
-use causeway_operator::validate::{validate, HostedClusterFacts, Plan};
+use causeway_operator::render::{render, Owner, Rendered, Settings, Workload};
+use causeway_operator::validate::{validate, HostedClusterFacts, Plan, ServiceAddress};
 
 const REFERENCE: &str = include_str!("fixtures/reference-infra.yaml");
 const IMAGE: &str = "registry.example/causeway:0.1.0";
@@ -24,12 +24,24 @@ fn owner() -> Owner {
     }
 }
 
+fn no_services(_: &str, _: &str) -> ServiceAddress {
+    ServiceAddress::Missing
+}
+
+fn settings() -> Settings {
+    Settings {
+        image: IMAGE.into(),
+        operator_namespace: "causeway-system".into(),
+        resources: None,
+    }
+}
+
 fn plan_of(infra: &Infra) -> Plan {
-    validate(&infra.spec, "clusters", None).unwrap()
+    validate(&infra.spec, "clusters", None, &no_services).unwrap()
 }
 
 fn rendered(infra: &Infra) -> Rendered {
-    render(&plan_of(infra), &owner(), IMAGE, None)
+    render(&plan_of(infra), &owner(), &settings())
 }
 
 fn config_text(r: &Rendered, component: &str) -> String {
@@ -249,7 +261,7 @@ fn every_rendered_config_passes_the_appliance_validation() {
 #[test]
 fn a_disabled_component_renders_nothing() {
     let mut infra = reference();
-    infra.spec.infra_components.dns.enabled = false;
+    infra.spec.infra_components.dns.as_mut().unwrap().enabled = false;
     let r = rendered(&infra);
     let names: Vec<&str> = r.components.iter().map(|c| c.component.name()).collect();
     assert_eq!(names, vec!["dhcp", "proxy"]);
@@ -271,11 +283,11 @@ fn the_prefix_comes_from_the_cidr() {
     net.cidr = "10.20.30.64/26".into();
     net.gateway = "10.20.30.65".into();
     let c = &mut infra.spec.infra_components;
-    c.dhcp.server_ip = Some("10.20.30.66".into());
-    c.dhcp.range_start = Some("10.20.30.80".into());
-    c.dhcp.range_end = Some("10.20.30.120".into());
-    c.dns.server_ip = Some("10.20.30.67".into());
-    c.proxy.server_ip = Some("10.20.30.68".into());
+    c.dhcp.as_mut().unwrap().server_ip = Some("10.20.30.66".into());
+    c.dhcp.as_mut().unwrap().range_start = Some("10.20.30.80".into());
+    c.dhcp.as_mut().unwrap().range_end = Some("10.20.30.120".into());
+    c.dns.as_mut().unwrap().server_ip = Some("10.20.30.67".into());
+    c.proxy.as_mut().unwrap().server_ip = Some("10.20.30.68".into());
     let r = rendered(&infra);
     let Workload::Deployment(d) = &r.components[2].workload else {
         panic!()
@@ -297,7 +309,13 @@ fn the_prefix_comes_from_the_cidr() {
 #[test]
 fn an_internal_proxy_address_makes_a_second_view() {
     let mut infra = reference();
-    infra.spec.infra_components.proxy.internal_proxy_service = Some("172.30.0.10".into());
+    infra
+        .spec
+        .infra_components
+        .proxy
+        .as_mut()
+        .unwrap()
+        .internal_proxy_service = Some("172.30.0.10".into());
     let r = rendered(&infra);
     let dns = causeway_config::Config::from_yaml(&config_text(&r, "dns")).unwrap();
     let views = &dns.dns.unwrap().views;
@@ -308,16 +326,22 @@ fn an_internal_proxy_address_makes_a_second_view() {
 #[test]
 fn a_hosted_cluster_ref_fills_name_domain_and_namespace() {
     let mut infra = reference();
-    let dns = &mut infra.spec.infra_components.dns;
+    let dns = infra.spec.infra_components.dns.as_mut().unwrap();
     dns.cluster_name = None;
     dns.base_domain = None;
-    infra.spec.infra_components.proxy.control_plane_namespace = None;
+    infra
+        .spec
+        .infra_components
+        .proxy
+        .as_mut()
+        .unwrap()
+        .control_plane_namespace = None;
     let hc = HostedClusterFacts {
         name: "hc7".into(),
         namespace: "clusters".into(),
         base_domain: Some("corp.example".into()),
     };
-    let plan = validate(&infra.spec, "clusters", Some(&hc)).unwrap();
+    let plan = validate(&infra.spec, "clusters", Some(&hc), &no_services).unwrap();
     assert_eq!(plan.cluster_name.as_deref(), Some("hc7"));
     assert_eq!(plan.base_domain.as_deref(), Some("corp.example"));
     assert_eq!(plan.proxy.unwrap().control_plane_namespace, "clusters-hc7");
@@ -326,7 +350,13 @@ fn a_hosted_cluster_ref_fills_name_domain_and_namespace() {
 #[test]
 fn ignored_image_fields_are_reported_as_warnings() {
     let mut infra = reference();
-    infra.spec.infra_components.proxy.manager_image = Some("quay.io/x/y:1".into());
+    infra
+        .spec
+        .infra_components
+        .proxy
+        .as_mut()
+        .unwrap()
+        .manager_image = Some("quay.io/x/y:1".into());
     let plan = plan_of(&infra);
     assert_eq!(
         plan.warnings,
@@ -352,42 +382,42 @@ fn every_bad_spec_gets_its_precise_message() {
         ),
         (
             "server ip not an address",
-            |i| i.spec.infra_components.dns.server_ip = Some("dns-pod".into()),
+            |i| i.spec.infra_components.dns.as_mut().unwrap().server_ip = Some("dns-pod".into()),
             vec![r#"infraComponents.dns.serverIP: "dns-pod" is not an IPv4 address"#],
         ),
         (
             "server ip missing",
-            |i| i.spec.infra_components.proxy.server_ip = None,
+            |i| i.spec.infra_components.proxy.as_mut().unwrap().server_ip = None,
             vec!["infraComponents.proxy.serverIP: required when the component is enabled"],
         ),
         (
             "two pods on one address",
-            |i| i.spec.infra_components.proxy.server_ip = Some("192.168.100.3".into()),
+            |i| i.spec.infra_components.proxy.as_mut().unwrap().server_ip = Some("192.168.100.3".into()),
             vec!["infraComponents.proxy.serverIP: 192.168.100.3 is also infraComponents.dns.serverIP"],
         ),
         (
             "a pod on the gateway",
-            |i| i.spec.infra_components.dns.server_ip = Some("192.168.100.1".into()),
+            |i| i.spec.infra_components.dns.as_mut().unwrap().server_ip = Some("192.168.100.1".into()),
             vec!["infraComponents.dns.serverIP: 192.168.100.1 is the gateway"],
         ),
         (
             "a pod inside the range",
-            |i| i.spec.infra_components.proxy.server_ip = Some("192.168.100.150".into()),
+            |i| i.spec.infra_components.proxy.as_mut().unwrap().server_ip = Some("192.168.100.150".into()),
             vec!["infraComponents.proxy.serverIP: 192.168.100.150 is inside the DHCP range 192.168.100.100-192.168.100.200"],
         ),
         (
             "range reversed",
-            |i| i.spec.infra_components.dhcp.range_end = Some("192.168.100.50".into()),
+            |i| i.spec.infra_components.dhcp.as_mut().unwrap().range_end = Some("192.168.100.50".into()),
             vec!["infraComponents.dhcp.rangeEnd: 192.168.100.50 is before rangeStart 192.168.100.100"],
         ),
         (
             "range outside",
-            |i| i.spec.infra_components.dhcp.range_end = Some("192.168.101.20".into()),
+            |i| i.spec.infra_components.dhcp.as_mut().unwrap().range_end = Some("192.168.101.20".into()),
             vec!["infraComponents.dhcp.rangeEnd: 192.168.101.20 is outside networkConfig.cidr 192.168.100.0/24"],
         ),
         (
             "range over the gateway",
-            |i| i.spec.infra_components.dhcp.range_start = Some("192.168.100.1".into()),
+            |i| i.spec.infra_components.dhcp.as_mut().unwrap().range_start = Some("192.168.100.1".into()),
             vec![
                 "infraComponents.dhcp.serverIP: 192.168.100.2 is inside the DHCP range 192.168.100.1-192.168.100.200",
                 "infraComponents.dns.serverIP: 192.168.100.3 is inside the DHCP range 192.168.100.1-192.168.100.200",
@@ -397,17 +427,17 @@ fn every_bad_spec_gets_its_precise_message() {
         ),
         (
             "broadcast",
-            |i| i.spec.infra_components.dns.server_ip = Some("192.168.100.255".into()),
+            |i| i.spec.infra_components.dns.as_mut().unwrap().server_ip = Some("192.168.100.255".into()),
             vec!["infraComponents.dns.serverIP: 192.168.100.255 is the network or broadcast address of 192.168.100.0/24"],
         ),
         (
             "lease time",
-            |i| i.spec.infra_components.dhcp.lease_time = Some("one hour".into()),
+            |i| i.spec.infra_components.dhcp.as_mut().unwrap().lease_time = Some("one hour".into()),
             vec![r#"infraComponents.dhcp.leaseTime: "one hour" is not a duration such as 1h or 24h"#],
         ),
         (
             "no cluster name",
-            |i| i.spec.infra_components.dns.cluster_name = None,
+            |i| i.spec.infra_components.dns.as_mut().unwrap().cluster_name = None,
             vec!["infraComponents.dns.clusterName: required for DNS and the proxy (or set hostedClusterRef)"],
         ),
         (
@@ -424,7 +454,7 @@ fn every_bad_spec_gets_its_precise_message() {
     for (what, change, want) in table {
         let mut infra = reference();
         change(&mut infra);
-        let got = validate(&infra.spec, "clusters", None).expect_err(what);
+        let got = validate(&infra.spec, "clusters", None, &no_services).expect_err(what);
         assert_eq!(got, want, "{what}");
     }
 }
@@ -432,7 +462,7 @@ fn every_bad_spec_gets_its_precise_message() {
 #[test]
 fn the_api_service_and_extra_routes_reach_the_proxy_config() {
     let mut infra = reference();
-    let p = &mut infra.spec.infra_components.proxy;
+    let p = infra.spec.infra_components.proxy.as_mut().unwrap();
     p.api_server_service = Some("kas".into());
     p.extra_routes = vec![causeway_operator::crd::ProxyRouteSpec {
         port: 22623,

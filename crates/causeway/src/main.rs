@@ -55,6 +55,19 @@ enum Command {
         leader_election: bool,
         #[arg(long, env = "CAUSEWAY_LOG_LEVEL", default_value = "info")]
         log_level: String,
+        /// Watch only these namespaces (comma-separated); all when empty.
+        #[arg(
+            long,
+            env = "CAUSEWAY_WATCH_NAMESPACES",
+            value_delimiter = ',',
+            default_value = ""
+        )]
+        namespaces: Vec<String>,
+        /// Make an Infra for each HostedCluster annotated causeway.io/infra.
+        /// Off by default: anyone who may annotate a HostedCluster would get
+        /// NET_ADMIN pods.
+        #[arg(long, env = "CAUSEWAY_INFRA_FOR_HOSTED_CLUSTERS", default_value_t = false, action = clap::ArgAction::Set)]
+        infra_for_hosted_clusters: bool,
     },
     /// Policy routing for the config's VLAN interfaces (needs CAP_NET_ADMIN
     /// for apply and flush).
@@ -101,10 +114,14 @@ fn main() -> ExitCode {
             admin_listen,
             leader_election,
             log_level,
+            namespaces,
+            infra_for_hosted_clusters,
         } => operator::run(operator::Options {
             admin_listen,
             leader_election,
             log_level,
+            namespaces: namespaces.into_iter().filter(|n| !n.is_empty()).collect(),
+            infra_for_hosted_clusters,
         }),
         Command::Check { config } => return check(&config),
         Command::Leases { config, json } => leases::run(&config, json),

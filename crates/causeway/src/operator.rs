@@ -1,11 +1,14 @@
-//! `causeway operator`: the Kubernetes operator, with its admin server and
-//! leader election. `causeway operator crd` prints the Infra CRD.
+//! `causeway operator`: the Kubernetes operator, with its admin server.
+//! Leader election and the controllers' lifecycle live in the operator
+//! crate (`causeway_operator::manager`); this wires them to the process.
+//! `causeway operator crd` prints the Infra CRD.
 
 use std::net::SocketAddr;
 
 use anyhow::Context;
-use causeway_operator::controller::{self, OperatorMetrics};
-use causeway_operator::leader::LeaderElector;
+use causeway_operator::controller::OperatorMetrics;
+use causeway_operator::manager::{self, Stopped};
+use causeway_operator::render::Settings;
 use causeway_runtime::admin::Admin;
 use causeway_runtime::{readiness::Readiness, shutdown, telemetry};
 use tokio::signal::unix::{signal, SignalKind};
@@ -14,6 +17,8 @@ pub struct Options {
     pub admin_listen: SocketAddr,
     pub leader_election: bool,
     pub log_level: String,
+    pub namespaces: Vec<String>,
+    pub infra_for_hosted_clusters: bool,
 }
 
 pub fn print_crd() -> anyhow::Result<()> {
@@ -34,6 +39,15 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
         .block_on(serve(opts, image))
 }
 
+/// The pod's identity for the Lease: POD_NAME, else the host name.
+fn identity() -> String {
+    std::env::var("POD_NAME").unwrap_or_else(|_| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "causeway-operator".into())
+    })
+}
+
 async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
     let registry = prometheus::Registry::new();
     registry
@@ -49,10 +63,11 @@ async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
         .bind(opts.admin_listen, None, stop.clone())
         .await
         .with_context(|| format!("admin server on {}", opts.admin_listen))?;
-    let client = kube::Client::try_default()
+    let client = causeway_operator::client::connect()
         .await
         .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
-    tracing::info!(admin = %admin_addr, image, "causeway operator starting");
+    let operator_namespace = std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "default".into());
+    tracing::info!(admin = %admin_addr, image, namespaces = ?opts.namespaces, "causeway operator starting");
 
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
@@ -62,58 +77,21 @@ async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
             _ = sigint.recv() => tracing::info!("SIGINT: shutting down"),
         }
     };
-    tokio::pin!(stop_signal);
-
-    let elector = opts.leader_election.then(|| {
-        let ns = std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "default".into());
-        let me = std::env::var("POD_NAME").unwrap_or_else(|_| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_string())
-                .unwrap_or_else(|_| "causeway-operator".into())
-        });
-        LeaderElector::new(client.clone(), &ns, "causeway-operator", &me)
-    });
     ready.set(true);
-    if let Some(e) = &elector {
-        tokio::select! {
-            _ = e.acquire() => {}
-            _ = &mut stop_signal => {
-                trigger.trigger();
-                let _ = admin_task.await;
-                return Ok(());
-            }
-        }
-    }
-    let (controller_stop_tx, controller_stop_rx) = tokio::sync::watch::channel(false);
-    let mut infra_stop = controller_stop_rx.clone();
-    let mut hosted_stop = controller_stop_rx;
-    let controller = tokio::spawn(controller::run(
-        client.clone(),
-        image,
-        metrics,
-        async move {
-            let _ = infra_stop.wait_for(|stop| *stop).await;
+    let options = manager::Options {
+        namespaces: opts.namespaces,
+        infra_for_hosted_clusters: opts.infra_for_hosted_clusters,
+        leader_identity: opts.leader_election.then(identity),
+        settings: Settings {
+            image,
+            operator_namespace,
+            resources: None,
         },
-    ));
-    let hosted = tokio::spawn(causeway_operator::hosted::run(client, async move {
-        let _ = hosted_stop.wait_for(|stop| *stop).await;
-    }));
-    let lost = async {
-        match &elector {
-            Some(e) => e.keep().await,
-            None => std::future::pending().await,
-        }
     };
-    let lost_leadership = tokio::select! {
-        _ = &mut stop_signal => false,
-        _ = lost => true,
-    };
-    let _ = controller_stop_tx.send(true);
-    let _ = controller.await;
-    let _ = hosted.await;
+    let stopped = manager::run(client, options, metrics, stop_signal).await;
     trigger.trigger();
     let _ = admin_task.await;
-    if lost_leadership {
+    if stopped == Stopped::LostLeadership {
         anyhow::bail!("leadership lost; exiting so a restart can compete again");
     }
     tracing::info!("causeway operator stopped");

@@ -1,0 +1,462 @@
+//! A real Kubernetes control plane for the operator suites: etcd,
+//! kube-apiserver 1.20 and kube-controller-manager, started once per test
+//! process by `tests/kube/cluster.sh` on loopback, with the chart's CRDs and
+//! RBAC installed from `helm template`. The operator under test runs as the
+//! real `causeway` binary with the chart's ServiceAccount token, never as
+//! system:masters.
+//!
+//! The cluster outlives single tests (each test works in its own
+//! namespace) and is stopped by the script's watchdog when the test process
+//! exits, however it exits.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::GroupVersionKind;
+use kube::discovery::Scope;
+use kube::{Client, Config, ResourceExt};
+
+/// The chart's release, as the tests install it.
+pub const RELEASE_NAMESPACE: &str = "causeway-system";
+pub const RELEASE: &str = "causeway";
+/// The ServiceAccount the chart makes for the operator.
+pub const OPERATOR_SA: &str = "causeway";
+/// The field manager of everything the tests write as a user or as
+/// kube's own controllers would.
+pub const TEST_MANAGER: &str = "causeway-test";
+
+pub struct SharedCluster {
+    pub dir: PathBuf,
+    pub server: String,
+    pub ca: PathBuf,
+    pub admin_token: String,
+    /// A kubeconfig with the operator ServiceAccount's token.
+    pub operator_kubeconfig: PathBuf,
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn skip(test: &str, why: &str) {
+    let _ = writeln!(std::io::stderr(), "SKIP {test}: {why}");
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        .is_some_and(|euid| euid == "0")
+}
+
+/// helm: `CAUSEWAY_HELM`, else what `charts/test.sh --print-helm` fetches.
+fn helm() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("CAUSEWAY_HELM") {
+        let p = PathBuf::from(p);
+        return p.is_file().then_some(p);
+    }
+    let out = Command::new("bash")
+        .arg(repo_root().join("charts/test.sh"))
+        .arg("--print-helm")
+        .stderr(Stdio::inherit())
+        .output()
+        .ok()?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    path.is_file().then_some(path)
+}
+
+static CLUSTER: OnceLock<Result<SharedCluster, String>> = OnceLock::new();
+
+/// The shared cluster, started on first use; `None` after a loud SKIP when
+/// this machine cannot run one (not root, or no cached binaries).
+pub fn cluster(test: &str) -> Option<&'static SharedCluster> {
+    if !is_root() {
+        skip(
+            test,
+            "needs root (tests/kube/cluster.sh build fills the binary cache as root)",
+        );
+        return None;
+    }
+    let script = repo_root().join("tests/kube/cluster.sh");
+    let have = Command::new("bash")
+        .arg(&script)
+        .arg("check")
+        .status()
+        .is_ok_and(|s| s.success());
+    if !have {
+        skip(
+            test,
+            "no kube-apiserver binaries: run `sudo tests/kube/cluster.sh build` (tests/run.sh does)",
+        );
+        return None;
+    }
+    // Started on a thread of its own: the caller is inside a test's runtime,
+    // and the chart is installed from a runtime of its own.
+    let shared = CLUSTER.get_or_init(|| {
+        std::thread::spawn(move || start(&script))
+            .join()
+            .unwrap_or_else(|_| Err("starting the cluster panicked".into()))
+    });
+    match shared {
+        Ok(c) => Some(c),
+        // A cluster that was there to start and did not is a failure.
+        Err(e) => panic!("{test}: the test cluster did not start: {e}"),
+    }
+}
+
+fn start(script: &Path) -> Result<SharedCluster, String> {
+    let dir = tempfile::Builder::new()
+        .prefix("causeway-kube-")
+        .tempdir()
+        .map_err(|e| e.to_string())?
+        .keep();
+    let out = Command::new("bash")
+        .arg(script)
+        .arg("start")
+        .arg(&dir)
+        .arg(std::process::id().to_string())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running cluster.sh: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("cluster.sh start exited {}", out.status));
+    }
+    let vars: BTreeMap<String, String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let get = |k: &str| {
+        vars.get(k)
+            .cloned()
+            .ok_or_else(|| format!("cluster.sh printed no {k}"))
+    };
+    let cluster = SharedCluster {
+        dir: dir.clone(),
+        server: get("SERVER")?,
+        ca: PathBuf::from(get("CA")?),
+        admin_token: get("TOKEN")?,
+        operator_kubeconfig: dir.join("operator.kubeconfig"),
+    };
+    let helm = helm().ok_or("no helm: charts/test.sh --print-helm found none")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let token = rt.block_on(install_chart(&cluster, &helm))?;
+    write_kubeconfig(&cluster, &cluster.operator_kubeconfig, &token);
+    Ok(cluster)
+}
+
+pub fn write_kubeconfig(c: &SharedCluster, path: &Path, token: &str) {
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: t\n  context: {{cluster: t, user: u}}\ncurrent-context: t\n",
+        c.server,
+        c.ca.display()
+    );
+    std::fs::write(path, text).unwrap();
+}
+
+async fn client_with_token(c: &SharedCluster, token: &str) -> Client {
+    causeway_operator::client::install_tls_provider();
+    let path = c.dir.join(format!("kubeconfig-{}", next_id()));
+    write_kubeconfig(c, &path, token);
+    let kc = Kubeconfig::read_from(&path).unwrap();
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    Client::try_from(config).unwrap()
+}
+
+/// A client with system:masters rights: the test playing the cluster's
+/// admin, its scheduler and its kubelets.
+pub async fn admin(c: &SharedCluster) -> Client {
+    client_with_token(c, &c.admin_token).await
+}
+
+fn next_id() -> usize {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Applies every document of `yaml` by server-side apply, as `kubectl apply
+/// --server-side` would; kinds are looked up by discovery.
+pub async fn apply_yaml(client: &Client, yaml: &str, default_ns: &str) -> Result<(), String> {
+    for doc in yaml.split("\n---") {
+        let value: serde_json::Value = match serde_yaml::from_str(doc) {
+            Ok(serde_json::Value::Null) => continue,
+            Ok(v) => v,
+            Err(e) => return Err(format!("not YAML: {e}\n{doc}")),
+        };
+        let obj: DynamicObject =
+            serde_json::from_value(value.clone()).map_err(|e| format!("{e}: {value}"))?;
+        apply_object(client, obj, default_ns).await?;
+    }
+    Ok(())
+}
+
+pub async fn apply_object(
+    client: &Client,
+    obj: DynamicObject,
+    default_ns: &str,
+) -> Result<DynamicObject, String> {
+    let types = obj
+        .types
+        .clone()
+        .ok_or("an object without apiVersion/kind")?;
+    let gvk = GroupVersionKind::try_from(&types).map_err(|e| e.to_string())?;
+    let (ar, caps) = kube::discovery::pinned_kind(client, &gvk)
+        .await
+        .map_err(|e| format!("discovering {gvk:?}: {e}"))?;
+    let api: Api<DynamicObject> = match caps.scope {
+        Scope::Cluster => Api::all_with(client.clone(), &ar),
+        Scope::Namespaced => Api::namespaced_with(
+            client.clone(),
+            obj.metadata.namespace.as_deref().unwrap_or(default_ns),
+            &ar,
+        ),
+    };
+    api.patch(
+        &obj.name_any(),
+        &PatchParams::apply(TEST_MANAGER).force(),
+        &Patch::Apply(&obj),
+    )
+    .await
+    .map_err(|e| format!("applying {} {}: {e}", types.kind, obj.name_any()))
+}
+
+/// `helm template` of the chart, with the given extra `--set`s.
+pub fn helm_template(helm: &Path, sets: &[&str]) -> String {
+    let mut cmd = Command::new(helm);
+    cmd.args(["template", RELEASE])
+        .arg(repo_root().join("charts/causeway"))
+        .args(["--namespace", RELEASE_NAMESPACE]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The chart's documents minus the operator's own Deployment (there is no
+/// kubelet to run it: the tests run the binary).
+fn without_deployment(yaml: &str) -> String {
+    yaml.split("\n---")
+        .filter(|d| !d.lines().any(|l| l.trim() == "kind: Deployment"))
+        .collect::<Vec<_>>()
+        .join("\n---")
+}
+
+async fn install_chart(c: &SharedCluster, helm: &Path) -> Result<String, String> {
+    let client = admin(c).await;
+    ensure_namespace(&client, RELEASE_NAMESPACE).await;
+    let rendered = helm_template(helm, &[]);
+    apply_yaml(&client, &without_deployment(&rendered), RELEASE_NAMESPACE).await?;
+    wait_crds_established(&client).await?;
+    // The operator's credentials: a token for the chart's ServiceAccount,
+    // issued by the API server as the kubelet would get one.
+    Ok(token_for(&client, RELEASE_NAMESPACE, OPERATOR_SA).await)
+}
+
+/// A token for a ServiceAccount, from the TokenRequest API.
+pub async fn token_for(client: &Client, ns: &str, sa: &str) -> String {
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec!["https://kubernetes.default.svc".into()],
+            expiration_seconds: Some(24 * 3600),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    let issued: TokenRequest = sas
+        .create_subresource("token", sa, &PostParams::default(), &request)
+        .await
+        .unwrap_or_else(|e| panic!("token for ServiceAccount {ns}/{sa}: {e}"));
+    issued.status.expect("a TokenRequest without a token").token
+}
+
+async fn wait_crds_established(client: &Client) -> Result<(), String> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let list = crds
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let pending: Vec<String> = list
+            .items
+            .iter()
+            .filter(|crd| {
+                !crd.status.as_ref().is_some_and(|s| {
+                    s.conditions.as_ref().is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c.type_ == "Established" && c.status == "True")
+                    })
+                })
+            })
+            .map(|crd| crd.name_any())
+            .collect();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("CRDs not established: {pending:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub async fn ensure_namespace(client: &Client, name: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
+    }))
+    .unwrap();
+    api.patch(
+        name,
+        &PatchParams::apply(TEST_MANAGER).force(),
+        &Patch::Apply(&ns),
+    )
+    .await
+    .unwrap();
+}
+
+/// A namespace of the test's own, unique in this cluster.
+pub async fn test_namespace(client: &Client, test: &str) -> String {
+    let short: String = test
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .take(40)
+        .collect();
+    let name = format!("{}-{}", short.trim_matches('-'), next_id());
+    ensure_namespace(client, &name).await;
+    name
+}
+
+/// The real `causeway operator`, under the operator ServiceAccount, limited
+/// to `namespaces`; killed when dropped.
+pub struct Operator {
+    pub child: Child,
+    pub admin: std::net::SocketAddr,
+    pub log: PathBuf,
+}
+
+impl Operator {
+    pub fn start(
+        c: &SharedCluster,
+        namespaces: &[&str],
+        extra_args: &[&str],
+        identity: &str,
+    ) -> Operator {
+        Operator::start_with_kubeconfig(c, &c.operator_kubeconfig, namespaces, extra_args, identity)
+    }
+
+    pub fn start_with_kubeconfig(
+        c: &SharedCluster,
+        kubeconfig: &Path,
+        namespaces: &[&str],
+        extra_args: &[&str],
+        identity: &str,
+    ) -> Operator {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let admin: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let log = c.dir.join(format!("operator-{identity}-{}.log", next_id()));
+        let file = std::fs::File::create(&log).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_causeway"));
+        cmd.arg("operator")
+            .arg("--admin-listen")
+            .arg(admin.to_string())
+            .args(extra_args)
+            .env("KUBECONFIG", kubeconfig)
+            .env("CAUSEWAY_IMAGE", "registry.test/causeway:test")
+            .env("POD_NAMESPACE", RELEASE_NAMESPACE)
+            .env("POD_NAME", identity)
+            .env("CAUSEWAY_LOG_LEVEL", "info,causeway_operator=debug")
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .stdin(Stdio::null());
+        if !namespaces.is_empty() {
+            cmd.arg("--namespaces").arg(namespaces.join(","));
+        }
+        let child = cmd.spawn().unwrap();
+        Operator { child, admin, log }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `probe` until it yields, failing the test with `what` and the
+/// operator's log when `timeout` passes.
+pub async fn eventually<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    op: Option<&Operator>,
+    mut probe: F,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        if Instant::now() > deadline {
+            let log = op.map(|o| o.log_text()).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            panic!(
+                "timed out after {timeout:?} waiting for: {what}\noperator log (newest first):\n{}",
+                tail.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1,0 +1,1038 @@
+//! The operator against a real API server: kube-apiserver 1.20 and
+//! kube-controller-manager on loopback (tests/kube/cluster.sh), the chart's
+//! CRDs and RBAC from `helm template`, and the real `causeway operator`
+//! binary under the chart's ServiceAccount. The test plays only what the
+//! cluster would have beyond that: the scheduler and the kubelets (binding
+//! pods and reporting them ready), and users.
+//!
+//! Needs root (the binaries are built into /var/cache as root by
+//! tests/run.sh); without them every test prints SKIP.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod kube_cluster;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use causeway_operator::crd::Infra;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use kube_cluster::{admin, apply_yaml, eventually, Operator, SharedCluster};
+use serde_json::json;
+
+const REFERENCE: &str = include_str!("../../causeway-operator/tests/fixtures/reference-infra.yaml");
+const NAD_CRD: &str = include_str!("../../../tests/kube/crds/network-attachment-definition.yaml");
+const HC_CRD: &str = include_str!("../../../tests/kube/crds/hostedcluster.yaml");
+const WAIT: Duration = Duration::from_secs(60);
+
+/// The NAD CRD, and the NAD the reference sample names (default/vlan100).
+async fn network_attachments(client: &Client, namespaces: &[&str]) {
+    apply_yaml(client, NAD_CRD, "default").await.unwrap();
+    wait_established(client, "network-attachment-definitions.k8s.cni.cncf.io").await;
+    for ns in namespaces {
+        nad(client, ns, "vlan100").await;
+    }
+}
+
+async fn nad(client: &Client, ns: &str, name: &str) {
+    let doc = format!(
+        "apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  config: '{{\"cniVersion\":\"0.3.1\",\"type\":\"macvlan\",\"master\":\"eth1\",\"ipam\":{{\"type\":\"static\"}}}}'\n"
+    );
+    apply_yaml(client, &doc, ns).await.unwrap();
+}
+
+async fn wait_established(client: &Client, crd: &str) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    eventually(&format!("CRD {crd} established"), WAIT, None, || async {
+        let c = api.get(crd).await.ok()?;
+        c.status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+            .then_some(())
+    })
+    .await;
+}
+
+/// The reference sample, moved to `ns` (or as written when `ns` is its own).
+fn reference_in(ns: &str) -> Infra {
+    let mut infra: Infra = serde_yaml::from_str(REFERENCE).unwrap();
+    infra.metadata.namespace = Some(ns.into());
+    infra
+}
+
+async fn create_infra(client: &Client, infra: &Infra) -> Infra {
+    let ns = infra.namespace().unwrap();
+    let api: Api<Infra> = Api::namespaced(client.clone(), &ns);
+    api.create(&PostParams::default(), infra).await.unwrap()
+}
+
+fn condition(infra: &Infra, type_: &str) -> Option<(String, String, String)> {
+    infra
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// Waits until the Infra's condition has `status`, for its current
+/// generation, and returns the Infra.
+async fn wait_condition(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    type_: &str,
+    status: &str,
+    op: &Operator,
+) -> Infra {
+    let api: Api<Infra> = Api::namespaced(client.clone(), ns);
+    eventually(
+        &format!("Infra {ns}/{name}: {type_}={status}"),
+        WAIT,
+        Some(op),
+        || async {
+            let i = api.get(name).await.ok()?;
+            let current = i.status.as_ref()?.observed_generation == i.metadata.generation;
+            let (s, _, _) = condition(&i, type_)?;
+            (current && s == status).then_some(i)
+        },
+    )
+    .await
+}
+
+/// Plays the scheduler and the kubelets: binds every pod of the Infra to a
+/// node and reports it running and ready, and finishes the deletion of
+/// pods being deleted (as a kubelet does once their containers stopped).
+/// Returns how many pods it saw.
+async fn make_pods_ready(client: &Client, ns: &str, instance: &str) -> usize {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let list = pods
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={instance}")))
+        .await
+        .unwrap();
+    for pod in &list.items {
+        let name = pod.name_any();
+        if pod.metadata.deletion_timestamp.is_some() {
+            let _ = pods
+                .delete(&name, &DeleteParams::default().grace_period(0))
+                .await;
+            continue;
+        }
+        if pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_none()
+        {
+            let binding = json!({"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": name, "namespace": ns},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": "node-1"}});
+            let _: Result<serde_json::Value, _> = pods
+                .create_subresource("binding", &name, &PostParams::default(), &binding)
+                .await;
+        }
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let status = json!({"status": {"phase": "Running", "conditions": [
+            {"type": "Ready", "status": "True", "lastTransitionTime": now},
+            {"type": "ContainersReady", "status": "True", "lastTransitionTime": now},
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now}]}});
+        let _ = pods
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await;
+    }
+    list.items.len()
+}
+
+/// Keeps playing the kubelet until the Infra is Ready.
+async fn drive_to_ready(client: &Client, ns: &str, name: &str, op: &Operator) -> Infra {
+    let api: Api<Infra> = Api::namespaced(client.clone(), ns);
+    eventually(
+        &format!("Infra {ns}/{name} Ready=True once its pods are"),
+        WAIT,
+        Some(op),
+        || async {
+            make_pods_ready(client, ns, name).await;
+            let i = api.get(name).await.ok()?;
+            let current = i.status.as_ref()?.observed_generation == i.metadata.generation;
+            (current && condition(&i, "Ready")?.0 == "True").then_some(i)
+        },
+    )
+    .await
+}
+
+fn managed_by_us_with_apply(meta: &kube::api::ObjectMeta) -> bool {
+    meta.managed_fields.as_ref().is_some_and(|fields| {
+        fields.iter().any(|f| {
+            f.manager.as_deref() == Some("causeway-operator")
+                && f.operation.as_deref() == Some("Apply")
+        })
+    })
+}
+
+fn owned_by(meta: &kube::api::ObjectMeta, infra: &Infra) -> bool {
+    meta.owner_references.as_ref().is_some_and(|refs| {
+        refs.len() == 1
+            && refs[0].kind == "Infra"
+            && Some(&refs[0].uid) == infra.metadata.uid.as_ref()
+            && refs[0].controller == Some(true)
+    })
+}
+
+fn pod_uids(pods: &[Pod]) -> BTreeMap<String, String> {
+    pods.iter()
+        .map(|p| (p.name_any(), p.metadata.uid.clone().unwrap_or_default()))
+        .collect()
+}
+
+async fn component_pods(client: &Client, ns: &str, instance: &str, component: &str) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    pods.list(&ListParams::default().labels(&format!(
+        "app.kubernetes.io/instance={instance},app.kubernetes.io/component={component}"
+    )))
+    .await
+    .unwrap()
+    .items
+    .into_iter()
+    .filter(|p| p.metadata.deletion_timestamp.is_none())
+    .collect()
+}
+
+fn config_text(cm: &ConfigMap) -> String {
+    cm.data
+        .as_ref()
+        .and_then(|d| d.get("config.yaml"))
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn admin_get(op: &Operator, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(op.admin).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+fn start_operator(c: &SharedCluster, ns: &str) -> Operator {
+    Operator::start(c, &[ns], &["--leader-election=false"], "solo")
+}
+
+// ----------------------------------------------------------------- scenarios
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_sample_is_applied_owned_and_ready_only_when_its_pods_are() {
+    let Some(c) = kube_cluster::cluster(
+        "the_reference_sample_is_applied_owned_and_ready_only_when_its_pods_are",
+    ) else {
+        return;
+    };
+    let client = admin(c).await;
+    // The sample as written: namespace `clusters`, NAD default/vlan100, the
+    // control plane in clusters-my-cluster.
+    kube_cluster::ensure_namespace(&client, "clusters").await;
+    kube_cluster::ensure_namespace(&client, "clusters-my-cluster").await;
+    network_attachments(&client, &["default"]).await;
+    let op = start_operator(c, "clusters");
+    let infra: Infra = serde_yaml::from_str(REFERENCE).unwrap();
+    let infra = create_infra(&client, &infra).await;
+    let ns = "clusters";
+    let name = "example-infra";
+
+    // Not ready while no pod is: observed, not assumed.
+    let seen = wait_condition(&client, ns, name, "Valid", "True", &op).await;
+    let (ready, reason, message) = condition(&seen, "Ready").unwrap();
+    assert_eq!(
+        (ready.as_str(), reason.as_str()),
+        ("False", "ComponentsNotReady"),
+        "{message}"
+    );
+    assert_eq!(condition(&seen, "NetworkAttachment").unwrap().0, "True");
+
+    // Every object: applied by the operator's field manager, owned by the
+    // Infra.
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let svcs: Api<Service> = Api::namespaced(client.clone(), ns);
+    let nps: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
+    let mut metas = Vec::new();
+    for c in ["dhcp", "dns", "proxy"] {
+        metas.push(
+            cms.get(&format!("{name}-{c}-config"))
+                .await
+                .unwrap()
+                .metadata,
+        );
+    }
+    metas.push(sets.get("example-infra-dhcp").await.unwrap().metadata);
+    metas.push(deploys.get("example-infra-dns").await.unwrap().metadata);
+    metas.push(deploys.get("example-infra-proxy").await.unwrap().metadata);
+    metas.push(sas.get("example-infra-causeway").await.unwrap().metadata);
+    metas.push(svcs.get("example-infra-dns").await.unwrap().metadata);
+    metas.push(
+        nps.get("example-infra-causeway-admin")
+            .await
+            .unwrap()
+            .metadata,
+    );
+    for m in &metas {
+        assert!(
+            managed_by_us_with_apply(m),
+            "{:?} not applied by causeway-operator",
+            m.name
+        );
+        assert!(owned_by(m, &infra), "{:?} not owned by the Infra", m.name);
+    }
+    // The DNS Service got a ClusterIP from the API server.
+    let dns_svc = svcs.get("example-infra-dns").await.unwrap();
+    assert!(dns_svc
+        .spec
+        .unwrap()
+        .cluster_ip
+        .is_some_and(|ip| ip.starts_with("10.96.")));
+    // The policy in the control-plane namespace admits the proxy pods.
+    let cp_policy = Api::<NetworkPolicy>::namespaced(client.clone(), "clusters-my-cluster")
+        .get("causeway-proxy-clusters-example-infra")
+        .await
+        .unwrap();
+    assert!(managed_by_us_with_apply(&cp_policy.metadata));
+    let peer = serde_json::to_value(&cp_policy.spec.unwrap().ingress.unwrap()[0]).unwrap();
+    assert_eq!(
+        peer["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"],
+        "proxy"
+    );
+    // The rendered configs carry the sample's values.
+    let dhcp = config_text(&cms.get("example-infra-dhcp-config").await.unwrap());
+    assert!(
+        dhcp.contains("192.168.100.100") && dhcp.contains("leaseTime"),
+        "{dhcp}"
+    );
+
+    // The test plays scheduler and kubelet; the real controllers roll the
+    // pod readiness up into the workloads, and the operator into the Infra.
+    let ready = drive_to_ready(&client, ns, name, &op).await;
+    let cs = ready.status.unwrap().component_status.unwrap();
+    assert!(cs.dhcp_ready && cs.dns_ready && cs.proxy_ready);
+
+    // Steady state: a reconcile writes nothing. A resync is forced by a
+    // change to an object that is not the Infra's (an annotation on the
+    // ServiceAccount, which we do not own), and the write counter must not
+    // move while the reconciles counter does.
+    let metrics_before = admin_get(&op, "/metrics");
+    let writes_before = metric(&metrics_before, "causeway_operator_api_writes_total");
+    let reconciles_before = metric(&metrics_before, "causeway_operator_reconciles_total");
+    sas.patch(
+        "example-infra-causeway",
+        &PatchParams::apply("someone-else"),
+        &Patch::Apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": "example-infra-causeway", "annotations": {"team": "net"}}})),
+    )
+    .await
+    .unwrap();
+    eventually(
+        "a reconcile after the foreign annotation",
+        WAIT,
+        Some(&op),
+        || async {
+            let m = admin_get(&op, "/metrics");
+            (metric(&m, "causeway_operator_reconciles_total") > reconciles_before).then_some(())
+        },
+    )
+    .await;
+    let writes_after = metric(
+        &admin_get(&op, "/metrics"),
+        "causeway_operator_api_writes_total",
+    );
+    assert_eq!(
+        writes_after, writes_before,
+        "a reconcile with nothing to change wrote to the API"
+    );
+    let sa = sas.get("example-infra-causeway").await.unwrap();
+    assert_eq!(
+        sa.annotations().get("team").map(String::as_str),
+        Some("net"),
+        "a field we do not own was removed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_time_change_reloads_in_place_and_a_server_ip_change_rolls_the_pod() {
+    let test = "a_lease_time_change_reloads_in_place_and_a_server_ip_change_rolls_the_pod";
+    let Some(c) = kube_cluster::cluster(test) else {
+        return;
+    };
+    let client = admin(c).await;
+    let ns = kube_cluster::test_namespace(&client, "reload").await;
+    network_attachments(&client, &["default"]).await;
+    let op = start_operator(c, &ns);
+    let infra = create_infra(&client, &reference_in(&ns)).await;
+    let name = infra.name_any();
+    drive_to_ready(&client, &ns, &name, &op).await;
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let infras: Api<Infra> = Api::namespaced(client.clone(), &ns);
+    let dhcp_generation = sets
+        .get(&format!("{name}-dhcp"))
+        .await
+        .unwrap()
+        .metadata
+        .generation;
+    let dhcp_pods = pod_uids(&component_pods(&client, &ns, &name, "dhcp").await);
+    let dns_pods = pod_uids(&component_pods(&client, &ns, &name, "dns").await);
+    assert_eq!((dhcp_pods.len(), dns_pods.len()), (1, 1));
+
+    // leaseTime: the ConfigMap changes (the pod's appliance reloads it);
+    // the StatefulSet and its pod stay as they are.
+    infras
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"infraComponents": {"dhcp": {"leaseTime": "2h"}}}})),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "the DHCP ConfigMap has leaseTime 2h",
+        WAIT,
+        Some(&op),
+        || async {
+            let text = config_text(&cms.get(&format!("{name}-dhcp-config")).await.ok()?);
+            text.contains("leaseTime: \"2h\"").then_some(())
+        },
+    )
+    .await;
+    // The reconcile that wrote the ConfigMap has finished once the status
+    // shows the new generation.
+    wait_condition(&client, &ns, &name, "Ready", "True", &op).await;
+    assert_eq!(
+        sets.get(&format!("{name}-dhcp"))
+            .await
+            .unwrap()
+            .metadata
+            .generation,
+        dhcp_generation
+    );
+    assert_eq!(
+        pod_uids(&component_pods(&client, &ns, &name, "dhcp").await),
+        dhcp_pods
+    );
+
+    // serverIP of DNS: the pod template's Multus annotation changes, and
+    // the Deployment replaces the pod (Recreate) with one on the new address.
+    infras
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"infraComponents": {"dns": {"serverIP": "192.168.100.4"}}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let new_pod = eventually(
+        "a new DNS pod on 192.168.100.4",
+        WAIT,
+        Some(&op),
+        || async {
+            make_pods_ready(&client, &ns, &name).await;
+            let pods = component_pods(&client, &ns, &name, "dns").await;
+            pods.into_iter().find(|p| {
+                !dns_pods.contains_key(&p.name_any())
+                    && p.annotations()
+                        .get("k8s.v1.cni.cncf.io/networks")
+                        .is_some_and(|a| a.contains("192.168.100.4/24"))
+            })
+        },
+    )
+    .await;
+    let old_left = component_pods(&client, &ns, &name, "dns")
+        .await
+        .iter()
+        .filter(|p| dns_pods.contains_key(&p.name_any()))
+        .count();
+    assert_eq!(
+        old_left,
+        0,
+        "the old DNS pod still runs beside {}",
+        new_pod.name_any()
+    );
+    let dns = deploys.get(&format!("{name}-dns")).await.unwrap();
+    assert_eq!(
+        dns.spec.unwrap().strategy.unwrap().type_.as_deref(),
+        Some("Recreate")
+    );
+    // The other components learn the new address through their configs.
+    let dhcp = config_text(&cms.get(&format!("{name}-dhcp-config")).await.unwrap());
+    assert!(
+        dhcp.contains("192.168.100.4"),
+        "DHCP still hands out the old DNS server:\n{dhcp}"
+    );
+    drive_to_ready(&client, &ns, &name, &op).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drift_is_undone_and_foreign_fields_are_kept() {
+    let Some(c) = kube_cluster::cluster("drift_is_undone_and_foreign_fields_are_kept") else {
+        return;
+    };
+    let client = admin(c).await;
+    let ns = kube_cluster::test_namespace(&client, "drift").await;
+    network_attachments(&client, &["default"]).await;
+    let op = start_operator(c, &ns);
+    let infra = create_infra(&client, &reference_in(&ns)).await;
+    let name = infra.name_any();
+    wait_condition(&client, &ns, &name, "Valid", "True", &op).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let cm_name = format!("{name}-dns-config");
+    let original = config_text(&cms.get(&cm_name).await.unwrap());
+
+    // A deleted child comes back.
+    let old_uid = cms.get(&cm_name).await.unwrap().metadata.uid;
+    cms.delete(&cm_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the deleted ConfigMap is recreated",
+        WAIT,
+        Some(&op),
+        || async {
+            let cm = cms.get(&cm_name).await.ok()?;
+            (cm.metadata.uid != old_uid && config_text(&cm) == original).then_some(())
+        },
+    )
+    .await;
+
+    // Another manager takes a field we own (forcing the conflict) and adds
+    // one we do not: ours is put back, theirs stays.
+    cms.patch(
+        &cm_name,
+        &PatchParams::apply("intruder").force(),
+        &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": cm_name, "labels": {"owner-team": "dns"}},
+            "data": {"config.yaml": "# hijacked\n"}})),
+    )
+    .await
+    .unwrap();
+    eventually(
+        "the hijacked ConfigMap data is reverted",
+        WAIT,
+        Some(&op),
+        || async {
+            let cm = cms.get(&cm_name).await.ok()?;
+            (config_text(&cm) == original).then_some(cm)
+        },
+    )
+    .await;
+    let cm = cms.get(&cm_name).await.unwrap();
+    assert_eq!(
+        cm.labels().get("owner-team").map(String::as_str),
+        Some("dns"),
+        "a foreign label was removed"
+    );
+
+    // A foreign change to a Deployment field we own (replicas) is undone.
+    let deploy = format!("{name}-proxy");
+    deploys
+        .patch(
+            &deploy,
+            &PatchParams::apply("intruder").force(),
+            &Patch::Apply(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": deploy}, "spec": {"replicas": 3}})),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "the proxy Deployment is back to one replica",
+        WAIT,
+        Some(&op),
+        || async {
+            let d = deploys.get(&deploy).await.ok()?;
+            (d.spec?.replicas == Some(1)).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_infra_removes_every_child() {
+    let Some(c) = kube_cluster::cluster("deleting_the_infra_removes_every_child") else {
+        return;
+    };
+    let client = admin(c).await;
+    let ns = kube_cluster::test_namespace(&client, "delete").await;
+    let cp_ns = kube_cluster::test_namespace(&client, "delete-cp").await;
+    network_attachments(&client, &["default"]).await;
+    let op = start_operator(c, &ns);
+    let mut infra = reference_in(&ns);
+    infra
+        .spec
+        .infra_components
+        .proxy
+        .as_mut()
+        .unwrap()
+        .control_plane_namespace = Some(cp_ns.clone());
+    let infra = create_infra(&client, &infra).await;
+    let name = infra.name_any();
+    drive_to_ready(&client, &ns, &name, &op).await;
+    let cp_policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &cp_ns);
+    let policy = format!("causeway-proxy-{ns}-{name}");
+    assert!(cp_policies.get_opt(&policy).await.unwrap().is_some());
+
+    let infras: Api<Infra> = Api::namespaced(client.clone(), &ns);
+    infras
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the Infra is gone (its finalizer done)",
+        WAIT,
+        Some(&op),
+        || async { infras.get_opt(&name).await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+    assert!(
+        cp_policies.get_opt(&policy).await.unwrap().is_none(),
+        "the control-plane policy outlived its Infra"
+    );
+    // The garbage collector of the controller-manager removes the owned.
+    let selector = format!("app.kubernetes.io/instance={name}");
+    eventually(
+        "every owned object garbage-collected",
+        Duration::from_secs(90),
+        Some(&op),
+        || async {
+            let lp = ListParams::default().labels(&selector);
+            let left = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+                .list(&lp)
+                .await
+                .ok()?
+                .items
+                .len()
+                + Api::<Deployment>::namespaced(client.clone(), &ns)
+                    .list(&lp)
+                    .await
+                    .ok()?
+                    .items
+                    .len()
+                + Api::<StatefulSet>::namespaced(client.clone(), &ns)
+                    .list(&lp)
+                    .await
+                    .ok()?
+                    .items
+                    .len()
+                + Api::<ServiceAccount>::namespaced(client.clone(), &ns)
+                    .list(&lp)
+                    .await
+                    .ok()?
+                    .items
+                    .len()
+                + Api::<Service>::namespaced(client.clone(), &ns)
+                    .list(&lp)
+                    .await
+                    .ok()?
+                    .items
+                    .len()
+                + Api::<NetworkPolicy>::namespaced(client.clone(), &ns)
+                    .list(&lp)
+                    .await
+                    .ok()?
+                    .items
+                    .len()
+                + Api::<Pod>::namespaced(client.clone(), &ns)
+                    .list(&lp)
+                    .await
+                    .ok()?
+                    .items
+                    .len();
+            (left == 0).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_specs_and_missing_references_are_reported_and_change_nothing() {
+    let Some(c) =
+        kube_cluster::cluster("bad_specs_and_missing_references_are_reported_and_change_nothing")
+    else {
+        return;
+    };
+    let client = admin(c).await;
+    let ns = kube_cluster::test_namespace(&client, "bad").await;
+    network_attachments(&client, &[]).await;
+    let mut op = start_operator(c, &ns);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    // Every namespace has the API server's kube-root-ca.crt: only ours count.
+    let ours = ListParams::default().labels("app.kubernetes.io/managed-by=causeway-operator");
+
+    // Invalid values: Valid=False naming each field, and no object made.
+    let mut bad = reference_in(&ns);
+    bad.metadata.name = Some("bad".into());
+    bad.spec.network_config.network_attachment_namespace = Some(ns.clone());
+    let dhcp = bad.spec.infra_components.dhcp.as_mut().unwrap();
+    dhcp.range_end = Some("192.168.100.50".into());
+    bad.spec.infra_components.dns.as_mut().unwrap().server_ip = Some("192.168.100.300".into());
+    bad.spec.infra_components.proxy.as_mut().unwrap().server_ip = Some("192.168.100.10/16".into());
+    create_infra(&client, &bad).await;
+    let seen = wait_condition(&client, &ns, "bad", "Valid", "False", &op).await;
+    let (_, reason, message) = condition(&seen, "Valid").unwrap();
+    assert_eq!(reason, "Invalid");
+    for path in [
+        "infraComponents.dhcp.rangeEnd",
+        "infraComponents.dns.serverIP: \"192.168.100.300\" is not an IPv4 address",
+        "infraComponents.proxy.serverIP: prefix /16 differs from networkConfig.cidr 192.168.100.0/24",
+    ] {
+        assert!(message.contains(path), "{path} missing from: {message}");
+    }
+    assert_eq!(
+        cms.list(&ours).await.unwrap().items.len(),
+        0,
+        "an invalid Infra made objects"
+    );
+
+    // A NAD that is not there: its own condition, nothing made; when it
+    // appears, the Infra goes ahead.
+    let mut nadless = reference_in(&ns);
+    nadless.metadata.name = Some("nadless".into());
+    nadless.spec.network_config.network_attachment_namespace = Some(ns.clone());
+    nadless.spec.network_config.network_attachment_definition = "vlan-later".into();
+    create_infra(&client, &nadless).await;
+    let seen = wait_condition(&client, &ns, "nadless", "NetworkAttachment", "False", &op).await;
+    assert!(condition(&seen, "NetworkAttachment")
+        .unwrap()
+        .2
+        .contains("vlan-later"));
+    assert_eq!(condition(&seen, "Valid").unwrap().0, "True");
+    assert_eq!(
+        cms.list(&ours).await.unwrap().items.len(),
+        0,
+        "an Infra without its NAD made objects"
+    );
+    nad(&client, &ns, "vlan-later").await;
+    // The NAD is not watched: the Infra is retried on its own schedule (30 s).
+    wait_condition(&client, &ns, "nadless", "NetworkAttachment", "True", &op).await;
+    eventually(
+        "the nadless Infra's ConfigMaps",
+        WAIT,
+        Some(&op),
+        || async {
+            let n = cms
+                .list(&ListParams::default().labels("app.kubernetes.io/instance=nadless"))
+                .await
+                .ok()?
+                .items
+                .len();
+            (n == 3).then_some(())
+        },
+    )
+    .await;
+
+    assert!(op.alive(), "{}", op.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn go_operator_manifests_mean_what_they_meant() {
+    let Some(c) = kube_cluster::cluster("go_operator_manifests_mean_what_they_meant") else {
+        return;
+    };
+    let client = admin(c).await;
+    let ns = kube_cluster::test_namespace(&client, "compat").await;
+    network_attachments(&client, &["default"]).await;
+    let op = start_operator(c, &ns);
+
+    // internalProxyService names a Service: its ClusterIP is the internal
+    // view's proxy address, and a replaced Service is followed.
+    let svcs: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let svc = |ip: &str| {
+        serde_json::from_value::<Service>(json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "internal-proxy"},
+            "spec": {"clusterIP": ip, "ports": [{"port": 443}]}}))
+        .unwrap()
+    };
+    svcs.create(&PostParams::default(), &svc("10.96.200.10"))
+        .await
+        .unwrap();
+
+    // The dhcp object left out: DHCP is disabled, as it was for the Go
+    // operator. serverIP carries the prefix, as its users write it.
+    let doc = format!(
+        r#"
+apiVersion: hostedcluster.densityops.com/v1alpha1
+kind: Infra
+metadata: {{name: compat, namespace: {ns}}}
+spec:
+  networkConfig:
+    cidr: 192.168.100.0/24
+    gateway: 192.168.100.1
+    networkAttachmentDefinition: vlan100
+    networkAttachmentNamespace: default
+  infraComponents:
+    dns: {{serverIP: 192.168.100.3/24, baseDomain: example.com, clusterName: my-cluster}}
+    proxy: {{serverIP: 192.168.100.10/24, internalProxyService: internal-proxy}}
+"#
+    );
+    apply_yaml(&client, &doc, &ns).await.unwrap();
+    let seen = wait_condition(&client, &ns, "compat", "Valid", "True", &op).await;
+    assert_eq!(condition(&seen, "DHCPReady").unwrap().1, "Disabled");
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    assert!(sets.get_opt("compat-dhcp").await.unwrap().is_none());
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let dns = config_text(&cms.get("compat-dns-config").await.unwrap());
+    assert!(dns.contains("10.96.200.10"), "{dns}");
+
+    svcs.delete("internal-proxy", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the old Service gone", WAIT, Some(&op), || async {
+        svcs.get_opt("internal-proxy")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    svcs.create(&PostParams::default(), &svc("10.96.200.20"))
+        .await
+        .unwrap();
+    eventually(
+        "the DNS config follows the new ClusterIP",
+        WAIT,
+        Some(&op),
+        || async {
+            let text = config_text(&cms.get("compat-dns-config").await.ok()?);
+            (text.contains("10.96.200.20") && !text.contains("10.96.200.10")).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_without_the_charts_rbac_makes_nothing() {
+    let Some(c) = kube_cluster::cluster("an_operator_without_the_charts_rbac_makes_nothing") else {
+        return;
+    };
+    let client = admin(c).await;
+    let ns = kube_cluster::test_namespace(&client, "norbac").await;
+    network_attachments(&client, &["default"]).await;
+    // A ServiceAccount with no rights at all, and a token for it.
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "powerless"}})).unwrap();
+    sas.create(&PostParams::default(), &sa).await.unwrap();
+    let token = kube_cluster::token_for(&client, &ns, "powerless").await;
+    let kubeconfig = c.dir.join(format!("{ns}.kubeconfig"));
+    kube_cluster::write_kubeconfig(c, &kubeconfig, &token);
+    let op = Operator::start_with_kubeconfig(
+        c,
+        &kubeconfig,
+        &[&ns],
+        &["--leader-election=false"],
+        "powerless",
+    );
+    create_infra(&client, &reference_in(&ns)).await;
+    eventually(
+        "the operator reports it may not list Infras",
+        WAIT,
+        Some(&op),
+        || async { op.log_text().contains("forbidden").then_some(()) },
+    )
+    .await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    assert!(cms
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=causeway-operator"))
+        .await
+        .unwrap()
+        .items
+        .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosted_clusters_are_picked_up_once_their_api_is_installed() {
+    let test = "hosted_clusters_are_picked_up_once_their_api_is_installed";
+    let Some(c) = kube_cluster::cluster(test) else {
+        return;
+    };
+    let client = admin(c).await;
+    let ns = kube_cluster::test_namespace(&client, "hosted").await;
+    network_attachments(&client, &["default"]).await;
+    let mut op = Operator::start(
+        c,
+        &[&ns],
+        &[
+            "--leader-election=false",
+            "--infra-for-hosted-clusters=true",
+        ],
+        "hosted",
+    );
+    eventually(
+        "the operator notes there is no HostedCluster API",
+        WAIT,
+        Some(&op),
+        || async {
+            op.log_text()
+                .contains("no HostedCluster API yet")
+                .then_some(())
+        },
+    )
+    .await;
+    // A HostedCluster reference where HyperShift is not installed: a 404 for
+    // the whole API, reported, not a crash.
+    let mut orphan = reference_in(&ns);
+    orphan.metadata.name = Some("orphan".into());
+    orphan.spec.hosted_cluster_ref = Some(causeway_operator::crd::HostedClusterRef {
+        name: "nowhere".into(),
+        namespace: None,
+    });
+    create_infra(&client, &orphan).await;
+    let seen = wait_condition(&client, &ns, "orphan", "Valid", "False", &op).await;
+    let msg = condition(&seen, "Valid").unwrap().2;
+    assert!(
+        msg.contains("hostedClusterRef") && msg.contains("not installed"),
+        "{msg}"
+    );
+    assert!(op.alive(), "the operator died on a 404:\n{}", op.log_text());
+    assert!(!op.log_text().contains("panicked"), "{}", op.log_text());
+
+    // HyperShift is installed after the operator started.
+    apply_yaml(&client, HC_CRD, &ns).await.unwrap();
+    wait_established(&client, "hostedclusters.hypershift.openshift.io").await;
+    let spec = r#"{"networkConfig": {"cidr": "192.168.100.0/24", "gateway": "192.168.100.1",
+        "networkAttachmentDefinition": "vlan100", "networkAttachmentNamespace": "default"},
+        "infraComponents": {"dns": {"serverIP": "192.168.100.3"}, "proxy": {"serverIP": "192.168.100.10"}}}"#;
+    let hc = json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster",
+        "metadata": {"name": "hc1", "namespace": ns, "annotations": {"causeway.io/infra": spec}},
+        "spec": {"dns": {"baseDomain": "example.com"}}});
+    apply_yaml(&client, &serde_json::to_string(&hc).unwrap(), &ns)
+        .await
+        .unwrap();
+    let infras: Api<Infra> = Api::namespaced(client.clone(), &ns);
+    eventually(
+        "an Infra for the annotated HostedCluster, without a restart",
+        Duration::from_secs(90),
+        Some(&op),
+        || async { infras.get_opt("hc1").await.ok()? },
+    )
+    .await;
+    // Names come from the HostedCluster: the Infra is valid and rendered.
+    let seen = wait_condition(&client, &ns, "hc1", "Valid", "True", &op).await;
+    assert!(seen.spec.hosted_cluster_ref.is_some());
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let dns = config_text(&cms.get("hc1-dns-config").await.unwrap());
+    assert!(dns.contains("example.com") && dns.contains("hc1"), "{dns}");
+
+    // A malformed HostedCluster (baseDomain a number) gives a message, not
+    // a crash.
+    let broken = json!({"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster",
+        "metadata": {"name": "hc2", "namespace": ns, "annotations": {"causeway.io/infra": spec}},
+        "spec": {"dns": {"baseDomain": 42}}});
+    apply_yaml(&client, &serde_json::to_string(&broken).unwrap(), &ns)
+        .await
+        .unwrap();
+    let seen = eventually(
+        "the Infra of the malformed HostedCluster reports",
+        WAIT,
+        Some(&op),
+        || async {
+            let i = infras.get_opt("hc2").await.ok()??;
+            condition(&i, "Valid")
+                .filter(|c| c.0 == "False")
+                .map(|c| c.2)
+        },
+    )
+    .await;
+    assert!(seen.contains("baseDomain"), "{seen}");
+    assert!(op.alive(), "{}", op.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leader_is_replaced_within_the_lease_and_never_overlaps() {
+    let test = "a_killed_leader_is_replaced_within_the_lease_and_never_overlaps";
+    let Some(c) = kube_cluster::cluster(test) else {
+        return;
+    };
+    let client = admin(c).await;
+    let ns = kube_cluster::test_namespace(&client, "leader").await;
+    network_attachments(&client, &["default"]).await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), kube_cluster::RELEASE_NAMESPACE);
+    let holder = || async {
+        leases
+            .get_opt("causeway-operator")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec?.holder_identity)
+    };
+    let mut first = Operator::start(c, &[&ns], &[], "replica-a");
+    eventually("replica-a leads", WAIT, Some(&first), || async {
+        (holder().await.as_deref() == Some("replica-a")).then_some(())
+    })
+    .await;
+    let mut second = Operator::start(c, &[&ns], &[], "replica-b");
+    create_infra(&client, &reference_in(&ns)).await;
+    wait_condition(&client, &ns, "example-infra", "Valid", "True", &first).await;
+    assert!(second.alive());
+    assert!(
+        !second.log_text().contains("leader election won"),
+        "two leaders:\n{}",
+        second.log_text()
+    );
+
+    let killed = Instant::now();
+    first.kill9();
+    eventually(
+        "replica-b takes over",
+        Duration::from_secs(40),
+        Some(&second),
+        || async { (holder().await.as_deref() == Some("replica-b")).then_some(()) },
+    )
+    .await;
+    let took = killed.elapsed();
+    // The lease lasts 15 s from its last renewal (at most 2 s before the
+    // kill), and the standby retries every 2 s.
+    assert!(
+        took <= Duration::from_secs(15 + 2 + 2),
+        "takeover took {took:?}"
+    );
+    // The new leader does the work: a change after the takeover is applied.
+    let infras: Api<Infra> = Api::namespaced(client.clone(), &ns);
+    infras
+        .patch(
+            "example-infra",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"infraComponents": {"dhcp": {"leaseTime": "3h"}}}})),
+        )
+        .await
+        .unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    eventually(
+        "replica-b applies the change",
+        WAIT,
+        Some(&second),
+        || async {
+            config_text(&cms.get("example-infra-dhcp-config").await.ok()?)
+                .contains("leaseTime: \"3h\"")
+                .then_some(())
+        },
+    )
+    .await;
+    eprintln!("leader takeover after kill -9: {took:?}");
+}
