@@ -195,6 +195,10 @@ def case_default(docs):
     assert e["CAUSEWAY_LOG_LEVEL"] == "info", e
     assert e["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}, e
     assert e["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}, e
+    assert e["CAUSEWAY_WATCH_NAMESPACES"] == "", e
+    assert e["CAUSEWAY_INFRA_FOR_HOSTED_CLUSTERS"] == "false", e
+    rules = one(docs, "ClusterRole")["rules"]
+    assert not any("hostedclusters/finalizers" in r["resources"] for r in rules), "HostedCluster Infras are off by default"
     assert c["ports"] == [{"name": "admin", "containerPort": 8080, "protocol": "TCP"}], c["ports"]
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
@@ -297,7 +301,25 @@ def case_existing_sa(docs):
     assert one(docs, "RoleBinding")["subjects"][0]["name"] == "existing"
 
 
+def case_namespaced(docs):
+    """watch.namespaces: RoleBindings there to the ClusterRole, none cluster-wide."""
+    assert "ClusterRoleBinding" not in kinds(docs), kinds(docs)
+    assert env(docs)["CAUSEWAY_WATCH_NAMESPACES"] == "clusters,vms", env(docs)
+    assert env(docs)["CAUSEWAY_INFRA_FOR_HOSTED_CLUSTERS"] == "true", env(docs)
+    full = one(docs, "Deployment")["metadata"]["name"]
+    bindings = {(d["metadata"]["namespace"], d["roleRef"]["name"]) for d in docs
+                if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] == "ClusterRole"}
+    assert bindings == {("clusters", full), ("vms", full), ("default", full + "-referenced"),
+                        ("clusters-hc1", full + "-referenced")}, bindings
+    referenced = one(docs, "ClusterRole", full + "-referenced")["rules"]
+    writes = [r for r in referenced if set(r["verbs"]) - {"get", "list", "watch"}]
+    assert [r["resources"] for r in writes] == [["networkpolicies"]], writes
+    rules = one(docs, "ClusterRole", full)["rules"]
+    assert any("hostedclusters/finalizers" in r["resources"] for r in rules), rules
+
+
 CASES = {
+    "namespaced": case_namespaced,
     "default": case_default,
     "production": case_production,
     "openshift": case_openshift,

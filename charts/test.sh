@@ -259,6 +259,8 @@ check "placement custom" render_case custom --set placement.target=custom \
   --set-string 'placement.nodeSelector.node-role\.kubernetes\.io/infra=' \
   --set 'placement.tolerations[0].key=infra,placement.tolerations[0].operator=Exists,placement.tolerations[0].effect=NoSchedule'
 check "leader election off" render_case no-leader --set leaderElection.enabled=false
+check "watched namespaces only" render_case namespaced --set 'watch.namespaces={clusters,vms}' \
+  --set 'watch.referencedNamespaces={default,clusters-hc1}' --set infraForHostedClusters=true
 check "images, log level, pod labels" render_case images --set image.repository=registry.example.com/causeway \
   --set image.tag=1.2.3 --set "dataPlane.image=registry.example.com/dp@sha256:$(printf '0%.0s' {1..64})" \
   --set logLevel=debug --set podLabels.team=net --set 'podLabels.app\.kubernetes\.io/name=other'

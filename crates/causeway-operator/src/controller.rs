@@ -395,9 +395,10 @@ pub async fn reconcile(infra: Arc<Infra>, ctx: Arc<Context>) -> Result<Action, E
 
 async fn cleanup(infra: &Infra, ctx: &Context) -> Result<Action, Error> {
     let owner = owner_of(infra)?;
-    // The policy is wherever the Infra's proxy reached: found by its labels,
-    // as the spec that named the namespace may have changed since.
-    let api: Api<NetworkPolicy> = Api::all(ctx.client.clone());
+    // The policy is wherever the Infra's proxy reached: found by its labels
+    // across namespaces, as the spec that named the namespace may have
+    // changed since. An operator limited to some namespaces may not list
+    // across them; it looks where the spec points now.
     let selector = format!(
         "{}={},{}={}",
         render::INFRA_NAME_LABEL,
@@ -405,9 +406,25 @@ async fn cleanup(infra: &Infra, ctx: &Context) -> Result<Action, Error> {
         render::INFRA_NAMESPACE_LABEL,
         owner.namespace
     );
-    let found = api
-        .list(&kube::api::ListParams::default().labels(&selector))
-        .await?;
+    let params = kube::api::ListParams::default().labels(&selector);
+    let everywhere: Api<NetworkPolicy> = Api::all(ctx.client.clone());
+    let found = match everywhere.list(&params).await {
+        Ok(list) => list.items,
+        Err(kube::Error::Api(s)) if s.code == 403 => {
+            match validate::control_plane_namespace(&infra.spec, &owner.namespace) {
+                Some(ns) => match Api::<NetworkPolicy>::namespaced(ctx.client.clone(), &ns)
+                    .list(&params)
+                    .await
+                {
+                    Ok(list) => list.items,
+                    Err(e) if not_found(&e) => Vec::new(),
+                    Err(e) => return Err(e.into()),
+                },
+                None => Vec::new(),
+            }
+        }
+        Err(e) => return Err(e.into()),
+    };
     for policy in found {
         let ns = policy.namespace().unwrap_or_default();
         let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &ns);

@@ -197,6 +197,32 @@ impl Check {
     }
 }
 
+/// The control-plane namespace: `controlPlaneNamespace`, else HyperShift's
+/// `<namespace>-<name>` of the referenced HostedCluster, else
+/// `clusters-<clusterName>`. From the spec alone, so cleanup can find it
+/// whatever the cluster says by then.
+pub fn control_plane_namespace(spec: &InfraSpec, infra_namespace: &str) -> Option<String> {
+    let given = |s: &Option<String>| s.clone().filter(|s| !s.trim().is_empty());
+    let comps = &spec.infra_components;
+    comps
+        .proxy
+        .as_ref()
+        .and_then(|p| given(&p.control_plane_namespace))
+        .or_else(|| {
+            spec.hosted_cluster_ref.as_ref().map(|r| {
+                let ns = given(&r.namespace).unwrap_or_else(|| infra_namespace.to_string());
+                format!("{ns}-{}", r.name)
+            })
+        })
+        .or_else(|| {
+            comps
+                .dns
+                .as_ref()
+                .and_then(|d| given(&d.cluster_name))
+                .map(|n| format!("clusters-{n}"))
+        })
+}
+
 /// Validates `spec`. `hosted_cluster` is what the referenced HostedCluster
 /// says, when there is a reference and it was read; `services` answers for
 /// the Service `internalProxyService` may name.
@@ -352,13 +378,8 @@ pub fn validate(
                 }
             }
         };
-        let control_plane_namespace = p
-            .control_plane_namespace
-            .clone()
-            .filter(|s| !s.trim().is_empty())
-            .or_else(|| hosted_cluster.map(|h| format!("{}-{}", h.namespace, h.name)))
-            .or_else(|| cluster_name.as_ref().map(|n| format!("clusters-{n}")))
-            .unwrap_or_default();
+        let control_plane_namespace =
+            control_plane_namespace(spec, infra_namespace).unwrap_or_default();
         let mut extra_routes = Vec::new();
         for (i, r) in p.extra_routes.iter().enumerate() {
             if r.port == 0 {

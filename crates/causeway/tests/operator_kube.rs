@@ -1036,3 +1036,93 @@ async fn a_killed_leader_is_replaced_within_the_lease_and_never_overlaps() {
     .await;
     eprintln!("leader takeover after kill -9: {took:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_limited_to_listed_namespaces_works_there_and_nowhere_else() {
+    let test = "an_operator_limited_to_listed_namespaces_works_there_and_nowhere_else";
+    let Some(c) = kube_cluster::cluster(test) else {
+        return;
+    };
+    let client = admin(c).await;
+    let watched = kube_cluster::test_namespace(&client, "limited").await;
+    let other = kube_cluster::test_namespace(&client, "unwatched").await;
+    let cp = kube_cluster::test_namespace(&client, "limited-cp").await;
+    network_attachments(&client, &["default"]).await;
+    // A second release of the chart, limited to one namespace: RoleBindings
+    // there and in the referenced ones, no ClusterRoleBinding.
+    let release = "limited";
+    kube_cluster::install_release(
+        &client,
+        &c.helm,
+        release,
+        &[
+            &format!("watch.namespaces={{{watched}}}"),
+            &format!("watch.referencedNamespaces={{default,{cp}}}"),
+            "leaderElection.enabled=false",
+        ],
+    )
+    .await
+    .unwrap();
+    let token =
+        kube_cluster::token_for(&client, kube_cluster::RELEASE_NAMESPACE, "limited-causeway").await;
+    let kubeconfig = c.dir.join("limited.kubeconfig");
+    kube_cluster::write_kubeconfig(c, &kubeconfig, &token);
+    let op = Operator::start_with_kubeconfig(
+        c,
+        &kubeconfig,
+        &[&watched],
+        &["--leader-election=false"],
+        "limited",
+    );
+
+    let mut infra = reference_in(&watched);
+    infra
+        .spec
+        .infra_components
+        .proxy
+        .as_mut()
+        .unwrap()
+        .control_plane_namespace = Some(cp.clone());
+    create_infra(&client, &infra).await;
+    let mut stray = reference_in(&other);
+    stray.metadata.name = Some("stray".into());
+    create_infra(&client, &stray).await;
+    drive_to_ready(&client, &watched, "example-infra", &op).await;
+    let policy = format!("causeway-proxy-{watched}-example-infra");
+    let cp_policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &cp);
+    assert!(cp_policies.get_opt(&policy).await.unwrap().is_some());
+    // The unwatched namespace's Infra is not touched.
+    let strays: Api<Infra> = Api::namespaced(client.clone(), &other);
+    assert!(strays.get("stray").await.unwrap().status.is_none());
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &other);
+    assert!(cms
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=causeway-operator"))
+        .await
+        .unwrap()
+        .items
+        .is_empty());
+
+    // Cleanup cannot list NetworkPolicies across the cluster here; it finds
+    // the control-plane one where the spec points.
+    let infras: Api<Infra> = Api::namespaced(client.clone(), &watched);
+    infras
+        .delete("example-infra", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the limited operator's Infra is gone",
+        WAIT,
+        Some(&op),
+        || async {
+            infras
+                .get_opt("example-infra")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(cp_policies.get_opt(&policy).await.unwrap().is_none());
+    assert!(!op.log_text().contains("panicked"));
+}

@@ -44,6 +44,7 @@ pub struct SharedCluster {
     pub admin_token: String,
     /// A kubeconfig with the operator ServiceAccount's token.
     pub operator_kubeconfig: PathBuf,
+    pub helm: PathBuf,
 }
 
 fn repo_root() -> PathBuf {
@@ -145,14 +146,15 @@ fn start(script: &Path) -> Result<SharedCluster, String> {
             .cloned()
             .ok_or_else(|| format!("cluster.sh printed no {k}"))
     };
+    let helm = helm().ok_or("no helm: charts/test.sh --print-helm found none")?;
     let cluster = SharedCluster {
+        helm: helm.clone(),
         dir: dir.clone(),
         server: get("SERVER")?,
         ca: PathBuf::from(get("CA")?),
         admin_token: get("TOKEN")?,
         operator_kubeconfig: dir.join("operator.kubeconfig"),
     };
-    let helm = helm().ok_or("no helm: charts/test.sh --print-helm found none")?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -219,9 +221,17 @@ pub async fn apply_object(
         .clone()
         .ok_or("an object without apiVersion/kind")?;
     let gvk = GroupVersionKind::try_from(&types).map_err(|e| e.to_string())?;
-    let (ar, caps) = kube::discovery::pinned_kind(client, &gvk)
-        .await
-        .map_err(|e| format!("discovering {gvk:?}: {e}"))?;
+    // A CRD just established may take a moment to show in discovery.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let (ar, caps) = loop {
+        match kube::discovery::pinned_kind(client, &gvk).await {
+            Ok(found) => break found,
+            Err(e) if Instant::now() > deadline => {
+                return Err(format!("discovering {gvk:?}: {e}"));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
     let api: Api<DynamicObject> = match caps.scope {
         Scope::Cluster => Api::all_with(client.clone(), &ar),
         Scope::Namespaced => Api::namespaced_with(
@@ -239,10 +249,11 @@ pub async fn apply_object(
     .map_err(|e| format!("applying {} {}: {e}", types.kind, obj.name_any()))
 }
 
-/// `helm template` of the chart, with the given extra `--set`s.
-pub fn helm_template(helm: &Path, sets: &[&str]) -> String {
+/// `helm template` of the chart as release `release`, with the given extra
+/// `--set`s.
+pub fn helm_template(helm: &Path, release: &str, sets: &[&str]) -> String {
     let mut cmd = Command::new(helm);
-    cmd.args(["template", RELEASE])
+    cmd.args(["template", release])
         .arg(repo_root().join("charts/causeway"))
         .args(["--namespace", RELEASE_NAMESPACE]);
     for s in sets {
@@ -257,6 +268,18 @@ pub fn helm_template(helm: &Path, sets: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// Installs the chart's objects as release `release` (all but the
+/// operator's Deployment: the tests run the binary instead).
+pub async fn install_release(
+    client: &Client,
+    helm: &Path,
+    release: &str,
+    sets: &[&str],
+) -> Result<(), String> {
+    let rendered = helm_template(helm, release, sets);
+    apply_yaml(client, &without_deployment(&rendered), RELEASE_NAMESPACE).await
+}
+
 /// The chart's documents minus the operator's own Deployment (there is no
 /// kubelet to run it: the tests run the binary).
 fn without_deployment(yaml: &str) -> String {
@@ -269,8 +292,7 @@ fn without_deployment(yaml: &str) -> String {
 async fn install_chart(c: &SharedCluster, helm: &Path) -> Result<String, String> {
     let client = admin(c).await;
     ensure_namespace(&client, RELEASE_NAMESPACE).await;
-    let rendered = helm_template(helm, &[]);
-    apply_yaml(&client, &without_deployment(&rendered), RELEASE_NAMESPACE).await?;
+    install_release(&client, helm, RELEASE, &[]).await?;
     wait_crds_established(&client).await?;
     // The operator's credentials: a token for the chart's ServiceAccount,
     // issued by the API server as the kubelet would get one.
