@@ -1,10 +1,12 @@
 // Entry point of `causeway-bench`: load generators for causeway's services
 // that also work against other implementations, so numbers are comparable.
 // Each protocol is a subcommand: `dhcp`, `dns` and `proxy`; `dns-floor` is
-// the reference responder the DNS comparison measures servers against.
+// the reference responder the DNS comparison measures servers against;
+// `operator` measures the Kubernetes operator at scale.
 
 mod dhcp;
 mod dns;
+mod operator;
 mod proxy;
 mod stats;
 
@@ -39,6 +41,11 @@ enum Command {
     /// straight to its upstream: connection rate, throughput, latency at a
     /// fixed rate, idle connections; with a built-in upstream server
     Proxy(proxy::ProxyArgs),
+    /// The Kubernetes operator at scale against a real API server: installs
+    /// the chart's objects, runs `causeway operator`, creates N Infras, and
+    /// reports the time to converge, writes and reconciles in steady state,
+    /// and RSS (bench/operator-scale.sh starts the cluster)
+    Operator(operator::OperatorArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -53,6 +60,7 @@ fn main() -> anyhow::Result<()> {
         Command::Dns(args) => rt.block_on(dns::run(args)),
         Command::DnsFloor(args) => rt.block_on(dns::floor::run(args)),
         Command::Proxy(args) => rt.block_on(proxy::run(args)),
+        Command::Operator(args) => rt.block_on(operator::run(args)),
     }
 }
 

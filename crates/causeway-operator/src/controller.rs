@@ -710,9 +710,33 @@ where
         + Sync
         + 'static,
 {
-    let (reader, writer) = reflector::store();
     let config = watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
-    let stream = reflector::reflector(writer, watcher(api, config))
+    cached(api, config)
+}
+
+/// A reflector whose store keeps objects without their managedFields,
+/// which nothing here reads and which are often the larger part of an
+/// object applied by several managers.
+fn cached<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, config)
+        .modify(|obj: &mut K| obj.meta_mut().managed_fields = None)
+        .reflect(writer)
         .default_backoff()
         .touched_objects();
     (reader, stream)
@@ -763,8 +787,8 @@ pub async fn run(
         recorder,
         metrics,
     });
-    let controller = Controller::new(scope.api::<Infra>(&client), watcher::Config::default());
-    let infras = controller.store();
+    let (infras, infra_stream) = cached(scope.api::<Infra>(&client), watcher::Config::default());
+    let controller = Controller::for_stream(infra_stream, infras.clone());
     // Any Service an Infra names as its internal proxy: its ClusterIP is
     // rendered into the DNS config, so a new or replaced Service re-renders.
     let named_services = watcher(scope.api::<Service>(&client), watcher::Config::default())

@@ -11,6 +11,7 @@ pub mod error;
 pub mod hosted;
 pub mod leader;
 pub mod manager;
+pub mod manifest;
 pub mod render;
 pub mod status;
 pub mod validate;

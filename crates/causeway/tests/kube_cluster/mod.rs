@@ -22,10 +22,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::core::GroupVersionKind;
-use kube::discovery::Scope;
 use kube::{Client, Config, ResourceExt};
 
 /// The chart's release, as the tests install it.
@@ -196,57 +194,12 @@ fn next_id() -> usize {
 }
 
 /// Applies every document of `yaml` by server-side apply, as `kubectl apply
-/// --server-side` would; kinds are looked up by discovery.
+/// --server-side` would.
 pub async fn apply_yaml(client: &Client, yaml: &str, default_ns: &str) -> Result<(), String> {
-    for doc in yaml.split("\n---") {
-        let value: serde_json::Value = match serde_yaml::from_str(doc) {
-            Ok(serde_json::Value::Null) => continue,
-            Ok(v) => v,
-            Err(e) => return Err(format!("not YAML: {e}\n{doc}")),
-        };
-        let obj: DynamicObject =
-            serde_json::from_value(value.clone()).map_err(|e| format!("{e}: {value}"))?;
-        apply_object(client, obj, default_ns).await?;
-    }
-    Ok(())
-}
-
-pub async fn apply_object(
-    client: &Client,
-    obj: DynamicObject,
-    default_ns: &str,
-) -> Result<DynamicObject, String> {
-    let types = obj
-        .types
-        .clone()
-        .ok_or("an object without apiVersion/kind")?;
-    let gvk = GroupVersionKind::try_from(&types).map_err(|e| e.to_string())?;
-    // A CRD just established may take a moment to show in discovery.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let (ar, caps) = loop {
-        match kube::discovery::pinned_kind(client, &gvk).await {
-            Ok(found) => break found,
-            Err(e) if Instant::now() > deadline => {
-                return Err(format!("discovering {gvk:?}: {e}"));
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    };
-    let api: Api<DynamicObject> = match caps.scope {
-        Scope::Cluster => Api::all_with(client.clone(), &ar),
-        Scope::Namespaced => Api::namespaced_with(
-            client.clone(),
-            obj.metadata.namespace.as_deref().unwrap_or(default_ns),
-            &ar,
-        ),
-    };
-    api.patch(
-        &obj.name_any(),
-        &PatchParams::apply(TEST_MANAGER).force(),
-        &Patch::Apply(&obj),
-    )
-    .await
-    .map_err(|e| format!("applying {} {}: {e}", types.kind, obj.name_any()))
+    causeway_operator::manifest::apply(client, yaml, default_ns, TEST_MANAGER)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 /// `helm template` of the chart as release `release`, with the given extra

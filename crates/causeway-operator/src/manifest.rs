@@ -1,0 +1,105 @@
+//! Applies a multi-document YAML manifest, such as the output of
+//! `helm template`, by server-side apply, each kind looked up by discovery.
+//! For installs, benches and tests that stand up the chart without helm's
+//! release machinery; the controllers never use it.
+
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::Scope;
+use kube::{Client, ResourceExt};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("document {index}: not YAML: {source}")]
+    Yaml {
+        index: usize,
+        source: serde_saphyr::Error,
+    },
+    #[error("document {index}: not a Kubernetes object: {message}")]
+    Object { index: usize, message: String },
+    #[error("{kind} {name}: {source}")]
+    Api {
+        kind: String,
+        name: String,
+        source: kube::Error,
+    },
+}
+
+/// How long a kind may take to appear in discovery (a CRD applied just
+/// before is served a moment after it is established).
+const DISCOVERY_WAIT: Duration = Duration::from_secs(15);
+
+/// Applies every document of `yaml`, in order, as `manager`. Objects
+/// without a namespace that need one go to `default_namespace`.
+pub async fn apply(
+    client: &Client,
+    yaml: &str,
+    default_namespace: &str,
+    manager: &str,
+) -> Result<Vec<DynamicObject>, ManifestError> {
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(yaml)
+        .map_err(|source| ManifestError::Yaml { index: 0, source })?;
+    let mut applied = Vec::new();
+    for (index, value) in docs.into_iter().enumerate() {
+        if value.is_null() {
+            continue;
+        }
+        let obj: DynamicObject =
+            serde_json::from_value(value).map_err(|e| ManifestError::Object {
+                index,
+                message: e.to_string(),
+            })?;
+        applied.push(apply_object(client, obj, default_namespace, manager, index).await?);
+    }
+    Ok(applied)
+}
+
+async fn apply_object(
+    client: &Client,
+    obj: DynamicObject,
+    default_namespace: &str,
+    manager: &str,
+    index: usize,
+) -> Result<DynamicObject, ManifestError> {
+    let types = obj.types.clone().ok_or_else(|| ManifestError::Object {
+        index,
+        message: "no apiVersion or kind".into(),
+    })?;
+    let gvk = GroupVersionKind::try_from(&types).map_err(|e| ManifestError::Object {
+        index,
+        message: e.to_string(),
+    })?;
+    let api_error = |source| ManifestError::Api {
+        kind: types.kind.clone(),
+        name: obj.name_any(),
+        source,
+    };
+    let deadline = Instant::now() + DISCOVERY_WAIT;
+    let (resource, capabilities) = loop {
+        match kube::discovery::pinned_kind(client, &gvk).await {
+            Ok(found) => break found,
+            Err(e) if Instant::now() > deadline => return Err(api_error(e)),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    let api: Api<DynamicObject> = match capabilities.scope {
+        Scope::Cluster => Api::all_with(client.clone(), &resource),
+        Scope::Namespaced => Api::namespaced_with(
+            client.clone(),
+            obj.metadata
+                .namespace
+                .as_deref()
+                .unwrap_or(default_namespace),
+            &resource,
+        ),
+    };
+    api.patch(
+        &obj.name_any(),
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(&obj),
+    )
+    .await
+    .map_err(api_error)
+}
