@@ -231,7 +231,6 @@ EOF
     --root-ca-file "$pki/ca.crt" \
     --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
     --concurrent-gc-syncs 5 \
-    --kube-api-qps 200 --kube-api-burst 400 \
     >"$dir/kube-controller-manager.log" 2>&1 &
   echo $! > "$dir/kube-controller-manager.pid"
   sleep 0.1

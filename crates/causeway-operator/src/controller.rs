@@ -1,12 +1,13 @@
 //! The Infra controller, in three steps per reconcile:
-//! - observe: the Infra and what it owns come from the controller's
-//!   reflector stores; the few foreign objects it names (its HostedCluster,
-//!   NetworkAttachmentDefinition, internal proxy Service, and the policy in
-//!   the control-plane namespace) are read;
+//! - observe: the Infra comes from the controller's reflector store, what it
+//!   owns from the watch-fed [`index`](crate::index); the few foreign
+//!   objects it names (its HostedCluster, NetworkAttachmentDefinition,
+//!   internal proxy Service, and the policy in the control-plane namespace)
+//!   are read;
 //! - render: [`validate`] then [`render`], pure functions of the above;
 //! - apply: server-side apply under one field manager, only for objects
 //!   whose live state differs from the rendering ([`drift`]), so a reconcile
-//!   in steady state writes nothing. Status is applied to `/status` the
+//!   in steady state reads and writes nothing. Status is applied to `/status` the
 //!   same way, and only when it changed.
 //!
 //! A finalizer removes what owner references cannot reach: the
@@ -16,7 +17,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -36,7 +37,8 @@ use serde::Serialize;
 use crate::crd::{ComponentStatus, Infra, InfraStatus};
 use crate::drift;
 use crate::error::Error;
-use crate::render::{self, Component, Owner, Rendered, Settings, Workload};
+use crate::index::{Index, Owned, WorkloadFacts};
+use crate::render::{self, Component, ComponentObjects, Owner, Rendered, Settings, Workload};
 use crate::status::{self, ComponentState, Observed};
 use crate::validate::{self, HostedClusterFacts, InternalProxyTarget, ServiceAddress};
 
@@ -48,6 +50,8 @@ pub const FINALIZER: &str = "causeway.io/cleanup";
 /// select on it, so the stores hold ours and nothing else.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", MANAGER);
 const CONTROLLER: &str = "infra";
+/// Reconciles in flight at once, per watched namespace scope.
+pub const RECONCILE_CONCURRENCY: u16 = 32;
 
 #[derive(Clone)]
 pub struct OperatorMetrics {
@@ -104,22 +108,39 @@ impl OperatorMetrics {
     }
 }
 
-/// What the reconciler reads from: one store per kind it owns, all limited
+/// What the reconciler reads from: one index per kind it owns, all limited
 /// to the watched namespace (or all) and to objects it made.
-#[derive(Clone)]
-pub struct Stores {
-    pub config_maps: Store<ConfigMap>,
-    pub deployments: Store<Deployment>,
-    pub stateful_sets: Store<StatefulSet>,
-    pub service_accounts: Store<ServiceAccount>,
-    pub services: Store<Service>,
-    pub network_policies: Store<NetworkPolicy>,
+#[derive(Clone, Default)]
+pub struct Indexes {
+    pub config_maps: Index,
+    pub deployments: Index,
+    pub stateful_sets: Index,
+    pub service_accounts: Index,
+    pub services: Index,
+    pub network_policies: Index,
+}
+
+impl Indexes {
+    /// Whether every watch has delivered its first list: until then a
+    /// missing entry may only be one not listed yet.
+    pub fn ready(&self) -> bool {
+        [
+            &self.config_maps,
+            &self.deployments,
+            &self.stateful_sets,
+            &self.service_accounts,
+            &self.services,
+            &self.network_policies,
+        ]
+        .iter()
+        .all(|i| i.ready())
+    }
 }
 
 pub struct Context {
     pub client: Client,
     pub settings: Settings,
-    pub stores: Stores,
+    pub indexes: Indexes,
     pub recorder: Option<Recorder>,
     pub metrics: Option<OperatorMetrics>,
 }
@@ -217,13 +238,6 @@ async fn service_address(client: &Client, ns: &str, name: &str) -> Result<Servic
     })
 }
 
-fn live<K>(store: &Store<K>, ns: &str, name: &str) -> Option<Arc<K>>
-where
-    K: Resource<DynamicType = ()> + Clone,
-{
-    store.get(&ObjectRef::new(name).within(ns))
-}
-
 impl Context {
     fn counted(&self, kind: &str, verb: &str) {
         if let Some(m) = &self.metrics {
@@ -231,39 +245,58 @@ impl Context {
         }
     }
 
-    /// Applies `desired` unless the stored live object already is it.
-    async fn ensure<K>(&self, store: &Store<K>, mut desired: K) -> Result<(), Error>
+    /// Applies `desired` unless the index shows the object is already it;
+    /// an object the index cannot vouch for is read once and compared.
+    async fn ensure<K>(&self, index: &Index, mut desired: K) -> Result<(), Error>
     where
-        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        K: Owned
+            + Resource<Scope = NamespaceResourceScope>
             + Clone
-            + Serialize
             + DeserializeOwned
             + std::fmt::Debug,
     {
         drift::stamp(&mut desired);
         let ns = desired.meta().namespace.clone().ok_or(Error::NoNamespace)?;
         let name = desired.meta().name.clone().unwrap_or_default();
-        let current = live(store, &ns, &name);
-        if !drift::needs_apply(&desired, current.as_deref()) {
+        let wanted = drift::desired_hash(&desired);
+        if index.is_current(&ns, &name, &wanted) {
             return Ok(());
         }
         let api: Api<K> = Api::namespaced(self.client.clone(), &ns);
-        api.patch(&name, &apply_params(), &Patch::Apply(&desired))
+        let must_apply = match index.get(&ns, &name) {
+            None => true,
+            Some(seen) if seen.desired.as_deref() != Some(wanted.as_str()) => true,
+            // Changed since last verified, by someone: look before writing.
+            Some(_) => match api.get_opt(&name).await? {
+                None => true,
+                Some(live) if drift::needs_apply(&desired, Some(&live)) => true,
+                Some(live) => {
+                    index.verified(&live, &wanted);
+                    false
+                }
+            },
+        };
+        if !must_apply {
+            return Ok(());
+        }
+        let applied = api
+            .patch(&name, &apply_params(), &Patch::Apply(&desired))
             .await?;
+        index.verified(&applied, &wanted);
         self.counted(&K::kind(&()), "apply");
         tracing::debug!(kind = %K::kind(&()), namespace = %ns, %name, "applied");
         Ok(())
     }
 
-    /// Deletes an object of ours the stored state still shows.
-    async fn remove<K>(&self, store: &Store<K>, ns: &str, name: &str) -> Result<(), Error>
+    /// Deletes an object of ours the index still shows.
+    async fn remove<K>(&self, index: &Index, ns: &str, name: &str) -> Result<(), Error>
     where
         K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
             + Clone
             + DeserializeOwned
             + std::fmt::Debug,
     {
-        if live(store, ns, name).is_none() {
+        if index.get(ns, name).is_none() {
             return Ok(());
         }
         let api: Api<K> = Api::namespaced(self.client.clone(), ns);
@@ -303,50 +336,16 @@ impl Context {
     }
 }
 
-fn workload_state(w: Option<&Workload>, component: Component) -> ComponentState {
-    let not_ready = |why: String| ComponentState::NotReady(why);
+fn workload_state(w: Option<WorkloadFacts>, component: Component) -> ComponentState {
     let pods = component.name();
+    // One message for every way of not being ready (no workload yet, a
+    // workload controller that has not caught up, a pod starting), so
+    // status is not rewritten for each step of a rollout.
     match w {
-        None => not_ready(format!("the {pods} workload is not there yet")),
-        Some(Workload::StatefulSet(s)) => {
-            let generation = s.metadata.generation;
-            let Some(st) = &s.status else {
-                return not_ready(format!("0 of 1 {pods} pods ready"));
-            };
-            if st.observed_generation < generation {
-                return not_ready(format!(
-                    "the {pods} StatefulSet has not seen its latest spec"
-                ));
-            }
-            let updated = st.update_revision.is_none() || st.update_revision == st.current_revision;
-            if st.ready_replicas.unwrap_or(0) >= 1 && updated {
-                ComponentState::Ready
-            } else if !updated {
-                not_ready(format!("the {pods} pod is being replaced"))
-            } else {
-                not_ready(format!("0 of 1 {pods} pods ready"))
-            }
+        Some(f) if f.observed_generation >= f.generation && f.updated && f.ready_replicas >= 1 => {
+            ComponentState::Ready
         }
-        Some(Workload::Deployment(d)) => {
-            let generation = d.metadata.generation;
-            let Some(st) = &d.status else {
-                return not_ready(format!("0 of 1 {pods} pods ready"));
-            };
-            if st.observed_generation < generation {
-                return not_ready(format!(
-                    "the {pods} Deployment has not seen its latest spec"
-                ));
-            }
-            let updated = st.updated_replicas.unwrap_or(0) >= 1;
-            let ready = st.ready_replicas.unwrap_or(0) >= 1;
-            // Recreate: the old pod is gone before the new one starts, so
-            // any ready pod after an update is the new one.
-            if updated && ready {
-                ComponentState::Ready
-            } else {
-                not_ready(format!("0 of 1 {pods} pods ready"))
-            }
-        }
+        _ => ComponentState::NotReady(format!("0 of 1 {pods} pods ready and up to date")),
     }
 }
 
@@ -451,6 +450,11 @@ fn owner_of(infra: &Infra) -> Result<Owner, Error> {
 
 /// The action, and whether the spec was valid.
 async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Error> {
+    if !ctx.indexes.ready() {
+        // Right after start: an object not listed yet would be applied
+        // again for nothing.
+        return Ok((Action::requeue(Duration::from_secs(1)), true));
+    }
     let owner = owner_of(infra)?;
     let ns = owner.namespace.clone();
     let client = &ctx.client;
@@ -527,65 +531,94 @@ async fn apply_rendered(
     owner: &Owner,
     rendered: Rendered,
 ) -> Result<Vec<(Component, ComponentState)>, Error> {
-    let s = &ctx.stores;
+    let s = &ctx.indexes;
+    let Rendered {
+        service_account,
+        components,
+        admin_policy,
+        control_plane_policy,
+    } = rendered;
+    let shared = async {
+        ctx.ensure(&s.service_accounts, service_account).await?;
+        ctx.ensure(&s.network_policies, admin_policy).await?;
+        if let Some(policy) = control_plane_policy {
+            let target = policy.metadata.namespace.clone().unwrap_or_default();
+            match ctx.ensure_read(policy).await {
+                // HyperShift makes the control-plane namespace; until it
+                // has, there is nothing to let through. Tried again on the
+                // resync.
+                Err(Error::Kube(e)) if not_found(&e) => {
+                    tracing::info!(namespace = %target, "control-plane namespace not there yet: its NetworkPolicy waits");
+                }
+                other => other?,
+            }
+        }
+        Ok::<(), Error>(())
+    };
+    let component = |c: Component| {
+        let objects = components.iter().find(|o| o.component == c).cloned();
+        component_state(ctx, owner, c, objects)
+    };
+    // The objects of different components do not depend on each other:
+    // applied side by side, a reconcile takes a few round trips, not ten.
+    let ((), dhcp, dns, proxy) = futures::try_join!(
+        shared,
+        component(Component::Dhcp),
+        component(Component::Dns),
+        component(Component::Proxy),
+    )?;
+    Ok(vec![
+        (Component::Dhcp, dhcp),
+        (Component::Dns, dns),
+        (Component::Proxy, proxy),
+    ])
+}
+
+/// One component's objects applied, config first, or removed when it is
+/// disabled; its state as the workload's status shows it.
+async fn component_state(
+    ctx: &Context,
+    owner: &Owner,
+    component: Component,
+    objects: Option<ComponentObjects>,
+) -> Result<ComponentState, Error> {
+    let s = &ctx.indexes;
     let ns = owner.namespace.as_str();
-    ctx.ensure(&s.service_accounts, rendered.service_account)
+    let name = render::object_name(owner, component);
+    let Some(objects) = objects else {
+        ctx.remove::<ConfigMap>(
+            &s.config_maps,
+            ns,
+            &render::config_map_name(owner, component),
+        )
         .await?;
-    ctx.ensure(&s.network_policies, rendered.admin_policy)
-        .await?;
-    if let Some(policy) = rendered.control_plane_policy {
-        let target = policy.metadata.namespace.clone().unwrap_or_default();
-        match ctx.ensure_read(policy).await {
-            // HyperShift makes the control-plane namespace; until it has,
-            // there is nothing to let through. Tried again on the resync.
-            Err(Error::Kube(e)) if not_found(&e) => {
-                tracing::info!(namespace = %target, "control-plane namespace not there yet: its NetworkPolicy waits");
+        match component {
+            Component::Dhcp => {
+                ctx.remove::<StatefulSet>(&s.stateful_sets, ns, &name)
+                    .await?
             }
-            other => other?,
+            _ => ctx.remove::<Deployment>(&s.deployments, ns, &name).await?,
         }
-    }
-    let mut states = Vec::new();
-    for component in Component::ALL {
-        let name = render::object_name(owner, component);
-        let Some(objects) = rendered
-            .components
-            .iter()
-            .find(|c| c.component == component)
-            .cloned()
-        else {
-            ctx.remove(
-                &s.config_maps,
-                ns,
-                &render::config_map_name(owner, component),
-            )
-            .await?;
-            match component {
-                Component::Dhcp => ctx.remove(&s.stateful_sets, ns, &name).await?,
-                _ => ctx.remove(&s.deployments, ns, &name).await?,
-            }
-            if component == Component::Dns {
-                ctx.remove(&s.services, ns, &name).await?;
-            }
-            states.push((component, ComponentState::Disabled));
-            continue;
-        };
-        ctx.ensure(&s.config_maps, objects.config).await?;
-        if let Some(service) = objects.service {
-            ctx.ensure(&s.services, service).await?;
+        if component == Component::Dns {
+            ctx.remove::<Service>(&s.services, ns, &name).await?;
         }
-        let live_workload = match objects.workload {
-            Workload::StatefulSet(set) => {
-                ctx.ensure(&s.stateful_sets, set).await?;
-                live(&s.stateful_sets, ns, &name).map(|w| Workload::StatefulSet((*w).clone()))
-            }
-            Workload::Deployment(d) => {
-                ctx.ensure(&s.deployments, d).await?;
-                live(&s.deployments, ns, &name).map(|w| Workload::Deployment((*w).clone()))
-            }
-        };
-        states.push((component, workload_state(live_workload.as_ref(), component)));
+        return Ok(ComponentState::Disabled);
+    };
+    ctx.ensure(&s.config_maps, objects.config).await?;
+    if let Some(service) = objects.service {
+        ctx.ensure(&s.services, service).await?;
     }
-    Ok(states)
+    let facts = match objects.workload {
+        Workload::StatefulSet(set) => {
+            ctx.ensure(&s.stateful_sets, set).await?;
+            s.stateful_sets.get(ns, &name).and_then(|w| w.workload)
+        }
+        Workload::Deployment(d) => {
+            ctx.ensure(&s.deployments, d).await?;
+            s.deployments.get(ns, &name).and_then(|w| w.workload)
+        }
+    };
+    Ok(workload_state(facts, component))
 }
 
 async fn write_status(ctx: &Context, infra: &Infra, observed: &Observed) -> Result<(), Error> {
@@ -693,25 +726,39 @@ impl Scope {
     }
 }
 
-/// A reflector over our objects of one kind: its store, and the stream
-/// that feeds it (and triggers the owners' reconciles).
+/// A watch over our objects of one kind: the index it feeds, and the
+/// stream of slimmed objects (names and owners only) that triggers the
+/// owners' reconciles.
 fn owned<K>(
     api: Api<K>,
 ) -> (
-    Store<K>,
+    Index,
     impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
 )
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Owned + Clone + Default + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
     let config = watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
-    cached(api, config)
+    let index = Index::default();
+    let feed = index.clone();
+    let stream = watcher(api, config)
+        .map_ok(move |event| {
+            feed.observe(&event);
+            event.modify(|obj| *obj = slim(obj))
+        })
+        .default_backoff()
+        .touched_objects();
+    (index, stream)
+}
+
+/// Only what the controller needs to map an object to its owner.
+fn slim<K: Resource + Default>(obj: &K) -> K {
+    let mut out = K::default();
+    let meta = out.meta_mut();
+    meta.name = obj.meta().name.clone();
+    meta.namespace = obj.meta().namespace.clone();
+    meta.owner_references = obj.meta().owner_references.clone();
+    out
 }
 
 /// A reflector whose store keeps objects without their managedFields,
@@ -776,7 +823,7 @@ pub async fn run(
     let ctx = Arc::new(Context {
         client: client.clone(),
         settings,
-        stores: Stores {
+        indexes: Indexes {
             config_maps,
             deployments,
             stateful_sets,
@@ -811,6 +858,12 @@ pub async fn run(
                 .map(|i| ObjectRef::from_obj(&*i))
                 .collect::<Vec<_>>()
         })
+        // Bounded: a burst of Infras (a restart, a bulk apply) is worked
+        // through a few at a time, which keeps the peak memory of in-flight
+        // reconciles small and the API server's queue short.
+        .with_config(
+            kube::runtime::controller::Config::default().concurrency(RECONCILE_CONCURRENCY),
+        )
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {

@@ -40,6 +40,16 @@ pub fn stamp<K: Resource + Serialize>(obj: &mut K) {
         .insert(DESIRED_HASH_ANNOTATION.into(), hash);
 }
 
+/// The desired-state hash [`stamp`] put on `obj`.
+pub fn desired_hash<K: Resource>(obj: &K) -> String {
+    obj.meta()
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(DESIRED_HASH_ANNOTATION))
+        .cloned()
+        .unwrap_or_default()
+}
+
 fn hash_of(value: &Value) -> String {
     let mut hasher = std::hash::DefaultHasher::new();
     value.to_string().hash(&mut hasher);

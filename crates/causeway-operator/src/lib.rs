@@ -9,6 +9,7 @@ pub mod crd;
 pub mod drift;
 pub mod error;
 pub mod hosted;
+pub mod index;
 pub mod leader;
 pub mod manager;
 pub mod manifest;

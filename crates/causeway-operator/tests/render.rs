@@ -336,6 +336,10 @@ fn a_hosted_cluster_ref_fills_name_domain_and_namespace() {
         .as_mut()
         .unwrap()
         .control_plane_namespace = None;
+    infra.spec.hosted_cluster_ref = Some(causeway_operator::crd::HostedClusterRef {
+        name: "hc7".into(),
+        namespace: None,
+    });
     let hc = HostedClusterFacts {
         name: "hc7".into(),
         namespace: "clusters".into(),
