@@ -5,11 +5,11 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use ipnet::{IpNet, Ipv4Net};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use crate::file::{yes, FileDuration};
-use crate::model::{Cluster, Network};
-use crate::validate::Collector;
+use crate::collector::{Collector, FileDuration};
+use crate::config::yes;
+use crate::network::{Cluster, Network};
 
 pub const DEFAULT_DNS_TTL: u32 = 30;
 pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
@@ -17,7 +17,7 @@ pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
 /// The hosted-cluster names that point at the proxy.
 pub const PROXIED_NAMES: &[&str] = &["api", "api-int", "oauth", "ignition", "konnectivity"];
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileDns {
     #[serde(default = "yes")]
@@ -46,7 +46,7 @@ pub struct FileDns {
     pub pin_udp_threads: Option<bool>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileCache {
     pub max_entries: Option<usize>,
@@ -55,7 +55,7 @@ pub struct FileCache {
     pub serve_stale: Option<bool>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileRecord {
     pub name: String,
@@ -65,7 +65,7 @@ pub struct FileRecord {
     pub ttl: Option<u32>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileView {
     pub name: String,

@@ -6,23 +6,33 @@
 //! and domain. It does no I/O beyond reading the file it is given, and it
 //! knows nothing of how services use the values.
 
+mod admin;
+mod collector;
+mod config;
+mod dhcp;
 mod dns;
 mod error;
-mod file;
-mod model;
+mod network;
 mod proxy;
 mod routing;
-mod validate;
 
+pub use admin::{AdminConfig, FileAdmin, FileLog, LogConfig, LogFormat, DEFAULT_ADMIN_LISTEN};
+pub use collector::{parse_duration, parse_hex, parse_mac, FileDuration};
+pub use config::{validate, Config, FileConfig};
+pub use dhcp::{
+    AddressRange, ClientMatch, CustomOption, DhcpConfig, DhcpListen, FileDhcp, FileDhcpListen,
+    FileOption, FileRange, FileReservation, FileRoute, FileSubnet, Reservation, Subnet,
+    SubnetOptions, DEFAULT_DECLINE_PROBATION, DEFAULT_LEASE_FILE, DEFAULT_LEASE_TIME,
+    DEFAULT_MAX_IN_FLIGHT, DEFAULT_OFFER_TIMEOUT, DEFAULT_RATE_LIMIT_PER_CLIENT,
+};
 pub use dns::{
-    reverse_name, CacheConfig, DnsConfig, DnsRecord, DnsView, RecordData, UpstreamPolicy,
-    PROXIED_NAMES,
+    reverse_name, CacheConfig, DnsConfig, DnsRecord, DnsView, FileCache, FileDns, FileRecord,
+    FileView, RecordData, UpstreamPolicy, PROXIED_NAMES,
 };
 pub use error::{ConfigErrors, FieldError, LoadError};
-pub use model::*;
-pub use proxy::{Balance, HealthCheck, Listener, ListenerKind, ProxyConfig, Upstream};
-pub use routing::{RoutedInterface, RoutingConfig, DEFAULT_PRIORITY, DEFAULT_TABLE};
-pub use validate::{parse_duration, parse_hex, parse_mac};
+pub use network::{Cluster, FileCluster, FileNetwork, Network};
+pub use proxy::{Balance, FileProxy, HealthCheck, Listener, ListenerKind, ProxyConfig, Upstream};
+pub use routing::{FileRouting, RoutedInterface, RoutingConfig, DEFAULT_PRIORITY, DEFAULT_TABLE};
 
 use std::path::Path;
 
@@ -33,7 +43,7 @@ impl Config {
     /// Parses and validates YAML text, reporting every problem at once.
     pub fn from_yaml(text: &str) -> Result<Config, ConfigErrors> {
         let deserializer = serde_yaml::Deserializer::from_str(text);
-        let file: file::FileConfig = match serde_path_to_error::deserialize(deserializer) {
+        let file: FileConfig = match serde_path_to_error::deserialize(deserializer) {
             Ok(file) => file,
             Err(err) => {
                 let path = err.path().to_string();
@@ -49,7 +59,7 @@ impl Config {
                 return Err(ConfigErrors(vec![FieldError { path, message }]));
             }
         };
-        validate::validate(file)
+        validate(file)
     }
 
     pub fn load(path: &Path) -> Result<Config, LoadError> {

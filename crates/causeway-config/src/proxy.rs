@@ -4,13 +4,13 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use crate::file::{yes, FileDuration};
-use crate::model::{Cluster, Network};
-use crate::validate::Collector;
+use crate::collector::{Collector, FileDuration};
+use crate::config::yes;
+use crate::network::{Cluster, Network};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileProxy {
     #[serde(default = "yes")]
@@ -40,7 +40,7 @@ pub struct FileProxy {
 }
 
 /// Active TCP health checking of every upstream address.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileHealthCheck {
     pub interval: Option<FileDuration>,
@@ -49,7 +49,7 @@ pub struct FileHealthCheck {
     pub healthy_threshold: Option<u32>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileListener {
     pub port: u16,
@@ -61,7 +61,7 @@ pub struct FileListener {
     pub default: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileRoute {
     pub sni: String,

@@ -4,13 +4,13 @@
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use crate::file::yes;
-use crate::model::Network;
-use crate::validate::Collector;
+use crate::collector::Collector;
+use crate::config::yes;
+use crate::network::Network;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileRouting {
     #[serde(default = "yes")]
@@ -28,7 +28,7 @@ pub struct FileRouting {
     pub loose_rp_filter: bool,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileRoutedInterface {
     pub interface: String,

@@ -1,286 +1,249 @@
-//! Turns a [`FileConfig`] into a [`Config`], collecting every problem with
-//! the path of the value at fault, and deriving what the user left out.
+//! The `dhcp` section: listeners, lease store and times, and the subnets
+//! with their pools, options and reservations.
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
 
-use crate::error::{ConfigErrors, FieldError};
-use crate::file::*;
-use crate::model::*;
+use crate::collector::{
+    is_domain_name, is_host_label, parse_hex, parse_mac, Collector, FileDuration,
+};
+use crate::config::yes;
+use crate::network::{Cluster, Network};
 
-pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
 pub const DEFAULT_LEASE_FILE: &str = "/var/lib/causeway/dhcp-leases.jsonl";
+
 pub const DEFAULT_LEASE_TIME: Duration = Duration::from_secs(3600);
+
 pub const DEFAULT_OFFER_TIMEOUT: Duration = Duration::from_secs(30);
+
 pub const DEFAULT_DECLINE_PROBATION: Duration = Duration::from_secs(86400);
+
 pub const DEFAULT_RATE_LIMIT_PER_CLIENT: u32 = 20;
+
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 4096;
 
 /// Option codes the server manages itself; configuring them would break
 /// the protocol, so they are refused.
 const MANAGED_OPTION_CODES: &[u16] = &[0, 50, 51, 52, 53, 54, 55, 57, 58, 59, 61, 80, 82, 255];
 
-pub(crate) struct Collector {
-    pub(crate) errors: Vec<FieldError>,
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileDhcp {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default)]
+    pub listen: Vec<FileDhcpListen>,
+    pub lease_file: Option<String>,
+    pub lease_time: Option<FileDuration>,
+    pub renew_time: Option<FileDuration>,
+    pub rebind_time: Option<FileDuration>,
+    pub offer_timeout: Option<FileDuration>,
+    pub decline_probation: Option<FileDuration>,
+    pub rapid_commit: Option<bool>,
+    pub authoritative: Option<bool>,
+    pub rate_limit_per_client: Option<u32>,
+    pub max_in_flight: Option<usize>,
+    #[serde(default)]
+    pub subnets: Vec<FileSubnet>,
 }
 
-impl Collector {
-    pub(crate) fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.errors.push(FieldError {
-            path: path.into(),
-            message: message.into(),
-        });
-    }
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileDhcpListen {
+    pub interface: Option<String>,
+    pub address: Option<String>,
+}
 
-    pub(crate) fn ipv4(&mut self, path: &str, text: &str) -> Option<Ipv4Addr> {
-        match text.trim().parse() {
-            Ok(addr) => Some(addr),
-            Err(_) => {
-                self.push(path, format!("{text} is not an IPv4 address"));
-                None
-            }
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileSubnet {
+    pub cidr: Option<String>,
+    #[serde(default)]
+    pub pools: Vec<FileRange>,
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    #[serde(default)]
+    pub relay_addresses: Vec<String>,
+    pub interface: Option<String>,
+    pub server_id: Option<String>,
+    pub router: Option<Vec<String>>,
+    pub dns_servers: Option<Vec<String>>,
+    pub domain_name: Option<String>,
+    #[serde(default)]
+    pub domain_search: Vec<String>,
+    pub mtu: Option<u16>,
+    #[serde(default)]
+    pub ntp_servers: Vec<String>,
+    #[serde(default)]
+    pub classless_routes: Vec<FileRoute>,
+    pub lease_time: Option<FileDuration>,
+    #[serde(default)]
+    pub options: Vec<FileOption>,
+    #[serde(default)]
+    pub reservations: Vec<FileReservation>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileRange {
+    pub start: String,
+    pub end: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileRoute {
+    pub destination: String,
+    pub gateway: String,
+}
+
+/// An option by code with exactly one typed value.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileOption {
+    pub code: u16,
+    pub ipv4: Option<Vec<String>>,
+    pub string: Option<String>,
+    pub u8: Option<u8>,
+    pub u16: Option<u16>,
+    pub u32: Option<u32>,
+    pub bool: Option<bool>,
+    pub hex: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileReservation {
+    pub mac: Option<String>,
+    pub client_id: Option<String>,
+    pub ip: String,
+    pub hostname: Option<String>,
+    #[serde(default)]
+    pub options: Vec<FileOption>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DhcpConfig {
+    pub listen: Vec<DhcpListen>,
+    pub lease_file: PathBuf,
+    pub lease_time: Duration,
+    pub renew_time: Option<Duration>,
+    pub rebind_time: Option<Duration>,
+    pub offer_timeout: Duration,
+    pub decline_probation: Duration,
+    pub rapid_commit: bool,
+    pub authoritative: bool,
+    pub rate_limit_per_client: u32,
+    pub max_in_flight: usize,
+    pub subnets: Vec<Subnet>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DhcpListen {
+    /// Broadcast clients on a directly attached segment.
+    Interface(String),
+    /// Relayed requests (and unicast renewals) arriving on a UDP address.
+    Address(SocketAddrV4),
+}
+
+/// An inclusive range of addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AddressRange {
+    pub start: Ipv4Addr,
+    pub end: Ipv4Addr,
+}
+
+impl AddressRange {
+    pub fn single(addr: Ipv4Addr) -> Self {
+        Self {
+            start: addr,
+            end: addr,
         }
     }
 
-    pub(crate) fn ipv4_list(&mut self, path: &str, texts: &[String]) -> Vec<Ipv4Addr> {
-        texts
-            .iter()
-            .enumerate()
-            .filter_map(|(i, t)| self.ipv4(&format!("{path}[{i}]"), t))
-            .collect()
+    pub fn contains(&self, addr: Ipv4Addr) -> bool {
+        self.start <= addr && addr <= self.end
     }
 
-    pub(crate) fn cidr(&mut self, path: &str, text: &str) -> Option<Ipv4Net> {
-        match text.trim().parse::<Ipv4Net>() {
-            Ok(net) if net.trunc() == net => Some(net),
-            Ok(net) => {
-                self.push(
-                    path,
-                    format!("{text} has host bits set; the network is {}", net.trunc()),
-                );
-                None
-            }
-            Err(_) => {
-                self.push(
-                    path,
-                    format!("{text} is not an IPv4 CIDR such as 192.168.10.0/24"),
-                );
-                None
-            }
-        }
+    pub fn len(&self) -> u64 {
+        u64::from(u32::from(self.end)) - u64::from(u32::from(self.start)) + 1
     }
 
-    pub(crate) fn duration(&mut self, path: &str, value: &FileDuration) -> Option<Duration> {
-        let parsed = match value {
-            FileDuration::Seconds(s) => Some(Duration::from_secs(*s)),
-            FileDuration::Text(t) => parse_duration(t),
-        };
-        match parsed {
-            Some(d) if !d.is_zero() => Some(d),
-            Some(_) => {
-                self.push(path, "must be greater than zero");
-                None
-            }
-            None => {
-                let shown = match value {
-                    FileDuration::Seconds(s) => s.to_string(),
-                    FileDuration::Text(t) => t.clone(),
-                };
-                self.push(
-                    path,
-                    format!("{shown} is not a duration such as 90, 90s, 15m, 1h or 2d"),
-                );
-                None
-            }
-        }
+    pub fn is_empty(&self) -> bool {
+        false
     }
 
-    pub(crate) fn inside(&mut self, path: &str, addr: Ipv4Addr, net: Ipv4Net, what: &str) -> bool {
-        if net.contains(&addr) {
-            true
+    pub fn overlaps(&self, other: &AddressRange) -> bool {
+        self.start <= other.end && other.start <= self.end
+    }
+}
+
+impl std::fmt::Display for AddressRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.start == self.end {
+            write!(f, "{}", self.start)
         } else {
-            self.push(path, format!("{addr} is outside {what} {net}"));
-            false
+            write!(f, "{}-{}", self.start, self.end)
         }
     }
 }
 
-/// Parses `90`, `90s`, `15m`, `1h` or `2d`.
-pub fn parse_duration(text: &str) -> Option<Duration> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (digits, unit) = text.split_at(split);
-    let count: u64 = digits.parse().ok()?;
-    if unit == "ms" {
-        return Some(Duration::from_millis(count));
-    }
-    let scale = match unit {
-        "" | "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86400,
-        _ => return None,
-    };
-    count.checked_mul(scale).map(Duration::from_secs)
+#[derive(Debug, Clone, PartialEq)]
+pub struct Subnet {
+    pub cidr: Ipv4Net,
+    pub pools: Vec<AddressRange>,
+    /// Addresses never handed out dynamically: configured exclusions plus
+    /// the gateway, the appliance and every static infrastructure address.
+    pub exclude: Vec<AddressRange>,
+    pub relay_addresses: Vec<Ipv4Addr>,
+    /// The interface whose broadcast clients this subnet serves.
+    pub interface: Option<String>,
+    pub server_id: Ipv4Addr,
+    pub lease_time: Option<Duration>,
+    pub options: SubnetOptions,
+    pub reservations: Vec<Reservation>,
 }
 
-pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
-    let mut c = Collector { errors: Vec::new() };
-
-    let log = LogConfig {
-        level: file.log.level.unwrap_or_else(|| "info".to_string()),
-        format: match file.log.format.as_deref() {
-            None | Some("text") => LogFormat::Text,
-            Some("json") => LogFormat::Json,
-            Some(other) => {
-                c.push("log.format", format!("{other} is not one of: text, json"));
-                LogFormat::Text
-            }
-        },
-    };
-
-    let admin_text = file
-        .admin
-        .listen
-        .unwrap_or_else(|| DEFAULT_ADMIN_LISTEN.to_string());
-    let admin_listen = match admin_text.parse::<SocketAddr>() {
-        Ok(addr) => addr,
-        Err(_) => {
-            c.push(
-                "admin.listen",
-                format!("{admin_text} is not an address:port such as 127.0.0.1:9090"),
-            );
-            // Only reached when validation fails, so the value never escapes.
-            SocketAddr::from(([127, 0, 0, 1], 9090))
-        }
-    };
-
-    let admin_interface = file
-        .admin
-        .interface
-        .as_deref()
-        .map(str::trim)
-        .map(str::to_string);
-    if admin_interface
-        .as_deref()
-        .is_some_and(|i| i.is_empty() || i.len() > 15)
-    {
-        c.push(
-            "admin.interface",
-            "must be an interface name of 1 to 15 characters",
-        );
-    }
-
-    let cluster = file.cluster.map(|cl| {
-        if cl.name.trim().is_empty() {
-            c.push("cluster.name", "must not be empty");
-        }
-        if cl.base_domain.trim().is_empty() {
-            c.push("cluster.baseDomain", "must not be empty");
-        }
-        Cluster {
-            name: cl.name.trim().to_string(),
-            base_domain: cl.base_domain.trim().trim_end_matches('.').to_string(),
-        }
-    });
-
-    let network = file.network.and_then(|n| validate_network(&mut c, n));
-
-    let dhcp = match file.dhcp {
-        Some(d) if d.enabled => validate_dhcp(&mut c, d, network.as_ref(), cluster.as_ref()),
-        _ => None,
-    };
-    let dns = match file.dns {
-        Some(d) if d.enabled => crate::dns::validate(&mut c, d, network.as_ref(), cluster.as_ref()),
-        _ => None,
-    };
-    let proxy = match file.proxy {
-        Some(p) if p.enabled => {
-            crate::proxy::validate(&mut c, p, network.as_ref(), cluster.as_ref())
-        }
-        _ => None,
-    };
-    let routing = match file.routing {
-        Some(r) if r.enabled => crate::routing::validate(&mut c, r, network.as_ref()),
-        _ => None,
-    };
-
-    if c.errors.is_empty() {
-        Ok(Config {
-            log,
-            admin: AdminConfig {
-                listen: admin_listen,
-                interface: admin_interface,
-            },
-            cluster,
-            network,
-            dhcp,
-            dns,
-            proxy,
-            routing,
-        })
-    } else {
-        Err(ConfigErrors(c.errors))
-    }
+/// The option values a subnet hands out, already typed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SubnetOptions {
+    pub router: Vec<Ipv4Addr>,
+    pub dns_servers: Vec<Ipv4Addr>,
+    pub domain_name: Option<String>,
+    pub domain_search: Vec<String>,
+    pub mtu: Option<u16>,
+    pub ntp_servers: Vec<Ipv4Addr>,
+    pub classless_routes: Vec<(Ipv4Net, Ipv4Addr)>,
+    pub custom: Vec<CustomOption>,
 }
 
-fn validate_network(c: &mut Collector, n: FileNetwork) -> Option<Network> {
-    let cidr = c.cidr("network.cidr", &n.cidr);
-    let gateway = n
-        .gateway
-        .as_deref()
-        .and_then(|g| c.ipv4("network.gateway", g));
-    let address = n
-        .address
-        .as_deref()
-        .and_then(|a| c.ipv4("network.address", a));
-    let statics = c.ipv4_list("network.staticAddresses", &n.static_addresses);
-    let cidr = cidr?;
-    if let Some(g) = gateway {
-        c.inside("network.gateway", g, cidr, "network.cidr");
-    }
-    if let Some(a) = address {
-        if c.inside("network.address", a, cidr, "network.cidr") && Some(a) == gateway {
-            c.push("network.address", format!("{a} is also the gateway"));
-        }
-    }
-    for (i, s) in statics.iter().enumerate() {
-        let path = format!("network.staticAddresses[{i}]");
-        if c.inside(&path, *s, cidr, "network.cidr") {
-            if Some(*s) == gateway {
-                c.push(&path, format!("{s} is also the gateway"));
-            }
-            if statics[..i].contains(s) || Some(*s) == address {
-                c.push(&path, format!("{s} is listed twice"));
-            }
-        }
-    }
-    for (path, addr) in [("network.gateway", gateway), ("network.address", address)]
-        .into_iter()
-        .filter_map(|(p, a)| a.map(|a| (p, a)))
-    {
-        if cidr.prefix_len() < 31 && (addr == cidr.network() || addr == cidr.broadcast()) {
-            c.push(
-                path,
-                format!("{addr} is the network or broadcast address of {cidr}"),
-            );
-        }
-    }
-    Some(Network {
-        interface: n.interface,
-        cidr,
-        gateway,
-        address,
-        static_addresses: statics,
-    })
+/// Any other option, by code, already encoded to its wire value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CustomOption {
+    pub code: u8,
+    pub value: Vec<u8>,
 }
 
-fn validate_dhcp(
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ClientMatch {
+    Mac([u8; 6]),
+    /// The raw bytes of option 61.
+    ClientId(Vec<u8>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reservation {
+    pub client: ClientMatch,
+    pub ip: Ipv4Addr,
+    pub hostname: Option<String>,
+    pub options: Vec<CustomOption>,
+}
+
+pub(crate) fn validate_dhcp(
     c: &mut Collector,
     d: FileDhcp,
     network: Option<&Network>,
@@ -765,38 +728,4 @@ fn validate_options(c: &mut Collector, path: &str, options: &[FileOption]) -> Ve
         });
     }
     out
-}
-
-pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
-    let bytes = parse_hex(text)?;
-    bytes.try_into().ok()
-}
-
-/// Hex bytes, separated by `:` or `-`, or not separated at all.
-pub fn parse_hex(text: &str) -> Option<Vec<u8>> {
-    let digits: String = text
-        .trim()
-        .chars()
-        .filter(|c| *c != ':' && *c != '-')
-        .collect();
-    if !digits.len().is_multiple_of(2) || !digits.chars().all(|c| c.is_ascii_hexdigit()) {
-        return None;
-    }
-    (0..digits.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&digits[i..i + 2], 16).ok())
-        .collect()
-}
-
-fn is_host_label(label: &str) -> bool {
-    !label.is_empty()
-        && label.len() <= 63
-        && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-        && !label.starts_with('-')
-        && !label.ends_with('-')
-}
-
-fn is_domain_name(name: &str) -> bool {
-    let name = name.trim_end_matches('.');
-    !name.is_empty() && name.len() <= 253 && name.split('.').all(is_host_label)
 }

@@ -1,0 +1,88 @@
+//! The whole config: the file as written ([`FileConfig`]), the validated
+//! model ([`Config`]), and the one pass from the first to the second.
+
+use serde::{Deserialize, Serialize};
+
+use crate::admin::{AdminConfig, FileAdmin, FileLog, LogConfig};
+use crate::collector::Collector;
+use crate::dhcp::{DhcpConfig, FileDhcp};
+use crate::error::ConfigErrors;
+use crate::network::{validate_network, Cluster, FileCluster, FileNetwork, Network};
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileConfig {
+    #[serde(default)]
+    pub log: FileLog,
+    #[serde(default)]
+    pub admin: FileAdmin,
+    pub cluster: Option<FileCluster>,
+    pub network: Option<FileNetwork>,
+    pub dhcp: Option<FileDhcp>,
+    pub dns: Option<crate::dns::FileDns>,
+    pub proxy: Option<crate::proxy::FileProxy>,
+    pub routing: Option<crate::routing::FileRouting>,
+}
+
+pub(crate) fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub log: LogConfig,
+    pub admin: AdminConfig,
+    pub cluster: Option<Cluster>,
+    pub network: Option<Network>,
+    pub dhcp: Option<DhcpConfig>,
+    pub dns: Option<crate::dns::DnsConfig>,
+    pub proxy: Option<crate::proxy::ProxyConfig>,
+    pub routing: Option<crate::routing::RoutingConfig>,
+}
+
+pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
+    let mut c = Collector { errors: Vec::new() };
+
+    let log = crate::admin::validate_log(&mut c, file.log);
+    let admin = crate::admin::validate_admin(&mut c, file.admin);
+    let cluster = file
+        .cluster
+        .map(|cl| crate::network::validate_cluster(&mut c, cl));
+    let network = file.network.and_then(|n| validate_network(&mut c, n));
+
+    let dhcp = match file.dhcp {
+        Some(d) if d.enabled => {
+            crate::dhcp::validate_dhcp(&mut c, d, network.as_ref(), cluster.as_ref())
+        }
+        _ => None,
+    };
+    let dns = match file.dns {
+        Some(d) if d.enabled => crate::dns::validate(&mut c, d, network.as_ref(), cluster.as_ref()),
+        _ => None,
+    };
+    let proxy = match file.proxy {
+        Some(p) if p.enabled => {
+            crate::proxy::validate(&mut c, p, network.as_ref(), cluster.as_ref())
+        }
+        _ => None,
+    };
+    let routing = match file.routing {
+        Some(r) if r.enabled => crate::routing::validate(&mut c, r, network.as_ref()),
+        _ => None,
+    };
+
+    if c.errors.is_empty() {
+        Ok(Config {
+            log,
+            admin,
+            cluster,
+            network,
+            dhcp,
+            dns,
+            proxy,
+            routing,
+        })
+    } else {
+        Err(ConfigErrors(c.errors))
+    }
+}
