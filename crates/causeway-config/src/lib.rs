@@ -36,30 +36,32 @@ pub use routing::{FileRouting, RoutedInterface, RoutingConfig, DEFAULT_PRIORITY,
 
 use std::path::Path;
 
+use serde::Deserialize;
+
 /// The unprivileged loopback config the appliance runs when given none.
 pub const EMBEDDED_DEFAULT: &str = include_str!("../../../examples/local.yaml");
 
 impl Config {
     /// Parses and validates YAML text, reporting every problem at once.
     pub fn from_yaml(text: &str) -> Result<Config, ConfigErrors> {
-        let deserializer = serde_yaml::Deserializer::from_str(text);
-        let file: FileConfig = match serde_path_to_error::deserialize(deserializer) {
-            Ok(file) => file,
+        let mut track = serde_path_to_error::Track::new();
+        let mut options = serde_saphyr::Options::default();
+        // One line per error: the path says where, the message what.
+        options.with_snippet = false;
+        let parsed = serde_saphyr::with_deserializer_from_str_with_options(text, options, |de| {
+            FileConfig::deserialize(serde_path_to_error::Deserializer::new(de, &mut track))
+        });
+        match parsed {
+            Ok(file) => validate(file),
             Err(err) => {
-                let path = err.path().to_string();
+                let path = track.path().to_string();
                 let path = if path == "." { String::new() } else { path };
-                let mut message = err.into_inner().to_string();
-                // serde_yaml may lead with its own (shorter) path; ours is
-                // exact, so drop theirs. Its trailing position stays.
-                if let Some((lead, rest)) = message.split_once(": ") {
-                    if path.starts_with(lead) {
-                        message = rest.to_string();
-                    }
-                }
-                return Err(ConfigErrors(vec![FieldError { path, message }]));
+                Err(ConfigErrors(vec![FieldError {
+                    path,
+                    message: err.to_string(),
+                }]))
             }
-        };
-        validate(file)
+        }
     }
 
     pub fn load(path: &Path) -> Result<Config, LoadError> {

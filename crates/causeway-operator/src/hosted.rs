@@ -34,7 +34,7 @@ pub const API_POLL: Duration = Duration::from_secs(10);
 /// annotation, `Err` with a message when its value is not an Infra spec.
 pub fn infra_for(hc: &DynamicObject) -> Option<Result<Infra, String>> {
     let text = hc.annotations().get(ANNOTATION)?;
-    let mut spec: InfraSpec = match serde_yaml::from_str(text) {
+    let mut spec: InfraSpec = match serde_saphyr::from_str(text) {
         Ok(s) => s,
         Err(e) => {
             return Some(Err(format!(

@@ -13,7 +13,7 @@ const REFERENCE: &str = include_str!("fixtures/reference-infra.yaml");
 const IMAGE: &str = "registry.example/causeway:0.1.0";
 
 fn reference() -> Infra {
-    serde_yaml::from_str(REFERENCE).unwrap()
+    serde_saphyr::from_str(REFERENCE).unwrap()
 }
 
 fn owner() -> Owner {

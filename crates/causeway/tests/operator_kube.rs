@@ -62,7 +62,7 @@ async fn wait_established(client: &Client, crd: &str) {
 
 /// The reference sample, moved to `ns` (or as written when `ns` is its own).
 fn reference_in(ns: &str) -> Infra {
-    let mut infra: Infra = serde_yaml::from_str(REFERENCE).unwrap();
+    let mut infra: Infra = serde_saphyr::from_str(REFERENCE).unwrap();
     infra.metadata.namespace = Some(ns.into());
     infra
 }
@@ -249,7 +249,7 @@ async fn the_reference_sample_is_applied_owned_and_ready_only_when_its_pods_are(
     kube_cluster::ensure_namespace(&client, "clusters-my-cluster").await;
     network_attachments(&client, &["default"]).await;
     let op = start_operator(c, "clusters");
-    let infra: Infra = serde_yaml::from_str(REFERENCE).unwrap();
+    let infra: Infra = serde_saphyr::from_str(REFERENCE).unwrap();
     let infra = create_infra(&client, &infra).await;
     let ns = "clusters";
     let name = "example-infra";
