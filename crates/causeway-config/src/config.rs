@@ -56,8 +56,18 @@ pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
         }
         _ => None,
     };
+    let apps_via_proxy = file
+        .proxy
+        .as_ref()
+        .is_some_and(|p| p.enabled && (p.ingress_https.is_some() || p.ingress_http.is_some()));
     let dns = match file.dns {
-        Some(d) if d.enabled => crate::dns::validate(&mut c, d, network.as_ref(), cluster.as_ref()),
+        Some(d) if d.enabled => crate::dns::validate(
+            &mut c,
+            d,
+            network.as_ref(),
+            cluster.as_ref(),
+            apps_via_proxy,
+        ),
         _ => None,
     };
     let proxy = match file.proxy {

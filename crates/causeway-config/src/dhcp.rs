@@ -30,7 +30,7 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 4096;
 /// the protocol, so they are refused.
 const MANAGED_OPTION_CODES: &[u16] = &[0, 50, 51, 52, 53, 54, 55, 57, 58, 59, 61, 80, 82, 255];
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileDhcp {
     #[serde(default = "yes")]

@@ -17,7 +17,7 @@ pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
 /// The hosted-cluster names that point at the proxy.
 pub const PROXIED_NAMES: &[&str] = &["api", "api-int", "oauth", "ignition", "konnectivity"];
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileDns {
     #[serde(default = "yes")]
@@ -65,7 +65,7 @@ pub struct FileRecord {
     pub ttl: Option<u32>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileView {
     pub name: String,
@@ -339,6 +339,10 @@ struct Addresses {
     proxy: Option<Ipv4Addr>,
     proxy_v6: Option<Ipv6Addr>,
     ingress: Option<Ipv4Addr>,
+    /// The same config's proxy routes `*.apps` (it has an ingress): then
+    /// `*.apps` may resolve to the proxy; otherwise only to `ingress`, as a
+    /// proxy without an ingress would refuse those connections.
+    apps_via_proxy: bool,
 }
 
 fn derived(
@@ -365,14 +369,14 @@ fn derived(
             });
         }
     }
-    if let Some(ip) = a.ingress.or(a.proxy) {
+    if let Some(ip) = a.ingress.or(a.proxy.filter(|_| a.apps_via_proxy)) {
         out.push(DnsRecord {
             name: format!("*.apps.{zone}"),
             ttl,
             data: RecordData::A(ip),
         });
     }
-    if let Some(ip) = a.proxy_v6 {
+    if let Some(ip) = a.proxy_v6.filter(|_| a.apps_via_proxy) {
         out.push(DnsRecord {
             name: format!("*.apps.{zone}"),
             ttl,
@@ -442,6 +446,7 @@ pub(crate) fn validate(
     d: FileDns,
     network: Option<&Network>,
     cluster: Option<&Cluster>,
+    apps_via_proxy: bool,
 ) -> Option<DnsConfig> {
     let zone = cluster.map(|cl| format!("{}.", cl.domain().to_ascii_lowercase()));
     let zone = zone.as_deref();
@@ -475,6 +480,7 @@ pub(crate) fn validate(
         proxy: opt_ipv4(c, "dns.proxyAddress", &d.proxy_address).or(appliance),
         proxy_v6: opt_ipv6(c, "dns.proxyAddressV6", &d.proxy_address_v6),
         ingress: opt_ipv4(c, "dns.ingressAddress", &d.ingress_address),
+        apps_via_proxy,
     };
     let explicit: Vec<DnsRecord> = d
         .records
@@ -509,6 +515,7 @@ pub(crate) fn validate(
                 .or(top.proxy_v6),
             ingress: opt_ipv4(c, &format!("{path}.ingressAddress"), &v.ingress_address)
                 .or(top.ingress),
+            apps_via_proxy,
         };
         let own: Vec<DnsRecord> = v
             .records

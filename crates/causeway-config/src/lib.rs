@@ -31,7 +31,9 @@ pub use dns::{
 };
 pub use error::{ConfigErrors, FieldError, LoadError};
 pub use network::{Cluster, FileCluster, FileNetwork, Network};
-pub use proxy::{Balance, FileProxy, HealthCheck, Listener, ListenerKind, ProxyConfig, Upstream};
+pub use proxy::{
+    Balance, FileListener, FileProxy, HealthCheck, Listener, ListenerKind, ProxyConfig, Upstream,
+};
 pub use routing::{FileRouting, RoutedInterface, RoutingConfig, DEFAULT_PRIORITY, DEFAULT_TABLE};
 
 use std::path::Path;

@@ -77,8 +77,10 @@ pub(crate) fn validate_network(c: &mut Collector, n: FileNetwork) -> Option<Netw
             if Some(*s) == gateway {
                 c.push(&path, format!("{s} is also the gateway"));
             }
-            if statics[..i].contains(s) || Some(*s) == address {
-                c.push(&path, format!("{s} is listed twice"));
+            if Some(*s) == address {
+                c.push(&path, format!("{s} is also network.address"));
+            } else if let Some(j) = statics[..i].iter().position(|o| o == s) {
+                c.push(&path, format!("{s} is also network.staticAddresses[{j}]"));
             }
         }
     }

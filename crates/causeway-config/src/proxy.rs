@@ -10,7 +10,7 @@ use crate::collector::{Collector, FileDuration};
 use crate::config::yes;
 use crate::network::{Cluster, Network};
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileProxy {
     #[serde(default = "yes")]
@@ -49,7 +49,7 @@ pub struct FileHealthCheck {
     pub healthy_threshold: Option<u32>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileListener {
     pub port: u16,

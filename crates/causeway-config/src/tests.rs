@@ -272,20 +272,15 @@ fn dns_derives_the_cluster_names_from_the_network_and_cluster() {
     let view = d.views.last().unwrap();
     assert_eq!(view.name, "default");
     let proxy = RecordData::A(Ipv4Addr::new(192, 168, 100, 2));
-    for name in [
-        "api",
-        "api-int",
-        "oauth",
-        "ignition",
-        "konnectivity",
-        "*.apps",
-    ] {
+    for name in ["api", "api-int", "oauth", "ignition", "konnectivity"] {
         assert_eq!(
             a_records(view, &format!("{name}.hc1.example.com.")),
             vec![&proxy],
             "{name}"
         );
     }
+    // No proxy here routes *.apps, so it is not answered locally.
+    assert!(a_records(view, "*.apps.hc1.example.com.").is_empty());
     assert_eq!(
         a_records(view, "2.100.168.192.in-addr.arpa."),
         vec![&RecordData::Ptr("causeway.hc1.example.com.".into())]
@@ -293,6 +288,32 @@ fn dns_derives_the_cluster_names_from_the_network_and_cluster() {
     assert!(d
         .recursion_clients
         .contains(&"192.168.100.0/24".parse().unwrap()));
+}
+
+#[test]
+fn apps_resolve_to_the_proxy_only_when_it_has_an_ingress_or_to_the_ingress_address() {
+    let apps = "*.apps.hc1.example.com.";
+    let proxy = RecordData::A(Ipv4Addr::new(192, 168, 100, 2));
+    let with_ingress = Config::from_yaml(&format!(
+        "{VLAN}dns: {{}}\nproxy: {{ingressHttps: \"router.example.internal:443\"}}\n"
+    ))
+    .unwrap()
+    .dns
+    .unwrap();
+    assert_eq!(
+        a_records(with_ingress.views.last().unwrap(), apps),
+        vec![&proxy]
+    );
+    let without = Config::from_yaml(&format!("{VLAN}dns: {{}}\nproxy: {{}}\n"))
+        .unwrap()
+        .dns
+        .unwrap();
+    assert!(a_records(without.views.last().unwrap(), apps).is_empty());
+    let direct = dns(&format!("{VLAN}dns: {{ingressAddress: 192.168.100.50}}\n"));
+    assert_eq!(
+        a_records(direct.views.last().unwrap(), apps),
+        vec![&RecordData::A(Ipv4Addr::new(192, 168, 100, 50))]
+    );
 }
 
 #[test]

@@ -9,7 +9,6 @@
 //! Deployments with the Recreate strategy.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, StatefulSet, StatefulSetSpec,
@@ -183,158 +182,15 @@ fn meta(owner: &Owner, name: String, component: Option<Component>) -> ObjectMeta
 }
 
 fn server_ip(plan: &Plan, component: Component) -> Option<std::net::Ipv4Addr> {
-    match component {
-        Component::Dhcp => plan.dhcp.as_ref().map(|d| d.server_ip),
-        Component::Dns => plan.dns.as_ref().map(|d| d.server_ip),
-        Component::Proxy => plan.proxy.as_ref().map(|p| p.server_ip),
-    }
+    plan.component(component).map(|c| c.server_ip)
 }
 
-/// YAML-quotes a string for the rendered config.
-fn q(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
-}
-
-/// The appliance config one component's pod runs: routing first, then its
-/// one service, with the admin server on the pod network only.
+/// The appliance config one component's pod runs (validated when the plan
+/// was made).
 pub fn appliance_config(plan: &Plan, component: Component) -> String {
-    let Some(address) = server_ip(plan, component) else {
-        return String::new();
-    };
-    let mut y = String::new();
-    let _ = writeln!(y, "# Rendered by causeway-operator; edits are overwritten.");
-    let _ = writeln!(
-        y,
-        "admin: {{listen: \"0.0.0.0:{ADMIN_PORT}\", interface: eth0}}"
-    );
-    let _ = writeln!(y, "log: {{format: json}}");
-    if let (Some(name), Some(domain)) = (&plan.cluster_name, &plan.base_domain) {
-        let _ = writeln!(
-            y,
-            "cluster: {{name: {}, baseDomain: {}}}",
-            q(name),
-            q(domain)
-        );
-    }
-    let others: Vec<String> = plan
-        .static_ips()
-        .into_iter()
-        .filter(|ip| *ip != address)
-        .map(|ip| ip.to_string())
-        .collect();
-    let _ = writeln!(y, "network:");
-    let _ = writeln!(y, "  interface: {VLAN_INTERFACE}");
-    let _ = writeln!(y, "  cidr: {}", plan.cidr);
-    let _ = writeln!(y, "  gateway: {}", plan.gateway);
-    let _ = writeln!(y, "  address: {address}");
-    let _ = writeln!(y, "  staticAddresses: [{}]", others.join(", "));
-    let _ = writeln!(y, "routing:");
-    let _ = writeln!(y, "  table: {}", plan.routing.table);
-    let _ = writeln!(y, "  priority: {}", plan.routing.priority);
-    let extra: Vec<String> = plan
-        .routing
-        .extra_routes
-        .iter()
-        .map(|n| n.to_string())
-        .collect();
-    let _ = writeln!(y, "  extraRoutes: [{}]", extra.join(", "));
-    // /proc/sys is read-only in a container, and a new pod network
-    // namespace starts with rp_filter off.
-    let _ = writeln!(y, "  looseRpFilter: false");
-    match component {
-        Component::Dhcp => {
-            let Some(d) = &plan.dhcp else { return y };
-            let _ = writeln!(y, "dhcp:");
-            let _ = writeln!(y, "  listen: [{{interface: {VLAN_INTERFACE}}}]");
-            let _ = writeln!(y, "  leaseFile: {LEASE_DIR}/dhcp-leases.jsonl");
-            let _ = writeln!(y, "  leaseTime: {}", q(&d.lease_time));
-            let _ = writeln!(y, "  subnets:");
-            let _ = writeln!(
-                y,
-                "    - pools: [{{start: {}, end: {}}}]",
-                d.range_start, d.range_end
-            );
-            // Clients resolve through causeway DNS when it runs, else
-            // through the configured upstreams.
-            let dns: Vec<String> = match &plan.dns {
-                Some(dns) => vec![dns.server_ip.to_string()],
-                None => plan.upstreams.iter().map(|u| u.to_string()).collect(),
-            };
-            if !dns.is_empty() {
-                let _ = writeln!(y, "      dnsServers: [{}]", dns.join(", "));
-            }
-            if !d.reservations.is_empty() {
-                let _ = writeln!(y, "      reservations:");
-                for r in &d.reservations {
-                    let _ = write!(y, "        - {{mac: {}, ip: {}", q(&r.mac), r.ip.trim());
-                    if let Some(h) = &r.hostname {
-                        let _ = write!(y, ", hostname: {}", q(h));
-                    }
-                    let _ = writeln!(y, "}}");
-                }
-            }
-        }
-        Component::Dns => {
-            let Some(dns) = &plan.dns else { return y };
-            let _ = writeln!(y, "dns:");
-            let _ = writeln!(y, "  listen: [\"{}:53\"]", dns.server_ip);
-            if let Some(p) = &plan.proxy {
-                let _ = writeln!(y, "  proxyAddress: {}", p.server_ip);
-            }
-            if !plan.upstreams.is_empty() {
-                let ups: Vec<String> = plan.upstreams.iter().map(|u| q(&u.to_string())).collect();
-                let _ = writeln!(y, "  upstreams: [{}]", ups.join(", "));
-            }
-            if !dns.records.is_empty() {
-                let _ = writeln!(y, "  records:");
-                for r in &dns.records {
-                    let _ = writeln!(
-                        y,
-                        "    - {{name: {}, type: {}, value: {}}}",
-                        q(&r.name),
-                        q(&r.kind),
-                        q(&r.value)
-                    );
-                }
-            }
-            // Split horizon: the VLAN gets the proxy's VLAN address, every
-            // other client the internal one.
-            if let Some(internal) = plan.proxy.as_ref().and_then(|p| p.internal_address) {
-                let _ = writeln!(y, "  views:");
-                let _ = writeln!(y, "    - {{name: vlan, clients: [{}]}}", plan.cidr);
-                let _ = writeln!(
-                    y,
-                    "    - {{name: internal, clients: [0.0.0.0/0], proxyAddress: {internal}}}"
-                );
-            }
-        }
-        Component::Proxy => {
-            let Some(p) = &plan.proxy else { return y };
-            let _ = writeln!(y, "proxy:");
-            let _ = writeln!(y, "  listenAddress: {}", p.server_ip);
-            let _ = writeln!(
-                y,
-                "  controlPlaneNamespace: {}",
-                q(&p.control_plane_namespace)
-            );
-            if let Some(i) = &p.ingress_https {
-                let _ = writeln!(y, "  ingressHttps: {}", q(i));
-            }
-            if let Some(i) = &p.ingress_http {
-                let _ = writeln!(y, "  ingressHttp: {}", q(i));
-            }
-            if p.api_server_service != "kube-apiserver" {
-                let _ = writeln!(y, "  apiServerService: {}", q(&p.api_server_service));
-            }
-            if !p.extra_routes.is_empty() {
-                let _ = writeln!(y, "  extraListeners:");
-                for (port, upstream) in &p.extra_routes {
-                    let _ = writeln!(y, "    - {{port: {port}, upstream: {}}}", q(upstream));
-                }
-            }
-        }
-    }
-    y
+    plan.component(component)
+        .map(|c| c.config_text.clone())
+        .unwrap_or_default()
 }
 
 /// The Multus annotation: the VLAN attachment with this pod's static
@@ -563,9 +419,10 @@ pub fn render(plan: &Plan, owner: &Owner, settings: &Settings) -> Rendered {
         components,
         admin_policy: admin_policy(owner, &settings.operator_namespace),
         control_plane_policy: plan
-            .proxy
-            .as_ref()
-            .map(|p| control_plane_policy(owner, &p.control_plane_namespace)),
+            .control_plane_namespace
+            .as_deref()
+            .filter(|ns| !ns.is_empty())
+            .map(|ns| control_plane_policy(owner, ns)),
     }
 }
 

@@ -1,13 +1,35 @@
-//! From an `Infra` (and what the cluster says about it) to a [`Plan`]:
-//! every address parsed and checked against the VLAN, every default
-//! filled in. Pure, so every message is tested without a cluster.
+//! From an `Infra` (and what the cluster says about it) to a [`Plan`]: per
+//! enabled component, the appliance config its pod runs, built as the
+//! config crate's own file types and checked by the config crate's own
+//! validator, exactly as the pod will load it. Each error the validator
+//! reports by its config path is reported back by the Infra field it came
+//! from. Pure, so every message is tested without a cluster.
+//!
+//! What only an Infra can get wrong (a missing `serverIP`, a prefix that is
+//! not the VLAN's, a Service that is not there) is checked here; everything
+//! about addresses, ranges, names and durations is the validator's.
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
-use causeway_config::{DEFAULT_PRIORITY, DEFAULT_TABLE};
+use causeway_config::{
+    Config, FileAdmin, FileCluster, FileConfig, FileDhcp, FileDhcpListen, FileDns, FileDuration,
+    FileLog, FileNetwork, FileProxy, FileRange, FileRecord, FileReservation, FileRouting,
+    FileSubnet, FileView,
+};
 use ipnet::Ipv4Net;
+use serde_json::Value;
 
-use crate::crd::{DnsRecordSpec, InfraSpec, ProxySpec, Reservation};
+use crate::crd::{InfraSpec, ProxySpec};
+use crate::render::{Component, ADMIN_PORT, LEASE_DIR, VLAN_INTERFACE};
+
+/// What the operator learned from a referenced HostedCluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostedClusterFacts {
+    pub name: String,
+    pub namespace: String,
+    pub base_domain: Option<String>,
+}
 
 /// What `internalProxyService` names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,6 +45,34 @@ pub enum ServiceAddress {
     /// Headless, or IPv6 only.
     NoClusterIp,
     Missing,
+}
+
+/// One component's pod: its VLAN address and the config it runs.
+#[derive(Debug, Clone)]
+pub struct ComponentPlan {
+    pub component: Component,
+    pub server_ip: Ipv4Addr,
+    /// The config as the ConfigMap holds it (YAML), already validated.
+    pub config_text: String,
+}
+
+/// A valid Infra, ready to render.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub cidr: Ipv4Net,
+    pub nad_name: String,
+    pub nad_namespace: String,
+    pub components: Vec<ComponentPlan>,
+    /// Where the proxy's upstreams live, when the proxy runs.
+    pub control_plane_namespace: Option<String>,
+    /// Accepted but ignored fields, for a warning condition.
+    pub warnings: Vec<String>,
+}
+
+impl Plan {
+    pub fn component(&self, c: Component) -> Option<&ComponentPlan> {
+        self.components.iter().find(|p| p.component == c)
+    }
 }
 
 /// `internalProxyService` read as the Go operator's users write it: an
@@ -48,153 +98,6 @@ pub fn internal_proxy_target(p: &ProxySpec, infra_namespace: &str) -> Option<Int
         namespace: namespace.to_string(),
         name: name.to_string(),
     })
-}
-
-/// What the operator learned from a referenced HostedCluster.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostedClusterFacts {
-    pub name: String,
-    pub namespace: String,
-    pub base_domain: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct DhcpPlan {
-    pub server_ip: Ipv4Addr,
-    pub range_start: Ipv4Addr,
-    pub range_end: Ipv4Addr,
-    pub lease_time: String,
-    pub reservations: Vec<Reservation>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct DnsPlan {
-    pub server_ip: Ipv4Addr,
-    pub records: Vec<DnsRecordSpec>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct ProxyPlan {
-    pub server_ip: Ipv4Addr,
-    pub internal_address: Option<Ipv4Addr>,
-    pub control_plane_namespace: String,
-    pub api_server_service: String,
-    pub ingress_https: Option<String>,
-    pub ingress_http: Option<String>,
-    pub extra_routes: Vec<(u16, String)>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct RoutingPlan {
-    pub table: u32,
-    pub priority: u32,
-    pub extra_routes: Vec<Ipv4Net>,
-}
-
-/// A valid Infra, ready to render.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Plan {
-    pub cidr: Ipv4Net,
-    pub gateway: Ipv4Addr,
-    pub nad_name: String,
-    pub nad_namespace: String,
-    pub upstreams: Vec<Ipv4Addr>,
-    pub cluster_name: Option<String>,
-    pub base_domain: Option<String>,
-    pub dhcp: Option<DhcpPlan>,
-    pub dns: Option<DnsPlan>,
-    pub proxy: Option<ProxyPlan>,
-    pub routing: RoutingPlan,
-    /// Accepted but ignored fields, for a warning condition.
-    pub warnings: Vec<String>,
-}
-
-impl Plan {
-    /// Every fixed VLAN address of the enabled components.
-    pub fn static_ips(&self) -> Vec<Ipv4Addr> {
-        [
-            self.dhcp.as_ref().map(|d| d.server_ip),
-            self.dns.as_ref().map(|d| d.server_ip),
-            self.proxy.as_ref().map(|p| p.server_ip),
-        ]
-        .into_iter()
-        .flatten()
-        .collect()
-    }
-}
-
-struct Check {
-    errors: Vec<String>,
-}
-
-impl Check {
-    fn fail(&mut self, msg: impl Into<String>) {
-        self.errors.push(msg.into());
-    }
-
-    fn ip(&mut self, path: &str, text: &str) -> Option<Ipv4Addr> {
-        match text.trim().parse() {
-            Ok(ip) => Some(ip),
-            Err(_) => {
-                self.fail(format!("{path}: {text:?} is not an IPv4 address"));
-                None
-            }
-        }
-    }
-
-    /// A pod's static address: [`Check::vlan_ip`], optionally written with
-    /// a prefix length, which must then be the VLAN's (the Go operator's
-    /// users write `192.168.100.2/24`).
-    fn server_ip(
-        &mut self,
-        path: &str,
-        text: Option<&str>,
-        cidr: Option<Ipv4Net>,
-    ) -> Option<Ipv4Addr> {
-        let Some((address, prefix)) = text.and_then(|t| t.split_once('/')) else {
-            return self.vlan_ip(path, text, cidr);
-        };
-        let ip = self.vlan_ip(path, Some(address), cidr)?;
-        match (prefix.trim().parse::<u8>(), cidr) {
-            (Ok(p), Some(net)) if p == net.prefix_len() => Some(ip),
-            (Ok(p), Some(net)) => {
-                self.fail(format!(
-                    "{path}: prefix /{p} differs from networkConfig.cidr {net}"
-                ));
-                None
-            }
-            (Ok(_), None) => Some(ip),
-            (Err(_), _) => {
-                self.fail(format!("{path}: {prefix:?} is not a prefix length"));
-                None
-            }
-        }
-    }
-
-    /// A required address inside the VLAN, and not its network or
-    /// broadcast address.
-    fn vlan_ip(
-        &mut self,
-        path: &str,
-        text: Option<&str>,
-        cidr: Option<Ipv4Net>,
-    ) -> Option<Ipv4Addr> {
-        let Some(text) = text.filter(|t| !t.trim().is_empty()) else {
-            self.fail(format!("{path}: required when the component is enabled"));
-            return None;
-        };
-        let ip = self.ip(path, text)?;
-        if let Some(net) = cidr {
-            if !net.contains(&ip) {
-                self.fail(format!("{path}: {ip} is outside networkConfig.cidr {net}"));
-            } else if ip == net.network() || ip == net.broadcast() {
-                self.fail(format!(
-                    "{path}: {ip} is the network or broadcast address of {net}"
-                ));
-            }
-        }
-        Some(ip)
-    }
 }
 
 /// The control-plane namespace: `controlPlaneNamespace`, else HyperShift's
@@ -223,6 +126,137 @@ pub fn control_plane_namespace(spec: &InfraSpec, infra_namespace: &str) -> Optio
         })
 }
 
+/// Errors, deduplicated in order (the components' configs share sections,
+/// so the validator may report one Infra field once per component).
+#[derive(Default)]
+struct Errors(Vec<String>);
+
+impl Errors {
+    fn fail(&mut self, msg: impl Into<String>) {
+        let msg = msg.into();
+        if !self.0.contains(&msg) {
+            self.0.push(msg);
+        }
+    }
+}
+
+/// A `serverIP` as text for the config (the validator checks the address),
+/// its prefix, when written, checked against the VLAN's.
+fn server_address(
+    e: &mut Errors,
+    path: &str,
+    text: Option<&str>,
+    cidr: Option<Ipv4Net>,
+) -> Option<String> {
+    let Some(text) = text.map(str::trim).filter(|t| !t.is_empty()) else {
+        e.fail(format!("{path}: required when the component is enabled"));
+        return None;
+    };
+    let (address, prefix) = match text.split_once('/') {
+        Some((a, p)) => (a.trim(), Some(p)),
+        None => (text, None),
+    };
+    // An address that is not one would be reported once per config that
+    // names it; said once here instead.
+    if address.parse::<Ipv4Addr>().is_err() {
+        e.fail(format!("{path}: {address:?} is not an IPv4 address"));
+        return None;
+    }
+    let Some(prefix) = prefix else {
+        return Some(address.to_string());
+    };
+    match (prefix.trim().parse::<u8>(), cidr) {
+        (Ok(p), Some(net)) if p != net.prefix_len() => {
+            e.fail(format!(
+                "{path}: prefix /{p} differs from networkConfig.cidr {net}"
+            ));
+            None
+        }
+        (Ok(_), _) => Some(address.trim().to_string()),
+        (Err(_), _) => {
+            e.fail(format!("{path}: {prefix:?} is not a prefix length"));
+            None
+        }
+    }
+}
+
+/// Where each rendered config path came from in the Infra.
+struct Origins {
+    /// (config path prefix, Infra path), longest prefix first.
+    map: Vec<(String, String)>,
+}
+
+impl Origins {
+    fn new() -> Self {
+        Origins { map: Vec::new() }
+    }
+
+    fn add(&mut self, config: impl Into<String>, infra: impl Into<String>) {
+        self.map.push((config.into(), infra.into()));
+    }
+
+    fn knows(&self, config_path: &str) -> bool {
+        !self.infra_path(config_path).starts_with("spec (")
+    }
+
+    /// The Infra path of a config path: the longest known prefix, with what
+    /// follows it kept (`dhcp.subnets[0].reservations[2].mac`).
+    fn infra_path(&self, config_path: &str) -> String {
+        let best = self
+            .map
+            .iter()
+            .filter(|(prefix, _)| {
+                config_path == prefix
+                    || config_path.starts_with(&format!("{prefix}."))
+                    || config_path.starts_with(&format!("{prefix}["))
+            })
+            .max_by_key(|(prefix, _)| prefix.len());
+        match best {
+            Some((prefix, infra)) => format!("{infra}{}", &config_path[prefix.len()..]),
+            None => format!("spec (rendered config {config_path})"),
+        }
+    }
+
+    /// A validator message with the config paths it names (`is outside
+    /// network.cidr`) put in Infra terms too.
+    fn infra_message(&self, message: &str) -> String {
+        let mut known: Vec<&(String, String)> = self.map.iter().collect();
+        known.sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
+        let mut out = message.to_string();
+        for (prefix, infra) in known {
+            if out.contains(prefix.as_str()) {
+                out = out.replace(prefix.as_str(), infra);
+            }
+        }
+        out
+    }
+}
+
+/// A config as the ConfigMap holds it: YAML without the unset fields.
+pub fn config_yaml(file: &FileConfig) -> String {
+    // Unset and empty mean the same to the validator for every field the
+    // operator leaves empty, and the ConfigMap reads better without them.
+    fn prune(v: &mut Value) {
+        match v {
+            Value::Object(map) => {
+                map.values_mut().for_each(prune);
+                map.retain(|_, v| match v {
+                    Value::Null => false,
+                    Value::Array(a) => !a.is_empty(),
+                    Value::Object(o) => !o.is_empty(),
+                    _ => true,
+                });
+            }
+            Value::Array(items) => items.iter_mut().for_each(prune),
+            _ => {}
+        }
+    }
+    let mut value = serde_json::to_value(file).unwrap_or(Value::Null);
+    prune(&mut value);
+    let body = serde_saphyr::to_string(&value).unwrap_or_default();
+    format!("# Rendered by causeway-operator; edits are overwritten.\n{body}")
+}
+
 /// Validates `spec`. `hosted_cluster` is what the referenced HostedCluster
 /// says, when there is a reference and it was read; `services` answers for
 /// the Service `internalProxyService` may name.
@@ -232,239 +266,333 @@ pub fn validate(
     hosted_cluster: Option<&HostedClusterFacts>,
     services: &dyn Fn(&str, &str) -> ServiceAddress,
 ) -> Result<Plan, Vec<String>> {
-    let mut c = Check { errors: Vec::new() };
+    let mut e = Errors::default();
     let net = &spec.network_config;
     let comps = &spec.infra_components;
-
-    let cidr = match net.cidr.trim().parse::<Ipv4Net>() {
-        Ok(n) if n.prefix_len() <= 30 => Some(n.trunc()),
-        Ok(n) => {
-            c.fail(format!(
-                "networkConfig.cidr: {n} leaves no room for a gateway and servers (use /30 or larger)"
-            ));
-            None
-        }
-        Err(_) => {
-            c.fail(format!(
-                "networkConfig.cidr: {:?} is not an IPv4 CIDR such as 192.168.100.0/24",
-                net.cidr
-            ));
-            None
-        }
+    let Some(cidr) = net.cidr.trim().parse::<Ipv4Net>().ok().map(|n| n.trunc()) else {
+        // Everything else is placed in the VLAN: nothing more can be said.
+        return Err(vec![format!(
+            "networkConfig.cidr: {:?} is not an IPv4 CIDR such as 192.168.100.0/24",
+            net.cidr
+        )]);
     };
-    let gateway = c.vlan_ip("networkConfig.gateway", Some(&net.gateway), cidr);
+    let cidr = Some(cidr);
     if net.network_attachment_definition.trim().is_empty() {
-        c.fail("networkConfig.networkAttachmentDefinition: required");
+        e.fail("networkConfig.networkAttachmentDefinition: required");
     }
-    let upstreams: Vec<Ipv4Addr> = net
-        .dns_servers
-        .iter()
-        .enumerate()
-        .filter_map(|(i, s)| c.ip(&format!("networkConfig.dnsServers[{i}]"), s))
-        .collect();
 
     // Names come from the dns object even when DNS itself is disabled, as
     // the proxy's routes need them too.
-    let cluster_name = comps
-        .dns
-        .as_ref()
-        .and_then(|d| d.cluster_name.clone())
-        .filter(|s| !s.trim().is_empty())
+    let given = |s: Option<&String>| s.filter(|s| !s.trim().is_empty()).cloned();
+    let cluster_name = given(comps.dns.as_ref().and_then(|d| d.cluster_name.as_ref()))
         .or_else(|| hosted_cluster.map(|h| h.name.clone()));
-    let base_domain = comps
-        .dns
-        .as_ref()
-        .and_then(|d| d.base_domain.clone())
-        .filter(|s| !s.trim().is_empty())
+    let base_domain = given(comps.dns.as_ref().and_then(|d| d.base_domain.as_ref()))
         .or_else(|| hosted_cluster.and_then(|h| h.base_domain.clone()));
     let dns_spec = comps.dns_enabled();
     let proxy_spec = comps.proxy_enabled();
-    let needs_cluster = dns_spec.is_some() || proxy_spec.is_some();
-    if needs_cluster && cluster_name.is_none() {
-        c.fail("infraComponents.dns.clusterName: required for DNS and the proxy (or set hostedClusterRef)");
-    }
-    if needs_cluster && base_domain.is_none() {
-        c.fail("infraComponents.dns.baseDomain: required for DNS and the proxy (or set hostedClusterRef to a HostedCluster with spec.dns.baseDomain)");
+    if dns_spec.is_some() || proxy_spec.is_some() {
+        if cluster_name.is_none() {
+            e.fail("infraComponents.dns.clusterName: required for DNS and the proxy (or set hostedClusterRef)");
+        }
+        if base_domain.is_none() {
+            e.fail("infraComponents.dns.baseDomain: required for DNS and the proxy (or set hostedClusterRef to a HostedCluster with spec.dns.baseDomain)");
+        }
     }
 
-    let dhcp = if let Some(d) = comps.dhcp_enabled() {
-        let server_ip = c.server_ip(
-            "infraComponents.dhcp.serverIP",
-            d.server_ip.as_deref(),
-            cidr,
-        );
-        let start = c.vlan_ip(
-            "infraComponents.dhcp.rangeStart",
-            d.range_start.as_deref(),
-            cidr,
-        );
-        let end = c.vlan_ip(
-            "infraComponents.dhcp.rangeEnd",
-            d.range_end.as_deref(),
-            cidr,
-        );
-        if let (Some(s), Some(e)) = (start, end) {
-            if s > e {
-                c.fail(format!(
-                    "infraComponents.dhcp.rangeEnd: {e} is before rangeStart {s}"
-                ));
-            }
+    // Each enabled component's address.
+    let mut servers: Vec<(Component, &'static str, String)> = Vec::new();
+    if let Some(d) = comps.dhcp_enabled() {
+        let path = "infraComponents.dhcp.serverIP";
+        if let Some(a) = server_address(&mut e, path, d.server_ip.as_deref(), cidr) {
+            servers.push((Component::Dhcp, path, a));
         }
-        let lease_time = d.lease_time.clone().unwrap_or_else(|| "1h".into());
-        if causeway_config::parse_duration(&lease_time).is_none() {
-            c.fail(format!(
-                "infraComponents.dhcp.leaseTime: {lease_time:?} is not a duration such as 1h or 24h"
-            ));
+    }
+    if let Some(d) = dns_spec {
+        let path = "infraComponents.dns.serverIP";
+        if let Some(a) = server_address(&mut e, path, d.server_ip.as_deref(), cidr) {
+            servers.push((Component::Dns, path, a));
         }
-        for (i, r) in d.reservations.iter().enumerate() {
-            let path = format!("infraComponents.dhcp.reservations[{i}]");
-            if causeway_config::parse_mac(&r.mac).is_none() {
-                c.fail(format!("{path}.mac: {:?} is not a MAC address", r.mac));
-            }
-            if let (Some(ip), Some(net)) = (c.ip(&format!("{path}.ip"), &r.ip), cidr) {
-                if !net.contains(&ip) {
-                    c.fail(format!(
-                        "{path}.ip: {ip} is outside networkConfig.cidr {net}"
-                    ));
-                }
-            }
+    }
+    if let Some(p) = proxy_spec {
+        let path = "infraComponents.proxy.serverIP";
+        if let Some(a) = server_address(&mut e, path, p.server_ip.as_deref(), cidr) {
+            servers.push((Component::Proxy, path, a));
         }
-        match (server_ip, start, end) {
-            (Some(server_ip), Some(range_start), Some(range_end)) => Some(DhcpPlan {
-                server_ip,
-                range_start,
-                range_end,
-                lease_time,
-                reservations: d.reservations.clone(),
-            }),
-            _ => None,
-        }
-    } else {
-        None
-    };
-    let dns = if let Some(d) = dns_spec {
-        c.server_ip("infraComponents.dns.serverIP", d.server_ip.as_deref(), cidr)
-            .map(|server_ip| DnsPlan {
-                server_ip,
-                records: d.records.clone(),
-            })
-    } else {
-        None
-    };
-    let proxy = if let Some(p) = proxy_spec {
-        let server_ip = c.server_ip(
-            "infraComponents.proxy.serverIP",
-            p.server_ip.as_deref(),
-            cidr,
-        );
-        let internal_address = match internal_proxy_target(p, infra_namespace) {
-            None => None,
-            Some(InternalProxyTarget::Address(ip)) => Some(ip),
-            Some(InternalProxyTarget::Service { namespace, name }) => {
-                match services(&namespace, &name) {
-                    ServiceAddress::ClusterIp(ip) => Some(ip),
-                    ServiceAddress::Missing => {
-                        c.fail(format!(
-                            "infraComponents.proxy.internalProxyService: Service {namespace}/{name} not found"
-                        ));
-                        None
-                    }
-                    ServiceAddress::NoClusterIp => {
-                        c.fail(format!(
-                            "infraComponents.proxy.internalProxyService: Service {namespace}/{name} has no IPv4 ClusterIP"
-                        ));
-                        None
-                    }
-                }
-            }
-        };
-        let control_plane_namespace =
-            control_plane_namespace(spec, infra_namespace).unwrap_or_default();
-        let mut extra_routes = Vec::new();
-        for (i, r) in p.extra_routes.iter().enumerate() {
-            if r.port == 0 {
-                c.fail(format!(
-                    "infraComponents.proxy.extraRoutes[{i}].port: must be 1 to 65535"
-                ));
-            }
-            extra_routes.push((r.port, r.upstream.clone()));
-        }
-        server_ip.map(|server_ip| ProxyPlan {
-            server_ip,
-            internal_address,
-            control_plane_namespace,
-            api_server_service: p
-                .api_server_service
-                .clone()
-                .unwrap_or_else(|| "kube-apiserver".into()),
-            ingress_https: p.ingress_https.clone(),
-            ingress_http: p.ingress_http.clone(),
-            extra_routes,
-        })
-    } else {
-        None
+    }
+    let address_of = |c: Component| {
+        servers
+            .iter()
+            .find(|(k, _, _)| *k == c)
+            .map(|(_, _, a)| a.clone())
     };
 
-    // One static address per pod: two pods, or a pod and the gateway or a
-    // lease, on one address would break both.
-    let statics: Vec<(&str, Ipv4Addr)> = [
-        ("dhcp", dhcp.as_ref().map(|d| d.server_ip)),
-        ("dns", dns.as_ref().map(|d| d.server_ip)),
-        ("proxy", proxy.as_ref().map(|p| p.server_ip)),
-    ]
-    .into_iter()
-    .filter_map(|(n, ip)| ip.map(|ip| (n, ip)))
-    .collect();
-    for (i, (name, ip)) in statics.iter().enumerate() {
-        for (other, other_ip) in &statics[..i] {
-            if ip == other_ip {
-                c.fail(format!(
-                    "infraComponents.{name}.serverIP: {ip} is also infraComponents.{other}.serverIP"
+    let internal_address = match proxy_spec.and_then(|p| internal_proxy_target(p, infra_namespace))
+    {
+        None => None,
+        Some(InternalProxyTarget::Address(ip)) => Some(ip),
+        Some(InternalProxyTarget::Service { namespace, name }) => match services(&namespace, &name)
+        {
+            ServiceAddress::ClusterIp(ip) => Some(ip),
+            ServiceAddress::Missing => {
+                e.fail(format!(
+                    "infraComponents.proxy.internalProxyService: Service {namespace}/{name} not found"
                 ));
+                None
             }
-        }
-        if Some(*ip) == gateway {
-            c.fail(format!(
-                "infraComponents.{name}.serverIP: {ip} is the gateway"
-            ));
-        }
-        if let Some(d) = &dhcp {
-            if d.range_start <= *ip && *ip <= d.range_end {
-                c.fail(format!(
-                    "infraComponents.{name}.serverIP: {ip} is inside the DHCP range {}-{}",
-                    d.range_start, d.range_end
+            ServiceAddress::NoClusterIp => {
+                e.fail(format!(
+                    "infraComponents.proxy.internalProxyService: Service {namespace}/{name} has no IPv4 ClusterIP"
                 ));
+                None
             }
-        }
-    }
-    if let (Some(d), Some(g)) = (&dhcp, gateway) {
-        if d.range_start <= g && g <= d.range_end {
-            c.fail(format!(
-                "infraComponents.dhcp.rangeStart: the range {}-{} holds the gateway {g}",
-                d.range_start, d.range_end
-            ));
-        }
-    }
+        },
+    };
+    let control_plane_namespace =
+        proxy_spec.map(|_| control_plane_namespace(spec, infra_namespace).unwrap_or_default());
+    let ingress = proxy_spec.is_some_and(|p| p.ingress_https.is_some() || p.ingress_http.is_some());
 
     let routing = spec.routing.clone().unwrap_or_default();
-    let routing = RoutingPlan {
-        table: routing.table.unwrap_or(DEFAULT_TABLE),
-        priority: routing.priority.unwrap_or(DEFAULT_PRIORITY),
-        extra_routes: routing
-            .extra_routes
-            .iter()
-            .enumerate()
-            .filter_map(|(i, t)| match t.trim().parse::<Ipv4Net>() {
-                Ok(n) => Some(n.trunc()),
-                Err(_) => {
-                    c.fail(format!(
-                        "routing.extraRoutes[{i}]: {t:?} is not an IPv4 CIDR"
-                    ));
-                    None
+    let mut components = Vec::new();
+    let mut unplaced = Vec::new();
+    for (component, own_path, address) in &servers {
+        let mut origins = Origins::new();
+        origins.add("network.cidr", "networkConfig.cidr");
+        origins.add("network.gateway", "networkConfig.gateway");
+        origins.add("network.address", *own_path);
+        origins.add("cluster.name", "infraComponents.dns.clusterName");
+        origins.add("cluster.baseDomain", "infraComponents.dns.baseDomain");
+        origins.add("routing.table", "routing.table");
+        origins.add("routing.priority", "routing.priority");
+        origins.add("routing.extraRoutes", "routing.extraRoutes");
+        let others: Vec<&(Component, &str, String)> =
+            servers.iter().filter(|(k, _, _)| k != component).collect();
+        for (i, (_, path, _)) in others.iter().enumerate() {
+            origins.add(format!("network.staticAddresses[{i}]"), *path);
+        }
+        let mut file = FileConfig {
+            log: FileLog {
+                level: None,
+                format: Some("json".into()),
+            },
+            admin: FileAdmin {
+                // The pod network only: never reachable from the VLAN.
+                listen: Some(format!("0.0.0.0:{ADMIN_PORT}")),
+                interface: Some("eth0".into()),
+            },
+            cluster: match (&cluster_name, &base_domain) {
+                (Some(name), Some(domain)) => Some(FileCluster {
+                    name: name.clone(),
+                    base_domain: domain.clone(),
+                }),
+                _ => None,
+            },
+            network: Some(FileNetwork {
+                interface: Some(VLAN_INTERFACE.into()),
+                cidr: net.cidr.trim().to_string(),
+                gateway: Some(net.gateway.trim().to_string()),
+                address: Some(address.clone()),
+                static_addresses: others.iter().map(|(_, _, a)| a.clone()).collect(),
+            }),
+            routing: Some(FileRouting {
+                enabled: true,
+                table: routing.table,
+                priority: routing.priority,
+                extra_routes: routing.extra_routes.clone(),
+                interfaces: Vec::new(),
+                // /proc/sys is read-only in a container, and a new pod
+                // network namespace starts with rp_filter off.
+                loose_rp_filter: false,
+            }),
+            ..FileConfig::default()
+        };
+        match component {
+            Component::Dhcp => {
+                let Some(d) = comps.dhcp_enabled() else {
+                    continue;
+                };
+                origins.add("dhcp.leaseTime", "infraComponents.dhcp.leaseTime");
+                origins.add(
+                    "dhcp.subnets[0].pools[0].start",
+                    "infraComponents.dhcp.rangeStart",
+                );
+                origins.add(
+                    "dhcp.subnets[0].pools[0].end",
+                    "infraComponents.dhcp.rangeEnd",
+                );
+                origins.add(
+                    "dhcp.subnets[0].pools[0]",
+                    "infraComponents.dhcp.rangeStart",
+                );
+                origins.add(
+                    "dhcp.subnets[0].reservations",
+                    "infraComponents.dhcp.reservations",
+                );
+                // Clients resolve through causeway DNS when it runs, else
+                // through the configured upstreams.
+                let dns_servers = match address_of(Component::Dns) {
+                    Some(dns) => {
+                        origins.add("dhcp.subnets[0].dnsServers", "infraComponents.dns.serverIP");
+                        vec![dns]
+                    }
+                    None => {
+                        origins.add("dhcp.subnets[0].dnsServers", "networkConfig.dnsServers");
+                        net.dns_servers.clone()
+                    }
+                };
+                file.dhcp = Some(FileDhcp {
+                    enabled: true,
+                    listen: vec![FileDhcpListen {
+                        interface: Some(VLAN_INTERFACE.into()),
+                        address: None,
+                    }],
+                    lease_file: Some(format!("{LEASE_DIR}/dhcp-leases.jsonl")),
+                    lease_time: Some(FileDuration::Text(
+                        d.lease_time.clone().unwrap_or_else(|| "1h".into()),
+                    )),
+                    subnets: vec![FileSubnet {
+                        pools: vec![FileRange {
+                            start: d.range_start.clone().unwrap_or_default(),
+                            end: d.range_end.clone().unwrap_or_default(),
+                        }],
+                        dns_servers: (!dns_servers.is_empty()).then_some(dns_servers),
+                        reservations: d
+                            .reservations
+                            .iter()
+                            .map(|r| FileReservation {
+                                mac: Some(r.mac.clone()),
+                                client_id: None,
+                                ip: r.ip.trim().to_string(),
+                                hostname: r.hostname.clone(),
+                                options: Vec::new(),
+                            })
+                            .collect(),
+                        ..FileSubnet::default()
+                    }],
+                    ..FileDhcp::default()
+                });
+                if d.range_start.as_deref().is_none_or(|s| s.trim().is_empty()) {
+                    e.fail(
+                        "infraComponents.dhcp.rangeStart: required when the component is enabled",
+                    );
                 }
-            })
-            .collect(),
-    };
+                if d.range_end.as_deref().is_none_or(|s| s.trim().is_empty()) {
+                    e.fail("infraComponents.dhcp.rangeEnd: required when the component is enabled");
+                }
+            }
+            Component::Dns => {
+                let Some(d) = dns_spec else { continue };
+                origins.add("dns.listen[0]", "infraComponents.dns.serverIP");
+                origins.add("dns.proxyAddress", "infraComponents.proxy.serverIP");
+                origins.add("dns.upstreams", "networkConfig.dnsServers");
+                origins.add("dns.records", "infraComponents.dns.records");
+                origins.add(
+                    "dns.views[1].proxyAddress",
+                    "infraComponents.proxy.internalProxyService",
+                );
+                let proxy = address_of(Component::Proxy);
+                // *.apps resolves to the proxy only when the proxy has an
+                // ingress to send it to.
+                let apps = proxy.clone().filter(|_| ingress);
+                let views = match internal_address {
+                    // Split horizon: the VLAN gets the proxy's VLAN address,
+                    // every other client the internal one.
+                    Some(internal) => vec![
+                        FileView {
+                            name: "vlan".into(),
+                            clients: vec![net.cidr.trim().to_string()],
+                            ingress_address: apps.clone(),
+                            ..FileView::default()
+                        },
+                        FileView {
+                            name: "internal".into(),
+                            clients: vec!["0.0.0.0/0".into()],
+                            proxy_address: Some(internal.to_string()),
+                            ..FileView::default()
+                        },
+                    ],
+                    None => Vec::new(),
+                };
+                file.dns = Some(FileDns {
+                    enabled: true,
+                    listen: vec![format!("{address}:53")],
+                    proxy_address: proxy,
+                    ingress_address: if views.is_empty() { apps } else { None },
+                    upstreams: net.dns_servers.clone(),
+                    records: d
+                        .records
+                        .iter()
+                        .map(|r| FileRecord {
+                            name: r.name.clone(),
+                            kind: r.kind.clone(),
+                            value: r.value.clone(),
+                            ttl: None,
+                        })
+                        .collect(),
+                    views,
+                    ..FileDns::default()
+                });
+            }
+            Component::Proxy => {
+                let Some(p) = proxy_spec else { continue };
+                origins.add("proxy.listenAddress", "infraComponents.proxy.serverIP");
+                origins.add(
+                    "proxy.controlPlaneNamespace",
+                    "infraComponents.proxy.controlPlaneNamespace",
+                );
+                origins.add(
+                    "proxy.apiServerService",
+                    "infraComponents.proxy.apiServerService",
+                );
+                origins.add("proxy.ingressHttps", "infraComponents.proxy.ingressHttps");
+                origins.add("proxy.ingressHttp", "infraComponents.proxy.ingressHttp");
+                origins.add("proxy.extraListeners", "infraComponents.proxy.extraRoutes");
+                file.proxy = Some(FileProxy {
+                    enabled: true,
+                    listen_address: Some(address.clone()),
+                    control_plane_namespace: control_plane_namespace.clone(),
+                    api_server_service: p.api_server_service.clone(),
+                    ingress_https: p.ingress_https.clone(),
+                    ingress_http: p.ingress_http.clone(),
+                    extra_listeners: p
+                        .extra_routes
+                        .iter()
+                        .map(|r| causeway_config::FileListener {
+                            port: r.port,
+                            upstream: Some(r.upstream.clone()),
+                            ..causeway_config::FileListener::default()
+                        })
+                        .collect(),
+                    ..FileProxy::default()
+                });
+            }
+        }
+        // The pod loads exactly this text: check it the way the pod will.
+        let text = config_yaml(&file);
+        match Config::from_yaml(&text) {
+            Ok(config) => {
+                if let Some(server_ip) = config.network.as_ref().and_then(|n| n.address) {
+                    components.push(ComponentPlan {
+                        component: *component,
+                        server_ip,
+                        config_text: text,
+                    });
+                }
+            }
+            Err(errors) => {
+                for err in errors.0 {
+                    let path = origins.infra_path(&err.path);
+                    let message = format!("{path}: {}", origins.infra_message(&err.message));
+                    // A complaint about a part of the config no Infra field
+                    // fills is a consequence of an error already reported.
+                    if origins.knows(&err.path) {
+                        e.fail(message);
+                    } else {
+                        unplaced.push(message);
+                    }
+                }
+            }
+        }
+    }
 
     let mut warnings = Vec::new();
     let proxy_set = |f: fn(&ProxySpec) -> bool| comps.proxy.as_ref().is_some_and(f);
@@ -497,28 +625,35 @@ pub fn validate(
         }
     }
 
-    if !c.errors.is_empty() {
-        return Err(c.errors);
+    if e.0.is_empty() {
+        for message in unplaced {
+            e.fail(message);
+        }
     }
-    let (Some(cidr), Some(gateway)) = (cidr, gateway) else {
-        return Err(vec!["networkConfig: invalid".into()]);
+    let Some(cidr) = cidr else {
+        return Err(e.0);
     };
+    if !e.0.is_empty() {
+        return Err(e.0);
+    }
     Ok(Plan {
         cidr,
-        gateway,
         nad_name: net.network_attachment_definition.trim().to_string(),
         nad_namespace: net
             .network_attachment_namespace
             .clone()
             .filter(|s| !s.trim().is_empty())
             .unwrap_or_else(|| infra_namespace.to_string()),
-        upstreams,
-        cluster_name,
-        base_domain,
-        dhcp,
-        dns,
-        proxy,
-        routing,
+        components,
+        control_plane_namespace,
         warnings,
     })
+}
+
+/// Every component's config text, by component name, for tests and tools.
+pub fn configs(plan: &Plan) -> BTreeMap<&'static str, &str> {
+    plan.components
+        .iter()
+        .map(|c| (c.component.name(), c.config_text.as_str()))
+        .collect()
 }

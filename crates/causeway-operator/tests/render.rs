@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use causeway_operator::crd::Infra;
-use causeway_operator::render::{render, Owner, Rendered, Settings, Workload};
+use causeway_operator::render::{render, Component, Owner, Rendered, Settings, Workload};
 use causeway_operator::validate::{validate, HostedClusterFacts, Plan, ServiceAddress};
 
 const REFERENCE: &str = include_str!("fixtures/reference-infra.yaml");
@@ -60,10 +60,13 @@ fn the_reference_example_is_accepted_as_written() {
     assert_eq!(plan.cidr.to_string(), "192.168.100.0/24");
     assert_eq!(plan.nad_name, "vlan100");
     assert_eq!(plan.nad_namespace, "default");
-    assert_eq!(plan.cluster_name.as_deref(), Some("my-cluster"));
+    let dns =
+        causeway_config::Config::from_yaml(&plan.component(Component::Dns).unwrap().config_text)
+            .unwrap();
+    assert_eq!(dns.cluster.unwrap().name, "my-cluster");
     assert_eq!(
-        plan.proxy.as_ref().unwrap().control_plane_namespace,
-        "clusters-my-cluster"
+        plan.control_plane_namespace.as_deref(),
+        Some("clusters-my-cluster")
     );
     assert!(plan.warnings.is_empty());
 }
@@ -346,9 +349,18 @@ fn a_hosted_cluster_ref_fills_name_domain_and_namespace() {
         base_domain: Some("corp.example".into()),
     };
     let plan = validate(&infra.spec, "clusters", Some(&hc), &no_services).unwrap();
-    assert_eq!(plan.cluster_name.as_deref(), Some("hc7"));
-    assert_eq!(plan.base_domain.as_deref(), Some("corp.example"));
-    assert_eq!(plan.proxy.unwrap().control_plane_namespace, "clusters-hc7");
+    let dns =
+        causeway_config::Config::from_yaml(&plan.component(Component::Dns).unwrap().config_text)
+            .unwrap();
+    let cluster = dns.cluster.unwrap();
+    assert_eq!(
+        (cluster.name.as_str(), cluster.base_domain.as_str()),
+        ("hc7", "corp.example")
+    );
+    assert_eq!(
+        plan.control_plane_namespace.as_deref(),
+        Some("clusters-hc7")
+    );
 }
 
 #[test]
@@ -397,37 +409,25 @@ fn every_bad_spec_gets_its_precise_message() {
         (
             "two pods on one address",
             |i| i.spec.infra_components.proxy.as_mut().unwrap().server_ip = Some("192.168.100.3".into()),
-            vec!["infraComponents.proxy.serverIP: 192.168.100.3 is also infraComponents.dns.serverIP"],
+            vec![
+                "infraComponents.proxy.serverIP: 192.168.100.3 is also infraComponents.dns.serverIP",
+                "infraComponents.dns.serverIP: 192.168.100.3 is also infraComponents.proxy.serverIP",
+            ],
         ),
         (
             "a pod on the gateway",
             |i| i.spec.infra_components.dns.as_mut().unwrap().server_ip = Some("192.168.100.1".into()),
-            vec!["infraComponents.dns.serverIP: 192.168.100.1 is the gateway"],
-        ),
-        (
-            "a pod inside the range",
-            |i| i.spec.infra_components.proxy.as_mut().unwrap().server_ip = Some("192.168.100.150".into()),
-            vec!["infraComponents.proxy.serverIP: 192.168.100.150 is inside the DHCP range 192.168.100.100-192.168.100.200"],
+            vec!["infraComponents.dns.serverIP: 192.168.100.1 is also the gateway"],
         ),
         (
             "range reversed",
             |i| i.spec.infra_components.dhcp.as_mut().unwrap().range_end = Some("192.168.100.50".into()),
-            vec!["infraComponents.dhcp.rangeEnd: 192.168.100.50 is before rangeStart 192.168.100.100"],
+            vec!["infraComponents.dhcp.rangeStart: start 192.168.100.100 is after end 192.168.100.50"],
         ),
         (
             "range outside",
             |i| i.spec.infra_components.dhcp.as_mut().unwrap().range_end = Some("192.168.101.20".into()),
-            vec!["infraComponents.dhcp.rangeEnd: 192.168.101.20 is outside networkConfig.cidr 192.168.100.0/24"],
-        ),
-        (
-            "range over the gateway",
-            |i| i.spec.infra_components.dhcp.as_mut().unwrap().range_start = Some("192.168.100.1".into()),
-            vec![
-                "infraComponents.dhcp.serverIP: 192.168.100.2 is inside the DHCP range 192.168.100.1-192.168.100.200",
-                "infraComponents.dns.serverIP: 192.168.100.3 is inside the DHCP range 192.168.100.1-192.168.100.200",
-                "infraComponents.proxy.serverIP: 192.168.100.10 is inside the DHCP range 192.168.100.1-192.168.100.200",
-                "infraComponents.dhcp.rangeStart: the range 192.168.100.1-192.168.100.200 holds the gateway 192.168.100.1",
-            ],
+            vec!["infraComponents.dhcp.rangeEnd: 192.168.101.20 is outside subnet 192.168.100.0/24"],
         ),
         (
             "broadcast",
@@ -437,7 +437,7 @@ fn every_bad_spec_gets_its_precise_message() {
         (
             "lease time",
             |i| i.spec.infra_components.dhcp.as_mut().unwrap().lease_time = Some("one hour".into()),
-            vec![r#"infraComponents.dhcp.leaseTime: "one hour" is not a duration such as 1h or 24h"#],
+            vec!["infraComponents.dhcp.leaseTime: one hour is not a duration such as 90, 90s, 15m, 1h or 2d"],
         ),
         (
             "no cluster name",
@@ -452,7 +452,7 @@ fn every_bad_spec_gets_its_precise_message() {
         (
             "bad upstream",
             |i| i.spec.network_config.dns_servers = vec!["dns.google".into()],
-            vec![r#"networkConfig.dnsServers[0]: "dns.google" is not an IPv4 address"#],
+            vec!["networkConfig.dnsServers[0]: dns.google is not an address or address:port"],
         ),
     ];
     for (what, change, want) in table {
@@ -483,5 +483,90 @@ fn the_api_service_and_extra_routes_reach_the_proxy_config() {
             "kas.clusters-my-cluster.svc",
             6443
         ))
+    );
+}
+
+/// The appliance's rule, which the operator now shares: a pool that spans
+/// the gateway or a pod's address is fine, as those are never handed out.
+#[test]
+fn static_addresses_inside_the_pool_are_left_out_of_it() {
+    let mut infra = reference();
+    infra
+        .spec
+        .infra_components
+        .dhcp
+        .as_mut()
+        .unwrap()
+        .range_start = Some("192.168.100.1".into());
+    infra
+        .spec
+        .infra_components
+        .proxy
+        .as_mut()
+        .unwrap()
+        .server_ip = Some("192.168.100.150".into());
+    let plan = plan_of(&infra);
+    let dhcp =
+        causeway_config::Config::from_yaml(&plan.component(Component::Dhcp).unwrap().config_text)
+            .unwrap()
+            .dhcp
+            .unwrap();
+    let excluded = &dhcp.subnets[0].exclude;
+    for ip in [
+        "192.168.100.1",
+        "192.168.100.2",
+        "192.168.100.3",
+        "192.168.100.150",
+    ] {
+        let ip: std::net::Ipv4Addr = ip.parse().unwrap();
+        assert!(
+            excluded.iter().any(|r| r.contains(ip)),
+            "{ip} not excluded: {excluded:?}"
+        );
+    }
+}
+
+/// `*.apps` resolves to the proxy on the VLAN only when the proxy has an
+/// ingress to send it to.
+#[test]
+fn apps_resolve_to_the_proxy_only_with_an_ingress_target() {
+    let apps = "*.apps.my-cluster.example.com.";
+    let dns_of = |infra: &Infra| {
+        causeway_config::Config::from_yaml(
+            &plan_of(infra)
+                .component(Component::Dns)
+                .unwrap()
+                .config_text,
+        )
+        .unwrap()
+        .dns
+        .unwrap()
+    };
+    let without = dns_of(&reference());
+    assert!(without
+        .views
+        .iter()
+        .all(|v| v.records.iter().all(|r| r.name != apps)));
+    let mut infra = reference();
+    infra
+        .spec
+        .infra_components
+        .proxy
+        .as_mut()
+        .unwrap()
+        .ingress_https = Some("router-default.openshift-ingress.svc:443".into());
+    let with = dns_of(&infra);
+    let records: Vec<_> = with
+        .views
+        .last()
+        .unwrap()
+        .records
+        .iter()
+        .filter(|r| r.name == apps)
+        .collect();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(
+        records[0].data,
+        causeway_config::RecordData::A("192.168.100.10".parse().unwrap())
     );
 }
