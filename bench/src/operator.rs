@@ -20,7 +20,6 @@ use anyhow::{bail, Context};
 use causeway_operator::crd::Infra;
 use futures::{stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, ListParams, PostParams};
@@ -120,23 +119,14 @@ async fn setup(client: &Client, args: &OperatorArgs) -> anyhow::Result<String> {
         args.namespace
     );
     causeway_operator::manifest::apply(client, &nad, &args.namespace, MANAGER).await?;
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec!["https://kubernetes.default.svc".into()],
-            expiration_seconds: Some(3600 * 4),
-            ..TokenRequestSpec::default()
-        },
-        ..TokenRequest::default()
-    };
-    let issued: TokenRequest = sas
-        .create_subresource("token", OPERATOR_SA, &PostParams::default(), &request)
-        .await
-        .context("a token for the operator's ServiceAccount")?;
-    issued
-        .status
-        .map(|s| s.token)
-        .context("the TokenRequest came back without a token")
+    Ok(causeway_operator::manifest::service_account_token(
+        client,
+        RELEASE_NAMESPACE,
+        OPERATOR_SA,
+        "https://kubernetes.default.svc",
+        Duration::from_secs(4 * 3600),
+    )
+    .await?)
 }
 
 fn free_port() -> anyhow::Result<u16> {

@@ -103,3 +103,45 @@ async fn apply_object(
     .await
     .map_err(api_error)
 }
+
+/// A token for a ServiceAccount from the TokenRequest API, as a kubelet
+/// gets one for a pod: what runs with it has exactly that account's rights.
+pub async fn service_account_token(
+    client: &Client,
+    namespace: &str,
+    service_account: &str,
+    audience: &str,
+    lifetime: Duration,
+) -> Result<String, ManifestError> {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let api: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![audience.to_string()],
+            expiration_seconds: Some(i64::try_from(lifetime.as_secs()).unwrap_or(i64::MAX)),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    let issued: TokenRequest = api
+        .create_subresource(
+            "token",
+            service_account,
+            &kube::api::PostParams::default(),
+            &request,
+        )
+        .await
+        .map_err(|source| ManifestError::Api {
+            kind: "ServiceAccount".into(),
+            name: format!("{namespace}/{service_account}"),
+            source,
+        })?;
+    issued
+        .status
+        .map(|s| s.token)
+        .ok_or_else(|| ManifestError::Object {
+            index: 0,
+            message: format!("no token came back for {namespace}/{service_account}"),
+        })
+}

@@ -213,6 +213,18 @@ fn config_text(cm: &ConfigMap) -> String {
         .unwrap_or_default()
 }
 
+/// How many objects of a kind `lp` selects in `ns`.
+async fn count<K>(client: &Client, ns: &str, lp: &ListParams) -> Option<usize>
+where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + k8s_openapi::serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), ns);
+    Some(api.list_metadata(lp).await.ok()?.items.len())
+}
+
 /// The DHCP lease time of a rendered config, read as the pod reads it.
 fn lease_time(cm: &ConfigMap) -> Option<Duration> {
     causeway_config::Config::from_yaml(&config_text(cm))
@@ -629,48 +641,13 @@ async fn deleting_the_infra_removes_every_child() {
         Some(&op),
         || async {
             let lp = ListParams::default().labels(&selector);
-            let left = Api::<ConfigMap>::namespaced(client.clone(), &ns)
-                .list(&lp)
-                .await
-                .ok()?
-                .items
-                .len()
-                + Api::<Deployment>::namespaced(client.clone(), &ns)
-                    .list(&lp)
-                    .await
-                    .ok()?
-                    .items
-                    .len()
-                + Api::<StatefulSet>::namespaced(client.clone(), &ns)
-                    .list(&lp)
-                    .await
-                    .ok()?
-                    .items
-                    .len()
-                + Api::<ServiceAccount>::namespaced(client.clone(), &ns)
-                    .list(&lp)
-                    .await
-                    .ok()?
-                    .items
-                    .len()
-                + Api::<Service>::namespaced(client.clone(), &ns)
-                    .list(&lp)
-                    .await
-                    .ok()?
-                    .items
-                    .len()
-                + Api::<NetworkPolicy>::namespaced(client.clone(), &ns)
-                    .list(&lp)
-                    .await
-                    .ok()?
-                    .items
-                    .len()
-                + Api::<Pod>::namespaced(client.clone(), &ns)
-                    .list(&lp)
-                    .await
-                    .ok()?
-                    .items
-                    .len();
+            let left = count::<ConfigMap>(&client, &ns, &lp).await?
+                + count::<Deployment>(&client, &ns, &lp).await?
+                + count::<StatefulSet>(&client, &ns, &lp).await?
+                + count::<ServiceAccount>(&client, &ns, &lp).await?
+                + count::<Service>(&client, &ns, &lp).await?
+                + count::<NetworkPolicy>(&client, &ns, &lp).await?
+                + count::<Pod>(&client, &ns, &lp).await?;
             (left == 0).then_some(())
         },
     )

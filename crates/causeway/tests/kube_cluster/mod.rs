@@ -19,10 +19,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
 
@@ -254,20 +253,15 @@ async fn install_chart(c: &SharedCluster, helm: &Path) -> Result<String, String>
 
 /// A token for a ServiceAccount, from the TokenRequest API.
 pub async fn token_for(client: &Client, ns: &str, sa: &str) -> String {
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec!["https://kubernetes.default.svc".into()],
-            expiration_seconds: Some(24 * 3600),
-            ..TokenRequestSpec::default()
-        },
-        ..TokenRequest::default()
-    };
-    let issued: TokenRequest = sas
-        .create_subresource("token", sa, &PostParams::default(), &request)
-        .await
-        .unwrap_or_else(|e| panic!("token for ServiceAccount {ns}/{sa}: {e}"));
-    issued.status.expect("a TokenRequest without a token").token
+    causeway_operator::manifest::service_account_token(
+        client,
+        ns,
+        sa,
+        "https://kubernetes.default.svc",
+        Duration::from_secs(24 * 3600),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("token for ServiceAccount {ns}/{sa}: {e}"))
 }
 
 async fn wait_crds_established(client: &Client) -> Result<(), String> {
