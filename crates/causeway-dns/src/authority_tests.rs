@@ -251,7 +251,7 @@ fn reverse_zones_cover_whole_octets() {
 #[test]
 fn a_wildcard_parent_without_names_of_its_own_answers_uniformly() {
     let (a, _) = authority(
-        "  listen: ['127.0.0.1:5353']\n  records:\n    - {name: '*.svc', type: A, value: 10.0.0.1}\n    - {name: special.svc, type: A, value: 10.0.0.2}\n",
+        "  listen: ['127.0.0.1:5353']\n  ingressAddress: 192.168.100.7\n  records:\n    - {name: '*.svc', type: A, value: 10.0.0.1}\n    - {name: special.svc, type: A, value: 10.0.0.2}\n",
     );
     assert_eq!(
         a.uniform_wildcard(0, &q("x.y.apps.hc1.example.com."))
