@@ -102,10 +102,17 @@ pub fn cluster(test: &str) -> Option<&'static SharedCluster> {
         );
         return None;
     }
+    let Some(helm) = helm() else {
+        skip(
+            test,
+            "no helm to render the chart (charts/test.sh --print-helm found none: npm missing?)",
+        );
+        return None;
+    };
     // Started on a thread of its own: the caller is inside a test's runtime,
     // and the chart is installed from a runtime of its own.
     let shared = CLUSTER.get_or_init(|| {
-        std::thread::spawn(move || start(&script))
+        std::thread::spawn(move || start(&script, helm))
             .join()
             .unwrap_or_else(|_| Err("starting the cluster panicked".into()))
     });
@@ -116,7 +123,7 @@ pub fn cluster(test: &str) -> Option<&'static SharedCluster> {
     }
 }
 
-fn start(script: &Path) -> Result<SharedCluster, String> {
+fn start(script: &Path, helm: PathBuf) -> Result<SharedCluster, String> {
     let dir = tempfile::Builder::new()
         .prefix("causeway-kube-")
         .tempdir()
@@ -143,7 +150,6 @@ fn start(script: &Path) -> Result<SharedCluster, String> {
             .cloned()
             .ok_or_else(|| format!("cluster.sh printed no {k}"))
     };
-    let helm = helm().ok_or("no helm: charts/test.sh --print-helm found none")?;
     let cluster = SharedCluster {
         helm: helm.clone(),
         dir: dir.clone(),
