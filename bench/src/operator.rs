@@ -22,7 +22,7 @@ use futures::{stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, PartialObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -84,18 +84,9 @@ fn operator_kubeconfig(admin: &Path, token: &str, out: &Path) -> anyhow::Result<
     let ca = cluster
         .certificate_authority
         .context("the cluster names no certificate-authority file")?;
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: {server}, certificate-authority: {ca}}}\nusers:\n- name: u\n  user: {{token: {token}}}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n"
-    );
+    let text = causeway_operator::manifest::token_kubeconfig(&server, Path::new(&ca), token);
     std::fs::write(out, text)?;
     Ok(())
-}
-
-fn without_deployments(yaml: &str) -> String {
-    yaml.split("\n---")
-        .filter(|d| !d.lines().any(|l| l.trim() == "kind: Deployment"))
-        .collect::<Vec<_>>()
-        .join("\n---")
 }
 
 async fn setup(client: &Client, args: &OperatorArgs) -> anyhow::Result<String> {
@@ -107,7 +98,7 @@ async fn setup(client: &Client, args: &OperatorArgs) -> anyhow::Result<String> {
         .with_context(|| format!("reading {}", args.chart.display()))?;
     causeway_operator::manifest::apply(
         client,
-        &without_deployments(&chart),
+        &causeway_operator::manifest::without_kind(&chart, "Deployment"),
         RELEASE_NAMESPACE,
         MANAGER,
     )
@@ -201,7 +192,13 @@ fn infra(name: &str, ns: &str) -> anyhow::Result<Infra> {
     Ok(serde_json::from_value(doc)?)
 }
 
-async fn count<K>(client: &Client, ns: &str) -> anyhow::Result<usize>
+/// The metadata of the objects of one kind in `ns` (those `selector`
+/// picks, when given).
+async fn metadata<K>(
+    client: &Client,
+    ns: &str,
+    selector: Option<&str>,
+) -> anyhow::Result<Vec<PartialObjectMeta<K>>>
 where
     K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
         + Clone
@@ -209,48 +206,59 @@ where
         + std::fmt::Debug,
 {
     let api: Api<K> = Api::namespaced(client.clone(), ns);
-    Ok(api
-        .list_metadata(&ListParams::default().labels(OURS))
-        .await?
-        .items
-        .len())
+    let mut lp = ListParams::default();
+    if let Some(s) = selector {
+        lp = lp.labels(s);
+    }
+    Ok(api.list_metadata(&lp).await?.items)
+}
+
+async fn count<K>(client: &Client, ns: &str) -> anyhow::Result<usize>
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    Ok(metadata::<K>(client, ns, Some(OURS)).await?.len())
 }
 
 /// resourceVersion of every Infra and every object of ours.
 async fn versions(client: &Client, ns: &str) -> anyhow::Result<BTreeMap<String, String>> {
-    async fn of<K>(
-        client: &Client,
-        ns: &str,
-        selector: Option<&str>,
+    fn add<K: Resource<DynamicType = ()>>(
         out: &mut BTreeMap<String, String>,
-    ) -> anyhow::Result<()>
-    where
-        K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
-            + Clone
-            + DeserializeOwned
-            + std::fmt::Debug,
-    {
-        let api: Api<K> = Api::namespaced(client.clone(), ns);
-        let mut lp = ListParams::default();
-        if let Some(s) = selector {
-            lp = lp.labels(s);
-        }
-        for m in api.list_metadata(&lp).await?.items {
+        items: Vec<PartialObjectMeta<K>>,
+    ) {
+        for m in items {
             out.insert(
                 format!("{}/{}", K::kind(&()), m.name_any()),
                 m.resource_version().unwrap_or_default(),
             );
         }
-        Ok(())
     }
     let mut out = BTreeMap::new();
-    of::<Infra>(client, ns, None, &mut out).await?;
-    of::<ConfigMap>(client, ns, Some(OURS), &mut out).await?;
-    of::<Deployment>(client, ns, Some(OURS), &mut out).await?;
-    of::<StatefulSet>(client, ns, Some(OURS), &mut out).await?;
-    of::<ServiceAccount>(client, ns, Some(OURS), &mut out).await?;
-    of::<Service>(client, ns, Some(OURS), &mut out).await?;
-    of::<NetworkPolicy>(client, ns, Some(OURS), &mut out).await?;
+    add(&mut out, metadata::<Infra>(client, ns, None).await?);
+    add(
+        &mut out,
+        metadata::<ConfigMap>(client, ns, Some(OURS)).await?,
+    );
+    add(
+        &mut out,
+        metadata::<Deployment>(client, ns, Some(OURS)).await?,
+    );
+    add(
+        &mut out,
+        metadata::<StatefulSet>(client, ns, Some(OURS)).await?,
+    );
+    add(
+        &mut out,
+        metadata::<ServiceAccount>(client, ns, Some(OURS)).await?,
+    );
+    add(&mut out, metadata::<Service>(client, ns, Some(OURS)).await?);
+    add(
+        &mut out,
+        metadata::<NetworkPolicy>(client, ns, Some(OURS)).await?,
+    );
     Ok(out)
 }
 

@@ -143,10 +143,7 @@ pub async fn run(
     let ctx = Arc::new(HostedContext {
         client: client.clone(),
     });
-    let infras: Api<Infra> = match &scope {
-        crate::controller::Scope::All => Api::all(client),
-        crate::controller::Scope::Namespace(ns) => Api::namespaced(client, ns),
-    };
+    let infras: Api<Infra> = scope.api(&client);
     Controller::new_with(api, watcher::Config::default(), ar)
         .owns(infras, watcher::Config::default())
         .graceful_shutdown_on(shutdown)

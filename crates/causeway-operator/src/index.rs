@@ -220,14 +220,6 @@ impl Index {
             .verified
             .insert(key_of(obj), (content_hash(obj), desired.to_string()));
     }
-
-    pub fn len(&self) -> usize {
-        self.read().live.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 #[cfg(test)]

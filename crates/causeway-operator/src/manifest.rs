@@ -145,3 +145,36 @@ pub async fn service_account_token(
             message: format!("no token came back for {namespace}/{service_account}"),
         })
 }
+
+/// The documents of a multi-document manifest, less those of `kind` (the
+/// tests and the bench run the operator's binary themselves, so they drop
+/// the chart's Deployment).
+pub fn without_kind(yaml: &str, kind: &str) -> String {
+    let line = format!("kind: {kind}");
+    yaml.split("\n---")
+        .filter(|doc| !doc.lines().any(|l| l.trim() == line))
+        .collect::<Vec<_>>()
+        .join("\n---")
+}
+
+/// A kubeconfig for `server` (its CA in the file `ca`) that authenticates
+/// with a bearer token.
+pub fn token_kubeconfig(server: &str, ca: &std::path::Path, token: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: {server}, certificate-authority: {}}}\nusers:\n- name: u\n  user: {{token: {token}}}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n",
+        ca.display()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_kind_drops_only_documents_of_that_kind() {
+        let yaml = "kind: ServiceAccount\nmetadata: {name: a}\n---\nkind: Deployment\nmetadata: {name: b}\n---\nkind: Role\n";
+        let kept = without_kind(yaml, "Deployment");
+        assert!(kept.contains("ServiceAccount") && kept.contains("Role"));
+        assert!(!kept.contains("Deployment"));
+    }
+}

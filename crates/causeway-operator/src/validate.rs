@@ -9,7 +9,6 @@
 //! not the VLAN's, a Service that is not there) is checked here; everything
 //! about addresses, ranges, names and durations is the validator's.
 
-use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 use causeway_config::{
@@ -648,12 +647,4 @@ pub fn validate(
         control_plane_namespace,
         warnings,
     })
-}
-
-/// Every component's config text, by component name, for tests and tools.
-pub fn configs(plan: &Plan) -> BTreeMap<&'static str, &str> {
-    plan.components
-        .iter()
-        .map(|c| (c.component.name(), c.config_text.as_str()))
-        .collect()
 }

@@ -24,6 +24,11 @@ fn owner() -> Owner {
     }
 }
 
+/// One component's config, loaded as its pod loads it.
+fn plan_config(plan: &Plan, component: Component) -> causeway_config::Config {
+    causeway_config::Config::from_yaml(&plan.component(component).unwrap().config_text).unwrap()
+}
+
 fn no_services(_: &str, _: &str) -> ServiceAddress {
     ServiceAddress::Missing
 }
@@ -60,9 +65,7 @@ fn the_reference_example_is_accepted_as_written() {
     assert_eq!(plan.cidr.to_string(), "192.168.100.0/24");
     assert_eq!(plan.nad_name, "vlan100");
     assert_eq!(plan.nad_namespace, "default");
-    let dns =
-        causeway_config::Config::from_yaml(&plan.component(Component::Dns).unwrap().config_text)
-            .unwrap();
+    let dns = plan_config(&plan, Component::Dns);
     assert_eq!(dns.cluster.unwrap().name, "my-cluster");
     assert_eq!(
         plan.control_plane_namespace.as_deref(),
@@ -349,9 +352,7 @@ fn a_hosted_cluster_ref_fills_name_domain_and_namespace() {
         base_domain: Some("corp.example".into()),
     };
     let plan = validate(&infra.spec, "clusters", Some(&hc), &no_services).unwrap();
-    let dns =
-        causeway_config::Config::from_yaml(&plan.component(Component::Dns).unwrap().config_text)
-            .unwrap();
+    let dns = plan_config(&plan, Component::Dns);
     let cluster = dns.cluster.unwrap();
     assert_eq!(
         (cluster.name.as_str(), cluster.base_domain.as_str()),
@@ -506,11 +507,7 @@ fn static_addresses_inside_the_pool_are_left_out_of_it() {
         .unwrap()
         .server_ip = Some("192.168.100.150".into());
     let plan = plan_of(&infra);
-    let dhcp =
-        causeway_config::Config::from_yaml(&plan.component(Component::Dhcp).unwrap().config_text)
-            .unwrap()
-            .dhcp
-            .unwrap();
+    let dhcp = plan_config(&plan, Component::Dhcp).dhcp.unwrap();
     let excluded = &dhcp.subnets[0].exclude;
     for ip in [
         "192.168.100.1",
@@ -531,17 +528,7 @@ fn static_addresses_inside_the_pool_are_left_out_of_it() {
 #[test]
 fn apps_resolve_to_the_proxy_only_with_an_ingress_target() {
     let apps = "*.apps.my-cluster.example.com.";
-    let dns_of = |infra: &Infra| {
-        causeway_config::Config::from_yaml(
-            &plan_of(infra)
-                .component(Component::Dns)
-                .unwrap()
-                .config_text,
-        )
-        .unwrap()
-        .dns
-        .unwrap()
-    };
+    let dns_of = |infra: &Infra| plan_config(&plan_of(infra), Component::Dns).dns.unwrap();
     let without = dns_of(&reference());
     assert!(without
         .views

@@ -168,11 +168,7 @@ fn start(script: &Path, helm: PathBuf) -> Result<SharedCluster, String> {
 }
 
 pub fn write_kubeconfig(c: &SharedCluster, path: &Path, token: &str) {
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: t\n  context: {{cluster: t, user: u}}\ncurrent-context: t\n",
-        c.server,
-        c.ca.display()
-    );
+    let text = causeway_operator::manifest::token_kubeconfig(&c.server, &c.ca, token);
     std::fs::write(path, text).unwrap();
 }
 
@@ -235,16 +231,12 @@ pub async fn install_release(
     sets: &[&str],
 ) -> Result<(), String> {
     let rendered = helm_template(helm, release, sets);
-    apply_yaml(client, &without_deployment(&rendered), RELEASE_NAMESPACE).await
-}
-
-/// The chart's documents minus the operator's own Deployment (there is no
-/// kubelet to run it: the tests run the binary).
-fn without_deployment(yaml: &str) -> String {
-    yaml.split("\n---")
-        .filter(|d| !d.lines().any(|l| l.trim() == "kind: Deployment"))
-        .collect::<Vec<_>>()
-        .join("\n---")
+    apply_yaml(
+        client,
+        &causeway_operator::manifest::without_kind(&rendered, "Deployment"),
+        RELEASE_NAMESPACE,
+    )
+    .await
 }
 
 async fn install_chart(c: &SharedCluster, helm: &Path) -> Result<String, String> {
