@@ -6,6 +6,7 @@
 pub mod client;
 pub mod controller;
 pub mod crd;
+pub mod dpf;
 pub mod drift;
 pub mod error;
 pub mod hosted;

@@ -1,0 +1,10 @@
+//! The DPF to HyperShift bridge: a `DPFHCPProvisioner` becomes a HyperShift
+//! HostedCluster and NodePool for a DPF DPUCluster, with MetalLB in front
+//! of its API server and its kubeconfig handed to the DPUCluster.
+//!
+//! Same shape as the Infra controller: [`spec`] checks the object, [`render`]
+//! and [`status`] are pure, and [`controller`] observes, applies by
+//! server-side apply under one field manager, and writes status by apply.
+
+pub mod crd;
+pub mod spec;
