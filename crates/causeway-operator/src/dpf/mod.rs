@@ -7,4 +7,5 @@
 //! server-side apply under one field manager, and writes status by apply.
 
 pub mod crd;
+pub mod render;
 pub mod spec;

@@ -327,7 +327,7 @@ pub fn changed_immutable(provisioned: &Value, spec: &DPFHCPProvisionerSpec) -> V
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::dpf::crd::{LocalRef, ObjectRef};
 
