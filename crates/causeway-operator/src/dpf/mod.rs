@@ -9,3 +9,4 @@
 pub mod crd;
 pub mod render;
 pub mod spec;
+pub mod status;

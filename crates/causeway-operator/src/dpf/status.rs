@@ -1,0 +1,917 @@
+//! A provisioner's status as a pure function of what a reconcile saw: the
+//! conditions (the Go operator's names and reasons, HyperShift's mirrored,
+//! and the Applied/Available/Health summary), Ready checked in order, and
+//! the phase. Also the decisions that read status-like facts: how far an
+//! upgrade has got and what kubeconfig injection must do.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use serde_json::Value;
+
+use super::crd::Phase;
+
+pub const READY: &str = "Ready";
+pub const SPEC_VALID: &str = "SpecValid";
+pub const PROVISIONER_CONFIG: &str = "ProvisionerConfig";
+pub const DPU_CLUSTER_MISSING: &str = "DPUClusterMissing";
+pub const CLUSTER_TYPE_VALID: &str = "ClusterTypeValid";
+pub const DPU_CLUSTER_IN_USE: &str = "DPUClusterInUse";
+pub const SECRETS_VALID: &str = "SecretsValid";
+pub const PREREQUISITES: &str = "PrerequisitesInstalled";
+pub const METALLB_CONFIGURED: &str = "MetalLBConfigured";
+pub const KUBECONFIG_INJECTED: &str = "KubeConfigInjected";
+pub const UPGRADING: &str = "HostedClusterUpgrading";
+pub const CLEANUP: &str = "HostedClusterCleanup";
+pub const APPLIED: &str = "Applied";
+pub const AVAILABLE: &str = "Available";
+pub const HEALTH: &str = "Health";
+pub const HOSTED_CLUSTER_AVAILABLE: &str = "HostedClusterAvailable";
+
+/// HostedCluster conditions copied verbatim, under these names.
+pub const MIRRORED: [(&str, &str); 13] = [
+    ("Available", HOSTED_CLUSTER_AVAILABLE),
+    ("Progressing", "HostedClusterProgressing"),
+    ("Degraded", "HostedClusterDegraded"),
+    ("ValidReleaseInfo", "ValidReleaseInfo"),
+    ("ValidReleaseImage", "ValidReleaseImage"),
+    ("IgnitionEndpointAvailable", "IgnitionEndpointAvailable"),
+    (
+        "IgnitionServerValidReleaseInfo",
+        "IgnitionServerValidReleaseInfo",
+    ),
+    ("EtcdAvailable", "EtcdAvailable"),
+    ("KubeAPIServerAvailable", "KubeAPIServerAvailable"),
+    ("InfrastructureReady", "InfrastructureReady"),
+    ("EtcdRecoveryActive", "EtcdRecoveryActive"),
+    (
+        "HostedClusterRestoredFromBackup",
+        "HostedClusterRestoredFromBackup",
+    ),
+    (
+        "DataPlaneConnectionAvailable",
+        "DataPlaneConnectionAvailable",
+    ),
+];
+
+/// One condition before timestamps: what a check found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    pub type_: &'static str,
+    pub status: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+impl Check {
+    pub fn new(
+        type_: &'static str,
+        status: bool,
+        reason: &str,
+        message: impl Into<String>,
+    ) -> Self {
+        Check {
+            type_,
+            status,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A HostedCluster condition as HyperShift writes it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HcCondition {
+    pub type_: String,
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HistoryEntry {
+    pub state: String,
+    pub image: String,
+    pub version: String,
+}
+
+/// What the live HostedCluster says.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HostedClusterFacts {
+    pub conditions: Vec<HcCondition>,
+    /// Newest first, as HyperShift keeps it.
+    pub history: Vec<HistoryEntry>,
+    pub endpoint: Option<String>,
+    pub release_image: Option<String>,
+}
+
+fn text(v: &Value, pointer: &str) -> String {
+    v.pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+impl HostedClusterFacts {
+    /// Read from a HostedCluster object; anything missing or malformed is
+    /// left out rather than failing.
+    pub fn from_object(hc: &Value) -> Self {
+        let conditions = hc
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .map(|list| {
+                list.iter()
+                    .map(|c| HcCondition {
+                        type_: text(c, "/type"),
+                        status: text(c, "/status"),
+                        reason: text(c, "/reason"),
+                        message: text(c, "/message"),
+                    })
+                    .filter(|c| !c.type_.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let history = [
+            "/status/controlPlaneVersion/history",
+            "/status/version/history",
+        ]
+        .iter()
+        .find_map(|p| hc.pointer(p).and_then(Value::as_array))
+        .map(|list| {
+            list.iter()
+                .map(|h| HistoryEntry {
+                    state: text(h, "/state"),
+                    image: text(h, "/image"),
+                    version: text(h, "/version"),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+        let host = text(hc, "/status/controlPlaneEndpoint/host");
+        let endpoint = (!host.is_empty()).then(|| {
+            match hc
+                .pointer("/status/controlPlaneEndpoint/port")
+                .and_then(Value::as_i64)
+            {
+                Some(port) if host.contains(':') => format!("https://[{host}]:{port}"),
+                Some(port) => format!("https://{host}:{port}"),
+                None => format!("https://{host}"),
+            }
+        });
+        let release_image = hc
+            .pointer("/spec/release/image")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        HostedClusterFacts {
+            conditions,
+            history,
+            endpoint,
+            release_image,
+        }
+    }
+
+    fn condition(&self, type_: &str) -> Option<&HcCondition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+
+    fn is(&self, type_: &str, status: &str) -> bool {
+        self.condition(type_).is_some_and(|c| c.status == status)
+    }
+
+    /// The version of the newest completed rollout.
+    pub fn version(&self) -> Option<String> {
+        self.history
+            .iter()
+            .find(|h| h.state == "Completed" && !h.version.is_empty())
+            .map(|h| h.version.clone())
+    }
+}
+
+/// HyperShift's conditions under the names the product specs use.
+pub fn mirror(hc: &HostedClusterFacts) -> Vec<Check> {
+    MIRRORED
+        .iter()
+        .filter_map(|(from, to)| {
+            let c = hc.condition(from)?;
+            // Unknown is carried as False: a condition here is a yes or no.
+            Some(Check {
+                type_: to,
+                status: c.status == "True",
+                reason: if c.reason.is_empty() {
+                    "Unknown".into()
+                } else {
+                    c.reason.clone()
+                },
+                message: c.message.clone(),
+            })
+        })
+        .collect()
+}
+
+/// Available, as the adapter pattern defines it: the HostedCluster's
+/// Available, and while it is not, whether it is still progressing.
+pub fn available(hc: Option<&HostedClusterFacts>) -> Check {
+    let Some(hc) = hc else {
+        return Check::new(AVAILABLE, false, "Unknown", "no HostedCluster yet");
+    };
+    match hc.condition("Available") {
+        Some(c) if c.status == "True" => Check::new(
+            AVAILABLE,
+            true,
+            "ControlPlaneReady",
+            "the control plane is ready and operational",
+        ),
+        Some(_) if hc.is("Progressing", "True") => Check::new(
+            AVAILABLE,
+            false,
+            "Provisioning",
+            "control plane provisioning in progress",
+        ),
+        Some(_) => Check::new(
+            AVAILABLE,
+            false,
+            "NotReady",
+            "the control plane is not ready",
+        ),
+        None => Check::new(
+            AVAILABLE,
+            false,
+            "Unknown",
+            "the control plane's status is not reported yet",
+        ),
+    }
+}
+
+/// Where a deletion has got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cleanup {
+    /// Waiting for `what` to go, for `seconds` so far.
+    InProgress {
+        what: String,
+        seconds: u64,
+    },
+    /// Waited past the timeout.
+    Failed {
+        what: String,
+        seconds: u64,
+    },
+    Succeeded,
+}
+
+pub fn cleanup_condition(c: &Cleanup) -> Check {
+    match c {
+        Cleanup::InProgress { what, seconds } => Check::new(
+            CLEANUP,
+            false,
+            "InProgress",
+            format!("waiting for {what} to be deleted ({seconds} s so far)"),
+        ),
+        Cleanup::Failed { what, seconds } => Check::new(
+            CLEANUP,
+            false,
+            "Failed",
+            format!("{what} is still there after {seconds} s"),
+        ),
+        Cleanup::Succeeded => Check::new(
+            CLEANUP,
+            true,
+            "Succeeded",
+            "everything the provisioner made is deleted",
+        ),
+    }
+}
+
+/// Health: False when the control plane is degraded, when a deletion is
+/// stuck, or when the operator hit an error it will not retry.
+pub fn health(
+    hc: Option<&HostedClusterFacts>,
+    cleanup: Option<&Cleanup>,
+    permanent_error: Option<&str>,
+) -> Check {
+    if let Some(Cleanup::Failed { what, seconds }) = cleanup {
+        return Check::new(
+            HEALTH,
+            false,
+            "DeletionStuck",
+            format!(
+                "{what} has not gone after {seconds} s. Look at its finalizers and at the HyperShift operator's logs \
+                 (kubectl -n hypershift logs deploy/operator); once it is gone the provisioner's deletion completes by itself. \
+                 Removing its finalizers by hand leaves its control-plane namespace and cloud resources behind"
+            ),
+        );
+    }
+    if let Some(why) = permanent_error {
+        return Check::new(HEALTH, false, "AdapterError", why);
+    }
+    if let Some(c) = hc
+        .and_then(|h| h.condition("Degraded"))
+        .filter(|c| c.status == "True")
+    {
+        return Check::new(
+            HEALTH,
+            false,
+            "Degraded",
+            format!("the control plane is degraded: {}", c.message),
+        );
+    }
+    Check::new(HEALTH, true, "NoIssues", "no degradation detected")
+}
+
+/// How far the control plane is with the release the spec asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rollout {
+    /// The newest rollout completed, at the wanted release.
+    Done,
+    /// A release completed before, and the wanted one has not yet.
+    Upgrading,
+    /// Nothing has completed yet: the first install.
+    Installing,
+}
+
+pub fn rollout(wanted_image: &str, hc: &HostedClusterFacts) -> Rollout {
+    match hc.history.first() {
+        Some(h) if h.state == "Completed" && h.image == wanted_image => Rollout::Done,
+        _ if hc.history.iter().any(|h| h.state == "Completed") => Rollout::Upgrading,
+        _ => Rollout::Installing,
+    }
+}
+
+pub fn upgrading_condition(r: Rollout, wanted_image: &str) -> Check {
+    match r {
+        Rollout::Upgrading => Check::new(
+            UPGRADING,
+            true,
+            "UpgradeInProgress",
+            format!("the control plane is rolling out {wanted_image}; the NodePool follows once it completes"),
+        ),
+        Rollout::Done | Rollout::Installing => {
+            Check::new(UPGRADING, false, "UpgradeComplete", "no upgrade in progress")
+        }
+    }
+}
+
+/// The release the NodePool should run: the control plane goes first, so
+/// the pool moves to a new release only once the control plane completed
+/// it; a new pool starts at the wanted one.
+pub fn node_pool_release(wanted_image: &str, r: Rollout, live_pool_image: Option<&str>) -> String {
+    match (r, live_pool_image) {
+        (Rollout::Done, _) | (_, None) => wanted_image.to_string(),
+        (_, Some(live)) => live.to_string(),
+    }
+}
+
+/// The state of the kubeconfig copy in the DPUCluster's namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Copy {
+    Missing,
+    Current,
+    Stale,
+}
+
+/// What injection must do, from the copy's state and what
+/// `DPUCluster.spec.kubeconfig` holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Injection {
+    Nothing,
+    Act {
+        write_secret: bool,
+        set_field: bool,
+    },
+    /// The field names another Secret, and it cannot change once set.
+    Conflict(String),
+}
+
+pub fn injection(copy: Copy, field: Option<&str>, ours: &str) -> Injection {
+    let field = field.filter(|f| !f.is_empty());
+    match field {
+        Some(other) if other != ours => Injection::Conflict(other.to_string()),
+        Some(_) if copy == Copy::Current => Injection::Nothing,
+        Some(_) => Injection::Act {
+            write_secret: true,
+            set_field: false,
+        },
+        None => Injection::Act {
+            write_secret: copy != Copy::Current,
+            set_field: true,
+        },
+    }
+}
+
+/// What the reconcile found, part by part.
+#[derive(Debug, Clone, Default)]
+pub struct Observed {
+    pub deleting: bool,
+    /// Validation checks, in the order Ready looks at them.
+    pub validations: Vec<Check>,
+    /// `None` in NodePort mode, where MetalLB plays no part.
+    pub metal_lb: Option<Check>,
+    pub applied: Option<Check>,
+    pub hosted_cluster: Option<HostedClusterFacts>,
+    pub kubeconfig: Option<Check>,
+    pub wanted_image: String,
+    pub cleanup: Option<Cleanup>,
+    pub permanent_error: Option<String>,
+    /// Informational conditions (ProvisionerConfig).
+    pub notes: Vec<Check>,
+}
+
+/// A validation check holds when its status is the good one: the two
+/// "Missing"/"InUse" conditions are good when False.
+pub fn holds(c: &Check) -> bool {
+    match c.type_ {
+        DPU_CLUSTER_MISSING | DPU_CLUSTER_IN_USE => !c.status,
+        _ => c.status,
+    }
+}
+
+fn failed_validation(o: &Observed) -> Option<&Check> {
+    o.validations.iter().find(|c| !holds(c))
+}
+
+fn kubeconfig_injected(o: &Observed) -> bool {
+    o.kubeconfig.as_ref().is_some_and(|c| c.status)
+}
+
+fn hc_available(o: &Observed) -> bool {
+    o.hosted_cluster
+        .as_ref()
+        .is_some_and(|h| h.is("Available", "True"))
+}
+
+/// Ready, checked in order: the first part that does not hold says why.
+pub fn ready(o: &Observed) -> Check {
+    if o.deleting {
+        return Check::new(READY, false, "Deleting", "the provisioner is being deleted");
+    }
+    if let Some(c) = failed_validation(o) {
+        return Check::new(
+            READY,
+            false,
+            "ValidationFailed",
+            format!("{}: {}", c.type_, c.message),
+        );
+    }
+    if let Some(a) = o.applied.as_ref().filter(|a| !a.status) {
+        return Check::new(READY, false, "HostedClusterNotReady", a.message.clone());
+    }
+    if let Some(m) = o.metal_lb.as_ref().filter(|m| !m.status) {
+        return Check::new(READY, false, "MetalLBNotConfigured", m.message.clone());
+    }
+    if !hc_available(o) {
+        return Check::new(
+            READY,
+            false,
+            "HostedClusterNotReady",
+            "the HostedCluster is not available yet",
+        );
+    }
+    if !kubeconfig_injected(o) {
+        return Check::new(
+            READY,
+            false,
+            "KubeConfigNotInjected",
+            "the kubeconfig is not in the DPUCluster yet",
+        );
+    }
+    let rolled_out = o
+        .hosted_cluster
+        .as_ref()
+        .is_some_and(|h| rollout(&o.wanted_image, h) == Rollout::Done);
+    if !rolled_out {
+        return Check::new(
+            READY,
+            false,
+            "ControlPlaneProgressing",
+            format!(
+                "the control plane has not completed rolling out {}",
+                o.wanted_image
+            ),
+        );
+    }
+    Check::new(
+        READY,
+        true,
+        "AllComponentsOperational",
+        "the hosted cluster is available and its kubeconfig is in the DPUCluster",
+    )
+}
+
+/// The phase, first match wins.
+pub fn phase(o: &Observed, ready: &Check) -> Phase {
+    if o.deleting {
+        return Phase::Deleting;
+    }
+    let conflict = o
+        .applied
+        .as_ref()
+        .is_some_and(|a| !a.status && a.reason == "Conflict");
+    if failed_validation(o).is_some() || conflict || o.permanent_error.is_some() {
+        return Phase::Failed;
+    }
+    if let Some(hc) = &o.hosted_cluster {
+        let blocked = hc
+            .condition("Progressing")
+            .is_some_and(|c| c.status == "False" && c.reason == "Blocked");
+        if blocked || hc.is("Degraded", "True") {
+            return Phase::Error;
+        }
+    }
+    if ready.status {
+        return Phase::Ready;
+    }
+    let Some(hc) = &o.hosted_cluster else {
+        return Phase::Pending;
+    };
+    // Only the rollout is left when the rest holds: a first install is
+    // the version progressing, an upgrade waits for the control plane.
+    let metal_lb_ok = o.metal_lb.as_ref().is_none_or(|m| m.status);
+    if metal_lb_ok
+        && hc_available(o)
+        && kubeconfig_injected(o)
+        && rollout(&o.wanted_image, hc) == Rollout::Installing
+    {
+        return Phase::ClusterVersionProgressing;
+    }
+    Phase::WaitingForControlPlane
+}
+
+/// Every condition of the status, in a stable order.
+pub fn checks(o: &Observed) -> Vec<Check> {
+    let mut out = Vec::new();
+    out.extend(o.notes.iter().cloned());
+    out.extend(o.validations.iter().cloned());
+    out.extend(o.metal_lb.iter().cloned());
+    out.extend(o.kubeconfig.iter().cloned());
+    if let Some(hc) = &o.hosted_cluster {
+        out.extend(mirror(hc));
+        out.push(upgrading_condition(
+            rollout(&o.wanted_image, hc),
+            &o.wanted_image,
+        ));
+    }
+    out.extend(o.cleanup.iter().map(cleanup_condition));
+    let applied = match &o.applied {
+        Some(a) => a.clone(),
+        None if o.deleting => Check::new(
+            APPLIED,
+            false,
+            "Deleting",
+            "the provisioner is being deleted",
+        ),
+        None => Check::new(
+            APPLIED,
+            false,
+            "NotApplied",
+            "the HostedCluster is not applied until every check passes",
+        ),
+    };
+    out.push(applied);
+    out.push(available(o.hosted_cluster.as_ref()));
+    out.push(health(
+        o.hosted_cluster.as_ref(),
+        o.cleanup.as_ref(),
+        o.permanent_error.as_deref(),
+    ));
+    out.push(ready(o));
+    out
+}
+
+/// Conditions with their transition times: kept while the status holds,
+/// `now` when it changes.
+pub fn conditions(
+    prev: &[Condition],
+    checks: &[Check],
+    generation: Option<i64>,
+    now: &Time,
+) -> Vec<Condition> {
+    checks
+        .iter()
+        .map(|c| {
+            let status = if c.status { "True" } else { "False" };
+            let since = prev
+                .iter()
+                .find(|p| p.type_ == c.type_ && p.status == status)
+                .map(|p| p.last_transition_time.clone())
+                .unwrap_or_else(|| now.clone());
+            Condition {
+                type_: c.type_.into(),
+                status: status.into(),
+                reason: c.reason.clone(),
+                message: c.message.clone(),
+                observed_generation: generation,
+                last_transition_time: since,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn hc(conditions: &[(&str, &str, &str)], history: &[(&str, &str)]) -> HostedClusterFacts {
+        HostedClusterFacts {
+            conditions: conditions
+                .iter()
+                .map(|(t, s, r)| HcCondition {
+                    type_: t.to_string(),
+                    status: s.to_string(),
+                    reason: r.to_string(),
+                    message: format!("{t} says {s}"),
+                })
+                .collect(),
+            history: history
+                .iter()
+                .map(|(state, image)| HistoryEntry {
+                    state: state.to_string(),
+                    image: image.to_string(),
+                    version: format!("v-{image}"),
+                })
+                .collect(),
+            endpoint: None,
+            release_image: None,
+        }
+    }
+
+    fn good() -> Observed {
+        Observed {
+            validations: vec![
+                Check::new(DPU_CLUSTER_MISSING, false, "DPUClusterFound", ""),
+                Check::new(SECRETS_VALID, true, "SecretsValid", ""),
+            ],
+            metal_lb: Some(Check::new(METALLB_CONFIGURED, true, "MetalLBReady", "")),
+            applied: Some(Check::new(APPLIED, true, "HostedClusterApplied", "")),
+            hosted_cluster: Some(hc(
+                &[("Available", "True", "AsExpected")],
+                &[("Completed", "img:1")],
+            )),
+            kubeconfig: Some(Check::new(KUBECONFIG_INJECTED, true, "Injected", "")),
+            wanted_image: "img:1".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn ready_is_checked_in_order_and_the_first_failure_says_why() {
+        let r = ready(&good());
+        assert!(r.status);
+        assert_eq!(r.reason, "AllComponentsOperational");
+        assert_eq!(phase(&good(), &r), Phase::Ready);
+
+        type Step = fn(&mut Observed);
+        let cases: [(Step, &str, Phase); 7] = [
+            (
+                |o| o.validations[0].status = true,
+                "ValidationFailed",
+                Phase::Failed,
+            ),
+            (
+                |o| o.validations[1].status = false,
+                "ValidationFailed",
+                Phase::Failed,
+            ),
+            (
+                |o| o.metal_lb.as_mut().unwrap().status = false,
+                "MetalLBNotConfigured",
+                Phase::WaitingForControlPlane,
+            ),
+            (
+                |o| {
+                    o.hosted_cluster = Some(hc(
+                        &[("Available", "False", "X"), ("Progressing", "True", "")],
+                        &[],
+                    ))
+                },
+                "HostedClusterNotReady",
+                Phase::WaitingForControlPlane,
+            ),
+            (
+                |o| {
+                    o.kubeconfig = Some(Check::new(
+                        KUBECONFIG_INJECTED,
+                        false,
+                        "KubeconfigPending",
+                        "",
+                    ))
+                },
+                "KubeConfigNotInjected",
+                Phase::WaitingForControlPlane,
+            ),
+            (
+                |o| o.hosted_cluster.as_mut().unwrap().history = vec![],
+                "ControlPlaneProgressing",
+                Phase::ClusterVersionProgressing,
+            ),
+            (
+                |o| o.wanted_image = "img:2".into(),
+                "ControlPlaneProgressing",
+                Phase::WaitingForControlPlane,
+            ),
+        ];
+        for (break_it, reason, want_phase) in cases {
+            let mut o = good();
+            break_it(&mut o);
+            let r = ready(&o);
+            assert!(!r.status);
+            assert_eq!(r.reason, reason);
+            assert_eq!(phase(&o, &r), want_phase, "{reason}");
+        }
+        // Two broken parts: the earlier one is reported.
+        let mut o = good();
+        o.metal_lb.as_mut().unwrap().status = false;
+        o.kubeconfig = None;
+        assert_eq!(ready(&o).reason, "MetalLBNotConfigured");
+    }
+
+    #[test]
+    fn phases_for_deletion_errors_and_the_start() {
+        let mut o = good();
+        o.deleting = true;
+        assert_eq!(phase(&o, &ready(&o)), Phase::Deleting);
+        let mut o = good();
+        o.hosted_cluster = Some(hc(
+            &[("Available", "True", ""), ("Degraded", "True", "")],
+            &[("Completed", "img:1")],
+        ));
+        assert_eq!(phase(&o, &ready(&o)), Phase::Error);
+        o.hosted_cluster = Some(hc(&[("Progressing", "False", "Blocked")], &[]));
+        assert_eq!(phase(&o, &ready(&o)), Phase::Error);
+        let mut o = good();
+        o.hosted_cluster = None;
+        o.applied = None;
+        assert_eq!(phase(&o, &ready(&o)), Phase::Pending);
+        let mut o = good();
+        o.applied = Some(Check::new(APPLIED, false, "Conflict", "not ours"));
+        assert_eq!(phase(&o, &ready(&o)), Phase::Failed);
+        let mut o = good();
+        o.permanent_error = Some("forbidden".into());
+        assert_eq!(phase(&o, &ready(&o)), Phase::Failed);
+    }
+
+    #[test]
+    fn every_phase_maps_onto_the_five_summary_phases() {
+        use Phase::*;
+        let all = [
+            Pending,
+            WaitingForControlPlane,
+            GeneratingIgnition,
+            ClusterVersionProgressing,
+            Ready,
+            Failed,
+            Error,
+            Deleting,
+        ];
+        let summaries: Vec<&str> = all.iter().map(|p| p.summary()).collect();
+        assert_eq!(
+            summaries,
+            [
+                "Pending",
+                "Provisioning",
+                "Provisioning",
+                "Provisioning",
+                "Ready",
+                "Failed",
+                "Failed",
+                "Deleting"
+            ]
+        );
+    }
+
+    #[test]
+    fn summary_conditions_follow_the_adapter_semantics() {
+        assert_eq!(available(None).reason, "Unknown");
+        let progressing = hc(
+            &[("Available", "False", ""), ("Progressing", "True", "")],
+            &[],
+        );
+        assert_eq!(available(Some(&progressing)).reason, "Provisioning");
+        let stalled = hc(&[("Available", "False", "")], &[]);
+        assert_eq!(available(Some(&stalled)).reason, "NotReady");
+        let up = hc(&[("Available", "True", "")], &[]);
+        assert!(available(Some(&up)).status);
+
+        assert!(health(Some(&up), None, None).status);
+        let degraded = hc(&[("Degraded", "True", "")], &[]);
+        let h = health(Some(&degraded), None, None);
+        assert_eq!((h.status, h.reason.as_str()), (false, "Degraded"));
+        assert!(h.message.contains("Degraded says True"));
+        let stuck = Cleanup::Failed {
+            what: "HostedCluster ns/x".into(),
+            seconds: 1800,
+        };
+        let h = health(Some(&up), Some(&stuck), None);
+        assert_eq!(h.reason, "DeletionStuck");
+        assert!(
+            h.message.contains("finalizers"),
+            "remediation text: {}",
+            h.message
+        );
+        assert_eq!(health(None, None, Some("403")).reason, "AdapterError");
+    }
+
+    #[test]
+    fn hyper_shift_conditions_are_mirrored_under_the_seed_names() {
+        let facts = hc(
+            &[
+                ("Available", "True", "AsExpected"),
+                ("Degraded", "False", "AsExpected"),
+                ("EtcdAvailable", "True", "QuorumAvailable"),
+                ("SomethingElse", "True", ""),
+            ],
+            &[],
+        );
+        let m = mirror(&facts);
+        let names: Vec<&str> = m.iter().map(|c| c.type_).collect();
+        assert_eq!(
+            names,
+            [
+                "HostedClusterAvailable",
+                "HostedClusterDegraded",
+                "EtcdAvailable"
+            ]
+        );
+        assert_eq!(m[2].reason, "QuorumAvailable");
+        assert_eq!(m[0].message, "Available says True");
+    }
+
+    #[test]
+    fn facts_are_read_from_a_hosted_cluster_object_and_junk_is_ignored() {
+        let obj = json!({
+            "spec": {"release": {"image": "img:2"}},
+            "status": {
+                "conditions": [{"type": "Available", "status": "True", "reason": "AsExpected", "message": "ok"}, {"status": "True"}, 7],
+                "controlPlaneVersion": {"history": [{"state": "Partial", "image": "img:2", "version": "4.20.0"}, {"state": "Completed", "image": "img:1", "version": "4.19.0"}]},
+                "controlPlaneEndpoint": {"host": "192.168.1.100", "port": 6443},
+            }
+        });
+        let f = HostedClusterFacts::from_object(&obj);
+        assert_eq!(f.conditions.len(), 1);
+        assert_eq!(f.endpoint.as_deref(), Some("https://192.168.1.100:6443"));
+        assert_eq!(f.version().as_deref(), Some("4.19.0"));
+        assert_eq!(f.release_image.as_deref(), Some("img:2"));
+        assert_eq!(rollout("img:2", &f), Rollout::Upgrading);
+        assert_eq!(rollout("img:1", &f), Rollout::Upgrading);
+        let junk = HostedClusterFacts::from_object(
+            &json!({"status": {"conditions": "no", "controlPlaneEndpoint": {"host": "fd00::1", "port": 6443}}}),
+        );
+        assert!(junk.conditions.is_empty());
+        assert_eq!(junk.endpoint.as_deref(), Some("https://[fd00::1]:6443"));
+    }
+
+    #[test]
+    fn the_node_pool_follows_the_control_plane() {
+        let installing = hc(&[], &[("Partial", "img:1")]);
+        assert_eq!(rollout("img:1", &installing), Rollout::Installing);
+        assert_eq!(
+            node_pool_release("img:1", Rollout::Installing, None),
+            "img:1"
+        );
+        assert_eq!(
+            node_pool_release("img:2", Rollout::Upgrading, Some("img:1")),
+            "img:1"
+        );
+        assert_eq!(
+            node_pool_release("img:2", Rollout::Done, Some("img:1")),
+            "img:2"
+        );
+        let c = upgrading_condition(Rollout::Upgrading, "img:2");
+        assert_eq!((c.status, c.reason.as_str()), (true, "UpgradeInProgress"));
+        assert_eq!(
+            upgrading_condition(Rollout::Done, "img:2").reason,
+            "UpgradeComplete"
+        );
+    }
+
+    #[test]
+    fn kubeconfig_injection_follows_the_idempotency_table() {
+        let ours = "p-admin-kubeconfig";
+        let act = |w, s| Injection::Act {
+            write_secret: w,
+            set_field: s,
+        };
+        assert_eq!(
+            injection(Copy::Current, Some(ours), ours),
+            Injection::Nothing
+        );
+        assert_eq!(injection(Copy::Stale, Some(ours), ours), act(true, false));
+        assert_eq!(injection(Copy::Current, None, ours), act(false, true));
+        assert_eq!(injection(Copy::Stale, Some(""), ours), act(true, true));
+        assert_eq!(injection(Copy::Missing, Some(ours), ours), act(true, false));
+        assert_eq!(injection(Copy::Missing, None, ours), act(true, true));
+        assert_eq!(
+            injection(Copy::Current, Some("other"), ours),
+            Injection::Conflict("other".into())
+        );
+    }
+
+    #[test]
+    fn transition_times_move_only_with_the_status() {
+        let t0 = Time(k8s_openapi::jiff::Timestamp::from_second(1_000).unwrap());
+        let t1 = Time(k8s_openapi::jiff::Timestamp::from_second(2_000).unwrap());
+        let first = conditions(&[], &[Check::new(READY, false, "A", "")], Some(1), &t0);
+        let same = conditions(&first, &[Check::new(READY, false, "B", "")], Some(2), &t1);
+        assert_eq!(same[0].last_transition_time, t0);
+        let flipped = conditions(&same, &[Check::new(READY, true, "C", "")], Some(2), &t1);
+        assert_eq!(flipped[0].last_transition_time, t1);
+    }
+}
