@@ -141,7 +141,7 @@ def kinds(docs):
 
 def check_crd(docs):
     """The generated Infra CRD, if there, is the one the chart's RBAC names."""
-    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition" and "densityops" in d["metadata"]["name"]]
     if not crds:
         return
     assert len(crds) == 1, f"expected one CRD, found {len(crds)}"
@@ -177,11 +177,81 @@ def node_terms(docs):
 
 CP = "node-role.kubernetes.io/control-plane"
 MASTER = "node-role.kubernetes.io/master"
-BASE_KINDS = ["ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "ServiceAccount"]
+INFRA_KINDS = ["ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "ServiceAccount"]
+# The DPF bridge (on by default): its ClusterRole and binding, and the
+# settings singleton made by a hook.
+DPF_KINDS = ["ClusterRole", "ClusterRoleBinding", "DPFHCPProvisionerConfig"]
+BASE_KINDS = sorted(INFRA_KINDS + DPF_KINDS)
+
+
+def crd_named(docs, name):
+    found = [d for d in docs if d["kind"] == "CustomResourceDefinition" and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected CRD {name}, found {len(found)}"
+    return found[0]
+
+
+def check_dpf(docs, release="causeway"):
+    """The bridge's CRDs, RBAC and settings object, consistent with each other."""
+    crd_named(docs, "dpfhcpprovisioners.provisioning.dpu.hcp.io")
+    config_crd = crd_named(docs, "dpfhcpprovisionerconfigs.provisioning.dpu.hcp.io")
+    schema = config_crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    config = one(docs, "DPFHCPProvisionerConfig")
+    assert config["metadata"]["name"] == "default"
+    annotations = config["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "post-install,post-upgrade", annotations
+    assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation", annotations
+    for key in config["spec"]:
+        assert key in schema, f"DPFHCPProvisionerConfig spec.{key} is not in its CRD"
+    assert config["spec"]["operatorNamespace"] == "causeway-system"
+    cr = one(docs, "ClusterRole", f"{release}-dpf")
+    granted = {(g, r): set(rule["verbs"]) for rule in cr["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    assert granted[("", "secrets")] == {"get", "list", "watch", "create", "patch", "delete"}, granted[("", "secrets")]
+    for needed in [("hypershift.openshift.io", "hostedclusters"), ("hypershift.openshift.io", "nodepools"),
+                   ("metallb.io", "ipaddresspools"), ("metallb.io", "l2advertisements"),
+                   ("provisioning.dpu.hcp.io", "dpfhcpprovisioners/status"), ("provisioning.dpu.nvidia.com", "dpus"),
+                   ("provisioning.dpu.nvidia.com", "dpuflavors"), ("svc.dpu.nvidia.com", "dpudeployments")]:
+        assert needed in granted, f"DPF ClusterRole lacks {needed}"
+    assert "update" in granted[("provisioning.dpu.nvidia.com", "dpuclusters")]
+    for rule in cr["rules"]:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+    crb = one(docs, "ClusterRoleBinding", f"{release}-dpf")
+    assert crb["roleRef"]["name"] == f"{release}-dpf"
+    assert env(docs)["CAUSEWAY_DPF"] == "true"
+
+
+def case_dpf_off(docs):
+    assert kinds(docs) == INFRA_KINDS, kinds(docs)
+    crds = [d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"]
+    assert not any("dpu.hcp.io" in c for c in crds), crds
+    assert env(docs)["CAUSEWAY_DPF"] == "false"
+
+
+def case_dpf_no_config(docs):
+    assert kinds(docs) == sorted(INFRA_KINDS + ["ClusterRole", "ClusterRoleBinding"]), kinds(docs)
+
+
+def case_dpf_settings(docs):
+    config = one(docs, "DPFHCPProvisionerConfig")["spec"]
+    assert config["disableMetalLB"] is True and config["metalLBNamespace"] == "metallb-system", config
+    assert config["hostedClusterDeletionTimeoutSeconds"] == 600, config
+    c = container(docs)
+    assert c["args"] == ["operator", "--admin-listen", "0.0.0.0:8081"], c["args"]
+    assert c["ports"][0]["containerPort"] == 8081
+    assert (c["livenessProbe"]["initialDelaySeconds"], c["livenessProbe"]["periodSeconds"]) == (15, 20)
+    assert (c["readinessProbe"]["initialDelaySeconds"], c["readinessProbe"]["periodSeconds"]) == (5, 10)
+    for d in docs:
+        meta = d["metadata"]
+        if d["kind"] == "CustomResourceDefinition":
+            continue
+        assert meta.get("labels", {}).get("team") == "edge", f"{d['kind']} {meta['name']} lacks commonLabels"
+        assert meta.get("annotations", {}).get("owner") == "dpu-team", f"{d['kind']} {meta['name']} lacks commonAnnotations"
+    assert one(docs, "ServiceAccount")["metadata"]["annotations"]["extra"] == "kept"
+    assert one(docs, "DPFHCPProvisionerConfig")["metadata"]["annotations"]["helm.sh/hook"]
 
 
 def case_default(docs):
     check_crd(docs)
+    check_dpf(docs)
     assert kinds(docs) == BASE_KINDS, kinds(docs)
     dep = one(docs, "Deployment")
     assert dep["spec"]["replicas"] == 1
@@ -197,7 +267,7 @@ def case_default(docs):
     assert e["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}, e
     assert e["CAUSEWAY_WATCH_NAMESPACES"] == "", e
     assert e["CAUSEWAY_INFRA_FOR_HOSTED_CLUSTERS"] == "false", e
-    rules = one(docs, "ClusterRole")["rules"]
+    rules = one(docs, "ClusterRole", "causeway")["rules"]
     assert not any("hostedclusters/finalizers" in r["resources"] for r in rules), "HostedCluster Infras are off by default"
     assert c["ports"] == [{"name": "admin", "containerPort": 8080, "protocol": "TCP"}], c["ports"]
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
@@ -219,7 +289,7 @@ def case_default(docs):
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["causeway-operator"],
          "verbs": ["get", "update"]},
     ], role["rules"]
-    cr = one(docs, "ClusterRole")
+    cr = one(docs, "ClusterRole", "causeway")
     granted = {(g, r) for rule in cr["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
     for forbidden in [("", "secrets"), ("", "*"), ("*", "*"), ("rbac.authorization.k8s.io", "roles"),
                       ("rbac.authorization.k8s.io", "rolebindings"), ("coordination.k8s.io", "leases")]:
@@ -227,7 +297,7 @@ def case_default(docs):
     for rule in cr["rules"]:
         assert "*" not in rule["verbs"], rule
     assert ("hostedcluster.densityops.com", "infras/status") in granted
-    crb = one(docs, "ClusterRoleBinding")
+    crb = one(docs, "ClusterRoleBinding", "causeway")
     assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "causeway", "namespace": "causeway-system"}]
 
 
@@ -280,7 +350,7 @@ def case_custom(docs):
 
 
 def case_no_leader(docs):
-    assert kinds(docs) == ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"], kinds(docs)
+    assert kinds(docs) == sorted(["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"] + DPF_KINDS), kinds(docs)
     assert one(docs, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
     assert env(docs)["CAUSEWAY_LEADER_ELECTION"] == "false"
 
@@ -297,13 +367,16 @@ def case_images(docs):
 def case_existing_sa(docs):
     assert "ServiceAccount" not in kinds(docs)
     assert pod(docs)["serviceAccountName"] == "existing"
-    assert one(docs, "ClusterRoleBinding")["subjects"][0]["name"] == "existing"
+    assert one(docs, "ClusterRoleBinding", "causeway")["subjects"][0]["name"] == "existing"
+    assert one(docs, "ClusterRoleBinding", "causeway-dpf")["subjects"][0]["name"] == "existing"
     assert one(docs, "RoleBinding")["subjects"][0]["name"] == "existing"
 
 
 def case_namespaced(docs):
-    """watch.namespaces: RoleBindings there to the ClusterRole, none cluster-wide."""
-    assert "ClusterRoleBinding" not in kinds(docs), kinds(docs)
+    """watch.namespaces: RoleBindings there to the ClusterRole; cluster-wide
+    only the DPF bridge's binding, whose reach is cluster-wide by nature."""
+    cluster_bindings = [d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert cluster_bindings == ["causeway-dpf"], cluster_bindings
     assert env(docs)["CAUSEWAY_WATCH_NAMESPACES"] == "clusters,vms", env(docs)
     assert env(docs)["CAUSEWAY_INFRA_FOR_HOSTED_CLUSTERS"] == "true", env(docs)
     full = one(docs, "Deployment")["metadata"]["name"]
@@ -320,6 +393,9 @@ def case_namespaced(docs):
 
 CASES = {
     "namespaced": case_namespaced,
+    "dpf-off": case_dpf_off,
+    "dpf-no-config": case_dpf_no_config,
+    "dpf-settings": case_dpf_settings,
     "default": case_default,
     "production": case_production,
     "openshift": case_openshift,

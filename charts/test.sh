@@ -178,12 +178,13 @@ render() { # OUT HELM-TEMPLATE-ARGS...
 }
 
 # Strict schema validation of a rendering. The SCC's schema is OpenShift's,
-# not in kubernetes-validate: it is dropped here and checked by chart_checks.py.
+# and DPFHCPProvisionerConfig's is the chart's own CRD; neither is in
+# kubernetes-validate: they are dropped here and checked by chart_checks.py.
 # Any other kind without a schema fails (kubernetes-validate only warns).
 validate() { # RENDERING
   local core="$1.core" versions=() v rc=0
   for v in "${KUBE_VERSIONS[@]}"; do versions+=(-k "$v"); done
-  "${PY[@]}" "$CHECKS" drop-kinds SecurityContextConstraints <"$1" >"$core" || return 1
+  "${PY[@]}" "$CHECKS" drop-kinds SecurityContextConstraints,DPFHCPProvisionerConfig <"$1" >"$core" || return 1
   "${KV[@]}" --strict --quiet "${versions[@]}" "$core" >"$WORK/kv.out" 2>&1 || rc=$?
   cat "$WORK/kv.out"
   [ "$rc" = 0 ] || return 1
@@ -265,6 +266,15 @@ check "images, log level, pod labels" render_case images --set image.repository=
   --set image.tag=1.2.3 --set "dataPlane.image=registry.example.com/dp@sha256:$(printf '0%.0s' {1..64})" \
   --set logLevel=debug --set podLabels.team=net --set 'podLabels.app\.kubernetes\.io/name=other'
 check "existing service account" render_case existing-sa --set serviceAccount.create=false --set serviceAccount.name=existing
+check "DPF bridge off" render_case dpf-off --set dpf.enabled=false
+check "DPF settings, probes, common labels and annotations" render_case dpf-settings \
+  --set dpf.config.disableMetalLB=true --set dpf.config.metalLBNamespace=metallb-system \
+  --set dpf.config.hostedClusterDeletionTimeoutSeconds=600 --set healthProbe.port=8081 \
+  --set healthProbe.livenessProbe.initialDelaySeconds=15 --set healthProbe.livenessProbe.periodSeconds=20 \
+  --set healthProbe.readinessProbe.initialDelaySeconds=5 --set healthProbe.readinessProbe.periodSeconds=10 \
+  --set commonLabels.team=edge --set commonAnnotations.owner=dpu-team --set metrics.service.enabled=true \
+  --set serviceAccount.annotations.extra=kept
+check "DPF settings object not made" render_case dpf-no-config --set dpf.config.create=false
 check "scc for all namespaces" render_case openshift-all --set openshift.scc.enabled=true \
   --set openshift.scc.allNamespaces=true --set openshift.scc.name=cw-scc
 
@@ -273,6 +283,7 @@ check "2 replicas without leader election" expect_refusal "leaderElection.enable
   --set replicaCount=2 --set leaderElection.enabled=false
 check "unknown placement.target" expect_refusal 'placement.target is "everywhere"' --set placement.target=everywhere
 check "scc granted to nobody" expect_refusal "openshift.scc.namespaces" --set openshift.scc.enabled=true
+check "health probe port out of range" expect_refusal "healthProbe.port is 70000" --set healthProbe.port=70000
 check "no service account" expect_refusal "serviceAccount.name must name" --set serviceAccount.create=false
 
 section "values.yaml and README.md"

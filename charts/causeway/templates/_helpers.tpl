@@ -42,6 +42,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: causeway
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+commonAnnotations, as a whole `annotations:` block (nothing when empty), at
+the indentation of metadata's fields. Objects with annotations of their own
+merge them in.
+*/}}
+{{- define "causeway.annotations" -}}
+{{- $all := merge (dict) (.extra | default dict) (.root.Values.commonAnnotations | default dict) -}}
+{{- with $all }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{/*
@@ -79,6 +95,9 @@ Refuses values that cannot work, with a message saying what to change.
 {{- define "causeway.validate" -}}
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) -}}
 {{- fail (printf "replicaCount is %d but leaderElection.enabled is false: several operators would reconcile the same Infra objects at once. Set leaderElection.enabled=true, or replicaCount=1." (int .Values.replicaCount)) -}}
+{{- end -}}
+{{- if not (and (ge (int .Values.healthProbe.port) 1) (le (int .Values.healthProbe.port) 65535)) -}}
+{{- fail (printf "healthProbe.port is %v: it must be a port number (1-65535)" .Values.healthProbe.port) -}}
 {{- end -}}
 {{- if lt (int .Values.replicaCount) 0 -}}
 {{- fail "replicaCount must not be negative" -}}

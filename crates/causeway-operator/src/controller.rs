@@ -106,6 +106,19 @@ impl OperatorMetrics {
     pub fn write(&self, kind: &str, verb: &str) {
         self.writes.with_label_values(&[kind, verb]).inc();
     }
+
+    /// One reconcile of `controller`: its time, result and error kind.
+    pub fn reconciled(&self, controller: &str, seconds: f64, result: &str, error: Option<&str>) {
+        self.seconds
+            .with_label_values(&[controller])
+            .observe(seconds);
+        self.reconciles
+            .with_label_values(&[controller, result])
+            .inc();
+        if let Some(kind) = error {
+            self.errors.with_label_values(&[controller, kind]).inc();
+        }
+    }
 }
 
 /// What the reconciler reads from: one index per kind it owns, all limited
@@ -159,7 +172,7 @@ pub fn hosted_cluster_resource() -> ApiResource {
     )
 }
 
-fn not_found(e: &kube::Error) -> bool {
+pub(crate) fn not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
@@ -374,20 +387,17 @@ pub async fn reconcile(infra: Arc<Infra>, ctx: Arc<Context>) -> Result<Action, E
         other => Error::Finalizer(other.to_string()),
     });
     if let Some(m) = &ctx.metrics {
-        m.seconds
-            .with_label_values(&[CONTROLLER])
-            .observe(started.elapsed().as_secs_f64());
         let label = match &result {
             Ok(_) if valid => "ok",
             Ok(_) => "invalid",
             Err(_) => "error",
         };
-        m.reconciles.with_label_values(&[CONTROLLER, label]).inc();
-        if let Err(e) = &result {
-            m.errors
-                .with_label_values(&[CONTROLLER, e.metric_label()])
-                .inc();
-        }
+        m.reconciled(
+            CONTROLLER,
+            started.elapsed().as_secs_f64(),
+            label,
+            result.as_ref().err().map(Error::metric_label),
+        );
     }
     result
 }
@@ -764,7 +774,7 @@ fn slim<K: Resource + Default>(obj: &K) -> K {
 /// A reflector whose store keeps objects without their managedFields,
 /// which nothing here reads and which are often the larger part of an
 /// object applied by several managers.
-fn cached<K>(
+pub(crate) fn cached<K>(
     api: Api<K>,
     config: watcher::Config,
 ) -> (

@@ -20,6 +20,8 @@ pub struct Options {
     pub namespaces: Vec<String>,
     /// Make Infras for HostedClusters annotated to ask for one.
     pub infra_for_hosted_clusters: bool,
+    /// Run the DPF bridge (DPFHCPProvisioner objects).
+    pub dpf: bool,
     /// `Some(identity)`: elect a leader through the Lease in
     /// `settings.operator_namespace`.
     pub leader_identity: Option<String>,
@@ -91,6 +93,17 @@ pub async fn run(
             Some(metrics.clone()),
             stopped(),
         )));
+        if options.dpf {
+            tracing::info!(?scope, "DPF bridge starting");
+            tasks.push(tokio::spawn(crate::dpf::controller::run(
+                client.clone(),
+                scope.clone(),
+                options.settings.operator_namespace.clone(),
+                Some(recorder.clone()),
+                Some(metrics.clone()),
+                stopped(),
+            )));
+        }
         if options.infra_for_hosted_clusters {
             tasks.push(tokio::spawn(crate::hosted::run(
                 client.clone(),

@@ -45,3 +45,122 @@ fn the_crd_has_the_names_and_subresource_the_chart_and_users_expect() {
     let annotations = crd.metadata.annotations.unwrap();
     assert_eq!(annotations["helm.sh/resource-policy"], "keep");
 }
+
+/// Regenerate with `UPDATE_CHART_CRDS=1 cargo test -p causeway-operator --test crd`.
+#[test]
+fn the_chart_dpf_crds_match_the_generated_ones() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../charts/causeway/templates"
+    );
+    let (provisioner, config) = causeway_operator::dpf::crd::chart_templates().unwrap();
+    for (file, generated) in [
+        ("crd-dpfhcpprovisioner.yaml", provisioner),
+        ("crd-dpfhcpprovisionerconfig.yaml", config),
+    ] {
+        let path = format!("{dir}/{file}");
+        if std::env::var_os("UPDATE_CHART_CRDS").is_some() {
+            std::fs::write(&path, &generated).unwrap();
+        }
+        let in_chart = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            in_chart == generated,
+            "{path} is stale: regenerate it with `UPDATE_CHART_CRDS=1 cargo test -p causeway-operator --test crd`"
+        );
+    }
+}
+
+#[test]
+fn the_provisioner_crd_carries_the_go_operators_names_columns_and_rules() {
+    use kube::CustomResourceExt;
+    let crd = causeway_operator::dpf::crd::DPFHCPProvisioner::crd();
+    assert_eq!(
+        crd.metadata.name.as_deref(),
+        Some("dpfhcpprovisioners.provisioning.dpu.hcp.io")
+    );
+    assert_eq!(
+        crd.spec.names.short_names.as_deref(),
+        Some(&["dpfhcp".to_string()][..])
+    );
+    let v = &crd.spec.versions[0];
+    assert!(v.subresources.as_ref().unwrap().status.is_some());
+    let columns: Vec<&str> = v
+        .additional_printer_columns
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(columns, ["Phase", "Ready", "HostedCluster", "Age"]);
+    let schema = serde_json::to_value(v.schema.as_ref().unwrap()).unwrap();
+    let spec = &schema["openAPIV3Schema"]["properties"]["spec"];
+    let required: Vec<&str> = spec["required"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect();
+    for field in ["dpuClusterRef", "baseDomain", "ocpReleaseImage"] {
+        assert!(required.contains(&field), "{field} required: {required:?}");
+    }
+    let rules = |v: &serde_json::Value| -> Vec<String> {
+        v["x-kubernetes-validations"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|r| r["rule"].as_str().unwrap().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for immutable in [
+        "dpuClusterRef",
+        "baseDomain",
+        "sshKeySecretRef",
+        "pullSecretRef",
+        "etcdStorageClass",
+        "controlPlaneAvailabilityPolicy",
+        "virtualIP",
+        "nodeSelector",
+        "flannelEnabled",
+        "dpuDeploymentRef",
+        "networking",
+    ] {
+        assert!(
+            rules(&spec["properties"][immutable]).contains(&"self == oldSelf".to_string()),
+            "{immutable} is immutable"
+        );
+    }
+    assert!(rules(&spec["properties"]["ocpReleaseImage"]).is_empty());
+    assert!(rules(spec).iter().any(|r| r.contains("HighlyAvailable")));
+    let p = &spec["properties"];
+    assert_eq!(
+        p["controlPlaneAvailabilityPolicy"]["default"],
+        "HighlyAvailable"
+    );
+    assert_eq!(p["flannelEnabled"]["default"], true);
+    assert_eq!(p["nodeSelector"]["maxProperties"], 20);
+    assert_eq!(
+        p["networking"]["properties"]["serviceNetwork"]["maxItems"],
+        1
+    );
+    assert!(p["baseDomain"]["pattern"].is_string());
+    let status = &schema["openAPIV3Schema"]["properties"]["status"]["properties"];
+    for field in [
+        "phase",
+        "conditions",
+        "hostedClusterRef",
+        "kubeConfigSecretRef",
+        "blueFieldOCPLayerImage",
+        "blueFieldContainerImage",
+    ] {
+        assert!(status.get(field).is_some(), "status.{field}");
+    }
+    let phases = status["phase"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| !p.is_null())
+        .count();
+    assert_eq!(phases, 8);
+}

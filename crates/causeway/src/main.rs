@@ -42,7 +42,7 @@ enum Command {
         config: PathBuf,
     },
     /// The Kubernetes operator: Infra objects become causeway pods on the
-    /// VLAN. `causeway operator crd` prints the Infra CRD.
+    /// VLAN, and the DPF bridge. `causeway operator crd` prints a CRD.
     Operator {
         #[command(subcommand)]
         what: Option<OperatorCommand>,
@@ -68,6 +68,10 @@ enum Command {
         /// NET_ADMIN pods.
         #[arg(long, env = "CAUSEWAY_INFRA_FOR_HOSTED_CLUSTERS", default_value_t = false, action = clap::ArgAction::Set)]
         infra_for_hosted_clusters: bool,
+        /// Run the DPF bridge: DPFHCPProvisioner objects become HyperShift
+        /// hosted clusters for DPF DPUClusters.
+        #[arg(long, env = "CAUSEWAY_DPF", default_value_t = true, action = clap::ArgAction::Set)]
+        dpf: bool,
     },
     /// Policy routing for the config's VLAN interfaces (needs CAP_NET_ADMIN
     /// for apply and flush).
@@ -94,8 +98,11 @@ enum Command {
 
 #[derive(Subcommand)]
 enum OperatorCommand {
-    /// Print the Infra CustomResourceDefinition (YAML), as the chart holds it.
-    Crd,
+    /// Print a CustomResourceDefinition (YAML), as the chart holds it.
+    Crd {
+        #[arg(value_enum, default_value = "infra")]
+        kind: operator::CrdKind,
+    },
 }
 
 fn main() -> ExitCode {
@@ -106,9 +113,9 @@ fn main() -> ExitCode {
         Command::Proxy { config } => appliance::run(Some(config), appliance::Only::Proxy),
         Command::Route { action, config } => route::run(action, &config),
         Command::Operator {
-            what: Some(OperatorCommand::Crd),
+            what: Some(OperatorCommand::Crd { kind }),
             ..
-        } => operator::print_crd(),
+        } => operator::print_crd(kind),
         Command::Operator {
             what: None,
             admin_listen,
@@ -116,12 +123,14 @@ fn main() -> ExitCode {
             log_level,
             namespaces,
             infra_for_hosted_clusters,
+            dpf,
         } => operator::run(operator::Options {
             admin_listen,
             leader_election,
             log_level,
             namespaces: namespaces.into_iter().filter(|n| !n.is_empty()).collect(),
             infra_for_hosted_clusters,
+            dpf,
         }),
         Command::Check { config } => return check(&config),
         Command::Leases { config, json } => leases::run(&config, json),

@@ -1,7 +1,8 @@
 //! `causeway operator`: the Kubernetes operator, with its admin server.
 //! Leader election and the controllers' lifecycle live in the operator
 //! crate (`causeway_operator::manager`); this wires them to the process.
-//! `causeway operator crd` prints the Infra CRD.
+//! `causeway operator crd [infra|dpfhcpprovisioner|dpfhcpprovisionerconfig]`
+//! prints a CRD.
 
 use std::net::SocketAddr;
 
@@ -19,10 +20,25 @@ pub struct Options {
     pub log_level: String,
     pub namespaces: Vec<String>,
     pub infra_for_hosted_clusters: bool,
+    pub dpf: bool,
 }
 
-pub fn print_crd() -> anyhow::Result<()> {
-    print!("{}", causeway_operator::crd::crd_yaml()?);
+/// Which CRD `causeway operator crd` prints.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum CrdKind {
+    Infra,
+    Dpfhcpprovisioner,
+    Dpfhcpprovisionerconfig,
+}
+
+pub fn print_crd(kind: CrdKind) -> anyhow::Result<()> {
+    let (provisioner, config) = causeway_operator::dpf::crd::crd_yaml()?;
+    let text = match kind {
+        CrdKind::Infra => causeway_operator::crd::crd_yaml()?,
+        CrdKind::Dpfhcpprovisioner => provisioner,
+        CrdKind::Dpfhcpprovisionerconfig => config,
+    };
+    print!("{text}");
     Ok(())
 }
 
@@ -81,6 +97,7 @@ async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
     let options = manager::Options {
         namespaces: opts.namespaces,
         infra_for_hosted_clusters: opts.infra_for_hosted_clusters,
+        dpf: opts.dpf,
         leader_identity: opts.leader_election.then(identity),
         settings: Settings {
             image,

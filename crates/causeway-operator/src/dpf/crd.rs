@@ -415,3 +415,11 @@ pub fn crd_yaml() -> Result<(String, String), serde_saphyr::SerializeError> {
         ),
     ))
 }
+
+/// The chart's templates of the two CRDs: the generated CRDs, installed
+/// only while the bridge is on (`dpf.enabled`).
+pub fn chart_templates() -> Result<(String, String), serde_saphyr::SerializeError> {
+    let (provisioner, config) = crd_yaml()?;
+    let wrap = |body: String| format!("{{{{- if .Values.dpf.enabled }}}}\n{body}{{{{- end }}}}\n");
+    Ok((wrap(provisioner), wrap(config)))
+}

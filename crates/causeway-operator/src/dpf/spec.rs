@@ -387,7 +387,8 @@ controlPlaneAvailabilityPolicy: HighlyAvailable
 
     #[test]
     fn each_bad_field_is_named_with_its_reason() {
-        let cases: Vec<(fn(&mut DPFHCPProvisionerSpec), &str, &str)> = vec![
+        type Mutation = fn(&mut DPFHCPProvisionerSpec);
+        let cases: Vec<(Mutation, &str, &str)> = vec![
             (
                 |s| s.ssh_key = Some("/root/.ssh/id_rsa.pub".into()),
                 "sshKey",

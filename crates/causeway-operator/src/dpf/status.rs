@@ -243,12 +243,11 @@ pub fn available(hc: Option<&HostedClusterFacts>) -> Check {
 /// Where a deletion has got.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cleanup {
-    /// Waiting for `what` to go, for `seconds` so far.
+    /// Waiting for `what` to go.
     InProgress {
         what: String,
-        seconds: u64,
     },
-    /// Waited past the timeout.
+    /// Still there after the timeout of `seconds`.
     Failed {
         what: String,
         seconds: u64,
@@ -258,17 +257,17 @@ pub enum Cleanup {
 
 pub fn cleanup_condition(c: &Cleanup) -> Check {
     match c {
-        Cleanup::InProgress { what, seconds } => Check::new(
+        Cleanup::InProgress { what } => Check::new(
             CLEANUP,
             false,
             "InProgress",
-            format!("waiting for {what} to be deleted ({seconds} s so far)"),
+            format!("waiting for {what} to be deleted"),
         ),
         Cleanup::Failed { what, seconds } => Check::new(
             CLEANUP,
             false,
             "Failed",
-            format!("{what} is still there after {seconds} s"),
+            format!("{what} is still there {seconds} s after the deletion started"),
         ),
         Cleanup::Succeeded => Check::new(
             CLEANUP,
@@ -292,7 +291,7 @@ pub fn health(
             false,
             "DeletionStuck",
             format!(
-                "{what} has not gone after {seconds} s. Look at its finalizers and at the HyperShift operator's logs \
+                "{what} has not gone {seconds} s after the deletion started. Look at its finalizers and at the HyperShift operator's logs \
                  (kubectl -n hypershift logs deploy/operator); once it is gone the provisioner's deletion completes by itself. \
                  Removing its finalizers by hand leaves its control-plane namespace and cloud resources behind"
             ),
