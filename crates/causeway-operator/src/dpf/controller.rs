@@ -346,8 +346,8 @@ async fn check_dpu_cluster(
         Err(e) => return Err(e.into()),
     };
     let Some(dpu) = dpu else {
-        let was_found =
-            previous_condition(p, status::DPU_CLUSTER_MISSING).is_some_and(|c| c.status == "False");
+        let was_found = previous_condition(p, status::DPU_CLUSTER_MISSING)
+            .is_some_and(|c| c.status == "False" || c.reason == "DPUClusterDeleted");
         let (reason, message) = if was_found {
             ("DPUClusterDeleted", format!("DPUCluster {}/{} was deleted; the hosted cluster is kept as it is until the DPUCluster is back or this provisioner is deleted", r.namespace, r.name))
         } else {

@@ -20,6 +20,33 @@ fn yes() -> bool {
     true
 }
 
+/// A string enum, for an optional field: schemars would list `null` among
+/// the values, which API servers refuse.
+fn string_enum(values: &[&str]) -> schemars::Schema {
+    schemars::json_schema!({"type": "string", "enum": values})
+}
+
+fn optional_policy(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    string_enum(&["SingleReplica", "HighlyAvailable"])
+}
+
+fn optional_phase(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    string_enum(&[
+        "Pending",
+        "WaitingForControlPlane",
+        "GeneratingIgnition",
+        "ClusterVersionProgressing",
+        "Ready",
+        "Failed",
+        "Error",
+        "Deleting",
+    ])
+}
+
+fn any_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})
+}
+
 fn highly_available() -> AvailabilityPolicy {
     AvailabilityPolicy::HighlyAvailable
 }
@@ -98,6 +125,7 @@ pub struct DPFHCPProvisionerSpec {
     pub control_plane_availability_policy: AvailabilityPolicy,
     /// The hosted cluster's infrastructureAvailabilityPolicy (extension).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "optional_policy")]
     pub infrastructure_availability_policy: Option<AvailabilityPolicy>,
     /// The address MetalLB announces for the API server. Required when the
     /// control plane is HighlyAvailable. Immutable.
@@ -251,6 +279,7 @@ impl Phase {
 #[serde(rename_all = "camelCase")]
 pub struct DPFHCPProvisionerStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "optional_phase")]
     pub phase: Option<Phase>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
@@ -282,6 +311,7 @@ pub struct DPFHCPProvisionerStatus {
     /// refused (condition SpecValid) on servers that do not run the CRD's
     /// CEL rules.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_object")]
     pub provisioned_spec: Option<serde_json::Value>,
 }
 

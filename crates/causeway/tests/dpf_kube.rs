@@ -1,0 +1,762 @@
+//! The DPF bridge against a real API server (tests/kube/cluster.sh), with
+//! the chart's CRDs, RBAC and settings object from `helm template` and the
+//! real `causeway operator` binary under the chart's ServiceAccount.
+//!
+//! HyperShift, DPF and MetalLB are not running: their CRDs are installed
+//! from tests/kube/crds (typed where the bridge reads or writes), and the
+//! test plays HyperShift's part, writing what it would write (HostedCluster
+//! status, the admin kubeconfig Secret, a finalizer). One test walks the
+//! scenarios in order because some change cluster-wide state (MetalLB's
+//! CRDs arrive part way through).
+//!
+//! Needs root (see operator_kube.rs); without it the test prints SKIP.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod kube_cluster;
+
+use std::time::Duration;
+
+use causeway_operator::controller::hosted_cluster_resource;
+use causeway_operator::dpf::controller::{
+    dpu_cluster_resource, ip_address_pool_resource, l2_advertisement_resource, node_pool_resource,
+};
+use causeway_operator::dpf::crd::DPFHCPProvisioner;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::core::ApiResource;
+use kube::Client;
+use kube_cluster::{admin, apply_yaml, ensure_namespace, eventually, Operator};
+use serde_json::{json, Value};
+
+const SAMPLE: &str = include_str!("fixtures/dpfhcp-sample.yaml");
+const HC_CRD: &str = include_str!("../../../tests/kube/crds/hostedcluster.yaml");
+const NP_CRD: &str = include_str!("../../../tests/kube/crds/nodepool.yaml");
+const DPU_CRD: &str = include_str!("../../../tests/kube/crds/dpucluster.yaml");
+const METALLB_CRDS: &str = include_str!("../../../tests/kube/crds/metallb.yaml");
+const WAIT: Duration = Duration::from_secs(60);
+const NS: &str = "my-dpu-clusters";
+const DPU_NS: &str = "dpu-clusters";
+const NAME: &str = "prod-dpu-cluster";
+const OLD: &str = "quay.io/openshift-release-dev/ocp-release:4.19.0-ec.5-x86_64";
+const NEW: &str = "quay.io/openshift-release-dev/ocp-release:4.19.1-x86_64";
+const SSH_KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGb3J3yRzq0k1Jq8F6c1bq6Xq0v4cX1mZq1k2l3m4n5o dpu@example\n";
+
+fn dynamic(client: &Client, ns: &str, r: &ApiResource) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, r)
+}
+
+async fn get_dyn(client: &Client, ns: &str, r: &ApiResource, name: &str) -> Option<DynamicObject> {
+    dynamic(client, ns, r).get_opt(name).await.unwrap()
+}
+
+async fn provisioner(client: &Client, name: &str) -> Option<DPFHCPProvisioner> {
+    Api::<DPFHCPProvisioner>::namespaced(client.clone(), NS)
+        .get_opt(name)
+        .await
+        .unwrap()
+}
+
+/// A condition of a provisioner: (status, reason, message).
+async fn condition(client: &Client, name: &str, type_: &str) -> Option<(String, String, String)> {
+    let p = provisioner(client, name).await?;
+    p.status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status, c.reason, c.message))
+}
+
+/// Waits until `type_` has `status` and `reason`; returns its message.
+async fn wait_condition(
+    client: &Client,
+    op: &Operator,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: &str,
+) -> String {
+    eventually(
+        &format!("{name}: {type_}={status}/{reason}"),
+        WAIT,
+        Some(op),
+        || async {
+            condition(client, name, type_)
+                .await
+                .filter(|(s, r, _)| s == status && r == reason)
+                .map(|(_, _, m)| m)
+        },
+    )
+    .await
+}
+
+async fn wait_established(client: &Client, crd: &str) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    eventually(&format!("CRD {crd} established"), WAIT, None, || async {
+        let c = api.get(crd).await.ok()?;
+        c.status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+            .then_some(())
+    })
+    .await;
+}
+
+async fn secret(client: &Client, ns: &str, name: &str, key: &str, value: &[u8]) {
+    let body = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": ns},
+        "data": {key: k8s_openapi::ByteString(value.to_vec())}});
+    apply_yaml(client, &serde_json::to_string(&body).unwrap(), ns)
+        .await
+        .unwrap();
+}
+
+async fn dpu_cluster(client: &Client, name: &str) {
+    let body = json!({"apiVersion": "provisioning.dpu.nvidia.com/v1alpha1", "kind": "DPUCluster",
+        "metadata": {"name": name, "namespace": DPU_NS}, "spec": {"type": "static", "maxNodes": 10}});
+    apply_yaml(client, &serde_json::to_string(&body).unwrap(), DPU_NS)
+        .await
+        .unwrap();
+}
+
+/// A provisioner from the sample with `name` and spec changes.
+async fn create_variant(client: &Client, name: &str, spec: Value) {
+    let mut doc: Value = serde_saphyr::from_str(SAMPLE).unwrap();
+    doc["metadata"]["name"] = json!(name);
+    for (k, v) in spec.as_object().unwrap() {
+        doc["spec"][k] = v.clone();
+    }
+    apply_yaml(client, &serde_json::to_string(&doc).unwrap(), NS)
+        .await
+        .unwrap();
+}
+
+async fn delete_provisioner(client: &Client, op: &Operator, name: &str) {
+    Api::<DPFHCPProvisioner>::namespaced(client.clone(), NS)
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(&format!("{name} gone"), WAIT, Some(op), || async {
+        provisioner(client, name).await.is_none().then_some(())
+    })
+    .await;
+}
+
+/// HyperShift's part: the HostedCluster's status.
+async fn hypershift_status(client: &Client, available: bool, history: Value) {
+    let api = dynamic(client, NS, &hosted_cluster_resource());
+    let now = "2026-11-24T10:00:00Z";
+    let cond = |t: &str, s: bool, r: &str| json!({"type": t, "status": if s {"True"} else {"False"}, "reason": r, "message": format!("{t} as HyperShift says"), "lastTransitionTime": now});
+    let status = json!({"status": {
+        "conditions": [
+            cond("Available", available, "AsExpected"),
+            cond("Progressing", !available, "AsExpected"),
+            cond("Degraded", false, "AsExpected"),
+            cond("EtcdAvailable", true, "QuorumAvailable"),
+            cond("KubeAPIServerAvailable", available, "AsExpected"),
+            cond("ValidReleaseImage", true, "AsExpected"),
+        ],
+        "controlPlaneVersion": {"history": history},
+        "controlPlaneEndpoint": {"host": "192.168.1.100", "port": 6443},
+    }});
+    api.patch_status(NAME, &PatchParams::apply("hypershift").force(), &Patch::Apply(&json!({
+        "apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster", "status": status["status"],
+    })))
+    .await
+    .unwrap();
+}
+
+fn entry(state: &str, image: &str, version: &str) -> Value {
+    json!({"state": state, "image": image, "version": version, "startedTime": "2026-11-24T09:00:00Z"})
+}
+
+async fn hc_field(client: &Client, pointer: &str) -> Option<Value> {
+    get_dyn(client, NS, &hosted_cluster_resource(), NAME)
+        .await
+        .and_then(|hc| serde_json::to_value(hc).unwrap().pointer(pointer).cloned())
+}
+
+async fn np_image(client: &Client) -> Option<String> {
+    let np = get_dyn(client, NS, &node_pool_resource(), NAME).await?;
+    np.data
+        .pointer("/spec/release/image")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+}
+
+async fn phase(client: &Client, name: &str) -> Option<String> {
+    let p = provisioner(client, name).await?;
+    serde_json::to_value(p.status?.phase?)
+        .ok()?
+        .as_str()
+        .map(str::to_string)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
+    let Some(c) =
+        kube_cluster::cluster("the_bridge_from_the_readme_sample_through_upgrade_to_deletion")
+    else {
+        return;
+    };
+    let client = admin(c).await;
+    for crd in [HC_CRD, NP_CRD, DPU_CRD] {
+        apply_yaml(&client, &kube_cluster::without_cel(crd), "default")
+            .await
+            .unwrap();
+    }
+    for crd in [
+        "hostedclusters.hypershift.openshift.io",
+        "nodepools.hypershift.openshift.io",
+        "dpuclusters.provisioning.dpu.nvidia.com",
+    ] {
+        wait_established(&client, crd).await;
+    }
+    for ns in [NS, DPU_NS, "openshift-operators"] {
+        ensure_namespace(&client, ns).await;
+    }
+    apply_yaml(&client, "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: ocs-storagecluster-ceph-rbd}\nprovisioner: openshift-storage.rbd.csi.ceph.com\n", "default").await.unwrap();
+    dpu_cluster(&client, "my-dpucluster").await;
+    dpu_cluster(&client, "spare-dpucluster").await;
+    secret(
+        &client,
+        NS,
+        "my-pull-secret",
+        ".dockerconfigjson",
+        br#"{"auths":{"quay.io":{"auth":"dXNlcjpwYXNz"}}}"#,
+    )
+    .await;
+    secret(&client, NS, "my-ssh-key", "id_rsa.pub", SSH_KEY.as_bytes()).await;
+    secret(
+        &client,
+        NS,
+        "wrong-key",
+        "id_ed25519.pub",
+        SSH_KEY.as_bytes(),
+    )
+    .await;
+    // The chart's hook made the settings object; a short deletion timeout
+    // for the stuck-deletion scenario.
+    let configs: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk(
+                "provisioning.dpu.hcp.io",
+                "v1alpha1",
+                "DPFHCPProvisionerConfig",
+            ),
+            "dpfhcpprovisionerconfigs",
+        ),
+    );
+    let config = configs
+        .get("default")
+        .await
+        .expect("the chart's hook made DPFHCPProvisionerConfig default");
+    assert_eq!(
+        config.data["spec"]["metalLBNamespace"],
+        "openshift-operators"
+    );
+    configs
+        .patch(
+            "default",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"hostedClusterDeletionTimeoutSeconds": 5}})),
+        )
+        .await
+        .unwrap();
+    let op = Operator::start(c, &[], &["--leader-election=false"], "dpf");
+
+    // Bad input: file paths instead of Secret refs. A condition names the
+    // field and points to the Secret refs; nothing is made.
+    println!("scenario: a CR with the seed's file-path sshKey and pullSecret");
+    create_variant(&client, "file-paths", json!({"sshKey": "/root/.ssh/id_rsa.pub", "pullSecret": "/root/pull.json", "sshKeySecretRef": null, "dpuClusterRef": {"name": "spare-dpucluster", "namespace": DPU_NS}})).await;
+    let why = wait_condition(
+        &client,
+        &op,
+        "file-paths",
+        "SpecValid",
+        "False",
+        "FilePathNotSupported",
+    )
+    .await;
+    assert!(
+        why.contains("spec.sshKey")
+            && why.contains("sshKeySecretRef")
+            && why.contains("pullSecretRef"),
+        "{why}"
+    );
+    assert_eq!(
+        phase(&client, "file-paths").await.as_deref(),
+        Some("Failed")
+    );
+    assert!(
+        get_dyn(&client, NS, &hosted_cluster_resource(), "file-paths")
+            .await
+            .is_none()
+    );
+
+    println!("scenario: a Secret without the key the spec needs");
+    create_variant(&client, "missing-key", json!({"sshKeySecretRef": {"name": "wrong-key"}, "dpuClusterRef": {"name": "spare-dpucluster", "namespace": DPU_NS}})).await;
+    let why = wait_condition(
+        &client,
+        &op,
+        "missing-key",
+        "SecretsValid",
+        "False",
+        "SSHKeySecretInvalid",
+    )
+    .await;
+    assert!(why.contains("id_rsa.pub"), "{why}");
+    assert!(
+        get_dyn(&client, NS, &hosted_cluster_resource(), "missing-key")
+            .await
+            .is_none()
+    );
+    assert!(get_dyn(&client, NS, &node_pool_resource(), "missing-key")
+        .await
+        .is_none());
+    delete_provisioner(&client, &op, "file-paths").await;
+    delete_provisioner(&client, &op, "missing-key").await;
+
+    println!("scenario: the README sample, unchanged, with MetalLB's CRDs absent");
+    apply_yaml(&client, SAMPLE, NS).await.unwrap();
+    let why = wait_condition(
+        &client,
+        &op,
+        NAME,
+        "MetalLBConfigured",
+        "False",
+        "MetalLBNotInstalled",
+    )
+    .await;
+    assert!(why.contains("metallb.io"), "{why}");
+    wait_condition(
+        &client,
+        &op,
+        NAME,
+        "Applied",
+        "True",
+        "HostedClusterApplied",
+    )
+    .await;
+    let p = provisioner(&client, NAME).await.unwrap();
+    let hc = get_dyn(&client, NS, &hosted_cluster_resource(), NAME)
+        .await
+        .unwrap();
+    let owner = &hc.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.uid.as_str(), owner.controller),
+        (p.metadata.uid.as_deref().unwrap(), Some(true))
+    );
+    let spec = &hc.data["spec"];
+    assert_eq!(spec["release"]["image"], OLD);
+    assert_eq!(spec["platform"]["type"], "None");
+    assert_eq!(spec["networking"]["networkType"], "Other");
+    assert_eq!(spec["networking"]["allocateNodeCIDRs"], "Enabled");
+    assert_eq!(
+        spec["etcd"]["managed"]["storage"]["persistentVolume"]["storageClassName"],
+        "ocs-storagecluster-ceph-rbd"
+    );
+    assert_eq!(
+        spec["secretEncryption"]["aescbc"]["activeKey"]["name"],
+        "prod-dpu-cluster-etcd-encryption-key"
+    );
+    assert_eq!(
+        spec["services"][0],
+        json!({"service": "APIServer", "servicePublishingStrategy": {"type": "LoadBalancer"}})
+    );
+    let np = get_dyn(&client, NS, &node_pool_resource(), NAME)
+        .await
+        .unwrap();
+    assert_eq!(np.data["spec"]["replicas"], 0);
+    assert_eq!(np.data["spec"]["management"]["upgradeType"], "Replace");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let key = secrets
+        .get("prod-dpu-cluster-etcd-encryption-key")
+        .await
+        .unwrap();
+    assert_eq!(key.data.unwrap()["key"].0.len(), 32);
+    let ssh_copy = secrets.get("prod-dpu-cluster-ssh-key").await.unwrap();
+    assert_eq!(ssh_copy.data.unwrap()["id_rsa.pub"].0, SSH_KEY.as_bytes());
+    assert_eq!(
+        secrets
+            .get("prod-dpu-cluster-pull-secret")
+            .await
+            .unwrap()
+            .type_
+            .as_deref(),
+        Some("kubernetes.io/dockerconfigjson")
+    );
+
+    println!("scenario: MetalLB installed later");
+    apply_yaml(&client, METALLB_CRDS, "default").await.unwrap();
+    wait_condition(
+        &client,
+        &op,
+        NAME,
+        "MetalLBConfigured",
+        "True",
+        "MetalLBReady",
+    )
+    .await;
+    let pool = get_dyn(
+        &client,
+        "openshift-operators",
+        &ip_address_pool_resource(),
+        NAME,
+    )
+    .await
+    .unwrap();
+    assert_eq!(pool.data["spec"]["addresses"], json!(["192.168.1.100/32"]));
+    assert_eq!(
+        pool.data["spec"]["serviceAllocation"]["namespaces"],
+        json!(["my-dpu-clusters-prod-dpu-cluster"])
+    );
+    let l2 = get_dyn(
+        &client,
+        "openshift-operators",
+        &l2_advertisement_resource(),
+        "advertise-prod-dpu-cluster",
+    )
+    .await
+    .unwrap();
+    assert_eq!(l2.data["spec"]["ipAddressPools"], json!([NAME]));
+
+    println!("scenario: a second provisioner on the same DPUCluster");
+    create_variant(&client, "second", json!({})).await;
+    let why = wait_condition(
+        &client,
+        &op,
+        "second",
+        "DPUClusterInUse",
+        "True",
+        "DPUClusterInUse",
+    )
+    .await;
+    assert!(why.contains(NAME), "{why}");
+    assert_eq!(phase(&client, "second").await.as_deref(), Some("Failed"));
+    assert!(get_dyn(&client, NS, &hosted_cluster_resource(), "second")
+        .await
+        .is_none());
+    delete_provisioner(&client, &op, "second").await;
+    // The first keeps the DPUCluster.
+    wait_condition(
+        &client,
+        &op,
+        NAME,
+        "DPUClusterInUse",
+        "False",
+        "DPUClusterAvailable",
+    )
+    .await;
+
+    println!("scenario: HyperShift brings the control plane up; the sample reaches Ready");
+    secret(
+        &client,
+        NS,
+        "prod-dpu-cluster-admin-kubeconfig",
+        "kubeconfig",
+        b"apiVersion: v1\nkind: Config\n# hosted admin\n",
+    )
+    .await;
+    hypershift_status(
+        &client,
+        true,
+        json!([entry("Completed", OLD, "4.19.0-ec.5")]),
+    )
+    .await;
+    wait_condition(
+        &client,
+        &op,
+        NAME,
+        "Ready",
+        "True",
+        "AllComponentsOperational",
+    )
+    .await;
+    assert_eq!(phase(&client, NAME).await.as_deref(), Some("Ready"));
+    let p = provisioner(&client, NAME).await.unwrap();
+    let st = p.status.clone().unwrap();
+    assert_eq!(st.hosted_cluster_ref.unwrap().name, NAME);
+    assert_eq!(
+        st.kube_config_secret_ref.unwrap().name,
+        "prod-dpu-cluster-admin-kubeconfig"
+    );
+    assert_eq!(
+        st.control_plane_endpoint.as_deref(),
+        Some("https://192.168.1.100:6443")
+    );
+    assert_eq!(st.version.as_deref(), Some("4.19.0-ec.5"));
+    for (t, s) in [
+        ("HostedClusterAvailable", "True"),
+        ("EtcdAvailable", "True"),
+        ("KubeAPIServerAvailable", "True"),
+        ("Available", "True"),
+        ("Health", "True"),
+        ("Applied", "True"),
+        ("KubeConfigInjected", "True"),
+        ("HostedClusterUpgrading", "False"),
+    ] {
+        let got = condition(&client, NAME, t).await;
+        assert_eq!(got.as_ref().map(|c| c.0.as_str()), Some(s), "{t}: {got:?}");
+    }
+    let dpu = get_dyn(&client, DPU_NS, &dpu_cluster_resource(), "my-dpucluster")
+        .await
+        .unwrap();
+    assert_eq!(
+        dpu.data["spec"]["kubeconfig"],
+        "prod-dpu-cluster-admin-kubeconfig"
+    );
+    let injected = Api::<Secret>::namespaced(client.clone(), DPU_NS)
+        .get("prod-dpu-cluster-admin-kubeconfig")
+        .await
+        .unwrap();
+    assert_eq!(
+        injected.data.unwrap()["super-admin.conf"].0,
+        b"apiVersion: v1\nkind: Config\n# hosted admin\n"
+    );
+
+    println!("scenario: drift on the HostedCluster is reverted");
+    dynamic(&client, NS, &hosted_cluster_resource())
+        .patch(NAME, &PatchParams::apply("intruder").force(), &Patch::Apply(&json!({
+            "apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster",
+            "spec": {"controllerAvailabilityPolicy": "SingleReplica", "release": {"image": "quay.io/evil/release:1"}},
+        })))
+        .await
+        .unwrap();
+    eventually(
+        "the HostedCluster's policy and release back",
+        WAIT,
+        Some(&op),
+        || async {
+            let policy = hc_field(&client, "/spec/controllerAvailabilityPolicy").await?;
+            let image = hc_field(&client, "/spec/release/image").await?;
+            (policy == "HighlyAvailable" && image == OLD).then_some(())
+        },
+    )
+    .await;
+
+    println!("scenario: an upgrade, control plane first, then the NodePool");
+    Api::<DPFHCPProvisioner>::namespaced(client.clone(), NS)
+        .patch(
+            NAME,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"ocpReleaseImage": NEW}})),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "the HostedCluster on the new release",
+        WAIT,
+        Some(&op),
+        || async { (hc_field(&client, "/spec/release/image").await? == NEW).then_some(()) },
+    )
+    .await;
+    hypershift_status(
+        &client,
+        true,
+        json!([
+            entry("Partial", NEW, "4.19.1"),
+            entry("Completed", OLD, "4.19.0-ec.5")
+        ]),
+    )
+    .await;
+    wait_condition(
+        &client,
+        &op,
+        NAME,
+        "HostedClusterUpgrading",
+        "True",
+        "UpgradeInProgress",
+    )
+    .await;
+    assert_eq!(
+        np_image(&client).await.as_deref(),
+        Some(OLD),
+        "the NodePool waits for the control plane"
+    );
+    assert_eq!(
+        phase(&client, NAME).await.as_deref(),
+        Some("WaitingForControlPlane")
+    );
+    hypershift_status(
+        &client,
+        true,
+        json!([
+            entry("Completed", NEW, "4.19.1"),
+            entry("Completed", OLD, "4.19.0-ec.5")
+        ]),
+    )
+    .await;
+    wait_condition(
+        &client,
+        &op,
+        NAME,
+        "HostedClusterUpgrading",
+        "False",
+        "UpgradeComplete",
+    )
+    .await;
+    eventually(
+        "the NodePool on the new release",
+        WAIT,
+        Some(&op),
+        || async { (np_image(&client).await? == NEW).then_some(()) },
+    )
+    .await;
+    wait_condition(
+        &client,
+        &op,
+        NAME,
+        "Ready",
+        "True",
+        "AllComponentsOperational",
+    )
+    .await;
+    assert_eq!(
+        provisioner(&client, NAME)
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .version
+            .as_deref(),
+        Some("4.19.1")
+    );
+
+    println!("scenario: the DPUCluster deleted under a live provisioner, then re-created");
+    dynamic(&client, DPU_NS, &dpu_cluster_resource())
+        .delete("my-dpucluster", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_condition(
+        &client,
+        &op,
+        NAME,
+        "DPUClusterMissing",
+        "True",
+        "DPUClusterDeleted",
+    )
+    .await;
+    wait_condition(&client, &op, NAME, "Ready", "False", "ValidationFailed").await;
+    assert!(
+        get_dyn(&client, NS, &hosted_cluster_resource(), NAME)
+            .await
+            .is_some(),
+        "the hosted cluster is kept"
+    );
+    dpu_cluster(&client, "my-dpucluster").await;
+    wait_condition(
+        &client,
+        &op,
+        NAME,
+        "Ready",
+        "True",
+        "AllComponentsOperational",
+    )
+    .await;
+    let dpu = get_dyn(&client, DPU_NS, &dpu_cluster_resource(), "my-dpucluster")
+        .await
+        .unwrap();
+    assert_eq!(
+        dpu.data["spec"]["kubeconfig"], "prod-dpu-cluster-admin-kubeconfig",
+        "injected again"
+    );
+
+    println!("scenario: deletion with a HostedCluster that never goes away");
+    dynamic(&client, NS, &hosted_cluster_resource())
+        .patch(
+            NAME,
+            &PatchParams::apply("hypershift").force(),
+            &Patch::Apply(&json!({
+                "apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster",
+                "metadata": {"finalizers": ["hypershift.openshift.io/finalizer"]},
+            })),
+        )
+        .await
+        .unwrap();
+    Api::<DPFHCPProvisioner>::namespaced(client.clone(), NS)
+        .delete(NAME, &DeleteParams::default())
+        .await
+        .unwrap();
+    let why = wait_condition(&client, &op, NAME, "Health", "False", "DeletionStuck").await;
+    assert!(
+        why.contains("HostedCluster my-dpu-clusters/prod-dpu-cluster")
+            && why.contains("finalizers"),
+        "{why}"
+    );
+    wait_condition(
+        &client,
+        &op,
+        NAME,
+        "HostedClusterCleanup",
+        "False",
+        "Failed",
+    )
+    .await;
+    assert_eq!(phase(&client, NAME).await.as_deref(), Some("Deleting"));
+    assert!(
+        get_dyn(&client, NS, &node_pool_resource(), NAME)
+            .await
+            .is_none(),
+        "the NodePool went first"
+    );
+    let dpu = get_dyn(&client, DPU_NS, &dpu_cluster_resource(), "my-dpucluster")
+        .await
+        .unwrap();
+    assert!(
+        dpu.data["spec"].get("kubeconfig").is_none(),
+        "the DPUCluster's reference is removed: {:?}",
+        dpu.data["spec"]
+    );
+    assert!(Api::<Secret>::namespaced(client.clone(), DPU_NS)
+        .get_opt("prod-dpu-cluster-admin-kubeconfig")
+        .await
+        .unwrap()
+        .is_none());
+    // HyperShift finishes.
+    dynamic(&client, NS, &hosted_cluster_resource())
+        .patch(
+            NAME,
+            &PatchParams::apply("hypershift").force(),
+            &Patch::Apply(&json!({
+                "apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster",
+                "metadata": {"finalizers": []},
+            })),
+        )
+        .await
+        .unwrap();
+    eventually("the provisioner gone", WAIT, Some(&op), || async {
+        provisioner(&client, NAME).await.is_none().then_some(())
+    })
+    .await;
+    for name in [
+        "prod-dpu-cluster-pull-secret",
+        "prod-dpu-cluster-ssh-key",
+        "prod-dpu-cluster-etcd-encryption-key",
+    ] {
+        assert!(
+            secrets.get_opt(name).await.unwrap().is_none(),
+            "{name} deleted"
+        );
+    }
+    assert!(get_dyn(
+        &client,
+        "openshift-operators",
+        &ip_address_pool_resource(),
+        NAME
+    )
+    .await
+    .is_none());
+    assert!(get_dyn(
+        &client,
+        "openshift-operators",
+        &l2_advertisement_resource(),
+        "advertise-prod-dpu-cluster"
+    )
+    .await
+    .is_none());
+    // The user's Secrets are not the provisioner's.
+    assert!(secrets.get_opt("my-ssh-key").await.unwrap().is_some());
+}
