@@ -697,7 +697,26 @@ fn is_ready(s: &InfraStatus) -> bool {
 }
 
 async fn publish(ctx: &Context, infra: &Infra, type_: EventType, reason: &str, note: String) {
-    let Some(recorder) = &ctx.recorder else {
+    publish_event(
+        ctx.recorder.as_ref(),
+        &infra.object_ref(&()),
+        type_,
+        reason,
+        note,
+    )
+    .await;
+}
+
+/// An event about `about`, when there is a recorder; a failure to publish
+/// is logged, never an error of the reconcile.
+pub(crate) async fn publish_event(
+    recorder: Option<&Recorder>,
+    about: &k8s_openapi::api::core::v1::ObjectReference,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let Some(recorder) = recorder else {
         return;
     };
     let event = Event {
@@ -707,7 +726,7 @@ async fn publish(ctx: &Context, infra: &Infra, type_: EventType, reason: &str, n
         action: "Reconcile".into(),
         secondary: None,
     };
-    if let Err(e) = recorder.publish(&event, &infra.object_ref(&())).await {
+    if let Err(e) = recorder.publish(&event, about).await {
         tracing::warn!(error = %e, "could not publish an event");
     }
 }

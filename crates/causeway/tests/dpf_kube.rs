@@ -26,7 +26,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::core::ApiResource;
 use kube::Client;
-use kube_cluster::{admin, apply_yaml, ensure_namespace, eventually, Operator};
+use kube_cluster::{admin, apply_yaml, ensure_namespace, eventually, wait_established, Operator};
 use serde_json::{json, Value};
 
 const SAMPLE: &str = include_str!("fixtures/dpfhcp-sample.yaml");
@@ -88,20 +88,6 @@ async fn wait_condition(
         },
     )
     .await
-}
-
-async fn wait_established(client: &Client, crd: &str) {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    eventually(&format!("CRD {crd} established"), WAIT, None, || async {
-        let c = api.get(crd).await.ok()?;
-        c.status?
-            .conditions?
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True")
-            .then_some(())
-    })
-    .await;
 }
 
 async fn secret(client: &Client, ns: &str, name: &str, key: &str, value: &[u8]) {

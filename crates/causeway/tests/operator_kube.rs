@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use kube_cluster::{admin, apply_yaml, eventually, Operator, SharedCluster};
+use kube_cluster::{admin, apply_yaml, eventually, wait_established, Operator, SharedCluster};
 use serde_json::json;
 
 const REFERENCE: &str = include_str!("../../causeway-operator/tests/fixtures/reference-infra.yaml");
@@ -44,20 +44,6 @@ async fn nad(client: &Client, ns: &str, name: &str) {
         "apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  config: '{{\"cniVersion\":\"0.3.1\",\"type\":\"macvlan\",\"master\":\"eth1\",\"ipam\":{{\"type\":\"static\"}}}}'\n"
     );
     apply_yaml(client, &doc, ns).await.unwrap();
-}
-
-async fn wait_established(client: &Client, crd: &str) {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    eventually(&format!("CRD {crd} established"), WAIT, None, || async {
-        let c = api.get(crd).await.ok()?;
-        c.status?
-            .conditions?
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True")
-            .then_some(())
-    })
-    .await;
 }
 
 /// The reference sample, moved to `ns` (or as written when `ns` is its own).

@@ -23,7 +23,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind, PartialObjectMeta};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
@@ -1089,19 +1089,14 @@ async fn publish(
     reason: &str,
     note: String,
 ) {
-    let Some(recorder) = &ctx.recorder else {
-        return;
-    };
-    let event = Event {
+    crate::controller::publish_event(
+        ctx.recorder.as_ref(),
+        &p.object_ref(&()),
         type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&event, &p.object_ref(&())).await {
-        tracing::warn!(error = %e, "could not publish an event");
-    }
+        reason,
+        note,
+    )
+    .await;
 }
 
 /// The deletion, one step per pass until each is done: the kubeconfig

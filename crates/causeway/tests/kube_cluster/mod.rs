@@ -451,3 +451,22 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Waits until the CRD named `crd` is established.
+pub async fn wait_established(client: &Client, crd: &str) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    eventually(
+        &format!("CRD {crd} established"),
+        Duration::from_secs(60),
+        None,
+        || async {
+            let c = api.get(crd).await.ok()?;
+            c.status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        },
+    )
+    .await;
+}
