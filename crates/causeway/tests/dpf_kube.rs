@@ -305,6 +305,38 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
     delete_provisioner(&client, &op, "file-paths").await;
     delete_provisioner(&client, &op, "missing-key").await;
 
+    println!("scenario: a HostedCluster of the same name that is not the provisioner's");
+    apply_yaml(
+        &client,
+        r#"{"apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster", "metadata": {"name": "foreign", "namespace": "my-dpu-clusters"}, "spec": {"release": {"image": "quay.io/someone/else:1"}}}"#,
+        NS,
+    )
+    .await
+    .unwrap();
+    create_variant(
+        &client,
+        "foreign",
+        json!({"dpuClusterRef": {"name": "spare-dpucluster", "namespace": DPU_NS}}),
+    )
+    .await;
+    let why = wait_condition(&client, &op, "foreign", "Applied", "False", "Conflict").await;
+    assert!(why.contains("not this provisioner's"), "{why}");
+    let foreign = get_dyn(&client, NS, &hosted_cluster_resource(), "foreign")
+        .await
+        .unwrap();
+    assert_eq!(
+        foreign.data["spec"]["release"]["image"], "quay.io/someone/else:1",
+        "never taken over"
+    );
+    assert!(foreign.metadata.owner_references.is_none());
+    delete_provisioner(&client, &op, "foreign").await;
+    assert!(
+        get_dyn(&client, NS, &hosted_cluster_resource(), "foreign")
+            .await
+            .is_some(),
+        "not deleted either"
+    );
+
     println!("scenario: the README sample, unchanged, with MetalLB's CRDs absent");
     apply_yaml(&client, SAMPLE, NS).await.unwrap();
     let why = wait_condition(
@@ -520,6 +552,54 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
             let image = hc_field(&client, "/spec/release/image").await?;
             (policy == "HighlyAvailable" && image == OLD).then_some(())
         },
+    )
+    .await;
+
+    println!(
+        "scenario: an immutable field changed (the 1.20 server has no CEL: the operator refuses)"
+    );
+    let provisioners = Api::<DPFHCPProvisioner>::namespaced(client.clone(), NS);
+    provisioners
+        .patch(
+            NAME,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"baseDomain": "elsewhere.example.com"}})),
+        )
+        .await
+        .unwrap();
+    let why = wait_condition(
+        &client,
+        &op,
+        NAME,
+        "SpecValid",
+        "False",
+        "ImmutableFieldChanged",
+    )
+    .await;
+    assert!(
+        why.contains("spec.baseDomain") && why.contains("clusters.example.com"),
+        "{why}"
+    );
+    assert_eq!(
+        hc_field(&client, "/spec/dns/baseDomain").await,
+        Some(json!("clusters.example.com")),
+        "left untouched"
+    );
+    provisioners
+        .patch(
+            NAME,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"baseDomain": "clusters.example.com"}})),
+        )
+        .await
+        .unwrap();
+    wait_condition(
+        &client,
+        &op,
+        NAME,
+        "Ready",
+        "True",
+        "AllComponentsOperational",
     )
     .await;
 
