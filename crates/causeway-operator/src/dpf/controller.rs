@@ -30,8 +30,8 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::{json, Value};
 
 use super::crd::{
-    BridgeSettings, DPFHCPProvisioner, DPFHCPProvisionerConfig, DPFHCPProvisionerStatus,
-    HostedClusterReference, LocalRef, CONFIG_NAME,
+    BridgeSettings, DPFHCPProvisioner, DPFHCPProvisionerConfig, DPFHCPProvisionerConfigSpec,
+    DPFHCPProvisionerStatus, HostedClusterReference, LocalRef, CONFIG_NAME,
 };
 use super::render::{self, Owner};
 use super::spec::{self, Publishing};
@@ -51,6 +51,8 @@ const RECONCILE_CONCURRENCY: u16 = 16;
 /// (MetalLB or HyperShift being installed, a deletion finishing).
 const SHORT_POLL: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_secs(30);
+/// How long the settings of a deleted singleton still hold.
+const CONFIG_GRACE: Duration = Duration::from_secs(30);
 /// The backstop resync of a provisioner whose state is settled.
 const RESYNC: Duration = Duration::from_secs(300);
 
@@ -87,6 +89,8 @@ pub struct Context {
     pub provisioners: Store<DPFHCPProvisioner>,
     pub configs: Store<DPFHCPProvisionerConfig>,
     pub operator_namespace: String,
+    /// The settings last seen, and when they went: see [`Context::settings`].
+    pub last_config: std::sync::Mutex<Option<(DPFHCPProvisionerConfigSpec, Option<Instant>)>>,
     pub recorder: Option<Recorder>,
     pub metrics: Option<OperatorMetrics>,
 }
@@ -135,11 +139,32 @@ impl Context {
         }
     }
 
+    /// The settings in force. The chart's hook deletes and re-creates the
+    /// singleton on every upgrade; for a short while after it goes, the
+    /// settings it had still hold, so a `disableMetalLB: true` does not
+    /// flip to the default and make MetalLB objects in that moment.
     fn settings(&self) -> BridgeSettings {
-        let config = self
+        let live = self
             .configs
             .get(&ObjectRef::new(CONFIG_NAME))
             .map(|c| c.spec.clone());
+        let mut last = self
+            .last_config
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let config = match live {
+            Some(spec) => {
+                *last = Some((spec.clone(), None));
+                Some(spec)
+            }
+            None => match last.as_mut() {
+                Some((spec, gone)) => {
+                    let since = *gone.get_or_insert_with(Instant::now);
+                    (since.elapsed() < CONFIG_GRACE).then(|| spec.clone())
+                }
+                None => None,
+            },
+        };
         BridgeSettings::resolve(config.as_ref(), &self.operator_namespace)
     }
 
@@ -1336,6 +1361,7 @@ pub async fn run(
         provisioners: provisioners.clone(),
         configs,
         operator_namespace,
+        last_config: std::sync::Mutex::new(None),
         recorder,
         metrics,
     });
