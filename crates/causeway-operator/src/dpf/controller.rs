@@ -95,6 +95,26 @@ pub struct Context {
     pub metrics: Option<OperatorMetrics>,
 }
 
+/// The settings object to use: the live one, else for [`CONFIG_GRACE`]
+/// after it went the one last seen. `last` remembers it and when it went.
+fn remembered(
+    live: Option<DPFHCPProvisionerConfigSpec>,
+    last: &mut Option<(DPFHCPProvisionerConfigSpec, Option<Instant>)>,
+    now: Instant,
+) -> Option<DPFHCPProvisionerConfigSpec> {
+    match live {
+        Some(spec) => {
+            *last = Some((spec.clone(), None));
+            Some(spec)
+        }
+        None => {
+            let (spec, gone) = last.as_mut()?;
+            let since = *gone.get_or_insert(now);
+            (now.duration_since(since) < CONFIG_GRACE).then(|| spec.clone())
+        }
+    }
+}
+
 /// Whether an API error will come out the same however often it is
 /// retried: refused, invalid, or a request the server cannot serve.
 fn permanent(e: &kube::Error) -> bool {
@@ -152,19 +172,7 @@ impl Context {
             .last_config
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let config = match live {
-            Some(spec) => {
-                *last = Some((spec.clone(), None));
-                Some(spec)
-            }
-            None => match last.as_mut() {
-                Some((spec, gone)) => {
-                    let since = *gone.get_or_insert_with(Instant::now);
-                    (since.elapsed() < CONFIG_GRACE).then(|| spec.clone())
-                }
-                None => None,
-            },
-        };
+        let config = remembered(live, &mut last, Instant::now());
         BridgeSettings::resolve(config.as_ref(), &self.operator_namespace)
     }
 
@@ -1431,6 +1439,47 @@ pub async fn run(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deleted_settings_object_holds_for_the_grace_period_only() {
+        let t0 = Instant::now();
+        let mut last = None;
+        assert_eq!(
+            remembered(None, &mut last, t0),
+            None,
+            "never seen: defaults"
+        );
+        let off = DPFHCPProvisionerConfigSpec {
+            disable_metal_lb: Some(true),
+            ..Default::default()
+        };
+        assert_eq!(
+            remembered(Some(off.clone()), &mut last, t0),
+            Some(off.clone())
+        );
+        // Deleted (the hook's delete-and-recreate): still in force.
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(remembered(None, &mut last, t1), Some(off.clone()));
+        assert_eq!(
+            remembered(
+                None,
+                &mut last,
+                t1 + CONFIG_GRACE - Duration::from_millis(1)
+            ),
+            Some(off.clone())
+        );
+        // Gone for good: the defaults.
+        assert_eq!(remembered(None, &mut last, t1 + CONFIG_GRACE), None);
+        // Back: live again, and a later deletion starts a new grace.
+        assert_eq!(
+            remembered(Some(off.clone()), &mut last, t1 + CONFIG_GRACE * 2),
+            Some(off.clone())
+        );
+        assert_eq!(
+            remembered(None, &mut last, t1 + CONFIG_GRACE * 3),
+            Some(off)
+        );
+    }
 
     #[test]
     fn ssh_keys_and_pull_secrets_are_parsed_not_just_present() {
