@@ -710,17 +710,28 @@ fn owner_of(p: &DPFHCPProvisioner) -> Result<Owner, Error> {
     })
 }
 
-/// Sets the finalizer list, guarded by the resourceVersion read: a
-/// concurrent change makes it a conflict, retried, instead of a lost write.
-async fn set_finalizers(
+/// Changes the finalizer list of the latest `p`, guarded by its
+/// resourceVersion: a concurrent change is a conflict, retried, never a
+/// lost write. Read afresh, because this reconcile may itself have
+/// written status since `p` was read.
+async fn edit_finalizers(
     ctx: &Context,
     p: &DPFHCPProvisioner,
-    finalizers: Vec<String>,
+    edit: impl Fn(&mut Vec<String>),
 ) -> Result<(), Error> {
     let api: Api<DPFHCPProvisioner> =
         Api::namespaced(ctx.client.clone(), &p.namespace().unwrap_or_default());
+    let Some(latest) = api.get_opt(&p.name_any()).await? else {
+        return Ok(());
+    };
+    let mut list = latest.finalizers().to_vec();
+    let before = list.clone();
+    edit(&mut list);
+    if list == before {
+        return Ok(());
+    }
     let patch =
-        json!({"metadata": {"finalizers": finalizers, "resourceVersion": p.resource_version()}});
+        json!({"metadata": {"finalizers": list, "resourceVersion": latest.resource_version()}});
     match api
         .patch(
             &p.name_any(),
@@ -739,19 +750,16 @@ async fn add_finalizer(ctx: &Context, p: &DPFHCPProvisioner) -> Result<(), Error
     if p.finalizers().iter().any(|f| f == FINALIZER) {
         return Ok(());
     }
-    let mut list = p.finalizers().to_vec();
-    list.push(FINALIZER.into());
-    set_finalizers(ctx, p, list).await
+    edit_finalizers(ctx, p, |list| {
+        if !list.iter().any(|f| f == FINALIZER) {
+            list.push(FINALIZER.into());
+        }
+    })
+    .await
 }
 
 async fn remove_finalizer(ctx: &Context, p: &DPFHCPProvisioner) -> Result<(), Error> {
-    let list: Vec<String> = p
-        .finalizers()
-        .iter()
-        .filter(|f| *f != FINALIZER)
-        .cloned()
-        .collect();
-    set_finalizers(ctx, p, list).await
+    edit_finalizers(ctx, p, |list| list.retain(|f| f != FINALIZER)).await
 }
 
 /// What a reconcile writes to status beyond the conditions.
