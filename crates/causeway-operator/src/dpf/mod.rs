@@ -8,6 +8,7 @@
 
 pub mod controller;
 pub mod crd;
+pub mod csr;
 pub mod render;
 pub mod spec;
 pub mod status;
