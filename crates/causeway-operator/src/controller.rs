@@ -158,16 +158,25 @@ pub struct Context {
     pub metrics: Option<OperatorMetrics>,
 }
 
+/// A kind the operator reads or writes without Rust types of its own.
+pub fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+}
+
 pub fn nad_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition"),
+    resource(
+        "k8s.cni.cncf.io",
+        "v1",
+        "NetworkAttachmentDefinition",
         "network-attachment-definitions",
     )
 }
 
 pub fn hosted_cluster_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("hypershift.openshift.io", "v1beta1", "HostedCluster"),
+    resource(
+        "hypershift.openshift.io",
+        "v1beta1",
+        "HostedCluster",
         "hostedclusters",
     )
 }

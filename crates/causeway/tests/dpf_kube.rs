@@ -21,7 +21,7 @@ use causeway_operator::controller::hosted_cluster_resource;
 use causeway_operator::dpf::controller::{
     dpu_cluster_resource, ip_address_pool_resource, l2_advertisement_resource, node_pool_resource,
 };
-use causeway_operator::dpf::crd::DPFHCPProvisioner;
+use causeway_operator::dpf::crd::{DPFHCPProvisioner, DPFHCPProvisionerConfig};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::core::ApiResource;
@@ -153,6 +153,21 @@ async fn hypershift_status(client: &Client, available: bool, history: Value) {
     .unwrap();
 }
 
+/// HyperShift's part: the finalizers it keeps on the HostedCluster.
+async fn hypershift_finalizers(client: &Client, finalizers: Value) {
+    dynamic(client, NS, &hosted_cluster_resource())
+        .patch(
+            NAME,
+            &PatchParams::apply("hypershift").force(),
+            &Patch::Apply(&json!({
+                "apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster",
+                "metadata": {"finalizers": finalizers},
+            })),
+        )
+        .await
+        .unwrap();
+}
+
 fn entry(state: &str, image: &str, version: &str) -> Value {
     json!({"state": state, "image": image, "version": version, "startedTime": "2026-11-24T09:00:00Z"})
 }
@@ -224,24 +239,14 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
     .await;
     // The chart's hook made the settings object; a short deletion timeout
     // for the stuck-deletion scenario.
-    let configs: Api<DynamicObject> = Api::all_with(
-        client.clone(),
-        &ApiResource::from_gvk_with_plural(
-            &kube::core::GroupVersionKind::gvk(
-                "provisioning.dpu.hcp.io",
-                "v1alpha1",
-                "DPFHCPProvisionerConfig",
-            ),
-            "dpfhcpprovisionerconfigs",
-        ),
-    );
+    let configs: Api<DPFHCPProvisionerConfig> = Api::all(client.clone());
     let config = configs
         .get("default")
         .await
         .expect("the chart's hook made DPFHCPProvisionerConfig default");
     assert_eq!(
-        config.data["spec"]["metalLBNamespace"],
-        "openshift-operators"
+        config.spec.metal_lb_namespace.as_deref(),
+        Some("openshift-operators")
     );
     configs
         .patch(
@@ -731,17 +736,7 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
     );
 
     println!("scenario: deletion with a HostedCluster that never goes away");
-    dynamic(&client, NS, &hosted_cluster_resource())
-        .patch(
-            NAME,
-            &PatchParams::apply("hypershift").force(),
-            &Patch::Apply(&json!({
-                "apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster",
-                "metadata": {"finalizers": ["hypershift.openshift.io/finalizer"]},
-            })),
-        )
-        .await
-        .unwrap();
+    hypershift_finalizers(&client, json!(["hypershift.openshift.io/finalizer"])).await;
     Api::<DPFHCPProvisioner>::namespaced(client.clone(), NS)
         .delete(NAME, &DeleteParams::default())
         .await
@@ -782,17 +777,7 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         .unwrap()
         .is_none());
     // HyperShift finishes.
-    dynamic(&client, NS, &hosted_cluster_resource())
-        .patch(
-            NAME,
-            &PatchParams::apply("hypershift").force(),
-            &Patch::Apply(&json!({
-                "apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster",
-                "metadata": {"finalizers": []},
-            })),
-        )
-        .await
-        .unwrap();
+    hypershift_finalizers(&client, json!([])).await;
     eventually("the provisioner gone", WAIT, Some(&op), || async {
         provisioner(&client, NAME).await.is_none().then_some(())
     })

@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, GroupVersionKind, PartialObjectMeta};
+use kube::core::{ApiResource, PartialObjectMeta};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -37,7 +37,7 @@ use super::render::{self, Owner};
 use super::spec::{self, Publishing};
 use super::status::{self, Check, Cleanup, HostedClusterFacts, Observed};
 use crate::controller::{
-    cached, hosted_cluster_resource, not_found, OperatorMetrics, Scope, MANAGER,
+    cached, hosted_cluster_resource, not_found, resource, OperatorMetrics, Scope, MANAGER,
 };
 use crate::drift;
 use crate::error::Error;
@@ -57,31 +57,44 @@ const CONFIG_GRACE: Duration = Duration::from_secs(30);
 const RESYNC: Duration = Duration::from_secs(300);
 
 pub fn node_pool_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("hypershift.openshift.io", "v1beta1", "NodePool"),
+    resource(
+        "hypershift.openshift.io",
+        "v1beta1",
+        "NodePool",
         "nodepools",
     )
 }
 
 pub fn dpu_cluster_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("provisioning.dpu.nvidia.com", "v1alpha1", "DPUCluster"),
+    resource(
+        "provisioning.dpu.nvidia.com",
+        "v1alpha1",
+        "DPUCluster",
         "dpuclusters",
     )
 }
 
 pub fn ip_address_pool_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("metallb.io", "v1beta1", "IPAddressPool"),
-        "ipaddresspools",
-    )
+    resource("metallb.io", "v1beta1", "IPAddressPool", "ipaddresspools")
 }
 
 pub fn l2_advertisement_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("metallb.io", "v1beta1", "L2Advertisement"),
+    resource(
+        "metallb.io",
+        "v1beta1",
+        "L2Advertisement",
         "l2advertisements",
     )
+}
+
+/// The object, or `None` when it or its whole API (a CRD not installed)
+/// is absent: either way there is nothing of that name.
+async fn get_present(api: &Api<DynamicObject>, name: &str) -> Result<Option<DynamicObject>, Error> {
+    match api.get_opt(name).await {
+        Ok(found) => Ok(found),
+        Err(e) if not_found(&e) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 pub struct Context {
@@ -793,23 +806,16 @@ async fn apply(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action, Error> {
     };
     let hc_api: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), &ns, &hosted_cluster_resource());
-    let read_hc = async {
-        match hc_api.get_opt(&owner.name).await {
-            Ok(hc) => Ok(hc),
-            Err(e) if not_found(&e) => Ok(None),
-            Err(e) => Err(Error::from(e)),
-        }
-    };
+    let read_hc = get_present(&hc_api, &owner.name);
 
     // The spec alone, then against what was provisioned.
-    let mut spec_errors = match spec::check(&p.spec) {
-        Ok(_) => Vec::new(),
-        Err(errors) => errors,
+    let (checked, mut spec_errors) = match spec::check(&p.spec) {
+        Ok(checked) => (Some(checked), Vec::new()),
+        Err(errors) => (None, errors),
     };
     if let Some(was) = &extra.provisioned_spec {
         spec_errors.extend(spec::changed_immutable(was, &p.spec));
     }
-    let checked = spec::check(&p.spec).ok();
     let spec_check = match (spec_errors.first(), &checked) {
         (None, Some(_)) => Check::new(status::SPEC_VALID, true, "Valid", "the spec is valid"),
         (first, _) => Check::new(
@@ -934,14 +940,10 @@ async fn apply(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action, Error> {
     extra
         .provisioned_spec
         .get_or_insert_with(|| spec::immutable_part(&p.spec));
-    let facts = HostedClusterFacts::from_object(&serde_json::to_value(&hc).unwrap_or_default());
+    let facts = HostedClusterFacts::from_object(&hc.data);
     let np_api: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), &ns, &node_pool_resource());
-    let live_np = match np_api.get_opt(&owner.name).await {
-        Ok(np) => np,
-        Err(e) if not_found(&e) => None,
-        Err(e) => return Err(e.into()),
-    };
+    let live_np = get_present(&np_api, &owner.name).await?;
     let np_image = live_np.as_ref().and_then(|np| {
         np.data
             .pointer("/spec/release/image")
@@ -999,9 +1001,7 @@ async fn settle_invalid(
                 "the HostedCluster is kept as it is and not updated while a check fails",
             ));
             extra.hosted_cluster = true;
-            Some(HostedClusterFacts::from_object(
-                &serde_json::to_value(&hc).unwrap_or_default(),
-            ))
+            Some(HostedClusterFacts::from_object(&hc.data))
         }
         _ => None,
     };
@@ -1044,12 +1044,11 @@ async fn permanent_or(
 async fn finish(
     ctx: &Context,
     p: &DPFHCPProvisioner,
-    o: Observed,
+    mut o: Observed,
     facts: Option<HostedClusterFacts>,
     extra: Extra,
     requeue: Duration,
 ) -> Result<Action, Error> {
-    let mut o = o;
     o.hosted_cluster = facts;
     write_status(ctx, p, &o, &extra).await?;
     Ok(Action::requeue(requeue))
@@ -1181,11 +1180,7 @@ async fn delete(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action, Error> {
         &dpu_ref.namespace,
         &dpu_cluster_resource(),
     );
-    let dpu = match dpus.get_opt(&dpu_ref.name).await {
-        Ok(d) => d,
-        Err(e) if not_found(&e) => None,
-        Err(e) => return Err(e.into()),
-    };
+    let dpu = get_present(&dpus, &dpu_ref.name).await?;
     if let Some(dpu) = dpu {
         if dpu.data.pointer("/spec/kubeconfig").and_then(Value::as_str)
             == Some(owner.admin_kubeconfig_name().as_str())
@@ -1219,12 +1214,7 @@ async fn delete(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action, Error> {
         (hosted_cluster_resource(), "HostedCluster"),
     ] {
         let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &resource);
-        let live = match api.get_opt(&owner.name).await {
-            Ok(l) => l,
-            // No CRD: nothing of that kind can be left.
-            Err(e) if not_found(&e) => None,
-            Err(e) => return Err(e.into()),
-        };
+        let live = get_present(&api, &owner.name).await?;
         let Some(live) = live else { continue };
         if controlled_by(&live.metadata, &owner.uid) != Some(true) {
             continue;
@@ -1253,9 +1243,8 @@ async fn delete(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action, Error> {
                 "the NodePool is deleted before the HostedCluster",
             ));
         }
-        o.hosted_cluster = (kind == "HostedCluster").then(|| {
-            HostedClusterFacts::from_object(&serde_json::to_value(&live).unwrap_or_default())
-        });
+        o.hosted_cluster =
+            (kind == "HostedCluster").then(|| HostedClusterFacts::from_object(&live.data));
         write_status(ctx, p, &o, &extra).await?;
         let left = u64::from(settings.deletion_timeout_seconds).saturating_sub(waited);
         let next = if left > 0 {
@@ -1293,11 +1282,7 @@ async fn delete(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action, Error> {
         (l2_advertisement_resource(), owner.l2_advertisement_name()),
     ] {
         let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), mlb_ns, &resource);
-        let live = match api.get_opt(&name).await {
-            Ok(l) => l,
-            Err(e) if not_found(&e) => None,
-            Err(e) => return Err(e.into()),
-        };
+        let live = get_present(&api, &name).await?;
         if live.is_some_and(|l| labelled_ours(&l.metadata, &owner)) {
             ctx.gone(&api, &resource.kind, &name).await?;
         }
