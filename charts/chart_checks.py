@@ -247,11 +247,16 @@ def case_dpf_settings(docs):
         assert meta.get("annotations", {}).get("owner") == "dpu-team", f"{d['kind']} {meta['name']} lacks commonAnnotations"
     assert one(docs, "ServiceAccount")["metadata"]["annotations"]["extra"] == "kept"
     assert one(docs, "DPFHCPProvisionerConfig")["metadata"]["annotations"]["helm.sh/hook"]
+    e = env(docs)
+    assert (e["CAUSEWAY_CSR_APPROVER"], e["CAUSEWAY_HOSTED_APISERVER"], e["CAUSEWAY_CSR_PENDING_SLACK"]) == ("false", "kubeconfig", "5"), e
 
 
 def case_default(docs):
     check_crd(docs)
     check_dpf(docs)
+    e = env(docs)
+    assert (e["CAUSEWAY_CSR_APPROVER"], e["CAUSEWAY_HOSTED_APISERVER"]) == ("true", "service"), e
+    assert (e["CAUSEWAY_CSR_MAX_EXPIRATION_SECONDS"], e["CAUSEWAY_CSR_PENDING_SLACK"]) == ("31708800", "20"), e
     assert kinds(docs) == BASE_KINDS, kinds(docs)
     dep = one(docs, "Deployment")
     assert dep["spec"]["replicas"] == 1

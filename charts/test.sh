@@ -273,7 +273,8 @@ check "DPF settings, probes, common labels and annotations" render_case dpf-sett
   --set healthProbe.livenessProbe.initialDelaySeconds=15 --set healthProbe.livenessProbe.periodSeconds=20 \
   --set healthProbe.readinessProbe.initialDelaySeconds=5 --set healthProbe.readinessProbe.periodSeconds=10 \
   --set commonLabels.team=edge --set commonAnnotations.owner=dpu-team --set metrics.service.enabled=true \
-  --set serviceAccount.annotations.extra=kept
+  --set serviceAccount.annotations.extra=kept --set dpf.csrApprover.enabled=false \
+  --set dpf.csrApprover.hostedApiserver=kubeconfig --set dpf.csrApprover.pendingSlack=5
 check "DPF settings object not made" render_case dpf-no-config --set dpf.config.create=false
 check "scc for all namespaces" render_case openshift-all --set openshift.scc.enabled=true \
   --set openshift.scc.allNamespaces=true --set openshift.scc.name=cw-scc
@@ -284,6 +285,8 @@ check "2 replicas without leader election" expect_refusal "leaderElection.enable
 check "unknown placement.target" expect_refusal 'placement.target is "everywhere"' --set placement.target=everywhere
 check "scc granted to nobody" expect_refusal "openshift.scc.namespaces" --set openshift.scc.enabled=true
 check "health probe port out of range" expect_refusal "healthProbe.port is 70000" --set healthProbe.port=70000
+check "unknown hosted API server mode" expect_refusal 'dpf.csrApprover.hostedApiserver is "direct"' \
+  --set dpf.csrApprover.hostedApiserver=direct
 check "no service account" expect_refusal "serviceAccount.name must name" --set serviceAccount.create=false
 
 section "values.yaml and README.md"

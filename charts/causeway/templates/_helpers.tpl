@@ -102,6 +102,9 @@ Refuses values that cannot work, with a message saying what to change.
 {{- if lt (int .Values.replicaCount) 0 -}}
 {{- fail "replicaCount must not be negative" -}}
 {{- end -}}
+{{- if not (has .Values.dpf.csrApprover.hostedApiserver (list "service" "kubeconfig")) -}}
+{{- fail (printf "dpf.csrApprover.hostedApiserver is %q: it must be service or kubeconfig" (toString .Values.dpf.csrApprover.hostedApiserver)) -}}
+{{- end -}}
 {{- if not (has .Values.placement.target (list "master" "worker" "custom")) -}}
 {{- fail (printf "placement.target is %q: it must be master, worker or custom" (toString .Values.placement.target)) -}}
 {{- end -}}

@@ -30,7 +30,7 @@ use kube::runtime::finalizer::{finalizer, Event as Finalize};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -59,6 +59,9 @@ pub struct OperatorMetrics {
     errors: IntCounterVec,
     writes: IntCounterVec,
     seconds: HistogramVec,
+    csr_decisions: IntCounterVec,
+    csr_pending: IntGaugeVec,
+    csr_max_pending: IntGaugeVec,
 }
 
 impl OperatorMetrics {
@@ -95,7 +98,31 @@ impl OperatorMetrics {
                 ]),
                 &["controller"],
             )?,
+            csr_decisions: IntCounterVec::new(
+                Opts::new(
+                    "causeway_operator_csr_decisions_total",
+                    "Kubelet CSR decisions, by kind (bootstrap, serving), verdict (approve, deny, ignore) and reason; each CSR counts once per reason",
+                ),
+                &["kind", "verdict", "reason"],
+            )?,
+            csr_pending: IntGaugeVec::new(
+                Opts::new(
+                    "causeway_operator_csr_pending",
+                    "Kubelet CSRs pending in a hosted cluster (created in the last hour)",
+                ),
+                &["namespace", "provisioner"],
+            )?,
+            csr_max_pending: IntGaugeVec::new(
+                Opts::new(
+                    "causeway_operator_csr_max_pending",
+                    "The pending-CSR cap of a hosted cluster: above it nothing is approved",
+                ),
+                &["namespace", "provisioner"],
+            )?,
         };
+        registry.register(Box::new(m.csr_decisions.clone()))?;
+        registry.register(Box::new(m.csr_pending.clone()))?;
+        registry.register(Box::new(m.csr_max_pending.clone()))?;
         registry.register(Box::new(m.reconciles.clone()))?;
         registry.register(Box::new(m.errors.clone()))?;
         registry.register(Box::new(m.writes.clone()))?;
@@ -105,6 +132,31 @@ impl OperatorMetrics {
 
     pub fn write(&self, kind: &str, verb: &str) {
         self.writes.with_label_values(&[kind, verb]).inc();
+    }
+
+    pub fn csr_decision(&self, kind: &str, verdict: &str, reason: &str) {
+        self.csr_decisions
+            .with_label_values(&[kind, verdict, reason])
+            .inc();
+    }
+
+    /// The pending count and cap of one hosted cluster; `None` forgets it.
+    pub fn csr_pending(&self, namespace: &str, provisioner: &str, counts: Option<(u32, u32)>) {
+        let labels = [namespace, provisioner];
+        match counts {
+            Some((pending, max)) => {
+                self.csr_pending
+                    .with_label_values(&labels)
+                    .set(pending.into());
+                self.csr_max_pending
+                    .with_label_values(&labels)
+                    .set(max.into());
+            }
+            None => {
+                let _ = self.csr_pending.remove_label_values(&labels);
+                let _ = self.csr_max_pending.remove_label_values(&labels);
+            }
+        }
     }
 
     /// One reconcile of `controller`: its time, result and error kind.
@@ -725,6 +777,20 @@ pub(crate) async fn publish_event(
     reason: &str,
     note: String,
 ) {
+    publish_related_event(recorder, about, None, type_, reason, note).await;
+}
+
+/// An event about `about` concerning `related` as well: events with a
+/// different `related` object are kept apart rather than counted as a
+/// series of one.
+pub(crate) async fn publish_related_event(
+    recorder: Option<&Recorder>,
+    about: &k8s_openapi::api::core::v1::ObjectReference,
+    related: Option<k8s_openapi::api::core::v1::ObjectReference>,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
     let Some(recorder) = recorder else {
         return;
     };
@@ -733,7 +799,7 @@ pub(crate) async fn publish_event(
         reason: reason.into(),
         note: Some(note),
         action: "Reconcile".into(),
-        secondary: None,
+        secondary: related,
     };
     if let Err(e) = recorder.publish(&event, about).await {
         tracing::warn!(error = %e, "could not publish an event");

@@ -22,6 +22,8 @@ pub struct Options {
     pub infra_for_hosted_clusters: bool,
     /// Run the DPF bridge (DPFHCPProvisioner objects).
     pub dpf: bool,
+    /// With the DPF bridge: approve DPU kubelet CSRs in hosted clusters.
+    pub csr_approver: Option<crate::dpf::approver::ApproverOptions>,
     /// `Some(identity)`: elect a leader through the Lease in
     /// `settings.operator_namespace`.
     pub leader_identity: Option<String>,
@@ -99,6 +101,17 @@ pub async fn run(
                 client.clone(),
                 scope.clone(),
                 options.settings.operator_namespace.clone(),
+                Some(recorder.clone()),
+                Some(metrics.clone()),
+                stopped(),
+            )));
+        }
+        if let (true, Some(approver)) = (options.dpf, &options.csr_approver) {
+            tracing::info!(?scope, "CSR approver starting");
+            tasks.push(tokio::spawn(crate::dpf::approver::run(
+                client.clone(),
+                scope.clone(),
+                approver.clone(),
                 Some(recorder.clone()),
                 Some(metrics.clone()),
                 stopped(),

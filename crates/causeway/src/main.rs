@@ -9,6 +9,7 @@ mod route;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use causeway_operator::dpf::approver::ApproverOptions;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -72,6 +73,26 @@ enum Command {
         /// hosted clusters for DPF DPUClusters.
         #[arg(long, env = "CAUSEWAY_DPF", default_value_t = true, action = clap::ArgAction::Set)]
         dpf: bool,
+        /// With the DPF bridge: approve the kubelet CSRs of DPUs in their
+        /// hosted clusters (docs/operator.md has the rules).
+        #[arg(long, env = "CAUSEWAY_CSR_APPROVER", default_value_t = true, action = clap::ArgAction::Set)]
+        csr_approver: bool,
+        /// How the approver reaches a hosted API server: `service` (the
+        /// control plane's kube-apiserver Service) or `kubeconfig` (the
+        /// server the admin kubeconfig names).
+        #[arg(
+            long,
+            env = "CAUSEWAY_HOSTED_APISERVER",
+            value_enum,
+            default_value = "service"
+        )]
+        hosted_apiserver: operator::HostedApiserver,
+        /// CSRs asking for a longer certificate lifetime are denied.
+        #[arg(long, env = "CAUSEWAY_CSR_MAX_EXPIRATION_SECONDS", default_value_t = 367 * 24 * 3600)]
+        csr_max_expiration_seconds: i32,
+        /// The pending-CSR cap is the number of DPUs (or Nodes) plus this.
+        #[arg(long, env = "CAUSEWAY_CSR_PENDING_SLACK", default_value_t = 20)]
+        csr_pending_slack: usize,
     },
     /// Policy routing for the config's VLAN interfaces (needs CAP_NET_ADMIN
     /// for apply and flush).
@@ -124,6 +145,10 @@ fn main() -> ExitCode {
             namespaces,
             infra_for_hosted_clusters,
             dpf,
+            csr_approver,
+            hosted_apiserver,
+            csr_max_expiration_seconds,
+            csr_pending_slack,
         } => operator::run(operator::Options {
             admin_listen,
             leader_election,
@@ -131,6 +156,11 @@ fn main() -> ExitCode {
             namespaces: namespaces.into_iter().filter(|n| !n.is_empty()).collect(),
             infra_for_hosted_clusters,
             dpf,
+            csr_approver: csr_approver.then_some(ApproverOptions {
+                endpoint: hosted_apiserver.into(),
+                max_expiration_seconds: csr_max_expiration_seconds,
+                pending_slack: csr_pending_slack,
+            }),
         }),
         Command::Check { config } => return check(&config),
         Command::Leases { config, json } => leases::run(&config, json),

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 
 use anyhow::Context;
 use causeway_operator::controller::OperatorMetrics;
+use causeway_operator::dpf::approver::{ApproverOptions, HostedEndpoint};
 use causeway_operator::manager::{self, Stopped};
 use causeway_operator::render::Settings;
 use causeway_runtime::admin::Admin;
@@ -21,6 +22,23 @@ pub struct Options {
     pub namespaces: Vec<String>,
     pub infra_for_hosted_clusters: bool,
     pub dpf: bool,
+    pub csr_approver: Option<ApproverOptions>,
+}
+
+/// How the CSR approver reaches a hosted cluster's API server.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum HostedApiserver {
+    Service,
+    Kubeconfig,
+}
+
+impl From<HostedApiserver> for HostedEndpoint {
+    fn from(h: HostedApiserver) -> Self {
+        match h {
+            HostedApiserver::Service => HostedEndpoint::Service,
+            HostedApiserver::Kubeconfig => HostedEndpoint::Kubeconfig,
+        }
+    }
 }
 
 /// Which CRD `causeway operator crd` prints.
@@ -98,6 +116,7 @@ async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
         namespaces: opts.namespaces,
         infra_for_hosted_clusters: opts.infra_for_hosted_clusters,
         dpf: opts.dpf,
+        csr_approver: opts.csr_approver,
         leader_identity: opts.leader_election.then(identity),
         settings: Settings {
             image,

@@ -1062,7 +1062,10 @@ async fn write_status(
 ) -> Result<(), Error> {
     let ns = p.namespace().ok_or(Error::NoNamespace)?;
     let previous = p.status.clone().unwrap_or_default();
-    let checks = status::checks(o);
+    let mut checks = status::checks(o);
+    checks.extend(status::csr_approval_condition(
+        previous.csr_approval.as_ref(),
+    ));
     let ready = status::ready(o);
     let phase = status::phase(o, &ready);
     let conditions = status::conditions(
@@ -1090,15 +1093,19 @@ async fn write_status(
         control_plane_endpoint: hc.and_then(|h| h.endpoint.clone()),
         version: hc.and_then(HostedClusterFacts::version),
         provisioned_spec: extra.provisioned_spec.clone(),
+        // The approver's part: compared, never written from here.
+        csr_approval: previous.csr_approval.clone(),
     };
     if next == previous {
         return Ok(());
     }
+    let mut written = next.clone();
+    written.csr_approval = None;
     let api: Api<DPFHCPProvisioner> = Api::namespaced(ctx.client.clone(), &ns);
     let body = json!({
         "apiVersion": DPFHCPProvisioner::api_version(&()),
         "kind": DPFHCPProvisioner::kind(&()),
-        "status": next,
+        "status": written,
     });
     match api
         .patch_status(&p.name_any(), &apply_params(), &Patch::Apply(&body))

@@ -313,6 +313,49 @@ pub struct DPFHCPProvisionerStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "any_object")]
     pub provisioned_spec: Option<serde_json::Value>,
+    /// The CSR approver's state and the approvals later requests are held
+    /// to. Written by the approver alone, under its own field manager.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub csr_approval: Option<CsrApprovalStatus>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CsrApprovalStatus {
+    /// Whether CSRs of this hosted cluster are being approved now.
+    pub active: bool,
+    pub reason: String,
+    pub message: String,
+    /// One bootstrap approval per DPU and provisioning cycle: a second
+    /// bootstrap CSR for the same DPU is denied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bootstrap: Vec<BootstrapApproval>,
+    /// The SANs approved for each DPU's serving certificate: a renewal may
+    /// not add to them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub serving: Vec<ServingApproval>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BootstrapApproval {
+    pub node: String,
+    #[serde(rename = "csrUID")]
+    pub csr_uid: String,
+    /// The DPU object the approval belongs to: a recreated DPU starts a
+    /// new cycle.
+    #[serde(rename = "dpuUID")]
+    pub dpu_uid: String,
+    pub approved_at: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServingApproval {
+    pub node: String,
+    #[serde(rename = "dpuUID")]
+    pub dpu_uid: String,
+    pub sans: Vec<String>,
 }
 
 /// An ObjectReference as the Go operator writes it.

@@ -81,8 +81,9 @@ pub struct Csr {
 #[derive(Debug, Clone, Default)]
 pub struct Dpu {
     pub phase: String,
-    /// The DPU's management network: IP SANs inside it are allowed.
-    pub management_cidr: Option<IpNet>,
+    /// The DPU's management networks (the hosted cluster's machine
+    /// networks): IP SANs inside them are allowed.
+    pub management_networks: Vec<IpNet>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -306,6 +307,39 @@ fn usages(csr: &Csr, kind: Kind, key: &str) -> bool {
 }
 
 /// The one decision.
+/// The node a bootstrap request names in its subject
+/// (`CN=system:node:<name>`), for counting the pending requests per node.
+/// `None` when the request does not parse or names no node.
+pub fn requested_node(request: &[u8]) -> Option<String> {
+    let parsed = parse(request).ok()?;
+    match parsed.common_names.as_slice() {
+        [cn] => cn.strip_prefix(NODE_PREFIX).map(str::to_string),
+        _ => None,
+    }
+}
+
+/// The DNS and IP SANs a request asks for, as text: what a serving
+/// approval records, so a renewal can be held to it.
+pub fn requested_sans(request: &[u8]) -> BTreeSet<String> {
+    match parse(request) {
+        Ok(p) => p
+            .dns_sans
+            .into_iter()
+            .chain(p.ip_sans.iter().map(ToString::to_string))
+            .collect(),
+        Err(_) => BTreeSet::new(),
+    }
+}
+
+/// Which kind of kubelet request a signer means.
+pub fn kind_of(signer: &str) -> Option<Kind> {
+    match signer {
+        BOOTSTRAP_SIGNER => Some(Kind::Bootstrap),
+        SERVING_SIGNER => Some(Kind::Serving),
+        _ => None,
+    }
+}
+
 pub fn decide(csr: &Csr, inventory: &Inventory, policy: &Policy, history: &History) -> Decision {
     // Triage.
     let kind = match csr.signer.as_str() {
@@ -532,7 +566,7 @@ pub fn decide(csr: &Csr, inventory: &Inventory, policy: &Policy, history: &Histo
                 }
             }
             for ip in &parsed.ip_sans {
-                let in_cidr = dpu.management_cidr.is_some_and(|n| n.contains(ip));
+                let in_cidr = dpu.management_networks.iter().any(|n| n.contains(ip));
                 if !has(&["InternalIP", "ExternalIP"], &ip.to_string()) && !in_cidr {
                     return deny("SANNotNodeAddress", format!("IP SAN {ip} is neither Node {host}'s address nor in the DPU's management network"));
                 }
@@ -670,7 +704,7 @@ mod tests {
     fn inventory() -> Inventory {
         let dpu = |phase: &str| Dpu {
             phase: phase.into(),
-            management_cidr: Some("10.0.0.0/24".parse().unwrap()),
+            management_networks: vec!["10.0.0.0/24".parse().unwrap()],
         };
         Inventory {
             dpus: [

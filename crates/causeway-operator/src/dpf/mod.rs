@@ -6,6 +6,7 @@
 //! and [`status`] are pure, and [`controller`] observes, applies by
 //! server-side apply under one field manager, and writes status by apply.
 
+pub mod approver;
 pub mod controller;
 pub mod crd;
 pub mod csr;

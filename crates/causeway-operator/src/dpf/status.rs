@@ -25,6 +25,7 @@ pub const APPLIED: &str = "Applied";
 pub const AVAILABLE: &str = "Available";
 pub const HEALTH: &str = "Health";
 pub const HOSTED_CLUSTER_AVAILABLE: &str = "HostedClusterAvailable";
+pub const CSR_AUTO_APPROVAL_ACTIVE: &str = "CSRAutoApprovalActive";
 
 /// HostedCluster conditions copied verbatim, under these names.
 pub const MIRRORED: [(&str, &str); 13] = [
@@ -571,6 +572,20 @@ pub fn checks(o: &Observed) -> Vec<Check> {
     ));
     out.push(ready(o));
     out
+}
+
+/// CSRAutoApprovalActive, from what the approver recorded in the status
+/// (it writes `status.csrApproval`; the conditions list is written here
+/// alone, so two writers never replace each other's entries).
+pub fn csr_approval_condition(record: Option<&super::crd::CsrApprovalStatus>) -> Option<Check> {
+    record.map(|r| {
+        Check::new(
+            CSR_AUTO_APPROVAL_ACTIVE,
+            r.active,
+            &r.reason,
+            r.message.clone(),
+        )
+    })
 }
 
 /// Conditions with their transition times: kept while the status holds,

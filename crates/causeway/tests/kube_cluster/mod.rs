@@ -172,7 +172,7 @@ pub fn write_kubeconfig(c: &SharedCluster, path: &Path, token: &str) {
     std::fs::write(path, text).unwrap();
 }
 
-async fn client_with_token(c: &SharedCluster, token: &str) -> Client {
+pub async fn client_with_token(c: &SharedCluster, token: &str) -> Client {
     causeway_operator::client::install_tls_provider();
     let path = c.dir.join(format!("kubeconfig-{}", next_id()));
     write_kubeconfig(c, &path, token);

@@ -1,0 +1,778 @@
+//! The CSR approver against a real API server and controller-manager
+//! (tests/kube/cluster.sh): the real `causeway operator` under the chart's
+//! ServiceAccount approves, denies or leaves alone CSRs that the test
+//! creates through the API as the node bootstrapper (a real ServiceAccount
+//! token) and as nodes (impersonated), and the controller-manager's signer,
+//! whose signing key is the cluster's CA, signs what was approved.
+//!
+//! The test cluster plays the hosted cluster too: the provisioner's admin
+//! kubeconfig points back at it, and the operator runs with
+//! `--hosted-apiserver=kubeconfig`. DPF is not running: its DPU CRD comes
+//! from tests/kube/crds and the test sets each DPU's phase.
+//!
+//! Needs root (see operator_kube.rs); without it the test prints SKIP.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod kube_cluster;
+
+use std::time::Duration;
+
+use causeway_operator::dpf::approver::{dpu_resource, HOSTED_ROLE};
+use causeway_operator::dpf::crd::DPFHCPProvisioner;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config, ResourceExt};
+use kube_cluster::{
+    admin, apply_yaml, client_with_token, ensure_namespace, eventually, token_for,
+    wait_established, write_kubeconfig, Operator, SharedCluster,
+};
+use rcgen::{CertificateParams, CustomExtension, DnType, KeyPair, SanType};
+use serde_json::{json, Value};
+
+const SAMPLE: &str = include_str!("fixtures/dpfhcp-sample.yaml");
+const HC_CRD: &str = include_str!("../../../tests/kube/crds/hostedcluster.yaml");
+const NP_CRD: &str = include_str!("../../../tests/kube/crds/nodepool.yaml");
+const DPUCLUSTER_CRD: &str = include_str!("../../../tests/kube/crds/dpucluster.yaml");
+const DPU_CRD: &str = include_str!("../../../tests/kube/crds/dpu.yaml");
+const WAIT: Duration = Duration::from_secs(60);
+const NS: &str = "csr-hosted";
+const DPU_NS: &str = "csr-fleet";
+const NAME: &str = "csr-dpus";
+const MCO_NS: &str = "openshift-machine-config-operator";
+const BOOTSTRAP: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+const SERVING: &str = "kubernetes.io/kubelet-serving";
+/// The pending cap is max(DPUs, Nodes) + this.
+const SLACK: usize = 3;
+
+struct Request {
+    cn: String,
+    sans: Vec<SanType>,
+    ca: bool,
+    /// An RSA key, with `key encipherment` among the usages: the only
+    /// kubelet requests the 1.20 signer signs. Others are ECDSA P-256.
+    rsa: bool,
+}
+
+fn request(cn: &str) -> Request {
+    Request {
+        cn: cn.into(),
+        sans: Vec::new(),
+        ca: false,
+        rsa: false,
+    }
+}
+
+/// What a kubelet of the test server's era asks for: RSA 2048.
+fn legacy(cn: &str) -> Request {
+    Request {
+        rsa: true,
+        ..request(cn)
+    }
+}
+
+fn rsa_key() -> KeyPair {
+    // ring signs with RSA keys but does not make them.
+    let out = std::process::Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+        ])
+        .output()
+        .expect("openssl genpkey");
+    assert!(out.status.success(), "openssl genpkey failed");
+    KeyPair::from_pem(&String::from_utf8(out.stdout).unwrap()).unwrap()
+}
+
+fn pem(r: &Request) -> Vec<u8> {
+    let key = if r.rsa {
+        rsa_key()
+    } else {
+        KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap()
+    };
+    let mut params = CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, r.cn.clone());
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, "system:nodes");
+    params.subject_alt_names = r.sans.clone();
+    if r.ca {
+        // BasicConstraints { cA TRUE }.
+        params
+            .custom_extensions
+            .push(CustomExtension::from_oid_content(
+                &[2, 5, 29, 19],
+                vec![0x30, 0x03, 0x01, 0x01, 0xff],
+            ));
+    }
+    params
+        .serialize_request(&key)
+        .unwrap()
+        .pem()
+        .unwrap()
+        .into_bytes()
+}
+
+fn dns(s: &str) -> SanType {
+    SanType::DnsName(s.try_into().unwrap())
+}
+
+fn ip(s: &str) -> SanType {
+    SanType::IpAddress(s.parse().unwrap())
+}
+
+/// Creates a CSR as `client`'s user; returns its name.
+async fn create_csr(client: &Client, name: &str, signer: &str, r: &Request) -> String {
+    let last = if signer == BOOTSTRAP {
+        "client auth"
+    } else {
+        "server auth"
+    };
+    let csr: CertificateSigningRequest = serde_json::from_value(json!({
+        "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+        "metadata": {"name": name},
+        "spec": {
+            "request": k8s_openapi::ByteString(pem(r)),
+            "signerName": signer,
+            "usages": if r.rsa {
+                json!(["digital signature", "key encipherment", last])
+            } else {
+                json!(["digital signature", last])
+            },
+        },
+    }))
+    .unwrap();
+    Api::<CertificateSigningRequest>::all(client.clone())
+        .create(&PostParams::default(), &csr)
+        .await
+        .unwrap_or_else(|e| panic!("creating CSR {name}: {e}"));
+    name.to_string()
+}
+
+/// The CSR's decision: (type, reason, message), and whether it was signed.
+async fn decision(client: &Client, name: &str) -> (Option<(String, String, String)>, bool) {
+    let csr = Api::<CertificateSigningRequest>::all(client.clone())
+        .get(name)
+        .await
+        .unwrap();
+    let status = csr.status.unwrap_or_default();
+    let cond = status
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "Approved" || c.type_ == "Denied")
+        .map(|c| {
+            (
+                c.type_,
+                c.reason.unwrap_or_default(),
+                c.message.unwrap_or_default(),
+            )
+        });
+    (cond, status.certificate.is_some())
+}
+
+/// Waits for the approver's verdict on `name`; returns the message.
+async fn wait_verdict(
+    client: &Client,
+    op: &Operator,
+    name: &str,
+    type_: &str,
+    reason: &str,
+) -> String {
+    let (t, r, m) = eventually(
+        &format!("CSR {name}: {type_}/{reason}"),
+        WAIT,
+        Some(op),
+        || async { decision(client, name).await.0 },
+    )
+    .await;
+    assert_eq!((t.as_str(), r.as_str()), (type_, reason), "CSR {name}: {m}");
+    m
+}
+
+/// Waits until the controller-manager has signed `name`.
+async fn wait_signed(client: &Client, op: &Operator, name: &str) {
+    eventually(&format!("CSR {name} signed"), WAIT, Some(op), || async {
+        decision(client, name).await.1.then_some(())
+    })
+    .await;
+}
+
+fn admin_get(op: &Operator, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(op.admin).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until the approver has counted `verdict`/`reason` for a CSR of
+/// `kind` at least `n` times: a CSR it leaves alone has no other trace.
+async fn wait_counted(op: &Operator, kind: &str, verdict: &str, reason: &str, n: f64) {
+    let series = format!(
+        "causeway_operator_csr_decisions_total{{kind=\"{kind}\",reason=\"{reason}\",verdict=\"{verdict}\"}}"
+    );
+    eventually(&format!("{series} >= {n}"), WAIT, Some(op), || async {
+        (metric(&admin_get(op, "/metrics"), &series) >= n).then_some(())
+    })
+    .await;
+}
+
+/// A client that acts as `user` in `groups` (the API server adds
+/// system:authenticated), by the admin's impersonation right.
+async fn impersonating(c: &SharedCluster, user: &str, groups: &[&str]) -> Client {
+    causeway_operator::client::install_tls_provider();
+    let path = c
+        .dir
+        .join(format!("kubeconfig-as-{}", user.replace(':', "-")));
+    write_kubeconfig(c, &path, &c.admin_token);
+    let kc = Kubeconfig::read_from(&path).unwrap();
+    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    config.auth_info.impersonate = Some(user.into());
+    config.auth_info.impersonate_groups = Some(groups.iter().map(|g| g.to_string()).collect());
+    Client::try_from(config).unwrap()
+}
+
+async fn dpu(client: &Client, name: &str, phase: &str) {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), DPU_NS, &dpu_resource());
+    let pp = PatchParams::apply("dpf").force();
+    api.patch(
+        name,
+        &pp,
+        &Patch::Apply(
+            json!({"apiVersion": "provisioning.dpu.nvidia.com/v1alpha1", "kind": "DPU",
+            "metadata": {"name": name, "namespace": DPU_NS}, "spec": {}}),
+        ),
+    )
+    .await
+    .unwrap();
+    api.patch_status(
+        name,
+        &pp,
+        &Patch::Apply(
+            json!({"apiVersion": "provisioning.dpu.nvidia.com/v1alpha1", "kind": "DPU",
+            "status": {"phase": phase}}),
+        ),
+    )
+    .await
+    .unwrap();
+}
+
+/// The hosted cluster's Node for a joined DPU, with its addresses.
+async fn node(client: &Client, name: &str, addresses: &[(&str, &str)]) {
+    let api: Api<Node> = Api::all(client.clone());
+    let pp = PatchParams::apply("kubelet").force();
+    api.patch(
+        name,
+        &pp,
+        &Patch::Apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})),
+    )
+    .await
+    .unwrap();
+    let addresses: Vec<Value> = addresses
+        .iter()
+        .map(|(t, a)| json!({"type": t, "address": a}))
+        .collect();
+    api.patch_status(
+        name,
+        &pp,
+        &Patch::Apply(
+            json!({"apiVersion": "v1", "kind": "Node", "status": {"addresses": addresses}}),
+        ),
+    )
+    .await
+    .unwrap();
+}
+
+async fn approval_condition(client: &Client) -> Option<(String, String, String)> {
+    let p = Api::<DPFHCPProvisioner>::namespaced(client.clone(), NS)
+        .get_opt(NAME)
+        .await
+        .unwrap()?;
+    p.status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "CSRAutoApprovalActive")
+        .map(|c| (c.status, c.reason, c.message))
+}
+
+async fn wait_approval_condition(
+    client: &Client,
+    op: &Operator,
+    status: &str,
+    reason: &str,
+) -> String {
+    eventually(
+        &format!("CSRAutoApprovalActive={status}/{reason}"),
+        WAIT,
+        Some(op),
+        || async {
+            approval_condition(client)
+                .await
+                .filter(|(s, r, _)| s == status && r == reason)
+                .map(|(_, _, m)| m)
+        },
+    )
+    .await
+}
+
+async fn kubeconfig_secret(client: &Client, text: &str) {
+    let body = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": format!("{NAME}-admin-kubeconfig"), "namespace": NS},
+        "data": {"kubeconfig": k8s_openapi::ByteString(text.as_bytes().to_vec())}});
+    apply_yaml(client, &serde_json::to_string(&body).unwrap(), NS)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dpu_kubelet_csrs_are_approved_end_to_end_and_every_attack_is_refused_or_left_alone() {
+    let test = "dpu_kubelet_csrs_are_approved_end_to_end_and_every_attack_is_refused_or_left_alone";
+    let Some(c) = kube_cluster::cluster(test) else {
+        return;
+    };
+    let client = admin(c).await;
+    for crd in [HC_CRD, NP_CRD, DPUCLUSTER_CRD, DPU_CRD] {
+        apply_yaml(&client, &kube_cluster::without_cel(crd), "default")
+            .await
+            .unwrap();
+    }
+    for crd in [
+        "hostedclusters.hypershift.openshift.io",
+        "nodepools.hypershift.openshift.io",
+        "dpuclusters.provisioning.dpu.nvidia.com",
+        "dpus.provisioning.dpu.nvidia.com",
+    ] {
+        wait_established(&client, crd).await;
+    }
+    for ns in [NS, DPU_NS, MCO_NS] {
+        ensure_namespace(&client, ns).await;
+    }
+    // The node bootstrapper as OpenShift has it: a ServiceAccount that may
+    // create CSRs; and nodes may create CSRs (the Node authorizer's part,
+    // by RBAC here).
+    apply_yaml(
+        &client,
+        &format!(
+            r#"
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: node-bootstrapper, namespace: {MCO_NS}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: csr-test-bootstrapper}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:node-bootstrapper"}}
+subjects:
+- {{kind: ServiceAccount, name: node-bootstrapper, namespace: {MCO_NS}}}
+- {{kind: Group, name: "system:nodes", apiGroup: rbac.authorization.k8s.io}}
+"#
+        ),
+        "default",
+    )
+    .await
+    .unwrap();
+    let bootstrapper =
+        client_with_token(c, &token_for(&client, MCO_NS, "node-bootstrapper").await).await;
+    let node_b = impersonating(c, "system:node:dpu-b", &["system:nodes"]).await;
+
+    // The provisioner: its DPUCluster's namespace holds the DPUs, its
+    // machine network is the DPUs' management network.
+    let mut doc: Value = serde_saphyr::from_str(SAMPLE).unwrap();
+    doc["metadata"] = json!({"name": NAME, "namespace": NS});
+    doc["spec"]["dpuClusterRef"] = json!({"name": "fleet", "namespace": DPU_NS});
+    doc["spec"]["networking"] = json!({"machineNetwork": [{"cidr": "10.0.0.0/24"}]});
+    apply_yaml(&client, &serde_json::to_string(&doc).unwrap(), NS)
+        .await
+        .unwrap();
+    dpu(&client, "dpu-a", "DPU Cluster Config").await;
+    dpu(&client, "dpu-b", "Ready").await;
+    dpu(&client, "dpu-c", "DPU Cluster Config").await;
+    node(
+        &client,
+        "dpu-b",
+        &[("InternalIP", "10.0.0.12"), ("Hostname", "dpu-b")],
+    )
+    .await;
+
+    let op = Operator::start(
+        c,
+        &[NS],
+        &[
+            "--leader-election=false",
+            "--hosted-apiserver=kubeconfig",
+            &format!("--csr-pending-slack={SLACK}"),
+        ],
+        "csr",
+    );
+
+    println!("scenario: no admin kubeconfig yet, then one whose server does not answer");
+    let why = wait_approval_condition(&client, &op, "False", "KubeconfigNotAvailable").await;
+    assert!(why.contains(&format!("{NAME}-admin-kubeconfig")), "{why}");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("https://{}", closed.local_addr().unwrap());
+    drop(closed);
+    kubeconfig_secret(
+        &client,
+        &causeway_operator::manifest::token_kubeconfig(&dead, &c.ca, &c.admin_token),
+    )
+    .await;
+    wait_approval_condition(&client, &op, "False", "HostedClusterNotReachable").await;
+
+    println!("scenario: the hosted cluster answers; the approver takes its own narrow identity");
+    kubeconfig_secret(
+        &client,
+        &causeway_operator::manifest::token_kubeconfig(&c.server, &c.ca, &c.admin_token),
+    )
+    .await;
+    let why = wait_approval_condition(&client, &op, "True", "Active").await;
+    assert!(why.contains("own ServiceAccount"), "{why}");
+    let role = Api::<ClusterRole>::all(client.clone())
+        .get(HOSTED_ROLE)
+        .await
+        .unwrap();
+    let approve: Vec<_> = role
+        .rules
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r.verbs.iter().any(|v| v == "approve"))
+        .collect();
+    assert_eq!(approve.len(), 1);
+    assert_eq!(
+        approve[0].resource_names.as_deref(),
+        Some(&[BOOTSTRAP.to_string(), SERVING.to_string()][..])
+    );
+
+    let mut attacks = Vec::new();
+
+    println!("scenario: a joining DPU's bootstrap CSR is approved and signed");
+    let first = create_csr(
+        &bootstrapper,
+        "dpu-a-bootstrap",
+        BOOTSTRAP,
+        &legacy("system:node:dpu-a"),
+    )
+    .await;
+    let msg = wait_verdict(&client, &op, &first, "Approved", "AutoApproved").await;
+    assert_eq!(msg, "Auto-approved bootstrap CSR for DPU worker node dpu-a");
+    wait_signed(&client, &op, &first).await;
+    let uid = Api::<CertificateSigningRequest>::all(client.clone())
+        .get(&first)
+        .await
+        .unwrap()
+        .uid()
+        .unwrap();
+    let recorded = eventually(
+        "the approval recorded in status",
+        WAIT,
+        Some(&op),
+        || async {
+            let p = Api::<DPFHCPProvisioner>::namespaced(client.clone(), NS)
+                .get(NAME)
+                .await
+                .ok()?;
+            p.status?
+                .csr_approval?
+                .bootstrap
+                .into_iter()
+                .find(|b| b.node == "dpu-a")
+        },
+    )
+    .await;
+    assert_eq!(recorded.csr_uid, uid);
+
+    println!("scenario: a second bootstrap CSR for the same DPU in the same cycle");
+    attacks.push(
+        create_csr(
+            &bootstrapper,
+            "dpu-a-again",
+            BOOTSTRAP,
+            &request("system:node:dpu-a"),
+        )
+        .await,
+    );
+    let msg = wait_verdict(
+        &client,
+        &op,
+        attacks.last().unwrap(),
+        "Denied",
+        "AlreadyApproved",
+    )
+    .await;
+    assert!(msg.contains(&uid), "{msg}");
+
+    println!("scenario: a bootstrap CSR for a DPU whose Node already exists");
+    attacks.push(
+        create_csr(
+            &bootstrapper,
+            "dpu-b-bootstrap",
+            BOOTSTRAP,
+            &request("system:node:dpu-b"),
+        )
+        .await,
+    );
+    wait_verdict(
+        &client,
+        &op,
+        attacks.last().unwrap(),
+        "Denied",
+        "NodeExists",
+    )
+    .await;
+
+    println!("scenario: a bootstrap CSR asking for a CA certificate");
+    attacks.push(
+        create_csr(
+            &bootstrapper,
+            "dpu-c-ca",
+            BOOTSTRAP,
+            &Request {
+                ca: true,
+                ..request("system:node:dpu-c")
+            },
+        )
+        .await,
+    );
+    wait_verdict(&client, &op, attacks.last().unwrap(), "Denied", "Extension").await;
+
+    println!(
+        "scenario: a joined DPU's serving CSR with its own name and address is approved and signed"
+    );
+    let serving = create_csr(
+        &node_b,
+        "dpu-b-serving",
+        SERVING,
+        &Request {
+            sans: vec![dns("dpu-b"), ip("10.0.0.12")],
+            ..legacy("system:node:dpu-b")
+        },
+    )
+    .await;
+    let msg = wait_verdict(&client, &op, &serving, "Approved", "AutoApproved").await;
+    assert_eq!(msg, "Auto-approved serving CSR for DPU worker node dpu-b");
+    wait_signed(&client, &op, &serving).await;
+
+    println!("scenario: a node impersonating another DPU (CN of dpu-a, identity of dpu-b)");
+    attacks.push(
+        create_csr(
+            &node_b,
+            "dpu-b-as-a",
+            SERVING,
+            &Request {
+                sans: vec![dns("dpu-a")],
+                ..request("system:node:dpu-a")
+            },
+        )
+        .await,
+    );
+    wait_verdict(
+        &client,
+        &op,
+        attacks.last().unwrap(),
+        "Denied",
+        "CommonName",
+    )
+    .await;
+
+    println!("scenario: serving CSRs with SANs a node may never have");
+    attacks.push(
+        create_csr(
+            &node_b,
+            "dpu-b-kubernetes",
+            SERVING,
+            &Request {
+                sans: vec![dns("dpu-b"), dns("kubernetes.default.svc")],
+                ..request("system:node:dpu-b")
+            },
+        )
+        .await,
+    );
+    wait_verdict(
+        &client,
+        &op,
+        attacks.last().unwrap(),
+        "Denied",
+        "ForbiddenSAN",
+    )
+    .await;
+    attacks.push(
+        create_csr(
+            &node_b,
+            "dpu-b-vip",
+            SERVING,
+            &Request {
+                sans: vec![ip("192.168.1.100")],
+                ..request("system:node:dpu-b")
+            },
+        )
+        .await,
+    );
+    wait_verdict(
+        &client,
+        &op,
+        attacks.last().unwrap(),
+        "Denied",
+        "ForbiddenSAN",
+    )
+    .await;
+    println!("scenario: prefix confusion: a name that starts with the node's");
+    attacks.push(
+        create_csr(
+            &node_b,
+            "dpu-b-prefix",
+            SERVING,
+            &Request {
+                sans: vec![dns("dpu-b.attacker.example")],
+                ..request("system:node:dpu-b")
+            },
+        )
+        .await,
+    );
+    wait_verdict(
+        &client,
+        &op,
+        attacks.last().unwrap(),
+        "Denied",
+        "SANNotNodeAddress",
+    )
+    .await;
+    println!("scenario: a renewal that adds an address");
+    attacks.push(
+        create_csr(
+            &node_b,
+            "dpu-b-renewal-wider",
+            SERVING,
+            &Request {
+                sans: vec![dns("dpu-b"), ip("10.0.0.12"), ip("10.0.0.13")],
+                ..request("system:node:dpu-b")
+            },
+        )
+        .await,
+    );
+    wait_verdict(
+        &client,
+        &op,
+        attacks.last().unwrap(),
+        "Denied",
+        "RenewalAddsSANs",
+    )
+    .await;
+
+    println!("scenario: a CSR for a host that is no DPU of this cluster is someone else's");
+    attacks.push(
+        create_csr(
+            &bootstrapper,
+            "worker-7",
+            BOOTSTRAP,
+            &request("system:node:worker-7"),
+        )
+        .await,
+    );
+    wait_counted(&op, "bootstrap", "ignore", "UnknownDPU", 1.0).await;
+    assert_eq!(
+        decision(&client, attacks.last().unwrap()).await,
+        (None, false)
+    );
+
+    println!("scenario: a flood of pending CSRs stops all approval until it is cleared");
+    // Three DPUs, one Node: the cap is 3 + SLACK; with worker-7 pending,
+    // 3 + SLACK more go over it.
+    let mut flood = Vec::new();
+    for i in 0..(3 + SLACK) {
+        flood.push(
+            create_csr(
+                &bootstrapper,
+                &format!("flood-{i}"),
+                BOOTSTRAP,
+                &request(&format!("system:node:flood-{i}")),
+            )
+            .await,
+        );
+    }
+    let why = wait_approval_condition(&client, &op, "False", "TooManyPendingCSRs").await;
+    assert!(
+        why.contains(&format!("over the cap of {}", 3 + SLACK)),
+        "{why}"
+    );
+    let joining = create_csr(
+        &bootstrapper,
+        "dpu-c-bootstrap",
+        BOOTSTRAP,
+        &legacy("system:node:dpu-c"),
+    )
+    .await;
+    wait_counted(&op, "bootstrap", "ignore", "TooManyPending", 1.0).await;
+    assert_eq!(decision(&client, &joining).await, (None, false));
+    let csrs: Api<CertificateSigningRequest> = Api::all(client.clone());
+    for f in &flood {
+        csrs.delete(f, &DeleteParams::default()).await.unwrap();
+    }
+    wait_approval_condition(&client, &op, "True", "Active").await;
+    wait_verdict(&client, &op, &joining, "Approved", "AutoApproved").await;
+    wait_signed(&client, &op, &joining).await;
+
+    println!("the signer was never asked to sign an attacker's CSR");
+    for name in &attacks {
+        let (cond, signed) = decision(&client, name).await;
+        assert!(!signed, "{name} was signed");
+        assert!(
+            cond.as_ref().is_none_or(|(t, _, _)| t != "Approved"),
+            "{name} was approved: {cond:?}"
+        );
+    }
+
+    println!("events say what was approved and denied");
+    let events: Vec<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), NS)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items;
+    let count = |reason: &str| {
+        events
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .count()
+    };
+    assert!(
+        count("CSRApproved") >= 3,
+        "approved events: {}",
+        count("CSRApproved")
+    );
+    assert!(
+        count("CSRDenied") >= 7,
+        "denied events: {}",
+        count("CSRDenied")
+    );
+
+    println!("scenario: the provisioner goes away and its approver stops");
+    Api::<DPFHCPProvisioner>::namespaced(client.clone(), NS)
+        .delete(NAME, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the approver stopped", WAIT, Some(&op), || async {
+        (!admin_get(&op, "/metrics").contains(&format!(
+            "causeway_operator_csr_pending{{namespace=\"{NS}\""
+        )) && op.log_text().contains("CSR approver stopped"))
+        .then_some(())
+    })
+    .await;
+}
