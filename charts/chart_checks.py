@@ -249,6 +249,8 @@ def case_dpf_settings(docs):
     assert one(docs, "DPFHCPProvisionerConfig")["metadata"]["annotations"]["helm.sh/hook"]
     e = env(docs)
     assert (e["CAUSEWAY_CSR_APPROVER"], e["CAUSEWAY_HOSTED_APISERVER"], e["CAUSEWAY_CSR_PENDING_SLACK"]) == ("false", "kubeconfig", "5"), e
+    images = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "ocp-bluefield-images"]
+    assert len(images) == 1 and images[0]["data"] == {"4.19.0": "quay.io/example/rhcos-bfb:4.19.0"}, images
 
 
 def case_default(docs):

@@ -274,7 +274,8 @@ check "DPF settings, probes, common labels and annotations" render_case dpf-sett
   --set healthProbe.readinessProbe.initialDelaySeconds=5 --set healthProbe.readinessProbe.periodSeconds=10 \
   --set commonLabels.team=edge --set commonAnnotations.owner=dpu-team --set metrics.service.enabled=true \
   --set serviceAccount.annotations.extra=kept --set dpf.csrApprover.enabled=false \
-  --set dpf.csrApprover.hostedApiserver=kubeconfig --set dpf.csrApprover.pendingSlack=5
+  --set dpf.csrApprover.hostedApiserver=kubeconfig --set dpf.csrApprover.pendingSlack=5 \
+  --set 'dpf.blueFieldImages.4\.19\.0=quay.io/example/rhcos-bfb:4.19.0'
 check "DPF settings object not made" render_case dpf-no-config --set dpf.config.create=false
 check "scc for all namespaces" render_case openshift-all --set openshift.scc.enabled=true \
   --set openshift.scc.allNamespaces=true --set openshift.scc.name=cw-scc

@@ -414,6 +414,11 @@ subjects:
     )
     .await;
 
+    kube_cluster::blue_field_images(
+        &client,
+        &[("4.19.0-ec.5", "quay.io/example/rhcos-bfb:4.19.0-ec.5")],
+    )
+    .await;
     let op = Operator::start(
         c,
         &[NS],

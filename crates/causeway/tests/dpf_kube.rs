@@ -256,6 +256,14 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         )
         .await
         .unwrap();
+    kube_cluster::blue_field_images(
+        &client,
+        &[
+            ("4.19.0-ec.5", "quay.io/example/rhcos-bfb:4.19.0-ec.5"),
+            ("4.19.1", "quay.io/example/rhcos-bfb:4.19.1"),
+        ],
+    )
+    .await;
     let op = Operator::start(c, &[], &["--leader-election=false"], "dpf");
 
     // Bad input: file paths instead of Secret refs. A condition names the
@@ -501,6 +509,23 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
     assert_eq!(phase(&client, NAME).await.as_deref(), Some("Ready"));
     let p = provisioner(&client, NAME).await.unwrap();
     let st = p.status.clone().unwrap();
+    // The BlueField image for 4.19.0-ec.5, from the chart's table.
+    assert_eq!(
+        st.blue_field_ocp_layer_image.as_deref(),
+        Some("quay.io/example/rhcos-bfb:4.19.0-ec.5")
+    );
+    assert_eq!(st.blue_field_container_image, st.blue_field_ocp_layer_image);
+    let found = condition(&client, NAME, "BlueFieldContainerImageAvailable")
+        .await
+        .unwrap();
+    assert_eq!((found.0.as_str(), found.1.as_str()), ("True", "ImageFound"));
+    assert!(
+        found
+            .2
+            .contains("ConfigMap causeway-system/ocp-bluefield-images"),
+        "{}",
+        found.2
+    );
     assert_eq!(st.hosted_cluster_ref.unwrap().name, NAME);
     assert_eq!(
         st.kube_config_secret_ref.unwrap().name,

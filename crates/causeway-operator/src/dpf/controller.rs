@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -106,6 +106,9 @@ pub struct Context {
     pub last_config: std::sync::Mutex<Option<(DPFHCPProvisionerConfigSpec, Option<Instant>)>>,
     pub recorder: Option<Recorder>,
     pub metrics: Option<OperatorMetrics>,
+    /// ConfigMap `ocp-bluefield-images` in the operator's namespace.
+    pub blue_field_images: Store<ConfigMap>,
+    pub blue_field: super::bluefield::Resolver,
 }
 
 /// The settings object to use: the live one, else for [`CONFIG_GRACE`]
@@ -272,6 +275,62 @@ fn valid_ssh_key(bytes: &[u8]) -> bool {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/' || b == b'=');
     known && base64 && body.len() >= 16
+}
+
+/// The BlueField OS image for the release: skipped when `machineOSURL`
+/// names one.
+async fn blue_field_check(
+    ctx: &Context,
+    p: &DPFHCPProvisioner,
+    repository: &str,
+    secrets: &SecretData,
+) -> (Check, Option<String>) {
+    use super::bluefield::{Credentials, Lookup};
+    if let Some(url) = p.spec.machine_os_url.as_deref().filter(|u| !u.is_empty()) {
+        return (
+            Check::new(
+                status::BLUEFIELD_IMAGE_FOUND,
+                true,
+                "LookupSkipped",
+                format!("machineOSURL is set: {url}"),
+            ),
+            None,
+        );
+    }
+    let configured = ctx
+        .blue_field_images
+        .get(&ObjectRef::new(super::bluefield::IMAGES_CONFIGMAP).within(&ctx.operator_namespace))
+        .map(|cm| cm.data.clone().unwrap_or_default());
+    let lookup = Lookup {
+        release_image: p.spec.ocp_release_image.clone(),
+        repository: repository.to_string(),
+        configured,
+        configmap_namespace: ctx.operator_namespace.clone(),
+        credentials: Credentials::from_docker_config(&secrets.pull_secret),
+    };
+    match ctx.blue_field.resolve(&lookup, None).await {
+        Ok(found) => (
+            Check::new(
+                status::BLUEFIELD_IMAGE_FOUND,
+                true,
+                "ImageFound",
+                format!(
+                    "{} for OpenShift {} (from the {})",
+                    found.image, found.version, found.source
+                ),
+            ),
+            Some(found.image),
+        ),
+        Err(e) => (
+            Check::new(
+                status::BLUEFIELD_IMAGE_FOUND,
+                false,
+                e.reason(),
+                e.to_string(),
+            ),
+            None,
+        ),
+    }
 }
 
 fn valid_pull_secret(bytes: &[u8]) -> bool {
@@ -781,6 +840,8 @@ struct Extra {
     hosted_cluster: bool,
     kubeconfig: bool,
     provisioned_spec: Option<Value>,
+    /// The BlueField image found, when looked up.
+    blue_field_image: Option<String>,
 }
 
 async fn apply(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action, Error> {
@@ -849,6 +910,21 @@ async fn apply(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action, Error> {
             Err(check) => o.validations.push(check),
         }
         o.validations.push(check_prerequisites(ctx, p, &ns).await?);
+        if let Some(data) = &secrets {
+            let (check, image) = blue_field_check(ctx, p, &settings.blue_field_repo, data).await;
+            o.notes.push(Check {
+                type_: status::BLUEFIELD_IMAGE_AVAILABLE,
+                ..check.clone()
+            });
+            // A registry that does not answer for a moment is noted, not
+            // a failed validation: it is asked again on the next pass.
+            if check.status || check.reason != "RegistryAccessError" {
+                o.validations.push(check);
+            } else {
+                o.notes.push(check);
+            }
+            extra.blue_field_image = image;
+        }
     }
     let live_hc = read_hc.await?;
     let ours = live_hc
@@ -1088,8 +1164,14 @@ async fn write_status(
         kube_config_secret_ref: extra.kubeconfig.then(|| LocalRef {
             name: format!("{}-admin-kubeconfig", p.name_any()),
         }),
-        blue_field_ocp_layer_image: previous.blue_field_ocp_layer_image.clone(),
-        blue_field_container_image: previous.blue_field_container_image.clone(),
+        blue_field_ocp_layer_image: extra
+            .blue_field_image
+            .clone()
+            .or_else(|| previous.blue_field_ocp_layer_image.clone()),
+        blue_field_container_image: extra
+            .blue_field_image
+            .clone()
+            .or_else(|| previous.blue_field_container_image.clone()),
         control_plane_endpoint: hc.and_then(|h| h.endpoint.clone()),
         version: hc.and_then(HostedClusterFacts::version),
         provisioned_spec: extra.provisioned_spec.clone(),
@@ -1364,10 +1446,19 @@ pub async fn run(
         Api::<DPFHCPProvisionerConfig>::all(client.clone()),
         watcher::Config::default(),
     );
+    let (blue_field_images, images_stream) = cached(
+        Api::<ConfigMap>::namespaced(client.clone(), &operator_namespace),
+        watcher::Config::default().fields(&format!(
+            "metadata.name={}",
+            super::bluefield::IMAGES_CONFIGMAP
+        )),
+    );
     let ctx = Arc::new(Context {
         client: client.clone(),
         provisioners: provisioners.clone(),
         configs,
+        blue_field_images,
+        blue_field: super::bluefield::Resolver::default(),
         operator_namespace,
         last_config: std::sync::Mutex::new(None),
         recorder,
@@ -1401,11 +1492,15 @@ pub async fn run(
     .default_backoff()
     .touched_objects();
     let all = provisioners.clone();
+    let every = provisioners.clone();
     let by_dpu = provisioners.clone();
     let by_secret = provisioners.clone();
     Controller::for_stream(provisioner_stream, provisioners)
         .watches_stream(config_stream, move |_c: DPFHCPProvisionerConfig| {
             all.state().iter().map(|p| ObjectRef::from_obj(&**p)).collect::<Vec<_>>()
+        })
+        .watches_stream(images_stream, move |_c: ConfigMap| {
+            every.state().iter().map(|p| ObjectRef::from_obj(&**p)).collect::<Vec<_>>()
         })
         .watches_stream_with(hosted_clusters, |m| owner_ref_of(&m), hosted_cluster_resource())
         .watches_stream_with(node_pools, |m| owner_ref_of(&m), node_pool_resource())

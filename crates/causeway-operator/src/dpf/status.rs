@@ -26,6 +26,10 @@ pub const AVAILABLE: &str = "Available";
 pub const HEALTH: &str = "Health";
 pub const HOSTED_CLUSTER_AVAILABLE: &str = "HostedClusterAvailable";
 pub const CSR_AUTO_APPROVAL_ACTIVE: &str = "CSRAutoApprovalActive";
+/// The Go operator's name for the BlueField image lookup's condition.
+pub const BLUEFIELD_IMAGE_FOUND: &str = "BlueFieldOCPLayerImageFound";
+/// The same condition under the name the chart README and webhook use.
+pub const BLUEFIELD_IMAGE_AVAILABLE: &str = "BlueFieldContainerImageAvailable";
 
 /// HostedCluster conditions copied verbatim, under these names.
 pub const MIRRORED: [(&str, &str); 13] = [

@@ -470,3 +470,33 @@ pub async fn wait_established(client: &Client, crd: &str) {
     )
     .await;
 }
+
+/// The BlueField image table the DPF bridge reads (the chart's
+/// `dpf.blueFieldImages`), for the releases the tests use; and the settings'
+/// repository pointed at a closed loopback port, so a release missing from
+/// the table never sends a lookup off the machine.
+pub async fn blue_field_images(client: &Client, images: &[(&str, &str)]) {
+    let data: serde_json::Map<String, serde_json::Value> = images
+        .iter()
+        .map(|(v, i)| (v.to_string(), serde_json::Value::from(*i)))
+        .collect();
+    let body = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "ocp-bluefield-images", "namespace": RELEASE_NAMESPACE}, "data": data});
+    apply_yaml(
+        client,
+        &serde_json::to_string(&body).unwrap(),
+        RELEASE_NAMESPACE,
+    )
+    .await
+    .unwrap();
+    let configs: Api<causeway_operator::dpf::crd::DPFHCPProvisionerConfig> =
+        Api::all(client.clone());
+    configs
+        .patch(
+            "default",
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({"spec": {"blueFieldOCPLayerRepo": "127.0.0.1:1/closed/rhcos-bfb"}})),
+        )
+        .await
+        .unwrap();
+}
