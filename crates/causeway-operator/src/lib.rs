@@ -17,3 +17,4 @@ pub mod manifest;
 pub mod render;
 pub mod status;
 pub mod validate;
+pub mod webhook;
