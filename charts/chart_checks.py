@@ -177,7 +177,9 @@ def node_terms(docs):
 
 CP = "node-role.kubernetes.io/control-plane"
 MASTER = "node-role.kubernetes.io/master"
-INFRA_KINDS = ["ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "ServiceAccount"]
+# The webhook (on by default) adds its Service and configuration.
+WEBHOOK_KINDS = ["Service", "ValidatingWebhookConfiguration"]
+INFRA_KINDS = ["ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "ServiceAccount"] + WEBHOOK_KINDS
 # The DPF bridge (on by default): its ClusterRole and binding, and the
 # settings singleton made by a hook.
 DPF_KINDS = ["ClusterRole", "ClusterRoleBinding", "DPFHCPProvisionerConfig"]
@@ -220,7 +222,9 @@ def check_dpf(docs, release="causeway"):
 
 
 def case_dpf_off(docs):
-    assert kinds(docs) == INFRA_KINDS, kinds(docs)
+    assert kinds(docs) == sorted(INFRA_KINDS), kinds(docs)
+    hooks = one(docs, "ValidatingWebhookConfiguration")["webhooks"]
+    assert [h["name"] for h in hooks] == ["infras.causeway.io"], hooks
     crds = [d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"]
     assert not any("dpu.hcp.io" in c for c in crds), crds
     assert env(docs)["CAUSEWAY_DPF"] == "false"
@@ -253,6 +257,71 @@ def case_dpf_settings(docs):
     assert len(images) == 1 and images[0]["data"] == {"4.19.0": "quay.io/example/rhcos-bfb:4.19.0"}, images
 
 
+def check_webhook(docs, source):
+    """The webhook as the API server will call it, and its certificate."""
+    vwc = one(docs, "ValidatingWebhookConfiguration")
+    hooks = vwc["webhooks"]
+    assert [h["name"] for h in hooks] == ["infras.causeway.io", "dpfhcpprovisioners.causeway.io"], hooks
+    for h in hooks:
+        assert h["failurePolicy"] == "Fail" and h["sideEffects"] == "None", h
+        assert h["admissionReviewVersions"] == ["v1"] and h["timeoutSeconds"] == 10, h
+        assert h["clientConfig"]["service"] == {"name": "causeway-webhook", "namespace": "causeway-system", "path": "/validate", "port": 443}, h
+        assert h["rules"][0]["operations"] == ["CREATE", "UPDATE"], h
+    assert hooks[1]["rules"][0]["apiGroups"] == ["provisioning.dpu.hcp.io"]
+    assert hooks[1]["rules"][0]["resources"] == ["dpfhcpprovisioners"]
+    svc = one(docs, "Service", "causeway-webhook")
+    assert svc["spec"]["ports"][0]["targetPort"] == "webhook" and svc["spec"]["ports"][0]["port"] == 443
+    dep = one(docs, "Deployment")
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    e = env(docs)
+    assert e["CAUSEWAY_WEBHOOK_LISTEN"] == "0.0.0.0:9443" and e["CAUSEWAY_WEBHOOK_CERT_DIR"] == "/etc/causeway/webhook", e
+    volume = pod(docs)["volumes"][0]
+    annotations = vwc["metadata"].get("annotations", {})
+    svc_annotations = svc["metadata"].get("annotations", {})
+    if source == "service-ca":
+        assert annotations == {"service.beta.openshift.io/inject-cabundle": "true"}, annotations
+        assert svc_annotations == {"service.beta.openshift.io/serving-cert-secret-name": "causeway-webhook-tls"}, svc_annotations
+        assert volume["secret"]["secretName"] == "causeway-webhook-tls", volume
+    elif source == "cert-manager":
+        assert annotations == {"cert-manager.io/inject-ca-from": "causeway-system/causeway-webhook"}, annotations
+        assert not svc_annotations, svc_annotations
+        assert volume["secret"]["secretName"] == "causeway-webhook-tls", volume
+        cert = one(docs, "Certificate")["spec"]
+        assert cert["secretName"] == "causeway-webhook-tls", cert
+        assert cert["dnsNames"] == ["causeway-webhook.causeway-system.svc", "causeway-webhook.causeway-system.svc.cluster.local"], cert
+    else:
+        assert not annotations and not svc_annotations
+        assert "emptyDir" in volume, volume
+        assert e["CAUSEWAY_WEBHOOK_SELF_SIGNED_SECRET"] == "causeway-webhook-ca", e
+        assert (e["CAUSEWAY_WEBHOOK_SERVICE"], e["CAUSEWAY_WEBHOOK_CONFIGURATION"]) == ("causeway-webhook", "causeway"), e
+
+
+def case_webhook_cert_manager(docs):
+    check_webhook(docs, "cert-manager")
+    assert one(docs, "Issuer")["spec"] == {"selfSigned": {}}
+    assert one(docs, "Certificate")["spec"]["issuerRef"] == {"kind": "Issuer", "name": "causeway-webhook"}
+
+
+def case_webhook_cert_manager_issuer(docs):
+    check_webhook(docs, "cert-manager")
+    assert not [d for d in docs if d["kind"] == "Issuer"]
+    assert one(docs, "Certificate")["spec"]["issuerRef"] == {"kind": "ClusterIssuer", "name": "corp-ca"}
+
+
+def case_webhook_self_signed(docs):
+    check_webhook(docs, "self-signed")
+    role = one(docs, "Role", "causeway-webhook-cert")["rules"]
+    assert role[1]["resourceNames"] == ["causeway-webhook-ca"] and role[1]["verbs"] == ["get", "update"], role
+    vwc_rule = one(docs, "ClusterRole", "causeway-webhook-cert")["rules"][0]
+    assert vwc_rule["resourceNames"] == ["causeway"] and vwc_rule["verbs"] == ["get", "patch"], vwc_rule
+
+
+def case_webhook_off(docs):
+    assert not [d for d in docs if d["kind"] == "ValidatingWebhookConfiguration"]
+    assert "CAUSEWAY_WEBHOOK_LISTEN" not in env(docs)
+    assert "volumes" not in pod(docs)
+
+
 def case_default(docs):
     check_crd(docs)
     check_dpf(docs)
@@ -276,7 +345,9 @@ def case_default(docs):
     assert e["CAUSEWAY_INFRA_FOR_HOSTED_CLUSTERS"] == "false", e
     rules = one(docs, "ClusterRole", "causeway")["rules"]
     assert not any("hostedclusters/finalizers" in r["resources"] for r in rules), "HostedCluster Infras are off by default"
-    assert c["ports"] == [{"name": "admin", "containerPort": 8080, "protocol": "TCP"}], c["ports"]
+    assert c["ports"] == [{"name": "admin", "containerPort": 8080, "protocol": "TCP"},
+                          {"name": "webhook", "containerPort": 9443, "protocol": "TCP"}], c["ports"]
+    check_webhook(docs, "service-ca")
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
@@ -315,7 +386,7 @@ def case_production(docs):
     assert node_terms(docs) == [[(CP, "Exists")], [(MASTER, "Exists")]]
     anti = pod(docs)["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert anti[0]["podAffinityTerm"]["labelSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
-    svc = one(docs, "Service")
+    svc = one(docs, "Service", "causeway-metrics")
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
     assert svc["spec"]["ports"][0]["targetPort"] == "admin"
     assert container(docs)["resources"]["limits"]["memory"] == "512Mi"
@@ -357,7 +428,7 @@ def case_custom(docs):
 
 
 def case_no_leader(docs):
-    assert kinds(docs) == sorted(["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"] + DPF_KINDS), kinds(docs)
+    assert kinds(docs) == sorted(["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"] + DPF_KINDS + WEBHOOK_KINDS), kinds(docs)
     assert one(docs, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
     assert env(docs)["CAUSEWAY_LEADER_ELECTION"] == "false"
 
@@ -412,6 +483,10 @@ CASES = {
     "no-leader": case_no_leader,
     "images": case_images,
     "existing-sa": case_existing_sa,
+    "webhook-cert-manager": case_webhook_cert_manager,
+    "webhook-cert-manager-issuer": case_webhook_cert_manager_issuer,
+    "webhook-self-signed": case_webhook_self_signed,
+    "webhook-off": case_webhook_off,
 }
 
 

@@ -184,7 +184,7 @@ render() { # OUT HELM-TEMPLATE-ARGS...
 validate() { # RENDERING
   local core="$1.core" versions=() v rc=0
   for v in "${KUBE_VERSIONS[@]}"; do versions+=(-k "$v"); done
-  "${PY[@]}" "$CHECKS" drop-kinds SecurityContextConstraints,DPFHCPProvisionerConfig <"$1" >"$core" || return 1
+  "${PY[@]}" "$CHECKS" drop-kinds SecurityContextConstraints,DPFHCPProvisionerConfig,Issuer,Certificate <"$1" >"$core" || return 1
   "${KV[@]}" --strict --quiet "${versions[@]}" "$core" >"$WORK/kv.out" 2>&1 || rc=$?
   cat "$WORK/kv.out"
   [ "$rc" = 0 ] || return 1
@@ -277,6 +277,12 @@ check "DPF settings, probes, common labels and annotations" render_case dpf-sett
   --set dpf.csrApprover.hostedApiserver=kubeconfig --set dpf.csrApprover.pendingSlack=5 \
   --set 'dpf.blueFieldImages.4\.19\.0=quay.io/example/rhcos-bfb:4.19.0'
 check "DPF settings object not made" render_case dpf-no-config --set dpf.config.create=false
+check "webhook certificate from cert-manager" render_case webhook-cert-manager --set webhook.certSource=cert-manager
+check "webhook certificate from cert-manager, given issuer" render_case webhook-cert-manager-issuer \
+  --set webhook.certSource=cert-manager --set webhook.certManager.issuerRef.kind=ClusterIssuer \
+  --set webhook.certManager.issuerRef.name=corp-ca
+check "webhook certificate self-signed" render_case webhook-self-signed --set webhook.certSource=self-signed
+check "webhook off" render_case webhook-off --set webhook.enabled=false
 check "scc for all namespaces" render_case openshift-all --set openshift.scc.enabled=true \
   --set openshift.scc.allNamespaces=true --set openshift.scc.name=cw-scc
 
@@ -288,6 +294,8 @@ check "scc granted to nobody" expect_refusal "openshift.scc.namespaces" --set op
 check "health probe port out of range" expect_refusal "healthProbe.port is 70000" --set healthProbe.port=70000
 check "unknown hosted API server mode" expect_refusal 'dpf.csrApprover.hostedApiserver is "direct"' \
   --set dpf.csrApprover.hostedApiserver=direct
+check "unknown webhook certificate source" expect_refusal 'webhook.certSource is "vault"' --set webhook.certSource=vault
+check "unknown webhook failure policy" expect_refusal 'webhook.failurePolicy is "Maybe"' --set webhook.failurePolicy=Maybe
 check "no service account" expect_refusal "serviceAccount.name must name" --set serviceAccount.create=false
 
 section "values.yaml and README.md"

@@ -105,6 +105,12 @@ Refuses values that cannot work, with a message saying what to change.
 {{- if not (has .Values.dpf.csrApprover.hostedApiserver (list "service" "kubeconfig")) -}}
 {{- fail (printf "dpf.csrApprover.hostedApiserver is %q: it must be service or kubeconfig" (toString .Values.dpf.csrApprover.hostedApiserver)) -}}
 {{- end -}}
+{{- if not (has .Values.webhook.certSource (list "service-ca" "cert-manager" "self-signed")) -}}
+{{- fail (printf "webhook.certSource is %q: it must be service-ca, cert-manager or self-signed" (toString .Values.webhook.certSource)) -}}
+{{- end -}}
+{{- if not (has .Values.webhook.failurePolicy (list "Fail" "Ignore")) -}}
+{{- fail (printf "webhook.failurePolicy is %q: it must be Fail or Ignore" (toString .Values.webhook.failurePolicy)) -}}
+{{- end -}}
 {{- if not (has .Values.placement.target (list "master" "worker" "custom")) -}}
 {{- fail (printf "placement.target is %q: it must be master, worker or custom" (toString .Values.placement.target)) -}}
 {{- end -}}

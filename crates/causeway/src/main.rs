@@ -23,6 +23,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the operator's many flags cost nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run every service the config enables, with one admin server.
@@ -93,6 +95,37 @@ enum Command {
         /// The pending-CSR cap is the number of DPUs (or Nodes) plus this.
         #[arg(long, env = "CAUSEWAY_CSR_PENDING_SLACK", default_value_t = 20)]
         csr_pending_slack: usize,
+        /// Serve the validating admission webhook (HTTPS, path /validate)
+        /// on this address; off when not given.
+        #[arg(long, env = "CAUSEWAY_WEBHOOK_LISTEN")]
+        webhook_listen: Option<std::net::SocketAddr>,
+        /// The webhook's certificate: tls.crt and tls.key in this
+        /// directory, read again whenever they change.
+        #[arg(
+            long,
+            env = "CAUSEWAY_WEBHOOK_CERT_DIR",
+            default_value = "/etc/causeway/webhook"
+        )]
+        webhook_cert_dir: std::path::PathBuf,
+        /// Make the webhook's CA and certificate (kept in this Secret of the
+        /// operator's namespace) instead of reading a mounted pair.
+        #[arg(long, env = "CAUSEWAY_WEBHOOK_SELF_SIGNED_SECRET")]
+        webhook_self_signed_secret: Option<String>,
+        /// With a self-signed certificate: the webhook's Service (the
+        /// certificate's names) ...
+        #[arg(
+            long,
+            env = "CAUSEWAY_WEBHOOK_SERVICE",
+            default_value = "causeway-webhook"
+        )]
+        webhook_service: String,
+        /// ... and the ValidatingWebhookConfiguration given the CA.
+        #[arg(
+            long,
+            env = "CAUSEWAY_WEBHOOK_CONFIGURATION",
+            default_value = "causeway"
+        )]
+        webhook_configuration: String,
     },
     /// Policy routing for the config's VLAN interfaces (needs CAP_NET_ADMIN
     /// for apply and flush).
@@ -149,6 +182,11 @@ fn main() -> ExitCode {
             hosted_apiserver,
             csr_max_expiration_seconds,
             csr_pending_slack,
+            webhook_listen,
+            webhook_cert_dir,
+            webhook_self_signed_secret,
+            webhook_service,
+            webhook_configuration,
         } => operator::run(operator::Options {
             admin_listen,
             leader_election,
@@ -160,6 +198,13 @@ fn main() -> ExitCode {
                 endpoint: hosted_apiserver.into(),
                 max_expiration_seconds: csr_max_expiration_seconds,
                 pending_slack: csr_pending_slack,
+            }),
+            webhook: webhook_listen.map(|listen| operator::WebhookOptions {
+                listen,
+                cert_dir: webhook_cert_dir,
+                self_signed_secret: webhook_self_signed_secret,
+                service: webhook_service,
+                configuration: webhook_configuration,
             }),
         }),
         Command::Check { config } => return check(&config),

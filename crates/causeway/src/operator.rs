@@ -23,6 +23,15 @@ pub struct Options {
     pub infra_for_hosted_clusters: bool,
     pub dpf: bool,
     pub csr_approver: Option<ApproverOptions>,
+    pub webhook: Option<WebhookOptions>,
+}
+
+pub struct WebhookOptions {
+    pub listen: SocketAddr,
+    pub cert_dir: std::path::PathBuf,
+    pub self_signed_secret: Option<String>,
+    pub service: String,
+    pub configuration: String,
 }
 
 /// How the CSR approver reaches a hosted cluster's API server.
@@ -111,6 +120,9 @@ async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
             _ = sigint.recv() => tracing::info!("SIGINT: shutting down"),
         }
     };
+    if let Some(w) = &opts.webhook {
+        start_webhook(w, &client, &operator_namespace, stop.clone()).await?;
+    }
     ready.set(true);
     let options = manager::Options {
         namespaces: opts.namespaces,
@@ -131,5 +143,52 @@ async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
         anyhow::bail!("leadership lost; exiting so a restart can compete again");
     }
     tracing::info!("causeway operator stopped");
+    Ok(())
+}
+
+/// Starts the admission webhook: with a self-signed pair, makes or reads it
+/// first and keeps it renewed.
+async fn start_webhook(
+    w: &WebhookOptions,
+    client: &kube::Client,
+    namespace: &str,
+    stop: shutdown::Shutdown,
+) -> anyhow::Result<()> {
+    use causeway_operator::webhook::{selfsigned, server};
+    if let Some(secret) = &w.self_signed_secret {
+        std::fs::create_dir_all(&w.cert_dir)
+            .with_context(|| format!("creating {}", w.cert_dir.display()))?;
+        let names = selfsigned::Names {
+            namespace: namespace.to_string(),
+            secret: secret.clone(),
+            service: w.service.clone(),
+            configuration: w.configuration.clone(),
+        };
+        selfsigned::ensure(client, &names, &w.cert_dir)
+            .await
+            .context("the webhook's self-signed certificate")?;
+        let (client, dir) = (client.clone(), w.cert_dir.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(selfsigned::CHECK_EVERY).await;
+                if let Err(e) = selfsigned::ensure(&client, &names, &dir).await {
+                    tracing::warn!(error = %e, "renewing the webhook's certificate");
+                }
+            }
+        });
+    }
+    let bound = server::run(
+        w.listen,
+        &w.cert_dir,
+        client.clone(),
+        namespace.to_string(),
+        async move {
+            let mut stop = stop;
+            stop.wait().await
+        },
+    )
+    .await
+    .context("starting the admission webhook")?;
+    tracing::info!(listen = %bound, "admission webhook started");
     Ok(())
 }

@@ -37,8 +37,14 @@ pub fn parse(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, Box<Admissi
             "AdmissionReview apiVersion {version:?} is not admission.k8s.io/v1, the only version this webhook speaks"
         )));
     }
-    let review: AdmissionReview<DynamicObject> = serde_path_to_error::deserialize(value)
-        .map_err(|e| invalid(format!("malformed AdmissionReview: {}: {}", e.path(), e.inner())))?;
+    let review: AdmissionReview<DynamicObject> =
+        serde_path_to_error::deserialize(value).map_err(|e| {
+            invalid(format!(
+                "malformed AdmissionReview: {}: {}",
+                e.path(),
+                e.inner()
+            ))
+        })?;
     review
         .try_into()
         .map_err(|_| invalid("malformed AdmissionReview: no request".into()))

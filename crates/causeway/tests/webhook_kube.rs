@@ -1,0 +1,331 @@
+//! The validating admission webhook against a real API server: the chart's
+//! ValidatingWebhookConfiguration, registered by `clientConfig.url` on
+//! loopback (1.20 cannot reach Services here) with the test's CA, and the
+//! real `causeway operator` serving it from a certificate directory. The
+//! BlueField lookup asks a real registry (Debian's docker-registry) on
+//! loopback; without it that case prints SKIP.
+//!
+//! Needs root (see operator_kube.rs); without it the test prints SKIP.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod kube_cluster;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use causeway_operator::crd::Infra;
+use causeway_operator::dpf::crd::DPFHCPProvisioner;
+use kube::api::{Api, Patch, PatchParams};
+use kube::Client;
+use kube_cluster::{
+    admin, apply_yaml, ensure_namespace, eventually, helm_template, Operator, RELEASE,
+};
+use serde_json::{json, Value};
+
+const SAMPLE: &str = include_str!("fixtures/dpfhcp-sample.yaml");
+const NS: &str = "webhook-test";
+const WAIT: Duration = Duration::from_secs(60);
+const SSH_KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGb3J3yRzq0k1Jq8F6c1bq6Xq0v4cX1mZq1k2l3m4n5o dpu@example\n";
+
+struct Pki {
+    ca_pem: String,
+    ca_cert: rcgen::Certificate,
+    ca_key: rcgen::KeyPair,
+}
+
+fn pki() -> Pki {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "webhook test CA");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_cert = params.self_signed(&ca_key).unwrap();
+    Pki {
+        ca_pem: ca_cert.pem(),
+        ca_cert,
+        ca_key,
+    }
+}
+
+/// A serving certificate for 127.0.0.1, valid or long expired, written as
+/// the webhook reads it: tls.crt and tls.key, each replaced by a rename.
+fn write_cert(pki: &Pki, dir: &Path, expired: bool) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    params.subject_alt_names = vec![rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap())];
+    if expired {
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+    }
+    let cert = params.signed_by(&key, &pki.ca_cert, &pki.ca_key).unwrap();
+    for (name, text) in [("tls.key", key.serialize_pem()), ("tls.crt", cert.pem())] {
+        let tmp = dir.join(format!(".{name}"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, dir.join(name)).unwrap();
+    }
+}
+
+/// A registry with no authentication on loopback, or `None` (SKIP).
+struct Registry {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn registry(dir: &Path) -> Option<Registry> {
+    let bin = Path::new("/usr/bin/docker-registry");
+    if !bin.exists() {
+        eprintln!("SKIP webhook_kube (BlueField case): no {} (apt-get install docker-registry; tests/run.sh does)", bin.display());
+        return None;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    std::fs::write(
+        dir.join("registry.yml"),
+        format!(
+            "version: 0.1\nlog: {{level: warn}}\nstorage:\n  filesystem: {{rootdirectory: {}}}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            dir.join("registry").display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new(bin)
+        .arg("serve")
+        .arg(dir.join("registry.yml"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "the registry did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Some(Registry { child, port })
+}
+
+/// The chart's ValidatingWebhookConfiguration, pointed at `url` with `ca`.
+fn chart_configuration(helm: &Path, url: &str, ca: &str) -> Value {
+    let rendered = helm_template(helm, RELEASE, &[]);
+    let mut vwc: Value = rendered
+        .split("\n---")
+        .filter_map(|doc| serde_saphyr::from_str::<Value>(doc).ok())
+        .find(|d| d["kind"] == "ValidatingWebhookConfiguration")
+        .expect("the chart renders a ValidatingWebhookConfiguration");
+    for hook in vwc["webhooks"].as_array_mut().unwrap() {
+        hook["clientConfig"] =
+            json!({"url": url, "caBundle": k8s_openapi::ByteString(ca.as_bytes().to_vec())});
+    }
+    vwc
+}
+
+fn provisioner(name: &str, spec: Value) -> String {
+    let mut doc: Value = serde_saphyr::from_str(SAMPLE).unwrap();
+    doc["metadata"] = json!({"name": name, "namespace": NS});
+    for (k, v) in spec.as_object().unwrap() {
+        doc["spec"][k] = v.clone();
+    }
+    serde_json::to_string(&doc).unwrap()
+}
+
+async fn create(client: &Client, doc: &str) -> Result<(), String> {
+    apply_yaml(client, doc, NS).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_charts_webhook_admits_good_objects_and_denies_bad_ones_with_a_reloaded_certificate() {
+    let test =
+        "the_charts_webhook_admits_good_objects_and_denies_bad_ones_with_a_reloaded_certificate";
+    let Some(c) = kube_cluster::cluster(test) else {
+        return;
+    };
+    let client = admin(c).await;
+    ensure_namespace(&client, NS).await;
+    for (name, key, value) in [
+        ("pull", ".dockerconfigjson", br#"{"auths":{}}"#.as_slice()),
+        ("ssh", "id_rsa.pub", SSH_KEY.as_bytes()),
+    ] {
+        let body = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": NS},
+            "data": {key: k8s_openapi::ByteString(value.to_vec())}});
+        apply_yaml(&client, &serde_json::to_string(&body).unwrap(), NS)
+            .await
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(dir.path());
+    kube_cluster::blue_field_images(
+        &client,
+        &[("4.19.0-ec.5", "quay.io/example/rhcos-bfb:4.19.0-ec.5")],
+    )
+    .await;
+    if let Some(r) = &reg {
+        Api::<causeway_operator::dpf::crd::DPFHCPProvisionerConfig>::all(client.clone())
+            .patch(
+                "default",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"blueFieldOCPLayerRepo": format!("127.0.0.1:{}/org/rhcos-bfb", r.port)}})),
+            )
+            .await
+            .unwrap();
+    }
+
+    let pki = pki();
+    let certs = dir.path().join("certs");
+    std::fs::create_dir(&certs).unwrap();
+    write_cert(&pki, &certs, true);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let op = Operator::start(
+        c,
+        &[NS],
+        &[
+            "--leader-election=false",
+            "--webhook-listen",
+            &format!("127.0.0.1:{port}"),
+            "--webhook-cert-dir",
+            certs.to_str().unwrap(),
+        ],
+        "webhook",
+    );
+    eventually("the webhook listening", WAIT, Some(&op), || async {
+        std::net::TcpStream::connect(("127.0.0.1", port))
+            .ok()
+            .map(|_| ())
+    })
+    .await;
+    let vwc = chart_configuration(
+        &c.helm,
+        &format!("https://127.0.0.1:{port}/validate"),
+        &pki.ca_pem,
+    );
+    apply_yaml(&client, &serde_json::to_string(&vwc).unwrap(), "default")
+        .await
+        .unwrap();
+
+    println!("scenario: the webhook serves an expired certificate: nothing is admitted (failurePolicy Fail)");
+    let good = provisioner(
+        "good",
+        json!({"pullSecretRef": {"name": "pull"}, "sshKeySecretRef": {"name": "ssh"}}),
+    );
+    let refused = eventually(
+        "a create refused for the expired certificate",
+        WAIT,
+        Some(&op),
+        || async {
+            create(&client, &good)
+                .await
+                .err()
+                .filter(|e| e.contains("x509") || e.contains("certificate"))
+        },
+    )
+    .await;
+    assert!(refused.contains("failed calling webhook"), "{refused}");
+    let provisioners: Api<DPFHCPProvisioner> = Api::namespaced(client.clone(), NS);
+    assert!(provisioners.get_opt("good").await.unwrap().is_none());
+
+    println!("scenario: a valid certificate replaces it on disk; no restart");
+    write_cert(&pki, &certs, false);
+    eventually("the good provisioner admitted", WAIT, Some(&op), || async {
+        create(&client, &good).await.ok()
+    })
+    .await;
+    assert!(op.log_text().contains("webhook certificate reloaded"));
+
+    println!("scenario: an immutable field changed (1.20 has no CEL: the webhook holds it)");
+    let changed = provisioner(
+        "good",
+        json!({"pullSecretRef": {"name": "pull"}, "sshKeySecretRef": {"name": "ssh"}, "baseDomain": "elsewhere.example.com"}),
+    );
+    let e = create(&client, &changed).await.unwrap_err();
+    assert!(e.contains("baseDomain") && e.contains("denied"), "{e}");
+    assert_eq!(
+        provisioners.get("good").await.unwrap().spec.base_domain,
+        "clusters.example.com"
+    );
+    // A mutable field still changes.
+    let mutable = provisioner(
+        "good",
+        json!({"pullSecretRef": {"name": "pull"}, "sshKeySecretRef": {"name": "ssh"}, "ocpReleaseImage": "quay.io/openshift-release-dev/ocp-release:4.19.0-ec.5-multi"}),
+    );
+    create(&client, &mutable).await.unwrap();
+
+    println!("scenario: required fields and spec rules");
+    let e = create(
+        &client,
+        &provisioner("bad-vip", json!({"virtualIP": "300.0.0.1"})),
+    )
+    .await
+    .unwrap_err();
+    assert!(e.contains("spec.virtualIP"), "{e}");
+
+    println!("scenario: a bad Infra address");
+    let infra = json!({
+        "apiVersion": "hostedcluster.densityops.com/v1alpha1", "kind": "Infra",
+        "metadata": {"name": "vlan", "namespace": NS},
+        "spec": {
+            "networkConfig": {"cidr": "192.168.100.0/24", "gateway": "192.168.100.1", "networkAttachmentDefinition": "vlan"},
+            "infraComponents": {"dhcp": {"enabled": true, "serverIP": "192.168.100.2", "rangeStart": "10.0.0.10", "rangeEnd": "192.168.100.200"}},
+        },
+    });
+    let e = create(&client, &serde_json::to_string(&infra).unwrap())
+        .await
+        .unwrap_err();
+    assert!(e.contains("rangeStart"), "{e}");
+    assert!(Api::<Infra>::namespaced(client.clone(), NS)
+        .get_opt("vlan")
+        .await
+        .unwrap()
+        .is_none());
+
+    println!("scenario: a malformed AdmissionReview gets a clear answer");
+    std::fs::write(dir.path().join("ca.pem"), &pki.ca_pem).unwrap();
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--cacert"])
+        .arg(dir.path().join("ca.pem"))
+        .args(["-H", "Content-Type: application/json", "-d", "{not json"])
+        .arg(format!("https://127.0.0.1:{port}/validate"))
+        .output()
+        .unwrap();
+    let answer: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stdout)));
+    assert_eq!(answer["response"]["allowed"], json!(false));
+    assert!(
+        answer["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("malformed AdmissionReview"),
+        "{answer}"
+    );
+
+    if let Some(_reg) = reg {
+        println!("scenario: no BlueField image for the release: the create is denied, naming the release and the sources");
+        let e = create(
+            &client,
+            &provisioner("no-image", json!({"ocpReleaseImage": "quay.io/openshift-release-dev/ocp-release:4.20.3-x86_64", "pullSecretRef": {"name": "pull"}, "sshKeySecretRef": {"name": "ssh"}})),
+        )
+        .await
+        .unwrap_err();
+        for part in [
+            "ocp-release:4.20.3-x86_64",
+            "ocp-bluefield-images",
+            "org/rhcos-bfb:4.20.3",
+        ] {
+            assert!(e.contains(part), "{part}: {e}");
+        }
+        assert!(provisioners.get_opt("no-image").await.unwrap().is_none());
+    }
+}
