@@ -11,6 +11,7 @@ pub mod bluefield;
 pub mod controller;
 pub mod crd;
 pub mod csr;
+pub mod ignition;
 pub mod render;
 pub mod spec;
 pub mod status;

@@ -1,0 +1,329 @@
+//! The DPU's ignition: HyperShift's ignition for the hosted cluster with
+//! the OS image replaced, published for DPF as the bfcfg template
+//! ConfigMap. Pure: the controller fetches and applies.
+//!
+//! HyperShift's ignition carries the node's MachineConfig as the file
+//! `/etc/ignition-machine-config-encapsulated.json`, a `data:` URL. Its
+//! `spec.osImageURL` is what the node boots into; a BlueField DPU needs
+//! the BlueField build of that OS, so it is set to `machineOSURL` or the
+//! image the BlueField lookup found.
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use serde_json::{json, Value};
+
+pub const ENCAPSULATED: &str = "/etc/ignition-machine-config-encapsulated.json";
+/// The key DPF reads the template from.
+pub const TEMPLATE_KEY: &str = "BF_CFG_TEMPLATE";
+pub const TEMPLATE_LABEL: &str = "provisioning.dpu.nvidia.com/bfcfg-template";
+const DPF_PREFIX: &str = "provisioning.dpu.nvidia.com/bfcfg-template-";
+const OURS_PREFIX: &str = "dpfhcpprovisioner.dpu.hcp.io/bfcfg-template-";
+/// The annotations that say what a published template was made from.
+pub const MACHINE_OS_ANNOTATION: &str =
+    "dpfhcpprovisioner.dpu.hcp.io/bfcfg-template-machine-os-url";
+pub const RELEASE_ANNOTATION: &str =
+    "dpfhcpprovisioner.dpu.hcp.io/bfcfg-template-ocp-release-image";
+
+/// Characters kept as they are in a `data:,` URL: RFC 3986 unreserved.
+const DATA_URL: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IgnitionError {
+    #[error("the ignition is not JSON: {0}")]
+    NotJson(String),
+    #[error("the ignition has no file {ENCAPSULATED}")]
+    NoMachineConfig,
+    #[error("{ENCAPSULATED}: {0}")]
+    BadMachineConfig(String),
+}
+
+/// The name of the ConfigMap DPF reads for a DPUCluster.
+pub fn configmap_name(dpu_cluster: &str) -> String {
+    format!("bfcfg-{dpu_cluster}.cfg")
+}
+
+fn decode_data_url(source: &str) -> Result<Vec<u8>, IgnitionError> {
+    let bad = |why: &str| IgnitionError::BadMachineConfig(why.into());
+    let rest = source
+        .strip_prefix("data:")
+        .ok_or_else(|| bad("not a data: URL"))?;
+    let (meta, data) = rest
+        .split_once(',')
+        .ok_or_else(|| bad("a data: URL without a comma"))?;
+    if meta.split(';').any(|p| p == "base64") {
+        base64::engine::general_purpose::STANDARD
+            .decode(percent_decode_str(data).collect::<Vec<u8>>())
+            .map_err(|e| bad(&format!("base64: {e}")))
+    } else {
+        Ok(percent_decode_str(data).collect())
+    }
+}
+
+/// `ignition` with the embedded MachineConfig's `spec.osImageURL` set to
+/// `os_image`; everything else as it was.
+pub fn override_os_image(ignition: &[u8], os_image: &str) -> Result<Vec<u8>, IgnitionError> {
+    let mut doc: Value =
+        serde_json::from_slice(ignition).map_err(|e| IgnitionError::NotJson(e.to_string()))?;
+    let files = doc
+        .pointer_mut("/storage/files")
+        .and_then(Value::as_array_mut)
+        .ok_or(IgnitionError::NoMachineConfig)?;
+    let file = files
+        .iter_mut()
+        .find(|f| f["path"] == ENCAPSULATED)
+        .ok_or(IgnitionError::NoMachineConfig)?;
+    if file
+        .pointer("/contents/compression")
+        .and_then(Value::as_str)
+        .is_some_and(|c| !c.is_empty())
+    {
+        return Err(IgnitionError::BadMachineConfig(
+            "compressed contents are not supported".into(),
+        ));
+    }
+    let source = file
+        .pointer("/contents/source")
+        .and_then(Value::as_str)
+        .ok_or_else(|| IgnitionError::BadMachineConfig("no contents.source".into()))?;
+    let mut mc: Value = serde_json::from_slice(&decode_data_url(source)?)
+        .map_err(|e| IgnitionError::BadMachineConfig(format!("not JSON: {e}")))?;
+    let spec = mc
+        .get_mut("spec")
+        .and_then(Value::as_object_mut)
+        .ok_or_else(|| IgnitionError::BadMachineConfig("no spec".into()))?;
+    spec.insert("osImageURL".into(), Value::from(os_image));
+    let text =
+        serde_json::to_string(&mc).map_err(|e| IgnitionError::BadMachineConfig(e.to_string()))?;
+    file["contents"]["source"] =
+        Value::from(format!("data:,{}", utf8_percent_encode(&text, DATA_URL)));
+    // A hash of the old contents would fail the new ones.
+    if let Some(contents) = file["contents"].as_object_mut() {
+        contents.remove("verification");
+    }
+    serde_json::to_vec(&doc).map_err(|e| IgnitionError::NotJson(e.to_string()))
+}
+
+/// The MachineConfig's `spec.osImageURL` in an ignition, if there is one.
+pub fn os_image(ignition: &[u8]) -> Option<String> {
+    let doc: Value = serde_json::from_slice(ignition).ok()?;
+    let file = doc
+        .pointer("/storage/files")?
+        .as_array()?
+        .iter()
+        .find(|f| f["path"] == ENCAPSULATED)?;
+    let mc: Value =
+        serde_json::from_slice(&decode_data_url(file.pointer("/contents/source")?.as_str()?).ok()?)
+            .ok()?;
+    mc.pointer("/spec/osImageURL")?.as_str().map(str::to_string)
+}
+
+/// What a template was made from: a change to any of it regenerates it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Inputs {
+    pub dpu_cluster: String,
+    pub dpu_cluster_namespace: String,
+    pub release_image: String,
+    pub os_image: String,
+    /// The DPUDeployment's BFB and DPUFlavor, when one is named.
+    pub bfb: Option<(String, String)>,
+    pub flavor: Option<(String, String)>,
+}
+
+impl Inputs {
+    pub fn annotations(&self) -> BTreeMap<String, String> {
+        let mut a = BTreeMap::new();
+        a.insert(
+            format!("{DPF_PREFIX}cluster-name"),
+            self.dpu_cluster.clone(),
+        );
+        a.insert(
+            format!("{DPF_PREFIX}cluster-namespace"),
+            self.dpu_cluster_namespace.clone(),
+        );
+        if let Some((name, ns)) = &self.bfb {
+            a.insert(format!("{DPF_PREFIX}bfb-name"), name.clone());
+            a.insert(format!("{DPF_PREFIX}bfb-namespace"), ns.clone());
+        }
+        if let Some((name, ns)) = &self.flavor {
+            a.insert(format!("{DPF_PREFIX}dpuflavor-name"), name.clone());
+            a.insert(format!("{DPF_PREFIX}dpuflavor-namespace"), ns.clone());
+        }
+        a.insert(
+            format!("{OURS_PREFIX}machine-os-url"),
+            self.os_image.clone(),
+        );
+        a.insert(
+            format!("{OURS_PREFIX}ocp-release-image"),
+            self.release_image.clone(),
+        );
+        a
+    }
+}
+
+/// Why a published template must be made again, as the IgnitionConfigured
+/// reason; `None` when it is current.
+pub fn stale(published: Option<&BTreeMap<String, String>>, want: &Inputs) -> Option<&'static str> {
+    let Some(have) = published else {
+        return Some("ConfigMapDeleted");
+    };
+    let want = want.annotations();
+    let differs = |key: &str| have.get(key) != want.get(key);
+    if differs(RELEASE_ANNOTATION) {
+        Some("ReleaseImageUpdated")
+    } else if differs(MACHINE_OS_ANNOTATION) {
+        Some("MachineOSURLChanged")
+    } else if want
+        .keys()
+        .chain(have.keys().filter(|k| k.starts_with(DPF_PREFIX)))
+        .any(|k| differs(k))
+    {
+        Some("DPUDeploymentChanged")
+    } else {
+        None
+    }
+}
+
+/// The bfcfg template ConfigMap, as applied.
+pub fn configmap(inputs: &Inputs, ignition: &[u8], labels: &BTreeMap<String, String>) -> Value {
+    let mut labels = labels.clone();
+    labels.insert(TEMPLATE_LABEL.into(), "true".into());
+    json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": configmap_name(&inputs.dpu_cluster),
+            "namespace": inputs.dpu_cluster_namespace,
+            "labels": labels,
+            "annotations": inputs.annotations(),
+        },
+        "data": {TEMPLATE_KEY: String::from_utf8_lossy(ignition)},
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// An ignition shaped as HyperShift's ignition server serves it.
+    pub fn hypershift_ignition(os_image: &str) -> Vec<u8> {
+        let mc = json!({
+            "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfig",
+            "metadata": {"name": "rendered-worker"},
+            "spec": {"osImageURL": os_image, "config": {"ignition": {"version": "3.2.0"}}, "kernelArguments": ["a=b c"]},
+        });
+        let text = serde_json::to_string(&mc).unwrap();
+        serde_json::to_vec(&json!({
+            "ignition": {"version": "3.2.0"},
+            "passwd": {"users": [{"name": "core", "sshAuthorizedKeys": ["ssh-ed25519 AAAA core"]}]},
+            "storage": {"files": [
+                {"path": "/etc/kubernetes/kubeconfig", "contents": {"source": "data:,apiVersion%3A%20v1"}, "mode": 384},
+                {"path": ENCAPSULATED, "contents": {"source": format!("data:,{}", utf8_percent_encode(&text, DATA_URL)), "verification": {"hash": "sha512-00"}}, "mode": 420},
+            ]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_os_image_is_replaced_and_nothing_else() {
+        let original =
+            hypershift_ignition("quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:aaaa");
+        let out = override_os_image(&original, "quay.io/example/rhcos-bfb:4.19.0").unwrap();
+        assert_eq!(
+            os_image(&out).as_deref(),
+            Some("quay.io/example/rhcos-bfb:4.19.0")
+        );
+        let (a, b): (Value, Value) = (
+            serde_json::from_slice(&original).unwrap(),
+            serde_json::from_slice(&out).unwrap(),
+        );
+        assert_eq!(a["passwd"], b["passwd"]);
+        assert_eq!(a["storage"]["files"][0], b["storage"]["files"][0]);
+        assert!(b["storage"]["files"][1]["contents"]
+            .get("verification")
+            .is_none());
+        // The rest of the MachineConfig survives the round trip.
+        let file = &b["storage"]["files"][1];
+        let mc: Value = serde_json::from_slice(
+            &decode_data_url(file["contents"]["source"].as_str().unwrap()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(mc["spec"]["kernelArguments"], json!(["a=b c"]));
+        // Idempotent.
+        assert_eq!(
+            override_os_image(&out, "quay.io/example/rhcos-bfb:4.19.0").unwrap(),
+            out
+        );
+    }
+
+    #[test]
+    fn base64_sources_are_read_and_bad_ignitions_refused() {
+        let mc = br#"{"spec":{"osImageURL":"old"}}"#;
+        let ign = serde_json::to_vec(&json!({"storage": {"files": [{"path": ENCAPSULATED, "contents": {"source": format!("data:text/plain;base64,{}", base64::engine::general_purpose::STANDARD.encode(mc))}}]}})).unwrap();
+        assert_eq!(
+            os_image(&override_os_image(&ign, "new").unwrap()).as_deref(),
+            Some("new")
+        );
+        assert!(matches!(
+            override_os_image(b"<html>", "x"),
+            Err(IgnitionError::NotJson(_))
+        ));
+        assert_eq!(
+            override_os_image(br#"{"storage":{"files":[]}}"#, "x"),
+            Err(IgnitionError::NoMachineConfig)
+        );
+        let gz = serde_json::to_vec(&json!({"storage": {"files": [{"path": ENCAPSULATED, "contents": {"source": "data:;base64,H4sI", "compression": "gzip"}}]}})).unwrap();
+        assert!(matches!(
+            override_os_image(&gz, "x"),
+            Err(IgnitionError::BadMachineConfig(_))
+        ));
+    }
+
+    #[test]
+    fn a_template_is_made_again_when_what_it_was_made_from_changes() {
+        let inputs = Inputs {
+            dpu_cluster: "dc".into(),
+            dpu_cluster_namespace: "dpu".into(),
+            release_image: "r:4.19.0".into(),
+            os_image: "bfb:4.19.0".into(),
+            bfb: Some(("bfb-a".into(), "dpu".into())),
+            flavor: Some(("flavor-a".into(), "dpu".into())),
+        };
+        let published = inputs.annotations();
+        assert_eq!(stale(Some(&published), &inputs), None);
+        assert_eq!(stale(None, &inputs), Some("ConfigMapDeleted"));
+        let with = |f: &dyn Fn(&mut Inputs)| {
+            let mut i = inputs.clone();
+            f(&mut i);
+            stale(Some(&published), &i)
+        };
+        assert_eq!(
+            with(&|i| i.release_image = "r:4.19.1".into()),
+            Some("ReleaseImageUpdated")
+        );
+        assert_eq!(
+            with(&|i| i.os_image = "bfb:other".into()),
+            Some("MachineOSURLChanged")
+        );
+        assert_eq!(
+            with(&|i| i.flavor = Some(("flavor-b".into(), "dpu".into()))),
+            Some("DPUDeploymentChanged")
+        );
+        assert_eq!(with(&|i| i.bfb = None), Some("DPUDeploymentChanged"));
+        let cm = configmap(&inputs, b"{}", &BTreeMap::new());
+        assert_eq!(cm["metadata"]["name"], "bfcfg-dc.cfg");
+        assert_eq!(cm["metadata"]["labels"][TEMPLATE_LABEL], "true");
+        assert_eq!(cm["data"][TEMPLATE_KEY], "{}");
+        assert_eq!(
+            cm["metadata"]["annotations"]
+                ["provisioning.dpu.nvidia.com/bfcfg-template-dpuflavor-name"],
+            "flavor-a"
+        );
+    }
+}
