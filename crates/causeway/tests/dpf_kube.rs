@@ -129,6 +129,9 @@ async fn delete_provisioner(client: &Client, op: &Operator, name: &str) {
     .await;
 }
 
+/// The port of the test's ignition server, reported by the HostedCluster.
+static IGNITION_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+
 /// HyperShift's part: the HostedCluster's status.
 async fn hypershift_status(client: &Client, available: bool, history: Value) {
     let api = dynamic(client, NS, &hosted_cluster_resource());
@@ -145,6 +148,7 @@ async fn hypershift_status(client: &Client, available: bool, history: Value) {
         ],
         "controlPlaneVersion": {"history": history},
         "controlPlaneEndpoint": {"host": "192.168.1.100", "port": 6443},
+        "ignitionEndpoint": format!("127.0.0.1:{}", IGNITION_PORT.load(std::sync::atomic::Ordering::SeqCst)),
     }});
     api.patch_status(NAME, &PatchParams::apply("hypershift").force(), &Patch::Apply(&json!({
         "apiVersion": "hypershift.openshift.io/v1beta1", "kind": "HostedCluster", "status": status["status"],
@@ -166,6 +170,20 @@ async fn hypershift_finalizers(client: &Client, finalizers: Value) {
         )
         .await
         .unwrap();
+}
+
+/// The bfcfg template: its labels, annotations and the osImageURL in it.
+async fn bfcfg(client: &Client) -> Option<(Value, Value, Option<String>)> {
+    let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), DPU_NS)
+        .get_opt("bfcfg-my-dpucluster.cfg")
+        .await
+        .unwrap()?;
+    let template = cm.data.as_ref()?.get("BF_CFG_TEMPLATE")?.clone();
+    Some((
+        serde_json::to_value(cm.metadata.labels).unwrap(),
+        serde_json::to_value(cm.metadata.annotations).unwrap(),
+        causeway_operator::dpf::ignition::os_image(template.as_bytes()),
+    ))
 }
 
 fn entry(state: &str, image: &str, version: &str) -> Value {
@@ -483,6 +501,33 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
     .await;
 
     println!("scenario: HyperShift brings the control plane up; the sample reaches Ready");
+    // HyperShift's ignition server, its CA and the token for it in the
+    // control plane's namespace.
+    let scratch = tempfile::tempdir().unwrap();
+    let ignition = kube_cluster::ignition_server(
+        scratch.path(),
+        "quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:release-os",
+    )
+    .await;
+    IGNITION_PORT.store(ignition.port, std::sync::atomic::Ordering::SeqCst);
+    let cp_ns = format!("{NS}-{NAME}");
+    ensure_namespace(&client, &cp_ns).await;
+    secret(
+        &client,
+        &cp_ns,
+        "ignition-server-ca-cert",
+        "tls.crt",
+        ignition.ca_pem.as_bytes(),
+    )
+    .await;
+    secret(
+        &client,
+        &cp_ns,
+        &format!("token-{NAME}-5f2a1"),
+        "token",
+        &ignition.token,
+    )
+    .await;
     secret(
         &client,
         NS,
@@ -526,6 +571,57 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         "{}",
         found.2
     );
+    // The DPU ignition: HyperShift's, fetched with the token, the OS image
+    // replaced by the BlueField one, published for DPF.
+    let template = bfcfg(&client).await.expect("the bfcfg ConfigMap");
+    assert_eq!(
+        template.0["provisioning.dpu.nvidia.com/bfcfg-template"],
+        "true"
+    );
+    assert_eq!(
+        template.1["dpfhcpprovisioner.dpu.hcp.io/bfcfg-template-ocp-release-image"],
+        OLD
+    );
+    assert_eq!(
+        template.1["provisioning.dpu.nvidia.com/bfcfg-template-cluster-name"],
+        "my-dpucluster"
+    );
+    assert_eq!(
+        template.2.as_deref(),
+        Some("quay.io/example/rhcos-bfb:4.19.0-ec.5")
+    );
+    assert!(ignition.served.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+    assert_eq!(
+        ignition.refused.load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
+    assert_eq!(
+        condition(&client, NAME, "IgnitionConfigured")
+            .await
+            .map(|c| c.1),
+        Some("IgnitionGenerated".to_string())
+    );
+    println!("scenario: the bfcfg ConfigMap deleted is made again");
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), DPU_NS);
+    let old_uid = cms
+        .get("bfcfg-my-dpucluster.cfg")
+        .await
+        .unwrap()
+        .metadata
+        .uid;
+    cms.delete("bfcfg-my-dpucluster.cfg", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the bfcfg ConfigMap made again",
+        WAIT,
+        Some(&op),
+        || async {
+            let cm = cms.get_opt("bfcfg-my-dpucluster.cfg").await.ok()??;
+            (cm.metadata.uid != old_uid).then_some(())
+        },
+    )
+    .await;
     assert_eq!(st.hosted_cluster_ref.unwrap().name, NAME);
     assert_eq!(
         st.kube_config_secret_ref.unwrap().name,
@@ -719,6 +815,16 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
             .version
             .as_deref(),
         Some("4.19.1")
+    );
+    // The ignition was made again for the new release and its image.
+    let template = bfcfg(&client).await.unwrap();
+    assert_eq!(
+        template.1["dpfhcpprovisioner.dpu.hcp.io/bfcfg-template-ocp-release-image"],
+        NEW
+    );
+    assert_eq!(
+        template.2.as_deref(),
+        Some("quay.io/example/rhcos-bfb:4.19.1")
     );
 
     println!("scenario: the DPUCluster deleted under a live provisioner, then re-created");

@@ -65,6 +65,15 @@ pub fn node_pool_resource() -> ApiResource {
     )
 }
 
+pub fn dpu_deployment_resource() -> ApiResource {
+    resource(
+        "svc.dpu.nvidia.com",
+        "v1alpha1",
+        "DPUDeployment",
+        "dpudeployments",
+    )
+}
+
 pub fn dpu_cluster_resource() -> ApiResource {
     resource(
         "provisioning.dpu.nvidia.com",
@@ -109,6 +118,9 @@ pub struct Context {
     /// ConfigMap `ocp-bluefield-images` in the operator's namespace.
     pub blue_field_images: Store<ConfigMap>,
     pub blue_field: super::bluefield::Resolver,
+    /// Provisioners whose ignition was checked since this process started:
+    /// the first check regenerates it (OperatorRestarted), per provisioner.
+    pub ignition_checked: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// The settings object to use: the live one, else for [`CONFIG_GRACE`]
@@ -275,6 +287,167 @@ fn valid_ssh_key(bytes: &[u8]) -> bool {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/' || b == b'=');
     known && base64 && body.len() >= 16
+}
+
+/// IgnitionConfigured: the bfcfg template is published and made from what
+/// the provisioner says now, or is made again (HyperShift's ignition, the
+/// OS image replaced) when it is missing, stale or first seen by this
+/// process.
+#[allow(clippy::too_many_arguments)]
+async fn ignition_check(
+    ctx: &Context,
+    p: &DPFHCPProvisioner,
+    owner: &Owner,
+    dpu: &DynamicObject,
+    facts: &HostedClusterFacts,
+    rollout: status::Rollout,
+    os_image: Option<String>,
+) -> Result<Check, Error> {
+    use super::ignition as ign;
+    let check = |ok: bool, reason: &str, message: String| {
+        Ok(Check::new(status::IGNITION_CONFIGURED, ok, reason, message))
+    };
+    let Some(os_image) = os_image else {
+        return check(false, "MachineOSURLMissing", "no machineOSURL and no BlueField image found for the release: see BlueFieldContainerImageAvailable".into());
+    };
+    let dpu_ns = dpu.namespace().unwrap_or_default();
+    let mut inputs = ign::Inputs {
+        dpu_cluster: dpu.name_any(),
+        dpu_cluster_namespace: dpu_ns.clone(),
+        release_image: p.spec.ocp_release_image.clone(),
+        os_image: os_image.clone(),
+        ..Default::default()
+    };
+    if let Some(r) = &p.spec.dpu_deployment_ref {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(ctx.client.clone(), &r.namespace, &dpu_deployment_resource());
+        match get_present(&api, &r.name).await? {
+            Some(d) => {
+                let field = |ptr: &str| {
+                    d.data
+                        .pointer(ptr)
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                };
+                inputs.bfb = field("/spec/dpus/bfb").map(|b| (b, r.namespace.clone()));
+                inputs.flavor = field("/spec/dpus/flavor").map(|f| (f, r.namespace.clone()));
+            }
+            None => {
+                return check(
+                    false,
+                    "DependencyDeleted",
+                    format!("DPUDeployment {}/{} not found", r.namespace, r.name),
+                );
+            }
+        }
+    }
+    let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &dpu_ns);
+    let name = ign::configmap_name(&inputs.dpu_cluster);
+    let published = match cms.get_opt(&name).await {
+        Ok(c) => c,
+        Err(e) if permanent(&e) => {
+            return check(
+                false,
+                "IgnitionGenerationFailed",
+                format!("reading ConfigMap {dpu_ns}/{name}: {e}"),
+            );
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let uid = p.uid().unwrap_or_default();
+    let first = ctx
+        .ignition_checked
+        .lock()
+        .map(|mut seen| seen.insert(uid))
+        .unwrap_or(false);
+    let failed_before = p.status.as_ref().is_some_and(|s| {
+        s.conditions.iter().any(|c| {
+            c.type_ == status::IGNITION_CONFIGURED && c.reason == "IgnitionGenerationFailed"
+        })
+    });
+    let why = ign::stale(published.as_ref().map(|c| c.annotations()), &inputs)
+        .or(first.then_some("OperatorRestarted"))
+        .or(failed_before.then_some("IgnitionGenerationFailed"));
+    let Some(why) = why else {
+        return check(
+            true,
+            "IgnitionGenerated",
+            format!(
+                "ConfigMap {dpu_ns}/{name} holds the ignition for {} with OS image {os_image}",
+                inputs.release_image
+            ),
+        );
+    };
+    // A new release's ignition is served once its control plane is on it.
+    if why == "ReleaseImageUpdated" && rollout != status::Rollout::Done {
+        return check(
+            false,
+            why,
+            format!(
+                "waiting for the control plane to roll out {} before making the ignition again",
+                inputs.release_image
+            ),
+        );
+    }
+    match generate(ctx, owner, facts, &inputs).await {
+        Ok(()) => {
+            tracing::info!(provisioner = %owner.name, namespace = %owner.namespace, configmap = %name, why, "DPU ignition published");
+            check(true, "IgnitionGenerated", format!("ConfigMap {dpu_ns}/{name} holds the ignition for {} with OS image {os_image} (made again: {why})", inputs.release_image))
+        }
+        Err(e) => {
+            tracing::warn!(provisioner = %owner.name, namespace = %owner.namespace, error = %e, "DPU ignition");
+            check(false, "IgnitionGenerationFailed", e)
+        }
+    }
+}
+
+/// Fetches HyperShift's ignition, replaces the OS image and applies the
+/// template ConfigMap.
+async fn generate(
+    ctx: &Context,
+    owner: &Owner,
+    facts: &HostedClusterFacts,
+    inputs: &super::ignition::Inputs,
+) -> Result<(), String> {
+    let endpoint = facts
+        .ignition_endpoint
+        .as_deref()
+        .ok_or("the HostedCluster reports no ignitionEndpoint yet")?;
+    let cp_ns = format!("{}-{}", owner.namespace, owner.name);
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &cp_ns);
+    let key = |s: &Secret, k: &str| s.data.as_ref().and_then(|d| d.get(k)).map(|b| b.0.clone());
+    let ca = secrets
+        .get_opt("ignition-server-ca-cert")
+        .await
+        .map_err(|e| format!("Secret {cp_ns}/ignition-server-ca-cert: {e}"))?
+        .and_then(|s| key(&s, "tls.crt"))
+        .ok_or(format!(
+            "no Secret {cp_ns}/ignition-server-ca-cert with tls.crt"
+        ))?;
+    let prefix = format!("token-{}-", owner.name);
+    let token = secrets
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| format!("Secrets of {cp_ns}: {e}"))?
+        .items
+        .into_iter()
+        .filter(|s| s.name_any().starts_with(&prefix))
+        .find_map(|s| key(&s, "token"))
+        .ok_or(format!("no Secret {cp_ns}/{prefix}* with a token"))?;
+    let ignition = super::ignition::fetch(endpoint, &token, &ca).await?;
+    let ignition = super::ignition::override_os_image(&ignition, &inputs.os_image)
+        .map_err(|e| e.to_string())?;
+    let body = super::ignition::configmap(inputs, &ignition, &owner.labels());
+    let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &inputs.dpu_cluster_namespace);
+    cms.patch(
+        &super::ignition::configmap_name(&inputs.dpu_cluster),
+        &apply_params(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(|e| format!("applying the bfcfg ConfigMap: {e}"))?;
+    ctx.counted("ConfigMap", "apply");
+    Ok(())
 }
 
 /// The BlueField OS image for the release: skipped when `machineOSURL`
@@ -1054,6 +1227,19 @@ async fn apply(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action, Error> {
         let check = inject_kubeconfig(ctx, &owner, dpu).await?;
         extra.kubeconfig = check.status;
         o.kubeconfig = Some(check);
+        if extra.kubeconfig && facts.is("Available", "True") {
+            let os_image = p
+                .spec
+                .machine_os_url
+                .clone()
+                .filter(|u| !u.is_empty())
+                .or_else(|| extra.blue_field_image.clone());
+            let check = ignition_check(ctx, p, &owner, dpu, &facts, rollout, os_image).await?;
+            if !check.status {
+                requeue = requeue.min(POLL);
+            }
+            o.ignition = Some(check);
+        }
     }
     finish(ctx, p, o, Some(facts), extra, requeue).await
 }
@@ -1459,6 +1645,7 @@ pub async fn run(
         configs,
         blue_field_images,
         blue_field: super::bluefield::Resolver::default(),
+        ignition_checked: Default::default(),
         operator_namespace,
         last_config: std::sync::Mutex::new(None),
         recorder,
@@ -1493,6 +1680,15 @@ pub async fn run(
     .touched_objects();
     let all = provisioners.clone();
     let every = provisioners.clone();
+    let by_template = provisioners.clone();
+    // The bfcfg templates, wherever their DPUClusters are: one deleted or
+    // edited is made again at once.
+    let templates = watcher(
+        Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()),
+        watcher::Config::default().labels(&format!("{}=true", super::ignition::TEMPLATE_LABEL)),
+    )
+    .default_backoff()
+    .touched_objects();
     let by_dpu = provisioners.clone();
     let by_secret = provisioners.clone();
     Controller::for_stream(provisioner_stream, provisioners)
@@ -1501,6 +1697,19 @@ pub async fn run(
         })
         .watches_stream(images_stream, move |_c: ConfigMap| {
             every.state().iter().map(|p| ObjectRef::from_obj(&**p)).collect::<Vec<_>>()
+        })
+        .watches_stream(templates, move |m: PartialObjectMeta<ConfigMap>| {
+            let ns = m.namespace().unwrap_or_default();
+            let name = m.name_any();
+            by_template
+                .state()
+                .into_iter()
+                .filter(|p| {
+                    p.spec.dpu_cluster_ref.namespace == ns
+                        && super::ignition::configmap_name(&p.spec.dpu_cluster_ref.name) == name
+                })
+                .map(|p| ObjectRef::from_obj(&*p))
+                .collect::<Vec<_>>()
         })
         .watches_stream_with(hosted_clusters, |m| owner_ref_of(&m), hosted_cluster_resource())
         .watches_stream_with(node_pools, |m| owner_ref_of(&m), node_pool_resource())

@@ -206,6 +206,80 @@ pub fn configmap(inputs: &Inputs, ignition: &[u8], labels: &BTreeMap<String, Str
     })
 }
 
+/// How long HyperShift's ignition server may take.
+const FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// An ignition is tens of KiB; this bounds a misbehaving server.
+const MAX_IGNITION: usize = 16 << 20;
+
+/// GETs `https://<endpoint>/ignition` as a node does: the bearer is the
+/// base64 of the token, the server is trusted only if it chains to `ca_pem`.
+pub async fn fetch(endpoint: &str, token: &[u8], ca_pem: &[u8]) -> Result<Vec<u8>, String> {
+    use http_body_util::{BodyExt, Empty, Limited};
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem) {
+        let cert = cert.map_err(|e| format!("the ignition server's CA: {e}"))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("the ignition server's CA: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err("the ignition server's CA has no certificate".into());
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only()
+        .enable_http1()
+        .build();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build::<_, Empty<bytes::Bytes>>(connector);
+    let host = endpoint
+        .trim_start_matches("https://")
+        .trim_end_matches('/');
+    let bearer = base64::engine::general_purpose::STANDARD.encode(token);
+    let req = http::Request::get(format!("https://{host}/ignition"))
+        .header(http::header::AUTHORIZATION, format!("Bearer {bearer}"))
+        .header(
+            http::header::ACCEPT,
+            "application/vnd.coreos.ignition+json;version=3.2.0, */*;q=0.1",
+        )
+        .body(Empty::new())
+        .map_err(|e| e.to_string())?;
+    let work = async {
+        let resp = client
+            .request(req)
+            .await
+            .map_err(|e| format!("GET https://{host}/ignition: {e}"))?;
+        let status = resp.status();
+        let body = Limited::new(resp.into_body(), MAX_IGNITION)
+            .collect()
+            .await
+            .map_err(|e| format!("reading the ignition: {e}"))?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(format!(
+                "GET https://{host}/ignition: HTTP {status}: {}",
+                String::from_utf8_lossy(&body[..body.len().min(200)])
+            ));
+        }
+        Ok(body.to_vec())
+    };
+    tokio::time::timeout(FETCH_TIMEOUT, work)
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "no ignition from https://{host} within {FETCH_TIMEOUT:?}"
+            ))
+        })
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -26,6 +26,7 @@ pub const AVAILABLE: &str = "Available";
 pub const HEALTH: &str = "Health";
 pub const HOSTED_CLUSTER_AVAILABLE: &str = "HostedClusterAvailable";
 pub const CSR_AUTO_APPROVAL_ACTIVE: &str = "CSRAutoApprovalActive";
+pub const IGNITION_CONFIGURED: &str = "IgnitionConfigured";
 /// The Go operator's name for the BlueField image lookup's condition.
 pub const BLUEFIELD_IMAGE_FOUND: &str = "BlueFieldOCPLayerImageFound";
 /// The same condition under the name the chart README and webhook use.
@@ -106,6 +107,8 @@ pub struct HostedClusterFacts {
     pub history: Vec<HistoryEntry>,
     pub endpoint: Option<String>,
     pub release_image: Option<String>,
+    /// `host[:port]` of HyperShift's ignition server.
+    pub ignition_endpoint: Option<String>,
 }
 
 fn text(v: &Value, pointer: &str) -> String {
@@ -150,6 +153,7 @@ impl HostedClusterFacts {
                 .collect()
         })
         .unwrap_or_default();
+        let ignition = text(hc, "/status/ignitionEndpoint");
         let host = text(hc, "/status/controlPlaneEndpoint/host");
         let endpoint = (!host.is_empty()).then(|| {
             match hc
@@ -170,6 +174,7 @@ impl HostedClusterFacts {
             history,
             endpoint,
             release_image,
+            ignition_endpoint: (!ignition.is_empty()).then_some(ignition),
         }
     }
 
@@ -177,7 +182,7 @@ impl HostedClusterFacts {
         self.conditions.iter().find(|c| c.type_ == type_)
     }
 
-    fn is(&self, type_: &str, status: &str) -> bool {
+    pub fn is(&self, type_: &str, status: &str) -> bool {
         self.condition(type_).is_some_and(|c| c.status == status)
     }
 
@@ -410,6 +415,8 @@ pub struct Observed {
     pub applied: Option<Check>,
     pub hosted_cluster: Option<HostedClusterFacts>,
     pub kubeconfig: Option<Check>,
+    /// IgnitionConfigured, once there is a control plane to ask.
+    pub ignition: Option<Check>,
     pub wanted_image: String,
     pub cleanup: Option<Cleanup>,
     pub permanent_error: Option<String>,
@@ -432,6 +439,21 @@ fn failed_validation(o: &Observed) -> Option<&Check> {
 
 fn kubeconfig_injected(o: &Observed) -> bool {
     o.kubeconfig.as_ref().is_some_and(|c| c.status)
+}
+
+fn ignition_configured(o: &Observed) -> bool {
+    o.ignition.as_ref().is_some_and(|c| c.status)
+}
+
+/// An ignition that failed for a reason a retry will not change.
+fn ignition_failed(o: &Observed) -> bool {
+    o.ignition.as_ref().is_some_and(|c| {
+        !c.status
+            && matches!(
+                c.reason.as_str(),
+                "IgnitionGenerationFailed" | "MachineOSURLMissing"
+            )
+    })
 }
 
 fn hc_available(o: &Observed) -> bool {
@@ -475,6 +497,18 @@ pub fn ready(o: &Observed) -> Check {
             "the kubeconfig is not in the DPUCluster yet",
         );
     }
+    if !ignition_configured(o) {
+        return Check::new(
+            READY,
+            false,
+            "IgnitionNotConfigured",
+            o.ignition
+                .as_ref()
+                .map_or("the DPU ignition is not published yet".into(), |c| {
+                    c.message.clone()
+                }),
+        );
+    }
     let rolled_out = o
         .hosted_cluster
         .as_ref()
@@ -507,7 +541,11 @@ pub fn phase(o: &Observed, ready: &Check) -> Phase {
         .applied
         .as_ref()
         .is_some_and(|a| !a.status && a.reason == "Conflict");
-    if failed_validation(o).is_some() || conflict || o.permanent_error.is_some() {
+    if failed_validation(o).is_some()
+        || conflict
+        || o.permanent_error.is_some()
+        || ignition_failed(o)
+    {
         return Phase::Failed;
     }
     if let Some(hc) = &o.hosted_cluster {
@@ -530,9 +568,19 @@ pub fn phase(o: &Observed, ready: &Check) -> Phase {
     if metal_lb_ok
         && hc_available(o)
         && kubeconfig_injected(o)
+        && ignition_configured(o)
         && rollout(&o.wanted_image, hc) == Rollout::Installing
     {
         return Phase::ClusterVersionProgressing;
+    }
+    // An upgrade waits for the control plane before the ignition is made
+    // again; a first install makes it as soon as the cluster is up.
+    if hc_available(o)
+        && kubeconfig_injected(o)
+        && !ignition_configured(o)
+        && rollout(&o.wanted_image, hc) != Rollout::Upgrading
+    {
+        return Phase::GeneratingIgnition;
     }
     Phase::WaitingForControlPlane
 }
@@ -544,6 +592,7 @@ pub fn checks(o: &Observed) -> Vec<Check> {
     out.extend(o.validations.iter().cloned());
     out.extend(o.metal_lb.iter().cloned());
     out.extend(o.kubeconfig.iter().cloned());
+    out.extend(o.ignition.iter().cloned());
     if let Some(hc) = &o.hosted_cluster {
         out.extend(mirror(hc));
         out.push(upgrading_condition(
@@ -648,6 +697,7 @@ mod tests {
                 .collect(),
             endpoint: None,
             release_image: None,
+            ignition_endpoint: None,
         }
     }
 
@@ -664,6 +714,12 @@ mod tests {
                 &[("Completed", "img:1")],
             )),
             kubeconfig: Some(Check::new(KUBECONFIG_INJECTED, true, "Injected", "")),
+            ignition: Some(Check::new(
+                IGNITION_CONFIGURED,
+                true,
+                "IgnitionGenerated",
+                "",
+            )),
             wanted_image: "img:1".into(),
             ..Default::default()
         }
@@ -677,7 +733,7 @@ mod tests {
         assert_eq!(phase(&good(), &r), Phase::Ready);
 
         type Step = fn(&mut Observed);
-        let cases: [(Step, &str, Phase); 7] = [
+        let cases: [(Step, &str, Phase); 9] = [
             (
                 |o| o.validations[0].status = true,
                 "ValidationFailed",
@@ -714,6 +770,30 @@ mod tests {
                 },
                 "KubeConfigNotInjected",
                 Phase::WaitingForControlPlane,
+            ),
+            (
+                |o| {
+                    o.ignition = Some(Check::new(
+                        IGNITION_CONFIGURED,
+                        false,
+                        "ConfigMapDeleted",
+                        "",
+                    ))
+                },
+                "IgnitionNotConfigured",
+                Phase::GeneratingIgnition,
+            ),
+            (
+                |o| {
+                    o.ignition = Some(Check::new(
+                        IGNITION_CONFIGURED,
+                        false,
+                        "IgnitionGenerationFailed",
+                        "",
+                    ))
+                },
+                "IgnitionNotConfigured",
+                Phase::Failed,
             ),
             (
                 |o| o.hosted_cluster.as_mut().unwrap().history = vec![],

@@ -502,3 +502,132 @@ pub async fn blue_field_images(client: &Client, images: &[(&str, &str)]) {
         .await
         .unwrap();
 }
+
+/// HyperShift's ignition server, as a node sees it: HTTPS with a CA of its
+/// own, `GET /ignition` answered only with `Authorization: Bearer
+/// base64(token)`, and an ignition whose MachineConfig is a `data:` URL.
+pub struct IgnitionServer {
+    pub port: u16,
+    pub ca_pem: String,
+    pub token: Vec<u8>,
+    /// Requests that carried the right bearer, and those that did not.
+    pub served: std::sync::Arc<AtomicUsize>,
+    pub refused: std::sync::Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for IgnitionServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The ignition the server serves: HyperShift's shape, release OS image.
+pub fn hypershift_ignition(os_image: &str) -> String {
+    let mc = serde_json::json!({
+        "apiVersion": "machineconfiguration.openshift.io/v1", "kind": "MachineConfig",
+        "metadata": {"name": "rendered-worker-0"},
+        "spec": {"osImageURL": os_image, "config": {"ignition": {"version": "3.2.0"}}},
+    });
+    let encoded: String = serde_json::to_string(&mc)
+        .unwrap()
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    serde_json::json!({
+        "ignition": {"version": "3.2.0"},
+        "storage": {"files": [{"path": "/etc/ignition-machine-config-encapsulated.json",
+            "contents": {"source": format!("data:,{encoded}")}, "mode": 420}]},
+    })
+    .to_string()
+}
+
+pub async fn ignition_server(dir: &Path, release_os_image: &str) -> IgnitionServer {
+    use base64::Engine;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::default();
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "ignition-server-ca");
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    leaf.subject_alt_names = vec![rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap())];
+    let cert = leaf.signed_by(&key, &ca_cert, &ca_key).unwrap();
+    let certs = dir.join(format!("ignition-{}", next_id()));
+    std::fs::create_dir_all(&certs).unwrap();
+    std::fs::write(certs.join("tls.crt"), cert.pem()).unwrap();
+    std::fs::write(certs.join("tls.key"), key.serialize_pem()).unwrap();
+    let tls =
+        std::sync::Arc::new(causeway_operator::webhook::tls::ReloadingCert::new(&certs).unwrap())
+            .server_config();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(tls));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let token = format!("ignition-token-{}", next_id()).into_bytes();
+    let want = format!(
+        "bearer {}",
+        base64::engine::general_purpose::STANDARD.encode(&token)
+    );
+    let body = hypershift_ignition(release_os_image);
+    let served = std::sync::Arc::new(AtomicUsize::new(0));
+    let refused = std::sync::Arc::new(AtomicUsize::new(0));
+    let (s, r) = (served.clone(), refused.clone());
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let (acceptor, want, body, s, r) = (
+                acceptor.clone(),
+                want.clone(),
+                body.clone(),
+                s.clone(),
+                r.clone(),
+            );
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 65536 {
+                    match tls.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let text = String::from_utf8_lossy(&request).to_lowercase();
+                let authorized = text.starts_with("get /ignition ")
+                    && text
+                        .lines()
+                        .any(|l| l.trim() == format!("authorization: {want}").to_lowercase());
+                let reply = if authorized {
+                    s.fetch_add(1, Ordering::SeqCst);
+                    format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
+                } else {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    "HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        .to_string()
+                };
+                let _ = tls.write_all(reply.as_bytes()).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    IgnitionServer {
+        port,
+        ca_pem: ca_cert.pem(),
+        token,
+        served,
+        refused,
+        task,
+    }
+}
