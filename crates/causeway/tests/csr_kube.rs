@@ -27,8 +27,8 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
 use kube_cluster::{
-    admin, apply_yaml, client_with_token, ensure_namespace, eventually, token_for,
-    wait_established, write_kubeconfig, Operator, SharedCluster,
+    admin, admin_get, apply_yaml, client_with_token, ensure_namespace, eventually, metric,
+    token_for, wait_established, write_kubeconfig, Operator, SharedCluster,
 };
 use rcgen::{CertificateParams, CustomExtension, DnType, KeyPair, SanType};
 use serde_json::{json, Value};
@@ -205,22 +205,6 @@ async fn wait_signed(client: &Client, op: &Operator, name: &str) {
         decision(client, name).await.1.then_some(())
     })
     .await;
-}
-
-fn admin_get(op: &Operator, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(op.admin).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
-}
-
-fn metric(text: &str, prefix: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// Waits until the approver has counted `verdict`/`reason` for a CSR of

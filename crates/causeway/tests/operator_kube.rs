@@ -22,7 +22,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use kube_cluster::{admin, apply_yaml, eventually, wait_established, Operator, SharedCluster};
+use kube_cluster::{
+    admin, admin_get, apply_yaml, eventually, metric, wait_established, Operator, SharedCluster,
+};
 use serde_json::json;
 
 const REFERENCE: &str = include_str!("../../causeway-operator/tests/fixtures/reference-infra.yaml");
@@ -217,22 +219,6 @@ fn lease_time(cm: &ConfigMap) -> Option<Duration> {
         .ok()?
         .dhcp
         .map(|d| d.lease_time)
-}
-
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-fn admin_get(op: &Operator, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(op.admin).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
 }
 
 fn start_operator(c: &SharedCluster, ns: &str) -> Operator {

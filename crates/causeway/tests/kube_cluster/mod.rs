@@ -631,3 +631,21 @@ pub async fn ignition_server(dir: &Path, release_os_image: &str) -> IgnitionServ
         task,
     }
 }
+
+/// GET `path` from the operator's admin server (HTTP/1.0, whole answer).
+pub fn admin_get(op: &Operator, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(op.admin).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// The sum of the samples of every series starting with `prefix`.
+pub fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
