@@ -328,4 +328,50 @@ async fn the_charts_webhook_admits_good_objects_and_denies_bad_ones_with_a_reloa
         }
         assert!(provisioners.get_opt("no-image").await.unwrap().is_none());
     }
+
+    println!("scenario: the self-signed certificate source keeps its Secret and the configuration's caBundle");
+    use causeway_operator::webhook::selfsigned;
+    let names = selfsigned::Names {
+        namespace: kube_cluster::RELEASE_NAMESPACE.into(),
+        secret: "causeway-webhook-ca".into(),
+        service: "causeway-webhook".into(),
+        configuration: "causeway".into(),
+    };
+    let out = dir.path().join("self-signed");
+    std::fs::create_dir(&out).unwrap();
+    selfsigned::ensure(&client, &names, &out).await.unwrap();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), kube_cluster::RELEASE_NAMESPACE);
+    let made = secrets.get("causeway-webhook-ca").await.unwrap();
+    let ca = made.data.as_ref().unwrap()["ca.crt"].0.clone();
+    let vwc =
+        Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(
+            client.clone(),
+        )
+        .get("causeway")
+        .await
+        .unwrap();
+    for hook in vwc.webhooks.unwrap() {
+        assert_eq!(
+            hook.client_config.ca_bundle.map(|b| b.0),
+            Some(ca.clone()),
+            "{}",
+            hook.name
+        );
+    }
+    assert_eq!(
+        std::fs::read(out.join("tls.crt")).unwrap(),
+        made.data.as_ref().unwrap()["tls.crt"].0
+    );
+    // Still good: nothing is made again.
+    selfsigned::ensure(&client, &names, &out).await.unwrap();
+    assert_eq!(
+        secrets
+            .get("causeway-webhook-ca")
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        made.metadata.resource_version
+    );
 }
