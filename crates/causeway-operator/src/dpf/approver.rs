@@ -590,25 +590,35 @@ pub fn csr_of(c: &CertificateSigningRequest) -> Csr {
     }
 }
 
-/// The policy of one hosted cluster, from its provisioner's spec.
-pub fn policy_of(p: &DPFHCPProvisioner, options: &ApproverOptions, max_pending: usize) -> Policy {
-    let networking = spec::check(&p.spec).ok().map(|c| c.networking);
-    let nets = |entries: Option<&Vec<super::crd::NetworkEntry>>| -> Vec<IpNet> {
-        entries
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.cidr.parse().ok())
-            .collect()
+/// The hosted cluster's Service and machine networks, from the spec as the
+/// bridge resolves it (defaults filled in). A spec that does not check out
+/// still has the default Service network, which is never signed for.
+fn networks(p: &DPFHCPProvisioner) -> (Vec<IpNet>, Vec<IpNet>) {
+    let parse = |entries: &[super::crd::NetworkEntry]| -> Vec<IpNet> {
+        entries.iter().filter_map(|e| e.cidr.parse().ok()).collect()
     };
+    match spec::check(&p.spec) {
+        Ok(c) => (
+            parse(&c.networking.service_network),
+            parse(&c.networking.machine_network),
+        ),
+        Err(_) => (
+            spec::DEFAULT_SERVICE_NETWORK.parse().into_iter().collect(),
+            Vec::new(),
+        ),
+    }
+}
+
+/// The policy of one hosted cluster, from its provisioner's spec.
+fn policy_of(
+    p: &DPFHCPProvisioner,
+    service_networks: Vec<IpNet>,
+    options: &ApproverOptions,
+    max_pending: usize,
+) -> Policy {
     Policy {
         max_expiration_seconds: options.max_expiration_seconds,
-        service_networks: if networking.is_some() {
-            nets(networking.as_ref().map(|n| &n.service_network))
-        } else {
-            vec![spec::DEFAULT_SERVICE_NETWORK
-                .parse()
-                .unwrap_or(IpNet::V4(Default::default()))]
-        },
+        service_networks,
         vips: spec::virtual_ip(&p.spec)
             .and_then(|v| v.parse().ok())
             .into_iter()
@@ -616,18 +626,6 @@ pub fn policy_of(p: &DPFHCPProvisioner, options: &ApproverOptions, max_pending: 
         cluster_domain: CLUSTER_DOMAIN.into(),
         max_pending,
     }
-}
-
-fn machine_networks(p: &DPFHCPProvisioner) -> Vec<IpNet> {
-    spec::check(&p.spec)
-        .map(|c| {
-            c.networking
-                .machine_network
-                .iter()
-                .filter_map(|e| e.cidr.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 impl Pass<'_> {
@@ -642,7 +640,7 @@ impl Pass<'_> {
         let p = self.provisioner;
         let namespace = p.namespace().unwrap_or_default();
         let name = p.name_any();
-        let networks = machine_networks(p);
+        let (service_networks, networks) = networks(p);
         let mut inventory = Inventory::default();
         let mut dpu_ids = BTreeMap::new();
         for d in dpus {
@@ -702,7 +700,7 @@ impl Pass<'_> {
             .count();
         let max_pending =
             inventory.dpus.len().max(inventory.nodes.len()) + self.ctx.options.pending_slack;
-        let policy = policy_of(p, &self.ctx.options, max_pending);
+        let policy = policy_of(p, service_networks, &self.ctx.options, max_pending);
         let mut history = History {
             approved_bootstrap: approvals
                 .bootstrap
