@@ -17,7 +17,10 @@ pub struct DhcpMetrics {
     pub commit_seconds: Histogram,
     pub batch_size: Histogram,
     pub store_errors: IntCounter,
+    pub store_failures: IntCounterVec,
+    pub store_healthy: IntGauge,
     pub compactions: IntCounter,
+    pub compaction_failures: IntCounter,
 }
 
 impl DhcpMetrics {
@@ -53,7 +56,13 @@ impl DhcpMetrics {
                     .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0]),
             )?,
             store_errors: IntCounter::new("causeway_dhcp_store_errors_total", "Lease store writes that failed; their replies were not sent")?,
+            store_failures: IntCounterVec::new(
+                Opts::new("causeway_dhcp_store_failures_total", "Lease store writes, syncs and repairs that failed, by cause: no_space, io, too_many_files, quota, other"),
+                &["error"],
+            )?,
+            store_healthy: IntGauge::new("causeway_dhcp_store_healthy", "1 while the lease store can make leases durable; 0 while it cannot, and no lease is acknowledged")?,
             compactions: IntCounter::new("causeway_dhcp_store_compactions_total", "Lease log compactions")?,
+            compaction_failures: IntCounter::new("causeway_dhcp_store_compaction_failures_total", "Lease log compactions that failed; the log is kept as it was, and the output removed")?,
         };
         registry.register(Box::new(m.received.clone()))?;
         registry.register(Box::new(m.sent.clone()))?;
@@ -64,7 +73,10 @@ impl DhcpMetrics {
         registry.register(Box::new(m.commit_seconds.clone()))?;
         registry.register(Box::new(m.batch_size.clone()))?;
         registry.register(Box::new(m.store_errors.clone()))?;
+        registry.register(Box::new(m.store_failures.clone()))?;
+        registry.register(Box::new(m.store_healthy.clone()))?;
         registry.register(Box::new(m.compactions.clone()))?;
+        registry.register(Box::new(m.compaction_failures.clone()))?;
         Ok(m)
     }
 

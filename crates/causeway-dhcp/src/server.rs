@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use causeway_config::{DhcpConfig, DhcpListen};
+use causeway_runtime::readiness::ReadyHandle;
 use causeway_runtime::Shutdown;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
@@ -16,7 +17,7 @@ use tokio::task::JoinHandle;
 use crate::engine::{Destination, Engine, Ignored, Ingress, Outcome, CLIENT_PORT, SERVER_PORT};
 use crate::lease::LeaseRecord;
 use crate::metrics::{message_type_label, DhcpMetrics};
-use crate::store::{LeaseStore, StoreError};
+use crate::store::{HealthObserver, LeaseStore, StoreError};
 use crate::wire;
 
 #[derive(Debug, thiserror::Error)]
@@ -65,13 +66,29 @@ pub fn unix_now() -> u64 {
 
 impl DhcpServer {
     /// Recovers the lease store, binds every listener and starts serving.
+    /// `ready` is set once serving, and follows the lease store's health
+    /// from then on: a store that cannot make leases durable acknowledges
+    /// nothing, and the service is not ready.
     pub async fn start(
         cfg: &DhcpConfig,
         metrics: DhcpMetrics,
         shutdown: Shutdown,
         observer: Option<LeaseObserver>,
+        ready: ReadyHandle,
     ) -> Result<Self, DhcpError> {
-        let (store, recovery) = LeaseStore::open(&cfg.lease_file, Some(metrics.clone()))?;
+        // The store's health and the end of start-up both set readiness;
+        // one lock keeps a late `true` from hiding an early failure.
+        let store_healthy = Arc::new(Mutex::new(true));
+        let health: HealthObserver = {
+            let (store_healthy, ready) = (store_healthy.clone(), ready.clone());
+            Box::new(move |healthy| {
+                let mut state = store_healthy.lock().unwrap_or_else(|p| p.into_inner());
+                *state = healthy;
+                ready.set(healthy);
+            })
+        };
+        let (store, recovery) =
+            LeaseStore::open(&cfg.lease_file, Some(metrics.clone()), Some(health))?;
         let mut engine = Engine::new(cfg);
         let skipped = engine.restore(&recovery.records);
         tracing::info!(
@@ -112,6 +129,10 @@ impl DhcpServer {
             )));
         }
         tasks.push(tokio::spawn(housekeeping(shared.clone(), shutdown)));
+        {
+            let state = store_healthy.lock().unwrap_or_else(|p| p.into_inner());
+            ready.set(*state);
+        }
         Ok(DhcpServer {
             shared,
             tasks,

@@ -46,6 +46,18 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
 /// Runs once the record is durable (`Ok`) or could not be made so (`Err`).
 pub type Completion = Box<dyn FnOnce(Result<(), io::ErrorKind>) + Send>;
 
+/// Told, on the writer thread, each time the store turns bad (a write, sync
+/// or repair failed, so nothing can be acknowledged) or good again.
+pub type HealthObserver = Box<dyn Fn(bool) + Send>;
+
+/// While the store is bad and no records arrive, the writer probes the disk
+/// this often, so it turns good again by itself once space returns.
+const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// The probe writes this many blank-line bytes (one page, so a half-used last
+/// page cannot pass for free space) and cuts them away again; blank lines are
+/// skipped by recovery, so a probe cut short by a crash is harmless.
+const PROBE_BYTES: usize = 4096;
+
 struct Job {
     record: Option<LeaseRecord>,
     done: Completion,
@@ -103,9 +115,17 @@ impl LeaseStore {
     pub fn open(
         path: &Path,
         metrics: Option<DhcpMetrics>,
+        health: Option<HealthObserver>,
     ) -> Result<(LeaseStore, Recovery), StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             fs::create_dir_all(dir).map_err(io_err(dir))?;
+        }
+        // A compaction cut short by a crash leaves its output behind; the log
+        // itself was never replaced, so the output is only wasted space.
+        match fs::remove_file(compaction_output(path)) {
+            Ok(()) => tracing::info!(path = %path.display(), "removed an unfinished compaction"),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(path)(e)),
         }
         let existed = path.exists();
         let mut file = OpenOptions::new()
@@ -140,7 +160,13 @@ impl LeaseStore {
             compact_at: compact_threshold(live),
             metrics,
             compaction: None,
+            repair: Repair::default(),
+            healthy: true,
+            health,
         };
+        if let Some(m) = &writer.metrics {
+            m.store_healthy.set(1);
+        }
         let handle = std::thread::Builder::new()
             .name("lease-store".into())
             .spawn(move || writer.run(rx))
@@ -212,6 +238,10 @@ fn compact_threshold(live: u64) -> u64 {
     (live * 4).max(MIN_COMPACT_LINES)
 }
 
+fn compaction_output(path: &Path) -> PathBuf {
+    path.with_extension("compacting")
+}
+
 fn sync_dir(path: &Path) -> io::Result<()> {
     let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
         Some(d) => d.to_path_buf(),
@@ -228,6 +258,23 @@ struct Writer {
     compact_at: u64,
     metrics: Option<DhcpMetrics>,
     compaction: Option<Compaction>,
+    repair: Repair,
+    /// False from a failed write, sync or repair until a commit or probe
+    /// succeeds; every record in between is refused (never acknowledged).
+    healthy: bool,
+    health: Option<HealthObserver>,
+}
+
+/// What must be put right before anything more may be appended.
+#[derive(Debug, Default)]
+struct Repair {
+    /// A failed write left bytes past `len` that could not be cut away; the
+    /// next record would be glued to them.
+    truncate: bool,
+    /// A compaction's rename is not yet known to be durable: until the
+    /// directory syncs, a crash could bring the old file back and lose what
+    /// was appended to the new one.
+    sync_dir: bool,
 }
 
 /// A compaction running on its own thread over the first `covers` bytes of
@@ -241,6 +288,7 @@ struct Compaction {
 struct Compacted {
     tmp: PathBuf,
     kept: u64,
+    bytes: u64,
 }
 
 impl Writer {
@@ -249,9 +297,16 @@ impl Writer {
         let mut batch: Vec<Job> = Vec::with_capacity(256);
         loop {
             // While a compaction runs, wake now and then to finish it even
-            // when no records arrive.
-            let first = if self.compaction.is_some() {
-                match rx.recv_timeout(std::time::Duration::from_millis(50)) {
+            // when no records arrive; while the store is bad, to probe it.
+            let wake = if self.compaction.is_some() {
+                Some(std::time::Duration::from_millis(50))
+            } else if !self.healthy {
+                Some(PROBE_INTERVAL)
+            } else {
+                None
+            };
+            let first = if let Some(wake) = wake {
+                match rx.recv_timeout(wake) {
                     Ok(job) => Some(job),
                     Err(mpsc::RecvTimeoutError::Timeout) => None,
                     Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -271,6 +326,8 @@ impl Writer {
                     }
                 }
                 self.write_batch(&mut batch, &mut buf);
+            } else if !self.healthy {
+                self.probe();
             }
             self.step_compaction();
         }
@@ -302,9 +359,20 @@ impl Writer {
             }
         }
         match &result {
-            Err(e) => tracing::error!(path = %self.path.display(), error = %e, records,
-                "lease store write failed; the replies waiting on it are not sent"),
-            Ok(()) => self.lines += records as u64,
+            Err(e) => {
+                if self.healthy {
+                    tracing::error!(path = %self.path.display(), error = %e, records,
+                        "lease store write failed; no reply is sent until the store works again");
+                } else {
+                    tracing::debug!(path = %self.path.display(), error = %e, records,
+                        "lease store still failing");
+                }
+                self.set_healthy(false, Some(e));
+            }
+            Ok(()) => {
+                self.lines += records as u64;
+                self.set_healthy(true, None);
+            }
         }
         let outcome = result.map_err(|e| e.kind());
         for job in batch.drain(..) {
@@ -313,18 +381,100 @@ impl Writer {
     }
 
     fn commit(&mut self, buf: &[u8]) -> io::Result<()> {
-        let result = self.file.write_all(buf).and_then(|_| self.file.sync_data());
+        self.repair()?;
+        let result = self.write_durably(buf);
         match result {
             Ok(()) => {
                 self.len += buf.len() as u64;
                 Ok(())
             }
             Err(e) => {
-                // Cut back any partial write so the next batch starts on a
-                // line boundary.
-                let _ = self.file.set_len(self.len);
+                self.roll_back();
                 Err(e)
             }
+        }
+    }
+
+    fn write_durably(&mut self, buf: &[u8]) -> io::Result<()> {
+        if let Err(e) = fault(&self.path, Fault::Write) {
+            // What a full disk does: part of the batch lands, then ENOSPC.
+            self.file.write_all(&buf[..buf.len() / 2])?;
+            return Err(e);
+        }
+        self.file.write_all(buf)?;
+        self.file.sync_data()
+    }
+
+    fn sync_dir(&self) -> io::Result<()> {
+        fault(&self.path, Fault::SyncDir)?;
+        sync_dir(&self.path)
+    }
+
+    fn truncate(&mut self) -> io::Result<()> {
+        fault(&self.path, Fault::Truncate)?;
+        self.file.set_len(self.len)?;
+        self.file.sync_data()
+    }
+
+    /// Cuts away whatever a failed write left past the last durable byte,
+    /// so the next record starts on a line boundary; if even that fails,
+    /// nothing is appended until it succeeds.
+    fn roll_back(&mut self) {
+        if let Err(e) = self.truncate() {
+            tracing::warn!(path = %self.path.display(), error = %e,
+                "cannot cut a failed write back; appends wait until it can be");
+            self.repair.truncate = true;
+        }
+    }
+
+    fn repair(&mut self) -> io::Result<()> {
+        if self.repair.truncate {
+            self.truncate()?;
+            self.repair.truncate = false;
+        }
+        if self.repair.sync_dir {
+            self.sync_dir()?;
+            self.repair.sync_dir = false;
+        }
+        Ok(())
+    }
+
+    /// Checks, with no record at stake, that the store can write and sync
+    /// again, so readiness returns without waiting for a client.
+    fn probe(&mut self) {
+        let result = self.repair().and_then(|_| {
+            let written = self.write_durably(&[b'\n'; PROBE_BYTES]);
+            // Cut the probe away whether or not it was written whole.
+            self.truncate()?;
+            written
+        });
+        match result {
+            Ok(()) => self.set_healthy(true, None),
+            Err(e) => {
+                // A failed cut leaves blank lines (harmless to recovery) but
+                // a line boundary must be restored before the next record.
+                self.repair.truncate = true;
+                tracing::debug!(path = %self.path.display(), error = %e, "lease store probe failed");
+            }
+        }
+    }
+
+    fn set_healthy(&mut self, healthy: bool, cause: Option<&io::Error>) {
+        if let (false, Some(m), Some(e)) = (healthy, &self.metrics, cause) {
+            m.store_failures.with_label_values(&[error_label(e)]).inc();
+        }
+        if healthy == self.healthy {
+            return;
+        }
+        self.healthy = healthy;
+        if healthy {
+            tracing::info!(path = %self.path.display(), "lease store writable again; replies resume");
+        }
+        if let Some(m) = &self.metrics {
+            m.store_healthy.set(i64::from(healthy));
+        }
+        if let Some(observe) = &self.health {
+            observe(healthy);
         }
     }
 
@@ -379,24 +529,97 @@ impl Writer {
         // The log stays valid; try again after as many lines again.
         self.compact_at = self.lines * 2;
         tracing::warn!(path = %self.path.display(), error = %e, "lease log compaction failed");
+        if let Some(m) = &self.metrics {
+            m.compaction_failures.inc();
+        }
+        if self.repair.sync_dir {
+            // The swap happened but is not durable: stop acknowledging
+            // until it is.
+            self.set_healthy(false, Some(e));
+        }
     }
 
     /// Appends what was written since the compaction began to its output,
     /// then swaps the output in. The writer pauses only for this tail.
+    ///
+    /// Everything that can fail for want of a file descriptor or space
+    /// happens before the rename, on a handle that becomes the writer's own
+    /// file: after the rename nothing is opened, so the writer can never be
+    /// left appending to the replaced (unlinked) log.
     fn install(&mut self, done: Compacted, covers: u64, lines_since: u64) -> io::Result<u64> {
-        let mut out = OpenOptions::new().append(true).open(&done.tmp)?;
-        let mut log = File::open(&self.path)?;
-        log.seek(SeekFrom::Start(covers))?;
-        io::copy(&mut log.take(self.len - covers), &mut out)?;
-        out.sync_all()?;
-        drop(out);
-        fs::rename(&done.tmp, &self.path)?;
-        sync_dir(&self.path)?;
-        self.file = OpenOptions::new().append(true).open(&self.path)?;
-        self.len = self.file.seek(SeekFrom::End(0))?;
+        let tail = self.len - covers;
+        let prepared = (|| {
+            let mut out = OpenOptions::new().append(true).open(&done.tmp)?;
+            let mut log = File::open(&self.path)?;
+            log.seek(SeekFrom::Start(covers))?;
+            let copied = io::copy(&mut log.take(tail), &mut out)?;
+            if copied != tail {
+                return Err(io::Error::other(format!(
+                    "copied {copied} of the log's last {tail} bytes"
+                )));
+            }
+            out.sync_all()?;
+            fault(&self.path, Fault::Rename)?;
+            fs::rename(&done.tmp, &self.path)?;
+            Ok(out)
+        })();
+        let out = match prepared {
+            Ok(out) => out,
+            Err(e) => {
+                let _ = fs::remove_file(&done.tmp);
+                return Err(e);
+            }
+        };
+        self.file = out;
+        self.len = done.bytes + tail;
         self.lines = done.kept + lines_since;
         self.compact_at = compact_threshold(self.lines);
+        self.repair.sync_dir = true;
+        self.sync_dir()?;
+        self.repair.sync_dir = false;
         Ok(self.lines)
+    }
+}
+
+fn error_label(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        // ENOSPC, EIO, EMFILE/ENFILE, EDQUOT
+        Some(28) => "no_space",
+        Some(5) => "io",
+        Some(24) | Some(23) => "too_many_files",
+        Some(122) => "quota",
+        _ => "other",
+    }
+}
+
+/// Failure points the store's own tests can trip, to prove what a failing
+/// disk or an exhausted descriptor table at that point does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// The batch's write stops half way with ENOSPC.
+    Write,
+    /// Cutting a failed write back fails with EIO.
+    Truncate,
+    /// The compaction's rename is refused with EMFILE.
+    Rename,
+    /// The directory sync after the rename fails with EMFILE.
+    SyncDir,
+}
+
+#[cfg(not(test))]
+fn fault(_: &Path, _: Fault) -> io::Result<()> {
+    Ok(())
+}
+
+#[cfg(test)]
+fn fault(path: &Path, at: Fault) -> io::Result<()> {
+    match tests::armed(path, at) {
+        false => Ok(()),
+        true => Err(io::Error::from_raw_os_error(match at {
+            Fault::Write => 28,
+            Fault::Truncate => 5,
+            Fault::Rename | Fault::SyncDir => 24,
+        })),
     }
 }
 
@@ -432,18 +655,30 @@ fn compact_prefix(path: &Path, covers: u64) -> io::Result<Compacted> {
         newest.insert(record.ip, offset);
         Ok(())
     })?;
-    let tmp = path.with_extension("compacting");
-    let mut out = io::BufWriter::new(File::create(&tmp)?);
-    let mut kept = 0u64;
-    each_record(path, covers, |record, line, offset| {
-        if newest.get(&record.ip) == Some(&offset) {
-            out.write_all(line)?;
-            kept += 1;
+    let tmp = compaction_output(path);
+    let written = (|| {
+        let mut out = io::BufWriter::new(File::create(&tmp)?);
+        let (mut kept, mut bytes) = (0u64, 0u64);
+        each_record(path, covers, |record, line, offset| {
+            if newest.get(&record.ip) == Some(&offset) {
+                out.write_all(line)?;
+                kept += 1;
+                bytes += line.len() as u64;
+            }
+            Ok(())
+        })?;
+        out.into_inner().map_err(|e| e.into_error())?;
+        Ok((kept, bytes))
+    })();
+    match written {
+        Ok((kept, bytes)) => Ok(Compacted { tmp, kept, bytes }),
+        Err(e) => {
+            // On a full disk the half-written output would hold the space
+            // the log needs next.
+            let _ = fs::remove_file(&tmp);
+            Err(e)
         }
-        Ok(())
-    })?;
-    out.into_inner().map_err(|e| e.into_error())?;
-    Ok(Compacted { tmp, kept })
+    }
 }
 
 #[cfg(test)]
@@ -451,6 +686,61 @@ mod tests {
     use super::*;
     use crate::lease::LeaseState;
     use std::sync::{Arc, Mutex};
+
+    static FAULTS: Mutex<Vec<(PathBuf, Fault)>> = Mutex::new(Vec::new());
+
+    pub(super) fn armed(path: &Path, at: Fault) -> bool {
+        let faults = FAULTS.lock().unwrap_or_else(|p| p.into_inner());
+        faults.iter().any(|(p, f)| p == path && *f == at)
+    }
+
+    fn arm(path: &Path, at: Fault) {
+        FAULTS.lock().unwrap().push((path.to_path_buf(), at));
+    }
+
+    fn disarm(path: &Path, at: Fault) {
+        FAULTS
+            .lock()
+            .unwrap()
+            .retain(|(p, f)| !(p == path && *f == at));
+    }
+
+    /// A store whose health changes arrive on the returned channel.
+    fn open_watched(path: &Path) -> (LeaseStore, mpsc::Receiver<bool>) {
+        let (tx, rx) = mpsc::channel();
+        let tx = Mutex::new(tx);
+        let health: HealthObserver = Box::new(move |healthy| {
+            let _ = tx.lock().unwrap().send(healthy);
+        });
+        let (store, _) = LeaseStore::open(path, None, Some(health)).unwrap();
+        (store, rx)
+    }
+
+    fn next_health(rx: &mpsc::Receiver<bool>) -> bool {
+        rx.recv_timeout(std::time::Duration::from_secs(30))
+            .expect("no health change within 30 s")
+    }
+
+    fn append_one(store: &LeaseStore, r: LeaseRecord) -> Result<(), io::ErrorKind> {
+        let (tx, rx) = mpsc::channel();
+        store.append(
+            r,
+            Box::new(move |res| {
+                let _ = tx.send(res);
+            }),
+        );
+        rx.recv().unwrap()
+    }
+
+    /// Enough rewrites of 100 addresses to cross the compaction threshold.
+    fn fill_past_compaction(store: &LeaseStore) {
+        for _ in 0..11 {
+            append_all(
+                store,
+                (0..10_000).map(|i| record(i % 100, LeaseState::Active)),
+            );
+        }
+    }
 
     fn record(i: u32, state: LeaseState) -> LeaseRecord {
         LeaseRecord {
@@ -491,14 +781,14 @@ mod tests {
     fn every_completed_record_is_recovered_after_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state/leases.jsonl");
-        let (store, rec) = LeaseStore::open(&path, None).unwrap();
+        let (store, rec) = LeaseStore::open(&path, None, None).unwrap();
         assert!(rec.records.is_empty());
         assert_eq!(
             append_all(&store, (0..500).map(|i| record(i, LeaseState::Active))),
             500
         );
         drop(store);
-        let (_store, rec) = LeaseStore::open(&path, None).unwrap();
+        let (_store, rec) = LeaseStore::open(&path, None, None).unwrap();
         assert_eq!(rec.records.len(), 500);
         assert_eq!(rec.records[499], record(499, LeaseState::Active));
     }
@@ -507,13 +797,13 @@ mod tests {
     fn a_torn_final_line_is_dropped_and_appends_continue_cleanly() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("leases.jsonl");
-        let (store, _) = LeaseStore::open(&path, None).unwrap();
+        let (store, _) = LeaseStore::open(&path, None, None).unwrap();
         append_all(&store, (0..3).map(|i| record(i, LeaseState::Active)));
         drop(store);
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
         f.write_all(b"{\"ip\":\"10.0.0.9\",\"cli").unwrap();
         drop(f);
-        let (store, rec) = LeaseStore::open(&path, None).unwrap();
+        let (store, rec) = LeaseStore::open(&path, None, None).unwrap();
         assert_eq!(rec.records.len(), 3);
         assert_eq!(rec.torn_tail_bytes, 21);
         append_all(&store, [record(7, LeaseState::Active)]);
@@ -531,10 +821,129 @@ mod tests {
     }
 
     #[test]
+    fn a_partial_write_that_cannot_be_cut_back_blocks_appends_until_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("leases.jsonl");
+        let (store, health) = open_watched(&path);
+        append_all(&store, (0..3).map(|i| record(i, LeaseState::Active)));
+        arm(&path, Fault::Write);
+        arm(&path, Fault::Truncate);
+        assert_eq!(
+            append_one(&store, record(10, LeaseState::Active)),
+            Err(io::ErrorKind::StorageFull)
+        );
+        assert!(!next_health(&health), "a failed write leaves the store bad");
+        // Space is back but the half-written batch is still on the end:
+        // nothing may be appended after it.
+        disarm(&path, Fault::Write);
+        assert!(append_one(&store, record(11, LeaseState::Active)).is_err());
+        disarm(&path, Fault::Truncate);
+        assert_eq!(append_one(&store, record(12, LeaseState::Active)), Ok(()));
+        assert!(next_health(&health));
+        drop(store);
+        let rec = read_log(&path).unwrap();
+        assert_eq!((rec.corrupt_lines, rec.torn_tail_bytes), (0, 0));
+        let ips: Vec<_> = rec.records.iter().map(|r| r.ip).collect();
+        assert_eq!(
+            ips,
+            [0, 1, 2, 12].map(|i| record(i, LeaseState::Active).ip),
+            "exactly the acknowledged records, each whole"
+        );
+    }
+
+    #[test]
+    fn a_bad_store_turns_good_again_by_itself_when_the_disk_recovers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("leases.jsonl");
+        let (store, health) = open_watched(&path);
+        arm(&path, Fault::Write);
+        assert!(append_one(&store, record(1, LeaseState::Active)).is_err());
+        assert!(!next_health(&health));
+        disarm(&path, Fault::Write);
+        // No record arrives: the writer's own probe finds the disk good.
+        assert!(next_health(&health));
+        drop(store);
+        let rec = read_log(&path).unwrap();
+        assert_eq!(rec.records.len(), 0);
+        assert_eq!(
+            fs::metadata(&path).unwrap().len(),
+            0,
+            "the probe is cut away"
+        );
+    }
+
+    #[test]
+    fn after_a_compaction_rename_that_is_not_durable_nothing_is_acknowledged_until_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("leases.jsonl");
+        let (store, health) = open_watched(&path);
+        arm(&path, Fault::SyncDir);
+        fill_past_compaction(&store);
+        assert!(
+            !next_health(&health),
+            "the failed directory sync turns the store bad"
+        );
+        assert!(
+            append_one(&store, record(500, LeaseState::Active)).is_err(),
+            "acknowledged while a crash could bring the old log back"
+        );
+        disarm(&path, Fault::SyncDir);
+        assert_eq!(append_one(&store, record(501, LeaseState::Active)), Ok(()));
+        drop(store);
+        let rec = read_log(&path).unwrap();
+        assert!(rec.records.len() < 100_000, "compacted");
+        assert!(rec
+            .records
+            .iter()
+            .any(|r| r.ip == record(501, LeaseState::Active).ip));
+        assert!(!compaction_output(&path).exists());
+    }
+
+    #[test]
+    fn a_failed_compaction_removes_its_output_and_keeps_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("leases.jsonl");
+        let metrics = DhcpMetrics::new(&prometheus::Registry::new()).unwrap();
+        let (store, _) = LeaseStore::open(&path, Some(metrics.clone()), None).unwrap();
+        arm(&path, Fault::Rename);
+        fill_past_compaction(&store);
+        let waited = std::time::Instant::now();
+        while metrics.compaction_failures.get() == 0 && waited.elapsed().as_secs() < 30 {
+            // Each flush is one pass of the writer, which finishes a
+            // compaction whose worker is done.
+            store.flush();
+        }
+        assert_eq!(metrics.compaction_failures.get(), 1);
+        assert_eq!(
+            metrics.store_healthy.get(),
+            1,
+            "a refused rename harms nothing"
+        );
+        assert!(
+            !compaction_output(&path).exists(),
+            "the output is left on disk"
+        );
+        assert_eq!(append_one(&store, record(7, LeaseState::Released)), Ok(()));
+        disarm(&path, Fault::Rename);
+        drop(store);
+        let rec = read_log(&path).unwrap();
+        assert_eq!(rec.records.len(), 110_001, "nothing was lost or rewritten");
+    }
+
+    #[test]
+    fn an_unfinished_compaction_is_removed_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("leases.jsonl");
+        fs::write(compaction_output(&path), b"half a compaction").unwrap();
+        let (_store, _) = LeaseStore::open(&path, None, None).unwrap();
+        assert!(!compaction_output(&path).exists());
+    }
+
+    #[test]
     fn compaction_keeps_only_the_newest_record_per_address() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("leases.jsonl");
-        let (store, _) = LeaseStore::open(&path, None).unwrap();
+        let (store, _) = LeaseStore::open(&path, None, None).unwrap();
         // 100 addresses, each written 1,100 times: 110,000 lines crosses
         // the compaction threshold.
         for round in 0..1100u32 {

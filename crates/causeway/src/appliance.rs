@@ -154,16 +154,20 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
         Some(dhcp_cfg) => {
             let ready = readiness.register("dhcp");
             let metrics = DhcpMetrics::new(&registry).context("registering DHCP metrics")?;
-            let server =
-                DhcpServer::start(dhcp_cfg, metrics, stop.clone(), dhcp_names(&cfg, &names))
-                    .await
-                    .context("DHCP failed to start")?;
+            let server = DhcpServer::start(
+                dhcp_cfg,
+                metrics,
+                stop.clone(),
+                dhcp_names(&cfg, &names),
+                ready,
+            )
+            .await
+            .context("DHCP failed to start")?;
             let leases = server.lease_source();
             admin = admin.json(
                 "/leases",
                 Arc::new(move || serde_json::to_value(leases()).unwrap_or_default()),
             );
-            ready.set(true);
             Some(server)
         }
         None => None,
