@@ -13,6 +13,14 @@ use crate::network::{Cluster, Network};
 
 pub const DEFAULT_DNS_TTL: u32 = 30;
 pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
+/// The forwarding cache's default budget: far above what the names of a
+/// VLAN's machines need, far below what would put the appliance (and its
+/// DHCP server) at risk of an OOM kill.
+pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
+const MIN_CACHE_BYTES: usize = 64 << 10;
+/// Above the 1,232-byte EDNS answer every UDP client gets, so only large
+/// answers fetched over TCP go uncached.
+pub const DEFAULT_CACHE_ENTRY_BYTES: usize = 8 << 10;
 
 /// The hosted-cluster names that point at the proxy.
 pub const PROXIED_NAMES: &[&str] = &["api", "api-int", "oauth", "ignition", "konnectivity"];
@@ -50,6 +58,8 @@ pub struct FileDns {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileCache {
     pub max_entries: Option<usize>,
+    pub max_bytes: Option<usize>,
+    pub max_entry_bytes: Option<usize>,
     pub max_ttl: Option<FileDuration>,
     pub max_negative_ttl: Option<FileDuration>,
     pub serve_stale: Option<bool>,
@@ -88,6 +98,11 @@ pub enum UpstreamPolicy {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CacheConfig {
     pub max_entries: usize,
+    /// What the entries may hold in all, counted as their bytes plus a
+    /// fixed overhead each.
+    pub max_bytes: usize,
+    /// A response larger than this is forwarded but not cached.
+    pub max_entry_bytes: usize,
     pub max_ttl: Duration,
     pub max_negative_ttl: Duration,
     pub serve_stale: bool,
@@ -571,6 +586,28 @@ pub(crate) fn validate(
         .unwrap_or(DEFAULT_UPSTREAM_TIMEOUT);
     let cache = CacheConfig {
         max_entries: d.cache.max_entries.unwrap_or(100_000),
+        max_bytes: match d.cache.max_bytes {
+            Some(n) if n < MIN_CACHE_BYTES => {
+                c.push(
+                    "dns.cache.maxBytes",
+                    format!("{n} is too small: at least {MIN_CACHE_BYTES} (64 KiB)"),
+                );
+                DEFAULT_CACHE_BYTES
+            }
+            Some(n) => n,
+            None => DEFAULT_CACHE_BYTES,
+        },
+        max_entry_bytes: match d.cache.max_entry_bytes {
+            Some(n) if !(512..=65535).contains(&n) => {
+                c.push(
+                    "dns.cache.maxEntryBytes",
+                    format!("{n} is out of range: 512 to 65535 (a DNS message's largest size)"),
+                );
+                DEFAULT_CACHE_ENTRY_BYTES
+            }
+            Some(n) => n,
+            None => DEFAULT_CACHE_ENTRY_BYTES,
+        },
         max_ttl: d
             .cache
             .max_ttl

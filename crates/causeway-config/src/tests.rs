@@ -530,3 +530,25 @@ fn proxy_extra_listeners_join_the_derived_ones_with_the_api_service_named() {
         vec!["proxy.extraListeners[0].port: port 443 is already a proxy listener"]
     );
 }
+
+#[test]
+fn the_dns_cache_budget_is_checked() {
+    let base =
+        "cluster: {name: hc1, baseDomain: example.com}\ndns:\n  listen: ['127.0.0.1:5353']\n";
+    let cfg = Config::from_yaml(base).unwrap().dns.unwrap();
+    assert_eq!(cfg.cache.max_bytes, 64 << 20);
+    assert_eq!(cfg.cache.max_entry_bytes, 8192);
+    let errs = errors(&format!(
+        "{base}  cache: {{maxBytes: 1000, maxEntryBytes: 70000}}\n"
+    ));
+    assert!(
+        errs.iter()
+            .any(|e| e.starts_with("dns.cache.maxBytes: 1000 is too small")),
+        "{errs:?}"
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.starts_with("dns.cache.maxEntryBytes: 70000 is out of range")),
+        "{errs:?}"
+    );
+}

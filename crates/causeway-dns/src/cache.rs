@@ -123,29 +123,60 @@ pub fn shape(wire: &[u8]) -> Option<Shape> {
     })
 }
 
+/// What one entry costs beyond its bytes: the entry, its key's and slices'
+/// headers, the map's slot, and the allocator's rounding.
+const ENTRY_OVERHEAD: usize = 128;
+
+fn cost(key: &[u8], wire: &[u8], ttls: usize) -> usize {
+    ENTRY_OVERHEAD + key.len() + wire.len() + 8 * ttls
+}
+
+#[derive(Default)]
+struct Entries {
+    map: HashMap<CacheKey, Entry>,
+    /// The sum of every entry's [`cost`].
+    bytes: usize,
+}
+
+impl Entries {
+    fn remove(&mut self, key: &[u8]) {
+        if let Some((k, e)) = self.map.remove_entry(key) {
+            self.bytes -= cost(&k, &e.wire, e.ttls.len());
+        }
+    }
+}
+
 pub struct Cache {
     cfg: CacheConfig,
-    map: RwLock<HashMap<CacheKey, Entry>>,
+    entries: RwLock<Entries>,
 }
 
 impl Cache {
     pub fn new(cfg: CacheConfig) -> Self {
         Cache {
             cfg,
-            map: RwLock::new(HashMap::new()),
+            entries: RwLock::new(Entries {
+                map: HashMap::new(),
+                bytes: 0,
+            }),
         }
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<CacheKey, Entry>> {
-        self.map.read().unwrap_or_else(|p| p.into_inner())
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Entries> {
+        self.entries.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<CacheKey, Entry>> {
-        self.map.write().unwrap_or_else(|p| p.into_inner())
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Entries> {
+        self.entries.write().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn len(&self) -> usize {
-        self.read().len()
+        self.read().map.len()
+    }
+
+    /// What the entries hold, as counted against `maxBytes`.
+    pub fn bytes(&self) -> usize {
+        self.read().bytes
     }
 
     pub fn is_empty(&self) -> bool {
@@ -156,8 +187,8 @@ impl Cache {
     /// expiry but within the stale window, with [`STALE_TTL`]. The caller
     /// patches in the ID and question.
     pub fn get(&self, key: &[u8], now: u64, allow_stale: bool) -> Hit {
-        let map = self.read();
-        let Some(e) = map.get(key) else {
+        let entries = self.read();
+        let Some(e) = entries.map.get(key) else {
             return Hit::Miss;
         };
         let fresh = now < e.expires;
@@ -187,9 +218,12 @@ impl Cache {
 
     /// Stores a response if it is cacheable: NOERROR with answers (for the
     /// smallest TTL among them), or a negative answer with an SOA (for the
-    /// SOA's TTL or minimum, whichever is smaller, RFC 2308). Returns the
-    /// TTL it was stored for.
+    /// SOA's TTL or minimum, whichever is smaller, RFC 2308), and no larger
+    /// than `maxEntryBytes`. Returns the TTL it was stored for.
     pub fn insert(&self, key: CacheKey, wire: &[u8], now: u64) -> Option<u32> {
+        if wire.len() > self.cfg.max_entry_bytes {
+            return None;
+        }
         let s = shape(wire)?;
         if s.truncated {
             return None;
@@ -214,9 +248,11 @@ impl Cache {
         if ttl == 0 {
             return None;
         }
-        let mut map = self.write();
-        if map.len() >= self.cfg.max_entries && !map.contains_key(&key) {
-            evict(&mut map, now, self.cfg.max_entries);
+        let needs = cost(&key, wire, s.ttls.len());
+        let mut entries = self.write();
+        entries.remove(&key);
+        if entries.map.len() >= self.cfg.max_entries || entries.bytes + needs > self.cfg.max_bytes {
+            evict(&mut entries, now, &self.cfg, needs);
         }
         let (offsets, ttls): (Vec<u32>, Vec<u32>) = s.ttls.into_iter().unzip();
         let mut stored = wire.to_vec();
@@ -224,7 +260,8 @@ impl Cache {
             stored[0] = 0;
             stored[1] = 0;
         }
-        map.insert(
+        entries.bytes += needs;
+        entries.map.insert(
             key,
             Entry {
                 wire: stored.into_boxed_slice(),
@@ -238,15 +275,30 @@ impl Cache {
     }
 }
 
-/// Makes room: first everything past its stale window, then, if the cache is
-/// still full, an arbitrary sixteenth (hash order is effectively random).
-fn evict(map: &mut HashMap<CacheKey, Entry>, now: u64, max: usize) {
-    map.retain(|_, e| now < e.expires + STALE_WINDOW);
-    if map.len() >= max {
-        let drop: Vec<CacheKey> = map.keys().take((max / 16).max(1)).cloned().collect();
-        for k in drop {
-            map.remove(&k);
-        }
+/// Makes room for an entry of `needs` bytes: first everything past its
+/// stale window, then, while the cache is still over either bound, arbitrary
+/// entries (hash order is effectively random) down to fifteen sixteenths of
+/// it, so the next inserts do not each pay for an eviction.
+fn evict(entries: &mut Entries, now: u64, cfg: &CacheConfig, needs: usize) {
+    let before = entries.map.len();
+    entries.map.retain(|_, e| now < e.expires + STALE_WINDOW);
+    if entries.map.len() != before {
+        entries.bytes = entries
+            .map
+            .iter()
+            .map(|(k, e)| cost(k, &e.wire, e.ttls.len()))
+            .sum();
+    }
+    let max_entries = cfg.max_entries - cfg.max_entries / 16;
+    let max_bytes = (cfg.max_bytes - cfg.max_bytes / 16).saturating_sub(needs);
+    if entries.map.len() < cfg.max_entries && entries.bytes + needs <= cfg.max_bytes {
+        return;
+    }
+    while entries.map.len() >= max_entries.max(1) || entries.bytes > max_bytes {
+        let Some(key) = entries.map.keys().next().cloned() else {
+            break;
+        };
+        entries.remove(&key);
     }
 }
 
@@ -261,6 +313,8 @@ mod tests {
     fn cfg(max_entries: usize) -> CacheConfig {
         CacheConfig {
             max_entries,
+            max_bytes: 64 << 20,
+            max_entry_bytes: 8192,
             max_ttl: Duration::from_secs(3600),
             max_negative_ttl: Duration::from_secs(300),
             serve_stale: true,
@@ -379,6 +433,60 @@ mod tests {
             c.insert(key(&n), &response(&n, 300, ResponseCode::NoError), 0);
             assert!(c.len() <= 64);
         }
+    }
+
+    /// A NOERROR answer of `records` TXT records of 200 bytes each.
+    fn large_response(name: &str, records: usize) -> Vec<u8> {
+        use hickory_proto::rr::rdata::TXT;
+        let n = Name::from_ascii(name).unwrap();
+        let mut m = Message::new();
+        m.set_id(7).set_message_type(MessageType::Response);
+        m.add_query(Query::query(n.clone(), RecordType::TXT));
+        for i in 0..records {
+            let text = format!("{i:0>200}");
+            m.add_answer(Record::from_rdata(
+                n.clone(),
+                300,
+                RData::TXT(TXT::new(vec![text])),
+            ));
+        }
+        m.to_vec().unwrap()
+    }
+
+    #[test]
+    fn the_cache_stays_within_its_byte_budget_whatever_the_answers_weigh() {
+        let mut config = cfg(1_000_000);
+        config.max_bytes = 1 << 20;
+        let c = Cache::new(config);
+        let mut largest = 0;
+        for i in 0..2000 {
+            let n = format!("big{i}.example.net.");
+            let wire = large_response(&n, 35);
+            largest = largest.max(wire.len());
+            assert!(
+                c.insert(key(&n), &wire, 0).is_some(),
+                "{} bytes",
+                wire.len()
+            );
+            assert!(c.bytes() <= 1 << 20, "{} bytes held after {i}", c.bytes());
+        }
+        assert!(largest > 7000);
+        // Most of the budget stays in use: eviction is not wholesale.
+        assert!(c.bytes() > (1 << 20) / 2, "{}", c.bytes());
+        // The count follows removals and replacements exactly.
+        let n = "big1999.example.net.";
+        let before = c.bytes();
+        c.insert(key(n), &large_response(n, 35), 1);
+        assert_eq!(c.bytes(), before);
+    }
+
+    #[test]
+    fn oversized_answers_are_not_cached() {
+        let c = Cache::new(cfg(100));
+        let huge = large_response("huge.example.net.", 60);
+        assert!(huge.len() > 8192);
+        assert_eq!(c.insert(key("huge.example.net."), &huge, 0), None);
+        assert_eq!((c.len(), c.bytes()), (0, 0));
     }
 
     #[test]

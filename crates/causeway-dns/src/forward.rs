@@ -256,7 +256,14 @@ impl Forwarder {
     ) -> (Answer, Vec<Waiter>) {
         let answer = match result {
             Ok(wire) => {
-                self.cache.insert(key.clone(), &wire, now);
+                if self.cache.insert(key.clone(), &wire, now).is_some() {
+                    self.metrics
+                        .cache_bytes
+                        .set(i64::try_from(self.cache.bytes()).unwrap_or(i64::MAX));
+                    self.metrics
+                        .cache_entries
+                        .set(i64::try_from(self.cache.len()).unwrap_or(i64::MAX));
+                }
                 Answer::Response(wire)
             }
             Err(e) => {

@@ -12,6 +12,8 @@ pub struct DnsMetrics {
     pub dropped: IntCounterVec,
     pub cache: IntCounterVec,
     pub coalesced: IntCounter,
+    pub cache_bytes: IntGauge,
+    pub cache_entries: IntGauge,
     pub upstream_seconds: HistogramVec,
     pub upstream_errors: IntCounterVec,
     pub upstream_in_flight: IntGauge,
@@ -42,6 +44,14 @@ impl DnsMetrics {
                     "Forwarding cache lookups: hit, miss, stale",
                 ),
                 &["result"],
+            )?,
+            cache_bytes: IntGauge::new(
+                "causeway_dns_cache_bytes",
+                "Bytes the forwarding cache holds, as counted against dns.cache.maxBytes",
+            )?,
+            cache_entries: IntGauge::new(
+                "causeway_dns_cache_entries",
+                "Responses the forwarding cache holds",
             )?,
             coalesced: IntCounter::new(
                 "causeway_dns_coalesced_total",
@@ -81,6 +91,8 @@ impl DnsMetrics {
         registry.register(Box::new(m.dropped.clone()))?;
         registry.register(Box::new(m.cache.clone()))?;
         registry.register(Box::new(m.coalesced.clone()))?;
+        registry.register(Box::new(m.cache_bytes.clone()))?;
+        registry.register(Box::new(m.cache_entries.clone()))?;
         registry.register(Box::new(m.upstream_seconds.clone()))?;
         registry.register(Box::new(m.upstream_errors.clone()))?;
         registry.register(Box::new(m.upstream_in_flight.clone()))?;

@@ -1097,3 +1097,180 @@ fn dns_floor_answers_dig_drops_garbage_and_reports_its_counts() {
     assert_eq!(summary["sockets"], 2, "{summary}");
     assert_eq!(summary["stopped_by"], "terminated", "{summary}");
 }
+
+// ------------------------------------------------------- hostile upstreams
+
+/// Where a query's question ends (after its name, type and class).
+fn question_end(query: &[u8]) -> Option<usize> {
+    let mut at = 12;
+    loop {
+        let len = usize::from(*query.get(at)?);
+        if len == 0 {
+            return Some(at + 5).filter(|end| *end <= query.len());
+        }
+        at += 1 + len;
+    }
+}
+
+/// An upstream on loopback that answers every name: over UDP with TC set
+/// (so the server asks again over TCP), over TCP with `records` TXT records
+/// of 200 bytes each, TTL one hour. Stops when dropped.
+struct LargeAnswers {
+    addr: SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl LargeAnswers {
+    fn start(records: u16) -> LargeAnswers {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let port = support::free_udp_and_tcp_port(Ipv4Addr::LOCALHOST);
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let udp = UdpSocket::bind(addr).unwrap();
+        udp.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let tcp = std::net::TcpListener::bind(addr).unwrap();
+        tcp.set_nonblocking(true).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let answer = move |query: &[u8], truncated: bool| -> Option<Vec<u8>> {
+            let end = question_end(query)?;
+            let mut r = Vec::with_capacity(12 + end + usize::from(records) * 213);
+            r.extend_from_slice(&query[..2]);
+            r.extend_from_slice(&[if truncated { 0x82 } else { 0x80 }, 0x80, 0, 1]);
+            let count = if truncated { 0 } else { records };
+            r.extend_from_slice(&count.to_be_bytes());
+            r.extend_from_slice(&[0, 0, 0, 0]);
+            r.extend_from_slice(&query[12..end]);
+            for i in 0..count {
+                r.extend_from_slice(&[0xC0, 12, 0, 16, 0, 1]);
+                r.extend_from_slice(&3600u32.to_be_bytes());
+                r.extend_from_slice(&201u16.to_be_bytes());
+                r.push(200);
+                r.extend_from_slice(format!("{i:0>200}").as_bytes());
+            }
+            Some(r)
+        };
+        let udp_stop = stop.clone();
+        let udp_thread = std::thread::spawn(move || {
+            let mut buf = [0u8; 1500];
+            while !udp_stop.load(Ordering::Relaxed) {
+                if let Ok((n, from)) = udp.recv_from(&mut buf) {
+                    if let Some(r) = answer(&buf[..n], true) {
+                        let _ = udp.send_to(&r, from);
+                    }
+                }
+            }
+        });
+        let tcp_stop = stop.clone();
+        let tcp_thread = std::thread::spawn(move || {
+            while !tcp_stop.load(Ordering::Relaxed) {
+                let Ok((mut s, _)) = tcp.accept() else {
+                    // Nonblocking accept: nothing waiting; look again soon.
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                };
+                let _ = s.set_nonblocking(false);
+                let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+                let mut len = [0u8; 2];
+                if s.read_exact(&mut len).is_err() {
+                    continue;
+                }
+                let mut q = vec![0u8; usize::from(u16::from_be_bytes(len))];
+                if s.read_exact(&mut q).is_err() {
+                    continue;
+                }
+                if let Some(r) = answer(&q, false) {
+                    let mut framed = u16::try_from(r.len()).unwrap().to_be_bytes().to_vec();
+                    framed.extend_from_slice(&r);
+                    let _ = s.write_all(&framed);
+                }
+            }
+        });
+        LargeAnswers {
+            addr,
+            stop,
+            threads: vec![udp_thread, tcp_thread],
+        }
+    }
+}
+
+impl Drop for LargeAnswers {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn a_flood_of_large_answers_stays_within_the_cache_budget() {
+    const NAMES: u16 = 12_000;
+    const BUDGET: f64 = 4.0 * 1024.0 * 1024.0;
+    // Allocator slack, buffers, in-flight answers: what a 4 MiB cache may
+    // cost beyond its own count. Without the byte budget the flood would
+    // cache about 12,000 x 5.7 KB = 68 MB.
+    const MARGIN_KIB: u64 = 24 * 1024;
+    let upstream = LargeAnswers::start(28);
+    let server = Server::dns(&format!(
+        "  upstreams: [\"{}\"]\n  cache: {{maxBytes: {}}}\n",
+        upstream.addr, BUDGET as u64
+    ));
+    let rss_before = support::rss_kib(server.pid());
+    let target = server.dns;
+    let flood = std::thread::spawn(move || {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let stop = Instant::now() + Duration::from_secs(30);
+        let mut sent = 0u32;
+        for i in 0..NAMES {
+            if Instant::now() > stop {
+                break;
+            }
+            let name = format!("n{i}.large.example.net");
+            if s.send_to(&query_packet(i, &name), target).is_ok() {
+                sent += 1;
+            }
+            if i % 50 == 49 {
+                // Paced below what a debug build forwards over TCP, so the
+                // names are cached rather than refused as overload.
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        sent
+    });
+    let mut max_rss = rss_before;
+    while !flood.is_finished() {
+        max_rss = max_rss.max(support::rss_kib(server.pid()));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let sent = flood.join().unwrap();
+    wait_for(
+        "the forwarded queries to finish",
+        DEADLINE,
+        || (server.sample("causeway_dns_upstream_in_flight") == 0.0).then_some(()),
+        || server.describe(),
+    );
+    max_rss = max_rss.max(support::rss_kib(server.pid()));
+    let held = server.sample("causeway_dns_cache_bytes");
+    let entries = server.sample("causeway_dns_cache_entries");
+    assert!(
+        held <= BUDGET,
+        "causeway_dns_cache_bytes {held} over {BUDGET}"
+    );
+    assert!(
+        held > BUDGET / 2.0 && entries > 300.0,
+        "the flood did not fill the cache: {held} bytes, {entries} entries\n{}",
+        server.describe()
+    );
+    assert!(
+        max_rss < rss_before + (BUDGET / 1024.0) as u64 + MARGIN_KIB,
+        "VmRSS rose from {rss_before} KiB to {max_rss} KiB, over the 4 MiB budget + {MARGIN_KIB} KiB"
+    );
+    let api = dig_ok(server.dns, &[&fqdn("api"), "A"]);
+    assert_eq!(api.answers("A"), [PROXY], "{}", api.raw);
+    eprintln!(
+        "large-answer flood: {sent} names, cache {held} bytes in {entries} entries, \
+         VmRSS {rss_before} -> max {max_rss} KiB"
+    );
+}
