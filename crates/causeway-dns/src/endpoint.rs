@@ -17,7 +17,7 @@
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 #[cfg(test)]
 use std::sync::Arc;
@@ -260,13 +260,13 @@ impl Endpoint {
     /// Waits until this socket or `upstream` has something to read, or
     /// `wait` runs out, and says which: (this one, upstream). A shut socket
     /// ([`Self::wake`]) reads as ready.
-    pub fn poll_with(&self, upstream: &UdpSocket, wait: Duration) -> io::Result<(bool, bool)> {
+    pub fn poll_with(&self, upstream: BorrowedFd<'_>, wait: Duration) -> io::Result<(bool, bool)> {
         // Rounded up, so a timer due in under a millisecond is not polled for
         // again and again with a zero wait.
         let millis = u16::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(u16::MAX);
         let mut fds = [
             PollFd::new(self.socket.as_fd(), PollFlags::POLLIN),
-            PollFd::new(upstream.as_fd(), PollFlags::POLLIN),
+            PollFd::new(upstream, PollFlags::POLLIN),
         ];
         match poll(&mut fds, PollTimeout::from(millis)) {
             Ok(_) => {}
@@ -420,11 +420,17 @@ mod tests {
         let upstream = UdpSocket::bind("127.0.0.1:0").unwrap();
         let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
         let wait = Duration::from_millis(50);
-        assert_eq!(server.poll_with(&upstream, wait).unwrap(), (false, false));
+        assert_eq!(
+            server.poll_with(upstream.as_fd(), wait).unwrap(),
+            (false, false)
+        );
 
         peer.send_to(b"answer", upstream.local_addr().unwrap())
             .unwrap();
-        assert_eq!(server.poll_with(&upstream, wait).unwrap(), (false, true));
+        assert_eq!(
+            server.poll_with(upstream.as_fd(), wait).unwrap(),
+            (false, true)
+        );
 
         server
             .send_now(b"query", peer.local_addr().unwrap(), None)
@@ -437,7 +443,10 @@ mod tests {
         );
         peer.send_to(b"query", server.local_addr().unwrap())
             .unwrap();
-        assert_eq!(server.poll_with(&upstream, wait).unwrap(), (true, true));
+        assert_eq!(
+            server.poll_with(upstream.as_fd(), wait).unwrap(),
+            (true, true)
+        );
     }
 
     #[test]
@@ -453,7 +462,7 @@ mod tests {
         });
         // Far longer than the wake takes: a return before it is the wake.
         let (ready, _) = server
-            .poll_with(&upstream, Duration::from_secs(30))
+            .poll_with(upstream.as_fd(), Duration::from_secs(30))
             .unwrap();
         woken.join().unwrap();
         assert!(ready);

@@ -16,7 +16,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use causeway_config::{DnsConfig, UpstreamPolicy};
-use causeway_runtime::Shutdown;
 use hickory_proto::op::ResponseCode;
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -79,12 +78,6 @@ struct Upstream {
     skip_until: AtomicU64,
 }
 
-struct Pending {
-    from: SocketAddr,
-    question: Vec<u8>,
-    tx: oneshot::Sender<Vec<u8>>,
-}
-
 /// Someone waiting for the answer to a query already on its way upstream.
 pub(crate) enum Waiter {
     /// A task serving a TCP client.
@@ -132,8 +125,6 @@ pub struct Forwarder {
     upstreams: Vec<Upstream>,
     policy: UpstreamPolicy,
     timeout: Duration,
-    socket: Arc<UdpSocket>,
-    pending: Mutex<HashMap<u16, Pending>>,
     /// Names on their way upstream, and who else waits for each.
     coalesce: Mutex<HashMap<CacheKey, Vec<Waiter>>>,
     permits: Arc<Semaphore>,
@@ -147,15 +138,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Forwarder {
-    /// Binds the upstream socket and starts its receive loop.
-    pub async fn start(
-        cfg: &DnsConfig,
-        upstreams: Vec<SocketAddr>,
-        metrics: DnsMetrics,
-        shutdown: Shutdown,
-    ) -> std::io::Result<Arc<Self>> {
-        let socket = Arc::new(UdpSocket::bind(local_bind(upstreams.iter().copied())).await?);
-        let fwd = Arc::new(Forwarder {
+    pub fn new(cfg: &DnsConfig, upstreams: Vec<SocketAddr>, metrics: DnsMetrics) -> Arc<Self> {
+        Arc::new(Forwarder {
             upstreams: upstreams
                 .into_iter()
                 .map(|addr| Upstream {
@@ -167,16 +151,12 @@ impl Forwarder {
                 .collect(),
             policy: cfg.upstream_policy,
             timeout: cfg.upstream_timeout,
-            socket: socket.clone(),
-            pending: Mutex::new(HashMap::new()),
             coalesce: Mutex::new(HashMap::new()),
             permits: Arc::new(Semaphore::new(cfg.max_upstream_in_flight)),
             cache: Cache::new(cfg.cache.clone()),
             metrics,
             epoch: Instant::now(),
-        });
-        tokio::spawn(receive_loop(fwd.clone(), socket, shutdown));
-        Ok(fwd)
+        })
     }
 
     /// Answers `q` (whose bytes are `request`) from the cache or upstream,
@@ -306,13 +286,6 @@ impl Forwarder {
         (self.timeout, per_try)
     }
 
-    /// Where a socket that asks these upstreams binds: any address, any
-    /// port (the kernel's random port is half of what keeps forged answers
-    /// out).
-    pub(crate) fn local_bind(&self) -> SocketAddr {
-        local_bind(self.upstreams.iter().map(|u| u.addr))
-    }
-
     pub(crate) fn upstream_addr(&self, index: usize) -> Option<SocketAddr> {
         self.upstreams.get(index).map(|u| u.addr)
     }
@@ -389,6 +362,10 @@ impl Forwarder {
         Err(last)
     }
 
+    /// One query over UDP on a socket of its own: a random port, connected
+    /// to the upstream, so a forger must guess the port as well as the ID
+    /// (RFC 5452 §9.2). Datagrams with another ID or question are dropped
+    /// and counted, and the wait goes on.
     async fn udp(
         &self,
         up: &Upstream,
@@ -396,48 +373,32 @@ impl Forwarder {
         request: &[u8],
         wait: Duration,
     ) -> Result<Vec<u8>, FetchError> {
-        let (tx, rx) = oneshot::channel();
         let question = request
             .get(12..q.question_end)
-            .ok_or(FetchError::Malformed)?
-            .to_vec();
-        let id = {
-            let mut pending = lock(&self.pending);
-            let mut rng = rand::rng();
-            let mut id: u16 = rng.random();
-            // A fresh random ID per upstream query, never one in use.
-            for _ in 0..16 {
-                if !pending.contains_key(&id) {
-                    break;
-                }
-                id = rng.random();
-            }
-            if pending.contains_key(&id) {
-                return Err(FetchError::Overloaded);
-            }
-            pending.insert(
-                id,
-                Pending {
-                    from: up.addr,
-                    question,
-                    tx,
-                },
-            );
-            id
-        };
+            .ok_or(FetchError::Malformed)?;
+        let socket = UdpSocket::bind(any_port_for(up.addr)).await?;
+        socket.connect(up.addr).await?;
+        let id: u16 = rand::rng().random();
         let mut packet = request.to_vec();
         packet[..2].copy_from_slice(&id.to_be_bytes());
-        if let Err(e) = self.socket.send_to(&packet, up.addr).await {
-            lock(&self.pending).remove(&id);
-            return Err(e.into());
-        }
-        match tokio::time::timeout(wait, rx).await {
-            Ok(Ok(wire)) => Ok(wire),
-            _ => {
-                lock(&self.pending).remove(&id);
-                Err(FetchError::Timeout)
+        socket.send(&packet).await?;
+        let exchange = async {
+            let mut buf = vec![0u8; 65535];
+            loop {
+                let n = socket.recv(&mut buf).await?;
+                let wire = &buf[..n];
+                if answer_id(wire) == Some(id) && same_question(wire, question) {
+                    return Ok::<_, FetchError>(wire.to_vec());
+                }
+                self.metrics
+                    .dropped
+                    .with_label_values(&["unexpected_upstream_response"])
+                    .inc();
             }
-        }
+        };
+        tokio::time::timeout(wait, exchange)
+            .await
+            .map_err(|_| FetchError::Timeout)?
     }
 }
 
@@ -446,71 +407,21 @@ pub(crate) fn answer_id(wire: &[u8]) -> Option<u16> {
     wire.get(..12).map(|h| u16::from_be_bytes([h[0], h[1]]))
 }
 
-/// Whether `wire`, received from `from`, answers the query sent to `asked`
-/// with `question` (the question's bytes as sent; the letter case of an
-/// answer may differ).
-pub(crate) fn answers(wire: &[u8], from: SocketAddr, asked: SocketAddr, question: &[u8]) -> bool {
-    unmapped(from) == asked
-        && wire
-            .get(12..12 + question.len())
-            .is_some_and(|got| got.eq_ignore_ascii_case(question))
+/// Whether `wire` carries `question` (the question's bytes as sent; the
+/// letter case of an answer may differ).
+pub(crate) fn same_question(wire: &[u8], question: &[u8]) -> bool {
+    wire.get(12..12 + question.len())
+        .is_some_and(|got| got.eq_ignore_ascii_case(question))
 }
 
-/// The sender of an answer as the upstream list names it. A socket bound
-/// to `[::]` (there is an IPv6 upstream) sees IPv4 upstreams' answers come
-/// from IPv4-mapped addresses.
-fn unmapped(from: SocketAddr) -> SocketAddr {
-    match from {
-        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
-            Some(v4) => SocketAddr::new(IpAddr::V4(v4), v6.port()),
-            None => from,
-        },
-        v4 => v4,
-    }
-}
-
-fn local_bind(mut upstreams: impl Iterator<Item = SocketAddr>) -> SocketAddr {
-    let any = if upstreams.any(|a| a.is_ipv6()) {
-        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
-    } else {
-        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+/// Where a socket that asks `upstream` binds: the unspecified address of
+/// its family, on a port the kernel picks at random.
+pub(crate) fn any_port_for(upstream: SocketAddr) -> SocketAddr {
+    let any = match upstream {
+        SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
     };
     SocketAddr::new(any, 0)
-}
-
-/// Delivers upstream responses to the queries waiting for them. A response
-/// is accepted only from the upstream asked, with the ID and the question
-/// it was asked.
-async fn receive_loop(fwd: Arc<Forwarder>, socket: Arc<UdpSocket>, mut shutdown: Shutdown) {
-    let mut buf = vec![0u8; 65535];
-    loop {
-        let (n, from) = tokio::select! {
-            _ = shutdown.wait() => return,
-            r = socket.recv_from(&mut buf) => match r {
-                Ok(x) => x,
-                Err(_) => continue,
-            },
-        };
-        let wire = &buf[..n];
-        let Some(id) = answer_id(wire) else {
-            continue;
-        };
-        let mut pending = lock(&fwd.pending);
-        let matches = pending
-            .get(&id)
-            .is_some_and(|p| answers(wire, from, p.from, &p.question));
-        if !matches {
-            fwd.metrics
-                .dropped
-                .with_label_values(&["unexpected_upstream_response"])
-                .inc();
-            continue;
-        }
-        if let Some(p) = pending.remove(&id) {
-            drop(pending);
-            let _ = p.tx.send(wire.to_vec());
-        }
-    }
 }
 
 /// One query over TCP (after a truncated UDP answer).
@@ -553,11 +464,8 @@ mod tests {
         .dns
         .unwrap();
         let metrics = DnsMetrics::new(&prometheus::Registry::new()).unwrap();
-        let (_trigger, shutdown) = causeway_runtime::shutdown::channel();
         let upstream = vec!["127.0.0.1:9".parse().unwrap()];
-        let fwd = Forwarder::start(&cfg, upstream, metrics, shutdown)
-            .await
-            .unwrap();
+        let fwd = Forwarder::new(&cfg, upstream, metrics);
         let key: CacheKey = b"one name".to_vec();
         let waiter = || oneshot::channel::<Answer>().0;
         assert!(matches!(fwd.join(&key, waiter()), Join::Lead(_)));
@@ -583,20 +491,10 @@ mod tests {
     }
 
     #[test]
-    fn answers_from_ipv4_mapped_addresses_match_ipv4_upstreams() {
-        let mapped: SocketAddr = "[::ffff:127.0.0.53]:53".parse().unwrap();
-        let v4: SocketAddr = "127.0.0.53:53".parse().unwrap();
-        assert_eq!(unmapped(mapped), v4);
-        assert_eq!(unmapped(v4), v4);
-        let v6: SocketAddr = "[2001:db8::53]:53".parse().unwrap();
-        assert_eq!(unmapped(v6), v6);
-    }
-
-    #[test]
-    fn a_socket_for_mixed_upstreams_binds_ipv6_any() {
+    fn a_query_socket_binds_the_family_of_its_upstream() {
         let v4: SocketAddr = "192.0.2.1:53".parse().unwrap();
         let v6: SocketAddr = "[2001:db8::1]:53".parse().unwrap();
-        assert_eq!(local_bind([v4].into_iter()), "0.0.0.0:0".parse().unwrap());
-        assert_eq!(local_bind([v4, v6].into_iter()), "[::]:0".parse().unwrap());
+        assert_eq!(any_port_for(v4), "0.0.0.0:0".parse().unwrap());
+        assert_eq!(any_port_for(v6), "[::]:0".parse().unwrap());
     }
 }

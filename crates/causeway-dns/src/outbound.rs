@@ -7,14 +7,23 @@
 //!
 //! The cache, the coalescing of identical queries, the bound on queries in
 //! flight and upstream health stay shared ([`Forwarder`]); what is per
-//! thread is the socket and the queries it has sent.
+//! thread is the queries it has sent.
+//!
+//! Every query sent upstream goes out on a socket of its own, bound to a
+//! port the kernel picks at random and connected to the upstream asked
+//! (RFC 5452 §9.2): a forger must guess the port as well as the 16-bit ID,
+//! and the kernel drops datagrams from any other address before we see
+//! them. The thread waits on all of them through one epoll descriptor.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::Instant;
+
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 
 use foldhash::{HashMap, HashMapExt};
 use rand::Rng;
@@ -49,47 +58,62 @@ struct Flight {
     order: Vec<usize>,
     next: usize,
     upstream: usize,
+    /// The socket of this send alone: a random port, connected to the
+    /// upstream asked. Replaced when the next upstream is asked.
+    socket: Option<UdpSocket>,
+    /// The random ID this send carries.
+    id: u16,
     sent: Instant,
     /// When the query stops trying upstreams.
     deadline: Instant,
-    /// Which send this is: a timer set for an earlier send is ignored.
-    attempt: u64,
     _slot: InFlight,
 }
 
 pub(crate) struct Outbound {
     fwd: Arc<Forwarder>,
-    socket: UdpSocket,
-    /// By the ID of the query sent upstream.
-    flights: HashMap<u16, Flight>,
-    /// When each send gives up on its upstream. Entries of flights already
-    /// answered stay until their time and are then skipped.
-    timers: BinaryHeap<Reverse<(Instant, u16, u64)>>,
-    attempts: u64,
+    /// Readable when any flight's socket is.
+    epoll: Epoll,
+    events: Vec<EpollEvent>,
+    /// By the token of their latest send, which is also their epoll data.
+    flights: HashMap<u64, Flight>,
+    /// When each send gives up on its upstream. Entries of sends already
+    /// answered, or followed by another, stay until their time and are then
+    /// skipped.
+    timers: BinaryHeap<Reverse<(Instant, u64)>>,
+    sends: u64,
     packet: Vec<u8>,
     buf: Vec<u8>,
     runtime: tokio::runtime::Handle,
 }
 
+/// A socket for one upstream query: bound to any address on a port the
+/// kernel picks at random, connected to `upstream`.
+fn query_socket(bind: SocketAddr, upstream: SocketAddr) -> io::Result<UdpSocket> {
+    let socket = UdpSocket::bind(bind)?;
+    socket.connect(upstream)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket)
+}
+
 impl Outbound {
-    /// Binds this thread's upstream socket.
     pub fn new(fwd: Arc<Forwarder>, runtime: tokio::runtime::Handle) -> io::Result<Self> {
-        let socket = UdpSocket::bind(fwd.local_bind())?;
-        socket.set_nonblocking(true)?;
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(io::Error::from)?;
         Ok(Outbound {
             fwd,
-            socket,
+            epoll,
+            events: vec![EpollEvent::empty(); ANSWERS_PER_READ],
             flights: HashMap::new(),
             timers: BinaryHeap::new(),
-            attempts: 0,
+            sends: 0,
             packet: Vec::with_capacity(512),
             buf: vec![0u8; 65535],
             runtime,
         })
     }
 
-    pub fn socket(&self) -> &UdpSocket {
-        &self.socket
+    /// What the serving thread polls beside its clients' socket.
+    pub fn readiness(&self) -> BorrowedFd<'_> {
+        self.epoll.0.as_fd()
     }
 
     /// True when no query waits upstream, so the thread may block on its
@@ -100,7 +124,7 @@ impl Outbound {
 
     /// When the next send gives up, if any is waiting.
     pub fn next_timer(&self) -> Option<Instant> {
-        self.timers.peek().map(|Reverse((at, _, _))| *at)
+        self.timers.peek().map(|Reverse((at, _))| *at)
     }
 
     /// Answers `client` from the cache, or joins it to the identical query
@@ -138,9 +162,10 @@ impl Outbound {
             order: self.fwd.order(),
             next: 0,
             upstream: 0,
+            socket: None,
+            id: 0,
             sent: now,
             deadline: now + total,
-            attempt: 0,
             _slot: slot,
         };
         self.send_next(shared, flight, FetchError::Timeout);
@@ -157,27 +182,51 @@ impl Outbound {
             if remaining.is_zero() {
                 break;
             }
-            let (Some(addr), Some(id)) = (self.fwd.upstream_addr(index), self.fresh_id()) else {
+            let Some(addr) = self.fwd.upstream_addr(index) else {
                 last = FetchError::Overloaded;
                 break;
             };
+            // The previous send's socket closes here, which also takes it
+            // out of the epoll set.
+            flight.socket = None;
+            let socket = match query_socket(forward::any_port_for(addr), addr) {
+                Ok(socket) => socket,
+                // Out of descriptors or ports: our fault, not the
+                // upstream's, and no other upstream would fare better.
+                Err(e) => {
+                    tracing::debug!(error = %e, "no socket for an upstream query");
+                    last = FetchError::Overloaded;
+                    break;
+                }
+            };
+            let id: u16 = rand::rng().random();
             self.packet.clear();
             self.packet.extend_from_slice(&id.to_be_bytes());
             self.packet
                 .extend_from_slice(flight.client.request.get(2..).unwrap_or_default());
-            match self.socket.send_to(&self.packet, addr) {
+            match socket.send(&self.packet) {
                 Ok(_) => {
+                    self.sends += 1;
+                    let token = self.sends;
+                    if let Err(e) = self
+                        .epoll
+                        .add(&socket, EpollEvent::new(EpollFlags::EPOLLIN, token))
+                    {
+                        tracing::debug!(error = %e, "cannot watch an upstream query's socket");
+                        last = FetchError::Overloaded;
+                        break;
+                    }
                     if self.flights.is_empty() {
-                        // Every timer left belongs to a flight that is over.
+                        // Every timer left belongs to a send that is over.
                         self.timers.clear();
                     }
-                    self.attempts += 1;
                     flight.upstream = index;
                     flight.sent = now;
-                    flight.attempt = self.attempts;
+                    flight.id = id;
+                    flight.socket = Some(socket);
                     self.timers
-                        .push(Reverse((now + per_try.min(remaining), id, self.attempts)));
-                    self.flights.insert(id, flight);
+                        .push(Reverse((now + per_try.min(remaining), token)));
+                    self.flights.insert(token, flight);
                     return;
                 }
                 // Our own send buffer is full: no fault of the upstream's,
@@ -196,50 +245,67 @@ impl Outbound {
         finish(shared, &self.fwd, flight, Err(last));
     }
 
-    /// A random ID no query of this socket has now: the ID is half of what
-    /// keeps a forged answer out, the socket's random port the other.
-    fn fresh_id(&self) -> Option<u16> {
-        let mut rng = rand::rng();
-        (0..16)
-            .map(|_| rng.random::<u16>())
-            .find(|id| !self.flights.contains_key(id))
+    /// Reads the upstream answers waiting on the flights' sockets. An
+    /// answer counts only with the ID and the question asked (the kernel has
+    /// already dropped whatever did not come from the upstream asked).
+    pub fn receive(&mut self, shared: &Arc<Shared>) {
+        let ready = match self.epoll.wait(&mut self.events, EpollTimeout::ZERO) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::debug!(error = %e, "DNS upstream wait failed");
+                return;
+            }
+        };
+        for i in 0..ready {
+            let token = self.events[i].data();
+            self.read_flight(shared, token);
+        }
     }
 
-    /// Reads the upstream answers waiting on the socket. An answer counts
-    /// only from the upstream asked, with the ID and the question asked.
-    pub fn receive(&mut self, shared: &Arc<Shared>) {
+    fn read_flight(&mut self, shared: &Arc<Shared>, token: u64) {
+        // A few datagrams per socket at most: a forger flooding one port
+        // cannot keep the thread from its clients.
         for _ in 0..ANSWERS_PER_READ {
-            let (n, from) = match self.socket.recv_from(&mut self.buf) {
-                Ok(got) => got,
+            let Some(flight) = self.flights.get(&token) else {
+                return;
+            };
+            let Some(socket) = &flight.socket else {
+                return;
+            };
+            let n = match socket.recv(&mut self.buf) {
+                Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // ICMP unreachable, and the like: this upstream failed.
                 Err(e) => {
-                    tracing::debug!(error = %e, "DNS upstream receive failed");
+                    if let Some(flight) = self.flights.remove(&token) {
+                        let e = FetchError::Io(e);
+                        self.fwd.failed(flight.upstream, &e);
+                        self.send_next(shared, flight, e);
+                    }
                     return;
                 }
             };
             let wire = &self.buf[..n];
-            let expected = |f: &Flight| {
-                let asked = self.fwd.upstream_addr(f.upstream);
-                let question = f.client.request.get(12..f.client.q.question_end);
-                asked
-                    .zip(question)
-                    .is_some_and(|(asked, question)| forward::answers(wire, from, asked, question))
-            };
-            let id =
-                forward::answer_id(wire).filter(|id| self.flights.get(id).is_some_and(expected));
-            let Some(flight) = id.and_then(|id| self.flights.remove(&id)) else {
+            let question = flight.client.request.get(12..flight.client.q.question_end);
+            let expected = forward::answer_id(wire) == Some(flight.id)
+                && question.is_some_and(|question| forward::same_question(wire, question));
+            if !expected {
                 shared
                     .metrics
                     .dropped
                     .with_label_values(&["unexpected_upstream_response"])
                     .inc();
                 continue;
-            };
+            }
             let wire = wire.to_vec();
+            let Some(mut flight) = self.flights.remove(&token) else {
+                return;
+            };
+            flight.socket = None;
             if shape(&wire).is_some_and(|s| s.truncated) {
                 self.over_tcp(shared, flight);
-                continue;
+                return;
             }
             match Forwarder::check(wire) {
                 Ok(wire) => {
@@ -251,22 +317,20 @@ impl Outbound {
                     self.send_next(shared, flight, e);
                 }
             }
+            return;
         }
     }
 
     /// Moves the upstream whose send ran out of time on to the next one.
     pub fn expire(&mut self, shared: &Shared) {
         let now = Instant::now();
-        while let Some(Reverse((at, id, attempt))) = self.timers.peek().copied() {
+        while let Some(Reverse((at, token))) = self.timers.peek().copied() {
             if at > now {
                 break;
             }
             self.timers.pop();
-            // Answered, or sent again since: this timer is over.
-            if self.flights.get(&id).is_none_or(|f| f.attempt != attempt) {
-                continue;
-            }
-            if let Some(flight) = self.flights.remove(&id) {
+            // Answered, or sent again since (under a new token): over.
+            if let Some(flight) = self.flights.remove(&token) {
                 self.fwd.failed(flight.upstream, &FetchError::Timeout);
                 self.send_next(shared, flight, FetchError::Timeout);
             }

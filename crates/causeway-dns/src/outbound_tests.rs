@@ -234,25 +234,100 @@ async fn an_answer_from_another_address_is_not_taken() {
         .unwrap();
     let mut buf = [0u8; 1500];
     let (n, from) = upstream.recv_from(&mut buf).unwrap();
-    // Right ID, right question, wrong source port.
+    // Right ID, right question, right port, wrong source port: the query's
+    // socket is connected to the upstream, so the kernel drops it.
     forger
         .send_to(
             &answer(&buf[..n], Ipv4Addr::new(203, 0, 113, 66), false),
             from,
         )
         .unwrap();
+    let ip = Ipv4Addr::new(192, 0, 2, 10);
+    upstream
+        .send_to(&answer(&buf[..n], ip, false), from)
+        .unwrap();
+    assert_eq!(reply(&client), (10, vec![ip]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_with_another_question_is_not_taken() {
+    let upstream = socket();
+    let lab = serve(&[upstream.local_addr().unwrap()], "").await;
+    let client = socket();
+    client
+        .send_to(&query(12, "asked.example.net."), lab.addr)
+        .unwrap();
+    let mut buf = [0u8; 1500];
+    let (n, from) = upstream.recv_from(&mut buf).unwrap();
+    let id = u16::from_be_bytes([buf[0], buf[1]]);
+    // The right source, port and ID, answering a name that was not asked.
+    let mut other = query(id, "other.example.net.");
+    other = answer(&other, Ipv4Addr::new(203, 0, 113, 67), false);
+    upstream.send_to(&other, from).unwrap();
     let dropped = || {
         lab.metrics
             .dropped
             .with_label_values(&["unexpected_upstream_response"])
             .get()
     };
-    eventually("the forged answer dropped", || dropped() == 1);
-    let ip = Ipv4Addr::new(192, 0, 2, 10);
+    eventually("the answer to another question dropped", || dropped() == 1);
+    let ip = Ipv4Addr::new(192, 0, 2, 12);
     upstream
         .send_to(&answer(&buf[..n], ip, false), from)
         .unwrap();
-    assert_eq!(reply(&client), (10, vec![ip]));
+    assert_eq!(reply(&client), (12, vec![ip]));
+}
+
+/// RFC 5452: the port is half of what keeps a forged answer out. An
+/// attacker who learned the port of one upstream query (by asking for a
+/// name of its own) and even guesses the next query's ID right, sending
+/// from the upstream's own address, still misses: each query has a port
+/// of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spoofed_answer_to_the_port_of_an_earlier_query_is_not_taken() {
+    let upstream = socket();
+    let lab = serve(&[upstream.local_addr().unwrap()], "").await;
+    let client = socket();
+    let cpu = causeway_runtime::cpus::usable()[0];
+    let mut buf = [0u8; 1500];
+    // The attacker's own name: its query shows the port used.
+    send_from_cpu(cpu, &client, &query(20, "attacker.example.org."), lab.addr);
+    let (n, learned) = upstream.recv_from(&mut buf).unwrap();
+    upstream
+        .send_to(
+            &answer(&buf[..n], Ipv4Addr::new(198, 51, 100, 1), false),
+            learned,
+        )
+        .unwrap();
+    assert_eq!(reply(&client).0, 20);
+    let mut ports = vec![learned.port()];
+    for (id, name) in [(21, "victim.example.net."), (22, "victim2.example.net.")] {
+        // From the same CPU, so the same serving thread sends it.
+        send_from_cpu(cpu, &client, &query(id, name), lab.addr);
+        let (n, asked) = upstream.recv_from(&mut buf).unwrap();
+        ports.push(asked.port());
+        // The ID is granted to the attacker; only the port is guessed.
+        let forged = answer(&buf[..n], Ipv4Addr::new(203, 0, 113, 66), false);
+        let guessed = std::net::SocketAddr::new(asked.ip(), learned.port());
+        if guessed != asked {
+            upstream.send_to(&forged, guessed).unwrap();
+        }
+        let genuine = Ipv4Addr::new(192, 0, 2, 21);
+        upstream
+            .send_to(&answer(&buf[..n], genuine, false), asked)
+            .unwrap();
+        assert_eq!(
+            reply(&client),
+            (id, vec![genuine]),
+            "the forged answer was taken"
+        );
+    }
+    ports.sort_unstable();
+    ports.dedup();
+    assert!(
+        ports.len() >= 2,
+        "every upstream query left from one port: {ports:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -216,11 +216,7 @@ impl DnsServer {
             None
         } else {
             tracing::info!(upstreams = ?upstreams, "DNS forwarding");
-            Some(
-                Forwarder::start(cfg, upstreams, metrics.clone(), shutdown.clone())
-                    .await
-                    .map_err(DnsError::Upstream)?,
-            )
+            Some(Forwarder::new(cfg, upstreams, metrics.clone()))
         };
         let shared = Arc::new(Shared {
             authority: RwLock::new(Arc::new(authority)),
@@ -460,8 +456,9 @@ fn udp_thread(
                     at.saturating_duration_since(Instant::now())
                         .min(HOUSEKEEPING)
                 });
-                let (queries, answers) =
-                    socket.poll_with(out.socket(), wait).unwrap_or((true, true));
+                let (queries, answers) = socket
+                    .poll_with(out.readiness(), wait)
+                    .unwrap_or((true, true));
                 if answers {
                     out.receive(shared);
                 }
