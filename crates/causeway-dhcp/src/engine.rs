@@ -79,6 +79,12 @@ pub enum Ignored {
     /// A RELEASE or DECLINE for a lease the client does not hold.
     NotHeld,
     MissingAddress,
+    /// A relayed packet (giaddr set) on an interface listener from a source
+    /// that is no configured relay: a VLAN client posing as a relay.
+    UnknownRelay,
+    /// A DECLINE from a client that already has as many addresses in
+    /// quarantine as one client may.
+    DeclineLimited,
 }
 
 impl Ignored {
@@ -94,6 +100,8 @@ impl Ignored {
             Ignored::NoRecord => "no_record",
             Ignored::NotHeld => "not_held",
             Ignored::MissingAddress => "missing_address",
+            Ignored::UnknownRelay => "unknown_relay",
+            Ignored::DeclineLimited => "decline_limited",
         }
     }
 }
@@ -223,7 +231,15 @@ pub struct Engine {
     by_client: ClientIndex,
     rate_window: u64,
     rate_counts: HashMap<ClientKey, u32>,
+    /// Which address last took each client-chosen hostname. Checked
+    /// against the lease on use, so an entry gone stale is harmless.
+    by_hostname: HashMap<Box<str>, Ipv4Addr>,
 }
+
+/// Addresses one client may hold in quarantine at once: a real client
+/// declines an address only when it finds it in use, and a second conflict
+/// in a row is already rare.
+pub const MAX_DECLINED_PER_CLIENT: usize = 2;
 
 impl Engine {
     pub fn new(cfg: &DhcpConfig) -> Self {
@@ -234,6 +250,7 @@ impl Engine {
             by_client: ClientIndex::default(),
             rate_window: 0,
             rate_counts: HashMap::new(),
+            by_hostname: HashMap::new(),
         }
     }
 
@@ -274,6 +291,11 @@ impl Engine {
         for l in self.leases.values_mut() {
             if l.state != LeaseState::Declined && self.by_client.get(&l.client) != Some(l.ip) {
                 l.state = LeaseState::Released;
+            }
+        }
+        for l in self.leases.values() {
+            if let (LeaseState::Active, Some(name)) = (l.state, &l.hostname) {
+                self.by_hostname.entry(name.clone()).or_insert(l.ip);
             }
         }
         let ips: Vec<Ipv4Addr> = self.leases.keys().copied().collect();
@@ -329,6 +351,12 @@ impl Engine {
             }
             self.mark(*ip);
         }
+        let leases = &self.leases;
+        self.by_hostname.retain(|name, ip| {
+            leases
+                .get(ip)
+                .is_some_and(|l| l.holds(now) && l.hostname.as_deref() == Some(&**name))
+        });
         expired.len()
     }
 
@@ -411,6 +439,12 @@ impl Engine {
         if !self.admit(now, &key) {
             return Outcome::Ignore(Ignored::RateLimited);
         }
+        if !msg.giaddr().is_unspecified()
+            && matches!(ingress, Ingress::Interface(_))
+            && !self.is_relay(*source.ip())
+        {
+            return Outcome::Ignore(Ignored::UnknownRelay);
+        }
         let Some(si) = self.select_subnet(msg, ingress) else {
             return Outcome::Ignore(Ignored::NoSubnet);
         };
@@ -446,6 +480,13 @@ impl Engine {
         let count = self.rate_counts.entry(key.clone()).or_insert(0);
         *count += 1;
         *count <= self.policy.rate_limit
+    }
+
+    /// Whether `ip` is listed in any subnet's `relayAddresses`.
+    fn is_relay(&self, ip: Ipv4Addr) -> bool {
+        self.subnets
+            .iter()
+            .any(|s| s.cfg.relay_addresses.contains(&ip))
     }
 
     fn select_subnet(&self, msg: &Message, ingress: &Ingress) -> Option<usize> {
@@ -593,16 +634,45 @@ impl Engine {
         &self.leases[&ip]
     }
 
-    fn hostname_for(&self, si: usize, f: &Facts) -> Option<Box<str>> {
+    /// The name a lease carries into DNS: the reservation's, always; else
+    /// the one the client asks for (option 12), unless a reservation names
+    /// it or another client holds it now (the first holder keeps a name).
+    fn hostname_for(&self, now: u64, si: usize, f: &Facts) -> Option<Box<str>> {
         if let Some(h) = self.subnets[si]
             .reservation_for(&f.hw, f.client_id)
             .and_then(|r| r.hostname.as_deref())
         {
             return Some(h.into());
         }
-        match f.msg.opts().get(OptionCode::Hostname) {
-            Some(DhcpOption::Hostname(h)) => sanitize_hostname(h).map(Into::into),
-            _ => None,
+        let Some(DhcpOption::Hostname(h)) = f.msg.opts().get(OptionCode::Hostname) else {
+            return None;
+        };
+        let name = sanitize_hostname(h)?;
+        let reserved = self.subnets.iter().any(|s| {
+            s.cfg.reservations.iter().any(|r| {
+                r.hostname
+                    .as_deref()
+                    .is_some_and(|r| r.eq_ignore_ascii_case(&name))
+            })
+        });
+        let held_by_another = self
+            .by_hostname
+            .get(name.as_str())
+            .and_then(|ip| self.leases.get(ip))
+            .is_some_and(|l| {
+                l.client != f.key
+                    && l.holds(now)
+                    && l.hostname
+                        .as_deref()
+                        .is_some_and(|h| h.eq_ignore_ascii_case(&name))
+            });
+        (!reserved && !held_by_another).then(|| name.into())
+    }
+
+    /// Records who took a client-chosen name, for [`Self::hostname_for`].
+    fn claim_hostname(&mut self, ip: Ipv4Addr) {
+        if let Some(name) = self.leases.get(&ip).and_then(|l| l.hostname.clone()) {
+            self.by_hostname.insert(name, ip);
         }
     }
 
@@ -619,7 +689,7 @@ impl Engine {
             .get(&ip)
             .is_some_and(|l| l.client == f.key && l.state == LeaseState::Active && l.holds(now));
         if !already_active {
-            let hostname = self.hostname_for(si, f);
+            let hostname = self.hostname_for(now, si, f);
             self.bind(
                 ip,
                 f,
@@ -661,10 +731,11 @@ impl Engine {
 
     fn ack(&mut self, now: u64, si: usize, f: &Facts, ip: Ipv4Addr, rapid: bool) -> Outcome {
         let lease = self.lease_secs(si);
-        let hostname = self.hostname_for(si, f);
+        let hostname = self.hostname_for(now, si, f);
         let record = self
             .bind(ip, f, LeaseState::Active, now + u64::from(lease), hostname)
             .to_record();
+        self.claim_hostname(ip);
         let reply = reply::build(
             f.msg,
             &self.subnets[si].cfg,
@@ -791,8 +862,22 @@ impl Engine {
             return Outcome::Ignore(Ignored::MissingAddress);
         };
         let ip = *ip;
-        if !self.leases.get(&ip).is_some_and(|l| l.client == f.key) {
+        // Only an address the client was given and still holds: an offer
+        // or a released lease is not the client's to quarantine.
+        let active = self
+            .leases
+            .get(&ip)
+            .is_some_and(|l| l.client == f.key && l.state == LeaseState::Active && l.holds(now));
+        if !active {
             return Outcome::Ignore(Ignored::NotHeld);
+        }
+        let quarantined = self
+            .leases
+            .values()
+            .filter(|l| l.client == f.key && l.state == LeaseState::Declined && l.holds(now))
+            .count();
+        if quarantined >= MAX_DECLINED_PER_CLIENT {
+            return Outcome::Ignore(Ignored::DeclineLimited);
         }
         let record = self
             .bind(

@@ -872,3 +872,126 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn decline_is_refused_for_an_offer_a_released_lease_or_past_the_per_client_cap() {
+    let mut e = Engine::new(&vlan_config("", "  rateLimitPerClient: 1000"));
+    let mut c = Client::new(1);
+    // Only offered.
+    let (offer, _, _) = reply(e.handle(NOW, &c.discover(), from_client(), &direct()));
+    assert_eq!(
+        e.handle(NOW, &c.decline(offer.yiaddr()), from_client(), &direct()),
+        Outcome::Ignore(Ignored::NotHeld)
+    );
+    // Released.
+    let ip = dora(&mut e, &mut c, NOW);
+    assert!(matches!(
+        e.handle(NOW, &c.release(ip), from_client(), &direct()),
+        Outcome::Commit(_)
+    ));
+    assert_eq!(
+        e.handle(NOW, &c.decline(ip), from_client(), &direct()),
+        Outcome::Ignore(Ignored::NotHeld)
+    );
+    // Active: quarantined, up to the cap per client.
+    for _ in 0..MAX_DECLINED_PER_CLIENT {
+        let ip = dora(&mut e, &mut c, NOW);
+        assert!(matches!(
+            e.handle(NOW, &c.decline(ip), from_client(), &direct()),
+            Outcome::Commit(_)
+        ));
+    }
+    let ip = dora(&mut e, &mut c, NOW);
+    assert_eq!(
+        e.handle(NOW, &c.decline(ip), from_client(), &direct()),
+        Outcome::Ignore(Ignored::DeclineLimited)
+    );
+    assert_eq!(
+        e.pool_stats(NOW)[0].declined,
+        MAX_DECLINED_PER_CLIENT as u64
+    );
+}
+
+#[test]
+fn a_relayed_packet_on_an_interface_listener_needs_a_configured_relay() {
+    let mut e = Engine::new(&vlan_config("      relayAddresses: [192.168.100.9]\n", ""));
+    let mut c = Client::new(1);
+    let mut forged = c.discover();
+    forged
+        .set_giaddr(Ipv4Addr::new(192, 168, 100, 77))
+        .set_hops(1);
+    // A VLAN client posing as a relay.
+    let from = SocketAddrV4::new(Ipv4Addr::new(192, 168, 100, 77), 67);
+    assert_eq!(
+        e.handle(NOW, &forged, from, &direct()),
+        Outcome::Ignore(Ignored::UnknownRelay)
+    );
+    // The configured relay is served.
+    let mut relayed = c.discover();
+    relayed
+        .set_giaddr(Ipv4Addr::new(192, 168, 100, 9))
+        .set_hops(1);
+    let relay = SocketAddrV4::new(Ipv4Addr::new(192, 168, 100, 9), 67);
+    let (offer, dest, _) = reply(e.handle(NOW, &relayed, relay, &direct()));
+    assert_eq!(kind(&offer), MessageType::Offer);
+    assert_eq!(
+        dest,
+        Destination::Unicast(SocketAddrV4::new(Ipv4Addr::new(192, 168, 100, 9), 67))
+    );
+}
+
+fn with_hostname(mut m: Message, name: &str) -> Message {
+    m.opts_mut().insert(DhcpOption::Hostname(name.into()));
+    m
+}
+
+/// DISCOVER and REQUEST, both with option 12; the hostname the lease got.
+fn dora_named(e: &mut Engine, c: &mut Client, name: &str) -> Option<String> {
+    let (offer, _, _) = reply(e.handle(
+        NOW,
+        &with_hostname(c.discover(), name),
+        from_client(),
+        &direct(),
+    ));
+    let request = with_hostname(c.select(offer.yiaddr(), SERVER), name);
+    let (_, _, commit) = reply(e.handle(NOW, &request, from_client(), &direct()));
+    commit.and_then(|r| r.hostname)
+}
+
+#[test]
+fn a_hostname_goes_to_its_reservation_or_its_first_holder_only() {
+    let mut e = Engine::new(&vlan_config(
+        "      reservations:\n        - {mac: '52:54:00:00:00:07', ip: 192.168.100.50, hostname: worker-0}\n",
+        "",
+    ));
+    // A client asking for the reservation's name does not get it...
+    assert_eq!(dora_named(&mut e, &mut Client::new(1), "worker-0"), None);
+    // ...and the reserved machine always does.
+    assert_eq!(
+        dora_named(&mut e, &mut Client::new(7), "anything").as_deref(),
+        Some("worker-0")
+    );
+    // The first holder keeps a name; a second client asking gets none.
+    assert_eq!(
+        dora_named(&mut e, &mut Client::new(2), "db").as_deref(),
+        Some("db")
+    );
+    assert_eq!(dora_named(&mut e, &mut Client::new(3), "DB"), None);
+    // The holder renews with it.
+    assert_eq!(
+        dora_named(&mut e, &mut Client::new(2), "db").as_deref(),
+        Some("db")
+    );
+    // Once the holder's lease is over, the name is free again.
+    e.reclaim(NOW + 7200);
+    let (offer, _, _) = reply(e.handle(
+        NOW + 7200,
+        &with_hostname(Client::new(3).discover(), "db"),
+        from_client(),
+        &direct(),
+    ));
+    let mut c3 = Client::new(3);
+    let request = with_hostname(c3.select(offer.yiaddr(), SERVER), "db");
+    let (_, _, commit) = reply(e.handle(NOW + 7200, &request, from_client(), &direct()));
+    assert_eq!(commit.and_then(|r| r.hostname).as_deref(), Some("db"));
+}
