@@ -542,20 +542,47 @@ fn udp_thread(
     hot.flush(shared);
 }
 
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// Whether an accept failed for want of a resource of ours (EMFILE,
+/// ENFILE, ENOBUFS, ENOMEM) rather than because of one connection.
+pub(crate) fn accept_is_starved(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(24 | 23 | 105 | 12))
+}
+
 async fn tcp_loop(
     shared: Arc<Shared>,
     listener: TcpListener,
     limit: Arc<Semaphore>,
     mut shutdown: Shutdown,
 ) {
+    let mut backoff = ACCEPT_BACKOFF_MIN;
     loop {
         let (stream, from) = tokio::select! {
             _ = shutdown.wait() => return,
             r = listener.accept() => match r {
                 Ok(x) => x,
+                Err(e) if accept_is_starved(&e) => {
+                    // Out of descriptors or memory: the pending connection
+                    // stays queued and accept would fail again at once, so
+                    // trying in a loop would only burn a core. Wait, longer
+                    // each time, for something to close.
+                    shared.metrics.dropped.with_label_values(&["tcp_accept_starved"]).inc();
+                    if backoff == ACCEPT_BACKOFF_MIN {
+                        tracing::warn!(error = %e, "DNS TCP accept failed; backing off until descriptors free up");
+                    }
+                    tokio::select! {
+                        _ = shutdown.wait() => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                    continue;
+                }
                 Err(_) => continue,
             },
         };
+        backoff = ACCEPT_BACKOFF_MIN;
         let Ok(permit) = limit.clone().try_acquire_owned() else {
             shared.metrics.tcp_refused.inc();
             drop(stream);
@@ -602,7 +629,19 @@ async fn tcp_connection(
         let mut framed = Vec::with_capacity(wire.len() + 2);
         framed.extend_from_slice(&n.to_be_bytes());
         framed.extend_from_slice(&wire);
-        stream.write_all(&framed).await?;
+        // A client that sends and never reads would otherwise hold its
+        // connection (and one of the bounded slots) for ever.
+        if tokio::time::timeout(shared.tcp_idle, stream.write_all(&framed))
+            .await
+            .is_err()
+        {
+            shared
+                .metrics
+                .dropped
+                .with_label_values(&["tcp_write_timeout"])
+                .inc();
+            return Ok(());
+        }
     }
 }
 
@@ -721,6 +760,77 @@ pub(crate) mod tests {
             "closed after {idle:?}, inside the timeout"
         );
         assert!(within_2s(|| metrics.tcp_connections.get() == 0).await);
+    }
+
+    /// Pipelines local queries on `stream` and never reads, until the
+    /// server stops reading too (its replies fill both buffers).
+    async fn flood_without_reading(stream: &mut TcpStream) -> usize {
+        let mut q = Message::new();
+        q.set_id(7).set_recursion_desired(true);
+        q.add_query(Query::query(
+            Name::from_ascii("api.hc1.example.com.").unwrap(),
+            RecordType::A,
+        ));
+        let wire = q.to_vec().unwrap();
+        let mut framed = u16::try_from(wire.len()).unwrap().to_be_bytes().to_vec();
+        framed.extend_from_slice(&wire);
+        let burst: Vec<u8> = framed.repeat(512);
+        let mut sent = 0;
+        // Bounded: 64 MiB of queries at most, and a write that makes no
+        // progress for 500 ms means both buffers are full.
+        while sent < 64 << 20 {
+            match tokio::time::timeout(Duration::from_millis(500), stream.write_all(&burst)).await {
+                Ok(Ok(())) => sent += burst.len(),
+                _ => break,
+            }
+        }
+        sent
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn clients_that_never_read_lose_their_connections_after_the_write_timeout() {
+        let addr = free_port();
+        let (_trigger, shutdown) = causeway_runtime::shutdown::channel();
+        let (server, metrics) = start_with(
+            &[addr],
+            "  maxTcpConnections: 2\n  tcpIdleTimeout: 1s\n",
+            shutdown,
+        )
+        .await;
+        let _server = server.unwrap();
+        let mut hogs = Vec::new();
+        for _ in 0..2 {
+            let mut hog = TcpStream::connect(addr).await.unwrap();
+            assert!(flood_without_reading(&mut hog).await > 0);
+            hogs.push(hog);
+        }
+        // Both slots are held by clients that do not read; within the write
+        // timeout (and a margin) the server gives them up, and a client
+        // that reads is served again.
+        let mut served = false;
+        for id in 0..100 {
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            if ask_tcp(&mut c, id).await.is_some() {
+                served = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(served, "the slots stayed with clients that never read");
+        assert!(
+            metrics
+                .dropped
+                .with_label_values(&["tcp_write_timeout"])
+                .get()
+                >= 1
+        );
+    }
+
+    #[test]
+    fn descriptor_exhaustion_is_told_from_a_failed_connection() {
+        assert!(accept_is_starved(&io::Error::from_raw_os_error(24)));
+        assert!(accept_is_starved(&io::Error::from_raw_os_error(23)));
+        assert!(!accept_is_starved(&io::Error::from_raw_os_error(103)));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
