@@ -689,3 +689,126 @@ fn ten_thousand_idle_clients_cost_under_40_kb_each() {
         metric(proxy.admin, &active) == Some(0.0)
     });
 }
+
+/// A plain TCP upstream on loopback that accepts every connection and
+/// holds it until the other side closes, or until dropped.
+struct HoldingUpstream {
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<usize>>,
+}
+
+impl HoldingUpstream {
+    fn start() -> HoldingUpstream {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut held: Vec<TcpStream> = Vec::new();
+            let mut accepted = 0;
+            let mut buf = [0u8; 512];
+            while !stopping.load(std::sync::atomic::Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((s, _)) => {
+                        s.set_nonblocking(true).unwrap();
+                        held.push(s);
+                        accepted += 1;
+                    }
+                    // Nonblocking: nothing waiting; look again soon.
+                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                }
+                held.retain_mut(|s| match s.read(&mut buf) {
+                    Ok(0) => false,
+                    Ok(_) => true,
+                    Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+                });
+            }
+            accepted
+        });
+        HoldingUpstream {
+            port,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for HoldingUpstream {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn running_out_of_descriptors_never_ejects_a_healthy_upstream() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = HoldingUpstream::start();
+    let port = free_port();
+    let admin = free_port();
+    let cfg = dir.path().join("proxy.yaml");
+    std::fs::write(
+        &cfg,
+        format!("log: {{format: json}}\nadmin: {{listen: \"127.0.0.1:{admin}\"}}\ncluster: {{name: hc1, baseDomain: example.com}}\nproxy:\n  listenAddress: 127.0.0.1\n  listeners:\n    - {{port: {port}, upstream: \"127.0.0.1:{}\"}}\n", upstream.port),
+    )
+    .unwrap();
+    // A descriptor table of 64 (soft and hard, so the proxy cannot raise
+    // it): the held connections below exhaust it.
+    let child = Command::new("prlimit")
+        .arg("--nofile=64:64")
+        .arg(env!("CARGO_BIN_EXE_causeway"))
+        .args(["proxy", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("proxy.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let _proxy = Guard(child);
+    wait_for("/readyz", || {
+        http_get(admin, "/readyz")
+            .is_some_and(|b| b.lines().next().is_some_and(|l| l.contains(" 200 ")))
+    });
+    // The sum of every sample of `name` whose labels contain `labels`.
+    let total = |name: &str, labels: &str| -> f64 {
+        http_get(admin, "/metrics")
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with(name) && l.contains(labels))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let held: Vec<TcpStream> = (0..80)
+        .filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok())
+        .collect();
+    wait_for("a connect refused for want of descriptors", || {
+        total(
+            "causeway_proxy_connect_errors_total",
+            "reason=\"local_resources\"",
+        ) >= 1.0
+    });
+    drop(held);
+    assert_eq!(total("causeway_proxy_ejections_total", ""), 0.0);
+    // Descriptors free again: a new connection reaches the upstream.
+    let open = || {
+        metric(
+            admin,
+            &format!(
+                "causeway_proxy_upstream_connections_active{{address=\"127.0.0.1:{}\"}}",
+                upstream.port
+            ),
+        )
+        .unwrap_or(0.0)
+    };
+    wait_for("the held connections to close", || open() == 0.0);
+    let _again = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    wait_for("a new connection to reach the upstream", || open() == 1.0);
+    assert_eq!(
+        total("causeway_proxy_ejections_total", ""),
+        0.0,
+        "a healthy upstream was ejected"
+    );
+}
