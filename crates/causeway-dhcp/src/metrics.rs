@@ -21,6 +21,7 @@ pub struct DhcpMetrics {
     pub store_healthy: IntGauge,
     pub compactions: IntCounter,
     pub compaction_failures: IntCounter,
+    pub corrupt_lines: IntCounter,
 }
 
 impl DhcpMetrics {
@@ -62,6 +63,7 @@ impl DhcpMetrics {
             )?,
             store_healthy: IntGauge::new("causeway_dhcp_store_healthy", "1 while the lease store can make leases durable; 0 while it cannot, and no lease is acknowledged")?,
             compactions: IntCounter::new("causeway_dhcp_store_compactions_total", "Lease log compactions")?,
+            corrupt_lines: IntCounter::new("causeway_dhcp_store_corrupt_lines_total", "Lease log lines skipped at start: not JSON, or a record whose client id is not hex")?,
             compaction_failures: IntCounter::new("causeway_dhcp_store_compaction_failures_total", "Lease log compactions that failed; the log is kept as it was, and the output removed")?,
         };
         registry.register(Box::new(m.received.clone()))?;
@@ -77,6 +79,7 @@ impl DhcpMetrics {
         registry.register(Box::new(m.store_healthy.clone()))?;
         registry.register(Box::new(m.compactions.clone()))?;
         registry.register(Box::new(m.compaction_failures.clone()))?;
+        registry.register(Box::new(m.corrupt_lines.clone()))?;
         Ok(m)
     }
 

@@ -91,11 +91,21 @@ impl DhcpServer {
             LeaseStore::open(&cfg.lease_file, Some(metrics.clone()), Some(health))?;
         let mut engine = Engine::new(cfg);
         let skipped = engine.restore(&recovery.records);
+        let corrupt = recovery.corrupt_lines + skipped;
+        metrics.corrupt_lines.inc_by(corrupt as u64);
+        if corrupt > 0 {
+            tracing::warn!(
+                path = %cfg.lease_file.display(),
+                corrupt_lines = corrupt,
+                "lease log lines skipped: not JSON, or a client id that is not hex \
+                 (see causeway_dhcp_store_corrupt_lines_total)"
+            );
+        }
         tracing::info!(
             path = %cfg.lease_file.display(),
             records = recovery.records.len(),
             leases = engine.lease_count(),
-            corrupt_lines = recovery.corrupt_lines + skipped,
+            corrupt_lines = corrupt,
             torn_tail_bytes = recovery.torn_tail_bytes,
             "lease store recovered"
         );

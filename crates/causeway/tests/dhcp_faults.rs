@@ -353,3 +353,37 @@ fn acknowledged_leases_survive_kill_9_during_compaction() {
         acked.len()
     );
 }
+
+#[test]
+fn corrupt_lease_lines_are_skipped_with_a_warning_and_a_metric() {
+    let lab = Lab::new(|dir| dir.join("leases.jsonl"));
+    let lease_file = lab.dir.path().join("leases.jsonl");
+    fs::write(
+        &lease_file,
+        concat!(
+            r#"{"ip":"10.200.0.10","client":"01:02:00:00:00:00:0a","hw":"02:00:00:00:00:0a","state":"active","expires":4000000000}"#,
+            "\nnot a lease\n",
+            r#"{"ip":"10.200.0.11","client":"zz","hw":"02:00:00:00:00:0b","state":"active","expires":4000000000}"#,
+            "\n",
+        ),
+    )
+    .unwrap();
+    let server = lab.start("causeway");
+    assert_eq!(
+        sample(&server, "causeway_dhcp_store_corrupt_lines_total"),
+        2.0
+    );
+    let warned = server
+        .proc
+        .output()
+        .lines()
+        .any(|l| l.contains("WARN") && l.contains("lease log lines skipped"));
+    assert!(warned, "no warning\n{}", server.proc.describe());
+    let served = server
+        .admin
+        .get("/leases")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    assert!(served.contains("10.200.0.10"), "{served}");
+    server.stop();
+}
