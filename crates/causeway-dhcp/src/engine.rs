@@ -234,6 +234,17 @@ pub struct Engine {
     /// Which address last took each client-chosen hostname. Checked
     /// against the lease on use, so an entry gone stale is harmless.
     by_hostname: HashMap<Box<str>, Ipv4Addr>,
+    /// Every reservation's hostname, lowercase: no other client gets one.
+    reserved_names: std::collections::HashSet<Box<str>>,
+}
+
+fn reserved_names(cfg: &DhcpConfig) -> std::collections::HashSet<Box<str>> {
+    cfg.subnets
+        .iter()
+        .flat_map(|s| &s.reservations)
+        .filter_map(|r| r.hostname.as_deref())
+        .map(|h| h.to_ascii_lowercase().into())
+        .collect()
 }
 
 /// Addresses one client may hold in quarantine at once: a real client
@@ -251,6 +262,7 @@ impl Engine {
             rate_window: 0,
             rate_counts: HashMap::new(),
             by_hostname: HashMap::new(),
+            reserved_names: reserved_names(cfg),
         }
     }
 
@@ -258,6 +270,7 @@ impl Engine {
     pub fn reconfigure(&mut self, cfg: &DhcpConfig) {
         self.policy = Policy::from_config(cfg);
         self.subnets = cfg.subnets.iter().cloned().map(SubnetState::new).collect();
+        self.reserved_names = reserved_names(cfg);
         let leases: Vec<Ipv4Addr> = self.leases.keys().copied().collect();
         for ip in leases {
             self.mark(ip);

@@ -545,12 +545,6 @@ fn udp_thread(
 const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
-/// Whether an accept failed for want of a resource of ours (EMFILE,
-/// ENFILE, ENOBUFS, ENOMEM) rather than because of one connection.
-pub(crate) fn accept_is_starved(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(24 | 23 | 105 | 12))
-}
-
 async fn tcp_loop(
     shared: Arc<Shared>,
     listener: TcpListener,
@@ -563,7 +557,7 @@ async fn tcp_loop(
             _ = shutdown.wait() => return,
             r = listener.accept() => match r {
                 Ok(x) => x,
-                Err(e) if accept_is_starved(&e) => {
+                Err(e) if causeway_runtime::resources::local_resources_exhausted(&e) => {
                     // Out of descriptors or memory: the pending connection
                     // stays queued and accept would fail again at once, so
                     // trying in a loop would only burn a core. Wait, longer
@@ -824,13 +818,6 @@ pub(crate) mod tests {
                 .get()
                 >= 1
         );
-    }
-
-    #[test]
-    fn descriptor_exhaustion_is_told_from_a_failed_connection() {
-        assert!(accept_is_starved(&io::Error::from_raw_os_error(24)));
-        assert!(accept_is_starved(&io::Error::from_raw_os_error(23)));
-        assert!(!accept_is_starved(&io::Error::from_raw_os_error(103)));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

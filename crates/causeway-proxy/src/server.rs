@@ -361,13 +361,6 @@ fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ProxyError> {
     Ok(s.into())
 }
 
-/// Whether a connect failed for want of something of ours (EMFILE, ENFILE,
-/// ENOBUFS, ENOMEM, or no free local port: EADDRNOTAVAIL) rather than
-/// because of the address asked.
-fn is_local_failure(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(24 | 23 | 105 | 12 | 99))
-}
-
 async fn connect_one(addr: SocketAddr) -> io::Result<TcpStream> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
@@ -797,7 +790,7 @@ async fn connect(
         let started = Instant::now();
         let attempt = tokio::time::timeout(cfg.connect_timeout, connect_one(addr)).await;
         if let Ok(Err(e)) = &attempt {
-            if is_local_failure(e) {
+            if causeway_runtime::resources::local_resources_exhausted(e) {
                 // Our descriptors, memory or ports ran out: no fault of this
                 // address, and every other would fail the same way now.
                 shared
@@ -1106,9 +1099,6 @@ mod tests {
 
         let upstream = connect_one(addr).await.unwrap();
         let sock = socket2::SockRef::from(&upstream);
-        assert!(is_local_failure(&io::Error::from_raw_os_error(24)));
-        assert!(is_local_failure(&io::Error::from_raw_os_error(99)));
-        assert!(!is_local_failure(&io::Error::from_raw_os_error(111)));
         assert!(sock.nodelay().unwrap());
         assert!(!sock.keepalive().unwrap(), "set later, by the relay");
     }

@@ -9,6 +9,7 @@ pub mod admin;
 pub mod cpus;
 pub mod readiness;
 pub mod reload;
+pub mod resources;
 pub mod shutdown;
 pub mod telemetry;
 

@@ -726,22 +726,7 @@ impl LoopbackServer {
         let config = dir.path().join("causeway.yaml");
         fs::write(
             &config,
-            format!(
-                r#"log: {{level: info}}
-admin: {{listen: "{admin}"}}
-dhcp:
-  listen: [{{address: "{dhcp}"}}]
-  leaseFile: {}
-  leaseTime: 1h
-  subnets:
-    - cidr: 10.200.0.0/16
-      relayAddresses: [127.0.0.1]
-      serverId: 127.0.0.1
-      router: [10.200.0.1]
-      dnsServers: [10.200.0.2]
-"#,
-                dir.path().join("leases.jsonl").display()
-            ),
+            support::loopback_dhcp_config(admin, dhcp, &dir.path().join("leases.jsonl")),
         )
         .unwrap();
         LoopbackServer {

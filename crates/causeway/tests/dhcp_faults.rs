@@ -25,18 +25,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::{
-    bench_bin, complete_lines, free_tcp_port, free_udp_port, is_root, leases, metric, poll_until,
-    run, wait_for, AdminAt, Appliance, Proc,
+    bench_bin, complete_lines, free_tcp_port, free_udp_port, leases, metric, poll_until,
+    root_or_skip_for, run, wait_for, AdminAt, Appliance, Proc,
 };
 use tempfile::TempDir;
-
-fn root_or_skip(test: &str, why: &str) -> bool {
-    if is_root() {
-        return true;
-    }
-    let _ = writeln!(std::io::stderr(), "SKIP {test}: needs root ({why})");
-    false
-}
 
 /// A tmpfs of a fixed size, unmounted on drop (also when the test panics).
 struct Tmpfs {
@@ -81,22 +73,7 @@ impl Lab {
         let config = dir.path().join("causeway.yaml");
         fs::write(
             &config,
-            format!(
-                r#"log: {{level: info}}
-admin: {{listen: "{admin}"}}
-dhcp:
-  listen: [{{address: "{dhcp}"}}]
-  leaseFile: {}
-  leaseTime: 1h
-  subnets:
-    - cidr: 10.200.0.0/16
-      relayAddresses: [127.0.0.1]
-      serverId: 127.0.0.1
-      router: [10.200.0.1]
-      dnsServers: [10.200.0.2]
-"#,
-                lease_file(dir.path()).display()
-            ),
+            support::loopback_dhcp_config(admin, dhcp, &lease_file(dir.path())),
         )
         .unwrap();
         Lab {
@@ -181,7 +158,7 @@ fn sample(server: &Appliance, name: &str) -> f64 {
 #[test]
 fn a_full_lease_disk_stops_acks_drops_readiness_and_recovers_without_loss() {
     let test = "a_full_lease_disk_stops_acks_drops_readiness_and_recovers_without_loss";
-    if !root_or_skip(test, "mounting a tmpfs") {
+    if !root_or_skip_for(test, "mounting a tmpfs") {
         return;
     }
     let lab = Lab::new(|dir| dir.join("disk/leases.jsonl"));

@@ -46,16 +46,40 @@ pub fn is_root() -> bool {
 /// `true` when the test may go on; otherwise prints the SKIP line.
 #[must_use]
 pub fn root_or_skip(test: &str) -> bool {
+    root_or_skip_for(test, "network namespaces")
+}
+
+/// [`root_or_skip`], naming what root is needed for.
+#[must_use]
+pub fn root_or_skip_for(test: &str, why: &str) -> bool {
     if is_root() {
         return true;
     }
     // Straight to the stderr stream: libtest captures eprintln!, and a skip
     // must be seen without --nocapture.
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIP {test}: needs root (network namespaces)"
-    );
+    let _ = writeln!(std::io::stderr(), "SKIP {test}: needs root ({why})");
     false
+}
+
+/// The appliance config of a DHCP server in relay mode on loopback: subnet
+/// 10.200.0.0/16, relay 127.0.0.1, leases for an hour in `lease_file`.
+pub fn loopback_dhcp_config(admin: SocketAddr, dhcp: SocketAddr, lease_file: &Path) -> String {
+    format!(
+        r#"log: {{level: info}}
+admin: {{listen: "{admin}"}}
+dhcp:
+  listen: [{{address: "{dhcp}"}}]
+  leaseFile: {}
+  leaseTime: 1h
+  subnets:
+    - cidr: 10.200.0.0/16
+      relayAddresses: [127.0.0.1]
+      serverId: 127.0.0.1
+      router: [10.200.0.1]
+      dnsServers: [10.200.0.2]
+"#,
+        lease_file.display()
+    )
 }
 
 /// The absolute path of a tool the test needs. A missing tool fails the

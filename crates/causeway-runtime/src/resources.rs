@@ -1,0 +1,32 @@
+//! Telling our own exhaustion from a peer's fault.
+
+use std::io;
+
+/// Whether `e` says this process ran out of something of its own (file
+/// descriptors, the system's file table, buffer memory, memory, local
+/// ports) rather than that the peer or the path failed. Such a failure must
+/// never count against an upstream, and retrying at once only spins.
+pub fn local_resources_exhausted(e: &io::Error) -> bool {
+    // EMFILE, ENFILE, ENOBUFS, ENOMEM, EADDRNOTAVAIL
+    matches!(e.raw_os_error(), Some(24 | 23 | 105 | 12 | 99))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptor_and_port_exhaustion_are_ours_a_refusal_is_not() {
+        for errno in [24, 23, 105, 12, 99] {
+            assert!(local_resources_exhausted(&io::Error::from_raw_os_error(
+                errno
+            )));
+        }
+        // ECONNREFUSED, ECONNABORTED, ETIMEDOUT
+        for errno in [111, 103, 110] {
+            assert!(!local_resources_exhausted(&io::Error::from_raw_os_error(
+                errno
+            )));
+        }
+    }
+}
