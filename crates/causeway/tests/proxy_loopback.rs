@@ -11,6 +11,8 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const DEADLINE: Duration = Duration::from_secs(15);
@@ -691,11 +693,15 @@ fn ten_thousand_idle_clients_cost_under_40_kb_each() {
 }
 
 /// A plain TCP upstream on loopback that accepts every connection and
-/// holds it until the other side closes, or until dropped.
+/// holds it until the other side closes, or until dropped. It counts
+/// what it accepted and what it still holds, so a test can tell whether
+/// a client got through the proxy.
 struct HoldingUpstream {
     port: u16,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<usize>>,
+    accepted: Arc<AtomicUsize>,
+    held: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl HoldingUpstream {
@@ -703,18 +709,18 @@ impl HoldingUpstream {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stopping = stop.clone();
+        let (accepted, held_now) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (stopping, counted, holding) = (stop.clone(), accepted.clone(), held_now.clone());
         let thread = std::thread::spawn(move || {
             let mut held: Vec<TcpStream> = Vec::new();
-            let mut accepted = 0;
             let mut buf = [0u8; 512];
-            while !stopping.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stopping.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((s, _)) => {
                         s.set_nonblocking(true).unwrap();
                         held.push(s);
-                        accepted += 1;
+                        counted.fetch_add(1, Ordering::Relaxed);
                     }
                     // Nonblocking: nothing waiting; look again soon.
                     Err(_) => std::thread::sleep(Duration::from_millis(2)),
@@ -724,11 +730,13 @@ impl HoldingUpstream {
                     Ok(_) => true,
                     Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
                 });
+                holding.store(held.len(), Ordering::Relaxed);
             }
-            accepted
         });
         HoldingUpstream {
             port,
+            accepted,
+            held: held_now,
             stop,
             thread: Some(thread),
         }
@@ -737,11 +745,25 @@ impl HoldingUpstream {
 
 impl Drop for HoldingUpstream {
     fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
+}
+
+/// Sets the soft open-files limit of a running process (its hard limit,
+/// and so the way back up, is left alone).
+fn set_open_files(pid: u32, soft: usize) {
+    let status = Command::new("prlimit")
+        .arg(format!("--pid={pid}"))
+        .arg(format!("--nofile={soft}:"))
+        .status()
+        .expect("prlimit (util-linux) runs");
+    assert!(
+        status.success(),
+        "prlimit --pid {pid} --nofile={soft}: failed"
+    );
 }
 
 #[test]
@@ -756,17 +778,14 @@ fn running_out_of_descriptors_never_ejects_a_healthy_upstream() {
         format!("log: {{format: json}}\nadmin: {{listen: \"127.0.0.1:{admin}\"}}\ncluster: {{name: hc1, baseDomain: example.com}}\nproxy:\n  listenAddress: 127.0.0.1\n  listeners:\n    - {{port: {port}, upstream: \"127.0.0.1:{}\"}}\n", upstream.port),
     )
     .unwrap();
-    // A descriptor table of 64 (soft and hard, so the proxy cannot raise
-    // it): the held connections below exhaust it.
-    let child = Command::new("prlimit")
-        .arg("--nofile=64:64")
-        .arg(env!("CARGO_BIN_EXE_causeway"))
+    let child = Command::new(env!("CARGO_BIN_EXE_causeway"))
         .args(["proxy", "--config"])
         .arg(&cfg)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.path().join("proxy.log")).unwrap())
         .spawn()
         .unwrap();
+    let pid = child.id();
     let _proxy = Guard(child);
     wait_for("/readyz", || {
         http_get(admin, "/readyz")
@@ -781,31 +800,86 @@ fn running_out_of_descriptors_never_ejects_a_healthy_upstream() {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
     };
-    let held: Vec<TcpStream> = (0..80)
-        .filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok())
-        .collect();
-    wait_for("a connect refused for want of descriptors", || {
+    // The soft limit caps descriptor numbers, not their count: with the
+    // limit at the second-lowest free number, exactly one is left.
+    let one_free_fd_limit = || {
+        let used: std::collections::BTreeSet<usize> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        (0..).filter(|n| !used.contains(n)).nth(1).unwrap()
+    };
+    // Leave the proxy exactly one free descriptor: the accept takes it
+    // and the connect to the upstream fails with EMFILE. A descriptor the
+    // proxy was closing as it was looked at (the admin reply above, the
+    // config watcher's read) can leave it two, and then the client gets
+    // through; let that pair close and look again. Whether the
+    // connection was dropped is what the client itself sees: the proxy
+    // closes it when the upstream connect fails.
+    // The proxy raised its soft limit to the hard one it inherited from us.
+    let (_, hard) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+    // Three in a row: as many consecutive connect failures as would eject
+    // an address that was really failing.
+    let mut starved_in_a_row = 0;
+    for _attempt in 0..30 {
+        let mut starved = false;
+        wait_for("the upstream to hold nothing", || {
+            upstream.held.load(Ordering::Relaxed) == 0
+        });
+        set_open_files(pid, one_free_fd_limit());
+        let through_before = upstream.accepted.load(Ordering::Relaxed);
+        let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_millis(20)))
+            .unwrap();
+        let attempt_started = Instant::now();
+        let mut byte = [0u8; 1];
+        while attempt_started.elapsed() < Duration::from_secs(3) {
+            if upstream.accepted.load(Ordering::Relaxed) > through_before {
+                break;
+            }
+            match client.read(&mut byte) {
+                Ok(0) => {
+                    starved = true;
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    starved = true;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        drop(client);
+        set_open_files(pid, hard as usize);
+        starved_in_a_row = if starved { starved_in_a_row + 1 } else { 0 };
+        if starved_in_a_row == 3 {
+            break;
+        }
+    }
+    assert_eq!(
+        starved_in_a_row, 3,
+        "the proxy never ran out of descriptors on three connects in a row"
+    );
+    assert_eq!(
+        total("causeway_proxy_ejections_total", ""),
+        0.0,
+        "running out of descriptors ejected a healthy upstream"
+    );
+    assert!(
         total(
             "causeway_proxy_connect_errors_total",
             "reason=\"local_resources\"",
-        ) >= 1.0
-    });
-    drop(held);
-    assert_eq!(total("causeway_proxy_ejections_total", ""), 0.0);
+        ) >= 3.0,
+        "a connect that failed for want of descriptors was not counted as ours"
+    );
     // Descriptors free again: a new connection reaches the upstream.
-    let open = || {
-        metric(
-            admin,
-            &format!(
-                "causeway_proxy_upstream_connections_active{{address=\"127.0.0.1:{}\"}}",
-                upstream.port
-            ),
-        )
-        .unwrap_or(0.0)
-    };
-    wait_for("the held connections to close", || open() == 0.0);
+    let through_before = upstream.accepted.load(Ordering::Relaxed);
     let _again = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    wait_for("a new connection to reach the upstream", || open() == 1.0);
+    wait_for("a new connection to reach the upstream", || {
+        upstream.accepted.load(Ordering::Relaxed) > through_before
+    });
     assert_eq!(
         total("causeway_proxy_ejections_total", ""),
         0.0,
