@@ -46,6 +46,9 @@ pub struct FileDhcp {
     pub rapid_commit: Option<bool>,
     pub authoritative: Option<bool>,
     pub rate_limit_per_client: Option<u32>,
+    pub rate_limit_per_relay: Option<u32>,
+    pub rate_limit_per_subnet: Option<u32>,
+    pub rate_limit_global: Option<u32>,
     pub max_in_flight: Option<usize>,
     #[serde(default)]
     pub subnets: Vec<FileSubnet>,
@@ -138,6 +141,13 @@ pub struct DhcpConfig {
     pub rapid_commit: bool,
     pub authoritative: bool,
     pub rate_limit_per_client: u32,
+    /// Messages per second from one relay agent (by source address);
+    /// `None`: no limit.
+    pub rate_limit_per_relay: Option<u32>,
+    /// Messages per second into one subnet; `None`: no limit.
+    pub rate_limit_per_subnet: Option<u32>,
+    /// Messages per second the server takes in all; `None`: no limit.
+    pub rate_limit_global: Option<u32>,
     pub max_in_flight: usize,
     pub subnets: Vec<Subnet>,
 }
@@ -318,6 +328,15 @@ pub(crate) fn validate_dhcp(
     if rate_limit_per_client == 0 {
         c.push("dhcp.rateLimitPerClient", "must be at least 1");
     }
+    for (path, limit) in [
+        ("dhcp.rateLimitPerRelay", d.rate_limit_per_relay),
+        ("dhcp.rateLimitPerSubnet", d.rate_limit_per_subnet),
+        ("dhcp.rateLimitGlobal", d.rate_limit_global),
+    ] {
+        if limit == Some(0) {
+            c.push(path, "must be at least 1 (leave it out for no limit)");
+        }
+    }
     let max_in_flight = d.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT);
     if max_in_flight == 0 {
         c.push("dhcp.maxInFlight", "must be at least 1");
@@ -378,6 +397,9 @@ pub(crate) fn validate_dhcp(
         rapid_commit: d.rapid_commit.unwrap_or(false),
         authoritative: d.authoritative.unwrap_or(true),
         rate_limit_per_client,
+        rate_limit_per_relay: d.rate_limit_per_relay,
+        rate_limit_per_subnet: d.rate_limit_per_subnet,
+        rate_limit_global: d.rate_limit_global,
         max_in_flight,
         subnets,
     })

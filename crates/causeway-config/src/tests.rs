@@ -552,3 +552,48 @@ fn the_dns_cache_budget_is_checked() {
         "{errs:?}"
     );
 }
+
+#[test]
+fn dhcp_rate_limits_are_off_unless_set_and_never_zero() {
+    let d = Config::from_yaml(VLAN).unwrap().dhcp.unwrap();
+    assert_eq!(
+        d.rate_limit_per_client,
+        crate::DEFAULT_RATE_LIMIT_PER_CLIENT
+    );
+    assert_eq!(
+        (
+            d.rate_limit_per_relay,
+            d.rate_limit_per_subnet,
+            d.rate_limit_global
+        ),
+        (None, None, None)
+    );
+    let d = Config::from_yaml(&format!(
+        "{}dhcp: {{rateLimitPerRelay: 500, rateLimitPerSubnet: 200, rateLimitGlobal: 2000}}\n",
+        VLAN.replace("dhcp: {}\n", "")
+    ))
+    .unwrap()
+    .dhcp
+    .unwrap();
+    assert_eq!(
+        (
+            d.rate_limit_per_relay,
+            d.rate_limit_per_subnet,
+            d.rate_limit_global
+        ),
+        (Some(500), Some(200), Some(2000))
+    );
+    let e = errors(&format!(
+        "{}dhcp: {{rateLimitPerClient: 0, rateLimitPerRelay: 0, rateLimitPerSubnet: 0, rateLimitGlobal: 0}}\n",
+        VLAN.replace("dhcp: {}\n", "")
+    ));
+    assert_eq!(
+        e,
+        vec![
+            "dhcp.rateLimitPerClient: must be at least 1",
+            "dhcp.rateLimitPerRelay: must be at least 1 (leave it out for no limit)",
+            "dhcp.rateLimitPerSubnet: must be at least 1 (leave it out for no limit)",
+            "dhcp.rateLimitGlobal: must be at least 1 (leave it out for no limit)",
+        ]
+    );
+}

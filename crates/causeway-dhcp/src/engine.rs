@@ -13,6 +13,7 @@ use dhcproto::v4::{DhcpOption, Message, MessageType, Opcode, OptionCode};
 use crate::client::ClientKey;
 use crate::index::ClientIndex;
 use crate::lease::{Lease, LeaseRecord, LeaseState};
+use crate::limits::{Admission, RateLimits};
 use crate::pool::Pool;
 use crate::reply;
 
@@ -70,7 +71,14 @@ pub enum Ignored {
     Bootp,
     UnexpectedMessageType,
     NoSubnet,
+    /// Over `rateLimitPerClient`.
     RateLimited,
+    /// Over `rateLimitPerRelay`.
+    RateLimitedRelay,
+    /// Over `rateLimitPerSubnet`.
+    RateLimitedSubnet,
+    /// Over `rateLimitGlobal`.
+    RateLimitedGlobal,
     PoolExhausted,
     /// A REQUEST or DECLINE naming another server.
     OtherServer,
@@ -95,6 +103,9 @@ impl Ignored {
             Ignored::UnexpectedMessageType => "unexpected_message_type",
             Ignored::NoSubnet => "no_subnet",
             Ignored::RateLimited => "rate_limited",
+            Ignored::RateLimitedRelay => "rate_limited_relay",
+            Ignored::RateLimitedSubnet => "rate_limited_subnet",
+            Ignored::RateLimitedGlobal => "rate_limited_global",
             Ignored::PoolExhausted => "pool_exhausted",
             Ignored::OtherServer => "other_server",
             Ignored::NoRecord => "no_record",
@@ -192,7 +203,7 @@ struct Policy {
     decline_secs: u32,
     rapid_commit: bool,
     authoritative: bool,
-    rate_limit: u32,
+    limits: RateLimits,
 }
 
 fn secs(d: std::time::Duration) -> u32 {
@@ -209,7 +220,7 @@ impl Policy {
             decline_secs: secs(cfg.decline_probation),
             rapid_commit: cfg.rapid_commit,
             authoritative: cfg.authoritative,
-            rate_limit: cfg.rate_limit_per_client,
+            limits: RateLimits::from_config(cfg),
         }
     }
 }
@@ -229,8 +240,7 @@ pub struct Engine {
     leases: HashMap<Ipv4Addr, Lease>,
     /// The address each client last held or was offered.
     by_client: ClientIndex,
-    rate_window: u64,
-    rate_counts: HashMap<ClientKey, u32>,
+    admission: Admission,
     /// Which address last took each client-chosen hostname. Checked
     /// against the lease on use, so an entry gone stale is harmless.
     by_hostname: HashMap<Box<str>, Ipv4Addr>,
@@ -259,8 +269,7 @@ impl Engine {
             subnets: cfg.subnets.iter().cloned().map(SubnetState::new).collect(),
             leases: HashMap::new(),
             by_client: ClientIndex::default(),
-            rate_window: 0,
-            rate_counts: HashMap::new(),
+            admission: Admission::default(),
             by_hostname: HashMap::new(),
             reserved_names: reserved_names(cfg),
         }
@@ -449,18 +458,26 @@ impl Engine {
         let n = chaddr.len().min(6);
         hw[..n].copy_from_slice(&chaddr[..n]);
 
-        if !self.admit(now, &key) {
+        let limits = self.policy.limits;
+        if !self.admission.client(&limits, now, &key) {
             return Outcome::Ignore(Ignored::RateLimited);
         }
-        if !msg.giaddr().is_unspecified()
-            && matches!(ingress, Ingress::Interface(_))
-            && !self.is_relay(*source.ip())
-        {
+        let relayed = !msg.giaddr().is_unspecified();
+        if relayed && matches!(ingress, Ingress::Interface(_)) && !self.is_relay(*source.ip()) {
             return Outcome::Ignore(Ignored::UnknownRelay);
+        }
+        if relayed && !self.admission.relay(&limits, now, *source.ip()) {
+            return Outcome::Ignore(Ignored::RateLimitedRelay);
         }
         let Some(si) = self.select_subnet(msg, ingress) else {
             return Outcome::Ignore(Ignored::NoSubnet);
         };
+        if !self.admission.subnet(&limits, now, si) {
+            return Outcome::Ignore(Ignored::RateLimitedSubnet);
+        }
+        if !self.admission.global(&limits, now) {
+            return Outcome::Ignore(Ignored::RateLimitedGlobal);
+        }
         let facts = Facts {
             msg,
             key,
@@ -476,23 +493,6 @@ impl Engine {
             MessageType::Inform => self.inform(si, &facts),
             _ => Outcome::Ignore(Ignored::UnexpectedMessageType),
         }
-    }
-
-    /// A fixed one-second window per client: enough to stop one client
-    /// flooding, and the map never outlives a second.
-    fn admit(&mut self, now: u64, key: &ClientKey) -> bool {
-        if now != self.rate_window {
-            self.rate_window = now;
-            if self.rate_counts.capacity() > 4096 {
-                // A burst's worth of capacity is not kept for quiet times.
-                self.rate_counts = HashMap::new();
-            } else {
-                self.rate_counts.clear();
-            }
-        }
-        let count = self.rate_counts.entry(key.clone()).or_insert(0);
-        *count += 1;
-        *count <= self.policy.rate_limit
     }
 
     /// Whether `ip` is listed in any subnet's `relayAddresses`.

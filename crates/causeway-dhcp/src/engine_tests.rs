@@ -621,6 +621,123 @@ dhcp:
     .unwrap()
 }
 
+/// A relayed DISCOVER from a fresh random-looking MAC via `relay` for
+/// `subnet` (its giaddr).
+fn relayed_discover(n: u32, giaddr: Ipv4Addr) -> Message {
+    let b = n.to_be_bytes();
+    let mut c = Client::new(0);
+    c.mac = [0x02, 0xfe, b[0], b[1], b[2], b[3]];
+    let mut d = c.discover();
+    d.set_giaddr(giaddr).set_hops(1);
+    d
+}
+
+#[test]
+fn a_random_mac_flood_through_one_relay_is_held_at_its_limits() {
+    let mut cfg = relay_config();
+    cfg.rate_limit_per_relay = Some(50);
+    cfg.rate_limit_per_subnet = Some(30);
+    cfg.rate_limit_global = Some(40);
+    let mut e = Engine::new(&cfg);
+    let flood_relay = SocketAddrV4::new(RELAY, 67);
+    let mut ignored: HashMap<Ignored, usize> = HashMap::new();
+    let mut offers = 0;
+    // 1,000 clients a second via one relay into subnet 10.0.0.0/24: the
+    // per-client limit never bites, the subnet's does.
+    for n in 0..1000 {
+        match e.handle(
+            NOW,
+            &relayed_discover(n, RELAY),
+            flood_relay,
+            &Ingress::Address,
+        ) {
+            Outcome::Reply { .. } => offers += 1,
+            Outcome::Ignore(why) => *ignored.entry(why).or_default() += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(offers, 30, "the subnet's limit");
+    assert_eq!(ignored[&Ignored::RateLimitedSubnet], 20);
+    assert_eq!(ignored[&Ignored::RateLimitedRelay], 950);
+    // The other subnet, through another relay, is still served this
+    // second: the flood spent only its own subnet's and relay's budget.
+    let other = Ipv4Addr::new(127, 0, 0, 9);
+    let (offer, _, _) = reply(e.handle(
+        NOW,
+        &relayed_discover(5000, other),
+        SocketAddrV4::new(other, 67),
+        &Ingress::Address,
+    ));
+    assert!(Ipv4Net24(10, 0, 1).contains(offer.yiaddr()));
+    // The next second refills every budget.
+    assert!(matches!(
+        e.handle(
+            NOW + 1,
+            &relayed_discover(6000, RELAY),
+            flood_relay,
+            &Ingress::Address
+        ),
+        Outcome::Reply { .. }
+    ));
+}
+
+#[test]
+fn the_global_limit_holds_when_every_scope_is_spread_thin() {
+    let mut cfg = relay_config();
+    cfg.rate_limit_global = Some(25);
+    let mut e = Engine::new(&cfg);
+    let other = Ipv4Addr::new(127, 0, 0, 9);
+    let served = (0..100u32)
+        .filter(|&n| {
+            let (giaddr, src) = if n % 2 == 0 {
+                (RELAY, RELAY)
+            } else {
+                (other, other)
+            };
+            matches!(
+                e.handle(
+                    NOW,
+                    &relayed_discover(n, giaddr),
+                    SocketAddrV4::new(src, 67),
+                    &Ingress::Address
+                ),
+                Outcome::Reply { .. }
+            )
+        })
+        .count();
+    assert_eq!(served, 25);
+    assert_eq!(
+        e.handle(
+            NOW,
+            &relayed_discover(999, RELAY),
+            SocketAddrV4::new(RELAY, 67),
+            &Ingress::Address
+        ),
+        Outcome::Ignore(Ignored::RateLimitedGlobal)
+    );
+}
+
+#[test]
+fn a_client_over_its_own_limit_spends_none_of_the_shared_budget() {
+    let cfg = vlan_config("", "  rateLimitPerClient: 2\n  rateLimitPerSubnet: 5");
+    let mut e = Engine::new(&cfg);
+    let mut flooder = Client::new(1);
+    for _ in 0..100 {
+        let _ = e.handle(NOW, &flooder.discover(), from_client(), &direct());
+    }
+    // Two of the flooder's went through; three of the subnet's five are
+    // left for everyone else.
+    let served = (2..10u8)
+        .filter(|&n| {
+            matches!(
+                e.handle(NOW, &Client::new(n).discover(), from_client(), &direct()),
+                Outcome::Reply { .. }
+            )
+        })
+        .count();
+    assert_eq!(served, 3);
+}
+
 #[test]
 fn giaddr_selects_the_subnet_and_the_reply_goes_to_the_relay() {
     let mut e = Engine::new(&relay_config());

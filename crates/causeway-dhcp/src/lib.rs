@@ -13,6 +13,7 @@ pub mod client;
 pub mod engine;
 mod index;
 pub mod lease;
+pub mod limits;
 pub mod metrics;
 pub mod pool;
 pub mod reply;
