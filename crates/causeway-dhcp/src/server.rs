@@ -15,7 +15,7 @@ use tokio::net::UdpSocket;
 use tokio::task::JoinHandle;
 
 use crate::engine::{Destination, Engine, Ignored, Ingress, Outcome, CLIENT_PORT, SERVER_PORT};
-use crate::lease::LeaseRecord;
+use crate::lease::{Lease, LeaseRecord};
 use crate::metrics::{message_type_label, DhcpMetrics};
 use crate::store::{HealthObserver, LeaseStore, StoreError};
 use crate::wire;
@@ -180,9 +180,13 @@ impl DhcpServer {
     pub fn lease_source(&self) -> impl Fn() -> Vec<LeaseRecord> + Send + Sync + 'static {
         let shared = self.shared.clone();
         move || {
-            let mut out: Vec<LeaseRecord> =
-                shared.engine().leases().map(|l| l.to_record()).collect();
-            out.sort_by_key(|r| r.ip);
+            // The engine lock is held for a copy of the table only (a
+            // memcpy per lease for most client keys); formatting the
+            // records and sorting them run after it is released, so a
+            // large table never stalls the DHCP path.
+            let snapshot: Vec<Lease> = shared.engine().leases().cloned().collect();
+            let mut out: Vec<LeaseRecord> = snapshot.iter().map(Lease::to_record).collect();
+            out.sort_unstable_by_key(|r| r.ip);
             out
         }
     }
