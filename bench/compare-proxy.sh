@@ -156,8 +156,11 @@ fi
 ulimit -n "$NOFILE"
 FDS_PER_CONN=2
 IDLE_N=10000
-if ((IDLE_N * FDS_PER_CONN + 400 > NOFILE)); then
-    IDLE_N=$(((NOFILE - 400) / FDS_PER_CONN / 100 * 100))
+# causeway keeps a tenth of the limit (at least 256) back from its proxied
+# connections; leave every proxy that much and a little more.
+RESERVE=$((NOFILE / 10 > 400 ? NOFILE / 10 : 400))
+if ((IDLE_N * FDS_PER_CONN + RESERVE + 200 > NOFILE)); then
+    IDLE_N=$(((NOFILE - RESERVE - 200) / FDS_PER_CONN / 100 * 100))
     log "note: the open-files hard limit is $NOFILE here and cannot be raised; holding $IDLE_N idle connections instead of 10000 ($FDS_PER_CONN descriptors each)"
 fi
 ((IDLE_N >= 100)) || die "open-files limit $NOFILE is too low for the idle test"
@@ -329,6 +332,10 @@ start_causeway() {
 admin: {listen: "127.0.0.1:$ADMIN_PORT"}
 proxy:
   listenAddress: 127.0.0.1
+  # Every test connection comes from 127.0.0.1; like HAProxy's maxconn,
+  # the limits are set to fit the idle test.
+  maxConnections: $((IDLE_N + 100))
+  maxConnectionsPerSource: $((IDLE_N + 100))
   listeners:
     - {port: $PROXY_PORT, upstream: "127.0.0.1:$UP_PORT"}
 EOF

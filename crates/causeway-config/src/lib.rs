@@ -33,6 +33,7 @@ pub use error::{ConfigErrors, FieldError, LoadError};
 pub use network::{Cluster, FileCluster, FileNetwork, Network};
 pub use proxy::{
     Balance, FileListener, FileProxy, HealthCheck, Listener, ListenerKind, ProxyConfig, Upstream,
+    DEFAULT_MAX_CONNECTIONS_PER_SOURCE,
 };
 pub use routing::{FileRouting, RoutedInterface, RoutingConfig, DEFAULT_PRIORITY, DEFAULT_TABLE};
 

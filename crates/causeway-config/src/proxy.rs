@@ -32,6 +32,7 @@ pub struct FileProxy {
     pub hello_timeout: Option<FileDuration>,
     pub idle_timeout: Option<FileDuration>,
     pub max_connections: Option<usize>,
+    pub max_connections_per_source: Option<usize>,
     #[serde(default)]
     pub resolvers: Vec<String>,
     /// `roundRobin` (the default) or `leastConnections`.
@@ -140,6 +141,10 @@ pub struct HealthCheck {
     pub healthy_threshold: u32,
 }
 
+/// A node's kubelet, its host-network pods and their watches share one
+/// address; a few hundred connections from one machine is already a lot.
+pub const DEFAULT_MAX_CONNECTIONS_PER_SOURCE: usize = 1000;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyConfig {
     pub listeners: Vec<Listener>,
@@ -147,6 +152,8 @@ pub struct ProxyConfig {
     pub hello_timeout: Duration,
     pub idle_timeout: Duration,
     pub max_connections: usize,
+    /// Connections at once from one client address, across listeners.
+    pub max_connections_per_source: usize,
     /// DNS servers to resolve upstream names with, honouring TTLs; empty
     /// means the system resolver at each connection.
     pub resolvers: Vec<SocketAddr>,
@@ -448,5 +455,9 @@ pub(crate) fn validate(
         idle_timeout,
         resolvers,
         max_connections: p.max_connections.unwrap_or(10_000).max(1),
+        max_connections_per_source: p
+            .max_connections_per_source
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS_PER_SOURCE)
+            .max(1),
     })
 }

@@ -597,3 +597,20 @@ fn dhcp_rate_limits_are_off_unless_set_and_never_zero() {
         ]
     );
 }
+
+#[test]
+fn proxy_per_source_limit_defaults_and_reads() {
+    let p = Config::from_yaml(&format!("{VLAN}proxy: {{}}\n"))
+        .unwrap()
+        .proxy
+        .unwrap();
+    assert_eq!(
+        p.max_connections_per_source,
+        crate::DEFAULT_MAX_CONNECTIONS_PER_SOURCE
+    );
+    let p = Config::from_yaml(&format!("{VLAN}proxy: {{maxConnectionsPerSource: 7}}\n"))
+        .unwrap()
+        .proxy
+        .unwrap();
+    assert_eq!(p.max_connections_per_source, 7);
+}

@@ -53,9 +53,9 @@ impl ProxyMetrics {
             refused: IntCounterVec::new(
                 Opts::new(
                     "causeway_proxy_refused_total",
-                    "Connections closed at once because the listener was at its limit",
+                    "Connections closed on arrival, by the limit they met: listener (its maxConnections), total (the cap below the open-files limit), source (maxConnectionsPerSource)",
                 ),
-                &["listener"],
+                &["listener", "limit"],
             )?,
             bytes: IntCounterVec::new(
                 Opts::new(

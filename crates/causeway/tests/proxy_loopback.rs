@@ -325,7 +325,7 @@ fn a_slow_hello_is_cut_at_the_timeout_and_the_limit_refuses_the_next() {
     let metrics = http_get(proxy.admin, "/metrics").unwrap();
     assert!(
         metrics.contains(&format!(
-            "causeway_proxy_refused_total{{listener=\"{plain_port}\"}} 1"
+            "causeway_proxy_refused_total{{limit=\"listener\",listener=\"{plain_port}\"}} 1"
         )),
         "{metrics}"
     );
@@ -655,8 +655,12 @@ fn ten_thousand_idle_clients_cost_under_40_kb_each() {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
     setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
-    // Headroom for the other tests running in this process at once.
-    let clients = 10_000usize.min(hard.saturating_sub(1_000) as usize);
+    // Headroom for the other tests running in this process at once, and
+    // within the proxy's own cap under the same limit (with room for the
+    // one more connection made while they are held).
+    let clients = 10_000usize
+        .min(hard.saturating_sub(1_000) as usize)
+        .min(causeway_proxy::connection_cap(hard).saturating_sub(10));
     if clients < 10_000 {
         eprintln!("NOTE: open-files hard limit {hard}: holding {clients} idle clients, not 10000");
     }
@@ -667,7 +671,7 @@ fn ten_thousand_idle_clients_cost_under_40_kb_each() {
     let port = free_port();
     let proxy = start_proxy(
         dir.path(),
-        &format!("  helloTimeout: 5m\n  maxConnections: 20000\n  listeners:\n    - port: {port}\n      routes: [{{sni: oauth.hc1.example.com, upstream: \"127.0.0.1:{up_port}\"}}]\n"),
+        &format!("  helloTimeout: 5m\n  maxConnections: 20000\n  maxConnectionsPerSource: 20000\n  listeners:\n    - port: {port}\n      routes: [{{sni: oauth.hc1.example.com, upstream: \"127.0.0.1:{up_port}\"}}]\n"),
     );
     let pid = proxy.child.0.id();
     let active = format!("causeway_proxy_connections_active{{listener=\"{port}\"}}");
@@ -885,4 +889,127 @@ fn running_out_of_descriptors_never_ejects_a_healthy_upstream() {
         0.0,
         "a healthy upstream was ejected"
     );
+}
+
+/// A client connection to the proxy from `source`, one of loopback's
+/// 127.0.0.0/8 addresses.
+fn connect_from(source: [u8; 4], port: u16) -> TcpStream {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let stream = runtime.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind(std::net::SocketAddr::from((source, 0)))
+            .unwrap();
+        socket
+            .connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+            .await
+            .unwrap()
+            .into_std()
+            .unwrap()
+    });
+    stream.set_nonblocking(false).unwrap();
+    stream
+}
+
+/// Whether the proxy closed `client` on arrival (rather than relaying it).
+fn closed_on_arrival(client: &mut TcpStream) -> bool {
+    client
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    match client.read(&mut byte) {
+        Ok(0) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        Ok(_) => false,
+    }
+}
+
+#[test]
+fn the_open_files_limit_caps_connections_across_listeners_and_each_source_has_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = HoldingUpstream::start();
+    let (port_a, port_b, admin) = (free_port(), free_port(), free_port());
+    let cfg = dir.path().join("proxy.yaml");
+    std::fs::write(
+        &cfg,
+        format!("log: {{format: json}}\nadmin: {{listen: \"127.0.0.1:{admin}\"}}\ncluster: {{name: hc1, baseDomain: example.com}}\nproxy:\n  listenAddress: 127.0.0.1\n  maxConnectionsPerSource: 12\n  listeners:\n    - {{port: {port_a}, upstream: \"127.0.0.1:{up}\"}}\n    - {{port: {port_b}, upstream: \"127.0.0.1:{up}\"}}\n", up = upstream.port),
+    )
+    .unwrap();
+    // 300 descriptors: 256 kept back for the rest of the process, so 22
+    // connections (two descriptors each) across both listeners, far
+    // below the point where an accept or a connect could fail.
+    let log = dir.path().join("proxy.log");
+    let child = Command::new("prlimit")
+        .arg("--nofile=300:300")
+        .arg(env!("CARGO_BIN_EXE_causeway"))
+        .args(["proxy", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let _proxy = Guard(child);
+    wait_for("/readyz", || {
+        http_get(admin, "/readyz")
+            .is_some_and(|b| b.lines().next().is_some_and(|l| l.contains(" 200 ")))
+    });
+    let startup = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        startup.contains("\"cap\":22") && startup.contains("\"open_files_limit\":300"),
+        "the cap and the limit it came from are logged: {startup}"
+    );
+    let held = || upstream.held.load(Ordering::Relaxed);
+    let refused = |limit: &str| {
+        http_get(admin, "/metrics")
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| {
+                l.starts_with("causeway_proxy_refused_total")
+                    && l.contains(&format!("limit=\"{limit}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+
+    // One source: its twelve are relayed, across both listeners; its
+    // thirteenth is closed on arrival.
+    let mut clients: Vec<TcpStream> = (0..12)
+        .map(|i| connect_from([127, 0, 0, 1], if i % 2 == 0 { port_a } else { port_b }))
+        .collect();
+    wait_for("twelve connections held upstream", || held() == 12);
+    let mut over = connect_from([127, 0, 0, 1], port_b);
+    assert!(
+        closed_on_arrival(&mut over),
+        "a thirteenth from one source was relayed"
+    );
+    assert_eq!(refused("source"), 1.0);
+
+    // Other sources fill the process-wide cap of 22; the next is closed.
+    clients.extend((0..10).map(|i| connect_from([127, 0, 0, 2 + (i % 2)], port_b)));
+    wait_for("22 connections held upstream", || held() == 22);
+    let mut past_cap = connect_from([127, 0, 0, 4], port_a);
+    assert!(
+        closed_on_arrival(&mut past_cap),
+        "a connection past the cap was relayed"
+    );
+    assert_eq!(refused("total"), 1.0);
+    assert_eq!(refused("listener"), 0.0);
+    let metrics = http_get(admin, "/metrics").unwrap();
+    for never in ["reason=\"accept\"", "reason=\"local_resources\""] {
+        assert!(
+            !metrics
+                .lines()
+                .any(|l| l.starts_with("causeway_proxy_connect_errors_total") && l.contains(never)),
+            "the cap must keep the proxy from running out of descriptors: {never}"
+        );
+    }
+
+    // A closed connection gives its permits back: a new source gets in.
+    drop(clients.pop());
+    wait_for("the closed connection released upstream", || held() == 21);
+    let _late = connect_from([127, 0, 0, 4], port_a);
+    wait_for("a new connection relayed after one closed", || held() == 22);
 }

@@ -1,0 +1,354 @@
+//! Upstreams: names resolved (and the last good answer kept), addresses
+//! ordered by the balancing policy, connects tried in turn, and addresses
+//! that keep failing ejected for a while.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use causeway_config::{ProxyConfig, Upstream};
+use tokio::net::TcpStream;
+
+use crate::balance;
+use crate::listener::ListenerState;
+use crate::resolve::DnsResolver;
+use crate::server::Shared;
+
+/// Consecutive connect failures after which an address is skipped.
+pub(crate) const FAILURES_TO_EJECT: u32 = 3;
+/// How long an ejected address is skipped.
+pub(crate) const EJECT_FOR: Duration = Duration::from_secs(10);
+
+/// Passive outlier ejection: addresses that keep failing to connect are
+/// tried last for a while.
+#[derive(Default)]
+pub(crate) struct Outliers {
+    pub(crate) state: Mutex<HashMap<SocketAddr, (u32, Option<Instant>)>>,
+}
+
+impl Outliers {
+    pub(crate) fn ejected(&self, addr: &SocketAddr) -> bool {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state
+            .get(addr)
+            .and_then(|(_, until)| *until)
+            .is_some_and(|u| Instant::now() < u)
+    }
+
+    /// Records a failure; true when it ejects the address.
+    pub(crate) fn failed(&self, addr: SocketAddr) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = state.entry(addr).or_insert((0, None));
+        entry.0 += 1;
+        if entry.0 >= FAILURES_TO_EJECT && entry.1.is_none_or(|u| Instant::now() >= u) {
+            entry.1 = Some(Instant::now() + EJECT_FOR);
+            return true;
+        }
+        false
+    }
+
+    pub(crate) fn succeeded(&self, addr: &SocketAddr) {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(addr);
+    }
+}
+
+/// After a failed lookup, how long an upstream's name is not asked again:
+/// new connections get the last good answer meanwhile, or fail at once if
+/// there is none. With a resolver that black-holes queries, one connection
+/// in this long waits out the lookup, not every one.
+pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(5);
+
+/// What the lookups of one upstream's name left behind.
+#[derive(Default)]
+pub(crate) struct Known {
+    /// The last good answer; empty while the name has never resolved.
+    pub(crate) addrs: Vec<SocketAddr>,
+    /// Set by a failed lookup: until when the name is not asked again.
+    pub(crate) retry_at: Option<Instant>,
+}
+
+/// Upstream host names resolve at each connection, so a changed address is
+/// followed at once; the last good answer is kept for when resolution fails.
+#[derive(Default)]
+pub(crate) struct Resolver {
+    /// Keyed by configured upstream, so it holds no more entries than the
+    /// config has upstreams.
+    pub(crate) known: Mutex<HashMap<String, Known>>,
+    pub(crate) next: AtomicUsize,
+    /// Configured DNS servers, when names are not left to the system.
+    pub(crate) dns: Option<DnsResolver>,
+}
+
+impl Resolver {
+    pub(crate) async fn lookup(&self, up: &Upstream) -> io::Result<Vec<SocketAddr>> {
+        match &self.dns {
+            Some(dns) => Ok(dns
+                .lookup(&up.host)
+                .await?
+                .into_iter()
+                .map(|ip| SocketAddr::new(ip, up.port))
+                .collect()),
+            None => Ok(tokio::net::lookup_host((up.host.as_str(), up.port))
+                .await?
+                .collect()),
+        }
+    }
+
+    pub(crate) fn known(&self) -> std::sync::MutexGuard<'_, HashMap<String, Known>> {
+        self.known.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) async fn addresses(&self, up: &Upstream) -> io::Result<Vec<SocketAddr>> {
+        if !up.addresses.is_empty() {
+            return Ok(up.addresses.clone());
+        }
+        let key = up.to_string();
+        if let Some(held) = self.held(&key, up) {
+            return held;
+        }
+        let failure = match self.lookup(up).await {
+            Ok(addrs) if !addrs.is_empty() => {
+                self.known().insert(
+                    key,
+                    Known {
+                        addrs: addrs.clone(),
+                        retry_at: None,
+                    },
+                );
+                return Ok(addrs);
+            }
+            Ok(_) => io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{} has no address", up.host),
+            ),
+            Err(e) => e,
+        };
+        let mut known = self.known();
+        let entry = known.entry(key).or_default();
+        entry.retry_at = Some(Instant::now() + RETRY_AFTER);
+        if entry.addrs.is_empty() {
+            return Err(failure);
+        }
+        tracing::warn!(upstream = %up, error = %failure, "resolution failed; using the last good addresses");
+        Ok(entry.addrs.clone())
+    }
+
+    /// Within [`RETRY_AFTER`] of a failed lookup: the last good answer, or
+    /// the failure at once when there is none.
+    pub(crate) fn held(&self, key: &str, up: &Upstream) -> Option<io::Result<Vec<SocketAddr>>> {
+        let known = self.known();
+        let entry = known.get(key)?;
+        let left = entry
+            .retry_at?
+            .checked_duration_since(Instant::now())
+            .filter(|left| !left.is_zero())?;
+        Some(if entry.addrs.is_empty() {
+            Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "{} did not resolve; asking again in {} ms",
+                    up.host,
+                    left.as_millis()
+                ),
+            ))
+        } else {
+            Ok(entry.addrs.clone())
+        })
+    }
+
+    /// Advances the rotation that spreads connections over equal addresses.
+    pub(crate) fn turn(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+pub(crate) async fn connect_one(addr: SocketAddr) -> io::Result<TcpStream> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // Keepalive waits for the relay's first watchdog tick (see
+    // relay::keepalive); only the no-delay a short exchange needs is set now.
+    socket.set_nodelay(true)?;
+    socket.connect(addr).await
+}
+
+/// Connects to the first address of `up` that answers, trying each in turn.
+pub(crate) async fn connect(
+    shared: &Shared,
+    state: &ListenerState,
+    cfg: &ProxyConfig,
+    up: &Upstream,
+) -> Option<(TcpStream, SocketAddr)> {
+    let label = state.label.as_str();
+    let addrs = match shared.resolver.addresses(up).await {
+        Ok(a) => balance::order(
+            cfg.balance,
+            a,
+            shared.resolver.turn(),
+            |addr| shared.open.get(addr),
+            |addr| shared.outliers.ejected(addr) || shared.health.is_down(addr),
+        ),
+        Err(e) => {
+            shared
+                .metrics
+                .connect_errors
+                .with_label_values(&[label, "resolve"])
+                .inc();
+            tracing::warn!(upstream = %up, error = %e, "cannot resolve upstream");
+            return None;
+        }
+    };
+    for addr in addrs {
+        let started = Instant::now();
+        let attempt = tokio::time::timeout(cfg.connect_timeout, connect_one(addr)).await;
+        if let Ok(Err(e)) = &attempt {
+            if causeway_runtime::resources::local_resources_exhausted(e) {
+                // Our descriptors, memory or ports ran out: no fault of this
+                // address, and every other would fail the same way now.
+                shared
+                    .metrics
+                    .connect_errors
+                    .with_label_values(&[label, "local_resources"])
+                    .inc();
+                tracing::warn!(upstream = %up, address = %addr, error = %e,
+                    "cannot open a connection upstream: out of local resources (the address keeps its health)");
+                return None;
+            }
+        }
+        if !matches!(attempt, Ok(Ok(_))) && shared.outliers.failed(addr) {
+            shared.metrics.ejections.with_label_values(&[label]).inc();
+            tracing::warn!(upstream = %up, address = %addr, "address ejected after repeated connect failures");
+        }
+        match attempt {
+            Ok(Ok(s)) => {
+                shared.outliers.succeeded(&addr);
+                state
+                    .counters
+                    .connect_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                return Some((s, addr));
+            }
+            Ok(Err(e)) => {
+                let reason = match e.kind() {
+                    io::ErrorKind::ConnectionRefused => "refused",
+                    _ => "error",
+                };
+                shared
+                    .metrics
+                    .connect_errors
+                    .with_label_values(&[label, reason])
+                    .inc();
+            }
+            Err(_) => shared
+                .metrics
+                .connect_errors
+                .with_label_values(&[label, "timeout"])
+                .inc(),
+        }
+    }
+    None
+}
+
+/// Counts a connection against its upstream address while it is open, for
+/// least-connections and the per-address gauge.
+pub(crate) struct OpenGuard<'a> {
+    pub(crate) shared: &'a Shared,
+    pub(crate) addr: SocketAddr,
+    pub(crate) gauge: prometheus::IntGauge,
+}
+
+impl<'a> OpenGuard<'a> {
+    pub(crate) fn new(shared: &'a Shared, addr: SocketAddr) -> Self {
+        let gauge = shared.open.opened(addr, || {
+            shared
+                .metrics
+                .upstream_open
+                .with_label_values(&[addr.to_string().as_str()])
+        });
+        gauge.inc();
+        OpenGuard {
+            shared,
+            addr,
+            gauge,
+        }
+    }
+}
+
+impl Drop for OpenGuard<'_> {
+    fn drop(&mut self) {
+        self.gauge.dec();
+        self.shared.open.closed(&self.addr);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn after_a_failed_lookup_the_last_answer_stands_before_asking_again() {
+        let server = crate::resolve::tests::stand_in_resolver();
+        let resolver = Resolver {
+            dns: Some(DnsResolver::new(vec![server.local_addr().unwrap()])),
+            ..Resolver::default()
+        };
+        let up = Upstream::named("api.test", 443);
+        let kept = vec![SocketAddr::from(([10, 0, 0, 1], 443))];
+        resolver.known().insert(
+            up.to_string(),
+            Known {
+                addrs: kept.clone(),
+                retry_at: None,
+            },
+        );
+        // The server answers, with no address.
+        let answering = std::thread::spawn(move || {
+            crate::resolve::tests::answer_with_no_address(&server);
+            server
+        });
+        assert_eq!(resolver.addresses(&up).await.unwrap(), kept);
+        let server = answering.join().unwrap();
+        assert_eq!(resolver.addresses(&up).await.unwrap(), kept);
+        server.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 512];
+        assert!(
+            server.recv_from(&mut buf).is_err(),
+            "the servers were asked again within RETRY_AFTER"
+        );
+    }
+
+    /// A resolver that black-holes queries must cost one new connection in
+    /// RETRY_AFTER the lookup timeout, not every one: the second connection
+    /// fails without asking.
+    #[tokio::test]
+    async fn a_name_that_never_resolved_is_not_asked_again_at_once() {
+        let black_hole = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let resolver = Resolver {
+            dns: Some(DnsResolver::new(vec![black_hole.local_addr().unwrap()])),
+            ..Resolver::default()
+        };
+        let up = Upstream::named("never.test", 443);
+        assert!(resolver.addresses(&up).await.is_err());
+        let second = resolver.addresses(&up).await.unwrap_err();
+        assert!(second.to_string().contains("asking again in"), "{second}");
+        black_hole.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 512];
+        assert!(
+            black_hole.recv_from(&mut buf).is_ok(),
+            "the first was asked"
+        );
+        assert!(
+            black_hole.recv_from(&mut buf).is_err(),
+            "the second connection asked again"
+        );
+    }
+}
