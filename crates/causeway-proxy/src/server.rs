@@ -22,7 +22,6 @@ use crate::listener::{
     accept_loop, connection_cap, routing_of, Admission, ListenerCounters, ListenerState,
 };
 use crate::metrics::ProxyMetrics;
-use crate::resolve::DnsResolver;
 use crate::route::RouteError;
 use crate::upstream::{Outliers, Resolver};
 
@@ -138,10 +137,7 @@ impl ProxyServer {
         let shared = Arc::new(Shared {
             cfg: RwLock::new(Arc::new(cfg.clone())),
             metrics,
-            resolver: Resolver {
-                dns: (!cfg.resolvers.is_empty()).then(|| DnsResolver::new(cfg.resolvers.clone())),
-                ..Resolver::default()
-            },
+            resolver: Resolver::new(&cfg.resolvers),
             outliers: Outliers::default(),
             open: OpenCounts::default(),
             health: Health::default(),
