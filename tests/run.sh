@@ -58,8 +58,11 @@ if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
   if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
     cargo install --locked cargo-fuzz
   fi
-  for target in dhcp_engine dns_query client_hello config; do
-    (cd fuzz && cargo +nightly fuzz run "$target" -- -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 2>&1 | tail -n 3)
+  # Each target starts from its committed seeds (fuzz/seeds/<target>) and
+  # writes what it finds to the uncommitted fuzz/corpus/<target>.
+  for target in dhcp_engine dns_query dns_fastpath dns_response lease_log client_hello config; do
+    mkdir -p "fuzz/corpus/$target"
+    (cd fuzz && cargo +nightly fuzz run "$target" "corpus/$target" "seeds/$target" -- -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 2>&1 | tail -n 3)
   done
 else
   echo "SKIP cargo fuzz: no nightly toolchain here; the same harness runs on stable as the property tests arbitrary_bytes_never_panic and mutated_valid_packets_never_panic"

@@ -26,7 +26,7 @@ pub use engine::{Destination, Engine, Ignored, Ingress, Outcome, PoolStats, Repl
 pub use lease::{Lease, LeaseRecord, LeaseState};
 pub use metrics::DhcpMetrics;
 pub use server::{unix_now, DhcpError, DhcpServer, LeaseObserver};
-pub use store::{read_log, LeaseStore, Recovery, StoreError};
+pub use store::{parse_log, read_log, LeaseStore, Recovery, StoreError};
 
 /// Feeds arbitrary bytes through decode and the engine, as a fuzz target and
 /// the stable-toolchain property test both do. Must never panic.

@@ -87,7 +87,9 @@ pub fn read_log(path: &Path) -> Result<Recovery, StoreError> {
     Ok(parse_log(&bytes))
 }
 
-fn parse_log(bytes: &[u8]) -> Recovery {
+/// Reads a lease log's bytes: its whole lines as records (skipping and
+/// counting those that do not parse) and the length of a torn last line.
+pub fn parse_log(bytes: &[u8]) -> Recovery {
     let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
     let mut out = Recovery {
         torn_tail_bytes: bytes.len() - whole,

@@ -76,6 +76,10 @@ pub fn read(request: &[u8], key: &mut Vec<u8>) -> Option<Question> {
         if len == 0 {
             key.push(0);
             at += 1;
+            // The root label counts: a name is at most 255 bytes in all.
+            if key.len() - KEY_PREFIX > MAX_NAME {
+                return None;
+            }
             break;
         }
         // A compression pointer or extended label: not the common case.
@@ -102,7 +106,11 @@ pub fn read(request: &[u8], key: &mut Vec<u8>) -> Option<Question> {
             return None;
         }
         let rdlen = usize::from(u16_at(opt, 9)?);
-        if opt.len() != 11 + rdlen {
+        // Version 0 only (another is answered BADVERS by the full path),
+        // and options that exactly fill the data: a malformed OPT is the
+        // full parser's to answer FORMERR (found by the dns_fastpath fuzz
+        // target, which holds the two paths to one verdict).
+        if opt.len() != 11 + rdlen || opt[6] != 0 || !options_fit(&opt[11..]) {
             return None;
         }
         edns = Some(Edns {
@@ -137,6 +145,21 @@ pub fn read(request: &[u8], key: &mut Vec<u8>) -> Option<Question> {
         question_end,
         edns,
     })
+}
+
+/// Whether EDNS option data is a run of whole options (code, length,
+/// value), ending exactly at its end.
+fn options_fit(mut data: &[u8]) -> bool {
+    while !data.is_empty() {
+        let Some(len) = u16_at(data, 2) else {
+            return false;
+        };
+        let Some(rest) = data.get(4 + usize::from(len)..) else {
+            return false;
+        };
+        data = rest;
+    }
+    true
 }
 
 /// The same key for a query the full parser read, so both paths share
@@ -247,5 +270,58 @@ mod tests {
         for cut in 0..query("a.b.", true, true).len() {
             let _ = read(&query("a.b.", true, true)[..cut], &mut key);
         }
+    }
+
+    /// Found by the dns_fastpath fuzz target: queries the full parser
+    /// answers FORMERR (or BADVERS) must not be answered by the fast path.
+    #[test]
+    fn what_the_full_parser_refuses_the_fast_path_leaves_to_it() {
+        let question = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x01\x01x\x04apps\x03com\x00\x00\x1c\x00\x01";
+        let with_opt = |version: u8, data: &[u8]| {
+            let mut q = question.to_vec();
+            q.extend_from_slice(&[0, 0, 41, 4, 0xd3, 0, version, 0, 0]);
+            q.extend_from_slice(&(data.len() as u16).to_be_bytes());
+            q.extend_from_slice(data);
+            q
+        };
+        let mut key = Vec::new();
+        // One byte of option data: no room for an option's header.
+        let cut = with_opt(0, &[2]);
+        assert!(read(&cut, &mut key).is_none());
+        assert!(crate::message::parse(&cut).is_err());
+        // An option whose length runs past the data.
+        assert!(read(&with_opt(0, &[0, 10, 0, 8, 1, 2]), &mut key).is_none());
+        // EDNS version 1.
+        assert!(read(&with_opt(1, &[]), &mut key).is_none());
+        // Well-formed options are still read here.
+        assert!(read(&with_opt(0, &[0, 10, 0, 2, 1, 2]), &mut key).is_some());
+        assert!(read(&with_opt(0, &[]), &mut key).is_some());
+
+        // A name of 256 bytes with its root label: one too many (the
+        // labels alone are 255, so only the count after the root catches it).
+        let mut long = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00".to_vec();
+        for _ in 0..3 {
+            long.push(63);
+            long.extend_from_slice(&[b'a'; 63]);
+        }
+        long.push(62);
+        long.extend_from_slice(&[b'a'; 62]);
+        long.push(0);
+        long.extend_from_slice(&[0, 1, 0, 1]);
+        assert_eq!(long.len() - 12 - 4, 256);
+        assert!(read(&long, &mut key).is_none());
+        // 255 in all is the longest name there is, and is read.
+        let mut longest = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00".to_vec();
+        for _ in 0..3 {
+            longest.push(63);
+            longest.extend_from_slice(&[b'a'; 63]);
+        }
+        longest.push(61);
+        longest.extend_from_slice(&[b'a'; 61]);
+        longest.push(0);
+        longest.extend_from_slice(&[0, 1, 0, 1]);
+        assert!(read(&longest, &mut key).is_some());
+        assert_eq!(key.len() - KEY_PREFIX, 255);
+        assert!(crate::message::parse(&longest).is_ok());
     }
 }
