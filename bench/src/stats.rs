@@ -173,34 +173,19 @@ impl RateMeter {
     }
 }
 
-/// Parses "500ms", "10s", "2m", "1h" or a bare number of seconds ("2.5").
-/// Used as a clap value parser by every subcommand.
+/// Parses a bare number of seconds ("2.5") or what humantime reads
+/// ("500ms", "10s", "2m", "1h"). Used as a clap value parser by every
+/// subcommand.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 10s, 2m or 30"))?;
-    let scale = match unit.trim() {
-        "" | "s" | "sec" | "secs" => 1.0,
-        "ms" => 0.001,
-        "us" => 0.000_001,
-        "m" | "min" => 60.0,
-        "h" => 3600.0,
-        other => {
-            return Err(format!(
-                "invalid duration unit {other:?} in {s:?}: use ms, s, m or h"
-            ))
-        }
-    };
-    let secs = value * scale;
-    if !(0.0..=1e9).contains(&secs) {
-        return Err(format!("duration {s:?} out of range"));
+    if let Ok(secs) = s.parse::<f64>() {
+        return Duration::try_from_secs_f64(secs)
+            .ok()
+            .filter(|d| d.as_secs() <= 1_000_000_000)
+            .ok_or_else(|| format!("duration {s:?} out of range"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    humantime::parse_duration(s)
+        .map_err(|e| format!("invalid duration {s:?} ({e}): expected e.g. 500ms, 10s, 2m or 30"))
 }
 
 /// Formats an optional millisecond figure for human output.

@@ -103,25 +103,14 @@ pub enum FileDuration {
     Text(String),
 }
 
-/// Parses `90`, `90s`, `15m`, `1h` or `2d`.
+/// Parses a bare number of seconds (`90`) or what humantime reads: `90s`,
+/// `15m`, `1h`, `2d`, `250ms`, `1h 30m`.
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (digits, unit) = text.split_at(split);
-    let count: u64 = digits.parse().ok()?;
-    if unit == "ms" {
-        return Some(Duration::from_millis(count));
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return text.parse().ok().map(Duration::from_secs);
     }
-    let scale = match unit {
-        "" | "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86400,
-        _ => return None,
-    };
-    count.checked_mul(scale).map(Duration::from_secs)
+    humantime::parse_duration(text).ok()
 }
 
 pub fn parse_mac(text: &str) -> Option<[u8; 6]> {

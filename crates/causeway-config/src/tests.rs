@@ -221,7 +221,12 @@ fn durations_accept_units() {
         parse_duration("250ms"),
         Some(std::time::Duration::from_millis(250))
     );
-    assert_eq!(parse_duration("1w"), None);
+    assert_eq!(
+        parse_duration("1h 30m"),
+        Some(std::time::Duration::from_secs(5400))
+    );
+    assert_eq!(parse_duration("1 fortnight"), None);
+    assert_eq!(parse_duration("-5s"), None);
     assert_eq!(parse_duration(""), None);
     assert_eq!(parse_duration("99999999999999999999d"), None);
 }
