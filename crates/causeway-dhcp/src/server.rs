@@ -152,7 +152,7 @@ impl DhcpServer {
 
     /// Applies a new config to the running engine. Leases are kept; a change
     /// of listeners needs a restart and is reported.
-    pub fn reload(&self, cfg: &DhcpConfig) {
+    pub fn reload(&self, cfg: &DhcpConfig) -> Result<(), DhcpError> {
         if cfg.listen != self.listen {
             tracing::warn!(
                 "dhcp.listen changed; restart to apply it (the rest of the change is applied)"
@@ -162,18 +162,11 @@ impl DhcpServer {
             .max_in_flight
             .store(cfg.max_in_flight, Ordering::Relaxed);
         self.shared.engine().reconfigure(cfg);
-        tracing::info!("DHCP config reloaded");
+        Ok(())
     }
 
     pub fn leases(&self) -> Vec<LeaseRecord> {
-        let mut out: Vec<LeaseRecord> = self
-            .shared
-            .engine()
-            .leases()
-            .map(|l| l.to_record())
-            .collect();
-        out.sort_by_key(|r| r.ip);
-        out
+        self.lease_source()()
     }
 
     /// A cheap handle for the admin server's `/leases`.
@@ -291,12 +284,12 @@ async fn receive_loop(
     socket: UdpSocket,
     sender: Arc<std::net::UdpSocket>,
     ingress: Ingress,
-    mut shutdown: Shutdown,
+    shutdown: Shutdown,
 ) {
     let mut buf = vec![0u8; 4096];
     loop {
         let (n, from) = tokio::select! {
-            _ = shutdown.wait() => return,
+            _ = shutdown.cancelled() => return,
             r = socket.recv_from(&mut buf) => match r {
                 Ok(x) => x,
                 Err(e) => {
@@ -410,12 +403,12 @@ fn handle_packet(
 }
 
 /// Reclaims expired leases and refreshes the pool gauges.
-async fn housekeeping(shared: Arc<Shared>, mut shutdown: Shutdown) {
+async fn housekeeping(shared: Arc<Shared>, shutdown: Shutdown) {
     let mut tick = tokio::time::interval(Duration::from_secs(5));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = shutdown.wait() => return,
+            _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
         let now = unix_now();
@@ -429,5 +422,21 @@ async fn housekeeping(shared: Arc<Shared>, mut shutdown: Shutdown) {
             .metrics
             .leases
             .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+}
+
+impl causeway_runtime::Service for DhcpServer {
+    type Config = DhcpConfig;
+    type Error = DhcpError;
+    const NAME: &'static str = "DHCP";
+
+    async fn reload(&self, cfg: &DhcpConfig) -> Result<(), DhcpError> {
+        DhcpServer::reload(self, cfg)
+    }
+
+    /// Every lease change queued is made durable, however long it takes:
+    /// those are acknowledged or about to be.
+    async fn stop(self, _deadline: std::time::Duration) {
+        self.wait().await
     }
 }

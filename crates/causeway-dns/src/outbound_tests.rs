@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use causeway_config::Config;
-use causeway_runtime::shutdown::{channel, ShutdownTrigger};
+use causeway_runtime::Shutdown;
 use hickory_proto::op::{Edns, Message, MessageType, Query, ResponseCode};
 use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
@@ -21,7 +21,7 @@ struct Lab {
     addr: SocketAddr,
     metrics: DnsMetrics,
     server: DnsServer,
-    trigger: ShutdownTrigger,
+    trigger: Shutdown,
 }
 
 /// A server on a free loopback port with two UDP threads (steered to the
@@ -36,7 +36,8 @@ async fn serve(upstreams: &[SocketAddr], extra: &str) -> Lab {
     );
     let cfg = Config::from_yaml(&yaml).unwrap().dns.unwrap();
     let metrics = DnsMetrics::new(&prometheus::Registry::new()).unwrap();
-    let (trigger, shutdown) = channel();
+    let shutdown = Shutdown::new();
+    let trigger = shutdown.clone();
     let server = DnsServer::start(
         &cfg,
         Arc::new(DynamicNames::for_zone(None)),
@@ -343,7 +344,7 @@ async fn a_query_upstream_at_shutdown_gets_servfail_not_silence() {
         .recv_from(&mut buf)
         .expect("the query reached the upstream");
     let stopped = Instant::now();
-    lab.trigger.trigger();
+    lab.trigger.cancel();
     tokio::time::timeout(Duration::from_secs(5), lab.server.wait())
         .await
         .expect("the server stopped");

@@ -298,9 +298,9 @@ impl DnsServer {
         // The UDP threads block in the kernel; shutting their sockets' read
         // side is what gets them to look at the shutdown signal promptly.
         let endpoints: Vec<Arc<Endpoint>> = server.udp.iter().map(|(e, _)| e.clone()).collect();
-        let mut stop = shutdown.clone();
+        let stop = shutdown.clone();
         server.tasks.push(tokio::spawn(async move {
-            stop.wait().await;
+            stop.cancelled().await;
             for e in &endpoints {
                 e.wake();
             }
@@ -327,7 +327,6 @@ impl DnsServer {
                 "dns.udpSockets or dns.pinUdpThreads changed; restart to apply it (records and views are applied)"
             );
         }
-        tracing::info!("DNS records reloaded");
         Ok(())
     }
 
@@ -338,6 +337,22 @@ impl DnsServer {
         for t in std::mem::take(&mut self.tasks) {
             let _ = t.await;
         }
+    }
+}
+
+impl causeway_runtime::Service for DnsServer {
+    type Config = DnsConfig;
+    type Error = DnsError;
+    const NAME: &'static str = "DNS";
+
+    async fn reload(&self, cfg: &DnsConfig) -> Result<(), DnsError> {
+        DnsServer::reload(self, cfg)
+    }
+
+    /// Queries in flight are answered or dropped within the forwarding
+    /// timeout; nothing here outlives the serving threads.
+    async fn stop(self, _deadline: std::time::Duration) {
+        self.wait().await
     }
 }
 
@@ -464,7 +479,7 @@ fn udp_thread(
                 }
                 out.expire(shared);
                 if !queries {
-                    if shutdown.is_triggered() {
+                    if shutdown.is_cancelled() {
                         break;
                     }
                     continue;
@@ -482,7 +497,7 @@ fn udp_thread(
                 if let Err(e) = other {
                     tracing::debug!(error = %e, "DNS UDP receive failed");
                 }
-                if shutdown.is_triggered() {
+                if shutdown.is_cancelled() {
                     break;
                 }
                 continue;
@@ -549,12 +564,12 @@ async fn tcp_loop(
     shared: Arc<Shared>,
     listener: TcpListener,
     limit: Arc<Semaphore>,
-    mut shutdown: Shutdown,
+    shutdown: Shutdown,
 ) {
     let mut backoff = ACCEPT_BACKOFF_MIN;
     loop {
         let (stream, from) = tokio::select! {
-            _ = shutdown.wait() => return,
+            _ = shutdown.cancelled() => return,
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) if causeway_runtime::resources::local_resources_exhausted(&e) => {
@@ -567,7 +582,7 @@ async fn tcp_loop(
                         tracing::warn!(error = %e, "DNS TCP accept failed; backing off until descriptors free up");
                     }
                     tokio::select! {
-                        _ = shutdown.wait() => return,
+                        _ = shutdown.cancelled() => return,
                         _ = tokio::time::sleep(backoff) => {}
                     }
                     backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
@@ -598,11 +613,11 @@ async fn tcp_connection(
     shared: &Shared,
     mut stream: TcpStream,
     client: IpAddr,
-    mut shutdown: Shutdown,
+    shutdown: Shutdown,
 ) -> io::Result<()> {
     loop {
         let len = tokio::select! {
-            _ = shutdown.wait() => return Ok(()),
+            _ = shutdown.cancelled() => return Ok(()),
             r = tokio::time::timeout(shared.tcp_idle, stream.read_u16()) => match r {
                 Ok(Ok(len)) => len,
                 _ => return Ok(()),
@@ -734,7 +749,7 @@ pub(crate) mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_idle_tcp_connection_is_closed_after_the_idle_timeout() {
         let addr = free_port();
-        let (_trigger, shutdown) = causeway_runtime::shutdown::channel();
+        let shutdown = causeway_runtime::Shutdown::new();
         let (server, metrics) = start_with(&[addr], "  tcpIdleTimeout: 300ms\n", shutdown).await;
         let _server = server.unwrap();
         let mut client = TcpStream::connect(addr).await.unwrap();
@@ -784,7 +799,7 @@ pub(crate) mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn clients_that_never_read_lose_their_connections_after_the_write_timeout() {
         let addr = free_port();
-        let (_trigger, shutdown) = causeway_runtime::shutdown::channel();
+        let shutdown = causeway_runtime::Shutdown::new();
         let (server, metrics) = start_with(
             &[addr],
             "  maxTcpConnections: 2\n  tcpIdleTimeout: 1s\n",
@@ -823,7 +838,7 @@ pub(crate) mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn tcp_connections_past_the_bound_are_closed_and_counted() {
         let addr = free_port();
-        let (_trigger, shutdown) = causeway_runtime::shutdown::channel();
+        let shutdown = causeway_runtime::Shutdown::new();
         let (server, metrics) = start_with(&[addr], "  maxTcpConnections: 2\n", shutdown).await;
         let _server = server.unwrap();
         let mut held = Vec::new();
@@ -866,7 +881,7 @@ pub(crate) mod tests {
         // the first address's UDP threads are running.
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let second = taken.local_addr().unwrap();
-        let (_trigger, shutdown) = causeway_runtime::shutdown::channel();
+        let shutdown = causeway_runtime::Shutdown::new();
         let started = start(&[first, second], shutdown).await;
         assert!(matches!(started, Err(DnsError::Bind { addr, .. }) if addr == second));
         assert!(within_2s(|| released(first)).await, "{first} still held");
@@ -875,10 +890,11 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn shutdown_stops_the_udp_threads_and_wait_returns() {
         let addr = free_port();
-        let (trigger, shutdown) = causeway_runtime::shutdown::channel();
+        let shutdown = causeway_runtime::Shutdown::new();
+        let trigger = shutdown.clone();
         let server = start(&[addr], shutdown).await.unwrap();
         assert!(!released(addr));
-        trigger.trigger();
+        trigger.cancel();
         // Well inside the threads' 1 s receive timeout: the wake did it.
         tokio::time::timeout(Duration::from_millis(900), server.wait())
             .await

@@ -30,7 +30,7 @@ pub(crate) fn upstreams_of(cfg: &ProxyConfig) -> Vec<Upstream> {
 /// Active health checks: each interval, a TCP connect to every address of
 /// every upstream, all at once; the config is re-read each round so a
 /// reload can turn checks on, off or retime them.
-pub(crate) async fn health_loop(shared: Arc<Shared>, mut shutdown: Shutdown) {
+pub(crate) async fn health_loop(shared: Arc<Shared>, shutdown: Shutdown) {
     let mut checking = false;
     loop {
         let cfg = shared.cfg();
@@ -50,7 +50,7 @@ pub(crate) async fn health_loop(shared: Arc<Shared>, mut shutdown: Shutdown) {
             }
         };
         tokio::select! {
-            _ = shutdown.wait() => return,
+            _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(pause) => {}
         }
     }

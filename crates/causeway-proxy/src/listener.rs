@@ -248,11 +248,11 @@ pub(crate) async fn accept_loop(
     shared: Arc<Shared>,
     state: Arc<ListenerState>,
     listener: TcpListener,
-    mut shutdown: Shutdown,
+    shutdown: Shutdown,
 ) {
     loop {
         let (client, from) = tokio::select! {
-            _ = shutdown.wait() => return,
+            _ = shutdown.cancelled() => return,
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
@@ -278,18 +278,12 @@ pub(crate) async fn accept_loop(
             }
         };
         let (shared, state) = (shared.clone(), state.clone());
-        tokio::spawn(async move {
-            let permit = permit;
-            shared.active.fetch_add(1, Ordering::AcqRel);
+        // Tracked, so the drain waits for it; the permits go with the task.
+        shared.connections.clone().spawn(async move {
+            let _permit = permit;
             state.counters.accepted.inc();
-            {
-                let _open = Held::new(&state.counters.active);
-                handle(&shared, &state, client, from).await;
-            }
-            drop(permit);
-            if shared.active.fetch_sub(1, Ordering::AcqRel) == 1 {
-                shared.drained.notify_waiters();
-            }
+            let _open = Held::new(&state.counters.active);
+            handle(&shared, &state, client, from).await;
         });
     }
 }

@@ -5,7 +5,6 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -13,8 +12,9 @@ use causeway_config::ProxyConfig;
 use causeway_runtime::Shutdown;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Notify, Semaphore};
+use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
+use tokio_util::task::TaskTracker;
 
 use crate::balance::{Health, OpenCounts};
 use crate::health::health_loop;
@@ -45,10 +45,9 @@ pub(crate) struct Shared {
     pub(crate) open: OpenCounts,
     pub(crate) health: Health,
     pub(crate) admission: Admission,
-    /// Connections being served, and a wake-up for the drain when the
-    /// count reaches zero.
-    pub(crate) active: AtomicUsize,
-    pub(crate) drained: Notify,
+    /// Every connection task, on whichever proxy thread: the drain closes
+    /// it and waits for it to empty.
+    pub(crate) connections: TaskTracker,
 }
 
 impl Shared {
@@ -142,8 +141,7 @@ impl ProxyServer {
             open: OpenCounts::default(),
             health: Health::default(),
             admission: Admission::new(total_cap(cfg), cfg.max_connections_per_source),
-            active: AtomicUsize::new(0),
-            drained: Notify::new(),
+            connections: TaskTracker::new(),
         });
         let mut listeners = Vec::new();
         let workers_n = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -231,7 +229,6 @@ impl ProxyServer {
             .admission
             .set_per_source(cfg.max_connections_per_source);
         *self.shared.cfg.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(cfg.clone());
-        tracing::info!("proxy routes reloaded");
         Ok(())
     }
 
@@ -239,25 +236,15 @@ impl ProxyServer {
     /// connections get until `deadline` to finish on their own.
     pub async fn drain(self, deadline: Duration) {
         let _ = self.health.await;
-        let open = self.shared.active.load(Ordering::Acquire);
-        if open > 0 {
-            tracing::info!(connections = open, "draining proxied connections");
+        let connections = &self.shared.connections;
+        connections.close();
+        if !connections.is_empty() {
+            tracing::info!(
+                connections = connections.len(),
+                "draining proxied connections"
+            );
         }
-        let shared = &self.shared;
-        let _ = tokio::time::timeout(deadline, async {
-            loop {
-                let drained = shared.drained.notified();
-                tokio::pin!(drained);
-                // Registered before the check, so a last close between the
-                // two still wakes it.
-                drained.as_mut().enable();
-                if shared.active.load(Ordering::Acquire) == 0 {
-                    return;
-                }
-                drained.await;
-            }
-        })
-        .await;
+        let _ = tokio::time::timeout(deadline, connections.wait()).await;
         let _ = self.release_workers.send(true);
         let workers = self.workers;
         let _ = tokio::task::spawn_blocking(move || {
@@ -266,6 +253,20 @@ impl ProxyServer {
             }
         })
         .await;
+    }
+}
+
+impl causeway_runtime::Service for ProxyServer {
+    type Config = ProxyConfig;
+    type Error = ProxyError;
+    const NAME: &'static str = "proxy";
+
+    async fn reload(&self, cfg: &ProxyConfig) -> Result<(), ProxyError> {
+        ProxyServer::reload(self, cfg)
+    }
+
+    async fn stop(self, deadline: Duration) {
+        self.drain(deadline).await
     }
 }
 
@@ -344,7 +345,8 @@ mod tests {
             .unwrap()
         };
         let registry = prometheus::Registry::new();
-        let (trigger, shutdown) = causeway_runtime::shutdown::channel();
+        let shutdown = causeway_runtime::Shutdown::new();
+        let trigger = shutdown.clone();
         let server = ProxyServer::start(
             &cfg("old.test"),
             ProxyMetrics::new(&registry).unwrap(),
@@ -363,7 +365,7 @@ mod tests {
             after.contains("route=\"default\""),
             "a route the reload kept lost its series: {after}"
         );
-        trigger.trigger();
+        trigger.cancel();
         server.drain(Duration::from_secs(1)).await;
     }
 

@@ -10,4 +10,4 @@ pub mod netlink;
 pub mod plan;
 pub mod reconcile;
 
-pub use reconcile::{Reconciler, Report, RouteError, RouteMetrics, Status};
+pub use reconcile::{PolicyRouting, Reconciler, Report, RouteError, RouteMetrics, Status};

@@ -336,7 +336,7 @@ impl Reconciler {
 
     /// Keeps the routing applied until shutdown: reconciles after link and
     /// address events, and every 30 s regardless.
-    pub async fn run(self: Arc<Self>, mut shutdown: Shutdown) {
+    pub async fn run(self: Arc<Self>, shutdown: Shutdown) {
         let mut stream = match events() {
             Ok(s) => Some(s),
             Err(e) => {
@@ -352,7 +352,7 @@ impl Reconciler {
                 }
             };
             let first = tokio::select! {
-                _ = shutdown.wait() => return,
+                _ = shutdown.cancelled() => return,
                 e = event => match e {
                     Some(e) => Some(e),
                     None => {
@@ -424,4 +424,45 @@ fn loose_rp_filter(interface: &str) -> Result<(), RouteError> {
     })?;
     tracing::info!(interface, "rp_filter set to loose (2)");
     Ok(())
+}
+
+/// Policy routing as a running service: applied once strictly at start,
+/// then kept applied by [`Reconciler::run`] until shutdown.
+pub struct PolicyRouting {
+    reconciler: Arc<Reconciler>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PolicyRouting {
+    /// Applies `cfg` strictly (an interface that cannot be routed fails
+    /// the start) and starts keeping it applied.
+    pub async fn start(
+        cfg: RoutingConfig,
+        metrics: Option<RouteMetrics>,
+        shutdown: Shutdown,
+    ) -> Result<(Self, Report), RouteError> {
+        let reconciler = Arc::new(Reconciler::new(cfg, metrics)?);
+        let report = reconciler.reconcile(true).await?;
+        let task = tokio::spawn(reconciler.clone().run(shutdown));
+        Ok((PolicyRouting { reconciler, task }, report))
+    }
+}
+
+impl causeway_runtime::Service for PolicyRouting {
+    type Config = RoutingConfig;
+    type Error = RouteError;
+    const NAME: &'static str = "policy routing";
+
+    async fn reload(&self, cfg: &RoutingConfig) -> Result<(), RouteError> {
+        self.reconciler.set_config(cfg.clone());
+        let report = self.reconciler.reconcile(false).await?;
+        tracing::info!(changes = report.changed, "policy routing reconciled");
+        Ok(())
+    }
+
+    /// The rules and routes stay: a restart finds them in place, and
+    /// `causeway route flush` removes them.
+    async fn stop(self, _deadline: Duration) {
+        let _ = self.task.await;
+    }
 }

@@ -61,7 +61,7 @@ impl Admin {
         self,
         addr: SocketAddr,
         interface: Option<&str>,
-        mut shutdown: Shutdown,
+        shutdown: Shutdown,
     ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
         let socket = socket2::Socket::new(
             socket2::Domain::for_address(addr),
@@ -80,7 +80,7 @@ impl Admin {
         let router = self.router;
         let task = tokio::spawn(async move {
             let served = axum::serve(listener, router)
-                .with_graceful_shutdown(async move { shutdown.wait().await })
+                .with_graceful_shutdown(async move { shutdown.cancelled().await })
                 .await;
             if let Err(e) = served {
                 tracing::error!(error = %e, "admin server stopped");

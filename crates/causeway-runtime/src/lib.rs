@@ -10,8 +10,10 @@ pub mod cpus;
 pub mod readiness;
 pub mod reload;
 pub mod resources;
+pub mod service;
 pub mod shutdown;
 pub mod telemetry;
 
 pub use readiness::{Readiness, ReadyHandle};
-pub use shutdown::{Shutdown, ShutdownTrigger};
+pub use service::Service;
+pub use shutdown::{signals, Shutdown, StopSignals};

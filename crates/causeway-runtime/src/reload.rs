@@ -20,7 +20,7 @@ pub enum ReloadCause {
 pub fn watch(
     path: Option<PathBuf>,
     poll: Duration,
-    mut shutdown: Shutdown,
+    shutdown: Shutdown,
 ) -> std::io::Result<mpsc::Receiver<ReloadCause>> {
     let (tx, rx) = mpsc::channel(4);
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
@@ -33,7 +33,7 @@ pub fn watch(
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let cause = tokio::select! {
-                _ = shutdown.wait() => return,
+                _ = shutdown.cancelled() => return,
                 _ = hup.recv() => ReloadCause::Signal,
                 _ = tick.tick() => {
                     let Some(p) = &path else { continue };

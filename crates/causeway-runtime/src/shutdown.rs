@@ -1,56 +1,63 @@
-//! One shutdown signal for every task: a trigger and cheap, cloneable waiters.
+//! One shutdown signal for every task, and the signals that raise it.
+//!
+//! The signal is tokio-util's [`CancellationToken`]: the binary holds one,
+//! every service gets a clone, and a task selects on
+//! [`CancellationToken::cancelled`] (threads outside the runtime poll
+//! [`CancellationToken::is_cancelled`]). Cancelling it is the whole of
+//! "stop accepting new work"; each service then finishes what it has in
+//! flight in its [`crate::Service::stop`].
 
-use tokio::sync::watch;
+use std::io;
 
-pub struct ShutdownTrigger {
-    tx: watch::Sender<bool>,
+use tokio::signal::unix::{signal, Signal, SignalKind};
+pub use tokio_util::sync::CancellationToken as Shutdown;
+
+/// SIGTERM and SIGINT, installed once at start, so neither kills the
+/// process outright while it drains.
+pub struct StopSignals {
+    term: Signal,
+    int: Signal,
 }
 
-#[derive(Clone)]
-pub struct Shutdown {
-    rx: watch::Receiver<bool>,
+/// Installs the handlers for the signals that stop a causeway process.
+pub fn signals() -> io::Result<StopSignals> {
+    Ok(StopSignals {
+        term: signal(SignalKind::terminate())?,
+        int: signal(SignalKind::interrupt())?,
+    })
 }
 
-pub fn channel() -> (ShutdownTrigger, Shutdown) {
-    let (tx, rx) = watch::channel(false);
-    (ShutdownTrigger { tx }, Shutdown { rx })
-}
-
-impl ShutdownTrigger {
-    pub fn trigger(&self) {
-        self.tx.send_replace(true);
-    }
-
-    pub fn subscribe(&self) -> Shutdown {
-        Shutdown {
-            rx: self.tx.subscribe(),
+impl StopSignals {
+    /// Resolves at the next SIGTERM or SIGINT, with its name for the log.
+    pub async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
         }
-    }
-}
-
-impl Shutdown {
-    pub fn is_triggered(&self) -> bool {
-        *self.rx.borrow()
-    }
-
-    /// Resolves once shutdown is triggered (or the trigger is gone).
-    pub async fn wait(&mut self) {
-        let _ = self.rx.wait_for(|stop| *stop).await;
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[tokio::test]
-    async fn every_waiter_wakes_on_trigger() {
-        let (trigger, a) = super::channel();
-        let mut b = a.clone();
-        let mut a = a;
-        assert!(!a.is_triggered());
-        let waiter = tokio::spawn(async move { b.wait().await });
-        trigger.trigger();
-        a.wait().await;
-        waiter.await.unwrap();
-        assert!(a.is_triggered());
+    async fn every_clone_wakes_when_it_is_cancelled() {
+        let stop = Shutdown::new();
+        let waiter = stop.clone();
+        let woken = tokio::spawn(async move { waiter.cancelled().await });
+        assert!(!stop.is_cancelled());
+        stop.cancel();
+        woken.await.unwrap();
+        assert!(stop.clone().is_cancelled());
+    }
+
+    #[tokio::test]
+    async fn sigterm_is_received_and_named() {
+        let mut stops = signals().unwrap();
+        nix::sys::signal::raise(nix::sys::signal::Signal::SIGTERM).unwrap();
+        assert_eq!(stops.recv().await, "SIGTERM");
+        nix::sys::signal::raise(nix::sys::signal::Signal::SIGINT).unwrap();
+        assert_eq!(stops.recv().await, "SIGINT");
     }
 }

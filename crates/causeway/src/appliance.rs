@@ -10,10 +10,9 @@ use causeway_config::{Config, LogFormat};
 use causeway_dhcp::{DhcpMetrics, DhcpServer, LeaseObserver, LeaseState};
 use causeway_dns::{DnsMetrics, DnsServer, DynamicNames};
 use causeway_proxy::{ProxyMetrics, ProxyServer};
-use causeway_route::{Reconciler, RouteMetrics};
+use causeway_route::{PolicyRouting, RouteMetrics};
 use causeway_runtime::admin::Admin;
-use causeway_runtime::{readiness::Readiness, reload, shutdown, telemetry};
-use tokio::signal::unix::{signal, SignalKind};
+use causeway_runtime::{readiness::Readiness, reload, service, signals, telemetry, Shutdown};
 
 /// Which services of the config to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,9 +114,8 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
         ))
         .context("registering process metrics")?;
     let readiness = Readiness::default();
-    let (trigger, stop) = shutdown::channel();
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let stop = Shutdown::new();
+    let mut stop_signals = signals().context("installing the SIGTERM and SIGINT handlers")?;
 
     let mut admin = Admin::new(registry.clone(), readiness.clone());
     let names = Arc::new(DynamicNames::for_zone(
@@ -128,14 +126,10 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
         Some(routing_cfg) => {
             let ready = readiness.register("routing");
             let metrics = RouteMetrics::new(&registry).context("registering routing metrics")?;
-            let reconciler = Arc::new(
-                Reconciler::new(routing_cfg.clone(), Some(metrics))
-                    .context("policy routing failed to start")?,
-            );
-            let report = reconciler
-                .reconcile(true)
-                .await
-                .context("policy routing failed to start")?;
+            let (routing, report) =
+                PolicyRouting::start(routing_cfg.clone(), Some(metrics), stop.clone())
+                    .await
+                    .context("policy routing failed to start")?;
             for (interface, status) in &report.interfaces {
                 tracing::info!(
                     interface,
@@ -145,8 +139,7 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
                 );
             }
             ready.set(true);
-            let task = tokio::spawn(reconciler.clone().run(stop.clone()));
-            Some((reconciler, task))
+            Some(routing)
         }
         None => None,
     };
@@ -211,8 +204,7 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
     let mut running = cfg;
     loop {
         tokio::select! {
-            _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
-            _ = sigint.recv() => { tracing::info!("SIGINT: shutting down"); break; }
+            name = stop_signals.recv() => { tracing::info!("{name}: shutting down"); break; }
             cause = reloads.recv() => {
                 let Some(cause) = cause else { break };
                 let Some(p) = &path else {
@@ -221,8 +213,11 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
                 };
                 match Config::load(p).map(|c| only.select(c)) {
                     Ok(next) => {
-                        apply(&running, &next, dhcp.as_ref(), dns.as_ref(), proxy.as_ref());
-                        reroute(&next, routing.as_ref().map(|(r, _)| r.clone())).await;
+                        service::reload(routing.as_ref(), next.routing.as_ref()).await;
+                        service::reload(dhcp.as_ref(), next.dhcp.as_ref()).await;
+                        service::reload(dns.as_ref(), next.dns.as_ref()).await;
+                        service::reload(proxy.as_ref(), next.proxy.as_ref()).await;
+                        warn_restart_only(&running, &next);
                         tracing::info!(?cause, "config reloaded");
                         running = next;
                     }
@@ -231,72 +226,20 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
             }
         }
     }
-    trigger.trigger();
-    if let Some(server) = proxy {
-        server.drain(DRAIN_DEADLINE).await;
-    }
-    if let Some(server) = dns {
-        server.wait().await;
-    }
-    if let Some(server) = dhcp {
-        server.wait().await;
-    }
-    // The rules and routes stay: a restart finds them in place, and
-    // `causeway route flush` removes them.
-    if let Some((_, task)) = routing {
-        let _ = task.await;
-    }
+    stop.cancel();
+    // Clients' connections first (up to the deadline), then what is
+    // durable: DHCP last, so every lease queued reaches the disk.
+    service::stop(proxy, DRAIN_DEADLINE).await;
+    service::stop(dns, DRAIN_DEADLINE).await;
+    service::stop(dhcp, DRAIN_DEADLINE).await;
+    service::stop(routing, DRAIN_DEADLINE).await;
     let _ = admin_task.await;
     tracing::info!("causeway appliance stopped");
     Ok(())
 }
 
-async fn reroute(next: &Config, reconciler: Option<Arc<Reconciler>>) {
-    match (reconciler, &next.routing) {
-        (Some(r), Some(cfg)) => {
-            r.set_config(cfg.clone());
-            match r.reconcile(false).await {
-                Ok(report) => {
-                    tracing::info!(changes = report.changed, "policy routing reloaded")
-                }
-                Err(e) => tracing::error!("policy routing reload failed: {e}"),
-            }
-        }
-        (None, None) => {}
-        _ => tracing::warn!("enabling or disabling routing needs a restart"),
-    }
-}
-
-fn apply(
-    running: &Config,
-    next: &Config,
-    dhcp: Option<&DhcpServer>,
-    dns: Option<&DnsServer>,
-    proxy: Option<&ProxyServer>,
-) {
-    match (dhcp, &next.dhcp) {
-        (Some(server), Some(cfg)) => server.reload(cfg),
-        (None, None) => {}
-        _ => tracing::warn!("enabling or disabling DHCP needs a restart"),
-    }
-    match (dns, &next.dns) {
-        (Some(server), Some(cfg)) => {
-            if let Err(e) = server.reload(cfg) {
-                tracing::error!("DNS reload failed; its running records stay: {e}");
-            }
-        }
-        (None, None) => {}
-        _ => tracing::warn!("enabling or disabling DNS needs a restart"),
-    }
-    match (proxy, &next.proxy) {
-        (Some(server), Some(cfg)) => {
-            if let Err(e) = server.reload(cfg) {
-                tracing::error!("proxy reload failed; its running routes stay: {e}");
-            }
-        }
-        (None, None) => {}
-        _ => tracing::warn!("enabling or disabling the proxy needs a restart"),
-    }
+/// What a reload cannot change.
+fn warn_restart_only(running: &Config, next: &Config) {
     if running.admin != next.admin {
         tracing::warn!("admin.listen changed; restart to apply it");
     }

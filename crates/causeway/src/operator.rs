@@ -12,8 +12,7 @@ use causeway_operator::dpf::approver::{ApproverOptions, HostedEndpoint};
 use causeway_operator::manager::{self, Stopped};
 use causeway_operator::render::Settings;
 use causeway_runtime::admin::Admin;
-use causeway_runtime::{readiness::Readiness, shutdown, telemetry};
-use tokio::signal::unix::{signal, SignalKind};
+use causeway_runtime::{readiness::Readiness, signals, telemetry, Shutdown};
 
 pub struct Options {
     pub admin_listen: SocketAddr,
@@ -101,7 +100,7 @@ async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
     let metrics = OperatorMetrics::new(&registry).context("registering operator metrics")?;
     let readiness = Readiness::default();
     let ready = readiness.register("controller");
-    let (trigger, stop) = shutdown::channel();
+    let stop = Shutdown::new();
     let (admin_addr, admin_task) = Admin::new(registry, readiness)
         .bind(opts.admin_listen, None, stop.clone())
         .await
@@ -112,13 +111,10 @@ async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
     let operator_namespace = std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "default".into());
     tracing::info!(admin = %admin_addr, image, namespaces = ?opts.namespaces, "causeway operator starting");
 
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut stop_signals = signals().context("installing the SIGTERM and SIGINT handlers")?;
     let stop_signal = async move {
-        tokio::select! {
-            _ = sigterm.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = sigint.recv() => tracing::info!("SIGINT: shutting down"),
-        }
+        let name = stop_signals.recv().await;
+        tracing::info!("{name}: shutting down");
     };
     if let Some(w) = &opts.webhook {
         start_webhook(w, &client, &operator_namespace, stop.clone()).await?;
@@ -137,7 +133,7 @@ async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
         },
     };
     let stopped = manager::run(client, options, metrics, stop_signal).await;
-    trigger.trigger();
+    stop.cancel();
     let _ = admin_task.await;
     if stopped == Stopped::LostLeadership {
         anyhow::bail!("leadership lost; exiting so a restart can compete again");
@@ -152,7 +148,7 @@ async fn start_webhook(
     w: &WebhookOptions,
     client: &kube::Client,
     namespace: &str,
-    stop: shutdown::Shutdown,
+    stop: Shutdown,
 ) -> anyhow::Result<()> {
     use causeway_operator::webhook::{selfsigned, server};
     if let Some(secret) = &w.self_signed_secret {
@@ -182,10 +178,7 @@ async fn start_webhook(
         &w.cert_dir,
         client.clone(),
         namespace.to_string(),
-        async move {
-            let mut stop = stop;
-            stop.wait().await
-        },
+        async move { stop.cancelled().await },
     )
     .await
     .context("starting the admission webhook")?;

@@ -146,11 +146,13 @@ fn appliance_serves_reloads_and_stops_gracefully() {
     let leases: serde_json::Value = serde_json::from_str(&leases).unwrap();
     assert_eq!(leases[0]["ip"], ip.to_string());
     assert_eq!(leases[0]["state"], "active");
+    // The ACK is counted just after it is sent, so the client can see it
+    // before the counter moves.
+    wait_for("the ACK counted", || {
+        http_get(admin_port, "/metrics")
+            .is_some_and(|(_, m)| m.contains("causeway_dhcp_sent_total{type=\"ack\"} 1"))
+    });
     let (_, metrics) = http_get(admin_port, "/metrics").unwrap();
-    assert!(
-        metrics.contains("causeway_dhcp_sent_total{type=\"ack\"} 1"),
-        "{metrics}"
-    );
     assert!(metrics.contains("process_resident_memory_bytes"));
 
     // A valid change is applied without a restart.

@@ -217,24 +217,32 @@ async fn the_charts_webhook_admits_good_objects_and_denies_bad_ones_with_a_reloa
         .unwrap();
 
     println!("scenario: the webhook serves an expired certificate: nothing is admitted (failurePolicy Fail)");
-    let good = provisioner(
-        "good",
-        json!({"pullSecretRef": {"name": "pull"}, "sshKeySecretRef": {"name": "ssh"}}),
-    );
+    let spec = json!({"pullSecretRef": {"name": "pull"}, "sshKeySecretRef": {"name": "ssh"}});
+    let good = provisioner("good", spec.clone());
+    // The API server takes a moment to put a new webhook configuration in
+    // force; until then a create is admitted without asking. A probe
+    // object finds that moment (and is removed if it got in first), so
+    // the object under test is only sent once the webhook is asked.
+    let probe = provisioner("probe", spec);
+    let provisioners: Api<DPFHCPProvisioner> = Api::namespaced(client.clone(), NS);
     let refused = eventually(
         "a create refused for the expired certificate",
         WAIT,
         Some(&op),
         || async {
-            create(&client, &good)
-                .await
-                .err()
-                .filter(|e| e.contains("x509") || e.contains("certificate"))
+            match create(&client, &probe).await {
+                Ok(()) => {
+                    let _ = provisioners.delete("probe", &Default::default()).await;
+                    None
+                }
+                Err(e) => Some(e).filter(|e| e.contains("x509") || e.contains("certificate")),
+            }
         },
     )
     .await;
     assert!(refused.contains("failed calling webhook"), "{refused}");
-    let provisioners: Api<DPFHCPProvisioner> = Api::namespaced(client.clone(), NS);
+    let err = create(&client, &good).await.unwrap_err();
+    assert!(err.contains("failed calling webhook"), "{err}");
     assert!(provisioners.get_opt("good").await.unwrap().is_none());
 
     println!("scenario: a valid certificate replaces it on disk; no restart");
