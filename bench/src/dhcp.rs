@@ -112,6 +112,17 @@ pub struct DhcpArgs {
     /// At the end, send RELEASE for every lease acquired
     #[arg(long)]
     pub release: bool,
+
+    /// Hostile: stop at the OFFER and never REQUEST, so each exchange only
+    /// holds an address for the server's offer timeout (with fresh MACs,
+    /// the offer-exhaustion flood). An OFFER completes the exchange
+    #[arg(long, conflicts_with_all = ["rapid_commit", "decline"])]
+    pub discover_only: bool,
+
+    /// Hostile: DECLINE every address as soon as it is ACKed (with fresh
+    /// MACs, the quarantine flood)
+    #[arg(long)]
+    pub decline: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -154,7 +165,7 @@ struct Lease {
     server_id: Ipv4Addr,
 }
 
-/// Invariant once drained: started == acked + naks + drops.
+/// Invariant once drained: started == acked + offered_only + naks + drops.
 #[derive(Debug, Default)]
 struct Counters {
     started: u64,
@@ -171,6 +182,10 @@ struct Counters {
     send_errors: u64,
     recv_errors: u64,
     released: u64,
+    /// --discover-only: exchanges that ended at their OFFER.
+    offered_only: u64,
+    /// --decline: DECLINEs sent.
+    declined: u64,
 }
 
 /// xorshift64*: xids only need to be unpredictable enough not to collide
@@ -626,6 +641,14 @@ impl Bench {
         }
         let xid = reply.xid;
         match (phase, reply.kind) {
+            (Phase::Discovering, ReplyKind::Offer) if self.args.discover_only => {
+                self.c.offers += 1;
+                if let Some(ex) = self.inflight.remove(&xid) {
+                    self.c.offered_only += 1;
+                    self.lat.record(now.saturating_duration_since(ex.started));
+                    self.idle.push_back(ex.client);
+                }
+            }
             (Phase::Discovering, ReplyKind::Offer) => {
                 self.c.offers += 1;
                 // Servers must send option 54; falling back to the source
@@ -655,11 +678,11 @@ impl Bench {
                 if self.args.rapid_commit && reply.rapid_commit =>
             {
                 let sid = reply.server_id.unwrap_or(Ipv4Addr::UNSPECIFIED);
-                self.complete_ack(xid, reply.yiaddr, sid, now)?;
+                self.complete_ack(xid, reply.yiaddr, sid, now).await?;
             }
             (Phase::Requesting { server_id }, ReplyKind::Ack) => {
                 let sid = reply.server_id.unwrap_or(server_id);
-                self.complete_ack(xid, reply.yiaddr, sid, now)?;
+                self.complete_ack(xid, reply.yiaddr, sid, now).await?;
             }
             (_, ReplyKind::Nak) => {
                 if let Some(ex) = self.inflight.remove(&xid) {
@@ -672,7 +695,7 @@ impl Bench {
         Ok(())
     }
 
-    fn complete_ack(
+    async fn complete_ack(
         &mut self,
         xid: u32,
         ip: Ipv4Addr,
@@ -687,6 +710,15 @@ impl Bench {
         self.last_ack_at = Some(now);
         self.leases[ex.client as usize] = Some(Lease { ip, server_id });
         self.idle.push_back(ex.client);
+        if self.args.decline {
+            let mac = self.macs[ex.client as usize];
+            let pkt = wire::build_decline(&mac, self.rng.next_u32(), ip, server_id, &self.wire)
+                .map_err(anyhow::Error::from);
+            match self.send(pkt).await {
+                Ok(()) => self.c.declined += 1,
+                Err(_) => self.c.send_errors += 1,
+            }
+        }
         if let Some(f) = &mut self.acked_file {
             let line = format!("{} {ip}\n", wire::fmt_mac(&self.macs[ex.client as usize]));
             // Unbuffered File: one write(2) per ACK, so the line survives
@@ -829,6 +861,8 @@ impl Bench {
                 send_errors: self.c.send_errors,
                 recv_errors: self.c.recv_errors,
                 released: self.c.released,
+                offered_only: self.c.offered_only,
+                declined: self.c.declined,
                 target_rate: self.args.rate,
                 max_outstanding: self.args.max_outstanding,
                 rapid_commit: self.args.rapid_commit,
@@ -863,6 +897,12 @@ impl Bench {
             }
             if self.args.release {
                 rows.push(("released", self.c.released.to_string()));
+            }
+            if self.args.discover_only {
+                rows.push(("ended at the offer", self.c.offered_only.to_string()));
+            }
+            if self.args.decline {
+                rows.push(("declined", self.c.declined.to_string()));
             }
             let title = format!(
                 "DHCPv4 DORA against {} ({} mode, {} clients)",
@@ -900,6 +940,8 @@ struct JsonSummary {
     send_errors: u64,
     recv_errors: u64,
     released: u64,
+    offered_only: u64,
+    declined: u64,
     target_rate: u32,
     max_outstanding: u32,
     rapid_commit: bool,

@@ -131,6 +131,27 @@ pub fn build_release(
     finish(&msg)
 }
 
+/// DECLINE of an address the client was just given (RFC 2131 4.4.4): the
+/// address in option 50, the server in option 54, ciaddr zero. A flood of
+/// these from fresh MACs is the quarantine attack.
+pub fn build_decline(
+    mac: &Mac,
+    xid: u32,
+    ip: Ipv4Addr,
+    server_id: Ipv4Addr,
+    cfg: &WireConfig,
+) -> Result<Vec<u8>, EncodeError> {
+    let cfg = WireConfig {
+        broadcast: false,
+        ..*cfg
+    };
+    let mut msg = base_message(mac, xid, &cfg, MessageType::Decline);
+    let opts = msg.opts_mut();
+    opts.insert(DhcpOption::RequestedIpAddress(ip));
+    opts.insert(DhcpOption::ServerIdentifier(server_id));
+    finish(&msg)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplyKind {
     Offer,

@@ -736,11 +736,18 @@ pub struct Relay {
     socket: UdpSocket,
     server: SocketAddr,
     xid: u32,
+    giaddr: Ipv4Addr,
 }
 
 impl Relay {
     pub fn new(server: SocketAddr) -> Relay {
-        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        Relay::at(Ipv4Addr::LOCALHOST, server)
+    }
+
+    /// A relay sending from `address` (one of loopback's 127.0.0.0/8),
+    /// which it also writes into giaddr.
+    pub fn at(address: Ipv4Addr, server: SocketAddr) -> Relay {
+        let socket = UdpSocket::bind((address, 0)).unwrap();
         socket
             .set_read_timeout(Some(Duration::from_secs(2)))
             .unwrap();
@@ -748,6 +755,7 @@ impl Relay {
             socket,
             server,
             xid: 0x0cau32 << 16,
+            giaddr: address,
         }
     }
 
@@ -771,20 +779,43 @@ impl Relay {
     }
 
     pub fn exchange(&mut self, kind: MessageType, mac: [u8; 6], extra: &[DhcpOption]) -> Message {
+        self.try_exchange(kind, mac, extra)
+            .expect("no DHCP reply within 2 s")
+    }
+
+    /// The reply to one message, or `None` when none came within 2 s.
+    pub fn try_exchange(
+        &mut self,
+        kind: MessageType,
+        mac: [u8; 6],
+        extra: &[DhcpOption],
+    ) -> Option<Message> {
         let mut m = self.message(kind, mac, extra);
-        m.set_giaddr(Ipv4Addr::LOCALHOST).set_hops(1);
+        m.set_giaddr(self.giaddr).set_hops(1);
         self.send(&m);
         let mut buf = [0u8; 1500];
         loop {
-            let (n, _) = self
-                .socket
-                .recv_from(&mut buf)
-                .expect("no DHCP reply within 2 s");
+            let (n, _) = self.socket.recv_from(&mut buf).ok()?;
             let reply = Message::decode(&mut Decoder::new(&buf[..n])).unwrap();
             if reply.xid() == self.xid {
-                return reply;
+                return Some(reply);
             }
         }
+    }
+
+    /// DISCOVER then REQUEST; the ACK, or `None` when either got no reply
+    /// or the reply was not the one a served client gets.
+    pub fn try_dora(&mut self, mac: [u8; 6]) -> Option<Message> {
+        let offer = self.try_exchange(MessageType::Discover, mac, &[])?;
+        if offer.opts().msg_type() != Some(MessageType::Offer) {
+            return None;
+        }
+        let request = [
+            DhcpOption::ServerIdentifier(Ipv4Addr::LOCALHOST),
+            DhcpOption::RequestedIpAddress(offer.yiaddr()),
+        ];
+        let ack = self.try_exchange(MessageType::Request, mac, &request)?;
+        (ack.opts().msg_type() == Some(MessageType::Ack)).then_some(ack)
     }
 
     /// DISCOVER then REQUEST, both carrying `extra`; returns the ACK.
