@@ -58,6 +58,12 @@ pub struct ConnArgs {
     #[arg(long, value_name = "IP|FIRST-LAST", value_parser = parse_sources)]
     pub sources: Option<Sources>,
 
+    /// Exchanges started per second across all workers; 0 = as fast as
+    /// --concurrency allows. For a steady background load (a soak test)
+    /// rather than a measurement of the most a proxy can take
+    #[arg(long, value_name = "PER_SEC", default_value_t = 0)]
+    pub rate: u32,
+
     /// Bound on the connect, and separately on the exchange after it
     #[arg(long, value_name = "DURATION", default_value = "2s",
           value_parser = stats::parse_duration)]
@@ -81,6 +87,8 @@ struct Shared {
     /// Connect alone: through a proxy that is the accept, not the upstream.
     connect: LatencyRecorder,
     last_done: Option<Instant>,
+    /// With --rate: when the next exchange may start.
+    next_start: Option<Instant>,
 }
 
 pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
@@ -159,7 +167,23 @@ pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
 
 async fn worker(args: ConnArgs, clock: Rc<Clock>, shared: Rc<RefCell<Shared>>, payload: Rc<[u8]>) {
     let mut buf = vec![0u8; payload.len()];
+    let interval = (args.rate > 0).then(|| Duration::from_secs_f64(1.0 / f64::from(args.rate)));
     while !clock.over() {
+        if let Some(interval) = interval {
+            // Claim the next start slot; a worker that falls behind starts
+            // at once rather than bursting to catch up.
+            let at = {
+                let mut s = shared.borrow_mut();
+                let now = Instant::now();
+                let at = s.next_start.map_or(now, |t| t.max(now));
+                s.next_start = Some(at + interval);
+                at
+            };
+            tokio::time::sleep_until(at.into()).await;
+            if clock.over() {
+                break;
+            }
+        }
         let source = {
             let mut s = shared.borrow_mut();
             s.inflight += 1;
