@@ -107,9 +107,10 @@ pub fn read(request: &[u8], key: &mut Vec<u8>) -> Option<Question> {
         }
         let rdlen = usize::from(u16_at(opt, 9)?);
         // Version 0 only (another is answered BADVERS by the full path),
-        // and options that exactly fill the data: a malformed OPT is the
-        // full parser's to answer FORMERR (found by the dns_fastpath fuzz
-        // target, which holds the two paths to one verdict).
+        // and options that exactly fill the data, none of them Client
+        // Subnet: a malformed OPT is the full parser's to answer FORMERR
+        // (each found by the dns_fastpath fuzz target, which holds the two
+        // paths to one verdict).
         if opt.len() != 11 + rdlen || opt[6] != 0 || !options_fit(&opt[11..]) {
             return None;
         }
@@ -147,13 +148,21 @@ pub fn read(request: &[u8], key: &mut Vec<u8>) -> Option<Question> {
     })
 }
 
+/// EDNS Client Subnet (RFC 7871): its value is parsed and checked by the
+/// full parser, and a query carrying it asks for an answer shaped to a
+/// subnet, so it is never served from a shared key.
+const OPTION_CLIENT_SUBNET: u16 = 8;
+
 /// Whether EDNS option data is a run of whole options (code, length,
-/// value), ending exactly at its end.
+/// value), ending exactly at its end, none of them Client Subnet.
 fn options_fit(mut data: &[u8]) -> bool {
     while !data.is_empty() {
-        let Some(len) = u16_at(data, 2) else {
+        let (Some(code), Some(len)) = (u16_at(data, 0), u16_at(data, 2)) else {
             return false;
         };
+        if code == OPTION_CLIENT_SUBNET {
+            return false;
+        }
         let Some(rest) = data.get(4 + usize::from(len)..) else {
             return false;
         };
@@ -293,6 +302,11 @@ mod tests {
         assert!(read(&with_opt(0, &[0, 10, 0, 8, 1, 2]), &mut key).is_none());
         // EDNS version 1.
         assert!(read(&with_opt(1, &[]), &mut key).is_none());
+        // Client Subnet, even well-formed, is the full parser's (it checks
+        // the value; this one is empty, which it refuses).
+        let ecs = with_opt(0, &[0, 6, 0, 0, 0, 8, 0, 0]);
+        assert!(read(&ecs, &mut key).is_none());
+        assert!(crate::message::parse(&ecs).is_err());
         // Well-formed options are still read here.
         assert!(read(&with_opt(0, &[0, 10, 0, 2, 1, 2]), &mut key).is_some());
         assert!(read(&with_opt(0, &[]), &mut key).is_some());

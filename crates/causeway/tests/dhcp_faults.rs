@@ -320,7 +320,10 @@ fn a_lease_disk_that_fails_with_eio_stops_acks_drops_readiness_and_loses_nothing
         return;
     }
     let lab = Lab::new(|dir| dir.join("disk/leases.jsonl"));
-    let disk = LoopExt4::make(&lab.dir.path().join("disk.img"), &lab.dir.path().join("disk"));
+    let disk = LoopExt4::make(
+        &lab.dir.path().join("disk.img"),
+        &lab.dir.path().join("disk"),
+    );
     let server = lab.start("causeway");
     // The bench's record of ACKs is on the test's own disk, not the one
     // that fails.

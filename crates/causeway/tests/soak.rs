@@ -148,7 +148,13 @@ proxy:
         "dhcp-load",
         d,
         Command::new(bench_bin())
-            .args(["dhcp", "--server", &dhcp.to_string(), "--bind", "127.0.0.1:0"])
+            .args([
+                "dhcp",
+                "--server",
+                &dhcp.to_string(),
+                "--bind",
+                "127.0.0.1:0",
+            ])
             .args(["--clients", "20000", "--rate", "200", "--timeout", "1s"])
             .args(["--duration", &duration, "--json", "--acked-file"])
             .arg(&acked),
@@ -159,7 +165,12 @@ proxy:
         d,
         Command::new(bench_bin())
             .args(["dns", "--server", &dns.to_string()])
-            .args(["--mix", "local=60,cached=30,miss=10", "--zone", "hc1.example.com"])
+            .args([
+                "--mix",
+                "local=60,cached=30,miss=10",
+                "--zone",
+                "hc1.example.com",
+            ])
             .args(["--forward-domain", "example.net", "--rate", "1000"])
             .args(["--timeout", "1s", "--duration", &duration, "--json"]),
     );
