@@ -1013,3 +1013,116 @@ fn the_open_files_limit_caps_connections_across_listeners_and_each_source_has_it
     let _late = connect_from([127, 0, 0, 4], port_a);
     wait_for("a new connection relayed after one closed", || held() == 22);
 }
+
+/// A TCP address on loopback that never completes a connect: a listener
+/// with a backlog of one that never accepts, filled by two connections
+/// the returned guard holds, so the kernel drops every later SYN.
+fn black_hole() -> (SocketAddrGuard, u16) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (listener, fillers, port) = runtime.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = socket.listen(1).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut fillers = Vec::new();
+        // Until a connect no longer completes at once, the queue has room.
+        for _ in 0..8 {
+            match tokio::time::timeout(
+                Duration::from_millis(300),
+                tokio::net::TcpStream::connect(addr),
+            )
+            .await
+            {
+                Ok(Ok(s)) => fillers.push(s.into_std().unwrap()),
+                _ => break,
+            }
+        }
+        (listener.into_std().unwrap(), fillers, addr.port())
+    });
+    (
+        SocketAddrGuard {
+            _listener: listener,
+            _fillers: fillers,
+        },
+        port,
+    )
+}
+
+struct SocketAddrGuard {
+    _listener: std::net::TcpListener,
+    _fillers: Vec<std::net::TcpStream>,
+}
+
+#[test]
+fn a_black_holed_upstream_holds_no_more_than_its_listener_allows_and_others_keep_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_hole, hole_port) = black_hole();
+    let healthy = HoldingUpstream::start();
+    let (port_dead, port_ok, admin) = (free_port(), free_port(), free_port());
+    let cfg = dir.path().join("proxy.yaml");
+    std::fs::write(
+        &cfg,
+        format!("log: {{format: json, level: warn}}\nadmin: {{listen: \"127.0.0.1:{admin}\"}}\ncluster: {{name: hc1, baseDomain: example.com}}\nproxy:\n  listenAddress: 127.0.0.1\n  connectTimeout: 3s\n  maxConnections: 10\n  listeners:\n    - {{port: {port_dead}, upstream: \"127.0.0.1:{hole_port}\"}}\n    - {{port: {port_ok}, upstream: \"127.0.0.1:{}\"}}\n", healthy.port),
+    )
+    .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_causeway"))
+        .args(["proxy", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("proxy.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let _proxy = Guard(child);
+    wait_for("/readyz", || {
+        http_get(admin, "/readyz")
+            .is_some_and(|b| b.lines().next().is_some_and(|l| l.contains(" 200 ")))
+    });
+    let rss_before = support::rss_kib(pid);
+    let total = |name: &str, labels: &str| -> f64 {
+        http_get(admin, "/metrics")
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with(name) && l.contains(labels))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    // 200 clients on the dead route, from five sources: each waits on a
+    // connect that never completes.
+    let stuck: Vec<TcpStream> = (0..200)
+        .map(|i| connect_from([127, 0, 1, 1 + (i % 5) as u8], port_dead))
+        .collect();
+    wait_for("the dead route's listener at its limit", || {
+        total("causeway_proxy_refused_total", "limit=\"listener\"") >= 100.0
+    });
+    // The healthy route is served all the while.
+    let served: Vec<TcpStream> = (0..5)
+        .map(|_| connect_from([127, 0, 2, 1], port_ok))
+        .collect();
+    wait_for("five connections through the healthy route", || {
+        healthy.held.load(Ordering::Relaxed) == 5
+    });
+    let dead_active = metric(
+        admin,
+        &format!("causeway_proxy_connections_active{{listener=\"{port_dead}\"}}"),
+    )
+    .unwrap_or(f64::NAN);
+    assert!(dead_active <= 10.0, "{dead_active} held on the dead route");
+    let rss_during = support::rss_kib(pid);
+    // The stuck connects give up at connectTimeout and are counted.
+    wait_for("the connects to time out", || {
+        total("causeway_proxy_connect_errors_total", "reason=\"timeout\"") >= 1.0
+    });
+    eprintln!(
+        "black hole: {dead_active} held on the dead route, {} refused there; healthy route served; RSS {rss_before} -> {rss_during} KiB",
+        total("causeway_proxy_refused_total", "limit=\"listener\"")
+    );
+    assert!(
+        rss_during < rss_before + 8 * 1024,
+        "RSS grew from {rss_before} to {rss_during} KiB"
+    );
+    drop((stuck, served));
+}
