@@ -24,9 +24,9 @@ use tokio::net::{TcpStream, UdpSocket};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::cache::{key_of, shape, Cache, CacheKey, Hit};
+use crate::endpoint::Endpoint;
 use crate::message::ParsedQuery;
 use crate::metrics::DnsMetrics;
-use crate::outbound::Client;
 
 /// Consecutive failures after which an upstream is skipped.
 const FAILURES_TO_SKIP: u32 = 3;
@@ -76,6 +76,17 @@ struct Upstream {
     failures: AtomicU32,
     /// Milliseconds since `epoch` until which it is skipped.
     skip_until: AtomicU64,
+}
+
+/// A UDP client waiting for a forwarded answer: where its reply goes, from
+/// which socket, and the query it must answer.
+pub(crate) struct Client {
+    pub endpoint: Arc<Endpoint>,
+    pub q: ParsedQuery,
+    pub view: usize,
+    pub request: Vec<u8>,
+    pub to: SocketAddr,
+    pub local: Option<Ipv4Addr>,
 }
 
 /// Someone waiting for the answer to a query already on its way upstream.

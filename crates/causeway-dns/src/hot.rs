@@ -18,7 +18,7 @@ use crate::cache::Hit;
 use crate::fastpath::{self, Question};
 use crate::message;
 use crate::metrics::{qtype_label, rcode_label};
-use crate::server::{Shared, Step};
+use crate::shared::{Shared, Step};
 
 /// How long a prepared answer is reused; bounds how late a DHCP name that
 /// expired (rather than being released) keeps answering.

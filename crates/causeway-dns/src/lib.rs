@@ -20,6 +20,7 @@ pub mod message;
 pub mod metrics;
 mod outbound;
 pub mod server;
+mod shared;
 
 pub use authority::{Authority, DynamicNames};
 pub use metrics::DnsMetrics;

@@ -18,7 +18,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::Instant;
@@ -29,25 +29,12 @@ use foldhash::{HashMap, HashMapExt};
 use rand::Rng;
 
 use crate::cache::{key_of, shape, CacheKey};
-use crate::endpoint::Endpoint;
-use crate::forward::{self, Answer, FetchError, Forwarder, InFlight, Join, Waiter};
-use crate::message::ParsedQuery;
-use crate::server::{unix_now, Shared};
+use crate::forward::{self, Answer, Client, FetchError, Forwarder, InFlight, Join, Waiter};
+use crate::shared::{unix_now, Shared};
 
 /// Upstream answers read per wake-up at most, so a flood of them cannot
 /// keep the thread from its clients.
 const ANSWERS_PER_READ: usize = 64;
-
-/// A UDP client waiting for a forwarded answer: where its reply goes, from
-/// which socket, and the query it must answer.
-pub(crate) struct Client {
-    pub endpoint: Arc<Endpoint>,
-    pub q: ParsedQuery,
-    pub view: usize,
-    pub request: Vec<u8>,
-    pub to: SocketAddr,
-    pub local: Option<Ipv4Addr>,
-}
 
 /// A query on its way upstream.
 struct Flight {

@@ -6,13 +6,11 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use causeway_config::DnsConfig;
 use causeway_runtime::cpus;
 use causeway_runtime::Shutdown;
-use hickory_proto::op::ResponseCode;
-use hickory_proto::rr::RecordType;
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -21,12 +19,11 @@ use tokio::task::JoinHandle;
 
 use crate::authority::{Authority, DynamicNames};
 use crate::endpoint::{BatchHeaders, Datagram, Endpoint, Outgoing};
-use crate::forward::{Answer, Forwarder, Waiter};
-use crate::handler::{decide, Decision};
+use crate::forward::{Client, Forwarder};
 use crate::hot::Hot;
-use crate::message::{self, ParsedQuery, Rejected};
-use crate::metrics::{qtype_label, rcode_label, DnsMetrics};
-use crate::outbound::{Client, Outbound};
+use crate::metrics::DnsMetrics;
+use crate::outbound::Outbound;
+use crate::shared::{unix_now, Shared, Step};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DnsError {
@@ -36,16 +33,6 @@ pub enum DnsError {
     Records(#[from] crate::authority::BuildError),
     #[error("DNS upstream socket: {0}")]
     Upstream(io::Error),
-}
-
-pub(crate) struct Shared {
-    authority: RwLock<Arc<Authority>>,
-    /// Bumped on every reload, so per-socket prepared answers go stale.
-    reloads: AtomicU64,
-    pub(crate) forwarder: Option<Arc<Forwarder>>,
-    dynamic: Arc<DynamicNames>,
-    pub(crate) metrics: DnsMetrics,
-    tcp_idle: Duration,
 }
 
 pub struct DnsServer {
@@ -58,144 +45,6 @@ pub struct DnsServer {
     listen: Vec<SocketAddr>,
     udp_sockets: usize,
     pin_udp_threads: bool,
-}
-
-pub(crate) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-/// What to do with one packet.
-pub(crate) enum Step {
-    /// Send this; `reusable` when it may answer identical queries later.
-    Reply {
-        wire: Vec<u8>,
-        reusable: bool,
-    },
-    Forward(ParsedQuery, usize),
-    Drop,
-}
-
-impl Shared {
-    /// Changes whenever records or DHCP names change.
-    pub(crate) fn generation(&self) -> u64 {
-        self.reloads
-            .load(Ordering::Acquire)
-            .wrapping_add(self.dynamic.generation())
-    }
-
-    pub(crate) fn authority(&self) -> Arc<Authority> {
-        self.authority
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    fn count(&self, view: &str, qtype: RecordType, wire: &[u8]) {
-        self.metrics
-            .queries
-            .with_label_values(&[
-                view,
-                qtype_label(qtype),
-                rcode_label(message::rcode_of(wire)),
-            ])
-            .inc();
-    }
-
-    /// Everything that can be decided without waiting on the network.
-    fn step(&self, request: &[u8], client: IpAddr, udp: bool) -> Step {
-        let q = match message::parse(request) {
-            Ok(q) => q,
-            Err(Rejected::Drop(reason)) => {
-                self.metrics.dropped.with_label_values(&[reason]).inc();
-                return Step::Drop;
-            }
-            Err(Rejected::Reply { id, rcode, reason }) => {
-                self.metrics.dropped.with_label_values(&[reason]).inc();
-                return Step::Reply {
-                    wire: message::bare_error(id, rcode),
-                    reusable: false,
-                };
-            }
-        };
-        let auth = self.authority();
-        let view = auth.view_for(client);
-        let limit = if udp {
-            q.udp_limit()
-        } else {
-            usize::from(u16::MAX)
-        };
-        match decide(
-            &auth,
-            view,
-            &q,
-            client,
-            unix_now(),
-            limit,
-            self.forwarder.is_some(),
-        ) {
-            Decision::Reply { wire, reusable } => {
-                self.count(auth.view_name(view), q.qtype(), &wire);
-                Step::Reply { wire, reusable }
-            }
-            Decision::Forward => Step::Forward(q, view),
-        }
-    }
-
-    /// The forwarded answer for a TCP client.
-    async fn forward(&self, q: &ParsedQuery, view: usize, request: &[u8]) -> Vec<u8> {
-        let Some(fwd) = &self.forwarder else {
-            return message::error_response(q, ResponseCode::ServFail, true);
-        };
-        let (answer, waiters) = fwd.resolve(q, request, unix_now()).await;
-        self.deliver(&answer, waiters);
-        self.fit(answer, q, view, request, false)
-    }
-
-    /// Answers everyone waiting for a forwarded query.
-    pub(crate) fn deliver(&self, answer: &Answer, waiters: Vec<Waiter>) {
-        for waiter in waiters {
-            match waiter {
-                Waiter::Task(tx) => {
-                    let _ = tx.send(answer.clone());
-                }
-                Waiter::Datagram(c) => {
-                    let wire = self.fit(answer.clone(), &c.q, c.view, &c.request, true);
-                    let _ = c.endpoint.send_now(&wire, c.to, c.local);
-                }
-            }
-        }
-    }
-
-    /// A forwarded answer made to fit its client: the client's ID and
-    /// question spelling, truncated if it is too big for the client's UDP.
-    fn fit(
-        &self,
-        answer: Answer,
-        q: &ParsedQuery,
-        view: usize,
-        request: &[u8],
-        udp: bool,
-    ) -> Vec<u8> {
-        let wire = match answer {
-            Answer::Response(mut wire) => {
-                if !message::patch_for(&mut wire, q, request) {
-                    message::error_response(q, ResponseCode::ServFail, true)
-                } else if udp && wire.len() > q.udp_limit() {
-                    message::truncated_response(q)
-                } else {
-                    message::mark_forwarded(&mut wire);
-                    wire
-                }
-            }
-            Answer::ServFail => message::error_response(q, ResponseCode::ServFail, true),
-        };
-        let auth = self.authority();
-        self.count(auth.view_name(view), q.qtype(), &wire);
-        wire
-    }
 }
 
 impl DnsServer {
