@@ -196,18 +196,7 @@ fn a_full_lease_disk_stops_acks_drops_readiness_and_recovers_without_loss() {
     // While it stays full, requests keep coming and no ACK leaves: find a
     // one-second window in which the server received REQUESTs and sent no
     // ACK (the last page's slack may let a few records in first).
-    let quiet = poll_until(Duration::from_secs(30), || {
-        let (acks, requests) = (ack_count(&server), request_count(&server));
-        let window = Instant::now();
-        while window.elapsed() < Duration::from_secs(1) {
-            if ack_count(&server) != acks {
-                return None;
-            }
-            // A sampling interval, not a wait for anything.
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        (request_count(&server) > requests + 100.0).then_some(())
-    });
+    let quiet = a_second_without_acks(&server);
     assert!(
         quiet.is_some(),
         "ACKs kept leaving, or no REQUESTs arrived, with the lease disk full\n{}",
@@ -357,18 +346,7 @@ fn a_lease_disk_that_fails_with_eio_stops_acks_drops_readiness_and_loses_nothing
         debug(&server, &load)
     );
     // Requests keep coming and no ACK leaves.
-    let quiet = poll_until(Duration::from_secs(30), || {
-        let (acks, requests) = (ack_count(&server), request_count(&server));
-        let window = Instant::now();
-        while window.elapsed() < Duration::from_secs(1) {
-            if ack_count(&server) != acks {
-                return None;
-            }
-            // A sampling interval, not a wait for anything.
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        (request_count(&server) > requests + 100.0).then_some(())
-    });
+    let quiet = a_second_without_acks(&server);
     assert!(
         quiet.is_some(),
         "ACKs kept leaving, or no REQUESTs arrived, on a disk failing with EIO\n{}",
@@ -391,6 +369,23 @@ fn a_lease_disk_that_fails_with_eio_stops_acks_drops_readiness_and_loses_nothing
         during - before
     );
     drop(disk);
+}
+
+/// Within 30 s, a one-second window in which the server received over 100
+/// REQUESTs and sent no ACK; `None` if none came.
+fn a_second_without_acks(server: &Appliance) -> Option<()> {
+    poll_until(Duration::from_secs(30), || {
+        let (acks, requests) = (ack_count(server), request_count(server));
+        let window = Instant::now();
+        while window.elapsed() < Duration::from_secs(1) {
+            if ack_count(server) != acks {
+                return None;
+            }
+            // A sampling interval, not a wait for anything.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (request_count(server) > requests + 100.0).then_some(())
+    })
 }
 
 fn lab_readyz(server: &Appliance) -> Option<u16> {

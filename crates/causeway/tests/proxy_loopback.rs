@@ -101,6 +101,17 @@ fn start_proxy(dir: &Path, body: &str) -> Proxy {
     proxy
 }
 
+/// The sum of every sample of `name` whose labels contain `labels`, from
+/// the admin server on `admin` (0 when it does not answer).
+fn metric_total(admin: u16, name: &str, labels: &str) -> f64 {
+    http_get(admin, "/metrics")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with(name) && l.contains(labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// The proxy's log lines so far (it logs JSON), with `field` equal to `value`.
 fn log_lines(dir: &Path, field: &str, value: &str) -> Vec<serde_json::Value> {
     std::fs::read_to_string(dir.join("proxy.log"))
@@ -775,35 +786,15 @@ fn running_out_of_descriptors_never_ejects_a_healthy_upstream() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = HoldingUpstream::start();
     let port = free_port();
-    let admin = free_port();
-    let cfg = dir.path().join("proxy.yaml");
-    std::fs::write(
-        &cfg,
-        format!("log: {{format: json}}\nadmin: {{listen: \"127.0.0.1:{admin}\"}}\ncluster: {{name: hc1, baseDomain: example.com}}\nproxy:\n  listenAddress: 127.0.0.1\n  listeners:\n    - {{port: {port}, upstream: \"127.0.0.1:{}\"}}\n", upstream.port),
-    )
-    .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_causeway"))
-        .args(["proxy", "--config"])
-        .arg(&cfg)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("proxy.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let _proxy = Guard(child);
-    wait_for("/readyz", || {
-        http_get(admin, "/readyz")
-            .is_some_and(|b| b.lines().next().is_some_and(|l| l.contains(" 200 ")))
-    });
-    // The sum of every sample of `name` whose labels contain `labels`.
-    let total = |name: &str, labels: &str| -> f64 {
-        http_get(admin, "/metrics")
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.starts_with(name) && l.contains(labels))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
+    let proxy = start_proxy(
+        dir.path(),
+        &format!(
+            "  listeners:\n    - {{port: {port}, upstream: \"127.0.0.1:{}\"}}\n",
+            upstream.port
+        ),
+    );
+    let (pid, admin) = (proxy.child.0.id(), proxy.admin);
+    let total = |name: &str, labels: &str| metric_total(admin, name, labels);
     // The soft limit caps descriptor numbers, not their count: with the
     // limit at the second-lowest free number, exactly one is left.
     let one_free_fd_limit = || {
@@ -1061,35 +1052,14 @@ fn a_black_holed_upstream_holds_no_more_than_its_listener_allows_and_others_keep
     let dir = tempfile::tempdir().unwrap();
     let (_hole, hole_port) = black_hole();
     let healthy = HoldingUpstream::start();
-    let (port_dead, port_ok, admin) = (free_port(), free_port(), free_port());
-    let cfg = dir.path().join("proxy.yaml");
-    std::fs::write(
-        &cfg,
-        format!("log: {{format: json, level: warn}}\nadmin: {{listen: \"127.0.0.1:{admin}\"}}\ncluster: {{name: hc1, baseDomain: example.com}}\nproxy:\n  listenAddress: 127.0.0.1\n  connectTimeout: 3s\n  maxConnections: 10\n  listeners:\n    - {{port: {port_dead}, upstream: \"127.0.0.1:{hole_port}\"}}\n    - {{port: {port_ok}, upstream: \"127.0.0.1:{}\"}}\n", healthy.port),
-    )
-    .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_causeway"))
-        .args(["proxy", "--config"])
-        .arg(&cfg)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("proxy.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let _proxy = Guard(child);
-    wait_for("/readyz", || {
-        http_get(admin, "/readyz")
-            .is_some_and(|b| b.lines().next().is_some_and(|l| l.contains(" 200 ")))
-    });
+    let (port_dead, port_ok) = (free_port(), free_port());
+    let proxy = start_proxy(
+        dir.path(),
+        &format!("  connectTimeout: 3s\n  maxConnections: 10\n  listeners:\n    - {{port: {port_dead}, upstream: \"127.0.0.1:{hole_port}\"}}\n    - {{port: {port_ok}, upstream: \"127.0.0.1:{}\"}}\n", healthy.port),
+    );
+    let (pid, admin) = (proxy.child.0.id(), proxy.admin);
     let rss_before = support::rss_kib(pid);
-    let total = |name: &str, labels: &str| -> f64 {
-        http_get(admin, "/metrics")
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.starts_with(name) && l.contains(labels))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
+    let total = |name: &str, labels: &str| metric_total(admin, name, labels);
     // 200 clients on the dead route, from five sources: each waits on a
     // connect that never completes.
     let stuck: Vec<TcpStream> = (0..200)
