@@ -50,8 +50,9 @@ pub struct DhcpArgs {
     pub bind: SocketAddrV4,
 
     /// Relay address written into giaddr [default: the --bind IP, or the
-    /// route's source address if --bind is 0.0.0.0]
-    #[arg(long, value_name = "IP", conflicts_with = "interface")]
+    /// route's source address if --bind is 0.0.0.0]. With --interface, a
+    /// forged giaddr: a client on the segment posing as a relay (hostile)
+    #[arg(long, value_name = "IP")]
     pub giaddr: Option<Ipv4Addr>,
 
     /// Direct mode instead of relay mode: bind 0.0.0.0:68 on this interface
@@ -281,7 +282,7 @@ pub async fn run(args: DhcpArgs) -> anyhow::Result<()> {
     let wire = WireConfig {
         giaddr: match mode {
             Mode::Relay { giaddr, .. } => Some(giaddr),
-            Mode::Interface { .. } => None,
+            Mode::Interface { .. } => args.giaddr,
         },
         broadcast: matches!(mode, Mode::Interface { .. }),
         rapid_commit: args.rapid_commit,

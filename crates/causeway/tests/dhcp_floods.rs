@@ -8,7 +8,11 @@
 //!   quarantining an address (the quarantine attack; the per-client
 //!   DECLINE cap cannot see fresh MACs).
 //!
-//! Each runs twice against the same pool: once with the rate limits set,
+//! - and, on a VLAN the test builds in network namespaces (root), random
+//!   MACs that set `giaddr` to another subnet's relay address, posing as a
+//!   relay to draw from that subnet's pool.
+//!
+//! The first two run twice against the same pool: once with the rate limits set,
 //! where the pool keeps free addresses, another subnet's relay is served
 //! during the flood and the drops show in the metrics; and once with no
 //! shared limits, as the control, where the same flood takes the pool.
@@ -26,8 +30,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use support::{
-    bench_bin, free_tcp_port, free_udp_port, metric, poll_until, wait_for, AdminAt, Appliance,
-    Proc, Relay,
+    bench_bin, free_tcp_port, free_udp_port, metric, poll_until, root_or_skip_for, wait_for,
+    AdminAt, Appliance, Netns, Proc, Relay,
 };
 use tempfile::TempDir;
 
@@ -267,4 +271,151 @@ fn a_random_mac_decline_flood_quarantines_only_what_the_limit_lets_through() {
         !unlimited.flooded_subnet_served_after,
         "with every address quarantined no new client can be served"
     );
+}
+
+/// The VLAN: a server namespace and a client namespace on a veth pair,
+/// causeway serving 10.77.0.0/24 on its end, and a second subnet
+/// (10.88.0.0/24) that only a relay at 10.88.0.1 may draw from.
+#[test]
+fn a_forged_giaddr_flood_on_the_vlan_draws_nothing_from_another_subnet() {
+    let test = "a_forged_giaddr_flood_on_the_vlan_draws_nothing_from_another_subnet";
+    if !root_or_skip_for(test, "network namespaces and a veth pair") {
+        return;
+    }
+    const SRV_IF: &str = "cw-gsrv0";
+    const CLI_IF: &str = "cw-gcli0";
+    const ADMIN_PORT: u16 = 9090;
+    let dir = tempfile::Builder::new()
+        .prefix("causeway-giaddr-")
+        .tempdir()
+        .unwrap();
+    let srv = Netns::new("gsrv");
+    let cli = Netns::new("gcli");
+    srv.veth_to(SRV_IF, None, &cli, CLI_IF, None);
+    srv.ip(&["addr", "add", "10.77.0.2/24", "dev", SRV_IF]);
+    let config = dir.path().join("causeway.yaml");
+    fs::write(
+        &config,
+        format!(
+            r#"log: {{level: info}}
+admin: {{listen: "127.0.0.1:{ADMIN_PORT}"}}
+network:
+  interface: {SRV_IF}
+  cidr: 10.77.0.0/24
+  gateway: 10.77.0.1
+  address: 10.77.0.2
+dhcp:
+  leaseFile: {lease}
+  subnets:
+    - pools: [{{start: 10.77.0.100, end: 10.77.0.150}}]
+    - {{cidr: 10.88.0.0/24, relayAddresses: [10.88.0.1], serverId: 10.77.0.2, pools: [{{start: 10.88.0.10, end: 10.88.0.60}}]}}
+"#,
+            lease = dir.path().join("leases.jsonl").display()
+        ),
+    )
+    .unwrap();
+    let server = Appliance::start(
+        "causeway",
+        dir.path(),
+        Some(&srv),
+        &config,
+        AdminAt::Netns {
+            ns: srv.name().to_owned(),
+            port: ADMIN_PORT,
+        },
+    );
+    // The attacker: broadcast DISCOVERs and REQUESTs from fresh MACs with
+    // giaddr 10.88.0.1, for 3 s at 1,000 a second.
+    let mut forged = Proc::spawn(
+        "forged-giaddr",
+        dir.path(),
+        cli.command(bench_bin())
+            .args(["dhcp", "--interface", CLI_IF, "--giaddr", "10.88.0.1"])
+            .args(["--clients", "100000", "--rate", "1000", "--duration", "3s"])
+            .args(["--timeout", "300ms", "--json"]),
+    );
+    let status = forged.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "{}", forged.describe());
+    let flood = serde_json::from_str::<serde_json::Value>(
+        forged
+            .output()
+            .lines()
+            .rev()
+            .find(|l| l.starts_with('{'))
+            .unwrap_or_else(|| panic!("no summary\n{}", forged.describe())),
+    )
+    .unwrap();
+    // A real client on the same segment is served from its own subnet.
+    let mut honest = Proc::spawn(
+        "honest-client",
+        dir.path(),
+        cli.command(bench_bin())
+            .args([
+                "dhcp",
+                "--interface",
+                CLI_IF,
+                "--clients",
+                "20",
+                "--count",
+                "20",
+            ])
+            .args([
+                "--duration",
+                "10s",
+                "--timeout",
+                "1s",
+                "--mac-seed",
+                "7",
+                "--json",
+            ]),
+    );
+    assert!(
+        honest.wait_exit(Duration::from_secs(30)).success(),
+        "{}",
+        honest.describe()
+    );
+    let honest_out = honest.output();
+    let honest_summary: serde_json::Value = serde_json::from_str(
+        honest_out
+            .lines()
+            .rev()
+            .find(|l| l.starts_with('{'))
+            .unwrap(),
+    )
+    .unwrap();
+
+    let metrics = server.metrics();
+    let unknown_relay = metric(
+        &metrics,
+        r#"causeway_dhcp_dropped_total{reason="unknown_relay"}"#,
+    )
+    .unwrap_or(0.0);
+    let Some((200, body)) = server.admin.get("/leases") else {
+        panic!("/leases did not answer\n{}", server.proc.describe());
+    };
+    let leases: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+    let in_b = leases
+        .iter()
+        .filter(|l| {
+            l["ip"]
+                .as_str()
+                .is_some_and(|ip| ip.starts_with("10.88.0."))
+        })
+        .count();
+    eprintln!(
+        "{test}: {} forged DISCOVERs sent, {} offers seen, {unknown_relay} dropped as unknown_relay, {in_b} leases or offers in 10.88.0.0/24; the honest client got {} of 20",
+        flood["started"], flood["offers"], honest_summary["acked"]
+    );
+    assert_eq!(in_b, 0, "a forged relay drew from the other subnet's pool");
+    assert_eq!(
+        flood["offers"].as_u64(),
+        Some(0),
+        "the forged relay got offers"
+    );
+    assert!(
+        unknown_relay >= flood["started"].as_f64().unwrap() * 0.9,
+        "the forged DISCOVERs were not counted as unknown_relay ({unknown_relay})"
+    );
+    assert_eq!(honest_summary["acked"].as_u64(), Some(20));
+    server.stop();
 }
