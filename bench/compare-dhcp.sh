@@ -524,6 +524,7 @@ print(f"- Flood: `causeway-bench dhcp --rate 0 --max-outstanding 256 --clients 6
       "fsync per ACK: fsync+fdatasync calls counted by `strace -f -c` over a separate run of up to 300 DORAs (5 s), 64 in flight"
       + (" (quick mode: dhcpd only)." if E["CWB_QUICK"] == "1" else "."))
 print("- Config notes: Kea memfile `persist: true`, `lfc-interval: 0`, logging at WARN to a file; "
+      "Kea MT as the Kea ARM recommends for kea-dhcp4 on memfile: `thread-pool-size: 4`, `packet-queue-size: 28`; "
       "dhcpd `ping-check false` (its default pings each new address and waits 1 s before offering); "
       "dhcpd logs every packet to syslog, which this lab does not run; causeway `rateLimitPerClient: 20`.")
 print()
