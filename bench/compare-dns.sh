@@ -370,6 +370,9 @@ cluster: {name: hc1, baseDomain: example.com}
 dns:
   listen: ["$addr:53"]
   proxyAddress: $PROXY
+  # *.apps is answered locally only with an ingress to point it at (with
+  # no proxy section here, none is derived); the other servers answer it.
+  ingressAddress: $PROXY
   upstreams: ["$UPSTREAM:53"]
   recursionClients: [127.0.0.0/8]
   udpSockets: $THREADS
