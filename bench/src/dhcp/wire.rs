@@ -111,8 +111,27 @@ pub fn build_request(
     finish(&msg)
 }
 
-/// RELEASE names the lease by ciaddr; the broadcast flag is meaningless here
-/// (no reply) so it is never set.
+/// A message about a lease the server gets no reply to send for, naming
+/// the server in option 54; the broadcast flag is meaningless there, so it
+/// is never set.
+fn about_lease(
+    mac: &Mac,
+    xid: u32,
+    kind: MessageType,
+    server_id: Ipv4Addr,
+    cfg: &WireConfig,
+) -> v4::Message {
+    let cfg = WireConfig {
+        broadcast: false,
+        ..*cfg
+    };
+    let mut msg = base_message(mac, xid, &cfg, kind);
+    msg.opts_mut()
+        .insert(DhcpOption::ServerIdentifier(server_id));
+    msg
+}
+
+/// RELEASE names the lease by ciaddr.
 pub fn build_release(
     mac: &Mac,
     xid: u32,
@@ -120,20 +139,14 @@ pub fn build_release(
     server_id: Ipv4Addr,
     cfg: &WireConfig,
 ) -> Result<Vec<u8>, EncodeError> {
-    let cfg = WireConfig {
-        broadcast: false,
-        ..*cfg
-    };
-    let mut msg = base_message(mac, xid, &cfg, MessageType::Release);
+    let mut msg = about_lease(mac, xid, MessageType::Release, server_id, cfg);
     msg.set_ciaddr(ip);
-    msg.opts_mut()
-        .insert(DhcpOption::ServerIdentifier(server_id));
     finish(&msg)
 }
 
 /// DECLINE of an address the client was just given (RFC 2131 4.4.4): the
-/// address in option 50, the server in option 54, ciaddr zero. A flood of
-/// these from fresh MACs is the quarantine attack.
+/// address in option 50, ciaddr zero. A flood of these from fresh MACs is
+/// the quarantine attack.
 pub fn build_decline(
     mac: &Mac,
     xid: u32,
@@ -141,14 +154,8 @@ pub fn build_decline(
     server_id: Ipv4Addr,
     cfg: &WireConfig,
 ) -> Result<Vec<u8>, EncodeError> {
-    let cfg = WireConfig {
-        broadcast: false,
-        ..*cfg
-    };
-    let mut msg = base_message(mac, xid, &cfg, MessageType::Decline);
-    let opts = msg.opts_mut();
-    opts.insert(DhcpOption::RequestedIpAddress(ip));
-    opts.insert(DhcpOption::ServerIdentifier(server_id));
+    let mut msg = about_lease(mac, xid, MessageType::Decline, server_id, cfg);
+    msg.opts_mut().insert(DhcpOption::RequestedIpAddress(ip));
     finish(&msg)
 }
 

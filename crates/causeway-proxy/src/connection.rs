@@ -32,7 +32,7 @@ impl Drop for Held<'_> {
 }
 
 /// How one connection went, for the access log.
-pub(crate) struct Outcome {
+struct Outcome {
     route: String,
     upstream: Option<SocketAddr>,
     up_bytes: u64,
@@ -62,11 +62,7 @@ pub(crate) async fn handle(
     );
 }
 
-pub(crate) async fn serve(
-    shared: &Shared,
-    state: &ListenerState,
-    client: &mut TcpStream,
-) -> Outcome {
+async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -> Outcome {
     let mut out = Outcome {
         route: String::new(),
         upstream: None,
@@ -161,7 +157,7 @@ pub(crate) async fn serve(
 }
 
 /// Reads the client's first bytes until the hello's name is known.
-pub(crate) async fn read_hello(client: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<Peek> {
+async fn read_hello(client: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<Peek> {
     loop {
         let p = peek(buf);
         if p != Peek::NeedMore {
@@ -190,7 +186,7 @@ pub(crate) async fn read_hello(client: &mut TcpStream, buf: &mut Vec<u8>) -> io:
 /// Appends what is ready, never past [`MAX_HELLO`]. The read goes through
 /// the thread's scratch buffer, so a client that has sent nothing yet costs
 /// no buffer in its task.
-pub(crate) fn read_into(client: &TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+fn read_into(client: &TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
     let room = MAX_HELLO.saturating_sub(buf.len()).max(1);
     crate::relay::with_scratch(|scratch| {
         let take = room.min(scratch.len());

@@ -12,7 +12,7 @@ use crate::balance::Transition;
 use crate::server::Shared;
 
 /// Every upstream the listeners may send to.
-pub(crate) fn upstreams_of(cfg: &ProxyConfig) -> Vec<Upstream> {
+fn upstreams_of(cfg: &ProxyConfig) -> Vec<Upstream> {
     let mut all: Vec<Upstream> = Vec::new();
     for l in &cfg.listeners {
         match &l.kind {
@@ -56,7 +56,7 @@ pub(crate) async fn health_loop(shared: Arc<Shared>, shutdown: Shutdown) {
     }
 }
 
-pub(crate) async fn check_round(shared: &Shared, cfg: &ProxyConfig, rule: &HealthCheck) {
+async fn check_round(shared: &Shared, cfg: &ProxyConfig, rule: &HealthCheck) {
     let mut checks = tokio::task::JoinSet::new();
     let mut checked = HashSet::new();
     for up in upstreams_of(cfg) {

@@ -146,14 +146,14 @@ pub fn connection_cap(nofile: u64) -> usize {
 
 /// Why a connection was closed on arrival; each is a metric label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refusal {
+enum Refusal {
     Listener,
     Total,
     Source,
 }
 
 impl Refusal {
-    pub(crate) fn label(self) -> &'static str {
+    fn label(self) -> &'static str {
         match self {
             Refusal::Listener => "listener",
             Refusal::Total => "total",
@@ -170,7 +170,7 @@ pub(crate) struct Admission {
 }
 
 /// What an admitted connection holds until it ends.
-pub(crate) struct Permit {
+struct Permit {
     _listener: OwnedSemaphorePermit,
     _total: OwnedSemaphorePermit,
     _source: SourceSlot,
@@ -211,7 +211,7 @@ impl Admission {
 
     /// Takes every permit a connection from `source` needs on a listener
     /// with `limit`, or says which one ran out.
-    pub(crate) fn admit(&self, limit: &Arc<Semaphore>, source: IpAddr) -> Result<Permit, Refusal> {
+    fn admit(&self, limit: &Arc<Semaphore>, source: IpAddr) -> Result<Permit, Refusal> {
         let listener = limit
             .clone()
             .try_acquire_owned()

@@ -84,9 +84,6 @@ impl NameResolver {
     /// The addresses of `host`: from the cache while fresh, else asked
     /// anew; an error when no server gives one.
     pub async fn lookup(&self, host: &str) -> io::Result<Vec<IpAddr>> {
-        if let Ok(ip) = host.parse::<IpAddr>() {
-            return Ok(vec![ip]);
-        }
         let (resolver, name) = (self.resolver.clone(), host.to_string());
         let answer = self
             .runtime

@@ -18,15 +18,15 @@ use crate::resolve::NameResolver;
 use crate::server::Shared;
 
 /// Consecutive connect failures after which an address is skipped.
-pub(crate) const FAILURES_TO_EJECT: u32 = 3;
+const FAILURES_TO_EJECT: u32 = 3;
 /// How long an ejected address is skipped.
-pub(crate) const EJECT_FOR: Duration = Duration::from_secs(10);
+const EJECT_FOR: Duration = Duration::from_secs(10);
 
 /// Passive outlier ejection: addresses that keep failing to connect are
 /// tried last for a while.
 #[derive(Default)]
 pub(crate) struct Outliers {
-    pub(crate) state: Mutex<HashMap<SocketAddr, (u32, Option<Instant>)>>,
+    state: Mutex<HashMap<SocketAddr, (u32, Option<Instant>)>>,
 }
 
 impl Outliers {
@@ -50,7 +50,7 @@ impl Outliers {
         false
     }
 
-    pub(crate) fn succeeded(&self, addr: &SocketAddr) {
+    fn succeeded(&self, addr: &SocketAddr) {
         self.state
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -62,15 +62,15 @@ impl Outliers {
 /// new connections get the last good answer meanwhile, or fail at once if
 /// there is none. With a resolver that black-holes queries, one connection
 /// in this long waits out the lookup, not every one.
-pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(5);
+const RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// What the lookups of one upstream's name left behind.
 #[derive(Default)]
-pub(crate) struct Known {
+struct Known {
     /// The last good answer; empty while the name has never resolved.
-    pub(crate) addrs: Vec<SocketAddr>,
+    addrs: Vec<SocketAddr>,
     /// Set by a failed lookup: until when the name is not asked again.
-    pub(crate) retry_at: Option<Instant>,
+    retry_at: Option<Instant>,
 }
 
 /// Upstream host names are looked up at each connection through the
@@ -79,11 +79,11 @@ pub(crate) struct Known {
 pub(crate) struct Resolver {
     /// Keyed by configured upstream, so it holds no more entries than the
     /// config has upstreams.
-    pub(crate) known: Mutex<HashMap<String, Known>>,
-    pub(crate) next: AtomicUsize,
+    known: Mutex<HashMap<String, Known>>,
+    next: AtomicUsize,
     /// `None` only when the system's resolver config could not be read
     /// (said at start): names then go to the C library's resolver.
-    pub(crate) names: Option<NameResolver>,
+    names: Option<NameResolver>,
 }
 
 impl Resolver {
@@ -103,7 +103,7 @@ impl Resolver {
         }
     }
 
-    pub(crate) async fn lookup(&self, up: &Upstream) -> io::Result<Vec<SocketAddr>> {
+    async fn lookup(&self, up: &Upstream) -> io::Result<Vec<SocketAddr>> {
         match &self.names {
             Some(names) => Ok(names
                 .lookup(&up.host)
@@ -117,7 +117,7 @@ impl Resolver {
         }
     }
 
-    pub(crate) fn known(&self) -> std::sync::MutexGuard<'_, HashMap<String, Known>> {
+    fn known(&self) -> std::sync::MutexGuard<'_, HashMap<String, Known>> {
         self.known.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -158,7 +158,7 @@ impl Resolver {
 
     /// Within [`RETRY_AFTER`] of a failed lookup: the last good answer, or
     /// the failure at once when there is none.
-    pub(crate) fn held(&self, key: &str, up: &Upstream) -> Option<io::Result<Vec<SocketAddr>>> {
+    fn held(&self, key: &str, up: &Upstream) -> Option<io::Result<Vec<SocketAddr>>> {
         let known = self.known();
         let entry = known.get(key)?;
         let left = entry
@@ -277,9 +277,9 @@ pub(crate) async fn connect(
 /// Counts a connection against its upstream address while it is open, for
 /// least-connections and the per-address gauge.
 pub(crate) struct OpenGuard<'a> {
-    pub(crate) shared: &'a Shared,
-    pub(crate) addr: SocketAddr,
-    pub(crate) gauge: prometheus::IntGauge,
+    shared: &'a Shared,
+    addr: SocketAddr,
+    gauge: prometheus::IntGauge,
 }
 
 impl<'a> OpenGuard<'a> {

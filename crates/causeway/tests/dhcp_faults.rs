@@ -19,16 +19,14 @@ mod support;
 use std::collections::HashMap;
 use std::fs;
 use std::io::Write as _;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::{
-    bench_bin, complete_lines, free_tcp_port, free_udp_port, leases, metric, poll_until,
-    root_or_skip_for, run, wait_for, AdminAt, Appliance, Proc,
+    bench_bin, complete_lines, leases, metric, poll_until, root_or_skip_for, run, wait_for,
+    Appliance, DhcpLab, Proc,
 };
-use tempfile::TempDir;
 
 /// A tmpfs of a fixed size, unmounted on drop (also when the test panics).
 struct Tmpfs {
@@ -55,57 +53,23 @@ impl Drop for Tmpfs {
 }
 
 /// causeway in relay mode on 127.0.0.1 with its lease file at `lease_file`.
-struct Lab {
-    dir: TempDir,
-    dhcp: SocketAddr,
-    admin: SocketAddr,
-    config: PathBuf,
+fn relay_lab(lease_file: impl Fn(&Path) -> PathBuf) -> DhcpLab {
+    DhcpLab::new("causeway-faults-", |dir, admin, dhcp| {
+        support::loopback_dhcp_config(admin, dhcp, &lease_file(dir))
+    })
 }
 
-impl Lab {
-    fn new(lease_file: impl Fn(&Path) -> PathBuf) -> Lab {
-        let dir = tempfile::Builder::new()
-            .prefix("causeway-faults-")
-            .tempdir()
-            .unwrap();
-        let dhcp: SocketAddr = format!("127.0.0.1:{}", free_udp_port()).parse().unwrap();
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()).parse().unwrap();
-        let config = dir.path().join("causeway.yaml");
-        fs::write(
-            &config,
-            support::loopback_dhcp_config(admin, dhcp, &lease_file(dir.path())),
-        )
-        .unwrap();
-        Lab {
-            dir,
-            dhcp,
-            admin,
-            config,
-        }
-    }
-
-    fn start(&self, name: &str) -> Appliance {
-        Appliance::start(
-            name,
-            self.dir.path(),
-            None,
-            &self.config,
-            AdminAt::Host(self.admin),
-        )
-    }
-
-    /// DORA load from fresh MACs (`seed` keeps runs disjoint), every ACK
-    /// appended to `acked`; bounded by `duration`.
-    fn load(&self, name: &str, seed: u16, acked: &Path, duration: &str) -> Proc {
-        let mut cmd = Command::new(bench_bin());
-        cmd.args(["dhcp", "--server", &self.dhcp.to_string()])
-            .args(["--bind", "127.0.0.1:0", "--clients", "200000"])
-            .args(["--rate", "2000", "--duration", duration, "--json"])
-            .args(["--mac-seed", &seed.to_string()])
-            .arg("--acked-file")
-            .arg(acked);
-        Proc::spawn(name, self.dir.path(), &mut cmd)
-    }
+/// DORA load from fresh MACs (`seed` keeps runs disjoint), every ACK
+/// appended to `acked`; bounded by `duration`.
+fn dora_load(lab: &DhcpLab, name: &str, seed: u16, acked: &Path, duration: &str) -> Proc {
+    let mut cmd = Command::new(bench_bin());
+    cmd.args(["dhcp", "--server", &lab.dhcp.to_string()])
+        .args(["--bind", "127.0.0.1:0", "--clients", "200000"])
+        .args(["--rate", "2000", "--duration", duration, "--json"])
+        .args(["--mac-seed", &seed.to_string()])
+        .arg("--acked-file")
+        .arg(acked);
+    Proc::spawn(name, lab.dir.path(), &mut cmd)
 }
 
 /// Every `<mac> <ip>` the bench saw acknowledged, the newest per MAC.
@@ -161,7 +125,7 @@ fn a_full_lease_disk_stops_acks_drops_readiness_and_recovers_without_loss() {
     if !root_or_skip_for(test, "mounting a tmpfs") {
         return;
     }
-    let lab = Lab::new(|dir| dir.join("disk/leases.jsonl"));
+    let lab = relay_lab(|dir| dir.join("disk/leases.jsonl"));
     let disk = Tmpfs::mount(&lab.dir.path().join("disk"), "1m");
     // Most of the disk goes to a file the test removes to give space back;
     // the log gets about 2,500 leases before it is full.
@@ -170,28 +134,10 @@ fn a_full_lease_disk_stops_acks_drops_readiness_and_recovers_without_loss() {
 
     let server = lab.start("causeway");
     let acked = lab.dir.path().join("acked.txt");
-    let mut load = lab.load("causeway-bench", 1, &acked, "120s");
-    let debug = |server: &Appliance, load: &Proc| {
-        format!("{}\n{}", load.describe(), server.proc.describe())
-    };
+    let mut load = dora_load(&lab, "causeway-bench", 1, &acked, "120s");
 
     // Full: readiness drops, the failure is counted by cause.
-    wait_for(
-        "/readyz to fail on the full disk",
-        Duration::from_secs(60),
-        || {
-            matches!(lab_readyz(&server), Some(503))
-                .then_some(())
-                .filter(|_| sample(&server, "causeway_dhcp_store_healthy") == 0.0)
-        },
-        || debug(&server, &load),
-    );
-    assert!(
-        sample(
-            &server,
-            r#"causeway_dhcp_store_failures_total{error="no_space"}"#
-        ) >= 1.0
-    );
+    wait_store_failed(&server, &load, "no_space", Duration::from_secs(60));
 
     // While it stays full, requests keep coming and no ACK leaves: find a
     // one-second window in which the server received REQUESTs and sent no
@@ -308,7 +254,7 @@ fn a_lease_disk_that_fails_with_eio_stops_acks_drops_readiness_and_loses_nothing
     if !root_or_skip_for(test, "a loop device and an ext4 mount") {
         return;
     }
-    let lab = Lab::new(|dir| dir.join("disk/leases.jsonl"));
+    let lab = relay_lab(|dir| dir.join("disk/leases.jsonl"));
     let disk = LoopExt4::make(
         &lab.dir.path().join("disk.img"),
         &lab.dir.path().join("disk"),
@@ -317,10 +263,7 @@ fn a_lease_disk_that_fails_with_eio_stops_acks_drops_readiness_and_loses_nothing
     // The bench's record of ACKs is on the test's own disk, not the one
     // that fails.
     let acked = lab.dir.path().join("acked.txt");
-    let mut load = lab.load("causeway-bench", 3, &acked, "120s");
-    let debug = |server: &Appliance, load: &Proc| {
-        format!("{}\n{}", load.describe(), server.proc.describe())
-    };
+    let mut load = dora_load(&lab, "causeway-bench", 3, &acked, "120s");
     wait_for(
         "500 ACKs before the disk fails",
         Duration::from_secs(30),
@@ -330,21 +273,7 @@ fn a_lease_disk_that_fails_with_eio_stops_acks_drops_readiness_and_loses_nothing
 
     disk.fail_with_eio();
     let before = complete_lines(&acked).len();
-    wait_for(
-        "/readyz to fail on the failed disk",
-        Duration::from_secs(30),
-        || {
-            matches!(lab_readyz(&server), Some(503))
-                .then_some(())
-                .filter(|_| sample(&server, "causeway_dhcp_store_healthy") == 0.0)
-        },
-        || debug(&server, &load),
-    );
-    assert!(
-        sample(&server, r#"causeway_dhcp_store_failures_total{error="io"}"#) >= 1.0,
-        "the failure is counted as io\n{}",
-        debug(&server, &load)
-    );
+    wait_store_failed(&server, &load, "io", Duration::from_secs(30));
     // Requests keep coming and no ACK leaves.
     let quiet = a_second_without_acks(&server);
     assert!(
@@ -369,6 +298,33 @@ fn a_lease_disk_that_fails_with_eio_stops_acks_drops_readiness_and_loses_nothing
         during - before
     );
     drop(disk);
+}
+
+fn debug(server: &Appliance, load: &Proc) -> String {
+    format!("{}\n{}", load.describe(), server.proc.describe())
+}
+
+/// Waits for the store to go bad: `/readyz` 503 and
+/// `causeway_dhcp_store_healthy 0`, with the failure counted as `error`.
+fn wait_store_failed(server: &Appliance, load: &Proc, error: &str, timeout: Duration) {
+    wait_for(
+        "/readyz to fail with the lease store",
+        timeout,
+        || {
+            matches!(lab_readyz(server), Some(503))
+                .then_some(())
+                .filter(|_| sample(server, "causeway_dhcp_store_healthy") == 0.0)
+        },
+        || debug(server, load),
+    );
+    assert!(
+        sample(
+            server,
+            &format!(r#"causeway_dhcp_store_failures_total{{error="{error}"}}"#)
+        ) >= 1.0,
+        "the failure is counted as {error}\n{}",
+        debug(server, load)
+    );
 }
 
 /// Within 30 s, a one-second window in which the server received over 100
@@ -428,7 +384,7 @@ fn pad_log(lease_file: &Path, lines: u32) {
 
 #[test]
 fn acknowledged_leases_survive_kill_9_during_compaction() {
-    let lab = Lab::new(|dir| dir.join("leases.jsonl"));
+    let lab = relay_lab(|dir| dir.join("leases.jsonl"));
     let lease_file = lab.dir.path().join("leases.jsonl");
     let compacting = lab.dir.path().join("leases.compacting");
     let rounds = 4;
@@ -438,7 +394,7 @@ fn acknowledged_leases_survive_kill_9_during_compaction() {
         pad_log(&lease_file, 200_000);
         let mut server = lab.start(&format!("causeway-{round}"));
         let acked = lab.dir.path().join(format!("acked-{round}.txt"));
-        let mut load = lab.load(&format!("bench-{round}"), 100 + round, &acked, "60s");
+        let mut load = dora_load(&lab, &format!("bench-{round}"), 100 + round, &acked, "60s");
         wait_for(
             "a compaction to begin under load",
             Duration::from_secs(60),
@@ -476,7 +432,7 @@ fn acknowledged_leases_survive_kill_9_during_compaction() {
 
 #[test]
 fn corrupt_lease_lines_are_skipped_with_a_warning_and_a_metric() {
-    let lab = Lab::new(|dir| dir.join("leases.jsonl"));
+    let lab = relay_lab(|dir| dir.join("leases.jsonl"));
     let lease_file = lab.dir.path().join("leases.jsonl");
     fs::write(
         &lease_file,

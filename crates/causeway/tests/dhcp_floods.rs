@@ -24,16 +24,14 @@
 mod support;
 
 use std::fs;
-use std::net::{Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::net::Ipv4Addr;
 use std::process::Command;
 use std::time::Duration;
 
 use support::{
-    bench_bin, free_tcp_port, free_udp_port, metric, poll_until, root_or_skip_for, wait_for,
-    AdminAt, Appliance, Netns, Proc, Relay,
+    bench_bin, metric, poll_until, root_or_skip_for, wait_for, AdminAt, Appliance, DhcpLab, Netns,
+    Proc, Relay,
 };
-use tempfile::TempDir;
 
 /// The attacker's relay (subnet A) and a legitimate relay (subnet B).
 const RELAY_A: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
@@ -41,28 +39,12 @@ const RELAY_B: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 3);
 /// Addresses in each subnet's pool.
 const POOL: f64 = 50.0;
 
-struct Lab {
-    dir: TempDir,
-    dhcp: SocketAddr,
-    admin: SocketAddr,
-    config: PathBuf,
-}
-
-impl Lab {
-    /// Two subnets of 50 addresses, each behind its relay; `limits` is
-    /// added to the dhcp section.
-    fn new(limits: &str) -> Lab {
-        let dir = tempfile::Builder::new()
-            .prefix("causeway-floods-")
-            .tempdir()
-            .unwrap();
-        let dhcp: SocketAddr = format!("127.0.0.1:{}", free_udp_port()).parse().unwrap();
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()).parse().unwrap();
-        let config = dir.path().join("causeway.yaml");
-        fs::write(
-            &config,
-            format!(
-                r#"log: {{level: info}}
+/// Two subnets of 50 addresses, each behind its relay; `limits` is added
+/// to the dhcp section.
+fn two_subnet_lab(limits: &str) -> DhcpLab {
+    DhcpLab::new("causeway-floods-", |dir, admin, dhcp| {
+        format!(
+            r#"log: {{level: info}}
 admin: {{listen: "{admin}"}}
 dhcp:
   listen: [{{address: "{dhcp}"}}]
@@ -73,39 +55,21 @@ dhcp:
     - {{cidr: 10.1.0.0/24, relayAddresses: [{RELAY_A}], serverId: 127.0.0.1, pools: [{{start: 10.1.0.10, end: 10.1.0.59}}]}}
     - {{cidr: 10.2.0.0/24, relayAddresses: [{RELAY_B}], serverId: 127.0.0.1, pools: [{{start: 10.2.0.10, end: 10.2.0.59}}]}}
 "#,
-                lease = dir.path().join("leases.jsonl").display(),
-            ),
+            lease = dir.join("leases.jsonl").display(),
         )
-        .unwrap();
-        Lab {
-            dir,
-            dhcp,
-            admin,
-            config,
-        }
-    }
+    })
+}
 
-    fn start(&self) -> Appliance {
-        Appliance::start(
-            "causeway",
-            self.dir.path(),
-            None,
-            &self.config,
-            AdminAt::Host(self.admin),
-        )
-    }
-
-    /// causeway-bench as the attacker through relay A: fresh MACs at
-    /// 3,000 exchanges a second for `seconds`, in `mode`.
-    fn flood(&self, mode: &str, seconds: u32) -> Proc {
-        let mut cmd = Command::new(bench_bin());
-        cmd.args(["dhcp", "--server", &self.dhcp.to_string()])
-            .args(["--bind", &format!("{RELAY_A}:0"), "--clients", "1000000"])
-            .args(["--rate", "3000", "--max-outstanding", "512"])
-            .args(["--duration", &format!("{seconds}s"), "--timeout", "200ms"])
-            .args(["--json", mode]);
-        Proc::spawn("causeway-bench", self.dir.path(), &mut cmd)
-    }
+/// causeway-bench as the attacker through relay A: fresh MACs at 3,000
+/// exchanges a second for `seconds`, in `mode`.
+fn start_flood(lab: &DhcpLab, mode: &str, seconds: u32) -> Proc {
+    let mut cmd = Command::new(bench_bin());
+    cmd.args(["dhcp", "--server", &lab.dhcp.to_string()])
+        .args(["--bind", &format!("{RELAY_A}:0"), "--clients", "1000000"])
+        .args(["--rate", "3000", "--max-outstanding", "512"])
+        .args(["--duration", &format!("{seconds}s"), "--timeout", "200ms"])
+        .args(["--json", mode]);
+    Proc::spawn("causeway-bench", lab.dir.path(), &mut cmd)
 }
 
 /// Pool A now, from the live lease table (`/leases`: offers, leases and
@@ -151,9 +115,24 @@ struct Outcome {
     flooded_subnet_served_after: bool,
 }
 
-fn run_flood(lab: &Lab, mode: &str) -> Outcome {
-    let server = lab.start();
-    let mut flood = lab.flood(mode, 6);
+impl Outcome {
+    /// What the limits promise: at most `rateLimitPerSubnet` x
+    /// `offerTimeout` addresses (30 of 50 here) held by the flood, the other
+    /// relay served while it runs, the flooded subnet serving once it ends.
+    fn assert_contained(&self) {
+        assert!(
+            self.least_free >= 15.0,
+            "the pool fell to {} free under the limits",
+            self.least_free
+        );
+        assert!(self.other_subnet_served_during);
+        assert!(self.flooded_subnet_served_after);
+    }
+}
+
+fn run_flood(lab: &DhcpLab, mode: &str) -> Outcome {
+    let server = lab.start("causeway");
+    let mut flood = start_flood(lab, mode, 6);
     let debug = || server.proc.describe();
     // Under way: the server has seen the flood.
     wait_for(
@@ -218,19 +197,13 @@ fn run_flood(lab: &Lab, mode: &str) -> Outcome {
 fn a_random_mac_discover_flood_leaves_the_pool_and_other_relays_served() {
     // 5 DISCOVERs a second into the subnet, each holding an address for
     // the 5 s offer timeout: at most about 25 held at once, of 50.
-    let lab = Lab::new("  rateLimitPerRelay: 40\n  rateLimitPerSubnet: 5");
+    let lab = two_subnet_lab("  rateLimitPerRelay: 40\n  rateLimitPerSubnet: 5");
     let limited = run_flood(&lab, "--discover-only");
-    assert!(
-        limited.least_free >= 15.0,
-        "the pool fell to {} free under the limits",
-        limited.least_free
-    );
-    assert!(limited.other_subnet_served_during);
-    assert!(limited.flooded_subnet_served_after);
+    limited.assert_contained();
 
     // Control: the same flood with only the per-client limit, which fresh
     // MACs never meet, takes every address in the pool.
-    let open = Lab::new("");
+    let open = two_subnet_lab("");
     let unlimited = run_flood(&open, "--discover-only");
     assert_eq!(
         unlimited.least_free, 0.0,
@@ -244,24 +217,18 @@ fn a_random_mac_decline_flood_quarantines_only_what_the_limit_lets_through() {
     // 6 a second (at most two addresses quarantined a second), and the
     // flood's own DISCOVERs crowd out most of its REQUESTs; offers hold
     // at most 6 x 5 s = 30 addresses.
-    let lab = Lab::new("  rateLimitPerRelay: 40\n  rateLimitPerSubnet: 6");
+    let lab = two_subnet_lab("  rateLimitPerRelay: 40\n  rateLimitPerSubnet: 6");
     let limited = run_flood(&lab, "--decline");
     assert!(
         limited.most_declined <= 14.0,
         "{} addresses quarantined under the limits",
         limited.most_declined
     );
-    assert!(
-        limited.least_free >= 15.0,
-        "the pool fell to {} free under the limits",
-        limited.least_free
-    );
-    assert!(limited.other_subnet_served_during);
-    assert!(limited.flooded_subnet_served_after);
+    limited.assert_contained();
 
     // Control: with only the per-client limit every address is declined,
     // for the 24 h quarantine, and no new client is served.
-    let open = Lab::new("");
+    let open = two_subnet_lab("");
     let unlimited = run_flood(&open, "--decline");
     assert_eq!(
         unlimited.most_declined, POOL,
@@ -336,15 +303,7 @@ dhcp:
     );
     let status = forged.wait_exit(Duration::from_secs(30));
     assert!(status.success(), "{}", forged.describe());
-    let flood = serde_json::from_str::<serde_json::Value>(
-        forged
-            .output()
-            .lines()
-            .rev()
-            .find(|l| l.starts_with('{'))
-            .unwrap_or_else(|| panic!("no summary\n{}", forged.describe())),
-    )
-    .unwrap();
+    let flood = forged.json_summary();
     // A real client on the same segment is served from its own subnet.
     let mut honest = Proc::spawn(
         "honest-client",
@@ -374,15 +333,7 @@ dhcp:
         "{}",
         honest.describe()
     );
-    let honest_out = honest.output();
-    let honest_summary: serde_json::Value = serde_json::from_str(
-        honest_out
-            .lines()
-            .rev()
-            .find(|l| l.starts_with('{'))
-            .unwrap(),
-    )
-    .unwrap();
+    let honest_summary = honest.json_summary();
 
     let metrics = server.metrics();
     let unknown_relay = metric(

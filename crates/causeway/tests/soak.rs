@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use support::{
     bench_bin, complete_lines, free_tcp_port, free_udp_and_tcp_port, free_udp_port, leases,
-    AdminAt, Appliance, Proc,
+    rss_kib, AdminAt, Appliance, Proc,
 };
 
 fn soak_seconds() -> u64 {
@@ -35,26 +35,10 @@ fn soak_seconds() -> u64 {
         .unwrap_or(60)
 }
 
-/// The bench's `--json` summary: the last line of its log that is a JSON
-/// object.
-fn summary(proc: &Proc) -> serde_json::Value {
-    let out = proc.output();
-    let line = out
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON summary\n{}", proc.describe()));
-    serde_json::from_str(line).unwrap()
-}
-
 fn count(v: &serde_json::Value, field: &str) -> u64 {
     v[field]
         .as_u64()
         .unwrap_or_else(|| panic!("no {field} in {v}"))
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    support::rss_kib(pid)
 }
 
 fn start(dir: &Path, config: &Path, admin: SocketAddr, name: &str) -> Appliance {
@@ -235,9 +219,9 @@ proxy:
         .count();
 
     let (dhcp_s, dns_s, proxy_s) = (
-        summary(&dhcp_load),
-        summary(&dns_load),
-        summary(&proxy_load),
+        dhcp_load.json_summary(),
+        dns_load.json_summary(),
+        proxy_load.json_summary(),
     );
     eprintln!(
         "soak {seconds} s, kill -9 at {half:?}, ready again after {down_for:?}\n\

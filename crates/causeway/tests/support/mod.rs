@@ -82,6 +82,47 @@ dhcp:
     )
 }
 
+/// The appliance serving DHCP on a 127.0.0.1 relay port from a config of
+/// the test's own, in a temp dir that holds the config, the lease file and
+/// every process log.
+pub struct DhcpLab {
+    pub dir: tempfile::TempDir,
+    pub dhcp: SocketAddr,
+    pub admin: SocketAddr,
+    pub config: PathBuf,
+}
+
+impl DhcpLab {
+    /// `config` writes the config text from the temp dir, the admin
+    /// address and the DHCP address.
+    pub fn new(
+        prefix: &str,
+        config: impl FnOnce(&Path, SocketAddr, SocketAddr) -> String,
+    ) -> DhcpLab {
+        let dir = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+        let dhcp = SocketAddr::from((Ipv4Addr::LOCALHOST, free_udp_port()));
+        let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, free_tcp_port()));
+        let path = dir.path().join("causeway.yaml");
+        fs::write(&path, config(dir.path(), admin, dhcp)).unwrap();
+        DhcpLab {
+            dir,
+            dhcp,
+            admin,
+            config: path,
+        }
+    }
+
+    pub fn start(&self, name: &str) -> Appliance {
+        Appliance::start(
+            name,
+            self.dir.path(),
+            None,
+            &self.config,
+            AdminAt::Host(self.admin),
+        )
+    }
+}
+
 /// The absolute path of a tool the test needs. A missing tool fails the
 /// test: CI installs them, so their absence is a broken environment.
 pub fn tool(name: &str, debian_package: &str) -> PathBuf {
@@ -418,6 +459,18 @@ impl Proc {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The `--json` summary a causeway-bench command printed last: the
+    /// last line of its log that is a JSON object.
+    pub fn json_summary(&self) -> serde_json::Value {
+        let out = self.output();
+        let line = out
+            .lines()
+            .rev()
+            .find(|l| l.starts_with('{'))
+            .unwrap_or_else(|| panic!("no JSON summary\n{}", self.describe()));
+        serde_json::from_str(line).unwrap()
     }
 
     pub fn signal(&self, sig: &str) {
