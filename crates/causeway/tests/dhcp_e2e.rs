@@ -24,7 +24,7 @@ mod support;
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
-use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{Ipv4Addr, UdpSocket};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -33,8 +33,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use dhcproto::v4::{DhcpOption, Message, MessageType};
 use dhcproto::{Decodable, Decoder, Encodable};
 use support::{
-    bench_bin, complete_lines, free_tcp_port, free_udp_port, leases, metric, poll_until,
-    root_or_skip, tool, wait_for, AdminAt, Appliance, LeaseView, Netns, Proc,
+    bench_bin, complete_lines, leases, metric, poll_until, root_or_skip, tool, wait_for, AdminAt,
+    Appliance, DhcpLab, LeaseView, Netns, Proc,
 };
 use tempfile::TempDir;
 
@@ -708,49 +708,16 @@ dhcp:
 
 // --------------------------------------------------- loopback, no root needed
 
-/// causeway in relay mode on 127.0.0.1 high ports, in the test's own
-/// network namespace. Replies go to the relay's source port, as the relay
-/// sends from giaddr 127.0.0.1 itself.
-struct LoopbackServer {
-    dhcp: SocketAddr,
-    admin: SocketAddr,
-    config: PathBuf,
-    dir: TempDir,
-}
-
-impl LoopbackServer {
-    fn new() -> LoopbackServer {
-        let dir = tempdir();
-        let dhcp: SocketAddr = format!("127.0.0.1:{}", free_udp_port()).parse().unwrap();
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()).parse().unwrap();
-        let config = dir.path().join("causeway.yaml");
-        fs::write(
-            &config,
-            support::loopback_dhcp_config(admin, dhcp, &dir.path().join("leases.jsonl")),
-        )
-        .unwrap();
-        LoopbackServer {
-            dhcp,
-            admin,
-            config,
-            dir,
-        }
-    }
-
-    fn start(&self, name: &str) -> Appliance {
-        Appliance::start(
-            name,
-            self.dir.path(),
-            None,
-            &self.config,
-            AdminAt::Host(self.admin),
-        )
-    }
+/// causeway in relay mode on 127.0.0.1 with its lease file in the lab.
+fn loopback_lab() -> DhcpLab {
+    DhcpLab::new("causeway-e2e-", |dir, admin, dhcp| {
+        support::loopback_dhcp_config(admin, dhcp, &dir.join("leases.jsonl"))
+    })
 }
 
 #[test]
 fn acknowledged_leases_survive_kill_9() {
-    let lab = LoopbackServer::new();
+    let lab = loopback_lab();
     let bench = bench_bin();
     let mut server = lab.start("causeway-1");
     let acked_file = lab.dir.path().join("acked.txt");
@@ -866,7 +833,7 @@ fn discover(xid: u32, mac: [u8; 6]) -> Vec<u8> {
 
 #[test]
 fn malformed_packets_are_counted_not_fatal() {
-    let lab = LoopbackServer::new();
+    let lab = loopback_lab();
     let server = lab.start("causeway");
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     let valid = discover(0x0bad_cafe, [2, 0, 0, 0, 7, 1]);
