@@ -1,30 +1,32 @@
 //! Forwarding: names we are not authoritative for go to the upstream
-//! resolvers, over UDP with TCP on truncation. Identical misses in flight
-//! share one upstream query; the number of upstream queries is bounded;
-//! upstreams that keep failing are skipped for a while; answers are cached
-//! and, when every upstream fails, served stale.
+//! resolvers. Identical misses in flight share one upstream query; the
+//! number of upstream queries is bounded; upstreams that keep failing are
+//! skipped for a while; answers are cached and, when every upstream fails,
+//! served stale.
 //!
-//! The shared state (cache, queries in flight by name, upstream health, the
-//! bound) lives here, used from two places: the UDP serving threads, which
-//! each ask upstream on a socket of their own ([`crate::outbound`]), and
-//! [`Forwarder::resolve`] for queries that came over TCP.
+//! What is shared lives here: the cache, the queries in flight by name,
+//! upstream health and the bound. How one query goes upstream is the
+//! [`crate::exchange`] state machine's; the UDP serving threads drive it
+//! themselves ([`crate::outbound`]), and [`drive`] drives it on the runtime
+//! for queries that came over TCP and for answers fetched again over TCP.
 
 use std::collections::HashMap;
+use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use causeway_config::{DnsConfig, UpstreamPolicy};
-use hickory_proto::op::ResponseCode;
 use rand::seq::SliceRandom;
-use rand::Rng;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
-use crate::cache::{key_of, shape, Cache, CacheKey, Hit};
+use crate::cache::{key_of, Cache, CacheKey, Hit};
 use crate::endpoint::Endpoint;
+pub(crate) use crate::exchange::FetchError;
+use crate::exchange::{Event, Exchange, Route, Transmit, Transport};
 use crate::message::ParsedQuery;
 use crate::metrics::DnsMetrics;
 
@@ -42,32 +44,6 @@ pub enum Answer {
     /// A response on the wire (ID not yet the client's).
     Response(Vec<u8>),
     ServFail,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum FetchError {
-    #[error("timed out")]
-    Timeout,
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-    #[error("malformed response")]
-    Malformed,
-    #[error("upstream answered {0}")]
-    Failed(ResponseCode),
-    #[error("too many upstream queries in flight")]
-    Overloaded,
-}
-
-impl FetchError {
-    pub(crate) fn label(&self) -> &'static str {
-        match self {
-            FetchError::Timeout => "timeout",
-            FetchError::Io(_) => "io",
-            FetchError::Malformed => "malformed",
-            FetchError::Failed(_) => "servfail",
-            FetchError::Overloaded => "overloaded",
-        }
-    }
 }
 
 struct Upstream {
@@ -190,7 +166,10 @@ impl Forwarder {
             Join::Lead(_) => {}
         }
         let result = match self.in_flight() {
-            Some(_slot) => self.fetch(q, request).await,
+            Some(_slot) => {
+                let mut exchange = self.exchange(q, request, Instant::now());
+                drive(self, &mut exchange, None).await
+            }
             None => Err(FetchError::Overloaded),
         };
         self.settle(&key, q, result, now)
@@ -276,9 +255,9 @@ impl Forwarder {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Indices of the upstreams to try, in order: those not being skipped
-    /// first, in config order (sequential) or shuffled (random).
-    pub(crate) fn order(&self) -> Vec<usize> {
+    /// The upstreams to try, in order: those not being skipped first, in
+    /// config order (sequential) or shuffled (random).
+    fn routes(&self) -> Vec<Route> {
         let now = self.now_ms();
         let mut order: Vec<usize> = (0..self.upstreams.len()).collect();
         if self.policy == UpstreamPolicy::Random {
@@ -286,40 +265,50 @@ impl Forwarder {
         }
         order.sort_by_key(|&i| self.upstreams[i].skip_until.load(Ordering::Relaxed) > now);
         order
+            .into_iter()
+            .map(|index| Route {
+                index,
+                addr: self.upstreams[index].addr,
+            })
+            .collect()
     }
 
-    /// The time a query may take over every upstream, and the share of it
-    /// one upstream gets before the next is asked.
-    pub(crate) fn timeouts(&self) -> (Duration, Duration) {
-        // Leave time for the others if the first does not answer.
+    /// A new exchange with the upstreams for the query `request`: the
+    /// whole upstream timeout over all of them, and for each a share that
+    /// leaves time for the others if the first does not answer.
+    pub(crate) fn exchange(&self, q: &ParsedQuery, request: &[u8], now: Instant) -> Exchange {
         let per_try =
             (self.timeout / self.upstreams.len().max(1) as u32).max(Duration::from_millis(300));
-        (self.timeout, per_try)
+        Exchange::new(
+            request,
+            q.question_end,
+            self.routes(),
+            self.timeout,
+            per_try,
+            now,
+        )
     }
 
-    pub(crate) fn upstream_addr(&self, index: usize) -> Option<SocketAddr> {
-        self.upstreams.get(index).map(|u| u.addr)
-    }
-
-    /// Checks an upstream's answer: it must parse and must not be a failure
-    /// another upstream might not have.
-    pub(crate) fn check(wire: Vec<u8>) -> Result<Vec<u8>, FetchError> {
-        match shape(&wire) {
-            None => Err(FetchError::Malformed),
-            Some(s) if matches!(s.rcode, ResponseCode::ServFail | ResponseCode::Refused) => {
-                Err(FetchError::Failed(s.rcode))
-            }
-            Some(_) => Ok(wire),
+    /// Takes in what an exchange reports of an upstream.
+    pub(crate) fn observe(&self, event: Event) {
+        match event {
+            Event::Answered { upstream, took } => self.succeeded(upstream, took),
+            Event::Failed { upstream, reason } => self.failed(upstream, reason),
+            Event::Unexpected => self
+                .metrics
+                .dropped
+                .with_label_values(&["unexpected_upstream_response"])
+                .inc(),
         }
     }
 
-    pub(crate) fn failed(&self, index: usize, e: &FetchError) {
+    fn failed(&self, index: usize, reason: &str) {
         let Some(up) = self.upstreams.get(index) else {
             return;
         };
         self.metrics
             .upstream_errors
-            .with_label_values(&[up.label.as_str(), e.label()])
+            .with_label_values(&[up.label.as_str(), reason])
             .inc();
         if up.failures.fetch_add(1, Ordering::Relaxed) + 1 >= FAILURES_TO_SKIP {
             up.skip_until.store(
@@ -329,7 +318,7 @@ impl Forwarder {
         }
     }
 
-    pub(crate) fn succeeded(&self, index: usize, took: Duration) {
+    fn succeeded(&self, index: usize, took: Duration) {
         let Some(up) = self.upstreams.get(index) else {
             return;
         };
@@ -340,89 +329,96 @@ impl Forwarder {
             .with_label_values(&[up.label.as_str()])
             .observe(took.as_secs_f64());
     }
+}
 
-    async fn fetch(&self, q: &ParsedQuery, request: &[u8]) -> Result<Vec<u8>, FetchError> {
-        let (total, per_try) = self.timeouts();
-        let deadline = Instant::now() + total;
-        let mut last = FetchError::Timeout;
-        for index in self.order() {
-            let up = &self.upstreams[index];
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            if remaining.is_zero() {
-                break;
-            }
-            let started = Instant::now();
-            let attempt = match self.udp(up, q, request, per_try.min(remaining)).await {
-                Ok(wire) if shape(&wire).is_some_and(|s| s.truncated) => {
-                    let remaining = deadline.saturating_duration_since(Instant::now());
-                    tcp(up.addr, request, remaining).await
-                }
-                other => other,
-            };
-            match attempt.and_then(Self::check) {
-                Ok(wire) => {
-                    self.succeeded(index, started.elapsed());
-                    return Ok(wire);
-                }
-                Err(e) => {
-                    self.failed(index, &e);
-                    last = e;
-                }
-            }
+/// Drives `exchange` to its outcome on the runtime, starting with `pending`
+/// if the caller has already taken its transmit. TCP clients' queries run
+/// here from the start; a UDP thread hands a query over when it must be
+/// asked again over TCP, since a stream would hold up the thread.
+pub(crate) async fn drive(
+    fwd: &Forwarder,
+    exchange: &mut Exchange,
+    mut pending: Option<Transmit>,
+) -> Result<Vec<u8>, FetchError> {
+    // The socket of the attempt waiting for a datagram, and its number.
+    let mut socket: Option<(u32, UdpSocket)> = None;
+    let mut buf = vec![0u8; 65535];
+    loop {
+        while let Some(event) = exchange.poll_event() {
+            fwd.observe(event);
         }
-        Err(last)
-    }
-
-    /// One query over UDP on a socket of its own: a random port, connected
-    /// to the upstream, so a forger must guess the port as well as the ID
-    /// (RFC 5452 §9.2). Datagrams with another ID or question are dropped
-    /// and counted, and the wait goes on.
-    async fn udp(
-        &self,
-        up: &Upstream,
-        q: &ParsedQuery,
-        request: &[u8],
-        wait: Duration,
-    ) -> Result<Vec<u8>, FetchError> {
-        let question = request
-            .get(12..q.question_end)
-            .ok_or(FetchError::Malformed)?;
-        let socket = UdpSocket::bind(any_port_for(up.addr)).await?;
-        socket.connect(up.addr).await?;
-        let id: u16 = rand::rng().random();
-        let mut packet = request.to_vec();
-        packet[..2].copy_from_slice(&id.to_be_bytes());
-        socket.send(&packet).await?;
-        let exchange = async {
-            let mut buf = vec![0u8; 65535];
-            loop {
-                let n = socket.recv(&mut buf).await?;
-                let wire = &buf[..n];
-                if answer_id(wire) == Some(id) && same_question(wire, question) {
-                    return Ok::<_, FetchError>(wire.to_vec());
+        if let Some(outcome) = exchange.poll_outcome() {
+            return outcome;
+        }
+        if let Some(t) = pending.take().or_else(|| exchange.poll_transmit()) {
+            // Each attempt on a socket of its own; the previous one closes.
+            socket = None;
+            match t.transport {
+                Transport::Udp => match udp_send(t.to, exchange.payload()).await {
+                    Ok(s) => socket = Some((t.attempt, s)),
+                    Err(e) => exchange.handle_error(Instant::now(), t.attempt, e),
+                },
+                Transport::Tcp => {
+                    let until = exchange.poll_timeout().unwrap_or_else(Instant::now);
+                    let asked = tokio::time::timeout_at(
+                        until.into(),
+                        tcp_exchange(t.to, exchange.payload()),
+                    )
+                    .await;
+                    let now = Instant::now();
+                    match asked {
+                        Ok(Ok(wire)) => exchange.handle_stream(now, t.attempt, &wire),
+                        Ok(Err(e)) => exchange.handle_error(now, t.attempt, e),
+                        Err(_) => exchange.handle_timeout(now),
+                    }
                 }
-                self.metrics
-                    .dropped
-                    .with_label_values(&["unexpected_upstream_response"])
-                    .inc();
             }
+            continue;
+        }
+        let (Some(until), Some((attempt, s))) = (exchange.poll_timeout(), &socket) else {
+            // An exchange not over always waits on a socket until a time;
+            // were that ever untrue, fail rather than spin.
+            return Err(FetchError::Timeout);
         };
-        tokio::time::timeout(wait, exchange)
-            .await
-            .map_err(|_| FetchError::Timeout)?
+        let attempt = *attempt;
+        let woke = tokio::select! {
+            got = s.recv(&mut buf) => Some(got),
+            () = tokio::time::sleep_until(until.into()) => None,
+        };
+        let now = Instant::now();
+        match woke {
+            Some(Ok(n)) => exchange.handle_datagram(now, attempt, &buf[..n]),
+            Some(Err(e)) => exchange.handle_error(now, attempt, e),
+            None => exchange.handle_timeout(now),
+        }
     }
 }
 
-/// The query ID an upstream answer carries.
-pub(crate) fn answer_id(wire: &[u8]) -> Option<u16> {
-    wire.get(..12).map(|h| u16::from_be_bytes([h[0], h[1]]))
+/// Sends `payload` from a socket of its own: a port the kernel picks at
+/// random, connected to the upstream, so a forger must guess the port as
+/// well as the ID (RFC 5452 §9.2) and the kernel drops datagrams from any
+/// other address.
+async fn udp_send(to: SocketAddr, payload: &[u8]) -> io::Result<UdpSocket> {
+    let socket = UdpSocket::bind(any_port_for(to)).await?;
+    socket.connect(to).await?;
+    socket.send(payload).await?;
+    Ok(socket)
 }
 
-/// Whether `wire` carries `question` (the question's bytes as sent; the
-/// letter case of an answer may differ).
-pub(crate) fn same_question(wire: &[u8], question: &[u8]) -> bool {
-    wire.get(12..12 + question.len())
-        .is_some_and(|got| got.eq_ignore_ascii_case(question))
+/// One query on a connection of its own; the answer is the exchange's to
+/// check.
+async fn tcp_exchange(to: SocketAddr, payload: &[u8]) -> io::Result<Vec<u8>> {
+    let len = u16::try_from(payload.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "query over 64 KiB"))?;
+    let mut stream = TcpStream::connect(to).await?;
+    let mut framed = Vec::with_capacity(payload.len() + 2);
+    framed.extend_from_slice(&len.to_be_bytes());
+    framed.extend_from_slice(payload);
+    stream.write_all(&framed).await?;
+    let n = stream.read_u16().await?;
+    let mut wire = vec![0u8; usize::from(n)];
+    stream.read_exact(&mut wire).await?;
+    Ok(wire)
 }
 
 /// Where a socket that asks `upstream` binds: the unspecified address of
@@ -433,32 +429,6 @@ pub(crate) fn any_port_for(upstream: SocketAddr) -> SocketAddr {
         SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
     };
     SocketAddr::new(any, 0)
-}
-
-/// One query over TCP (after a truncated UDP answer).
-pub(crate) async fn tcp(
-    addr: SocketAddr,
-    request: &[u8],
-    wait: Duration,
-) -> Result<Vec<u8>, FetchError> {
-    let exchange = async {
-        let mut s = TcpStream::connect(addr).await?;
-        let len = u16::try_from(request.len()).map_err(|_| FetchError::Malformed)?;
-        let mut framed = Vec::with_capacity(request.len() + 2);
-        framed.extend_from_slice(&len.to_be_bytes());
-        framed.extend_from_slice(request);
-        s.write_all(&framed).await?;
-        let n = s.read_u16().await?;
-        let mut wire = vec![0u8; usize::from(n)];
-        s.read_exact(&mut wire).await?;
-        if wire.get(..2) != request.get(..2) {
-            return Err(FetchError::Malformed);
-        }
-        Ok::<_, FetchError>(wire)
-    };
-    tokio::time::timeout(wait, exchange)
-        .await
-        .map_err(|_| FetchError::Timeout)?
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 pub mod authority;
 pub mod cache;
 mod endpoint;
+mod exchange;
 pub mod fastpath;
 pub mod forward;
 pub mod handler;

@@ -1,19 +1,18 @@
-//! Forwarding from a UDP serving thread. Each thread asks upstream on a
-//! socket of its own and waits for the answers in the same poll as for new
-//! queries: the thread that read a query reads its answer and sends the
-//! reply. Handing forwarded queries to the async runtime instead woke two
-//! more threads per query, and on a VM each wake-up of an idle vCPU can
-//! cost milliseconds of latency.
+//! Forwarding from a UDP serving thread. Each thread asks upstream itself
+//! and waits for the answers in the same poll as for new queries: the
+//! thread that read a query reads its answer and sends the reply. Handing
+//! forwarded queries to the async runtime instead woke two more threads per
+//! query, and on a VM each wake-up of an idle vCPU can cost milliseconds of
+//! latency.
 //!
 //! The cache, the coalescing of identical queries, the bound on queries in
-//! flight and upstream health stay shared ([`Forwarder`]); what is per
-//! thread is the queries it has sent.
-//!
-//! Every query sent upstream goes out on a socket of its own, bound to a
-//! port the kernel picks at random and connected to the upstream asked
-//! (RFC 5452 §9.2): a forger must guess the port as well as the 16-bit ID,
-//! and the kernel drops datagrams from any other address before we see
-//! them. The thread waits on all of them through one epoll descriptor.
+//! flight and upstream health stay shared ([`Forwarder`]); how each query
+//! goes upstream is its [`Exchange`]'s to say. What is this thread's is
+//! the I/O: every transmit goes out on a socket of its own, bound to a port
+//! the kernel picks at random and connected to the upstream asked (RFC 5452
+//! §9.2), so a forger must guess the port as well as the 16-bit ID and the
+//! kernel drops datagrams from any other address before we see them. The
+//! thread waits on all of them through one epoll descriptor.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -26,9 +25,9 @@ use std::time::Instant;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 
 use foldhash::{HashMap, HashMapExt};
-use rand::Rng;
 
-use crate::cache::{key_of, shape, CacheKey};
+use crate::cache::{key_of, CacheKey};
+use crate::exchange::{Exchange, Transmit, Transport};
 use crate::forward::{self, Answer, Client, FetchError, Forwarder, InFlight, Join, Waiter};
 use crate::shared::{unix_now, Shared};
 
@@ -40,19 +39,11 @@ const ANSWERS_PER_READ: usize = 64;
 struct Flight {
     key: CacheKey,
     client: Box<Client>,
-    /// Upstream indices in the order to try them; `next` is the one after
-    /// `upstream`, the one asked now.
-    order: Vec<usize>,
-    next: usize,
-    upstream: usize,
-    /// The socket of this send alone: a random port, connected to the
-    /// upstream asked. Replaced when the next upstream is asked.
-    socket: Option<UdpSocket>,
-    /// The random ID this send carries.
-    id: u16,
-    sent: Instant,
-    /// When the query stops trying upstreams.
-    deadline: Instant,
+    exchange: Exchange,
+    /// The socket of the attempt waiting for a datagram, and its number.
+    /// Replaced by the next attempt's, which closes it and so takes it out
+    /// of the epoll set.
+    socket: Option<(u32, UdpSocket)>,
     _slot: InFlight,
 }
 
@@ -61,22 +52,20 @@ pub(crate) struct Outbound {
     /// Readable when any flight's socket is.
     epoll: Epoll,
     events: Vec<EpollEvent>,
-    /// By the token of their latest send, which is also their epoll data.
+    /// By token, which is also their sockets' epoll data.
     flights: HashMap<u64, Flight>,
-    /// When each send gives up on its upstream. Entries of sends already
-    /// answered, or followed by another, stay until their time and are then
-    /// skipped.
+    /// When flights are next due to wake. An entry whose flight has since
+    /// moved on, or ended, stays until its time and is then passed over.
     timers: BinaryHeap<Reverse<(Instant, u64)>>,
-    sends: u64,
-    packet: Vec<u8>,
+    tokens: u64,
     buf: Vec<u8>,
     runtime: tokio::runtime::Handle,
 }
 
-/// A socket for one upstream query: bound to any address on a port the
-/// kernel picks at random, connected to `upstream`.
-fn query_socket(bind: SocketAddr, upstream: SocketAddr) -> io::Result<UdpSocket> {
-    let socket = UdpSocket::bind(bind)?;
+/// A socket for one transmit: bound to any address on a port the kernel
+/// picks at random, connected to `upstream`.
+fn query_socket(upstream: SocketAddr) -> io::Result<UdpSocket> {
+    let socket = UdpSocket::bind(forward::any_port_for(upstream))?;
     socket.connect(upstream)?;
     socket.set_nonblocking(true)?;
     Ok(socket)
@@ -91,8 +80,7 @@ impl Outbound {
             events: vec![EpollEvent::empty(); ANSWERS_PER_READ],
             flights: HashMap::new(),
             timers: BinaryHeap::new(),
-            sends: 0,
-            packet: Vec::with_capacity(512),
+            tokens: 0,
             buf: vec![0u8; 65535],
             runtime,
         })
@@ -109,14 +97,14 @@ impl Outbound {
         self.flights.is_empty()
     }
 
-    /// When the next send gives up, if any is waiting.
+    /// When the next flight is due to wake, if any is waiting.
     pub fn next_timer(&self) -> Option<Instant> {
         self.timers.peek().map(|Reverse((at, _))| *at)
     }
 
     /// Answers `client` from the cache, or joins it to the identical query
     /// already upstream, or asks upstream.
-    pub fn forward(&mut self, shared: &Shared, client: Client) {
+    pub fn forward(&mut self, shared: &Arc<Shared>, client: Client) {
         let key = key_of(&client.q);
         if let Some(wire) = self.fwd.cached(&key, unix_now()) {
             shared.deliver(
@@ -141,100 +129,67 @@ impl Outbound {
             shared.deliver(&answer, waiters);
             return;
         };
-        let (total, _) = self.fwd.timeouts();
-        let now = Instant::now();
+        let exchange = self
+            .fwd
+            .exchange(&client.q, &client.request, Instant::now());
+        self.tokens += 1;
         let flight = Flight {
             key,
             client,
-            order: self.fwd.order(),
-            next: 0,
-            upstream: 0,
+            exchange,
             socket: None,
-            id: 0,
-            sent: now,
-            deadline: now + total,
             _slot: slot,
         };
-        self.send_next(shared, flight, FetchError::Timeout);
+        self.advance(shared, self.tokens, flight);
     }
 
-    /// Asks the next upstream in the flight's order. With none left, or no
-    /// time, the flight ends with `last`, the latest failure.
-    fn send_next(&mut self, shared: &Shared, mut flight: Flight, mut last: FetchError) {
-        let (_, per_try) = self.fwd.timeouts();
-        while let Some(&index) = flight.order.get(flight.next) {
-            flight.next += 1;
-            let now = Instant::now();
-            let remaining = flight.deadline.saturating_duration_since(now);
-            if remaining.is_zero() {
-                break;
+    /// Does what the flight's exchange asks until it waits: sends its
+    /// transmits, passes on what it says of the upstreams, and ends the
+    /// flight with its outcome. A flight left waiting goes (back) into
+    /// `flights` with a timer.
+    fn advance(&mut self, shared: &Arc<Shared>, token: u64, mut flight: Flight) {
+        loop {
+            while let Some(event) = flight.exchange.poll_event() {
+                self.fwd.observe(event);
             }
-            let Some(addr) = self.fwd.upstream_addr(index) else {
-                last = FetchError::Overloaded;
+            if let Some(outcome) = flight.exchange.poll_outcome() {
+                return finish(shared, &self.fwd, flight, outcome);
+            }
+            let Some(transmit) = flight.exchange.poll_transmit() else {
                 break;
             };
-            // The previous send's socket closes here, which also takes it
-            // out of the epoll set.
             flight.socket = None;
-            let socket = match query_socket(forward::any_port_for(addr), addr) {
-                Ok(socket) => socket,
-                // Out of descriptors or ports: our fault, not the
-                // upstream's, and no other upstream would fare better.
-                Err(e) => {
-                    tracing::debug!(error = %e, "no socket for an upstream query");
-                    last = FetchError::Overloaded;
-                    break;
-                }
-            };
-            let id: u16 = rand::rng().random();
-            self.packet.clear();
-            self.packet.extend_from_slice(&id.to_be_bytes());
-            self.packet
-                .extend_from_slice(flight.client.request.get(2..).unwrap_or_default());
-            match socket.send(&self.packet) {
-                Ok(_) => {
-                    self.sends += 1;
-                    let token = self.sends;
-                    if let Err(e) = self
-                        .epoll
-                        .add(&socket, EpollEvent::new(EpollFlags::EPOLLIN, token))
-                    {
-                        tracing::debug!(error = %e, "cannot watch an upstream query's socket");
-                        last = FetchError::Overloaded;
-                        break;
-                    }
-                    if self.flights.is_empty() {
-                        // Every timer left belongs to a send that is over.
-                        self.timers.clear();
-                    }
-                    flight.upstream = index;
-                    flight.sent = now;
-                    flight.id = id;
-                    flight.socket = Some(socket);
-                    self.timers
-                        .push(Reverse((now + per_try.min(remaining), token)));
-                    self.flights.insert(token, flight);
-                    return;
-                }
-                // Our own send buffer is full: no fault of the upstream's,
-                // and no other upstream would fare better now.
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    last = FetchError::Overloaded;
-                    break;
-                }
-                Err(e) => {
-                    let e = FetchError::Io(e);
-                    self.fwd.failed(index, &e);
-                    last = e;
-                }
+            match transmit.transport {
+                Transport::Tcp => return self.over_tcp(shared, flight, transmit),
+                Transport::Udp => match self.send(token, transmit.to, flight.exchange.payload()) {
+                    Ok(socket) => flight.socket = Some((transmit.attempt, socket)),
+                    Err(e) => flight
+                        .exchange
+                        .handle_error(Instant::now(), transmit.attempt, e),
+                },
             }
         }
-        finish(shared, &self.fwd, flight, Err(last));
+        if self.flights.is_empty() {
+            // Every timer left belongs to a flight that has moved on.
+            self.timers.clear();
+        }
+        if let Some(at) = flight.exchange.poll_timeout() {
+            self.timers.push(Reverse((at, token)));
+        }
+        self.flights.insert(token, flight);
     }
 
-    /// Reads the upstream answers waiting on the flights' sockets. An
-    /// answer counts only with the ID and the question asked (the kernel has
-    /// already dropped whatever did not come from the upstream asked).
+    /// Sends `payload` on a new socket, watched under `token`.
+    fn send(&self, token: u64, to: SocketAddr, payload: &[u8]) -> io::Result<UdpSocket> {
+        let socket = query_socket(to)?;
+        socket.send(payload)?;
+        self.epoll
+            .add(&socket, EpollEvent::new(EpollFlags::EPOLLIN, token))
+            .map_err(io::Error::from)?;
+        Ok(socket)
+    }
+
+    /// Reads the upstream answers waiting on the flights' sockets.
     pub fn receive(&mut self, shared: &Arc<Shared>) {
         let ready = match self.epoll.wait(&mut self.events, EpollTimeout::ZERO) {
             Ok(n) => n,
@@ -253,96 +208,68 @@ impl Outbound {
         // A few datagrams per socket at most: a forger flooding one port
         // cannot keep the thread from its clients.
         for _ in 0..ANSWERS_PER_READ {
-            let Some(flight) = self.flights.get(&token) else {
+            let Some(flight) = self.flights.get_mut(&token) else {
                 return;
             };
-            let Some(socket) = &flight.socket else {
+            let Some((attempt, socket)) = &flight.socket else {
                 return;
             };
-            let n = match socket.recv(&mut self.buf) {
-                Ok(n) => n,
+            let attempt = *attempt;
+            let got = socket.recv(&mut self.buf);
+            let now = Instant::now();
+            match got {
+                Ok(n) => flight
+                    .exchange
+                    .handle_datagram(now, attempt, &self.buf[..n]),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                // ICMP unreachable, and the like: this upstream failed.
-                Err(e) => {
-                    if let Some(flight) = self.flights.remove(&token) {
-                        let e = FetchError::Io(e);
-                        self.fwd.failed(flight.upstream, &e);
-                        self.send_next(shared, flight, e);
-                    }
-                    return;
+                // ICMP unreachable, and the like.
+                Err(e) => flight.exchange.handle_error(now, attempt, e),
+            }
+            if flight.exchange.waits_on(attempt) {
+                // Not the answer; what it was is counted.
+                while let Some(event) = flight.exchange.poll_event() {
+                    self.fwd.observe(event);
                 }
-            };
-            let wire = &self.buf[..n];
-            let question = flight.client.request.get(12..flight.client.q.question_end);
-            let expected = forward::answer_id(wire) == Some(flight.id)
-                && question.is_some_and(|question| forward::same_question(wire, question));
-            if !expected {
-                shared
-                    .metrics
-                    .dropped
-                    .with_label_values(&["unexpected_upstream_response"])
-                    .inc();
                 continue;
             }
-            let wire = wire.to_vec();
-            let Some(mut flight) = self.flights.remove(&token) else {
-                return;
-            };
-            flight.socket = None;
-            if shape(&wire).is_some_and(|s| s.truncated) {
-                self.over_tcp(shared, flight);
-                return;
-            }
-            match Forwarder::check(wire) {
-                Ok(wire) => {
-                    self.fwd.succeeded(flight.upstream, flight.sent.elapsed());
-                    finish(shared, &self.fwd, flight, Ok(wire));
-                }
-                Err(e) => {
-                    self.fwd.failed(flight.upstream, &e);
-                    self.send_next(shared, flight, e);
-                }
+            if let Some(flight) = self.flights.remove(&token) {
+                self.advance(shared, token, flight);
             }
             return;
         }
     }
 
-    /// Moves the upstream whose send ran out of time on to the next one.
-    pub fn expire(&mut self, shared: &Shared) {
+    /// Wakes the flights whose time has come.
+    pub fn expire(&mut self, shared: &Arc<Shared>) {
         let now = Instant::now();
         while let Some(Reverse((at, token))) = self.timers.peek().copied() {
             if at > now {
                 break;
             }
             self.timers.pop();
-            // Answered, or sent again since (under a new token): over.
-            if let Some(flight) = self.flights.remove(&token) {
-                self.fwd.failed(flight.upstream, &FetchError::Timeout);
-                self.send_next(shared, flight, FetchError::Timeout);
+            let due = self
+                .flights
+                .get(&token)
+                .and_then(|f| f.exchange.poll_timeout())
+                .is_some_and(|due| due <= now);
+            if !due {
+                continue;
+            }
+            if let Some(mut flight) = self.flights.remove(&token) {
+                flight.exchange.handle_timeout(now);
+                self.advance(shared, token, flight);
             }
         }
     }
 
-    /// A truncated UDP answer: the same upstream is asked over TCP, on the
-    /// runtime, so this thread goes on serving. A failure there ends the
-    /// query (with a stale answer or SERVFAIL) rather than trying the next
-    /// upstream: the upstream has answered, only not in one datagram.
-    fn over_tcp(&self, shared: &Arc<Shared>, flight: Flight) {
-        let Some(addr) = self.fwd.upstream_addr(flight.upstream) else {
-            return finish(shared, &self.fwd, flight, Err(FetchError::Malformed));
-        };
-        let wait = flight.deadline.saturating_duration_since(Instant::now());
+    /// A query to be asked again over TCP goes to the runtime, with its
+    /// exchange, so this thread goes on serving while the stream is open.
+    fn over_tcp(&self, shared: &Arc<Shared>, mut flight: Flight, transmit: Transmit) {
         let (shared, fwd) = (shared.clone(), self.fwd.clone());
         self.runtime.spawn(async move {
-            let result = forward::tcp(addr, &flight.client.request, wait)
-                .await
-                .and_then(Forwarder::check);
-            match &result {
-                Ok(_) => fwd.succeeded(flight.upstream, flight.sent.elapsed()),
-                Err(e) => fwd.failed(flight.upstream, e),
-            }
-            finish(&shared, &fwd, flight, result);
+            let outcome = forward::drive(&fwd, &mut flight.exchange, Some(transmit)).await;
+            finish(&shared, &fwd, flight, outcome);
         });
     }
 

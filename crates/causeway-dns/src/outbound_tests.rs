@@ -1,6 +1,6 @@
-//! Forwarding from the UDP threads, through a running server, against
-//! upstreams on loopback that each test drives by hand: when they answer,
-//! what, from where, and whether over TCP.
+//! Forwarding, from the UDP threads and for TCP clients, through a running
+//! server, against upstreams on loopback that each test drives by hand:
+//! when they answer, what, from where, and whether over TCP.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
@@ -468,4 +468,102 @@ async fn the_random_policy_spreads_queries_over_the_upstreams() {
         asked.iter().all(|&n| n > 0),
         "every query went to one upstream: {asked:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_tcp_fails_after_truncation_the_next_upstream_is_asked() {
+    // The first upstream truncates over UDP and has nothing listening on
+    // TCP; the query, handed from the UDP thread to the runtime for TCP,
+    // goes on there to the second upstream over UDP.
+    let (truncating, answering) = (socket(), socket());
+    let truncating_addr = truncating.local_addr().unwrap();
+    let lab = serve(
+        &[truncating_addr, answering.local_addr().unwrap()],
+        "  upstreamTimeout: 4s\n",
+    )
+    .await;
+    let ip = Ipv4Addr::new(192, 0, 2, 12);
+    let upstreams = std::thread::spawn(move || {
+        let mut buf = [0u8; 1500];
+        let (n, from) = truncating.recv_from(&mut buf).unwrap();
+        truncating
+            .send_to(&answer(&buf[..n], ip, true), from)
+            .unwrap();
+        let (n, from) = answering.recv_from(&mut buf).unwrap();
+        answering
+            .send_to(&answer(&buf[..n], ip, false), from)
+            .unwrap();
+    });
+    let client = socket();
+    client
+        .send_to(&query(12, "no-tcp.example.net."), lab.addr)
+        .unwrap();
+    assert_eq!(reply(&client), (12, vec![ip]));
+    upstreams.join().unwrap();
+    let refused = lab
+        .metrics
+        .upstream_errors
+        .with_label_values(&[truncating_addr.to_string().as_str(), "io"])
+        .get();
+    assert_eq!(refused, 1, "the refused connection counts against it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_clients_query_passes_a_silent_upstream_and_a_wrong_id_by() {
+    // Queries that come over TCP run the same exchange, driven on the
+    // runtime: the silent first upstream times out, and the second's
+    // datagram with another ID is dropped before its answer is taken.
+    let (silent, answering) = (socket(), socket());
+    let silent_addr = silent.local_addr().unwrap();
+    let lab = serve(
+        &[silent_addr, answering.local_addr().unwrap()],
+        "  upstreamTimeout: 2s\n",
+    )
+    .await;
+    let ip = Ipv4Addr::new(192, 0, 2, 13);
+    let answerer = std::thread::spawn(move || {
+        let mut buf = [0u8; 1500];
+        let (n, from) = answering.recv_from(&mut buf).unwrap();
+        let mut wrong = answer(&buf[..n], Ipv4Addr::new(203, 0, 113, 13), false);
+        wrong[0] ^= 0xff;
+        answering.send_to(&wrong, from).unwrap();
+        answering
+            .send_to(&answer(&buf[..n], ip, false), from)
+            .unwrap();
+    });
+    let mut stream = std::net::TcpStream::connect(lab.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let wire = query(13, "over-tcp.example.net.");
+    let mut framed = u16::try_from(wire.len()).unwrap().to_be_bytes().to_vec();
+    framed.extend_from_slice(&wire);
+    stream.write_all(&framed).unwrap();
+    let mut len = [0u8; 2];
+    stream.read_exact(&mut len).expect("a reply within 5 s");
+    let mut got = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    stream.read_exact(&mut got).unwrap();
+    let m = Message::from_vec(&got).unwrap();
+    let ips: Vec<Ipv4Addr> = m
+        .answers()
+        .iter()
+        .filter_map(|r| match r.data() {
+            RData::A(a) => Some(a.0),
+            _ => None,
+        })
+        .collect();
+    assert_eq!((m.id(), ips), (13, vec![ip]));
+    answerer.join().unwrap();
+    let timeouts = lab
+        .metrics
+        .upstream_errors
+        .with_label_values(&[silent_addr.to_string().as_str(), "timeout"])
+        .get();
+    assert_eq!(timeouts, 1);
+    let dropped = lab
+        .metrics
+        .dropped
+        .with_label_values(&["unexpected_upstream_response"])
+        .get();
+    assert_eq!(dropped, 1);
 }
