@@ -2,7 +2,9 @@
 //! thread. Each connection is admitted with three permits that its task
 //! owns and gives back when it ends, whatever way it ends: its listener's
 //! (`maxConnections`), the process-wide cap kept below the open-files
-//! limit, and its source address's (`maxConnectionsPerSource`).
+//! limit, and its source address's (`maxConnectionsPerSource`). A reload
+//! may change the first and the last; the cap follows the open-files limit,
+//! which is fixed at start.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -70,7 +72,7 @@ pub(crate) struct ListenerState {
     /// Swapped whole by a reload; a connection keeps the routing it began with.
     pub(crate) routing: RwLock<Arc<Routing>>,
     pub(crate) proxy_protocol: bool,
-    pub(crate) limit: Arc<Semaphore>,
+    pub(crate) limit: Arc<ConnectionLimit>,
     pub(crate) counters: ListenerCounters,
 }
 
@@ -144,6 +146,87 @@ pub fn connection_cap(nofile: u64) -> usize {
         .clamp(1, Semaphore::MAX_PERMITS)
 }
 
+/// A listener's `maxConnections`: a semaphore whose size a reload can
+/// change while connections hold its permits. Growing adds permits;
+/// shrinking forgets those free now and owes the rest, and each permit
+/// given back while anything is owed is forgotten instead of returned. So
+/// the connections already open stay, and new ones are refused until fewer
+/// than the new size are open.
+pub(crate) struct ConnectionLimit {
+    permits: Arc<Semaphore>,
+    /// The size last set; under the lock so two resizes cannot interleave.
+    size: Mutex<usize>,
+    /// Permits still to be taken out of circulation as connections end.
+    owed: AtomicUsize,
+}
+
+/// One connection's place under a [`ConnectionLimit`].
+pub(crate) struct LimitPermit {
+    permit: Option<OwnedSemaphorePermit>,
+    limit: Arc<ConnectionLimit>,
+}
+
+impl Drop for LimitPermit {
+    fn drop(&mut self) {
+        let paid = self
+            .limit
+            .owed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
+                owed.checked_sub(1)
+            })
+            .is_ok();
+        if let (true, Some(permit)) = (paid, self.permit.take()) {
+            permit.forget();
+        }
+    }
+}
+
+impl ConnectionLimit {
+    pub(crate) fn new(size: usize) -> Arc<Self> {
+        let size = size.min(Semaphore::MAX_PERMITS);
+        Arc::new(ConnectionLimit {
+            permits: Arc::new(Semaphore::new(size)),
+            size: Mutex::new(size),
+            owed: AtomicUsize::new(0),
+        })
+    }
+
+    fn try_acquire(self: &Arc<Self>) -> Option<LimitPermit> {
+        let permit = self.permits.clone().try_acquire_owned().ok()?;
+        Some(LimitPermit {
+            permit: Some(permit),
+            limit: self.clone(),
+        })
+    }
+
+    pub(crate) fn resize(&self, size: usize) {
+        let size = size.min(Semaphore::MAX_PERMITS);
+        let mut current = self.size.lock().unwrap_or_else(|p| p.into_inner());
+        if size > *current {
+            // What is still owed is cancelled first; only the rest is new.
+            let grow = size - *current;
+            let owed_before = self
+                .owed
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
+                    Some(owed - owed.min(grow))
+                })
+                .unwrap_or(0);
+            self.permits.add_permits(grow - owed_before.min(grow));
+        } else {
+            let shrink = *current - size;
+            let forgotten = self.permits.forget_permits(shrink);
+            self.owed.fetch_add(shrink - forgotten, Ordering::AcqRel);
+        }
+        *current = size;
+    }
+
+    /// Connections that may open now.
+    #[cfg(test)]
+    fn available(&self) -> usize {
+        self.permits.available_permits()
+    }
+}
+
 /// Why a connection was closed on arrival; each is a metric label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Refusal {
@@ -171,7 +254,7 @@ pub(crate) struct Admission {
 
 /// What an admitted connection holds until it ends.
 struct Permit {
-    _listener: OwnedSemaphorePermit,
+    _listener: LimitPermit,
     _total: OwnedSemaphorePermit,
     _source: SourceSlot,
 }
@@ -211,11 +294,8 @@ impl Admission {
 
     /// Takes every permit a connection from `source` needs on a listener
     /// with `limit`, or says which one ran out.
-    fn admit(&self, limit: &Arc<Semaphore>, source: IpAddr) -> Result<Permit, Refusal> {
-        let listener = limit
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| Refusal::Listener)?;
+    fn admit(&self, limit: &Arc<ConnectionLimit>, source: IpAddr) -> Result<Permit, Refusal> {
+        let listener = limit.try_acquire().ok_or(Refusal::Listener)?;
         let total = self
             .total
             .clone()
@@ -306,7 +386,7 @@ mod tests {
     #[test]
     fn each_limit_refuses_by_name_and_every_permit_comes_back() {
         let admission = Admission::new(3, 2);
-        let listener = Arc::new(Semaphore::new(10));
+        let listener = ConnectionLimit::new(10);
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let b: IpAddr = "10.0.0.2".parse().unwrap();
         let first = admission.admit(&listener, a).unwrap();
@@ -315,18 +395,48 @@ mod tests {
         let third = admission.admit(&listener, b).unwrap();
         assert_eq!(admission.admit(&listener, b).err(), Some(Refusal::Total));
         // A refusal took nothing: the listener lent exactly three.
-        assert_eq!(listener.available_permits(), 7);
+        assert_eq!(listener.available(), 7);
         drop((first, second, third));
-        assert_eq!(listener.available_permits(), 10);
+        assert_eq!(listener.available(), 10);
         assert!(
             admission.sources.lock().unwrap().is_empty(),
             "a source outlived its last connection"
         );
-        let small = Arc::new(Semaphore::new(1));
+        let small = ConnectionLimit::new(1);
         let _held = admission.admit(&small, a).unwrap();
         assert_eq!(admission.admit(&small, b).err(), Some(Refusal::Listener));
         // A reload lowers the per-source limit for new connections.
         admission.set_per_source(1);
         assert_eq!(admission.admit(&listener, a).err(), Some(Refusal::Source));
+    }
+
+    #[test]
+    fn a_resized_limit_keeps_open_connections_and_admits_to_the_new_size() {
+        let limit = ConnectionLimit::new(4);
+        let mut open: Vec<LimitPermit> = (0..3).map(|_| limit.try_acquire().unwrap()).collect();
+        // Down to 1 with 3 open: the free one goes now, two are owed.
+        limit.resize(1);
+        assert_eq!(limit.available(), 0);
+        assert!(limit.try_acquire().is_none());
+        open.pop();
+        open.pop();
+        assert!(
+            limit.try_acquire().is_none(),
+            "still one open, the new size"
+        );
+        open.pop();
+        let only = limit.try_acquire().expect("below the new size");
+        assert!(limit.try_acquire().is_none());
+        drop(only);
+        // Up to 3, then down to 2 and up to 5 while 2 are open and 1 is owed
+        // (the owed one is cancelled rather than added on top).
+        limit.resize(3);
+        assert_eq!(limit.available(), 3);
+        let held: Vec<LimitPermit> = (0..3).map(|_| limit.try_acquire().unwrap()).collect();
+        limit.resize(2);
+        limit.resize(5);
+        assert_eq!(limit.available(), 2);
+        drop(held);
+        assert_eq!(limit.available(), 5, "every permit back, none twice");
     }
 }

@@ -12,14 +12,15 @@ use causeway_config::ProxyConfig;
 use causeway_runtime::Shutdown;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
 use crate::balance::{Health, OpenCounts};
 use crate::health::health_loop;
 use crate::listener::{
-    accept_loop, connection_cap, routing_of, Admission, ListenerCounters, ListenerState,
+    accept_loop, connection_cap, routing_of, Admission, ConnectionLimit, ListenerCounters,
+    ListenerState,
 };
 use crate::metrics::ProxyMetrics;
 use crate::route::RouteError;
@@ -157,7 +158,7 @@ impl ProxyServer {
                 label,
                 routing: RwLock::new(Arc::new(routing)),
                 proxy_protocol: l.proxy_protocol,
-                limit: Arc::new(Semaphore::new(cfg.max_connections)),
+                limit: ConnectionLimit::new(cfg.max_connections),
             });
             listeners.push(state.clone());
             for per_worker in &mut bound {
@@ -191,8 +192,9 @@ impl ProxyServer {
         })
     }
 
-    /// Applies new routes and timeouts to the running listeners. Established
-    /// connections keep their upstream; a change of listen addresses needs
+    /// Applies new routes, timeouts and connection limits to the running
+    /// listeners. Established connections keep their upstream (and stay
+    /// open under a lowered limit); a change of listen addresses needs
     /// a restart and is reported.
     pub fn reload(&self, cfg: &ProxyConfig) -> Result<(), ProxyError> {
         let mut next = Vec::new();
@@ -224,6 +226,9 @@ impl ProxyServer {
                 let _ = m.route_accepted.remove_label_values(&series);
                 let _ = m.route_active.remove_label_values(&series);
             }
+        }
+        for state in &self.listeners {
+            state.limit.resize(cfg.max_connections);
         }
         self.shared
             .admission

@@ -1096,3 +1096,71 @@ fn a_black_holed_upstream_holds_no_more_than_its_listener_allows_and_others_keep
     );
     drop((stuck, served));
 }
+
+#[test]
+fn a_reload_raises_and_lowers_a_listeners_limit_without_closing_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = HoldingUpstream::start();
+    let port = free_port();
+    let body = |max: usize| {
+        format!(
+            "  maxConnections: {max}\n  listeners:\n    - {{port: {port}, upstream: \"127.0.0.1:{}\"}}\n",
+            upstream.port
+        )
+    };
+    let mut proxy = start_proxy(dir.path(), &body(1));
+    let cfg = dir.path().join("proxy.yaml");
+    let reloads = std::cell::Cell::new(0);
+    let reload_to = |max: usize| {
+        let text = std::fs::read_to_string(&cfg).unwrap();
+        let (head, _) = text.split_once("  maxConnections:").unwrap();
+        std::fs::write(&cfg, format!("{head}{}", body(max))).unwrap();
+        assert!(Command::new("kill")
+            .args(["-HUP", &proxy.child.0.id().to_string()])
+            .status()
+            .unwrap()
+            .success());
+        reloads.set(reloads.get() + 1);
+        wait_for("the reload applied", || {
+            log_lines(dir.path(), "message", "config reloaded").len() >= reloads.get()
+        });
+    };
+    let held = || upstream.held.load(Ordering::Relaxed);
+
+    let first = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    wait_for("one connection held upstream", || held() == 1);
+    let mut refused = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    assert!(
+        closed_on_arrival(&mut refused),
+        "a second under a limit of 1"
+    );
+
+    // Raised to 2: a second gets through, without a restart.
+    reload_to(2);
+    let second = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    wait_for("two connections held upstream", || held() == 2);
+
+    // Lowered to 1 with two open: both stay, new ones are refused until
+    // fewer than one is open.
+    reload_to(1);
+    let mut over = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    assert!(
+        closed_on_arrival(&mut over),
+        "admitted over the lowered limit"
+    );
+    assert_eq!(held(), 2, "a lowered limit closed an open connection");
+    drop(first);
+    wait_for("the first released upstream", || held() == 1);
+    let mut still_over = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    assert!(
+        closed_on_arrival(&mut still_over),
+        "admitted while the one open fills the lowered limit"
+    );
+    drop(second);
+    wait_for("the second released upstream", || held() == 0);
+    let _third = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    wait_for("a connection relayed under the lowered limit", || {
+        held() == 1
+    });
+    let _ = proxy.child.0.kill();
+}
