@@ -196,18 +196,22 @@ impl Exchange {
     /// Whether `attempt` still waits for a datagram: the driver keeps
     /// reading its socket while it does.
     pub(crate) fn waits_on(&self, attempt: u32) -> bool {
+        self.current_over(attempt, Transport::Udp).is_some()
+    }
+
+    /// The attempt in progress, if it is `attempt` over `transport`: what
+    /// arrives for any other is late, or on the wrong path, and changes
+    /// nothing.
+    fn current_over(&self, attempt: u32, transport: Transport) -> Option<Attempt> {
         self.current
-            .is_some_and(|a| a.number == attempt && a.transport == Transport::Udp)
+            .filter(|a| a.number == attempt && a.transport == transport)
     }
 
     /// A datagram read on `attempt`'s socket.
     pub(crate) fn handle_datagram(&mut self, now: Instant, attempt: u32, wire: &[u8]) {
-        let Some(current) = self.current.filter(|a| a.number == attempt) else {
+        let Some(current) = self.current_over(attempt, Transport::Udp) else {
             return;
         };
-        if current.transport != Transport::Udp {
-            return;
-        }
         if !self.is_answer(wire) {
             self.events.push_back(Event::Unexpected);
             return;
@@ -228,12 +232,9 @@ impl Exchange {
     /// for a forger to answer, so one that does not match is the upstream's
     /// fault, not something to wait past.
     pub(crate) fn handle_stream(&mut self, now: Instant, attempt: u32, wire: &[u8]) {
-        let Some(current) = self.current.filter(|a| a.number == attempt) else {
+        let Some(current) = self.current_over(attempt, Transport::Tcp) else {
             return;
         };
-        if current.transport != Transport::Tcp {
-            return;
-        }
         if !self.is_answer(wire) {
             return self.upstream_failed(now, FetchError::Malformed);
         }

@@ -47,6 +47,10 @@ fn events(exchange: &mut Exchange) -> Vec<Event> {
     std::iter::from_fn(|| exchange.poll_event()).collect()
 }
 
+fn failed(upstream: usize, reason: &'static str) -> Event {
+    Event::Failed { upstream, reason }
+}
+
 fn id(wire: &[u8]) -> u16 {
     u16::from_be_bytes([wire[0], wire[1]])
 }
@@ -146,13 +150,7 @@ fn a_silent_upstream_is_passed_over_when_its_share_of_time_is_up() {
     ex.handle_timeout(now + PER_TRY - Duration::from_millis(1));
     assert!(ex.poll_transmit().is_none(), "not due yet");
     ex.handle_timeout(now + PER_TRY);
-    assert_eq!(
-        events(&mut ex),
-        vec![Event::Failed {
-            upstream: 0,
-            reason: "timeout"
-        }]
-    );
+    assert_eq!(events(&mut ex), vec![failed(0, "timeout")]);
     let second = ex.poll_transmit().unwrap();
     assert_eq!((second.upstream, second.transport), (1, Transport::Udp));
     assert!(second.attempt > first.attempt);
@@ -170,16 +168,7 @@ fn servfail_and_refused_move_on_and_the_last_failure_is_the_outcome() {
     ex.handle_datagram(now, t.attempt, &response_to(&ex, 5, false));
     assert_eq!(
         events(&mut ex),
-        vec![
-            Event::Failed {
-                upstream: 0,
-                reason: "servfail"
-            },
-            Event::Failed {
-                upstream: 1,
-                reason: "servfail"
-            }
-        ]
+        vec![failed(0, "servfail"), failed(1, "servfail")]
     );
     assert!(matches!(
         ex.poll_outcome(),
@@ -217,13 +206,7 @@ fn a_stream_answer_to_another_question_fails_that_upstream() {
     let mut other = response_to(&ex, 0, false);
     other[0] ^= 0x55;
     ex.handle_stream(now, tcp.attempt, &other);
-    assert_eq!(
-        events(&mut ex),
-        vec![Event::Failed {
-            upstream: 0,
-            reason: "malformed"
-        }]
-    );
+    assert_eq!(events(&mut ex), vec![failed(0, "malformed")]);
     let next = ex.poll_transmit().unwrap();
     assert_eq!((next.upstream, next.transport), (1, Transport::Udp));
 }
@@ -252,13 +235,7 @@ fn an_upstream_that_refuses_the_connection_is_passed_over() {
     let mut ex = start(2, now);
     let t = ex.poll_transmit().unwrap();
     ex.handle_error(now, t.attempt, io::ErrorKind::ConnectionRefused.into());
-    assert_eq!(
-        events(&mut ex),
-        vec![Event::Failed {
-            upstream: 0,
-            reason: "io"
-        }]
-    );
+    assert_eq!(events(&mut ex), vec![failed(0, "io")]);
     assert_eq!(ex.poll_transmit().unwrap().upstream, 1);
     // An error reported late, for the attempt that is over, is ignored.
     ex.handle_error(now, t.attempt, io::ErrorKind::ConnectionRefused.into());

@@ -88,7 +88,11 @@ fn socket() -> UdpSocket {
 fn reply(client: &UdpSocket) -> (u16, Vec<Ipv4Addr>) {
     let mut buf = [0u8; 1500];
     let (n, _) = client.recv_from(&mut buf).expect("a reply within 5 s");
-    let m = Message::from_vec(&buf[..n]).unwrap();
+    id_and_addresses(&buf[..n])
+}
+
+fn id_and_addresses(wire: &[u8]) -> (u16, Vec<Ipv4Addr>) {
+    let m = Message::from_vec(wire).unwrap();
     let ips = m
         .answers()
         .iter()
@@ -98,6 +102,14 @@ fn reply(client: &UdpSocket) -> (u16, Vec<Ipv4Addr>) {
         })
         .collect();
     (m.id(), ips)
+}
+
+/// `upstream_errors_total` for one upstream and reason.
+fn upstream_errors(lab: &Lab, upstream: SocketAddr, reason: &str) -> u64 {
+    lab.metrics
+        .upstream_errors
+        .with_label_values(&[upstream.to_string().as_str(), reason])
+        .get()
 }
 
 /// Polls `done`, a millisecond apart, for at most 5 s.
@@ -183,11 +195,7 @@ async fn a_silent_upstream_is_passed_over_for_the_next() {
         silent.recv_from(&mut buf).is_ok(),
         "the first upstream was not asked first"
     );
-    let timeouts = lab
-        .metrics
-        .upstream_errors
-        .with_label_values(&[silent_addr.to_string().as_str(), "timeout"])
-        .get();
+    let timeouts = upstream_errors(&lab, silent_addr, "timeout");
     assert_eq!(timeouts, 1);
 }
 
@@ -500,11 +508,7 @@ async fn when_tcp_fails_after_truncation_the_next_upstream_is_asked() {
         .unwrap();
     assert_eq!(reply(&client), (12, vec![ip]));
     upstreams.join().unwrap();
-    let refused = lab
-        .metrics
-        .upstream_errors
-        .with_label_values(&[truncating_addr.to_string().as_str(), "io"])
-        .get();
+    let refused = upstream_errors(&lab, truncating_addr, "io");
     assert_eq!(refused, 1, "the refused connection counts against it");
 }
 
@@ -543,22 +547,9 @@ async fn a_tcp_clients_query_passes_a_silent_upstream_and_a_wrong_id_by() {
     stream.read_exact(&mut len).expect("a reply within 5 s");
     let mut got = vec![0u8; usize::from(u16::from_be_bytes(len))];
     stream.read_exact(&mut got).unwrap();
-    let m = Message::from_vec(&got).unwrap();
-    let ips: Vec<Ipv4Addr> = m
-        .answers()
-        .iter()
-        .filter_map(|r| match r.data() {
-            RData::A(a) => Some(a.0),
-            _ => None,
-        })
-        .collect();
-    assert_eq!((m.id(), ips), (13, vec![ip]));
+    assert_eq!(id_and_addresses(&got), (13, vec![ip]));
     answerer.join().unwrap();
-    let timeouts = lab
-        .metrics
-        .upstream_errors
-        .with_label_values(&[silent_addr.to_string().as_str(), "timeout"])
-        .get();
+    let timeouts = upstream_errors(&lab, silent_addr, "timeout");
     assert_eq!(timeouts, 1);
     let dropped = lab
         .metrics
