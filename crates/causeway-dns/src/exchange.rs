@@ -25,7 +25,6 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::ResponseCode;
-use nix::libc;
 use rand::Rng;
 
 use crate::cache::shape;
@@ -348,22 +347,13 @@ fn check(wire: &[u8]) -> Result<(), FetchError> {
     }
 }
 
-/// Errors that say we, not the upstream, are short of something:
-/// descriptors, memory, buffer space, ports. Blaming the upstream for them
-/// would skip healthy upstreams exactly when we are loaded.
+/// Errors that say we, not the upstream, are short of something (the
+/// runtime's list, shared with the proxy and the DNS accept loop, and a
+/// full send buffer). Blaming the upstream for them would skip healthy
+/// upstreams exactly when we are loaded.
 fn is_local(error: &io::Error) -> bool {
     error.kind() == io::ErrorKind::WouldBlock
-        || error.raw_os_error().is_some_and(|code| {
-            [
-                libc::EMFILE,
-                libc::ENFILE,
-                libc::ENOBUFS,
-                libc::ENOMEM,
-                libc::ENOSPC,
-                libc::EADDRINUSE,
-            ]
-            .contains(&code)
-        })
+        || causeway_runtime::resources::local_resources_exhausted(error)
 }
 
 #[cfg(test)]

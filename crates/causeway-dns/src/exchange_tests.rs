@@ -6,6 +6,7 @@ use hickory_proto::rr::{Name, RecordType};
 use proptest::prelude::*;
 
 use super::*;
+use nix::libc;
 
 const PER_TRY: Duration = Duration::from_millis(300);
 const TOTAL: Duration = Duration::from_secs(2);

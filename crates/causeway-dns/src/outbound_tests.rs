@@ -104,6 +104,16 @@ fn id_and_addresses(wire: &[u8]) -> (u16, Vec<Ipv4Addr>) {
     (m.id(), ips)
 }
 
+/// Reads one query on `upstream` and answers it with `ip` (or, truncated,
+/// with nothing).
+fn answer_next(upstream: &UdpSocket, ip: Ipv4Addr, truncated: bool) {
+    let mut buf = [0u8; 1500];
+    let (n, from) = upstream.recv_from(&mut buf).unwrap();
+    upstream
+        .send_to(&answer(&buf[..n], ip, truncated), from)
+        .unwrap();
+}
+
 /// `upstream_errors_total` for one upstream and reason.
 fn upstream_errors(lab: &Lab, upstream: SocketAddr, reason: &str) -> u64 {
     lab.metrics
@@ -176,13 +186,7 @@ async fn a_silent_upstream_is_passed_over_for_the_next() {
     )
     .await;
     let ip = Ipv4Addr::new(192, 0, 2, 8);
-    let answerer = std::thread::spawn(move || {
-        let mut buf = [0u8; 1500];
-        let (n, from) = answering.recv_from(&mut buf).unwrap();
-        answering
-            .send_to(&answer(&buf[..n], ip, false), from)
-            .unwrap();
-    });
+    let answerer = std::thread::spawn(move || answer_next(&answering, ip, false));
     let client = socket();
     client
         .send_to(&query(7, "failover.example.net."), lab.addr)
@@ -492,15 +496,8 @@ async fn when_tcp_fails_after_truncation_the_next_upstream_is_asked() {
     .await;
     let ip = Ipv4Addr::new(192, 0, 2, 12);
     let upstreams = std::thread::spawn(move || {
-        let mut buf = [0u8; 1500];
-        let (n, from) = truncating.recv_from(&mut buf).unwrap();
-        truncating
-            .send_to(&answer(&buf[..n], ip, true), from)
-            .unwrap();
-        let (n, from) = answering.recv_from(&mut buf).unwrap();
-        answering
-            .send_to(&answer(&buf[..n], ip, false), from)
-            .unwrap();
+        answer_next(&truncating, ip, true);
+        answer_next(&answering, ip, false);
     });
     let client = socket();
     client
