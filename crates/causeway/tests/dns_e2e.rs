@@ -1114,7 +1114,8 @@ fn question_end(query: &[u8]) -> Option<usize> {
 
 /// An upstream on loopback that answers every name: over UDP with TC set
 /// (so the server asks again over TCP), over TCP with `records` TXT records
-/// of 200 bytes each, TTL one hour. Stops when dropped.
+/// of 200 bytes each, TTL one hour, one connection at a time and each
+/// answer `tcp_pause` after its query: a slow upstream. Stops when dropped.
 struct LargeAnswers {
     addr: SocketAddr,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -1122,7 +1123,7 @@ struct LargeAnswers {
 }
 
 impl LargeAnswers {
-    fn start(records: u16) -> LargeAnswers {
+    fn start(records: u16, tcp_pause: Duration) -> LargeAnswers {
         use std::io::{Read, Write};
         use std::sync::atomic::Ordering;
         let port = support::free_udp_and_tcp_port(Ipv4Addr::LOCALHOST);
@@ -1180,6 +1181,9 @@ impl LargeAnswers {
                 if s.read_exact(&mut q).is_err() {
                     continue;
                 }
+                // Models a slow upstream, so queries pile up in flight on any
+                // machine, however fast.
+                std::thread::sleep(tcp_pause);
                 if let Some(r) = answer(&q, false) {
                     let mut framed = u16::try_from(r.len()).unwrap().to_be_bytes().to_vec();
                     framed.extend_from_slice(&r);
@@ -1212,7 +1216,9 @@ fn a_flood_of_large_answers_stays_within_the_cache_budget() {
     // cost beyond its own count. Without the byte budget the flood would
     // cache about 12,000 x 5.7 KB = 68 MB.
     const MARGIN_KIB: u64 = 24 * 1024;
-    let upstream = LargeAnswers::start(28);
+    // 2 ms per answer: at most 500 answers a second against a flood of
+    // about 5,000 names a second, so the in-flight bound (1024) is reached.
+    let upstream = LargeAnswers::start(28, Duration::from_millis(2));
     let server = Server::dns(&format!(
         "  upstreams: [\"{}\"]\n  cache: {{maxBytes: {}}}\n",
         upstream.addr, BUDGET as u64
@@ -1240,8 +1246,10 @@ fn a_flood_of_large_answers_stays_within_the_cache_budget() {
         sent
     });
     let mut max_rss = rss_before;
+    let mut max_in_flight = 0.0f64;
     while !flood.is_finished() {
         max_rss = max_rss.max(support::rss_kib(server.pid()));
+        max_in_flight = max_in_flight.max(server.sample("causeway_dns_upstream_in_flight"));
         std::thread::sleep(Duration::from_millis(100));
     }
     let sent = flood.join().unwrap();
@@ -1264,6 +1272,11 @@ fn a_flood_of_large_answers_stays_within_the_cache_budget() {
         server.describe()
     );
     assert!(
+        max_in_flight >= 512.0,
+        "the slow upstream should have kept hundreds of queries in flight, \
+         what memory per query would show in; saw at most {max_in_flight}"
+    );
+    assert!(
         max_rss < rss_before + (BUDGET / 1024.0) as u64 + MARGIN_KIB,
         "VmRSS rose from {rss_before} KiB to {max_rss} KiB, over the 4 MiB budget + {MARGIN_KIB} KiB"
     );
@@ -1271,6 +1284,6 @@ fn a_flood_of_large_answers_stays_within_the_cache_budget() {
     assert_eq!(api.answers("A"), [PROXY], "{}", api.raw);
     eprintln!(
         "large-answer flood: {sent} names, cache {held} bytes in {entries} entries, \
-         VmRSS {rss_before} -> max {max_rss} KiB"
+         VmRSS {rss_before} -> max {max_rss} KiB, up to {max_in_flight} upstream queries in flight"
     );
 }
