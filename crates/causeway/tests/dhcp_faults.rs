@@ -218,18 +218,30 @@ impl LoopExt4 {
         run(Command::new("umount").arg(&self.dir));
     }
 
-    /// EXT4_IOC_SHUTDOWN with EXT4_GOING_FLAGS_NOLOGFLUSH: from here on
-    /// every write, sync, truncate and open on the filesystem fails with
-    /// EIO, as on a disk that has died; what was synced before stays.
+    /// EXT4_IOC_SHUTDOWN with EXT4_GOING_FLAGS_DEFAULT: from here on every
+    /// write, sync, truncate and open on the filesystem fails with EIO, as
+    /// on a disk that has died; what was synced before stays.
+    ///
+    /// DEFAULT freezes the filesystem (in-flight writes and syncs finish
+    /// and commit), marks it shut down and thaws it, leaving the journal
+    /// intact. NOLOGFLUSH instead aborts the journal under a running
+    /// fdatasync, and as we read jbd2 that fdatasync can then return 0 for
+    /// a transaction the abort discarded (a transaction no longer running
+    /// or committing is reported done, without asking whether the journal
+    /// was aborted). CI once lost exactly one acknowledged lease that way,
+    /// the last one, whose sync raced the shutdown: a success reported for
+    /// data never written, which no store can guard against and which a
+    /// disk that really fails does not produce (its write or flush errors
+    /// reach the fdatasync).
     fn fail_with_eio(&self) {
         // The ioctl from python3 (already a test dependency), since the
-        // test crate has no unsafe code: _IOR('X', 125, u32), flag 2.
+        // test crate has no unsafe code: _IOR('X', 125, u32), flag 0.
         run(Command::new("python3")
             .args([
                 "-c",
                 "import fcntl, os, struct, sys; \
                  fd = os.open(sys.argv[1], os.O_RDONLY); \
-                 fcntl.ioctl(fd, 0x8004587D, struct.pack('I', 2))",
+                 fcntl.ioctl(fd, 0x8004587D, struct.pack('I', 0))",
             ])
             .arg(&self.dir));
     }
