@@ -238,13 +238,22 @@ impl Forwarder {
             }
             Err(e) => {
                 tracing::debug!(name = %q.lower, error = %e, "forwarding failed");
-                match self.cache.get(key, now, true) {
+                // Counted by reason so that our own shortage (local) and
+                // the in-flight bound (overloaded) show apart from
+                // upstreams that fail, which upstream_errors counts per
+                // upstream.
+                let (answer, answered) = match self.cache.get(key, now, true) {
                     Hit::Stale(wire) | Hit::Fresh(wire) => {
                         self.metrics.cache.with_label_values(&["stale"]).inc();
-                        Answer::Response(wire)
+                        (Answer::Response(wire), "stale")
                     }
-                    Hit::Miss => Answer::ServFail,
-                }
+                    Hit::Miss => (Answer::ServFail, "servfail"),
+                };
+                self.metrics
+                    .forward_failures
+                    .with_label_values(&[e.label(), answered])
+                    .inc();
+                answer
             }
         };
         let waiters = lock(&self.coalesce).remove(key).unwrap_or_default();
@@ -475,6 +484,49 @@ mod tests {
         assert_eq!(waiters.len(), MAX_WAITERS_PER_NAME);
         // Settled, the name starts over.
         assert!(matches!(fwd.join(&key, waiter()), Join::Lead(_)));
+    }
+
+    #[test]
+    fn a_failed_forward_is_counted_by_reason_and_by_what_the_client_got() {
+        let cfg = Config::from_yaml(
+            "cluster: {name: hc1, baseDomain: example.com}\ndns:\n  listen: ['127.0.0.1:5353']\n",
+        )
+        .unwrap()
+        .dns
+        .unwrap();
+        let metrics = DnsMetrics::new(&prometheus::Registry::new()).unwrap();
+        let fwd = Forwarder::new(&cfg, vec!["127.0.0.1:9".parse().unwrap()], metrics.clone());
+        let q = probe();
+        let key = key_of(&q);
+        let emfile = std::io::Error::from_raw_os_error(nix::errno::Errno::EMFILE as i32);
+        let (answer, _) = fwd.settle(&key, &q, Err(FetchError::Local(emfile)), 0);
+        assert!(matches!(answer, Answer::ServFail));
+        let failures = |reason: &str, answered: &str| {
+            metrics
+                .forward_failures
+                .with_label_values(&[reason, answered])
+                .get()
+        };
+        assert_eq!(failures("local", "servfail"), 1);
+        // Once the name has been answered (TTL 10 s), a failure 20 s later
+        // is served stale.
+        let name = hickory_proto::rr::Name::from_ascii("a.example.net.").unwrap();
+        let mut answered = hickory_proto::op::Message::new();
+        answered.set_message_type(hickory_proto::op::MessageType::Response);
+        answered.add_query(hickory_proto::op::Query::query(
+            name.clone(),
+            hickory_proto::rr::RecordType::A,
+        ));
+        answered.add_answer(hickory_proto::rr::Record::from_rdata(
+            name,
+            10,
+            hickory_proto::rr::RData::A(hickory_proto::rr::rdata::A::new(192, 0, 2, 1)),
+        ));
+        fwd.settle(&key, &q, Ok(answered.to_vec().unwrap()), 0);
+        let (answer, _) = fwd.settle(&key, &q, Err(FetchError::Overloaded), 20);
+        assert!(matches!(answer, Answer::Response(_)));
+        assert_eq!(failures("overloaded", "stale"), 1);
+        assert_eq!(failures("local", "servfail"), 1);
     }
 
     fn probe() -> ParsedQuery {

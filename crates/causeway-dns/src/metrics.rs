@@ -17,6 +17,7 @@ pub struct DnsMetrics {
     pub upstream_seconds: HistogramVec,
     pub upstream_errors: IntCounterVec,
     pub upstream_in_flight: IntGauge,
+    pub forward_failures: IntCounterVec,
     pub tcp_connections: IntGauge,
     pub tcp_refused: IntCounter,
 }
@@ -78,6 +79,15 @@ impl DnsMetrics {
                 "causeway_dns_upstream_in_flight",
                 "Upstream queries in flight",
             )?,
+            forward_failures: IntCounterVec::new(
+                Opts::new(
+                    "causeway_dns_forward_failures_total",
+                    "Forwarded queries no upstream answered, by why the last try ended \
+                     (timeout, io, local, malformed, servfail, overloaded) and what the \
+                     client got (stale, servfail)",
+                ),
+                &["reason", "answer"],
+            )?,
             tcp_connections: IntGauge::new(
                 "causeway_dns_tcp_connections",
                 "Open client TCP connections",
@@ -96,6 +106,7 @@ impl DnsMetrics {
         registry.register(Box::new(m.upstream_seconds.clone()))?;
         registry.register(Box::new(m.upstream_errors.clone()))?;
         registry.register(Box::new(m.upstream_in_flight.clone()))?;
+        registry.register(Box::new(m.forward_failures.clone()))?;
         registry.register(Box::new(m.tcp_connections.clone()))?;
         registry.register(Box::new(m.tcp_refused.clone()))?;
         Ok(m)

@@ -435,6 +435,13 @@ async fn past_the_in_flight_bound_a_new_name_gets_servfail_at_once() {
     assert_eq!((m.id(), m.response_code()), (23, ResponseCode::ServFail));
     // Far inside the 30 s upstream timeout: refused at the bound, not timed out.
     assert!(asked.elapsed() < Duration::from_secs(5));
+    assert_eq!(
+        lab.metrics
+            .forward_failures
+            .with_label_values(&["overloaded", "servfail"])
+            .get(),
+        1
+    );
     silent.set_nonblocking(true).unwrap();
     assert!(
         silent.recv_from(&mut buf).is_err(),
