@@ -460,8 +460,9 @@ mod tests {
     use super::*;
     use causeway_config::Config;
 
-    #[tokio::test]
-    async fn a_name_takes_only_so_many_waiters() {
+    /// A forwarder on the default DNS config, with its metrics; its one
+    /// upstream (the discard port) is never asked by these tests.
+    fn forwarder() -> (Arc<Forwarder>, DnsMetrics) {
         let cfg = Config::from_yaml(
             "cluster: {name: hc1, baseDomain: example.com}\ndns:\n  listen: ['127.0.0.1:5353']\n",
         )
@@ -470,7 +471,12 @@ mod tests {
         .unwrap();
         let metrics = DnsMetrics::new(&prometheus::Registry::new()).unwrap();
         let upstream = vec!["127.0.0.1:9".parse().unwrap()];
-        let fwd = Forwarder::new(&cfg, upstream, metrics);
+        (Forwarder::new(&cfg, upstream, metrics.clone()), metrics)
+    }
+
+    #[tokio::test]
+    async fn a_name_takes_only_so_many_waiters() {
+        let (fwd, _) = forwarder();
         let key: CacheKey = b"one name".to_vec();
         let waiter = || oneshot::channel::<Answer>().0;
         assert!(matches!(fwd.join(&key, waiter()), Join::Lead(_)));
@@ -488,14 +494,7 @@ mod tests {
 
     #[test]
     fn a_failed_forward_is_counted_by_reason_and_by_what_the_client_got() {
-        let cfg = Config::from_yaml(
-            "cluster: {name: hc1, baseDomain: example.com}\ndns:\n  listen: ['127.0.0.1:5353']\n",
-        )
-        .unwrap()
-        .dns
-        .unwrap();
-        let metrics = DnsMetrics::new(&prometheus::Registry::new()).unwrap();
-        let fwd = Forwarder::new(&cfg, vec!["127.0.0.1:9".parse().unwrap()], metrics.clone());
+        let (fwd, metrics) = forwarder();
         let q = probe();
         let key = key_of(&q);
         let emfile = std::io::Error::from_raw_os_error(nix::errno::Errno::EMFILE as i32);
