@@ -62,6 +62,7 @@ pub struct OperatorMetrics {
     csr_decisions: IntCounterVec,
     csr_pending: IntGaugeVec,
     csr_max_pending: IntGaugeVec,
+    csr_not_running: IntCounterVec,
 }
 
 impl OperatorMetrics {
@@ -119,8 +120,16 @@ impl OperatorMetrics {
                 ),
                 &["namespace", "provisioner"],
             )?,
+            csr_not_running: IntCounterVec::new(
+                Opts::new(
+                    "causeway_operator_csr_approver_not_running_total",
+                    "Times a hosted cluster's CSR approver could not run, by reason (KubeconfigNotAvailable, HostedClusterNotReachable, LeastPrivilegeUnavailable); nothing is approved meanwhile",
+                ),
+                &["namespace", "provisioner", "reason"],
+            )?,
         };
         registry.register(Box::new(m.csr_decisions.clone()))?;
+        registry.register(Box::new(m.csr_not_running.clone()))?;
         registry.register(Box::new(m.csr_pending.clone()))?;
         registry.register(Box::new(m.csr_max_pending.clone()))?;
         registry.register(Box::new(m.reconciles.clone()))?;
@@ -137,6 +146,12 @@ impl OperatorMetrics {
     pub fn csr_decision(&self, kind: &str, verdict: &str, reason: &str) {
         self.csr_decisions
             .with_label_values(&[kind, verdict, reason])
+            .inc();
+    }
+
+    pub fn csr_not_running(&self, namespace: &str, provisioner: &str, reason: &str) {
+        self.csr_not_running
+            .with_label_values(&[namespace, provisioner, reason])
             .inc();
     }
 

@@ -32,8 +32,11 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Config, Resource, ResourceExt};
 use serde_json::json;
+use tokio::task::{AbortHandle, JoinSet};
 
-use super::crd::{BootstrapApproval, CsrApprovalStatus, DPFHCPProvisioner, ServingApproval};
+use super::crd::{
+    BootstrapApproval, CsrApprovalStatus, DPFHCPProvisioner, JoiningDpu, ServingApproval,
+};
 use super::csr::{self, Csr, Decision, History, Inventory, Kind, Policy, Verdict};
 use super::spec;
 use crate::controller::{cached, publish_related_event, resource, OperatorMetrics, Scope};
@@ -61,6 +64,16 @@ const BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// A DPU in this phase is being provisioned again: its earlier approvals
 /// belong to the previous cycle.
 const REPROVISIONING_PHASE: &str = "OS Installing";
+/// Writes of the approval record retried on a conflict before the pass
+/// gives up (and approves nothing).
+const RECORD_ATTEMPTS: usize = 5;
+/// How much earlier than the DPU was seen joining its bootstrap CSR may
+/// have been made: the hosted API server's clock is not ours.
+const CREATION_SKEW_SECONDS: i64 = 10;
+/// Annotations the approver puts on its cached copy of a CSR whose request
+/// was too large to keep (never written to the API server).
+const OVERSIZED_BYTES: &str = "causeway.internal/oversized-request-bytes";
+const OVERSIZED_CLAIM: &str = "causeway.internal/oversized-request-node";
 
 /// How the hosted cluster's API server is reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,6 +125,9 @@ enum Ended {
     Gone,
     NoKubeconfig(String),
     Unreachable(String),
+    /// The approver's own identity could not be set up in the hosted
+    /// cluster: it does not fall back to the admin kubeconfig.
+    NoLeastPrivilege(String),
 }
 
 pub async fn run(
@@ -133,8 +149,11 @@ pub async fn run(
         recorder,
         metrics,
     });
-    let mut sessions: HashMap<ObjectRef<DPFHCPProvisioner>, (String, tokio::task::JoinHandle<()>)> =
-        HashMap::new();
+    // Every session lives in the JoinSet: when this task ends, or is
+    // aborted because leadership was lost, dropping the set aborts them
+    // all, so no replica approves without the lease.
+    let mut tasks: JoinSet<()> = JoinSet::new();
+    let mut sessions: HashMap<ObjectRef<DPFHCPProvisioner>, (String, AbortHandle)> = HashMap::new();
     let mut events = pin!(events);
     let mut shutdown = pin!(shutdown);
     loop {
@@ -142,6 +161,7 @@ pub async fn run(
             _ = &mut shutdown => break,
             next = events.next() => if next.is_none() { break },
         }
+        while tasks.try_join_next().is_some() {}
         // One session per live provisioner, a new one when the object is
         // recreated under the same name.
         let live: HashMap<_, _> = provisioners
@@ -166,14 +186,11 @@ pub async fn run(
                 continue;
             }
             tracing::info!(provisioner = %key.name, namespace = ?key.namespace, "CSR approver starting");
-            let task = tokio::spawn(supervise(ctx.clone(), key.clone()));
+            let task = tasks.spawn(supervise(ctx.clone(), key.clone()));
             sessions.insert(key, (uid, task));
         }
     }
-    for (_, (_, task)) in sessions.drain() {
-        task.abort();
-        let _ = task.await;
-    }
+    tasks.shutdown().await;
 }
 
 /// Runs sessions for one provisioner until it is gone, backing off while
@@ -193,50 +210,75 @@ async fn supervise(ctx: Arc<Context>, key: ObjectRef<DPFHCPProvisioner>) {
             }
             Ended::NoKubeconfig(m) => ("KubeconfigNotAvailable", m),
             Ended::Unreachable(m) => ("HostedClusterNotReachable", m),
+            Ended::NoLeastPrivilege(m) => ("LeastPrivilegeUnavailable", m),
         };
-        tracing::info!(provisioner = %key.name, %namespace, reason, %message, retry_in = ?delay, "CSR approver not running");
-        let record = current_record(&ctx, &key);
-        let next = CsrApprovalStatus {
-            active: false,
-            reason: reason.into(),
-            message,
-            ..record.clone().unwrap_or_default()
-        };
-        if record.as_ref() != Some(&next) {
-            if let Err(e) = write_record(&ctx.client, &namespace, &key.name, &next).await {
-                tracing::warn!(provisioner = %key.name, %namespace, error = %e, "could not write the approver's status");
-            }
+        tracing::warn!(provisioner = %key.name, %namespace, reason, %message, retry_in = ?delay, "CSR approver not running: nothing is approved");
+        if let Some(m) = &ctx.metrics {
+            m.csr_not_running(&namespace, &key.name, reason);
+        }
+        let written = update_record(&ctx.client, &namespace, &key.name, |record| {
+            record.active = false;
+            record.reason = reason.into();
+            record.message = message.clone();
+        })
+        .await;
+        if let Err(e) = written {
+            tracing::warn!(provisioner = %key.name, %namespace, error = %e, "could not write the approver's status");
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(BACKOFF_MAX);
     }
 }
 
-fn current_record(ctx: &Context, key: &ObjectRef<DPFHCPProvisioner>) -> Option<CsrApprovalStatus> {
-    ctx.provisioners
-        .get(key)
-        .and_then(|p| p.status.as_ref().and_then(|s| s.csr_approval.clone()))
-}
-
-async fn write_record(
+/// Reads the provisioner's approval record fresh from the API server,
+/// lets `change` edit it, and writes it back under the resourceVersion it
+/// read, again from a fresh read if someone wrote in between: the record
+/// is never rebuilt from a cache, so nothing another writer (an earlier
+/// session, another replica) recorded is lost. `Ok(None)` when the
+/// provisioner is gone.
+async fn update_record<T>(
     client: &Client,
     namespace: &str,
     name: &str,
-    record: &CsrApprovalStatus,
-) -> Result<(), kube::Error> {
+    mut change: impl FnMut(&mut CsrApprovalStatus) -> T,
+) -> Result<Option<(CsrApprovalStatus, T)>, kube::Error> {
     let api: Api<DPFHCPProvisioner> = Api::namespaced(client.clone(), namespace);
-    let body = json!({
-        "apiVersion": DPFHCPProvisioner::api_version(&()),
-        "kind": DPFHCPProvisioner::kind(&()),
-        "status": {"csrApproval": record},
-    });
-    api.patch_status(
-        name,
-        &PatchParams::apply(APPROVER_MANAGER).force(),
-        &Patch::Apply(&body),
-    )
-    .await
-    .map(|_| ())
+    for _ in 0..RECORD_ATTEMPTS {
+        let Some(p) = api.get_opt(name).await? else {
+            return Ok(None);
+        };
+        let found = p.status.as_ref().and_then(|s| s.csr_approval.clone());
+        let mut record = found.clone().unwrap_or_default();
+        let out = change(&mut record);
+        if found.as_ref() == Some(&record) {
+            return Ok(Some((record, out)));
+        }
+        let mut value =
+            serde_json::to_value(&record).map_err(|e| kube::Error::Service(Box::new(e)))?;
+        // A merge patch leaves out what is absent: lists emptied are
+        // written as null so they go.
+        if let Some(fields) = value.as_object_mut() {
+            for list in ["bootstrap", "serving", "joining"] {
+                fields.entry(list).or_insert(serde_json::Value::Null);
+            }
+        }
+        let body = json!({
+            "metadata": {"resourceVersion": p.metadata.resource_version},
+            "status": {"csrApproval": value},
+        });
+        let params = PatchParams {
+            field_manager: Some(APPROVER_MANAGER.into()),
+            ..Default::default()
+        };
+        match api.patch_status(name, &params, &Patch::Merge(&body)).await {
+            Ok(_) => return Ok(Some((record, out))),
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(kube::Error::Service(Box::new(std::io::Error::other(
+        format!("the approval record of {namespace}/{name} changed under every one of {RECORD_ATTEMPTS} writes"),
+    ))))
 }
 
 /// The hosted cluster's admin client, from HyperShift's admin kubeconfig.
@@ -351,6 +393,11 @@ async fn least_privilege(admin: &Client, config: &Config) -> Result<Client, kube
         .status
         .map(|s| s.token)
         .unwrap_or_default();
+    if token.is_empty() {
+        return Err(kube::Error::Service(Box::new(std::io::Error::other(
+            "the TokenRequest returned no token",
+        ))));
+    }
     let mut config = config.clone();
     config.auth_info = serde_json::from_value(json!({ "token": token }))
         .map_err(|e| kube::Error::Service(Box::new(e)))?;
@@ -395,13 +442,15 @@ async fn session(ctx: &Context, namespace: &str, name: &str) -> Ended {
         Ok(Err(e)) => return Ended::Unreachable(format!("{e}")),
         Err(_) => return Ended::Unreachable("no answer within 15 s".into()),
     }
-    let (hosted, identity) = match least_privilege(&admin, &config).await {
-        Ok(c) => (c, "its own ServiceAccount"),
+    let hosted = match least_privilege(&admin, &config).await {
+        Ok(c) => c,
         Err(e) => {
-            tracing::warn!(provisioner = name, namespace, error = %e, "could not give the approver its own identity in the hosted cluster; approving with the admin kubeconfig");
-            (admin.clone(), "the admin kubeconfig")
+            return Ended::NoLeastPrivilege(format!(
+                "could not give the approver its own ServiceAccount in the hosted cluster: {e}"
+            ))
         }
     };
+    let identity = "its own ServiceAccount";
 
     let csrs: Api<CertificateSigningRequest> = Api::all(hosted.clone());
     // Servers that cannot select on the signer get one unfiltered watch.
@@ -429,7 +478,7 @@ async fn session(ctx: &Context, namespace: &str, name: &str) -> Ended {
         streams.push(watched(
             index,
             watcher(csrs.clone(), config)
-                .modify(|c: &mut CertificateSigningRequest| c.metadata.managed_fields = None)
+                .modify(keep_small)
                 .reflect(writer),
         ));
         csr_stores.push(reader);
@@ -478,7 +527,6 @@ async fn session(ctx: &Context, namespace: &str, name: &str) -> Ended {
     );
     let mut merged = stream::select_all(streams);
     let mut listed = vec![false; watches];
-    let mut state = Approvals::from_record(current_record(ctx, &key).as_ref());
     let mut seen: HashMap<String, &'static str> = HashMap::new();
     let deadline = tokio::time::sleep(SESSION);
     let mut deadline = pin!(deadline);
@@ -517,7 +565,7 @@ async fn session(ctx: &Context, namespace: &str, name: &str) -> Ended {
             hosted: &hosted,
         };
         if let Err(e) = pass
-            .run(&all, &nodes.state(), &dpus.state(), &mut state, &mut seen)
+            .run(&all, &nodes.state(), &dpus.state(), &mut seen)
             .await
         {
             tracing::warn!(provisioner = name, namespace, error = %e, "CSR approval pass");
@@ -525,36 +573,134 @@ async fn session(ctx: &Context, namespace: &str, name: &str) -> Ended {
     }
 }
 
-/// The approvals later requests are held to, as kept in the status.
+/// The approvals later requests are held to, and when each DPU began
+/// joining, as kept in the status.
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Approvals {
     bootstrap: BTreeMap<String, BootstrapApproval>,
     serving: BTreeMap<String, ServingApproval>,
+    joining: BTreeMap<String, JoiningDpu>,
 }
 
+/// A DPU's UID and phase, by name.
+type DpuIds = BTreeMap<String, (String, String)>;
+
 impl Approvals {
-    fn from_record(record: Option<&CsrApprovalStatus>) -> Self {
-        let mut a = Approvals::default();
-        if let Some(r) = record {
-            for b in &r.bootstrap {
-                a.bootstrap.insert(b.node.clone(), b.clone());
-            }
-            for s in &r.serving {
-                a.serving.insert(s.node.clone(), s.clone());
-            }
+    fn from_record(record: &CsrApprovalStatus) -> Self {
+        Approvals {
+            bootstrap: record
+                .bootstrap
+                .iter()
+                .map(|b| (b.node.clone(), b.clone()))
+                .collect(),
+            serving: record
+                .serving
+                .iter()
+                .map(|s| (s.node.clone(), s.clone()))
+                .collect(),
+            joining: record
+                .joining
+                .iter()
+                .map(|j| (j.node.clone(), j.clone()))
+                .collect(),
         }
-        a
+    }
+
+    fn store(&self, record: &mut CsrApprovalStatus) {
+        record.bootstrap = self.bootstrap.values().cloned().collect();
+        record.serving = self.serving.values().cloned().collect();
+        record.joining = self.joining.values().cloned().collect();
     }
 
     /// Drops what belongs to an earlier provisioning cycle: the DPU was
-    /// recreated, is gone, or is being installed again.
-    fn forget_old_cycles(&mut self, dpus: &BTreeMap<String, (String, String)>) {
+    /// recreated, is gone, or is being installed again. A joining time
+    /// lasts only while the DPU is joining.
+    fn forget_old_cycles(&mut self, dpus: &DpuIds) {
         let current = |node: &str, uid: &str| {
             dpus.get(node)
                 .is_some_and(|(u, phase)| u == uid && phase != REPROVISIONING_PHASE)
         };
         self.bootstrap.retain(|n, b| current(n, &b.dpu_uid));
         self.serving.retain(|n, s| current(n, &s.dpu_uid));
+        self.joining.retain(|n, j| {
+            dpus.get(n)
+                .is_some_and(|(u, phase)| *u == j.dpu_uid && phase == csr::JOINING_PHASE)
+        });
+    }
+
+    /// Notes `now` as the time each joining DPU not noted yet began joining.
+    fn observe_joining(&mut self, dpus: &DpuIds, now: &str) {
+        for (node, (uid, phase)) in dpus {
+            if phase == csr::JOINING_PHASE && !self.joining.contains_key(node) {
+                self.joining.insert(
+                    node.clone(),
+                    JoiningDpu {
+                        node: node.clone(),
+                        dpu_uid: uid.clone(),
+                        since: now.to_string(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// Adds an approval unless the record already holds another bootstrap
+    /// approval for the node; `false` then, and nothing may be approved.
+    fn add(&mut self, kind: Kind, node: &str, csr: &Csr, dpu_uid: &str, now: &str) -> bool {
+        match kind {
+            Kind::Bootstrap => {
+                if self
+                    .bootstrap
+                    .get(node)
+                    .is_some_and(|b| b.csr_uid != csr.uid)
+                {
+                    return false;
+                }
+                self.bootstrap.insert(
+                    node.to_string(),
+                    BootstrapApproval {
+                        node: node.to_string(),
+                        csr_uid: csr.uid.clone(),
+                        dpu_uid: dpu_uid.to_string(),
+                        approved_at: now.to_string(),
+                    },
+                );
+            }
+            Kind::Serving => {
+                let mut sans: BTreeSet<String> = self
+                    .serving
+                    .get(node)
+                    .map(|s| s.sans.iter().cloned().collect())
+                    .unwrap_or_default();
+                sans.extend(csr::requested_sans(&csr.request));
+                self.serving.insert(
+                    node.to_string(),
+                    ServingApproval {
+                        node: node.to_string(),
+                        dpu_uid: dpu_uid.to_string(),
+                        sans: sans.into_iter().collect(),
+                    },
+                );
+            }
+        }
+        true
+    }
+
+    fn history(&self, pending: usize) -> History {
+        History {
+            approved_bootstrap: self
+                .bootstrap
+                .iter()
+                .map(|(n, b)| (n.clone(), b.csr_uid.clone()))
+                .collect(),
+            pending,
+            serving_sans: self
+                .serving
+                .iter()
+                .map(|(n, s)| (n.clone(), s.sans.iter().cloned().collect()))
+                .collect(),
+            pending_bootstrap: BTreeMap::new(),
+        }
     }
 }
 
@@ -576,8 +722,33 @@ fn undecided(c: &CertificateSigningRequest) -> bool {
             })
 }
 
+/// What the cache keeps of a CSR: a request over
+/// [`csr::MAX_REQUEST_BYTES`] is dropped, keeping only its size and the
+/// node it names, so a flood of large requests cannot fill memory.
+fn keep_small(c: &mut CertificateSigningRequest) {
+    c.metadata.managed_fields = None;
+    let bytes = c.spec.request.0.len();
+    if bytes <= csr::MAX_REQUEST_BYTES {
+        return;
+    }
+    let claim = csr::requested_node(&c.spec.request.0);
+    c.spec.request.0 = Vec::new();
+    let notes = c.metadata.annotations.get_or_insert_with(Default::default);
+    notes.insert(OVERSIZED_BYTES.into(), bytes.to_string());
+    if let Some(node) = claim {
+        notes.insert(OVERSIZED_CLAIM.into(), node);
+    }
+}
+
 /// What the decision reads of a CSR object.
 pub fn csr_of(c: &CertificateSigningRequest) -> Csr {
+    let notes = c.metadata.annotations.as_ref();
+    let oversized = notes
+        .and_then(|n| n.get(OVERSIZED_BYTES))
+        .map(|bytes| csr::Oversized {
+            bytes: bytes.parse().unwrap_or(usize::MAX),
+            claimed_node: notes.and_then(|n| n.get(OVERSIZED_CLAIM)).cloned(),
+        });
     Csr {
         uid: c.metadata.uid.clone().unwrap_or_default(),
         signer: c.spec.signer_name.clone(),
@@ -587,6 +758,12 @@ pub fn csr_of(c: &CertificateSigningRequest) -> Csr {
         request: c.spec.request.0.clone(),
         expiration_seconds: c.spec.expiration_seconds,
         decided: !undecided(c),
+        created: c
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.as_second()),
+        oversized,
     }
 }
 
@@ -625,6 +802,7 @@ fn policy_of(
             .collect(),
         cluster_domain: CLUSTER_DOMAIN.into(),
         max_pending,
+        creation_skew_seconds: CREATION_SKEW_SECONDS,
     }
 }
 
@@ -634,7 +812,6 @@ impl Pass<'_> {
         csrs: &[Arc<CertificateSigningRequest>],
         nodes: &[Arc<Node>],
         dpus: &[Arc<DynamicObject>],
-        approvals: &mut Approvals,
         seen: &mut HashMap<String, &'static str>,
     ) -> Result<(), kube::Error> {
         let p = self.provisioner;
@@ -642,7 +819,7 @@ impl Pass<'_> {
         let name = p.name_any();
         let (service_networks, networks) = networks(p);
         let mut inventory = Inventory::default();
-        let mut dpu_ids = BTreeMap::new();
+        let mut dpu_ids: DpuIds = BTreeMap::new();
         for d in dpus {
             let phase = d
                 .data
@@ -656,6 +833,7 @@ impl Pass<'_> {
                 csr::Dpu {
                     phase,
                     management_networks: networks.clone(),
+                    joining_since: None,
                 },
             );
         }
@@ -674,10 +852,8 @@ impl Pass<'_> {
                 .nodes
                 .insert(n.name_any(), csr::Node { addresses });
         }
-        let before = approvals.clone();
-        approvals.forget_old_cycles(&dpu_ids);
 
-        let now = k8s_openapi::jiff::Timestamp::now().as_second();
+        let now = k8s_openapi::jiff::Timestamp::now();
         let mut pending: Vec<&Arc<CertificateSigningRequest>> =
             csrs.iter().filter(|c| undecided(c)).collect();
         pending.sort_by_key(|c| {
@@ -695,37 +871,12 @@ impl Pass<'_> {
                 c.metadata
                     .creation_timestamp
                     .as_ref()
-                    .is_none_or(|t| now - t.0.as_second() < PENDING_WINDOW_SECONDS)
+                    .is_none_or(|t| now.as_second() - t.0.as_second() < PENDING_WINDOW_SECONDS)
             })
             .count();
         let max_pending =
             inventory.dpus.len().max(inventory.nodes.len()) + self.ctx.options.pending_slack;
         let policy = policy_of(p, service_networks, &self.ctx.options, max_pending);
-        let mut history = History {
-            approved_bootstrap: approvals
-                .bootstrap
-                .iter()
-                .map(|(n, b)| (n.clone(), b.csr_uid.clone()))
-                .collect(),
-            pending: recent,
-            serving_sans: approvals
-                .serving
-                .iter()
-                .map(|(n, s)| (n.clone(), s.sans.iter().cloned().collect()))
-                .collect(),
-            ..History::default()
-        };
-        for c in &pending {
-            if c.spec.signer_name == csr::BOOTSTRAP_SIGNER {
-                if let Some(node) = csr::requested_node(&c.spec.request.0) {
-                    history
-                        .pending_bootstrap
-                        .entry(node)
-                        .or_default()
-                        .insert(c.metadata.uid.clone().unwrap_or_default());
-                }
-            }
-        }
         if let Some(m) = &self.ctx.metrics {
             m.csr_pending(&namespace, &name, Some((clamp(recent), clamp(max_pending))));
         }
@@ -741,42 +892,61 @@ impl Pass<'_> {
                 ),
             )
         };
-        let mut record = CsrApprovalStatus {
-            active: !flooded,
-            reason: reason.into(),
-            message,
-            bootstrap: approvals.bootstrap.values().cloned().collect(),
-            serving: approvals.serving.values().cloned().collect(),
+        let stamp = now.to_string();
+        let Some((_, mut approvals)) =
+            update_record(&self.ctx.client, &namespace, &name, |record| {
+                let mut a = Approvals::from_record(record);
+                a.forget_old_cycles(&dpu_ids);
+                a.observe_joining(&dpu_ids, &stamp);
+                a.store(record);
+                record.active = !flooded;
+                record.reason = reason.into();
+                record.message = message.clone();
+                a
+            })
+            .await?
+        else {
+            return Ok(());
         };
-        let written = p.status.as_ref().and_then(|s| s.csr_approval.as_ref());
-        if written != Some(&record) || before != *approvals {
-            write_record(&self.ctx.client, &namespace, &name, &record).await?;
-        }
         if flooded {
             tracing::warn!(provisioner = %name, %namespace, pending = recent, cap = max_pending, "too many pending kubelet CSRs: approving nothing");
         }
+        for (node, joining) in &approvals.joining {
+            if let Some(dpu) = inventory.dpus.get_mut(node) {
+                dpu.joining_since = joining
+                    .since
+                    .parse::<k8s_openapi::jiff::Timestamp>()
+                    .ok()
+                    .map(|t| t.as_second());
+            }
+        }
+        let requests: Vec<Csr> = pending.iter().map(|c| csr_of(c)).collect();
+        let mut history = approvals.history(recent);
+        history.pending_bootstrap =
+            csr::approvable_bootstrap(&requests, &inventory, &policy, &history);
 
         let live: BTreeSet<String> = csrs.iter().filter_map(|c| c.metadata.uid.clone()).collect();
         seen.retain(|uid, _| live.contains(uid));
-        for c in pending {
-            let request = csr_of(c);
-            let decision = csr::decide(&request, &inventory, &policy, &history);
-            let kind = match csr::kind_of(&request.signer) {
-                Some(Kind::Bootstrap) => "bootstrap",
-                Some(Kind::Serving) => "serving",
-                None => continue,
+        for (c, request) in pending.into_iter().zip(&requests) {
+            let decision = csr::decide(request, &inventory, &policy, &history);
+            let Some(kind) = csr::kind_of(&request.signer) else {
+                continue;
+            };
+            let kind_label = match kind {
+                Kind::Bootstrap => "bootstrap",
+                Kind::Serving => "serving",
             };
             let first = seen.insert(request.uid.clone(), decision.reason) != Some(decision.reason);
             match decision.verdict {
                 Verdict::Ignore => {
                     if first {
-                        self.count(kind, "ignore", decision.reason);
+                        self.count(kind_label, "ignore", decision.reason);
                         tracing::debug!(csr = %c.name_any(), reason = decision.reason, message = %decision.message, "CSR left pending");
                     }
                 }
                 Verdict::Deny => {
                     if self.conclude(c, &decision).await? {
-                        self.count(kind, "deny", decision.reason);
+                        self.count(kind_label, "deny", decision.reason);
                         tracing::warn!(csr = %c.name_any(), user = %request.username, reason = decision.reason, message = %decision.message, "CSR denied");
                         self.event(
                             c,
@@ -793,60 +963,41 @@ impl Pass<'_> {
                     }
                 }
                 Verdict::Approve => {
-                    // Recorded before approving: if the approval is lost
-                    // the record still holds, and it names this CSR, which
-                    // the next pass may approve again.
-                    let node = c
-                        .spec
-                        .username
-                        .as_deref()
-                        .and_then(|u| u.strip_prefix("system:node:"))
-                        .map(str::to_string)
-                        .or_else(|| csr::requested_node(&request.request))
-                        .unwrap_or_default();
+                    let node = match kind {
+                        Kind::Serving => request.username.strip_prefix("system:node:"),
+                        Kind::Bootstrap => None,
+                    }
+                    .map(str::to_string)
+                    .or_else(|| csr::requested_node(&request.request))
+                    .unwrap_or_default();
                     let dpu_uid = dpu_ids
                         .get(&node)
                         .map(|(u, _)| u.clone())
                         .unwrap_or_default();
-                    match kind {
-                        "bootstrap" => {
-                            approvals.bootstrap.insert(
-                                node.clone(),
-                                BootstrapApproval {
-                                    node: node.clone(),
-                                    csr_uid: request.uid.clone(),
-                                    dpu_uid,
-                                    approved_at: k8s_openapi::jiff::Timestamp::now().to_string(),
-                                },
-                            );
-                            history
-                                .approved_bootstrap
-                                .insert(node.clone(), request.uid.clone());
-                        }
-                        _ => {
-                            let mut sans: BTreeSet<String> = approvals
-                                .serving
-                                .get(&node)
-                                .map(|s| s.sans.iter().cloned().collect())
-                                .unwrap_or_default();
-                            sans.extend(csr::requested_sans(&request.request));
-                            history.serving_sans.insert(node.clone(), sans.clone());
-                            approvals.serving.insert(
-                                node.clone(),
-                                ServingApproval {
-                                    node: node.clone(),
-                                    dpu_uid,
-                                    sans: sans.into_iter().collect(),
-                                },
-                            );
-                        }
-                    }
-                    record.bootstrap = approvals.bootstrap.values().cloned().collect();
-                    record.serving = approvals.serving.values().cloned().collect();
-                    write_record(&self.ctx.client, &namespace, &name, &record).await?;
+                    // Recorded before approving, on the record as it is
+                    // now: if the approval is lost the record still holds
+                    // and names this CSR, which the next pass may approve
+                    // again; if another approval for the node got there
+                    // first, this one is not made.
+                    let stamp = k8s_openapi::jiff::Timestamp::now().to_string();
+                    let recorded = update_record(&self.ctx.client, &namespace, &name, |record| {
+                        let mut a = Approvals::from_record(record);
+                        let added = a.add(kind, &node, request, &dpu_uid, &stamp);
+                        a.store(record);
+                        (a, added)
+                    })
+                    .await?;
+                    let Some((_, (fresh, true))) = recorded else {
+                        tracing::warn!(csr = %c.name_any(), node = %node, "the record already holds another approval for this node: not approved");
+                        continue;
+                    };
+                    approvals = fresh;
+                    let pending_bootstrap = std::mem::take(&mut history.pending_bootstrap);
+                    history = approvals.history(recent);
+                    history.pending_bootstrap = pending_bootstrap;
                     if self.conclude(c, &decision).await? {
-                        self.count(kind, "approve", decision.reason);
-                        tracing::info!(csr = %c.name_any(), node = %node, kind, "CSR approved");
+                        self.count(kind_label, "approve", decision.reason);
+                        tracing::info!(csr = %c.name_any(), node = %node, kind = kind_label, "CSR approved");
                         self.event(
                             c,
                             EventType::Normal,

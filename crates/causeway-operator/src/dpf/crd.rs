@@ -334,6 +334,20 @@ pub struct CsrApprovalStatus {
     /// not add to them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub serving: Vec<ServingApproval>,
+    /// When each DPU was first seen joining in this provisioning cycle: a
+    /// bootstrap CSR made before then is denied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub joining: Vec<JoiningDpu>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct JoiningDpu {
+    pub node: String,
+    #[serde(rename = "dpuUID")]
+    pub dpu_uid: String,
+    /// RFC 3339.
+    pub since: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -3,15 +3,25 @@
 //! Node, the policy and what was approved before. Every path returns a
 //! verdict with a reason; there is no default branch that approves.
 //!
-//! Order: triage (not ours: ignore), the claimed DPU (unknown: ignore, some
-//! other approver owns it), the flood guard, the request's form and the
-//! addresses it may never carry (deny), identity (deny), lifecycle (deny or
-//! wait), then approve.
+//! Order: triage (not ours: ignore), the flood guard (before any parsing),
+//! the claimed DPU (unknown: ignore, some other approver owns it), then,
+//! only for a CSR that is provably ours, the request's size and form, the
+//! addresses it may never carry, identity (deny), lifecycle (deny or wait),
+//! then approve.
+//!
+//! The request is read as the API server and the controller-manager's
+//! signer read it, or refused: the signer merges the extensions of every
+//! `extensionRequest` attribute, so a request with two of them, an
+//! attribute of another kind, an attribute with several values or an
+//! extension asked for twice is denied rather than read one way here and
+//! another way by the signer.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+use x509_parser::cri_attributes::ParsedCriAttribute;
+use x509_parser::der_parser::asn1_rs::{Header, Length};
 use x509_parser::extensions::{GeneralName, ParsedExtension};
 use x509_parser::prelude::{FromDer, X509CertificationRequest};
 use x509_parser::public_key::PublicKey;
@@ -25,6 +35,10 @@ const NODE_PREFIX: &str = "system:node:";
 pub const JOINING_PHASE: &str = "DPU Cluster Config";
 /// Phases in which a joined DPU's kubelet may get serving certificates.
 pub const SERVING_PHASES: [&str; 3] = ["DPU Cluster Config", "Ready", "Node Effect Removal"];
+/// A kubelet's request is about 1 KiB (an RSA 4096 key with a few SANs
+/// stays under 3 KiB); anything larger is not a kubelet's, and is not
+/// kept in memory.
+pub const MAX_REQUEST_BYTES: usize = 16 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -72,18 +86,36 @@ pub struct Csr {
     pub username: String,
     pub groups: Vec<String>,
     pub usages: Vec<String>,
+    /// The PEM request; empty when it was too large to keep (`oversized`).
     pub request: Vec<u8>,
     pub expiration_seconds: Option<i32>,
     /// It has an Approved, Denied or Failed condition, or a certificate.
     pub decided: bool,
+    /// When the API server stored it, in Unix seconds.
+    pub created: Option<i64>,
+    /// The request was over [`MAX_REQUEST_BYTES`] and was dropped.
+    pub oversized: Option<Oversized>,
+}
+
+/// What is kept of a request too large to keep.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Oversized {
+    pub bytes: usize,
+    /// The node its subject names, read once before the bytes were
+    /// dropped: who the request claims to be decides whether it is ours.
+    pub claimed_node: Option<String>,
 }
 
 #[derive(Debug, Clone, Default)]
 pub struct Dpu {
     pub phase: String,
     /// The DPU's management networks (the hosted cluster's machine
-    /// networks): IP SANs inside them are allowed.
+    /// networks): every IP SAN must be inside one.
     pub management_networks: Vec<IpNet>,
+    /// When the approver first saw the DPU in its joining phase, this
+    /// provisioning cycle (Unix seconds): a bootstrap CSR made before then
+    /// was staged by someone other than the DPU.
+    pub joining_since: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -108,6 +140,9 @@ pub struct Policy {
     pub vips: Vec<IpAddr>,
     pub cluster_domain: String,
     pub max_pending: usize,
+    /// How much earlier than the joining phase was seen a bootstrap CSR
+    /// may have been created: the two times come from different clocks.
+    pub creation_skew_seconds: i64,
 }
 
 /// What earlier decisions left.
@@ -116,7 +151,8 @@ pub struct History {
     /// Per host: the UID of the bootstrap CSR approved in this provisioning
     /// cycle (kept in the provisioner's status).
     pub approved_bootstrap: BTreeMap<String, String>,
-    /// Per host: the UIDs of bootstrap CSRs pending now.
+    /// Per host: the UIDs of pending bootstrap CSRs that would be approved
+    /// but for each other ([`approvable_bootstrap`]).
     pub pending_bootstrap: BTreeMap<String, BTreeSet<String>>,
     /// Pending CSRs of the two kubelet signers, all hosts.
     pub pending: usize,
@@ -129,7 +165,10 @@ struct Parsed {
     common_names: Vec<String>,
     organizations: Vec<String>,
     other_subject_attributes: usize,
+    /// Lowercased, without a trailing dot.
     dns_sans: Vec<String>,
+    /// As written in the request; IPv4-mapped IPv6 addresses are kept as
+    /// such so they can be refused.
     ip_sans: Vec<IpAddr>,
     other_sans: usize,
     any_sans: bool,
@@ -138,7 +177,8 @@ struct Parsed {
     key: Result<&'static str, String>,
 }
 
-fn parse(request: &[u8]) -> Result<Parsed, Decision> {
+/// The one DER request in `request`, or why there is not exactly one.
+fn der_of(request: &[u8]) -> Result<Vec<u8>, Decision> {
     let blocks: Vec<_> = x509_parser::pem::Pem::iter_from_buffer(request).collect();
     let [Ok(pem)] = blocks.as_slice() else {
         return Err(deny(
@@ -152,7 +192,21 @@ fn parse(request: &[u8]) -> Result<Parsed, Decision> {
             format!("the PEM block is {:?}, not CERTIFICATE REQUEST", pem.label),
         ));
     }
-    let (rest, csr) = X509CertificationRequest::from_der(&pem.contents)
+    Ok(pem.contents.clone())
+}
+
+/// Whether an attribute's raw value (x509-parser keeps the SET's header
+/// and its first value) is a SET of exactly that one value.
+fn single_valued(raw: &[u8]) -> bool {
+    match Header::from_der(raw) {
+        Ok((first, header)) => header.length() == Length::Definite(first.len()),
+        Err(_) => false,
+    }
+}
+
+fn parse(request: &[u8]) -> Result<Parsed, Decision> {
+    let der = der_of(request)?;
+    let (rest, csr) = X509CertificationRequest::from_der(&der)
         .map_err(|e| deny("Malformed", format!("not a PKCS#10 request: {e}")))?;
     if !rest.is_empty() {
         return Err(deny("Malformed", "trailing data after the request"));
@@ -169,8 +223,11 @@ fn parse(request: &[u8]) -> Result<Parsed, Decision> {
     };
     let common_names: Vec<String> = info.subject.iter_common_name().map(text).collect();
     let organizations: Vec<String> = info.subject.iter_organization().map(text).collect();
-    let other_subject_attributes =
-        info.subject.iter_attributes().count() - common_names.len() - organizations.len();
+    let other_subject_attributes = info
+        .subject
+        .iter_attributes()
+        .count()
+        .saturating_sub(common_names.len() + organizations.len());
     let mut parsed = Parsed {
         common_names,
         organizations,
@@ -183,13 +240,52 @@ fn parse(request: &[u8]) -> Result<Parsed, Decision> {
         unexpected_extensions: Vec::new(),
         key: Err(String::new()),
     };
-    for ext in csr.requested_extensions().into_iter().flatten() {
+    // Every attribute, not only the first extensionRequest: what the
+    // signer would read and this parser would not is refused here.
+    let mut requests = 0;
+    let mut asked: BTreeSet<String> = BTreeSet::new();
+    let mut extensions = Vec::new();
+    for attribute in info.iter_attributes() {
+        let oid = attribute.oid.to_id_string();
+        let ParsedCriAttribute::ExtensionRequest(request) = attribute.parsed_attribute() else {
+            return Err(deny(
+                "Attributes",
+                format!(
+                    "the request carries attribute {oid}; a kubelet's carries only its extensions"
+                ),
+            ));
+        };
+        requests += 1;
+        if requests > 1 {
+            return Err(deny(
+                "Attributes",
+                "the request carries more than one extensionRequest attribute",
+            ));
+        }
+        if !single_valued(attribute.value) {
+            return Err(deny(
+                "Attributes",
+                "the extensionRequest attribute must hold exactly one set of extensions",
+            ));
+        }
+        for extension in &request.extensions {
+            let id = extension.oid.to_id_string();
+            if !asked.insert(id.clone()) {
+                return Err(deny(
+                    "Extension",
+                    format!("extension {id} is asked for twice"),
+                ));
+            }
+            extensions.push(extension.parsed_extension());
+        }
+    }
+    for ext in extensions {
         match ext {
             ParsedExtension::SubjectAlternativeName(san) => {
                 for name in &san.general_names {
                     parsed.any_sans = true;
                     match name {
-                        GeneralName::DNSName(d) => parsed.dns_sans.push(d.to_string()),
+                        GeneralName::DNSName(d) => parsed.dns_sans.push(canonical_name(d)),
                         GeneralName::IPAddress(bytes) => match bytes.len() {
                             4 => parsed.ip_sans.push(IpAddr::from(
                                 <[u8; 4]>::try_from(*bytes).unwrap_or_default(),
@@ -239,6 +335,12 @@ fn parse(request: &[u8]) -> Result<Parsed, Decision> {
     Ok(parsed)
 }
 
+/// A DNS name as it is compared: names match without regard to case or a
+/// trailing dot.
+fn canonical_name(name: &str) -> String {
+    name.trim_end_matches('.').to_ascii_lowercase()
+}
+
 /// A DNS-1123 subdomain, as Kubernetes checks Node names.
 fn dns_subdomain(name: &str) -> bool {
     !name.is_empty()
@@ -255,6 +357,14 @@ fn dns_subdomain(name: &str) -> bool {
 }
 
 fn forbidden_ip(ip: IpAddr, policy: &Policy) -> Option<&'static str> {
+    // The signer writes a mapped address into the certificate as the IPv4
+    // address it maps, so it is judged, and refused, as that.
+    if let IpAddr::V6(v6) = ip {
+        if v6.to_ipv4_mapped().is_some() {
+            return Some("an IPv4-mapped IPv6 address");
+        }
+    }
+    let ip = ip.to_canonical();
     let special = match ip {
         IpAddr::V4(v4) => {
             v4.is_loopback()
@@ -274,16 +384,18 @@ fn forbidden_ip(ip: IpAddr, policy: &Policy) -> Option<&'static str> {
         Some("loopback, link-local, unspecified or multicast")
     } else if policy.service_networks.iter().any(|n| n.contains(&ip)) {
         Some("in the Service network")
-    } else if policy.vips.contains(&ip) {
+    } else if policy.vips.iter().any(|v| v.to_canonical() == ip) {
         Some("a VIP")
     } else {
         None
     }
 }
 
+/// `name` is canonical ([`canonical_name`]).
 fn forbidden_name(name: &str, policy: &Policy) -> bool {
-    let domain = policy.cluster_domain.trim_matches('.');
+    let domain = canonical_name(policy.cluster_domain.trim_start_matches('.'));
     name.contains('*')
+        || name == "localhost"
         || name == "kubernetes"
         || name.starts_with("kubernetes.")
         || name.ends_with(".svc")
@@ -306,26 +418,35 @@ fn usages(csr: &Csr, kind: Kind, key: &str) -> bool {
     key == "RSA" && got == want && csr.usages.len() == 3
 }
 
-/// The one decision.
-/// The node a bootstrap request names in its subject
-/// (`CN=system:node:<name>`), for counting the pending requests per node.
-/// `None` when the request does not parse or names no node.
+/// The node a request names in its subject (`CN=system:node:<name>`),
+/// read without checking anything else: who a bootstrap request claims to
+/// be decides whether it is ours before its form is judged. `None` when
+/// the request cannot be read or names no single node.
 pub fn requested_node(request: &[u8]) -> Option<String> {
-    let parsed = parse(request).ok()?;
-    match parsed.common_names.as_slice() {
+    let pem = x509_parser::pem::Pem::iter_from_buffer(request)
+        .next()?
+        .ok()?;
+    let (_, csr) = X509CertificationRequest::from_der(&pem.contents).ok()?;
+    let names: Vec<&str> = csr
+        .certification_request_info
+        .subject
+        .iter_common_name()
+        .filter_map(|a| a.as_str().ok())
+        .collect();
+    match names.as_slice() {
         [cn] => cn.strip_prefix(NODE_PREFIX).map(str::to_string),
         _ => None,
     }
 }
 
-/// The DNS and IP SANs a request asks for, as text: what a serving
-/// approval records, so a renewal can be held to it.
+/// The DNS and IP SANs a request asks for, as text in their canonical
+/// form: what a serving approval records, so a renewal can be held to it.
 pub fn requested_sans(request: &[u8]) -> BTreeSet<String> {
     match parse(request) {
         Ok(p) => p
             .dns_sans
             .into_iter()
-            .chain(p.ip_sans.iter().map(ToString::to_string))
+            .chain(p.ip_sans.iter().map(|ip| ip.to_canonical().to_string()))
             .collect(),
         Err(_) => BTreeSet::new(),
     }
@@ -340,57 +461,99 @@ pub fn kind_of(signer: &str) -> Option<Kind> {
     }
 }
 
+/// The node whose identity a CSR claims: the requester for a serving CSR,
+/// the request's subject for a bootstrap one (the bootstrapper is shared).
+fn claimed_host(csr: &Csr, kind: Kind) -> Result<String, Decision> {
+    match kind {
+        Kind::Serving => csr
+            .username
+            .strip_prefix(NODE_PREFIX)
+            .map(str::to_string)
+            .ok_or_else(|| ignore("NotANode", format!("{} is not a node", csr.username))),
+        Kind::Bootstrap => {
+            if csr.username != BOOTSTRAPPER {
+                return Err(ignore(
+                    "NotBootstrapper",
+                    format!("{} is not the node bootstrapper", csr.username),
+                ));
+            }
+            let claimed = match &csr.oversized {
+                Some(o) => o.claimed_node.clone(),
+                None => requested_node(&csr.request),
+            };
+            claimed.ok_or_else(|| {
+                ignore(
+                    "NoClaim",
+                    "the request names no single system:node:<name> that can be read",
+                )
+            })
+        }
+    }
+}
+
+/// Pending bootstrap CSRs that would be approved but for each other, per
+/// host: only these count as duplicates, so a CSR that fails the identity
+/// or lifecycle checks (a squatter's) cannot hold a DPU's join up.
+pub fn approvable_bootstrap(
+    csrs: &[Csr],
+    inventory: &Inventory,
+    policy: &Policy,
+    history: &History,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let alone = History {
+        pending_bootstrap: BTreeMap::new(),
+        ..history.clone()
+    };
+    let mut approvable: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for csr in csrs.iter().filter(|c| c.signer == BOOTSTRAP_SIGNER) {
+        if decide(csr, inventory, policy, &alone).verdict != Verdict::Approve {
+            continue;
+        }
+        if let Ok(host) = claimed_host(csr, Kind::Bootstrap) {
+            approvable.entry(host).or_default().insert(csr.uid.clone());
+        }
+    }
+    approvable
+}
+
+/// The one decision.
 pub fn decide(csr: &Csr, inventory: &Inventory, policy: &Policy, history: &History) -> Decision {
     // Triage.
-    let kind = match csr.signer.as_str() {
-        BOOTSTRAP_SIGNER => Kind::Bootstrap,
-        SERVING_SIGNER => Kind::Serving,
-        other => {
-            return ignore(
-                "OtherSigner",
-                format!("signer {other} is not a kubelet signer"),
-            )
-        }
+    let Some(kind) = kind_of(&csr.signer) else {
+        return ignore(
+            "OtherSigner",
+            format!("signer {} is not a kubelet signer", csr.signer),
+        );
     };
     if csr.decided {
         return ignore("AlreadyDecided", "the CSR already has a decision");
     }
-    if kind == Kind::Bootstrap && csr.username != BOOTSTRAPPER {
-        return ignore(
-            "NotBootstrapper",
-            format!("{} is not the node bootstrapper", csr.username),
-        );
+    // Before any request is parsed: a flood costs a count, not a parse.
+    if history.pending > policy.max_pending {
+        return ignore("TooManyPending", format!("{} kubelet CSRs pending, over the cap of {}: nothing is approved until they are cleared", history.pending, policy.max_pending));
     }
-    if kind == Kind::Serving && !csr.username.starts_with(NODE_PREFIX) {
-        return ignore("NotANode", format!("{} is not a node", csr.username));
+    let host = match claimed_host(csr, kind) {
+        Ok(h) => h,
+        Err(d) => return d,
+    };
+    let Some(dpu) = inventory.dpus.get(&host) else {
+        return ignore("UnknownDPU", format!("{host} is not a DPU of this cluster"));
+    };
+
+    // Ours from here on: what is wrong is denied.
+    if let Some(o) = &csr.oversized {
+        return deny(
+            "TooLarge",
+            format!(
+                "the request is {} bytes, over the {MAX_REQUEST_BYTES} a kubelet's can be",
+                o.bytes
+            ),
+        );
     }
     let parsed = match parse(&csr.request) {
         Ok(p) => p,
         Err(d) => return d,
     };
-    // The DPU claimed: by the requester's identity for serving CSRs, by the
-    // subject for bootstrap ones (the bootstrapper is shared).
-    let host = match kind {
-        Kind::Serving => csr.username[NODE_PREFIX.len()..].to_string(),
-        Kind::Bootstrap => match parsed.common_names.as_slice() {
-            [cn] if cn.starts_with(NODE_PREFIX) => cn[NODE_PREFIX.len()..].to_string(),
-            _ => {
-                return deny(
-                    "CommonName",
-                    format!(
-                        "the subject's CN must be one system:node:<name>, not {:?}",
-                        parsed.common_names
-                    ),
-                )
-            }
-        },
-    };
-    let Some(dpu) = inventory.dpus.get(&host) else {
-        return ignore("UnknownDPU", format!("{host} is not a DPU of this cluster"));
-    };
-    if history.pending > policy.max_pending {
-        return ignore("TooManyPending", format!("{} kubelet CSRs pending, over the cap of {}: nothing is approved until they are cleared", history.pending, policy.max_pending));
-    }
 
     // Form.
     if !dns_subdomain(&host) {
@@ -465,6 +628,9 @@ pub fn decide(csr: &Csr, inventory: &Inventory, policy: &Policy, history: &Histo
         Kind::Serving if parsed.other_sans > 0 => {
             return deny("SANs", "only DNS and IP SANs are allowed")
         }
+        Kind::Serving if parsed.dns_sans.is_empty() && parsed.ip_sans.is_empty() => {
+            return deny("SANs", "a serving certificate names its host")
+        }
         _ => {}
     }
     for ip in &parsed.ip_sans {
@@ -476,7 +642,7 @@ pub fn decide(csr: &Csr, inventory: &Inventory, policy: &Policy, history: &Histo
         if forbidden_name(name, policy) {
             return deny(
                 "ForbiddenSAN",
-                format!("DNS SAN {name:?} names the cluster or a wildcard"),
+                format!("DNS SAN {name:?} names the cluster, localhost or a wildcard"),
             );
         }
     }
@@ -525,21 +691,38 @@ pub fn decide(csr: &Csr, inventory: &Inventory, policy: &Policy, history: &Histo
             {
                 return deny("AlreadyApproved", format!("a bootstrap CSR for {host} was already approved in this provisioning cycle (UID {uid})"));
             }
+            if dpu.phase != JOINING_PHASE {
+                return deny(
+                    "DPUNotJoining",
+                    format!(
+                        "DPU {host} is in phase {:?}, not {JOINING_PHASE:?}: only a joining DPU asks to join",
+                        dpu.phase
+                    ),
+                );
+            }
+            let (Some(since), Some(created)) = (dpu.joining_since, csr.created) else {
+                return ignore(
+                    "JoiningNotTimed",
+                    format!(
+                        "when DPU {host} began joining, or when the CSR was made, is not known yet"
+                    ),
+                );
+            };
+            if created < since - policy.creation_skew_seconds {
+                return deny(
+                    "CreatedBeforeJoining",
+                    format!(
+                        "the CSR was made {}s before DPU {host} began joining: it was staged in advance",
+                        since - created
+                    ),
+                );
+            }
             if history
                 .pending_bootstrap
                 .get(&host)
                 .is_some_and(|p| p.iter().any(|u| *u != csr.uid))
             {
-                return ignore("DuplicatePending", format!("more than one bootstrap CSR for {host} is pending; none is approved until one is removed"));
-            }
-            if dpu.phase != JOINING_PHASE {
-                return ignore(
-                    "DPUNotJoining",
-                    format!(
-                        "DPU {host} is in phase {:?}, not {JOINING_PHASE:?}",
-                        dpu.phase
-                    ),
-                );
+                return ignore("DuplicatePending", format!("more than one approvable bootstrap CSR for {host} is pending; none is approved until one is removed"));
             }
         }
         Kind::Serving => {
@@ -552,13 +735,29 @@ pub fn decide(csr: &Csr, inventory: &Inventory, policy: &Policy, history: &Histo
                     format!("DPU {host} is in phase {:?}", dpu.phase),
                 );
             }
-            let has = |types: &[&str], value: &str| {
-                node.addresses
-                    .iter()
-                    .any(|(t, a)| types.contains(&t.as_str()) && a == value)
-            };
+            let names: BTreeSet<String> = node
+                .addresses
+                .iter()
+                .filter(|(t, _)| matches!(t.as_str(), "Hostname" | "InternalDNS" | "ExternalDNS"))
+                .map(|(_, a)| canonical_name(a))
+                .collect();
+            let ips: BTreeSet<IpAddr> = node
+                .addresses
+                .iter()
+                .filter(|(t, _)| matches!(t.as_str(), "InternalIP" | "ExternalIP"))
+                .filter_map(|(_, a)| a.parse::<IpAddr>().ok())
+                .map(|ip| ip.to_canonical())
+                .collect();
+            // Both the Node's own word (which a node can rewrite) and
+            // what the management cluster knows must agree.
             for name in &parsed.dns_sans {
-                if !has(&["Hostname", "InternalDNS", "ExternalDNS"], name) {
+                if *name != host {
+                    return deny(
+                        "SANNotHost",
+                        format!("DNS SAN {name:?} is not the DPU's host name {host:?}"),
+                    );
+                }
+                if !names.contains(name) {
                     return deny(
                         "SANNotNodeAddress",
                         format!("DNS SAN {name:?} is not one of Node {host}'s addresses"),
@@ -566,9 +765,18 @@ pub fn decide(csr: &Csr, inventory: &Inventory, policy: &Policy, history: &Histo
                 }
             }
             for ip in &parsed.ip_sans {
-                let in_cidr = dpu.management_networks.iter().any(|n| n.contains(ip));
-                if !has(&["InternalIP", "ExternalIP"], &ip.to_string()) && !in_cidr {
-                    return deny("SANNotNodeAddress", format!("IP SAN {ip} is neither Node {host}'s address nor in the DPU's management network"));
+                let ip = ip.to_canonical();
+                if !ips.contains(&ip) {
+                    return deny(
+                        "SANNotNodeAddress",
+                        format!("IP SAN {ip} is not one of Node {host}'s addresses"),
+                    );
+                }
+                if !dpu.management_networks.iter().any(|n| n.contains(&ip)) {
+                    return deny(
+                        "SANOutsideNetwork",
+                        format!("IP SAN {ip} is outside the DPU's management network"),
+                    );
                 }
             }
             if let Some(current) = history.serving_sans.get(&host) {
@@ -576,7 +784,12 @@ pub fn decide(csr: &Csr, inventory: &Inventory, policy: &Policy, history: &Histo
                     .dns_sans
                     .iter()
                     .cloned()
-                    .chain(parsed.ip_sans.iter().map(ToString::to_string))
+                    .chain(
+                        parsed
+                            .ip_sans
+                            .iter()
+                            .map(|ip| ip.to_canonical().to_string()),
+                    )
                     .collect();
                 if let Some(extra) = asked.difference(current).next() {
                     return deny(
@@ -674,6 +887,8 @@ mod tests {
             request: pem(r),
             expiration_seconds: None,
             decided: false,
+            created: Some(NOW),
+            oversized: None,
         }
     }
 
@@ -687,8 +902,13 @@ mod tests {
             request: pem(r),
             expiration_seconds: Some(3600),
             decided: false,
+            created: Some(NOW),
+            oversized: None,
         }
     }
+
+    /// When the tests' CSRs were made.
+    const NOW: i64 = 1_800_000_000;
 
     fn policy() -> Policy {
         Policy {
@@ -697,6 +917,7 @@ mod tests {
             vips: vec!["192.168.1.100".parse().unwrap()],
             cluster_domain: "cluster.local".into(),
             max_pending: 50,
+            creation_skew_seconds: 10,
         }
     }
 
@@ -705,6 +926,7 @@ mod tests {
         let dpu = |phase: &str| Dpu {
             phase: phase.into(),
             management_networks: vec!["10.0.0.0/24".parse().unwrap()],
+            joining_since: (phase == JOINING_PHASE).then_some(NOW - 100),
         };
         Inventory {
             dpus: [
@@ -745,7 +967,7 @@ mod tests {
             "Auto-approved bootstrap CSR for DPU worker node dpu-1"
         );
         let mut r = req("system:node:dpu-2");
-        r.sans = vec![dns("dpu-2"), ip("10.0.0.12"), ip("10.0.0.99")];
+        r.sans = vec![dns("dpu-2"), ip("10.0.0.12")];
         check(
             &serving("dpu-2", &r),
             &History::default(),
@@ -754,6 +976,7 @@ mod tests {
         );
         let mut rsa_like = req("system:node:dpu-2");
         rsa_like.alg = &rcgen::PKCS_ECDSA_P384_SHA384;
+        rsa_like.sans = vec![dns("dpu-2")];
         check(
             &serving("dpu-2", &rsa_like),
             &History::default(),
@@ -821,7 +1044,7 @@ mod tests {
             (ip("192.168.1.100"), "ForbiddenSAN"),
             (dns("kubernetes.default.svc"), "ForbiddenSAN"),
             (dns("api.cluster.local"), "ForbiddenSAN"),
-            (dns("auth.company.com"), "SANNotNodeAddress"),
+            (dns("auth.company.com"), "SANNotHost"),
             (dns("*.dpu-2"), "ForbiddenSAN"),
             (ip("127.0.0.1"), "ForbiddenSAN"),
             (ip("169.254.0.1"), "ForbiddenSAN"),
@@ -836,12 +1059,7 @@ mod tests {
         // Prefix confusion: a name that starts with the node's is not it.
         let mut r = req("system:node:dpu-2");
         r.sans = vec![dns("dpu-2.attacker.example")];
-        check(
-            &serving("dpu-2", &r),
-            &none,
-            Verdict::Deny,
-            "SANNotNodeAddress",
-        );
+        check(&serving("dpu-2", &r), &none, Verdict::Deny, "SANNotHost");
         check(
             &serving("dpu-2", &req("system:node:dpu-2x")),
             &none,
@@ -934,20 +1152,27 @@ mod tests {
         let mut groups = bootstrap("u", &req("system:node:dpu-1"));
         groups.groups.push("system:masters".into());
         check(&groups, &none, Verdict::Deny, "Groups");
-        let mut not_node = serving("dpu-2", &req("system:node:dpu-2"));
+        let mut named = req("system:node:dpu-2");
+        named.sans = vec![dns("dpu-2")];
+        let mut not_node = serving("dpu-2", &named);
         not_node.groups = vec!["system:authenticated".into()];
         check(&not_node, &none, Verdict::Deny, "Groups");
         let mut two_blocks = bootstrap("u", &req("system:node:dpu-1"));
         let again = two_blocks.request.clone();
         two_blocks.request.extend(again);
         check(&two_blocks, &none, Verdict::Deny, "Malformed");
-        let mut garbage = bootstrap("u", &req("system:node:dpu-1"));
-        garbage.request =
-            b"-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n"
-                .to_vec();
-        check(&garbage, &none, Verdict::Deny, "Malformed");
+        // Unreadable: a node's own is denied; the shared bootstrapper's
+        // cannot be told to be ours, so it is left alone.
+        let garbage =
+            b"-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n";
+        let mut from_node = serving("dpu-2", &req("system:node:dpu-2"));
+        from_node.request = garbage.to_vec();
+        check(&from_node, &none, Verdict::Deny, "Malformed");
+        let mut from_bootstrapper = bootstrap("u", &req("system:node:dpu-1"));
+        from_bootstrapper.request = garbage.to_vec();
+        check(&from_bootstrapper, &none, Verdict::Ignore, "NoClaim");
         // A request whose body was altered after signing.
-        let mut tampered = bootstrap("u", &req("system:node:dpu-1"));
+        let mut tampered = serving("dpu-2", &req("system:node:dpu-2"));
         let text = String::from_utf8(tampered.request.clone()).unwrap();
         let body: String = text.lines().filter(|l| !l.starts_with("-----")).collect();
         let mut der = pem_rfc7468_decode(&body);
@@ -960,19 +1185,17 @@ mod tests {
         .into_bytes();
         let d = decide(&tampered, &inventory(), &policy(), &none);
         assert_eq!(d.verdict, Verdict::Deny, "{}", d.message);
-        // Lifecycle waits, rather than refuses, what may become right.
+        // A DPU that is not joining does not ask to join.
         check(
             &bootstrap("u", &req("system:node:dpu-3")),
             &none,
-            Verdict::Ignore,
+            Verdict::Deny,
             "DPUNotJoining",
         );
-        check(
-            &serving("dpu-1", &req("system:node:dpu-1")),
-            &none,
-            Verdict::Ignore,
-            "NoNode",
-        );
+        // Lifecycle waits, rather than refuses, what may become right.
+        let mut named = req("system:node:dpu-1");
+        named.sans = vec![dns("dpu-1")];
+        check(&serving("dpu-1", &named), &none, Verdict::Ignore, "NoNode");
     }
 
     // Base64 through k8s-openapi's ByteString, which is what Secrets use.
@@ -988,5 +1211,279 @@ mod tests {
             .as_str()
             .unwrap()
             .to_string()
+    }
+
+    /// A P-256 key for hand-built requests, and its SubjectPublicKeyInfo.
+    fn forging_key() -> (super::super::forged_csr::Key, Vec<u8>) {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        (
+            super::super::forged_csr::Key::EcdsaP256(key.serialize_der()),
+            key.public_key_der(),
+        )
+    }
+
+    #[test]
+    fn sans_hidden_where_the_signer_would_read_them_are_refused() {
+        use super::super::forged_csr::{
+            challenge_password, extension_request, key_usage, request, subject_alt_name,
+        };
+        let (key, spki) = forging_key();
+        let forged = |attributes: &[Vec<u8>]| {
+            let mut c = serving("dpu-2", &req("system:node:dpu-2"));
+            c.request = request("system:node:dpu-2", &spki, attributes, &key);
+            c
+        };
+        let own = subject_alt_name(&["dpu-2"], &[&[10, 0, 0, 12]]);
+        let wide = subject_alt_name(&["dpu-2", "kubernetes.default.svc"], &[&[192, 168, 1, 100]]);
+        let none = History::default();
+        // The builder's honest request passes: what follows fails for its
+        // shape alone.
+        check(
+            &forged(&[extension_request(&[&[key_usage(), own.clone()]])]),
+            &none,
+            Verdict::Approve,
+            "AutoApproved",
+        );
+        // keyUsage in the first extensionRequest, the SANs in a second:
+        // the signer merges both and would sign the SANs.
+        check(
+            &forged(&[
+                extension_request(&[&[key_usage()]]),
+                extension_request(&[std::slice::from_ref(&wide)]),
+            ]),
+            &none,
+            Verdict::Deny,
+            "Attributes",
+        );
+        // One attribute whose SET holds two extension lists.
+        check(
+            &forged(&[extension_request(&[
+                &[key_usage()],
+                std::slice::from_ref(&wide),
+            ])]),
+            &none,
+            Verdict::Deny,
+            "Attributes",
+        );
+        // The same extension asked for twice.
+        check(
+            &forged(&[extension_request(&[&[own.clone(), wide]])]),
+            &none,
+            Verdict::Deny,
+            "Extension",
+        );
+        // An attribute of another kind.
+        check(
+            &forged(&[
+                challenge_password("x"),
+                extension_request(&[&[key_usage(), own]]),
+            ]),
+            &none,
+            Verdict::Deny,
+            "Attributes",
+        );
+    }
+
+    #[test]
+    fn forbidden_sans_are_refused_in_every_spelling() {
+        for san in [
+            ip("::ffff:172.31.0.1"),
+            ip("::ffff:192.168.1.100"),
+            ip("::ffff:10.0.0.12"),
+            dns("Kubernetes.Default.SVC"),
+            dns("kubernetes.default.svc."),
+            dns("API.Cluster.Local"),
+            dns("LOCALHOST"),
+        ] {
+            let mut r = req("system:node:dpu-2");
+            r.sans = vec![dns("dpu-2"), san.clone()];
+            let d = decide(
+                &serving("dpu-2", &r),
+                &inventory(),
+                &policy(),
+                &History::default(),
+            );
+            assert_eq!(
+                (d.verdict, d.reason),
+                (Verdict::Deny, "ForbiddenSAN"),
+                "{san:?}: {}",
+                d.message
+            );
+        }
+    }
+
+    #[test]
+    fn a_serving_san_must_be_the_hosts_the_nodes_and_in_its_network() {
+        let mut inv = inventory();
+        inv.nodes.insert(
+            "dpu-2".into(),
+            Node {
+                addresses: vec![
+                    ("Hostname".into(), "dpu-2".into()),
+                    ("InternalDNS".into(), "dpu-2.example".into()),
+                    ("InternalIP".into(), "10.0.0.12".into()),
+                    // A node can write its own status: this one claims an
+                    // address outside its DPU's network.
+                    ("ExternalIP".into(), "10.9.9.9".into()),
+                ],
+            },
+        );
+        let none = History::default();
+        for (sans, want, reason) in [
+            (vec![dns("dpu-2.example")], Verdict::Deny, "SANNotHost"),
+            (vec![ip("10.0.0.99")], Verdict::Deny, "SANNotNodeAddress"),
+            (vec![ip("10.9.9.9")], Verdict::Deny, "SANOutsideNetwork"),
+            (Vec::new(), Verdict::Deny, "SANs"),
+            (
+                vec![dns("DPU-2."), ip("10.0.0.12")],
+                Verdict::Approve,
+                "AutoApproved",
+            ),
+        ] {
+            let mut r = req("system:node:dpu-2");
+            r.sans = sans.clone();
+            let d = decide(&serving("dpu-2", &r), &inv, &policy(), &none);
+            assert_eq!(
+                (d.verdict, d.reason),
+                (want, reason),
+                "{sans:?}: {}",
+                d.message
+            );
+        }
+    }
+
+    #[test]
+    fn a_bootstrap_csr_made_before_its_dpu_began_joining_is_denied() {
+        let none = History::default();
+        // dpu-1 began joining at NOW - 100; the skew allowance is 10 s.
+        let mut staged = bootstrap("staged", &req("system:node:dpu-1"));
+        staged.created = Some(NOW - 111);
+        check(&staged, &none, Verdict::Deny, "CreatedBeforeJoining");
+        let mut skewed = bootstrap("skewed", &req("system:node:dpu-1"));
+        skewed.created = Some(NOW - 105);
+        check(&skewed, &none, Verdict::Approve, "AutoApproved");
+        let mut inv = inventory();
+        if let Some(d) = inv.dpus.get_mut("dpu-1") {
+            d.joining_since = None;
+        }
+        let d = decide(
+            &bootstrap("u", &req("system:node:dpu-1")),
+            &inv,
+            &policy(),
+            &none,
+        );
+        assert_eq!((d.verdict, d.reason), (Verdict::Ignore, "JoiningNotTimed"));
+    }
+
+    #[test]
+    fn only_approvable_csrs_count_as_duplicates() {
+        let real = bootstrap("real", &req("system:node:dpu-1"));
+        // A node's own credentials on the bootstrap signer, claiming dpu-1.
+        let mut squatter = bootstrap("squatter", &req("system:node:dpu-1"));
+        squatter.username = "system:node:dpu-2".into();
+        squatter.groups = vec!["system:nodes".into(), "system:authenticated".into()];
+        let mut staged = bootstrap("staged", &req("system:node:dpu-1"));
+        staged.created = Some(NOW - 1000);
+        let all = [real.clone(), squatter, staged];
+        let history = History {
+            pending_bootstrap: approvable_bootstrap(
+                &all,
+                &inventory(),
+                &policy(),
+                &History::default(),
+            ),
+            ..Default::default()
+        };
+        assert_eq!(
+            history.pending_bootstrap,
+            [("dpu-1".to_string(), ["real".to_string()].into())].into()
+        );
+        check(&real, &history, Verdict::Approve, "AutoApproved");
+        // Two that would each be approved hold each other up.
+        let twin = bootstrap("twin", &req("system:node:dpu-1"));
+        let both = History {
+            pending_bootstrap: approvable_bootstrap(
+                &[real.clone(), twin],
+                &inventory(),
+                &policy(),
+                &History::default(),
+            ),
+            ..Default::default()
+        };
+        check(&real, &both, Verdict::Ignore, "DuplicatePending");
+    }
+
+    /// An RSA-PSS request, which the parser here cannot verify, by openssl.
+    fn rsa_pss(cn: &str) -> Vec<u8> {
+        let out = std::process::Command::new("openssl")
+            .args([
+                "req",
+                "-new",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "/dev/null",
+            ])
+            .args(["-subj", &format!("/O=system:nodes/CN={cn}")])
+            .args(["-sha256", "-sigopt", "rsa_padding_mode:pss"])
+            .output()
+            .expect("openssl req");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+
+    #[test]
+    fn what_is_not_ours_is_left_alone_before_its_form_is_judged() {
+        let none = History::default();
+        let mut worker = serving("worker-7", &req("system:node:worker-7"));
+        worker.request = rsa_pss("system:node:worker-7");
+        check(&worker, &none, Verdict::Ignore, "UnknownDPU");
+        let mut worker_bootstrap = bootstrap("u", &req("system:node:worker-7"));
+        worker_bootstrap.request = worker.request.clone();
+        check(&worker_bootstrap, &none, Verdict::Ignore, "UnknownDPU");
+        // The same request from a DPU is ours, and refused.
+        let mut dpu = serving("dpu-2", &req("system:node:dpu-2"));
+        dpu.request = rsa_pss("system:node:dpu-2");
+        assert_eq!(
+            decide(&dpu, &inventory(), &policy(), &none).verdict,
+            Verdict::Deny
+        );
+    }
+
+    #[test]
+    fn an_oversized_request_is_denied_when_ours_and_left_alone_when_not() {
+        let none = History::default();
+        let big = |c: &mut Csr, claimed: &str| {
+            c.request = Vec::new();
+            c.oversized = Some(Oversized {
+                bytes: 1 << 20,
+                claimed_node: Some(claimed.into()),
+            });
+        };
+        let mut ours = bootstrap("u", &req("system:node:dpu-1"));
+        big(&mut ours, "dpu-1");
+        check(&ours, &none, Verdict::Deny, "TooLarge");
+        let mut theirs = bootstrap("u", &req("system:node:worker-7"));
+        big(&mut theirs, "worker-7");
+        check(&theirs, &none, Verdict::Ignore, "UnknownDPU");
+        let mut node = serving("dpu-2", &req("system:node:dpu-2"));
+        big(&mut node, "ignored: the requester names the node");
+        check(&node, &none, Verdict::Deny, "TooLarge");
+    }
+
+    #[test]
+    fn a_flood_is_judged_before_any_request_is_parsed() {
+        let flood = History {
+            pending: 51,
+            ..Default::default()
+        };
+        let mut unreadable = serving("dpu-2", &req("system:node:dpu-2"));
+        unreadable.request = b"not a request".to_vec();
+        check(&unreadable, &flood, Verdict::Ignore, "TooManyPending");
     }
 }

@@ -11,6 +11,8 @@ pub mod bluefield;
 pub mod controller;
 pub mod crd;
 pub mod csr;
+#[cfg(any(test, feature = "test-support"))]
+pub mod forged_csr;
 pub mod ignition;
 pub mod render;
 pub mod spec;
