@@ -95,6 +95,10 @@ enum Command {
         /// The pending-CSR cap is the number of DPUs (or Nodes) plus this.
         #[arg(long, env = "CAUSEWAY_CSR_PENDING_SLACK", default_value_t = 20)]
         csr_pending_slack: usize,
+        /// A bootstrap CSR made more than this many seconds before the
+        /// approver saw its DPU begin joining is denied as staged.
+        #[arg(long, env = "CAUSEWAY_CSR_CREATION_SKEW_SECONDS", default_value_t = 10)]
+        csr_creation_skew_seconds: u32,
         /// Serve the validating admission webhook (HTTPS, path /validate)
         /// on this address; off when not given.
         #[arg(long, env = "CAUSEWAY_WEBHOOK_LISTEN")]
@@ -182,6 +186,7 @@ fn main() -> ExitCode {
             hosted_apiserver,
             csr_max_expiration_seconds,
             csr_pending_slack,
+            csr_creation_skew_seconds,
             webhook_listen,
             webhook_cert_dir,
             webhook_self_signed_secret,
@@ -198,6 +203,7 @@ fn main() -> ExitCode {
                 endpoint: hosted_apiserver.into(),
                 max_expiration_seconds: csr_max_expiration_seconds,
                 pending_slack: csr_pending_slack,
+                creation_skew_seconds: csr_creation_skew_seconds.into(),
             }),
             webhook: webhook_listen.map(|listen| operator::WebhookOptions {
                 listen,

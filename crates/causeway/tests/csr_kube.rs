@@ -122,6 +122,43 @@ fn pem(r: &Request) -> Vec<u8> {
         .into_bytes()
 }
 
+/// A serving request for dpu-b as no library writes one: keyUsage in a
+/// first extensionRequest attribute, and in a second the SANs a node may
+/// never have (the API's name, another DPU's address, the API VIP). The
+/// signer merges both attributes; an approver reading the first alone
+/// sees no SANs at all.
+fn hidden_sans_request() -> Vec<u8> {
+    use causeway_operator::dpf::forged_csr::{
+        extension_request, key_usage, request, subject_alt_name, Key,
+    };
+    let key = rsa_key();
+    let sans = subject_alt_name(
+        &["dpu-b", "kubernetes.default.svc"],
+        &[&[10, 0, 0, 11], &[192, 168, 1, 100]],
+    );
+    request(
+        "system:node:dpu-b",
+        &key.public_key_der(),
+        &[
+            extension_request(&[&[key_usage()]]),
+            extension_request(&[&[sans]]),
+        ],
+        &Key::Rsa(key.serialize_der()),
+    )
+}
+
+async fn created_second(client: &Client, name: &str) -> i64 {
+    Api::<CertificateSigningRequest>::all(client.clone())
+        .get(name)
+        .await
+        .unwrap()
+        .metadata
+        .creation_timestamp
+        .unwrap()
+        .0
+        .as_second()
+}
+
 fn dns(s: &str) -> SanType {
     SanType::DnsName(s.try_into().unwrap())
 }
@@ -132,6 +169,18 @@ fn ip(s: &str) -> SanType {
 
 /// Creates a CSR as `client`'s user; returns its name.
 async fn create_csr(client: &Client, name: &str, signer: &str, r: &Request) -> String {
+    create_raw_csr(client, name, signer, pem(r), r.rsa).await
+}
+
+/// Creates a CSR of the PEM request `request` (from an RSA key when
+/// `rsa`, which adds `key encipherment` to the usages).
+async fn create_raw_csr(
+    client: &Client,
+    name: &str,
+    signer: &str,
+    request: Vec<u8>,
+    rsa: bool,
+) -> String {
     let last = if signer == BOOTSTRAP {
         "client auth"
     } else {
@@ -141,9 +190,9 @@ async fn create_csr(client: &Client, name: &str, signer: &str, r: &Request) -> S
         "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
         "metadata": {"name": name},
         "spec": {
-            "request": k8s_openapi::ByteString(pem(r)),
+            "request": k8s_openapi::ByteString(request),
             "signerName": signer,
-            "usages": if r.rsa {
+            "usages": if rsa {
                 json!(["digital signature", "key encipherment", last])
             } else {
                 json!(["digital signature", last])
@@ -403,16 +452,16 @@ subjects:
         &[("4.19.0-ec.5", "quay.io/example/rhcos-bfb:4.19.0-ec.5")],
     )
     .await;
-    let op = Operator::start(
-        c,
-        &[NS],
-        &[
-            "--leader-election=false",
-            "--hosted-apiserver=kubeconfig",
-            &format!("--csr-pending-slack={SLACK}"),
-        ],
-        "csr",
-    );
+    let slack = format!("--csr-pending-slack={SLACK}");
+    // No clock skew between the API server and the operator here: the
+    // creation window is exact (to the second the API server records).
+    let args = [
+        "--leader-election=false",
+        "--hosted-apiserver=kubeconfig",
+        &slack,
+        "--csr-creation-skew-seconds=0",
+    ];
+    let mut op = Operator::start(c, &[NS], &args, "csr");
 
     println!("scenario: no admin kubeconfig yet, then one whose server does not answer");
     let why = wait_approval_condition(&client, &op, "False", "KubeconfigNotAvailable").await;
@@ -426,6 +475,67 @@ subjects:
     )
     .await;
     wait_approval_condition(&client, &op, "False", "HostedClusterNotReachable").await;
+
+    println!("scenario: the admin kubeconfig cannot set up the approver's own identity: it approves nothing");
+    // An identity that may approve kubelet CSRs but make no RBAC: were
+    // the approver to fall back to the kubeconfig it was given, it could
+    // approve with it.
+    apply_yaml(
+        &client,
+        &format!(
+            r#"
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: approve-only, namespace: {NS}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: csr-test-approve-only}}
+rules:
+- {{apiGroups: [certificates.k8s.io], resources: [certificatesigningrequests], verbs: [get, list, watch]}}
+- {{apiGroups: [certificates.k8s.io], resources: [certificatesigningrequests/approval], verbs: [patch, update]}}
+- {{apiGroups: [certificates.k8s.io], resources: [signers], verbs: [approve], resourceNames: ["{BOOTSTRAP}", "{SERVING}"]}}
+- {{apiGroups: [""], resources: [nodes], verbs: [get, list, watch]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: csr-test-approve-only}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: csr-test-approve-only}}
+subjects:
+- {{kind: ServiceAccount, name: approve-only, namespace: {NS}}}
+"#
+        ),
+        "default",
+    )
+    .await
+    .unwrap();
+    let approve_only = token_for(&client, NS, "approve-only").await;
+    let early = create_csr(
+        &bootstrapper,
+        "dpu-a-early",
+        BOOTSTRAP,
+        &legacy("system:node:dpu-a"),
+    )
+    .await;
+    kubeconfig_secret(
+        &client,
+        &causeway_operator::manifest::token_kubeconfig(&c.server, &c.ca, &approve_only),
+    )
+    .await;
+    let why = wait_approval_condition(&client, &op, "False", "LeastPrivilegeUnavailable").await;
+    assert!(why.contains("own ServiceAccount"), "{why}");
+    let series = format!(
+        "causeway_operator_csr_approver_not_running_total{{namespace=\"{NS}\",provisioner=\"{NAME}\",reason=\"LeastPrivilegeUnavailable\"}}"
+    );
+    eventually(&format!("{series} counted"), WAIT, Some(&op), || async {
+        (metric(&admin_get(&op, "/metrics"), &series) >= 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(decision(&client, &early).await, (None, false));
+    Api::<CertificateSigningRequest>::all(client.clone())
+        .delete(&early, &DeleteParams::default())
+        .await
+        .unwrap();
 
     println!("scenario: the hosted cluster answers; the approver takes its own narrow identity");
     kubeconfig_secret(
@@ -641,10 +751,39 @@ subjects:
         &op,
         attacks.last().unwrap(),
         "Denied",
-        "SANNotNodeAddress",
+        "SANNotHost",
     )
     .await;
-    println!("scenario: a renewal that adds an address");
+    println!("scenario: SANs hidden in a second extensionRequest attribute");
+    attacks.push(
+        create_raw_csr(
+            &node_b,
+            "dpu-b-hidden-sans",
+            SERVING,
+            hidden_sans_request(),
+            true,
+        )
+        .await,
+    );
+    wait_verdict(
+        &client,
+        &op,
+        attacks.last().unwrap(),
+        "Denied",
+        "Attributes",
+    )
+    .await;
+    println!("scenario: a renewal that adds an address, even one the Node now reports");
+    node(
+        &client,
+        "dpu-b",
+        &[
+            ("InternalIP", "10.0.0.12"),
+            ("ExternalIP", "10.0.0.13"),
+            ("Hostname", "dpu-b"),
+        ],
+    )
+    .await;
     attacks.push(
         create_csr(
             &node_b,
@@ -702,6 +841,17 @@ subjects:
         why.contains(&format!("over the cap of {}", 3 + SLACK)),
         "{why}"
     );
+    // A node squatting on dpu-c's join with its own credentials on the
+    // bootstrap signer: left alone, and not counted as a duplicate.
+    attacks.push(
+        create_csr(
+            &node_b,
+            "dpu-b-squats-c",
+            BOOTSTRAP,
+            &request("system:node:dpu-c"),
+        )
+        .await,
+    );
     let joining = create_csr(
         &bootstrapper,
         "dpu-c-bootstrap",
@@ -728,6 +878,88 @@ subjects:
             "{name} was approved: {cond:?}"
         );
     }
+
+    println!("scenario: a bootstrap CSR staged while the approver was down is denied once its DPU joins; the DPU's own is approved");
+    dpu(&client, "dpu-e", "OS Installing").await;
+    op.kill9();
+    let staged = create_csr(
+        &bootstrapper,
+        "dpu-e-staged",
+        BOOTSTRAP,
+        &legacy("system:node:dpu-e"),
+    )
+    .await;
+    attacks.push(staged.clone());
+    // The API server records creation to the second: the approver must
+    // see the DPU join in a later second than the CSR was made.
+    let made = created_second(&client, &staged).await;
+    eventually(
+        "the clock past the staged CSR's second",
+        WAIT,
+        None,
+        || async { (k8s_openapi::jiff::Timestamp::now().as_second() > made).then_some(()) },
+    )
+    .await;
+    dpu(&client, "dpu-e", "DPU Cluster Config").await;
+    op = Operator::start(c, &[NS], &args, "csr-restarted");
+    wait_verdict(&client, &op, &staged, "Denied", "CreatedBeforeJoining").await;
+    let real = create_csr(
+        &bootstrapper,
+        "dpu-e-bootstrap",
+        BOOTSTRAP,
+        &legacy("system:node:dpu-e"),
+    )
+    .await;
+    wait_verdict(&client, &op, &real, "Approved", "AutoApproved").await;
+    wait_signed(&client, &op, &real).await;
+    let real_uid = Api::<CertificateSigningRequest>::all(client.clone())
+        .get(&real)
+        .await
+        .unwrap()
+        .uid()
+        .unwrap();
+
+    println!("scenario: a restart between two bootstrap CSRs keeps the record");
+    op.kill9();
+    op = Operator::start(c, &[NS], &args, "csr-restarted-again");
+    attacks.push(
+        create_csr(
+            &bootstrapper,
+            "dpu-e-again",
+            BOOTSTRAP,
+            &request("system:node:dpu-e"),
+        )
+        .await,
+    );
+    let msg = wait_verdict(
+        &client,
+        &op,
+        attacks.last().unwrap(),
+        "Denied",
+        "AlreadyApproved",
+    )
+    .await;
+    assert!(msg.contains(&real_uid), "{msg}");
+
+    println!("scenario: a known DPU that is not joining does not ask to join");
+    dpu(&client, "dpu-f", "OS Installing").await;
+    attacks.push(
+        create_csr(
+            &bootstrapper,
+            "dpu-f-early",
+            BOOTSTRAP,
+            &request("system:node:dpu-f"),
+        )
+        .await,
+    );
+    wait_verdict(
+        &client,
+        &op,
+        attacks.last().unwrap(),
+        "Denied",
+        "DPUNotJoining",
+    )
+    .await;
 
     println!("events say what was approved and denied");
     let events: Vec<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), NS)

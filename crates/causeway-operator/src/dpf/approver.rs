@@ -39,7 +39,7 @@ use super::crd::{
 };
 use super::csr::{self, Csr, Decision, History, Inventory, Kind, Policy, Verdict};
 use super::spec;
-use crate::controller::{cached, publish_related_event, resource, OperatorMetrics, Scope};
+use crate::controller::{publish_related_event, resource, OperatorMetrics, Scope};
 
 /// The field manager of the approver's part of the provisioner status and
 /// of its objects in the hosted cluster.
@@ -67,9 +67,6 @@ const REPROVISIONING_PHASE: &str = "OS Installing";
 /// Writes of the approval record retried on a conflict before the pass
 /// gives up (and approves nothing).
 const RECORD_ATTEMPTS: usize = 5;
-/// How much earlier than the DPU was seen joining its bootstrap CSR may
-/// have been made: the hosted API server's clock is not ours.
-const CREATION_SKEW_SECONDS: i64 = 10;
 /// Annotations the approver puts on its cached copy of a CSR whose request
 /// was too large to keep (never written to the API server).
 const OVERSIZED_BYTES: &str = "causeway.internal/oversized-request-bytes";
@@ -92,6 +89,9 @@ pub struct ApproverOptions {
     pub max_expiration_seconds: i32,
     /// The pending cap is the number of DPUs (or Nodes, if more) plus this.
     pub pending_slack: usize,
+    /// How much earlier than the DPU was seen joining its bootstrap CSR may
+    /// have been made: the hosted API server's clock is not ours.
+    pub creation_skew_seconds: i64,
 }
 
 impl Default for ApproverOptions {
@@ -101,6 +101,7 @@ impl Default for ApproverOptions {
             // A year and two days, as kubelet-csr-approver allows.
             max_expiration_seconds: 367 * 24 * 3600,
             pending_slack: 20,
+            creation_skew_seconds: 10,
         }
     }
 }
@@ -138,10 +139,18 @@ pub async fn run(
     metrics: Option<OperatorMetrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    let (provisioners, events) = cached(
+    // Every watch event counts, the end of the first list included: the
+    // store shows the listed objects only from then, so a trigger on the
+    // objects alone could leave an unchanging provisioner without a
+    // session after a restart.
+    let (provisioners, writer) = reflector::store();
+    let events = watcher(
         scope.api::<DPFHCPProvisioner>(&client),
         watcher::Config::default(),
-    );
+    )
+    .modify(|p: &mut DPFHCPProvisioner| p.metadata.managed_fields = None)
+    .reflect(writer)
+    .default_backoff();
     let ctx = Arc::new(Context {
         client,
         provisioners: provisioners.clone(),
@@ -200,6 +209,7 @@ async fn supervise(ctx: Arc<Context>, key: ObjectRef<DPFHCPProvisioner>) {
         return;
     };
     let mut delay = BACKOFF_MIN;
+    let mut last_reason = "";
     loop {
         let ended = session(&ctx, &namespace, &key.name).await;
         let (reason, message) = match ended {
@@ -212,6 +222,11 @@ async fn supervise(ctx: Arc<Context>, key: ObjectRef<DPFHCPProvisioner>) {
             Ended::Unreachable(m) => ("HostedClusterNotReachable", m),
             Ended::NoLeastPrivilege(m) => ("LeastPrivilegeUnavailable", m),
         };
+        // Something changed: the next try need not wait out the old backoff.
+        if reason != last_reason {
+            delay = BACKOFF_MIN;
+            last_reason = reason;
+        }
         tracing::warn!(provisioner = %key.name, %namespace, reason, %message, retry_in = ?delay, "CSR approver not running: nothing is approved");
         if let Some(m) = &ctx.metrics {
             m.csr_not_running(&namespace, &key.name, reason);
@@ -802,7 +817,7 @@ fn policy_of(
             .collect(),
         cluster_domain: CLUSTER_DOMAIN.into(),
         max_pending,
-        creation_skew_seconds: CREATION_SKEW_SECONDS,
+        creation_skew_seconds: options.creation_skew_seconds,
     }
 }
 
