@@ -1486,4 +1486,57 @@ mod tests {
         unreadable.request = b"not a request".to_vec();
         check(&unreadable, &flood, Verdict::Ignore, "TooManyPending");
     }
+
+    /// A request in PEM around `der`.
+    fn pem_around(der: &[u8]) -> Vec<u8> {
+        format!(
+            "-----BEGIN CERTIFICATE REQUEST-----\n{}\n-----END CERTIFICATE REQUEST-----\n",
+            pem_rfc7468_encode(der)
+        )
+        .into_bytes()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Whatever a requester sends, the decision is a verdict, never a
+        /// panic, and never an approval of bytes that are not a request.
+        #[test]
+        fn arbitrary_requests_are_never_approved_and_never_panic(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..1024),
+        ) {
+            for request in [bytes.clone(), pem_around(&bytes)] {
+                let mut node = serving("dpu-2", &req("system:node:dpu-2"));
+                node.request = request.clone();
+                let d = decide(&node, &inventory(), &policy(), &History::default());
+                proptest::prop_assert_ne!(d.verdict, Verdict::Approve);
+                let mut boot = bootstrap("u", &req("system:node:dpu-1"));
+                boot.request = request;
+                let d = decide(&boot, &inventory(), &policy(), &History::default());
+                proptest::prop_assert_ne!(d.verdict, Verdict::Approve);
+            }
+        }
+
+        /// A valid request with bytes changed anywhere (its signature then
+        /// fails, or its structure) is never approved, and never panics.
+        #[test]
+        fn mutated_requests_are_never_approved_and_never_panic(
+            flips in proptest::collection::vec((proptest::prelude::any::<usize>(), 1u8..), 1..4),
+        ) {
+            let mut r = req("system:node:dpu-2");
+            r.sans = vec![dns("dpu-2"), ip("10.0.0.12")];
+            let valid = serving("dpu-2", &r);
+            let text = String::from_utf8(valid.request.clone()).unwrap();
+            let body: String = text.lines().filter(|l| !l.starts_with("-----")).collect();
+            let mut der = pem_rfc7468_decode(&body);
+            for (at, xor) in flips {
+                let len = der.len();
+                der[at % len] ^= xor;
+            }
+            let mut mutated = valid;
+            mutated.request = pem_around(&der);
+            let d = decide(&mutated, &inventory(), &policy(), &History::default());
+            proptest::prop_assert_ne!(d.verdict, Verdict::Approve, "{}", d.message);
+        }
+    }
 }
