@@ -75,6 +75,16 @@ enum Command {
         /// hosted clusters for DPF DPUClusters.
         #[arg(long, env = "CAUSEWAY_DPF", default_value_t = true, action = clap::ArgAction::Set)]
         dpf: bool,
+        /// The only registries the BlueField image lookup may ask
+        /// (comma-separated `host[:port]`, as image references write them);
+        /// any registry at a public address when empty.
+        #[arg(
+            long,
+            env = "CAUSEWAY_BLUEFIELD_ALLOWED_REGISTRIES",
+            value_delimiter = ',',
+            default_value = ""
+        )]
+        bluefield_allowed_registries: Vec<String>,
         /// With the DPF bridge: approve the kubelet CSRs of DPUs in their
         /// hosted clusters (docs/operator.md has the rules).
         #[arg(long, env = "CAUSEWAY_CSR_APPROVER", default_value_t = true, action = clap::ArgAction::Set)]
@@ -178,6 +188,7 @@ fn main() -> ExitCode {
             namespaces,
             infra_for_hosted_clusters,
             dpf,
+            bluefield_allowed_registries,
             csr_approver,
             hosted_apiserver,
             csr_max_expiration_seconds,
@@ -194,6 +205,11 @@ fn main() -> ExitCode {
             namespaces: namespaces.into_iter().filter(|n| !n.is_empty()).collect(),
             infra_for_hosted_clusters,
             dpf,
+            bluefield_allowed_registries: bluefield_allowed_registries
+                .into_iter()
+                .map(|r| r.trim().to_string())
+                .filter(|r| !r.is_empty())
+                .collect(),
             csr_approver: csr_approver.then_some(ApproverOptions {
                 endpoint: hosted_apiserver.into(),
                 max_expiration_seconds: csr_max_expiration_seconds,
