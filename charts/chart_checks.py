@@ -177,8 +177,9 @@ def node_terms(docs):
 
 CP = "node-role.kubernetes.io/control-plane"
 MASTER = "node-role.kubernetes.io/master"
-# The webhook (on by default) adds its Service and configuration.
-WEBHOOK_KINDS = ["Service", "ValidatingWebhookConfiguration"]
+# The webhook (on by default) adds its Service, configuration and
+# NetworkPolicy.
+WEBHOOK_KINDS = ["NetworkPolicy", "Service", "ValidatingWebhookConfiguration"]
 INFRA_KINDS = ["ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "ServiceAccount"] + WEBHOOK_KINDS
 # The DPF bridge (on by default): its ClusterRole and binding, and the
 # settings singleton made by a hook.
@@ -276,6 +277,7 @@ def check_webhook(docs, source):
     e = env(docs)
     assert e["CAUSEWAY_WEBHOOK_LISTEN"] == "0.0.0.0:9443" and e["CAUSEWAY_WEBHOOK_CERT_DIR"] == "/etc/causeway/webhook", e
     volume = pod(docs)["volumes"][0]
+    check_network_policy(docs)
     annotations = vwc["metadata"].get("annotations", {})
     svc_annotations = svc["metadata"].get("annotations", {})
     if source == "service-ca":
@@ -294,6 +296,20 @@ def check_webhook(docs, source):
         assert "emptyDir" in volume, volume
         assert e["CAUSEWAY_WEBHOOK_SELF_SIGNED_SECRET"] == "causeway-webhook-ca", e
         assert (e["CAUSEWAY_WEBHOOK_SERVICE"], e["CAUSEWAY_WEBHOOK_CONFIGURATION"]) == ("causeway-webhook", "causeway"), e
+
+
+def check_network_policy(docs, api_server_from=None, admin_from=None):
+    """Ingress to the operator pods: the webhook port and the admin port,
+    each from its peers (any source when None)."""
+    policy = one(docs, "NetworkPolicy")["spec"]
+    dep = one(docs, "Deployment")
+    assert policy["podSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"], policy
+    assert policy["policyTypes"] == ["Ingress"], policy
+    webhook, admin = policy["ingress"]
+    assert webhook["ports"] == [{"port": "webhook", "protocol": "TCP"}], webhook
+    assert admin["ports"] == [{"port": "admin", "protocol": "TCP"}], admin
+    assert webhook.get("from") == api_server_from, webhook
+    assert admin.get("from") == admin_from, admin
 
 
 def case_webhook_cert_manager(docs):
@@ -317,7 +333,7 @@ def case_webhook_self_signed(docs):
 
 
 def case_webhook_off(docs):
-    assert not [d for d in docs if d["kind"] == "ValidatingWebhookConfiguration"]
+    assert not [d for d in docs if d["kind"] in ("ValidatingWebhookConfiguration", "NetworkPolicy")]
     assert "CAUSEWAY_WEBHOOK_LISTEN" not in env(docs)
     assert "volumes" not in pod(docs)
 
@@ -394,6 +410,10 @@ def case_production(docs):
 
 
 def case_openshift(docs):
+    check_network_policy(
+        docs,
+        api_server_from=[{"namespaceSelector": {"matchLabels": {"policy-group.network.openshift.io/host-network": ""}}}],
+    )
     assert kinds(docs) == sorted(BASE_KINDS + ["SecurityContextConstraints"]), kinds(docs)
     scc = one(docs, "SecurityContextConstraints")
     assert scc["apiVersion"] == "security.openshift.io/v1"
@@ -409,6 +429,21 @@ def case_openshift(docs):
     assert scc["users"] == []
     assert scc["groups"] == ["system:serviceaccounts:clusters", "system:serviceaccounts:causeway-infra"], scc
     assert "metadata" in scc and "namespace" not in scc["metadata"]
+
+
+def case_webhook_policy(docs):
+    check_network_policy(
+        docs,
+        api_server_from=[{"ipBlock": {"cidr": "10.0.0.0/24"}}],
+        admin_from=[{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+    )
+    e = env(docs)
+    assert e["CAUSEWAY_BLUEFIELD_ALLOWED_REGISTRIES"] == "quay.io,registry.example.com:5000", e
+
+
+def case_webhook_no_policy(docs):
+    assert not [d for d in docs if d["kind"] == "NetworkPolicy"]
+    assert one(docs, "ValidatingWebhookConfiguration")
 
 
 def case_openshift_all(docs):
@@ -488,6 +523,8 @@ CASES = {
     "webhook-cert-manager-issuer": case_webhook_cert_manager_issuer,
     "webhook-self-signed": case_webhook_self_signed,
     "webhook-off": case_webhook_off,
+    "webhook-policy": case_webhook_policy,
+    "webhook-no-policy": case_webhook_no_policy,
 }
 
 

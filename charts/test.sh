@@ -283,6 +283,11 @@ check "webhook certificate from cert-manager, given issuer" render_case webhook-
   --set webhook.certManager.issuerRef.name=corp-ca
 check "webhook certificate self-signed" render_case webhook-self-signed --set webhook.certSource=self-signed
 check "webhook off" render_case webhook-off --set webhook.enabled=false
+check "webhook network policy peers, registry allowlist" render_case webhook-policy \
+  --set 'webhook.networkPolicy.apiServerFrom[0].ipBlock.cidr=10.0.0.0/24' \
+  --set 'webhook.networkPolicy.adminFrom[0].namespaceSelector.matchLabels.kubernetes\.io/metadata\.name=monitoring' \
+  --set 'dpf.bluefield.allowedRegistries={quay.io,registry.example.com:5000}'
+check "webhook without network policy" render_case webhook-no-policy --set webhook.networkPolicy.enabled=false
 check "scc for all namespaces" render_case openshift-all --set openshift.scc.enabled=true \
   --set openshift.scc.allNamespaces=true --set openshift.scc.name=cw-scc
 

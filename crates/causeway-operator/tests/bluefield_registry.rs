@@ -11,11 +11,21 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use causeway_operator::dpf::bluefield::{resolve, Credentials, Lookup, Registry, Resolver};
+use causeway_operator::dpf::bluefield::{
+    resolve, Credentials, Lookup, Registry, RegistryPolicy, Resolver,
+};
 
 const REGISTRY: &str = "/usr/bin/docker-registry";
 const USER: &str = "puller";
 const PASSWORD: &str = "s3cret";
+
+/// The registry is on loopback, which the lookup refuses unless told.
+fn on_loopback() -> RegistryPolicy {
+    RegistryPolicy {
+        allow_loopback: true,
+        ..RegistryPolicy::default()
+    }
+}
 
 struct Running {
     child: Child,
@@ -240,7 +250,7 @@ async fn blue_field_images_are_found_in_a_real_registry_with_the_pull_secret() {
         )
         .as_bytes(),
     );
-    let registry = Registry::new();
+    let registry = Registry::with_policy(on_loopback());
 
     // The release's tag gives the version; the repository has that tag.
     let found = resolve(
@@ -312,7 +322,7 @@ async fn blue_field_images_are_found_in_a_real_registry_with_the_pull_secret() {
     // The registry stops answering: a resolver that knew the answer gives
     // it within the deadline; one that did not says so, as a transient
     // error.
-    let knowing = Resolver::with_cache_for(Duration::ZERO);
+    let knowing = Resolver::new(Duration::ZERO, on_loopback());
     let l = lookup(
         port,
         "quay.io/openshift-release-dev/ocp-release:4.19.0-x86_64",
@@ -339,7 +349,7 @@ async fn blue_field_images_are_found_in_a_real_registry_with_the_pull_secret() {
         "{:?}",
         started.elapsed()
     );
-    let e = Resolver::default()
+    let e = Resolver::new(Duration::from_secs(300), on_loopback())
         .resolve(&l, Some(Duration::from_secs(1)))
         .await
         .unwrap_err();

@@ -75,6 +75,21 @@ enum Command {
         /// hosted clusters for DPF DPUClusters.
         #[arg(long, env = "CAUSEWAY_DPF", default_value_t = true, action = clap::ArgAction::Set)]
         dpf: bool,
+        /// The only registries the BlueField image lookup may ask
+        /// (comma-separated `host[:port]`, as image references write them);
+        /// any registry at a public address when empty.
+        #[arg(
+            long,
+            env = "CAUSEWAY_BLUEFIELD_ALLOWED_REGISTRIES",
+            value_delimiter = ',',
+            default_value = ""
+        )]
+        bluefield_allowed_registries: Vec<String>,
+        /// Lets the BlueField lookup ask registries on loopback addresses.
+        /// For tests with a registry on loopback only: in a pod it would let
+        /// whoever creates a provisioner reach the pod's own ports.
+        #[arg(long, hide = true, env = "CAUSEWAY_BLUEFIELD_ALLOW_LOOPBACK_REGISTRIES", default_value_t = false, action = clap::ArgAction::Set)]
+        bluefield_allow_loopback_registries: bool,
         /// With the DPF bridge: approve the kubelet CSRs of DPUs in their
         /// hosted clusters (docs/operator.md has the rules).
         #[arg(long, env = "CAUSEWAY_CSR_APPROVER", default_value_t = true, action = clap::ArgAction::Set)]
@@ -182,6 +197,8 @@ fn main() -> ExitCode {
             namespaces,
             infra_for_hosted_clusters,
             dpf,
+            bluefield_allowed_registries,
+            bluefield_allow_loopback_registries,
             csr_approver,
             hosted_apiserver,
             csr_max_expiration_seconds,
@@ -199,6 +216,12 @@ fn main() -> ExitCode {
             namespaces: namespaces.into_iter().filter(|n| !n.is_empty()).collect(),
             infra_for_hosted_clusters,
             dpf,
+            bluefield_allowed_registries: bluefield_allowed_registries
+                .into_iter()
+                .map(|r| r.trim().to_string())
+                .filter(|r| !r.is_empty())
+                .collect(),
+            bluefield_allow_loopback_registries,
             csr_approver: csr_approver.then_some(ApproverOptions {
                 endpoint: hosted_apiserver.into(),
                 max_expiration_seconds: csr_max_expiration_seconds,

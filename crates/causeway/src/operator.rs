@@ -21,6 +21,10 @@ pub struct Options {
     pub namespaces: Vec<String>,
     pub infra_for_hosted_clusters: bool,
     pub dpf: bool,
+    /// The BlueField lookup's registry allowlist; empty: any public one.
+    pub bluefield_allowed_registries: Vec<String>,
+    /// Tests only: a registry on loopback may be asked.
+    pub bluefield_allow_loopback_registries: bool,
     pub csr_approver: Option<ApproverOptions>,
     pub webhook: Option<WebhookOptions>,
 }
@@ -91,6 +95,12 @@ fn identity() -> String {
 }
 
 async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
+    // Before the controller and the webhook make their registry clients.
+    causeway_operator::dpf::bluefield::RegistryPolicy {
+        allowed: opts.bluefield_allowed_registries.clone(),
+        allow_loopback: opts.bluefield_allow_loopback_registries,
+    }
+    .install();
     let registry = prometheus::Registry::new();
     registry
         .register(Box::new(

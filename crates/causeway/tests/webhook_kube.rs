@@ -198,6 +198,8 @@ async fn the_charts_webhook_admits_good_objects_and_denies_bad_ones_with_a_reloa
             &format!("127.0.0.1:{port}"),
             "--webhook-cert-dir",
             certs.to_str().unwrap(),
+            // The test's registry is on loopback.
+            "--bluefield-allow-loopback-registries=true",
         ],
         "webhook",
     );
@@ -205,6 +207,22 @@ async fn the_charts_webhook_admits_good_objects_and_denies_bad_ones_with_a_reloa
         std::net::TcpStream::connect(("127.0.0.1", port))
             .ok()
             .map(|_| ())
+    })
+    .await;
+    // Stored before the webhook is asked, as by a release without one or
+    // before a check was tightened: a VIP that no longer passes, and a
+    // finalizer that keeps it while being deleted.
+    let provisioners: Api<DPFHCPProvisioner> = Api::namespaced(client.clone(), NS);
+    let _ = provisioners.delete("stale", &Default::default()).await;
+    let mut stale: Value = serde_json::from_str(&provisioner(
+        "stale",
+        json!({"pullSecretRef": {"name": "pull"}, "sshKeySecretRef": {"name": "ssh"}, "virtualIP": "300.0.0.1"}),
+    ))
+    .unwrap();
+    stale["metadata"]["finalizers"] = json!(["test.causeway.io/hold"]);
+    let stale = serde_json::to_string(&stale).unwrap();
+    eventually("the stale provisioner stored", WAIT, Some(&op), || async {
+        create(&client, &stale).await.ok()
     })
     .await;
     let vwc = chart_configuration(
@@ -224,7 +242,6 @@ async fn the_charts_webhook_admits_good_objects_and_denies_bad_ones_with_a_reloa
     // object finds that moment (and is removed if it got in first), so
     // the object under test is only sent once the webhook is asked.
     let probe = provisioner("probe", spec);
-    let provisioners: Api<DPFHCPProvisioner> = Api::namespaced(client.clone(), NS);
     let refused = eventually(
         "a create refused for the expired certificate",
         WAIT,
@@ -336,6 +353,43 @@ async fn the_charts_webhook_admits_good_objects_and_denies_bad_ones_with_a_reloa
         }
         assert!(provisioners.get_opt("no-image").await.unwrap().is_none());
     }
+
+    println!("scenario: a provisioner stored with a spec the webhook now refuses loses its finalizer and is deleted");
+    let e = create(
+        &client,
+        &provisioner(
+            "stale",
+            json!({"pullSecretRef": {"name": "pull"}, "sshKeySecretRef": {"name": "ssh"}, "virtualIP": "300.0.0.2"}),
+        ),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        e.contains("spec.virtualIP"),
+        "a spec change is still checked: {e}"
+    );
+    provisioners
+        .delete("stale", &Default::default())
+        .await
+        .unwrap();
+    let deleting = provisioners.get("stale").await.unwrap();
+    assert!(deleting.metadata.deletion_timestamp.is_some());
+    provisioners
+        .patch(
+            "stale",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    eventually("the stale provisioner gone", WAIT, Some(&op), || async {
+        provisioners
+            .get_opt("stale")
+            .await
+            .ok()
+            .and_then(|p| p.is_none().then_some(()))
+    })
+    .await;
 
     println!("scenario: the self-signed certificate source keeps its Secret and the configuration's caBundle");
     use causeway_operator::webhook::selfsigned;

@@ -10,14 +10,29 @@
 //! label, read from the registry.
 //!
 //! Errors are typed, and each maps to the Go operator's condition reason.
+//!
+//! The registry host comes from the user (a release pinned by digest, the
+//! repository setting), and the lookup runs during admission, so it is
+//! held to [`RegistryPolicy`]: no loopback, link-local or unspecified
+//! address is ever connected to (checked on every address a name resolves
+//! to, by the connector itself, so a name cannot resolve differently
+//! between the check and the connection), an optional allowlist of
+//! registry hosts, a token realm only over HTTPS on the registry's own
+//! host, and bodies read no further than [`MAX_JSON`].
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::connect::dns::Name;
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
@@ -33,6 +48,9 @@ const MANIFEST_TYPES: &str = "application/vnd.oci.image.index.v1+json, applicati
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a lookup's answer is reused.
 const CACHE_FOR: Duration = Duration::from_secs(300);
+/// The most of a registry's JSON answer (manifest, index, image config,
+/// token) that is read. Release manifests and configs are a few KiB.
+pub const MAX_JSON: usize = 4 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LookupError {
@@ -54,6 +72,19 @@ pub enum LookupError {
     },
     #[error("registry {registry}: {detail}")]
     RegistryAccess { registry: String, detail: String },
+    #[error("registry {registry} is not one of the allowed registries ({}); the operator's --bluefield-allowed-registries (chart value dpf.bluefield.allowedRegistries) lists them", allowed.join(", "))]
+    RegistryNotAllowed {
+        registry: String,
+        allowed: Vec<String>,
+    },
+    #[error("registry {registry} resolves to {address}, a loopback, link-local or unspecified address, which the lookup never connects to")]
+    AddressRefused { registry: String, address: IpAddr },
+    #[error("registry {registry} sent a token realm {realm:?}, which is refused: {why}")]
+    RealmRefused {
+        registry: String,
+        realm: String,
+        why: &'static str,
+    },
 }
 
 impl LookupError {
@@ -65,6 +96,10 @@ impl LookupError {
             LookupError::RegistryAuth { .. } => "RegistryAuthError",
             LookupError::VersionNotFound { .. } => "VersionNotFound",
             LookupError::RegistryAccess { .. } => "RegistryAccessError",
+            LookupError::RegistryNotAllowed { .. } | LookupError::AddressRefused { .. } => {
+                "RegistryNotAllowed"
+            }
+            LookupError::RealmRefused { .. } => "RegistryAuthError",
         }
     }
 
@@ -221,13 +256,121 @@ fn bearer_challenge(header: &str) -> Option<BTreeMap<String, String>> {
     Some(out)
 }
 
-type Https = hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
+/// Which registries the lookup may speak to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RegistryPolicy {
+    /// Registry hosts (`host[:port]`, as image references write them);
+    /// empty: any registry at a public address.
+    pub allowed: Vec<String>,
+    /// Lets loopback addresses through (link-local and unspecified stay
+    /// refused). For tests with a registry on loopback, never set by the
+    /// operator.
+    pub allow_loopback: bool,
+}
+
+static POLICY: OnceLock<RegistryPolicy> = OnceLock::new();
+
+impl RegistryPolicy {
+    /// Sets the policy of every [`Registry::new`] and
+    /// [`Resolver::default`] in this process, once, before they are made;
+    /// `false` if one was set already.
+    pub fn install(self) -> bool {
+        POLICY.set(self).is_ok()
+    }
+
+    fn installed() -> RegistryPolicy {
+        POLICY.get().cloned().unwrap_or_default()
+    }
+
+    fn permits_host(&self, registry: &str) -> Result<(), LookupError> {
+        if self.allowed.is_empty()
+            || self
+                .allowed
+                .iter()
+                .any(|a| a.trim().eq_ignore_ascii_case(registry))
+        {
+            return Ok(());
+        }
+        Err(LookupError::RegistryNotAllowed {
+            registry: registry.to_string(),
+            allowed: self.allowed.clone(),
+        })
+    }
+
+    /// The first address the lookup must not connect to, if any.
+    fn refused_address(&self, addrs: &[SocketAddr]) -> Option<IpAddr> {
+        addrs
+            .iter()
+            .map(|a| a.ip().to_canonical())
+            .find(|ip| match ip {
+                IpAddr::V4(v4) => {
+                    v4.is_unspecified()
+                        || v4.is_link_local()
+                        || (v4.is_loopback() && !self.allow_loopback)
+                }
+                IpAddr::V6(v6) => {
+                    v6.is_unspecified()
+                        || v6.is_unicast_link_local()
+                        || (v6.is_loopback() && !self.allow_loopback)
+                }
+            })
+    }
+}
+
+/// Name resolution for the registry client: the system's, with every
+/// answer checked against the policy, so the connector itself can never
+/// reach a refused address, whatever a name resolves to at that moment.
+#[derive(Clone)]
+struct CheckedResolver {
+    policy: Arc<RegistryPolicy>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0} resolves to {1}, a loopback, link-local or unspecified address")]
+struct RefusedAddress(String, IpAddr);
+
+impl tower_service::Service<Name> for CheckedResolver {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
+        let policy = self.policy.clone();
+        Box::pin(async move {
+            let host = name.as_str().to_string();
+            let addrs: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            match policy.refused_address(&addrs) {
+                Some(ip) => Err(RefusedAddress(host, ip).into()),
+                None => Ok(addrs.into_iter()),
+            }
+        })
+    }
+}
+
+/// `host` and port of a registry (`host[:port]`, IPv6 in brackets).
+fn host_and_port(authority: &str, default_port: u16) -> (String, u16) {
+    match authority.rsplit_once(':') {
+        Some((h, p)) if !p.contains(']') => match p.parse() {
+            Ok(port) => (h.trim_matches(['[', ']']).to_string(), port),
+            Err(_) => (authority.to_string(), default_port),
+        },
+        _ => (authority.trim_matches(['[', ']']).to_string(), default_port),
+    }
+}
+
+type Https = hyper_rustls::HttpsConnector<HttpConnector<CheckedResolver>>;
 
 /// A registry client: manifest HEADs and JSON GETs, with basic and bearer
 /// token authentication.
 #[derive(Clone)]
 pub struct Registry {
     http: HttpClient<Https, Empty<Bytes>>,
+    policy: Arc<RegistryPolicy>,
 }
 
 impl Default for Registry {
@@ -237,15 +380,77 @@ impl Default for Registry {
 }
 
 impl Registry {
+    /// A client under the process's [`RegistryPolicy`].
     pub fn new() -> Registry {
+        Registry::with_policy(RegistryPolicy::installed())
+    }
+
+    pub fn with_policy(policy: RegistryPolicy) -> Registry {
+        let policy = Arc::new(policy);
+        let mut http = HttpConnector::new_with_resolver(CheckedResolver {
+            policy: policy.clone(),
+        });
+        http.enforce_http(false);
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_webpki_roots()
             .https_or_http()
             .enable_http1()
-            .build();
+            .wrap_connector(http);
         Registry {
             http: HttpClient::builder(TokioExecutor::new()).build(connector),
+            policy,
         }
+    }
+
+    /// The allowlist, and every address the registry's name has now: a
+    /// refused one is a definite answer, named, rather than a connection
+    /// error from inside the client.
+    async fn check_registry(&self, image: &ImageRef) -> Result<(), LookupError> {
+        self.policy.permits_host(&image.registry)?;
+        let base = image.base();
+        let authority = base.split_once("://").map_or(base.as_str(), |(_, a)| a);
+        let (host, port) = host_and_port(authority, 443);
+        let addrs: Vec<SocketAddr> = match tokio::net::lookup_host((host.as_str(), port)).await {
+            Ok(a) => a.collect(),
+            Err(e) => {
+                return Err(LookupError::RegistryAccess {
+                    registry: image.registry.clone(),
+                    detail: format!("resolving {host}: {e}"),
+                })
+            }
+        };
+        match self.policy.refused_address(&addrs) {
+            Some(address) => Err(LookupError::AddressRefused {
+                registry: image.registry.clone(),
+                address,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// A bearer realm is where the pull secret's credentials go: only
+    /// over HTTPS and to the registry's own host (Docker Hub's token
+    /// service, auth.docker.io, is the one other host it names).
+    fn check_realm(image: &ImageRef, realm: &str) -> Result<http::Uri, LookupError> {
+        let refused = |why: &'static str| LookupError::RealmRefused {
+            registry: image.registry.clone(),
+            realm: realm.to_string(),
+            why,
+        };
+        let uri: http::Uri = realm.parse().map_err(|_| refused("not a URL"))?;
+        if uri.scheme_str() != Some("https") {
+            return Err(refused("not HTTPS"));
+        }
+        let realm_host = uri.host().unwrap_or_default().trim_matches(['[', ']']);
+        let base = image.base();
+        let authority = base.split_once("://").map_or(base.as_str(), |(_, a)| a);
+        let (registry_host, _) = host_and_port(authority, 443);
+        let docker_hub =
+            image.registry == "docker.io" && realm_host.eq_ignore_ascii_case("auth.docker.io");
+        if !realm_host.eq_ignore_ascii_case(&registry_host) && !docker_hub {
+            return Err(refused("not on the registry's host"));
+        }
+        Ok(uri)
     }
 
     async fn send(
@@ -285,6 +490,7 @@ impl Registry {
             registry: image.registry.clone(),
             detail,
         };
+        self.check_registry(image).await?;
         let basic = creds.basic(&image.registry);
         let first = self
             .send(method.clone(), url, accept, basic.as_deref())
@@ -307,6 +513,7 @@ impl Registry {
         let realm = challenge
             .get("realm")
             .ok_or_else(|| access("a bearer challenge without a realm".into()))?;
+        Self::check_realm(image, realm)?;
         let mut token_url = format!("{realm}?scope=repository:{}:pull", image.repository);
         if let Some(service) = challenge.get("service") {
             token_url.push_str(&format!("&service={service}"));
@@ -427,16 +634,28 @@ impl Registry {
     }
 }
 
+/// The body as JSON, read no further than [`MAX_JSON`]: a registry that
+/// streams without end is cut there, not buffered.
 async fn read_json(r: http::Response<hyper::body::Incoming>) -> Result<Value, String> {
-    let body = tokio::time::timeout(REQUEST_TIMEOUT, r.into_body().collect())
-        .await
-        .map_err(|_| "the body did not arrive in time".to_string())?
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    if body.len() > 4 << 20 {
-        return Err("a JSON body over 4 MiB".into());
+    let mut body = r.into_body();
+    let mut buffer = bytes::BytesMut::new();
+    let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
+    loop {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => return Err("the body did not arrive in time".into()),
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return Err(e.to_string()),
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    if buffer.len() + data.len() > MAX_JSON {
+                        return Err(format!("a JSON body over {} MiB", MAX_JSON >> 20));
+                    }
+                    buffer.extend_from_slice(&data);
+                }
+            }
+        }
     }
-    serde_json::from_slice(&body).map_err(|e| format!("not JSON: {e}"))
+    serde_json::from_slice(&buffer).map_err(|e| format!("not JSON: {e}"))
 }
 
 /// What a lookup needs.
@@ -521,9 +740,14 @@ impl Default for Resolver {
 }
 
 impl Resolver {
+    /// Under the process's [`RegistryPolicy`].
     pub fn with_cache_for(cache_for: Duration) -> Resolver {
+        Resolver::new(cache_for, RegistryPolicy::installed())
+    }
+
+    pub fn new(cache_for: Duration, policy: RegistryPolicy) -> Resolver {
         Resolver {
-            registry: Registry::new(),
+            registry: Registry::with_policy(policy),
             cache_for,
             cache: Arc::default(),
         }
@@ -748,5 +972,196 @@ mod tests {
             .unwrap();
         assert_eq!(found.image, "quay.io/mirror/bfb:4.19.0-ec.5");
         assert_eq!(found.source, "ConfigMap ops/ocp-bluefield-images");
+    }
+
+    /// A registry of our own on loopback that answers every `/v2/` request
+    /// with `answer` and a token request with a token; what was asked.
+    struct Fake {
+        port: u16,
+        asked: Arc<Mutex<Vec<String>>>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    #[derive(Clone)]
+    enum Answer {
+        Challenge(String),
+        Endless,
+        Empty,
+    }
+
+    impl Drop for Fake {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+
+    /// `answer` is given the fake's port.
+    async fn fake(answer: impl FnOnce(u16) -> Answer) -> Fake {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let answer = answer(port);
+        let asked: Arc<Mutex<Vec<String>>> = Arc::default();
+        let log = asked.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                let (answer, log) = (answer.clone(), log.clone());
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        if tcp.read(&mut byte).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        head.push(byte[0]);
+                    }
+                    let line = String::from_utf8_lossy(&head)
+                        .lines()
+                        .next()
+                        .unwrap_or_default()
+                        .to_string();
+                    let token = line.contains("/token");
+                    log.lock().unwrap().push(line);
+                    let _ = match (&answer, token) {
+                        (_, true) => {
+                            tcp.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n{\"token\":\"t\"}\r\n")
+                                .await
+                        }
+                        (Answer::Challenge(realm), false) => {
+                            tcp.write_all(format!("HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer realm=\"{realm}\",service=\"x\"\r\nContent-Length: 0\r\n\r\n").as_bytes())
+                                .await
+                        }
+                        (Answer::Empty, false) => {
+                            tcp.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+                                .await
+                        }
+                        (Answer::Endless, false) => {
+                            let head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+                            if tcp.write_all(head).await.is_err() {
+                                return;
+                            }
+                            let chunk = format!("10000\r\n{}\r\n", "[".repeat(0x10000));
+                            // Until the client hangs up.
+                            while tcp.write_all(chunk.as_bytes()).await.is_ok() {}
+                            Ok(())
+                        }
+                    };
+                });
+            }
+        });
+        Fake { port, asked, task }
+    }
+
+    fn loopback() -> RegistryPolicy {
+        RegistryPolicy {
+            allow_loopback: true,
+            ..RegistryPolicy::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_token_realm_elsewhere_or_over_plain_http_is_refused() {
+        for (realm, why) in [
+            ("https://other.example/token", "not on the registry's host"),
+            ("https://127.0.0.2/token", "not on the registry's host"),
+            ("http://127.0.0.1:PORT/token", "not HTTPS"),
+        ] {
+            let server =
+                fake(|port| Answer::Challenge(realm.replace("PORT", &port.to_string()))).await;
+            let realm = realm.replace("PORT", &server.port.to_string());
+            let image =
+                ImageRef::parse(&format!("127.0.0.1:{}/org/bfb:4.19.0", server.port)).unwrap();
+            let e = Registry::with_policy(loopback())
+                .exists(&image, &Credentials::default())
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(&e, LookupError::RealmRefused { why: w, .. } if *w == why),
+                "{realm}: {e}"
+            );
+            assert!(e.to_string().contains(&realm), "{e}");
+            assert!(!e.transient());
+            // The pull secret never went anywhere: no token was asked for.
+            let asked = server.asked.lock().unwrap().clone();
+            assert!(asked.iter().all(|l| !l.contains("/token")), "{asked:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_endless_body_is_cut_at_the_cap() {
+        let server = fake(|_| Answer::Endless).await;
+        let release = ImageRef::parse(&format!(
+            "127.0.0.1:{}/ocp/release@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            server.port
+        ))
+        .unwrap();
+        let started = Instant::now();
+        let e = Registry::with_policy(loopback())
+            .release_version(&release, &Credentials::default())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, LookupError::RegistryAccess { detail, .. } if detail.contains("over 4 MiB")),
+            "{e}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[tokio::test]
+    async fn loopback_and_link_local_registries_are_refused_unless_allowed() {
+        let server = fake(|_| Answer::Empty).await;
+        let creds = Credentials::default();
+        for name in [
+            format!("127.0.0.1:{}", server.port),
+            format!("localhost:{}", server.port),
+        ] {
+            let image = ImageRef::parse(&format!("{name}/org/bfb:4.19.0")).unwrap();
+            let e = Registry::with_policy(RegistryPolicy::default())
+                .exists(&image, &creds)
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(&e, LookupError::AddressRefused { address, .. } if address.is_loopback()),
+                "{name}: {e}"
+            );
+            assert_eq!(e.reason(), "RegistryNotAllowed");
+        }
+        assert!(server.asked.lock().unwrap().is_empty());
+        // Link-local (the cloud metadata address) even with loopback let
+        // through: refused before any connection.
+        let metadata = ImageRef::parse("169.254.169.254/org/bfb:4.19.0").unwrap();
+        let e = Registry::with_policy(loopback())
+            .exists(&metadata, &creds)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, LookupError::AddressRefused { .. }), "{e}");
+        // An allowlist: other registries are refused by name.
+        let listed = RegistryPolicy {
+            allowed: vec![
+                "registry.example".into(),
+                format!("127.0.0.1:{}", server.port),
+            ],
+            allow_loopback: true,
+        };
+        let e = Registry::with_policy(listed.clone())
+            .exists(&ImageRef::parse("quay.io/org/bfb:4.19.0").unwrap(), &creds)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, LookupError::RegistryNotAllowed { .. }), "{e}");
+        assert!(e.to_string().contains("registry.example"), "{e}");
+        // Allowed: the registry is asked.
+        let image = ImageRef::parse(&format!("127.0.0.1:{}/org/bfb:4.19.0", server.port)).unwrap();
+        assert!(!Registry::with_policy(listed)
+            .exists(&image, &creds)
+            .await
+            .unwrap());
+        assert_eq!(server.asked.lock().unwrap().len(), 1);
     }
 }

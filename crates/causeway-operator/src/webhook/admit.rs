@@ -7,13 +7,15 @@
 //! create the BlueField image. Infra: the fields and address rules the
 //! controller's validation applies, those that need no other object.
 
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
-use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionResponse, Operation};
+use kube::core::GroupVersionKind;
 use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
 
-use crate::crd::Infra;
+use crate::crd::InfraSpec;
 use crate::dpf::bluefield::LookupError;
-use crate::dpf::crd::DPFHCPProvisioner;
+use crate::dpf::crd::DPFHCPProvisionerSpec;
 use crate::dpf::spec;
 use crate::validate::{self, HostedClusterFacts, ServiceAddress};
 
@@ -26,55 +28,127 @@ pub enum ImageCheck {
     Failed(LookupError),
 }
 
-/// A parsed request, or the response that says why it could not be read.
-pub fn parse(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, Box<AdmissionResponse>> {
-    let invalid = |why: String| Box::new(AdmissionResponse::invalid(why));
-    let value: serde_json::Value = serde_json::from_slice(body)
-        .map_err(|e| invalid(format!("malformed AdmissionReview: not JSON: {e}")))?;
-    let version = value["apiVersion"].as_str().unwrap_or_default();
-    if version != "admission.k8s.io/v1" {
-        return Err(invalid(format!(
-            "AdmissionReview apiVersion {version:?} is not admission.k8s.io/v1, the only version this webhook speaks"
-        )));
+/// The parts of an AdmissionReview this webhook reads. Read in one pass
+/// straight from the body: kube's `AdmissionReview` and `DynamicObject`
+/// flatten, which makes serde buffer the whole document before building
+/// it, and everything else here (status, managedFields, annotations,
+/// userInfo) is skipped by the parser without being kept.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Review {
+    #[serde(default)]
+    api_version: String,
+    request: Option<Request>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Request {
+    pub uid: String,
+    pub kind: GroupVersionKind,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    pub operation: Operation,
+    #[serde(default)]
+    pub object: Option<Object>,
+    #[serde(default)]
+    pub old_object: Option<Object>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Object {
+    #[serde(default)]
+    pub metadata: Meta,
+    /// Kept as JSON: whether an update changes it is decided on what the
+    /// API server stored, even if that no longer reads as today's type.
+    #[serde(default)]
+    pub spec: Value,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Meta {
+    #[serde(default)]
+    pub namespace: Option<String>,
+}
+
+impl Request {
+    fn allowed(&self) -> AdmissionResponse {
+        let mut r = AdmissionResponse::invalid("");
+        r.uid = self.uid.clone();
+        r.allowed = true;
+        r.result = Default::default();
+        r
     }
-    let review: AdmissionReview<DynamicObject> =
-        serde_path_to_error::deserialize(value).map_err(|e| {
-            invalid(format!(
-                "malformed AdmissionReview: {}: {}",
-                e.path(),
-                e.inner()
-            ))
-        })?;
+}
+
+/// A parsed request, or the response that says why it could not be read.
+pub fn parse(body: &[u8]) -> Result<Request, Box<AdmissionResponse>> {
+    let invalid = |why: String| Box::new(AdmissionResponse::invalid(why));
+    let wrong_version = |version: &str| {
+        invalid(format!(
+            "AdmissionReview apiVersion {version:?} is not admission.k8s.io/v1, the only version this webhook speaks"
+        ))
+    };
+    let mut reader = serde_json::Deserializer::from_slice(body);
+    let review: Review = match serde_path_to_error::deserialize(&mut reader) {
+        Ok(r) => r,
+        Err(e) => {
+            // Only on the way out: say so if the version is the cause.
+            #[derive(Deserialize)]
+            #[serde(rename_all = "camelCase")]
+            struct Version {
+                api_version: String,
+            }
+            if let Ok(v) = serde_json::from_slice::<Version>(body) {
+                if v.api_version != "admission.k8s.io/v1" {
+                    return Err(wrong_version(&v.api_version));
+                }
+            }
+            let path = e.path().to_string();
+            return Err(invalid(format!(
+                "malformed AdmissionReview: {path}: {}",
+                e.into_inner()
+            )));
+        }
+    };
+    if review.api_version != "admission.k8s.io/v1" {
+        return Err(wrong_version(&review.api_version));
+    }
     review
-        .try_into()
-        .map_err(|_| invalid("malformed AdmissionReview: no request".into()))
+        .request
+        .ok_or_else(|| invalid("malformed AdmissionReview: no request".into()))
 }
 
 /// For a provisioner being created without `machineOSURL`: its spec, so
 /// the server can look the image up before [`decide`].
-pub fn wants_image(req: &AdmissionRequest<DynamicObject>) -> Option<DPFHCPProvisioner> {
+pub fn wants_image(req: &Request) -> Option<DPFHCPProvisionerSpec> {
     if req.kind.kind != "DPFHCPProvisioner" || req.operation != Operation::Create {
         return None;
     }
-    let p: DPFHCPProvisioner = typed(req.object.as_ref()?).ok()?;
-    let set = p
-        .spec
-        .machine_os_url
-        .as_deref()
-        .is_some_and(|u| !u.is_empty());
-    (!set && spec::check(&p.spec).is_ok()).then_some(p)
+    let p: DPFHCPProvisionerSpec = typed(req.object.as_ref()?).ok()?;
+    let set = p.machine_os_url.as_deref().is_some_and(|u| !u.is_empty());
+    (!set && spec::check(&p).is_ok()).then_some(p)
 }
 
-fn typed<T: DeserializeOwned>(o: &DynamicObject) -> Result<T, String> {
-    let value = serde_json::to_value(o).map_err(|e| e.to_string())?;
-    serde_path_to_error::deserialize(value).map_err(|e| {
+/// The object's spec as `T`, borrowed from the parsed JSON (no copy); the
+/// error names the field by its path.
+fn typed<T: DeserializeOwned>(o: &Object) -> Result<T, String> {
+    serde_path_to_error::deserialize(&o.spec).map_err(|e| {
         let path = e.path().to_string();
-        format!("{path}: {}", e.into_inner())
+        let at = if path == "." {
+            "spec".to_string()
+        } else {
+            format!("spec.{path}")
+        };
+        format!("{at}: {}", e.into_inner())
     })
 }
 
-pub fn decide(req: &AdmissionRequest<DynamicObject>, image: &ImageCheck) -> AdmissionResponse {
-    let allowed = AdmissionResponse::from(req);
+pub fn decide(req: &Request, image: &ImageCheck) -> AdmissionResponse {
+    let allowed = req.allowed();
     // Deletes and connects carry nothing to check.
     if !matches!(req.operation, Operation::Create | Operation::Update) {
         return allowed;
@@ -82,24 +156,38 @@ pub fn decide(req: &AdmissionRequest<DynamicObject>, image: &ImageCheck) -> Admi
     let Some(object) = req.object.as_ref() else {
         return allowed.deny("the request carries no object");
     };
+    // An update that leaves the spec as stored (metadata, finalizers,
+    // labels, status) has nothing for the spec checks to say: refusing it
+    // would keep an object stored before a check was tightened from ever
+    // losing its finalizer, stuck deleting. That covers every update of a
+    // deleting object except one that edits its spec, which is checked in
+    // full, immutable fields included.
+    if req.operation == Operation::Update
+        && req
+            .old_object
+            .as_ref()
+            .is_some_and(|old| old.spec == object.spec)
+    {
+        return allowed;
+    }
     match req.kind.kind.as_str() {
         "DPFHCPProvisioner" => provisioner(req, object, image, allowed),
-        "Infra" => infra(object, allowed),
+        "Infra" => infra(req, object, allowed),
         other => allowed.deny(format!("this webhook does not check {other} objects")),
     }
 }
 
 fn provisioner(
-    req: &AdmissionRequest<DynamicObject>,
-    object: &DynamicObject,
+    req: &Request,
+    object: &Object,
     image: &ImageCheck,
     allowed: AdmissionResponse,
 ) -> AdmissionResponse {
-    let p: DPFHCPProvisioner = match typed(object) {
+    let p: DPFHCPProvisionerSpec = match typed(object) {
         Ok(p) => p,
         Err(e) => return allowed.deny(format!("DPFHCPProvisioner: {e}")),
     };
-    let mut errors: Vec<String> = match spec::check(&p.spec) {
+    let mut errors: Vec<String> = match spec::check(&p) {
         Ok(_) => Vec::new(),
         Err(errors) => errors.iter().map(ToString::to_string).collect(),
     };
@@ -108,11 +196,11 @@ fn provisioner(
         if let Some(old) = req
             .old_object
             .as_ref()
-            .and_then(|o| typed::<DPFHCPProvisioner>(o).ok())
+            .and_then(|o| typed::<DPFHCPProvisionerSpec>(o).ok())
         {
-            let was = spec::immutable_part(&old.spec);
+            let was = spec::immutable_part(&old);
             errors.extend(
-                spec::changed_immutable(&was, &p.spec)
+                spec::changed_immutable(&was, &p)
                     .iter()
                     .map(ToString::to_string),
             );
@@ -124,7 +212,7 @@ fn provisioner(
     match image {
         ImageCheck::Failed(e) if !e.transient() => allowed.deny(format!(
             "BlueField image for release {}: {e}. Add the version to the ConfigMap ocp-bluefield-images (chart value dpf.blueFieldImages), push the image, or set spec.machineOSURL",
-            p.spec.ocp_release_image
+            p.ocp_release_image
         )),
         ImageCheck::Failed(e) => {
             let mut r = allowed;
@@ -137,26 +225,27 @@ fn provisioner(
     }
 }
 
-fn infra(object: &DynamicObject, allowed: AdmissionResponse) -> AdmissionResponse {
-    let i: Infra = match typed(object) {
+fn infra(req: &Request, object: &Object, allowed: AdmissionResponse) -> AdmissionResponse {
+    let i: InfraSpec = match typed(object) {
         Ok(i) => i,
         Err(e) => return allowed.deny(format!("Infra: {e}")),
     };
-    let ns = object.metadata.namespace.clone().unwrap_or_default();
+    let ns = object
+        .metadata
+        .namespace
+        .clone()
+        .or_else(|| req.namespace.clone())
+        .unwrap_or_default();
     // What another object supplies is the controller's to check: a named
     // HostedCluster gives the name and domain, a named Service an address.
-    let stand_in = i
-        .spec
-        .hosted_cluster_ref
-        .as_ref()
-        .map(|r| HostedClusterFacts {
-            name: r.name.clone(),
-            namespace: ns.clone(),
-            base_domain: Some("hosted-cluster.invalid".into()),
-        });
+    let stand_in = i.hosted_cluster_ref.as_ref().map(|r| HostedClusterFacts {
+        name: r.name.clone(),
+        namespace: ns.clone(),
+        base_domain: Some("hosted-cluster.invalid".into()),
+    });
     let services =
         |_: &str, _: &str| ServiceAddress::ClusterIp(std::net::Ipv4Addr::new(192, 0, 2, 1));
-    match validate::validate(&i.spec, &ns, stand_in.as_ref(), &services) {
+    match validate::validate(&i, &ns, stand_in.as_ref(), &services) {
         Ok(_) => allowed,
         Err(errors) => allowed.deny(errors.join("; ")),
     }
@@ -356,6 +445,102 @@ mod tests {
             "{}",
             bad.result.message
         );
+    }
+
+    /// `object` with `metadata` fields set: finalizers, deletionTimestamp.
+    fn with_meta(mut object: Value, meta: Value) -> Value {
+        for (k, v) in meta.as_object().unwrap() {
+            object["metadata"][k] = v.clone();
+        }
+        object
+    }
+
+    #[test]
+    fn updates_that_leave_the_spec_alone_are_admitted_even_when_it_no_longer_passes() {
+        // Stored before a check was tightened: it would be denied today.
+        let stale = provisioner(json!({"baseDomain": "not a domain"}));
+        let finalizer = json!({"finalizers": ["provisioning.dpu.hcp.io/finalizer"]});
+        let deleting = json!({"finalizers": [], "deletionTimestamp": "2025-01-01T00:00:00Z"});
+        let old = with_meta(stale.clone(), finalizer.clone());
+        // The operator's finalizer-only patch while the object is deleted.
+        let r = answer(
+            &review(
+                "DPFHCPProvisioner",
+                "UPDATE",
+                with_meta(stale.clone(), deleting.clone()),
+                Some(with_meta(
+                    stale.clone(),
+                    json!({"finalizers": ["provisioning.dpu.hcp.io/finalizer"], "deletionTimestamp": "2025-01-01T00:00:00Z"}),
+                )),
+            ),
+            &ImageCheck::NotAsked,
+        );
+        assert!(r.allowed, "{:?}", r.result);
+        // A label, not being deleted: the spec is not the change.
+        let r = answer(
+            &review(
+                "DPFHCPProvisioner",
+                "UPDATE",
+                with_meta(stale.clone(), json!({"labels": {"a": "b"}})),
+                Some(old.clone()),
+            ),
+            &ImageCheck::NotAsked,
+        );
+        assert!(r.allowed, "{:?}", r.result);
+        // A spec change is checked in full, deleting or not: the stale
+        // field and an immutable one are both named.
+        let r = answer(
+            &review(
+                "DPFHCPProvisioner",
+                "UPDATE",
+                with_meta(
+                    provisioner(
+                        json!({"baseDomain": "not a domain", "virtualIP": "192.168.1.101"}),
+                    ),
+                    deleting,
+                ),
+                Some(old),
+            ),
+            &ImageCheck::NotAsked,
+        );
+        assert!(
+            !r.allowed && r.result.message.contains("spec.baseDomain"),
+            "{:?}",
+            r.result
+        );
+        let r = answer(
+            &review(
+                "DPFHCPProvisioner",
+                "UPDATE",
+                provisioner(json!({"dpuClusterRef": {"name": "other", "namespace": "dpu"}})),
+                Some(with_meta(
+                    provisioner(json!({})),
+                    json!({"deletionTimestamp": "2025-01-01T00:00:00Z"}),
+                )),
+            ),
+            &ImageCheck::NotAsked,
+        );
+        assert!(
+            !r.allowed && r.result.message.contains("dpuClusterRef"),
+            "{:?}",
+            r.result
+        );
+        // Infra: the same rule.
+        let infra = json!({
+            "apiVersion": "hostedcluster.densityops.com/v1alpha1", "kind": "Infra",
+            "metadata": {"name": "x", "namespace": "ns", "finalizers": ["f"]},
+            "spec": {"networkConfig": {"cidr": "not a cidr", "gateway": "192.168.100.1", "networkAttachmentDefinition": "vlan"}},
+        });
+        let r = answer(
+            &review(
+                "Infra",
+                "UPDATE",
+                with_meta(infra.clone(), json!({"finalizers": []})),
+                Some(infra),
+            ),
+            &ImageCheck::NotAsked,
+        );
+        assert!(r.allowed, "{:?}", r.result);
     }
 
     #[test]
