@@ -189,7 +189,7 @@ async fn the_charts_webhook_admits_good_objects_and_denies_bad_ones_with_a_reloa
         .local_addr()
         .unwrap()
         .port();
-    let op = Operator::start(
+    let mut op = Operator::start(
         c,
         &[NS],
         &[
@@ -335,6 +335,87 @@ async fn the_charts_webhook_admits_good_objects_and_denies_bad_ones_with_a_reloa
             .contains("malformed AdmissionReview"),
         "{answer}"
     );
+
+    println!(
+        "scenario: forty clients send 3 MiB bodies at once: the operator's memory stays bounded"
+    );
+    // Below the 4 MiB body cap, so each is read; together far over the
+    // 16 MiB allowed in flight, so most wait for room (or time out).
+    let big = dir.path().join("big.json");
+    let pad = "A".repeat(3 << 20);
+    std::fs::write(
+        &big,
+        format!(r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{"uid":"big","pad":"{pad}"}}}}"#),
+    )
+    .unwrap();
+    let pid = op.child.id();
+    let rss_kib = || -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    };
+    let before = rss_kib();
+    let mut senders: Vec<Child> = (0..40)
+        .map(|_| {
+            Command::new("curl")
+                .args([
+                    "-sS",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_code}\n",
+                    "--max-time",
+                    "30",
+                ])
+                .args(["--limit-rate", "1M", "--cacert"])
+                .arg(dir.path().join("ca.pem"))
+                .args(["-H", "Content-Type: application/json", "--data-binary"])
+                .arg(format!("@{}", big.display()))
+                .arg(format!("https://127.0.0.1:{port}/validate"))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // Sampled while the bodies arrive, until every sender is done (each
+    // is bounded by --max-time).
+    let mut peak = before;
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while senders.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
+        assert!(
+            Instant::now() < deadline,
+            "curl senders still running after 40 s"
+        );
+        peak = peak.max(rss_kib());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let codes: Vec<String> = senders
+        .into_iter()
+        .map(|c| {
+            String::from_utf8_lossy(&c.wait_with_output().unwrap().stdout)
+                .trim()
+                .to_string()
+        })
+        .collect();
+    let answered = codes.iter().filter(|c| *c == "200").count();
+    println!(
+        "webhook VmRSS {before} KiB before, {peak} KiB at most under 40 concurrent 3 MiB bodies (+{} KiB); {answered} answered, others {:?}",
+        peak - before,
+        codes.iter().filter(|c| *c != "200").collect::<Vec<_>>()
+    );
+    assert!(answered > 0, "no body was answered: {codes:?}");
+    // 16 MiB of bodies in flight, parsed in place, plus TLS and HTTP
+    // buffers per connection: 40 bodies held at once would be 120 MiB.
+    assert!(
+        peak - before < 48 << 10,
+        "VmRSS rose {} KiB under 40 concurrent 3 MiB bodies",
+        peak - before
+    );
+    assert!(op.child.try_wait().unwrap().is_none(), "the operator died");
 
     if let Some(_reg) = reg {
         println!("scenario: no BlueField image for the release: the create is denied, naming the release and the sources");
