@@ -714,18 +714,22 @@ mod tests {
             .unwrap();
         assert!(plan(
             Some(&staged),
-            &[published_1.clone()],
+            std::slice::from_ref(&published_1),
             &names(),
             now,
             &timing
         )
         .unwrap()
         .is_none());
-        assert!(
-            plan(Some(&staged), &[old_ca.clone()], &names(), later, &timing)
-                .unwrap()
-                .is_none()
-        );
+        assert!(plan(
+            Some(&staged),
+            std::slice::from_ref(&old_ca),
+            &names(),
+            later,
+            &timing
+        )
+        .unwrap()
+        .is_none());
 
         // Step 2: promoted. The new leaf is of the successor, which the
         // configuration already trusted; the old leaf, still served by
@@ -740,7 +744,7 @@ mod tests {
         // And it stays put.
         assert!(plan(
             Some(&promoted),
-            &[published_2.clone()],
+            std::slice::from_ref(&published_2),
             &names(),
             at(now, 50),
             &timing
@@ -781,7 +785,7 @@ mod tests {
         // From now on renewals reuse the kept CA.
         let renewed = plan(
             Some(&promoted),
-            &[published_2.clone()],
+            std::slice::from_ref(&published_2),
             &names(),
             at(now, 340),
             &timing,
