@@ -145,6 +145,20 @@ enum Command {
             default_value = "causeway"
         )]
         webhook_configuration: String,
+        /// Seconds between checks of the self-signed pair. For tests that
+        /// rotate the CA in seconds; a CA staged at one check signs at the
+        /// next.
+        #[arg(long, hide = true, env = "CAUSEWAY_WEBHOOK_SELF_SIGNED_CHECK_SECONDS", default_value_t = causeway_operator::webhook::selfsigned::CHECK_EVERY.as_secs())]
+        webhook_self_signed_check_seconds: u64,
+        /// More names or addresses for the self-signed certificate. For
+        /// tests that register the webhook by URL on loopback.
+        #[arg(
+            long,
+            hide = true,
+            env = "CAUSEWAY_WEBHOOK_SELF_SIGNED_EXTRA_SANS",
+            value_delimiter = ','
+        )]
+        webhook_self_signed_extra_sans: Vec<String>,
     },
     /// Policy routing for the config's VLAN interfaces (needs CAP_NET_ADMIN
     /// for apply and flush).
@@ -209,6 +223,8 @@ fn main() -> ExitCode {
             webhook_self_signed_secret,
             webhook_service,
             webhook_configuration,
+            webhook_self_signed_check_seconds,
+            webhook_self_signed_extra_sans,
         } => operator::run(operator::Options {
             admin_listen,
             leader_election,
@@ -234,6 +250,13 @@ fn main() -> ExitCode {
                 self_signed_secret: webhook_self_signed_secret,
                 service: webhook_service,
                 configuration: webhook_configuration,
+                self_signed_check_every: std::time::Duration::from_secs(
+                    webhook_self_signed_check_seconds.max(1),
+                ),
+                self_signed_extra_sans: webhook_self_signed_extra_sans
+                    .into_iter()
+                    .filter(|s| !s.trim().is_empty())
+                    .collect(),
             }),
         }),
         Command::Check { config } => return check(&config),

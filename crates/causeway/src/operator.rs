@@ -35,6 +35,11 @@ pub struct WebhookOptions {
     pub self_signed_secret: Option<String>,
     pub service: String,
     pub configuration: String,
+    /// Tests only: how often the self-signed pair is checked (and so how
+    /// long a staged CA waits before it signs).
+    pub self_signed_check_every: std::time::Duration,
+    /// Tests only: more names for the self-signed certificate.
+    pub self_signed_extra_sans: Vec<String>,
 }
 
 /// How the CSR approver reaches a hosted cluster's API server.
@@ -169,15 +174,18 @@ async fn start_webhook(
             secret: secret.clone(),
             service: w.service.clone(),
             configuration: w.configuration.clone(),
+            extra_sans: w.self_signed_extra_sans.clone(),
         };
-        selfsigned::ensure(client, &names, &w.cert_dir)
+        let every = w.self_signed_check_every;
+        let timing = selfsigned::Timing::checked_every(every);
+        selfsigned::ensure(client, &names, &w.cert_dir, &timing)
             .await
             .context("the webhook's self-signed certificate")?;
         let (client, dir) = (client.clone(), w.cert_dir.clone());
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(selfsigned::CHECK_EVERY).await;
-                if let Err(e) = selfsigned::ensure(&client, &names, &dir).await {
+                tokio::time::sleep(every).await;
+                if let Err(e) = selfsigned::ensure(&client, &names, &dir, &timing).await {
                     tracing::warn!(error = %e, "renewing the webhook's certificate");
                 }
             }

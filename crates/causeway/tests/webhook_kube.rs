@@ -479,10 +479,14 @@ async fn the_charts_webhook_admits_good_objects_and_denies_bad_ones_with_a_reloa
         secret: "causeway-webhook-ca".into(),
         service: "causeway-webhook".into(),
         configuration: "causeway".into(),
+        extra_sans: Vec::new(),
     };
+    let timing = selfsigned::Timing::default();
     let out = dir.path().join("self-signed");
     std::fs::create_dir(&out).unwrap();
-    selfsigned::ensure(&client, &names, &out).await.unwrap();
+    selfsigned::ensure(&client, &names, &out, &timing)
+        .await
+        .unwrap();
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(client.clone(), kube_cluster::RELEASE_NAMESPACE);
     let made = secrets.get("causeway-webhook-ca").await.unwrap();
@@ -507,7 +511,9 @@ async fn the_charts_webhook_admits_good_objects_and_denies_bad_ones_with_a_reloa
         made.data.as_ref().unwrap()["tls.crt"].0
     );
     // Still good: nothing is made again.
-    selfsigned::ensure(&client, &names, &out).await.unwrap();
+    selfsigned::ensure(&client, &names, &out, &timing)
+        .await
+        .unwrap();
     assert_eq!(
         secrets
             .get("causeway-webhook-ca")

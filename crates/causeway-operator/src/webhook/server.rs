@@ -430,6 +430,7 @@ mod tests {
             secret: "s".into(),
             service: "webhook".into(),
             configuration: "c".into(),
+            extra_sans: Vec::new(),
         })
         .unwrap();
         let dir = tempfile::tempdir().unwrap();
