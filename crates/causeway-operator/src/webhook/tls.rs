@@ -55,7 +55,16 @@ fn load(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, CertError> {
         .map_err(|e| CertError::Read(key.to_path_buf(), e.to_string()))?;
     let signer = rustls::crypto::ring::sign::any_supported_type(&der)
         .map_err(|e| CertError::Key(key.to_path_buf(), e.to_string()))?;
-    Ok(Arc::new(CertifiedKey::new(chain, signer)))
+    let pair = CertifiedKey::new(chain, signer);
+    // The two files are replaced one after the other: a handshake between
+    // the two renames sees a new certificate beside the old key, which
+    // would fail every handshake until the next change.
+    match pair.keys_match() {
+        Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {
+            Ok(Arc::new(pair))
+        }
+        Err(e) => Err(CertError::Key(key.to_path_buf(), e.to_string())),
+    }
 }
 
 impl ReloadingCert {
@@ -140,6 +149,18 @@ mod tests {
         assert_ne!(second, first);
         std::fs::write(dir.path().join("tls.key"), "not a key").unwrap();
         assert_eq!(r.refreshed().unwrap().cert[0], second);
+        // A new certificate whose key has not been written yet.
+        write_pair(dir.path(), "three.example");
+        let key = std::fs::read(dir.path().join("tls.key")).unwrap();
+        write_pair(dir.path(), "four.example");
+        let third = r.refreshed().unwrap().cert[0].clone();
+        std::fs::write(dir.path().join("tls.key"), key).unwrap();
+        let served = r.refreshed().unwrap();
+        assert_eq!(served.cert[0], third);
+        assert!(
+            served.keys_match().is_ok(),
+            "a certificate served beside another's key"
+        );
         assert!(ReloadingCert::new(dir.path()).is_err());
         assert!(ReloadingCert::new(&dir.path().join("absent")).is_err());
     }
