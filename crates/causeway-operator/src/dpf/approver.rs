@@ -158,11 +158,7 @@ pub async fn run(
         recorder,
         metrics,
     });
-    // Every session lives in the JoinSet: when this task ends, or is
-    // aborted because leadership was lost, dropping the set aborts them
-    // all, so no replica approves without the lease.
-    let mut tasks: JoinSet<()> = JoinSet::new();
-    let mut sessions: HashMap<ObjectRef<DPFHCPProvisioner>, (String, AbortHandle)> = HashMap::new();
+    let mut sessions = Sessions::default();
     let mut events = pin!(events);
     let mut shutdown = pin!(shutdown);
     loop {
@@ -170,36 +166,67 @@ pub async fn run(
             _ = &mut shutdown => break,
             next = events.next() => if next.is_none() { break },
         }
-        while tasks.try_join_next().is_some() {}
-        // One session per live provisioner, a new one when the object is
-        // recreated under the same name.
         let live: HashMap<_, _> = provisioners
             .state()
             .into_iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .map(|p| (ObjectRef::from_obj(&*p), p.uid().unwrap_or_default()))
             .collect();
-        sessions.retain(|key, (uid, task)| {
-            let keep = live.get(key) == Some(uid) && !task.is_finished();
-            if !keep {
-                task.abort();
+        sessions.follow(
+            live,
+            |key| {
+                tracing::info!(provisioner = %key.name, namespace = ?key.namespace, "CSR approver starting");
+                supervise(ctx.clone(), key.clone())
+            },
+            |key| {
                 if let (Some(m), Some(ns)) = (&ctx.metrics, &key.namespace) {
                     m.csr_pending(ns, &key.name, None);
                 }
                 tracing::info!(provisioner = %key.name, namespace = ?key.namespace, "CSR approver stopped");
+            },
+        );
+    }
+    sessions.tasks.shutdown().await;
+}
+
+/// One session task per live provisioner. Every task lives in the
+/// JoinSet, so dropping this (the approver returning, or its task aborted
+/// when the replica loses leadership) aborts them all: no session of a
+/// replica without the lease goes on approving.
+#[derive(Default)]
+struct Sessions {
+    tasks: JoinSet<()>,
+    running: HashMap<ObjectRef<DPFHCPProvisioner>, (String, AbortHandle)>,
+}
+
+impl Sessions {
+    /// Starts a session for each live provisioner (by key and UID) that has
+    /// none, and stops those whose provisioner is gone, was recreated
+    /// under the same name (a new UID) or whose session ended.
+    fn follow<F>(
+        &mut self,
+        live: HashMap<ObjectRef<DPFHCPProvisioner>, String>,
+        mut start: impl FnMut(&ObjectRef<DPFHCPProvisioner>) -> F,
+        mut stopped: impl FnMut(&ObjectRef<DPFHCPProvisioner>),
+    ) where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        while self.tasks.try_join_next().is_some() {}
+        self.running.retain(|key, (uid, task)| {
+            let keep = live.get(key) == Some(uid) && !task.is_finished();
+            if !keep {
+                task.abort();
+                stopped(key);
             }
             keep
         });
         for (key, uid) in live {
-            if sessions.contains_key(&key) {
-                continue;
+            if !self.running.contains_key(&key) {
+                let task = self.tasks.spawn(start(&key));
+                self.running.insert(key, (uid, task));
             }
-            tracing::info!(provisioner = %key.name, namespace = ?key.namespace, "CSR approver starting");
-            let task = tasks.spawn(supervise(ctx.clone(), key.clone()));
-            sessions.insert(key, (uid, task));
         }
     }
-    tasks.shutdown().await;
 }
 
 /// Runs sessions for one provisioner until it is gone, backing off while
@@ -1126,6 +1153,53 @@ mod tests {
         .collect();
         a.forget_old_cycles(&dpus);
         assert_eq!(a.bootstrap.keys().collect::<Vec<_>>(), ["dpu-a"]);
+    }
+
+    /// A session that holds `guard` until it is stopped.
+    async fn holding(guard: tokio::sync::oneshot::Sender<()>) {
+        let _held = guard;
+        std::future::pending::<()>().await
+    }
+
+    #[tokio::test]
+    async fn sessions_end_with_the_approver_and_with_their_provisioner() {
+        let key = |n: &str| ObjectRef::<DPFHCPProvisioner>::new(n).within("ns");
+        let mut sessions = Sessions::default();
+        let (a_guard, a_gone) = tokio::sync::oneshot::channel();
+        let (b_guard, b_gone) = tokio::sync::oneshot::channel();
+        let mut guards = vec![("a", a_guard), ("b", b_guard)];
+        let mut start = |k: &ObjectRef<DPFHCPProvisioner>| {
+            let at = guards.iter().position(|(n, _)| *n == k.name).unwrap();
+            holding(guards.remove(at).1)
+        };
+        let live = |names: &[(&str, &str)]| {
+            names
+                .iter()
+                .map(|(n, uid)| (key(n), uid.to_string()))
+                .collect::<HashMap<_, _>>()
+        };
+        let mut stops = Vec::new();
+        sessions.follow(live(&[("a", "1"), ("b", "1")]), &mut start, |k| {
+            stops.push(k.name.clone())
+        });
+        // b recreated under the same name: its session is stopped.
+        sessions.follow(
+            live(&[("a", "1")]),
+            |_| async {},
+            |k| stops.push(k.name.clone()),
+        );
+        assert_eq!(stops, ["b"]);
+        tokio::time::timeout(std::time::Duration::from_secs(5), b_gone)
+            .await
+            .expect("b's session still running after its provisioner went")
+            .unwrap_err();
+        // The approver itself stops (as when leadership is lost and its
+        // task is aborted): a's session must not outlive it.
+        drop(sessions);
+        tokio::time::timeout(std::time::Duration::from_secs(5), a_gone)
+            .await
+            .expect("a session outlived its approver")
+            .unwrap_err();
     }
 
     #[test]
