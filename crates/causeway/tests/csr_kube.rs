@@ -248,6 +248,24 @@ async fn wait_verdict(
     m
 }
 
+/// Creates an attacker's CSR as `creator`'s user, adds it to `attacks`
+/// (checked at the end never to have been approved or signed) and waits
+/// until the approver denies it with `reason`; returns the message.
+#[allow(clippy::too_many_arguments)]
+async fn denied(
+    client: &Client,
+    op: &Operator,
+    attacks: &mut Vec<String>,
+    creator: &Client,
+    name: &str,
+    signer: &str,
+    r: &Request,
+    reason: &str,
+) -> String {
+    attacks.push(create_csr(creator, name, signer, r).await);
+    wait_verdict(client, op, name, "Denied", reason).await
+}
+
 /// Waits until the controller-manager has signed `name`.
 async fn wait_signed(client: &Client, op: &Operator, name: &str) {
     eventually(&format!("CSR {name} signed"), WAIT, Some(op), || async {
@@ -600,58 +618,47 @@ subjects:
     assert_eq!(recorded.csr_uid, uid);
 
     println!("scenario: a second bootstrap CSR for the same DPU in the same cycle");
-    attacks.push(
-        create_csr(
-            &bootstrapper,
-            "dpu-a-again",
-            BOOTSTRAP,
-            &request("system:node:dpu-a"),
-        )
-        .await,
-    );
-    let msg = wait_verdict(
+    let msg = denied(
         &client,
         &op,
-        attacks.last().unwrap(),
-        "Denied",
+        &mut attacks,
+        &bootstrapper,
+        "dpu-a-again",
+        BOOTSTRAP,
+        &request("system:node:dpu-a"),
         "AlreadyApproved",
     )
     .await;
     assert!(msg.contains(&uid), "{msg}");
 
     println!("scenario: a bootstrap CSR for a DPU whose Node already exists");
-    attacks.push(
-        create_csr(
-            &bootstrapper,
-            "dpu-b-bootstrap",
-            BOOTSTRAP,
-            &request("system:node:dpu-b"),
-        )
-        .await,
-    );
-    wait_verdict(
+    denied(
         &client,
         &op,
-        attacks.last().unwrap(),
-        "Denied",
+        &mut attacks,
+        &bootstrapper,
+        "dpu-b-bootstrap",
+        BOOTSTRAP,
+        &request("system:node:dpu-b"),
         "NodeExists",
     )
     .await;
 
     println!("scenario: a bootstrap CSR asking for a CA certificate");
-    attacks.push(
-        create_csr(
-            &bootstrapper,
-            "dpu-c-ca",
-            BOOTSTRAP,
-            &Request {
-                ca: true,
-                ..request("system:node:dpu-c")
-            },
-        )
-        .await,
-    );
-    wait_verdict(&client, &op, attacks.last().unwrap(), "Denied", "Extension").await;
+    denied(
+        &client,
+        &op,
+        &mut attacks,
+        &bootstrapper,
+        "dpu-c-ca",
+        BOOTSTRAP,
+        &Request {
+            ca: true,
+            ..request("system:node:dpu-c")
+        },
+        "Extension",
+    )
+    .await;
 
     println!(
         "scenario: a joined DPU's serving CSR with its own name and address is approved and signed"
@@ -671,86 +678,62 @@ subjects:
     wait_signed(&client, &op, &serving).await;
 
     println!("scenario: a node impersonating another DPU (CN of dpu-a, identity of dpu-b)");
-    attacks.push(
-        create_csr(
-            &node_b,
-            "dpu-b-as-a",
-            SERVING,
-            &Request {
-                sans: vec![dns("dpu-a")],
-                ..request("system:node:dpu-a")
-            },
-        )
-        .await,
-    );
-    wait_verdict(
+    denied(
         &client,
         &op,
-        attacks.last().unwrap(),
-        "Denied",
+        &mut attacks,
+        &node_b,
+        "dpu-b-as-a",
+        SERVING,
+        &Request {
+            sans: vec![dns("dpu-a")],
+            ..request("system:node:dpu-a")
+        },
         "CommonName",
     )
     .await;
 
     println!("scenario: serving CSRs with SANs a node may never have");
-    attacks.push(
-        create_csr(
-            &node_b,
-            "dpu-b-kubernetes",
-            SERVING,
-            &Request {
-                sans: vec![dns("dpu-b"), dns("kubernetes.default.svc")],
-                ..request("system:node:dpu-b")
-            },
-        )
-        .await,
-    );
-    wait_verdict(
+    denied(
         &client,
         &op,
-        attacks.last().unwrap(),
-        "Denied",
+        &mut attacks,
+        &node_b,
+        "dpu-b-kubernetes",
+        SERVING,
+        &Request {
+            sans: vec![dns("dpu-b"), dns("kubernetes.default.svc")],
+            ..request("system:node:dpu-b")
+        },
         "ForbiddenSAN",
     )
     .await;
-    attacks.push(
-        create_csr(
-            &node_b,
-            "dpu-b-vip",
-            SERVING,
-            &Request {
-                sans: vec![ip("192.168.1.100")],
-                ..request("system:node:dpu-b")
-            },
-        )
-        .await,
-    );
-    wait_verdict(
+    denied(
         &client,
         &op,
-        attacks.last().unwrap(),
-        "Denied",
+        &mut attacks,
+        &node_b,
+        "dpu-b-vip",
+        SERVING,
+        &Request {
+            sans: vec![ip("192.168.1.100")],
+            ..request("system:node:dpu-b")
+        },
         "ForbiddenSAN",
     )
     .await;
     println!("scenario: prefix confusion: a name that starts with the node's");
-    attacks.push(
-        create_csr(
-            &node_b,
-            "dpu-b-prefix",
-            SERVING,
-            &Request {
-                sans: vec![dns("dpu-b.attacker.example")],
-                ..request("system:node:dpu-b")
-            },
-        )
-        .await,
-    );
-    wait_verdict(
+    denied(
         &client,
         &op,
-        attacks.last().unwrap(),
-        "Denied",
+        &mut attacks,
+        &node_b,
+        "dpu-b-prefix",
+        SERVING,
+        &Request {
+            sans: vec![dns("dpu-b.attacker.example")],
+            ..request("system:node:dpu-b")
+        },
         "SANNotHost",
     )
     .await;
@@ -784,23 +767,17 @@ subjects:
         ],
     )
     .await;
-    attacks.push(
-        create_csr(
-            &node_b,
-            "dpu-b-renewal-wider",
-            SERVING,
-            &Request {
-                sans: vec![dns("dpu-b"), ip("10.0.0.12"), ip("10.0.0.13")],
-                ..request("system:node:dpu-b")
-            },
-        )
-        .await,
-    );
-    wait_verdict(
+    denied(
         &client,
         &op,
-        attacks.last().unwrap(),
-        "Denied",
+        &mut attacks,
+        &node_b,
+        "dpu-b-renewal-wider",
+        SERVING,
+        &Request {
+            sans: vec![dns("dpu-b"), ip("10.0.0.12"), ip("10.0.0.13")],
+            ..request("system:node:dpu-b")
+        },
         "RenewalAddsSANs",
     )
     .await;
@@ -922,20 +899,14 @@ subjects:
     println!("scenario: a restart between two bootstrap CSRs keeps the record");
     op.kill9();
     op = Operator::start(c, &[NS], &args, "csr-restarted-again");
-    attacks.push(
-        create_csr(
-            &bootstrapper,
-            "dpu-e-again",
-            BOOTSTRAP,
-            &request("system:node:dpu-e"),
-        )
-        .await,
-    );
-    let msg = wait_verdict(
+    let msg = denied(
         &client,
         &op,
-        attacks.last().unwrap(),
-        "Denied",
+        &mut attacks,
+        &bootstrapper,
+        "dpu-e-again",
+        BOOTSTRAP,
+        &request("system:node:dpu-e"),
         "AlreadyApproved",
     )
     .await;
@@ -943,20 +914,14 @@ subjects:
 
     println!("scenario: a known DPU that is not joining does not ask to join");
     dpu(&client, "dpu-f", "OS Installing").await;
-    attacks.push(
-        create_csr(
-            &bootstrapper,
-            "dpu-f-early",
-            BOOTSTRAP,
-            &request("system:node:dpu-f"),
-        )
-        .await,
-    );
-    wait_verdict(
+    denied(
         &client,
         &op,
-        attacks.last().unwrap(),
-        "Denied",
+        &mut attacks,
+        &bootstrapper,
+        "dpu-f-early",
+        BOOTSTRAP,
+        &request("system:node:dpu-f"),
         "DPUNotJoining",
     )
     .await;
