@@ -204,12 +204,87 @@ fn single_valued(raw: &[u8]) -> bool {
     }
 }
 
+/// One DER element: identifier octet, minimal definite length, contents.
+fn der_element(identifier: u8, contents: &[u8]) -> Vec<u8> {
+    let mut out = vec![identifier];
+    let len = contents.len();
+    if len < 0x80 {
+        out.push(len as u8);
+    } else {
+        let bytes = len.to_be_bytes();
+        let skip = bytes.iter().take_while(|b| **b == 0).count();
+        out.push(0x80 | (bytes.len() - skip) as u8);
+        out.extend_from_slice(&bytes[skip..]);
+    }
+    out.extend_from_slice(contents);
+    out
+}
+
+/// The request as DER would write it from what was parsed, or `None` when
+/// a parsed part has no single DER form here (a high tag number).
+///
+/// The envelope around the signed part (the outer SEQUENCE, the signature
+/// algorithm and the signature BIT STRING) is not covered by the signature,
+/// and the parser reads its tags leniently. Requiring the bytes to be the
+/// one DER form of what was read means a request is judged exactly as it
+/// is written, and that the signer, which reads the BIT STRING's padding
+/// bits where this parser does not, sees the same signature.
+fn canonical_der(csr: &X509CertificationRequest<'_>) -> Option<Vec<u8>> {
+    let algorithm = &csr.signature_algorithm;
+    let mut identifier = der_element(0x06, algorithm.algorithm.as_bytes());
+    if let Some(parameters) = &algorithm.parameters {
+        let header = &parameters.header;
+        let tag = header.tag().0;
+        if tag >= 0x1f {
+            return None;
+        }
+        let octet = ((header.class() as u8) << 6)
+            | if header.is_constructed() { 0x20 } else { 0 }
+            | tag as u8;
+        identifier.extend(der_element(octet, parameters.data));
+    }
+    let mut signature = vec![csr.signature_value.unused_bits];
+    signature.extend_from_slice(&csr.signature_value.data);
+    let mut body = csr.certification_request_info.raw.to_vec();
+    body.extend(der_element(0x30, &identifier));
+    body.extend(der_element(0x03, &signature));
+    Some(der_element(0x30, &body))
+}
+
 fn parse(request: &[u8]) -> Result<Parsed, Decision> {
     let der = der_of(request)?;
     let (rest, csr) = X509CertificationRequest::from_der(&der)
         .map_err(|e| deny("Malformed", format!("not a PKCS#10 request: {e}")))?;
     if !rest.is_empty() {
         return Err(deny("Malformed", "trailing data after the request"));
+    }
+    if canonical_der(&csr).as_deref() != Some(der.as_slice()) {
+        return Err(deny(
+            "Malformed",
+            "the request is not in DER: its envelope or signature is encoded another way",
+        ));
+    }
+    // A signature or a key is a whole number of octets. Padding bits are
+    // read by the signer (it shifts the octets right) and ignored by this
+    // parser, so with them the two would check different signatures or
+    // certify different keys.
+    if csr.signature_value.unused_bits != 0 {
+        return Err(deny(
+            "Malformed",
+            "the signature BIT STRING declares padding bits",
+        ));
+    }
+    if csr
+        .certification_request_info
+        .subject_pki
+        .subject_public_key
+        .unused_bits
+        != 0
+    {
+        return Err(deny(
+            "Malformed",
+            "the public key BIT STRING declares padding bits",
+        ));
     }
     csr.verify_signature().map_err(|e| {
         deny(
@@ -1494,6 +1569,84 @@ mod tests {
             pem_rfc7468_encode(der)
         )
         .into_bytes()
+    }
+
+    /// A valid serving request from dpu-2, and its DER.
+    fn valid_serving_der() -> (Csr, Vec<u8>) {
+        let mut r = req("system:node:dpu-2");
+        r.sans = vec![dns("dpu-2"), ip("10.0.0.12")];
+        let valid = serving("dpu-2", &r);
+        let text = String::from_utf8(valid.request.clone()).unwrap();
+        let body: String = text.lines().filter(|l| !l.starts_with("-----")).collect();
+        let der = pem_rfc7468_decode(&body);
+        (valid, der)
+    }
+
+    /// Every octet of a valid request, each bit flipped alone and all of
+    /// them at once: nothing but the request as signed is approved. The
+    /// envelope outside the signature is where this matters: its tags are
+    /// read leniently by the parser, so only the DER check refuses them.
+    #[test]
+    fn every_octet_changed_in_a_valid_request_is_refused() {
+        let (valid, der) = valid_serving_der();
+        check(
+            &valid,
+            &History::default(),
+            Verdict::Approve,
+            "AutoApproved",
+        );
+        let mut approved = Vec::new();
+        for at in 0..der.len() {
+            for xor in [1u8, 2, 4, 8, 16, 32, 64, 128, 255] {
+                let mut changed = der.clone();
+                changed[at] ^= xor;
+                let mut c = valid.clone();
+                c.request = pem_around(&changed);
+                let d = decide(&c, &inventory(), &policy(), &History::default());
+                if d.verdict == Verdict::Approve {
+                    approved.push(format!("octet {at} {:#04x} ^ {xor:#04x}", der[at]));
+                }
+            }
+        }
+        assert!(approved.is_empty(), "approved: {approved:?}");
+    }
+
+    #[test]
+    fn padding_bits_in_the_key_or_the_signature_are_refused() {
+        use super::super::forged_csr::{extension_request, key_usage, request, subject_alt_name};
+        let none = History::default();
+        // The signature's BIT STRING declares one padding bit: the signer
+        // would shift the signature one bit right and check another one.
+        let (valid, der) = valid_serving_der();
+        let signature_padding = der.len() - valid_signature_len(&der) - 1;
+        assert_eq!(der[signature_padding], 0);
+        let mut padded = der.clone();
+        padded[signature_padding] = 1;
+        let mut c = valid.clone();
+        c.request = pem_around(&padded);
+        check(&c, &none, Verdict::Deny, "Malformed");
+        // The key's BIT STRING declares padding bits, and the request is
+        // signed as it stands: the signer would certify a shifted key.
+        let (key, mut spki) = forging_key();
+        let key_padding = spki.len() - 66;
+        assert_eq!(&spki[key_padding..key_padding + 2], &[0, 4]);
+        let attributes = [extension_request(&[&[
+            key_usage(),
+            subject_alt_name(&["dpu-2"], &[&[10, 0, 0, 12]]),
+        ]])];
+        let mut honest = serving("dpu-2", &req("system:node:dpu-2"));
+        honest.request = request("system:node:dpu-2", &spki, &attributes, &key);
+        check(&honest, &none, Verdict::Approve, "AutoApproved");
+        spki[key_padding] = 2;
+        let mut shifted = honest.clone();
+        shifted.request = request("system:node:dpu-2", &spki, &attributes, &key);
+        check(&shifted, &none, Verdict::Deny, "Malformed");
+    }
+
+    /// The length of the signature in a request's DER (its last element).
+    fn valid_signature_len(der: &[u8]) -> usize {
+        let (_, csr) = X509CertificationRequest::from_der(der).unwrap();
+        csr.signature_value.data.len()
     }
 
     proptest::proptest! {
