@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use causeway_operator::crd::Infra;
+use causeway_operator::infra::crd::Infra;
 use futures::{stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
@@ -66,7 +66,7 @@ pub struct OperatorArgs {
 }
 
 async fn client_from(path: &Path) -> anyhow::Result<Client> {
-    causeway_operator::client::install_tls_provider();
+    causeway_operator::k8s::client::install_tls_provider();
     let kc = Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
     let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
     Ok(Client::try_from(config)?)
@@ -84,7 +84,7 @@ fn operator_kubeconfig(admin: &Path, token: &str, out: &Path) -> anyhow::Result<
     let ca = cluster
         .certificate_authority
         .context("the cluster names no certificate-authority file")?;
-    let text = causeway_operator::manifest::token_kubeconfig(&server, Path::new(&ca), token);
+    let text = causeway_operator::k8s::manifest::token_kubeconfig(&server, Path::new(&ca), token);
     std::fs::write(out, text)?;
     Ok(())
 }
@@ -92,25 +92,25 @@ fn operator_kubeconfig(admin: &Path, token: &str, out: &Path) -> anyhow::Result<
 async fn setup(client: &Client, args: &OperatorArgs) -> anyhow::Result<String> {
     for ns in [RELEASE_NAMESPACE, args.namespace.as_str()] {
         let doc = format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n");
-        causeway_operator::manifest::apply(client, &doc, ns, MANAGER).await?;
+        causeway_operator::k8s::manifest::apply(client, &doc, ns, MANAGER).await?;
     }
     let chart = std::fs::read_to_string(&args.chart)
         .with_context(|| format!("reading {}", args.chart.display()))?;
-    causeway_operator::manifest::apply(
+    causeway_operator::k8s::manifest::apply(
         client,
-        &causeway_operator::manifest::without_kind(&chart, "Deployment"),
+        &causeway_operator::k8s::manifest::without_kind(&chart, "Deployment"),
         RELEASE_NAMESPACE,
         MANAGER,
     )
     .await
     .context("installing the chart")?;
-    causeway_operator::manifest::apply(client, NAD_CRD, "default", MANAGER).await?;
+    causeway_operator::k8s::manifest::apply(client, NAD_CRD, "default", MANAGER).await?;
     let nad = format!(
         "apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata: {{name: vlan100, namespace: {}}}\nspec: {{config: '{{}}'}}\n",
         args.namespace
     );
-    causeway_operator::manifest::apply(client, &nad, &args.namespace, MANAGER).await?;
-    Ok(causeway_operator::manifest::service_account_token(
+    causeway_operator::k8s::manifest::apply(client, &nad, &args.namespace, MANAGER).await?;
+    Ok(causeway_operator::k8s::manifest::service_account_token(
         client,
         RELEASE_NAMESPACE,
         OPERATOR_SA,

@@ -10,6 +10,10 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("finalizer: {0}")]
     Finalizer(String),
+    /// A rendered object that is not a Kubernetes object: a defect of the
+    /// rendering, counted apart from API failures.
+    #[error("rendering: {0}")]
+    Render(String),
 }
 
 impl Error {
@@ -24,6 +28,7 @@ impl Error {
             Error::Kube(kube::Error::Api(_)) => "api",
             Error::Kube(_) => "transport",
             Error::Finalizer(_) => "finalizer",
+            Error::Render(_) => "render",
         }
     }
 }

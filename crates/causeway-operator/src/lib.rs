@@ -1,20 +1,21 @@
-//! The causeway operator: an `Infra` object becomes causeway pods on the
-//! hosted cluster's VLAN. It observes, renders as a pure function
-//! ([`validate`], then [`render`]), and applies with server-side apply
-//! ([`controller`]).
+//! The causeway operator: the Kubernetes controllers that put causeway on a
+//! hosted cluster's VLAN and bridge DPF DPU clusters to HyperShift.
+//!
+//! - [`infra`]: an `Infra` object becomes the DHCP, DNS and proxy pods.
+//! - [`dpf`]: a `DPFHCPProvisioner` becomes a HostedCluster for a DPF
+//!   DPUCluster, with MetalLB, the kubeconfig hand-off and the CSR approver.
+//! - [`webhook`]: the validating admission webhook for both kinds.
+//! - [`k8s`]: the Kubernetes plumbing they share, which knows none of them.
+//! - [`manager`]: leader election and the controllers' lifecycle.
+//!
+//! Each controller observes, renders with pure functions, and applies by
+//! server-side apply. Not here: the data plane itself (the DHCP, DNS,
+//! proxy and routing crates), the process wiring (the `causeway` binary)
+//! and the chart.
 
-pub mod client;
-pub mod controller;
-pub mod crd;
 pub mod dpf;
-pub mod drift;
 pub mod error;
-pub mod hosted;
-pub mod index;
-pub mod leader;
+pub mod infra;
+pub mod k8s;
 pub mod manager;
-pub mod manifest;
-pub mod render;
-pub mod status;
-pub mod validate;
 pub mod webhook;

@@ -8,9 +8,12 @@ use futures::FutureExt;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::Client;
 
-use crate::controller::{self, OperatorMetrics, Scope, MANAGER};
-use crate::leader::LeaderElector;
-use crate::render::Settings;
+use crate::infra::controller;
+use crate::infra::plan::Settings;
+use crate::k8s::leader::LeaderElector;
+use crate::k8s::metrics::OperatorMetrics;
+use crate::k8s::watch::scopes;
+use crate::k8s::MANAGER;
 
 /// The Lease the replicas compete for, in the operator's namespace.
 pub const LEASE_NAME: &str = "causeway-operator";
@@ -36,17 +39,6 @@ pub enum Stopped {
     Shutdown,
     /// The process must exit, so a restart competes again.
     LostLeadership,
-}
-
-pub fn scopes(namespaces: &[String]) -> Vec<Scope> {
-    if namespaces.is_empty() {
-        vec![Scope::All]
-    } else {
-        namespaces
-            .iter()
-            .map(|ns| Scope::Namespace(ns.clone()))
-            .collect()
-    }
 }
 
 pub async fn run(
@@ -118,7 +110,7 @@ pub async fn run(
             )));
         }
         if options.infra_for_hosted_clusters {
-            tasks.push(tokio::spawn(crate::hosted::run(
+            tasks.push(tokio::spawn(crate::infra::hosted::run(
                 client.clone(),
                 scope,
                 stopped(),

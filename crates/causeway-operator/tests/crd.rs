@@ -10,7 +10,7 @@ fn the_chart_crd_matches_the_generated_one() {
         "/../../charts/causeway/templates/crd-infra.yaml"
     );
     let in_chart = std::fs::read_to_string(path).unwrap();
-    let generated = causeway_operator::crd::crd_yaml().unwrap();
+    let generated = causeway_operator::infra::crd::crd_yaml().unwrap();
     assert!(
         in_chart == generated,
         "{path} is stale: regenerate it with `causeway operator crd > charts/causeway/templates/crd-infra.yaml`"
@@ -20,7 +20,7 @@ fn the_chart_crd_matches_the_generated_one() {
 #[test]
 fn the_crd_has_the_names_and_subresource_the_chart_and_users_expect() {
     use kube::CustomResourceExt;
-    let crd = causeway_operator::crd::Infra::crd();
+    let crd = causeway_operator::infra::crd::Infra::crd();
     assert_eq!(
         crd.metadata.name.as_deref(),
         Some("infras.hostedcluster.densityops.com")

@@ -5,9 +5,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use causeway_operator::crd::Infra;
-use causeway_operator::render::{render, Component, Owner, Rendered, Settings, Workload};
-use causeway_operator::validate::{validate, HostedClusterFacts, Plan, ServiceAddress};
+use causeway_operator::infra::crd::Infra;
+use causeway_operator::infra::plan::{Component, Owner, Plan, Settings};
+use causeway_operator::infra::render::{render, Rendered, Workload};
+use causeway_operator::infra::validate::{validate, HostedClusterFacts, ServiceAddress};
 
 const REFERENCE: &str = include_str!("fixtures/reference-infra.yaml");
 const IMAGE: &str = "registry.example/causeway:0.1.0";
@@ -342,7 +343,7 @@ fn a_hosted_cluster_ref_fills_name_domain_and_namespace() {
         .as_mut()
         .unwrap()
         .control_plane_namespace = None;
-    infra.spec.hosted_cluster_ref = Some(causeway_operator::crd::HostedClusterRef {
+    infra.spec.hosted_cluster_ref = Some(causeway_operator::infra::crd::HostedClusterRef {
         name: "hc7".into(),
         namespace: None,
     });
@@ -469,7 +470,7 @@ fn the_api_service_and_extra_routes_reach_the_proxy_config() {
     let mut infra = reference();
     let p = infra.spec.infra_components.proxy.as_mut().unwrap();
     p.api_server_service = Some("kas".into());
-    p.extra_routes = vec![causeway_operator::crd::ProxyRouteSpec {
+    p.extra_routes = vec![causeway_operator::infra::crd::ProxyRouteSpec {
         port: 22623,
         upstream: "machine-config.clusters-my-cluster.svc:22623".into(),
     }];

@@ -7,10 +7,10 @@
 use std::net::SocketAddr;
 
 use anyhow::Context;
-use causeway_operator::controller::OperatorMetrics;
 use causeway_operator::dpf::approver::{ApproverOptions, HostedEndpoint};
+use causeway_operator::infra::plan::Settings;
+use causeway_operator::k8s::metrics::OperatorMetrics;
 use causeway_operator::manager::{self, Stopped};
-use causeway_operator::render::Settings;
 use causeway_runtime::admin::Admin;
 use causeway_runtime::{readiness::Readiness, signals, telemetry, Shutdown};
 
@@ -69,7 +69,7 @@ pub enum CrdKind {
 pub fn print_crd(kind: CrdKind) -> anyhow::Result<()> {
     let (provisioner, config) = causeway_operator::dpf::crd::crd_yaml()?;
     let text = match kind {
-        CrdKind::Infra => causeway_operator::crd::crd_yaml()?,
+        CrdKind::Infra => causeway_operator::infra::crd::crd_yaml()?,
         CrdKind::Dpfhcpprovisioner => provisioner,
         CrdKind::Dpfhcpprovisionerconfig => config,
     };
@@ -120,7 +120,7 @@ async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
         .bind(opts.admin_listen, None, stop.clone())
         .await
         .with_context(|| format!("admin server on {}", opts.admin_listen))?;
-    let client = causeway_operator::client::connect()
+    let client = causeway_operator::k8s::client::connect()
         .await
         .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
     let operator_namespace = std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "default".into());

@@ -289,7 +289,7 @@ async fn wait_counted(op: &Operator, kind: &str, verdict: &str, reason: &str, n:
 /// A client that acts as `user` in `groups` (the API server adds
 /// system:authenticated), by the admin's impersonation right.
 async fn impersonating(c: &SharedCluster, user: &str, groups: &[&str]) -> Client {
-    causeway_operator::client::install_tls_provider();
+    causeway_operator::k8s::client::install_tls_provider();
     let path = c
         .dir
         .join(format!("kubeconfig-as-{}", user.replace(':', "-")));
@@ -489,7 +489,7 @@ subjects:
     drop(closed);
     kubeconfig_secret(
         &client,
-        &causeway_operator::manifest::token_kubeconfig(&dead, &c.ca, &c.admin_token),
+        &causeway_operator::k8s::manifest::token_kubeconfig(&dead, &c.ca, &c.admin_token),
     )
     .await;
     wait_approval_condition(&client, &op, "False", "HostedClusterNotReachable").await;
@@ -537,7 +537,7 @@ subjects:
     .await;
     kubeconfig_secret(
         &client,
-        &causeway_operator::manifest::token_kubeconfig(&c.server, &c.ca, &approve_only),
+        &causeway_operator::k8s::manifest::token_kubeconfig(&c.server, &c.ca, &approve_only),
     )
     .await;
     let why = wait_approval_condition(&client, &op, "False", "LeastPrivilegeUnavailable").await;
@@ -558,7 +558,7 @@ subjects:
     println!("scenario: the hosted cluster answers; the approver takes its own narrow identity");
     kubeconfig_secret(
         &client,
-        &causeway_operator::manifest::token_kubeconfig(&c.server, &c.ca, &c.admin_token),
+        &causeway_operator::k8s::manifest::token_kubeconfig(&c.server, &c.ca, &c.admin_token),
     )
     .await;
     let why = wait_approval_condition(&client, &op, "True", "Active").await;

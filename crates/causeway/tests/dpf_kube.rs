@@ -17,11 +17,11 @@ mod kube_cluster;
 
 use std::time::Duration;
 
-use causeway_operator::controller::hosted_cluster_resource;
-use causeway_operator::dpf::controller::{
-    dpu_cluster_resource, ip_address_pool_resource, l2_advertisement_resource, node_pool_resource,
-};
 use causeway_operator::dpf::crd::{DPFHCPProvisioner, DPFHCPProvisionerConfig};
+use causeway_operator::k8s::resources::{
+    dpu_cluster_resource, hosted_cluster_resource, ip_address_pool_resource,
+    l2_advertisement_resource, node_pool_resource,
+};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::core::ApiResource;

@@ -15,7 +15,7 @@ mod kube_cluster;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use causeway_operator::crd::Infra;
+use causeway_operator::infra::crd::Infra;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
@@ -855,7 +855,7 @@ async fn hosted_clusters_are_picked_up_once_their_api_is_installed() {
     // the whole API, reported, not a crash.
     let mut orphan = reference_in(&ns);
     orphan.metadata.name = Some("orphan".into());
-    orphan.spec.hosted_cluster_ref = Some(causeway_operator::crd::HostedClusterRef {
+    orphan.spec.hosted_cluster_ref = Some(causeway_operator::infra::crd::HostedClusterRef {
         name: "nowhere".into(),
         namespace: None,
     });

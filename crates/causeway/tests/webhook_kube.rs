@@ -15,8 +15,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use causeway_operator::crd::Infra;
 use causeway_operator::dpf::crd::DPFHCPProvisioner;
+use causeway_operator::infra::crd::Infra;
 use kube::api::{Api, Patch, PatchParams};
 use kube::Client;
 use kube_cluster::{

@@ -39,7 +39,11 @@ use super::crd::{
 };
 use super::csr::{self, Csr, Decision, History, Inventory, Kind, Policy, Verdict};
 use super::spec;
-use crate::controller::{publish_related_event, resource, OperatorMetrics, Scope};
+use crate::k8s::apply::apply_params_as;
+use crate::k8s::events::publish_related_event;
+use crate::k8s::metrics::OperatorMetrics;
+use crate::k8s::resources::resource;
+use crate::k8s::watch::Scope;
 
 /// The field manager of the approver's part of the provisioner status and
 /// of its objects in the hosted cluster.
@@ -392,7 +396,7 @@ fn hosted_role() -> serde_json::Value {
 /// Gives the approver its own identity in the hosted cluster and returns a
 /// client under a short-lived token of it.
 async fn least_privilege(admin: &Client, config: &Config) -> Result<Client, kube::Error> {
-    let pp = PatchParams::apply(APPROVER_MANAGER).force();
+    let pp = apply_params_as(APPROVER_MANAGER);
     let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), HOSTED_NAMESPACE);
     accounts
         .patch(

@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret};
 use k8s_openapi::api::storage::v1::StorageClass;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, PartialObjectMeta};
 use kube::runtime::controller::{Action, Controller};
@@ -36,11 +35,19 @@ use super::crd::{
 use super::render::{self, Owner};
 use super::spec::{self, Publishing};
 use super::status::{self, Check, Cleanup, HostedClusterFacts, Observed};
-use crate::controller::{
-    cached, hosted_cluster_resource, not_found, resource, OperatorMetrics, Scope, MANAGER,
-};
-use crate::drift;
 use crate::error::Error;
+use crate::k8s::apply::{
+    apply_params, get_present, installed, not_found, permanent, Applier, Noise, OnMissing,
+};
+use crate::k8s::conditions;
+use crate::k8s::events::publish_event;
+use crate::k8s::finalizer as finalizers;
+use crate::k8s::metrics::{OperatorMetrics, ReconcileTimer};
+use crate::k8s::resources::{
+    dpu_cluster_resource, dpu_deployment_resource, hosted_cluster_resource,
+    ip_address_pool_resource, l2_advertisement_resource, node_pool_resource,
+};
+use crate::k8s::watch::{cached, Scope};
 
 /// The Go operator's finalizer, so provisioners it made are cleaned up the
 /// same way after a migration.
@@ -56,58 +63,9 @@ const CONFIG_GRACE: Duration = Duration::from_secs(30);
 /// The backstop resync of a provisioner whose state is settled.
 const RESYNC: Duration = Duration::from_secs(300);
 
-pub fn node_pool_resource() -> ApiResource {
-    resource(
-        "hypershift.openshift.io",
-        "v1beta1",
-        "NodePool",
-        "nodepools",
-    )
-}
-
-pub fn dpu_deployment_resource() -> ApiResource {
-    resource(
-        "svc.dpu.nvidia.com",
-        "v1alpha1",
-        "DPUDeployment",
-        "dpudeployments",
-    )
-}
-
-pub fn dpu_cluster_resource() -> ApiResource {
-    resource(
-        "provisioning.dpu.nvidia.com",
-        "v1alpha1",
-        "DPUCluster",
-        "dpuclusters",
-    )
-}
-
-pub fn ip_address_pool_resource() -> ApiResource {
-    resource("metallb.io", "v1beta1", "IPAddressPool", "ipaddresspools")
-}
-
-pub fn l2_advertisement_resource() -> ApiResource {
-    resource(
-        "metallb.io",
-        "v1beta1",
-        "L2Advertisement",
-        "l2advertisements",
-    )
-}
-
-/// The object, or `None` when it or its whole API (a CRD not installed)
-/// is absent: either way there is nothing of that name.
-async fn get_present(api: &Api<DynamicObject>, name: &str) -> Result<Option<DynamicObject>, Error> {
-    match api.get_opt(name).await {
-        Ok(found) => Ok(found),
-        Err(e) if not_found(&e) => Ok(None),
-        Err(e) => Err(e.into()),
-    }
-}
-
 pub struct Context {
     pub client: Client,
+    pub applier: Applier,
     pub provisioners: Store<DPFHCPProvisioner>,
     pub configs: Store<DPFHCPProvisionerConfig>,
     pub operator_namespace: String,
@@ -143,27 +101,6 @@ fn remembered(
     }
 }
 
-/// Whether an API error will come out the same however often it is
-/// retried: refused, invalid, or a request the server cannot serve.
-fn permanent(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if matches!(s.code, 400 | 403 | 405 | 422))
-}
-
-fn apply_params() -> PatchParams {
-    PatchParams::apply(MANAGER).force()
-}
-
-/// Whether a list of `resource` answers at all: a 404 means its CRD is not
-/// installed.
-async fn installed(client: &Client, ns: &str, resource: &ApiResource) -> Result<bool, Error> {
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, resource);
-    match api.list_metadata(&ListParams::default().limit(1)).await {
-        Ok(_) => Ok(true),
-        Err(e) if not_found(&e) => Ok(false),
-        Err(e) => Err(e.into()),
-    }
-}
-
 fn controlled_by(meta: &kube::api::ObjectMeta, uid: &str) -> Option<bool> {
     let refs = meta.owner_references.as_deref().unwrap_or_default();
     let controller = refs.iter().find(|r| r.controller == Some(true))?;
@@ -177,16 +114,10 @@ fn labelled_ours(meta: &kube::api::ObjectMeta, owner: &Owner) -> bool {
 }
 
 fn to_dynamic(v: Value) -> Result<DynamicObject, Error> {
-    serde_json::from_value(v).map_err(|e| Error::Finalizer(format!("rendering: {e}")))
+    serde_json::from_value(v).map_err(|e| Error::Render(e.to_string()))
 }
 
 impl Context {
-    fn counted(&self, kind: &str, verb: &str) {
-        if let Some(m) = &self.metrics {
-            m.write(kind, verb);
-        }
-    }
-
     /// The settings in force. The chart's hook deletes and re-creates the
     /// singleton on every upgrade; for a short while after it goes, the
     /// settings it had still hold, so a `disableMetalLB: true` does not
@@ -202,60 +133,6 @@ impl Context {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let config = remembered(live, &mut last, Instant::now());
         BridgeSettings::resolve(config.as_ref(), &self.operator_namespace)
-    }
-
-    /// Applies a rendered object unless `live` already is it. Returns the
-    /// object as it now is.
-    async fn ensure_dynamic(
-        &self,
-        resource: &ApiResource,
-        desired: Value,
-        live: Option<DynamicObject>,
-    ) -> Result<DynamicObject, Error> {
-        let mut desired = to_dynamic(desired)?;
-        drift::stamp(&mut desired);
-        if let Some(live) = live {
-            if !drift::needs_apply(&desired, Some(&live)) {
-                return Ok(live);
-            }
-        }
-        let ns = desired.namespace().unwrap_or_default();
-        let name = desired.name_any();
-        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &ns, resource);
-        let applied = api
-            .patch(&name, &apply_params(), &Patch::Apply(&desired))
-            .await?;
-        self.counted(&resource.kind, "apply");
-        tracing::info!(kind = %resource.kind, namespace = %ns, %name, "applied");
-        Ok(applied)
-    }
-
-    async fn ensure_secret(&self, mut desired: Secret) -> Result<(), Error> {
-        drift::stamp(&mut desired);
-        let ns = desired.metadata.namespace.clone().unwrap_or_default();
-        let name = desired.metadata.name.clone().unwrap_or_default();
-        let api: Api<Secret> = Api::namespaced(self.client.clone(), &ns);
-        let live = api.get_opt(&name).await?;
-        if !drift::needs_apply(&desired, live.as_ref()) {
-            return Ok(());
-        }
-        api.patch(&name, &apply_params(), &Patch::Apply(&desired))
-            .await?;
-        self.counted("Secret", "apply");
-        tracing::info!(namespace = %ns, %name, "secret applied");
-        Ok(())
-    }
-
-    /// Deletes an object unless it is gone; `true` once it is gone.
-    async fn gone(&self, api: &Api<DynamicObject>, kind: &str, name: &str) -> Result<bool, Error> {
-        match api.delete(name, &DeleteParams::default()).await {
-            Ok(_) => {
-                self.counted(kind, "delete");
-                Ok(false)
-            }
-            Err(e) if not_found(&e) => Ok(true),
-            Err(e) => Err(e.into()),
-        }
     }
 }
 
@@ -446,7 +323,7 @@ async fn generate(
     )
     .await
     .map_err(|e| format!("applying the bfcfg ConfigMap: {e}"))?;
-    ctx.counted("ConfigMap", "apply");
+    ctx.applier.counted("ConfigMap", "apply");
     Ok(())
 }
 
@@ -818,7 +695,11 @@ async fn ensure_metal_lb(
                 return no(failed, format!("{} {ns}/{name} exists and was not made for this provisioner (labels {} and {})", resource.kind, render::NAME_LABEL, render::NAMESPACE_LABEL));
             }
         }
-        if let Err(e) = ctx.ensure_dynamic(resource, desired, live).await {
+        if let Err(e) = ctx
+            .applier
+            .ensure_dynamic(resource, to_dynamic(desired)?, live)
+            .await
+        {
             match e {
                 Error::Kube(ke) if permanent(&ke) => {
                     return no(failed, format!("{} {ns}/{name}: {ke}", resource.kind))
@@ -889,7 +770,8 @@ async fn inject_kubeconfig(
             set_field,
         } => {
             if write_secret {
-                ctx.ensure_secret(render::injected_kubeconfig(owner, &dpu_ns, &kubeconfig.0))
+                ctx.applier
+                    .ensure_live(render::injected_kubeconfig(owner, &dpu_ns, &kubeconfig.0))
                     .await?;
             }
             if set_field {
@@ -904,7 +786,7 @@ async fn inject_kubeconfig(
                     )
                     .await
                 {
-                    Ok(_) => ctx.counted("DPUCluster", "patch"),
+                    Ok(_) => ctx.applier.counted("DPUCluster", "patch"),
                     Err(e) if permanent(&e) => {
                         return no(
                             "InjectionFailed",
@@ -929,82 +811,29 @@ async fn inject_kubeconfig(
 
 /// One reconcile, with its metrics.
 pub async fn reconcile(p: Arc<DPFHCPProvisioner>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let started = Instant::now();
+    let timer = ReconcileTimer::start(ctx.metrics.as_ref(), CONTROLLER);
     let result = if p.metadata.deletion_timestamp.is_some() {
         delete(&p, &ctx).await
     } else {
         apply(&p, &ctx).await
     };
-    if let Some(m) = &ctx.metrics {
-        let label = if result.is_ok() { "ok" } else { "error" };
-        m.reconciled(
-            CONTROLLER,
-            started.elapsed().as_secs_f64(),
-            label,
-            result.as_ref().err().map(Error::metric_label),
-        );
-    }
+    // The bridge reports an invalid spec through its conditions, not as a
+    // reconcile result: every pass that did not fail counts as ok.
+    timer.finish(&result, true);
     result
 }
 
-fn owner_of(p: &DPFHCPProvisioner) -> Result<Owner, Error> {
-    Ok(Owner {
-        name: p.name_any(),
-        namespace: p.namespace().ok_or(Error::NoNamespace)?,
-        uid: p.metadata.uid.clone().unwrap_or_default(),
-    })
-}
-
-/// Changes the finalizer list of the latest `p`, guarded by its
-/// resourceVersion: a concurrent change is a conflict, retried, never a
-/// lost write. Read afresh, because this reconcile may itself have
-/// written status since `p` was read.
-async fn edit_finalizers(
-    ctx: &Context,
-    p: &DPFHCPProvisioner,
-    edit: impl Fn(&mut Vec<String>),
-) -> Result<(), Error> {
-    let api: Api<DPFHCPProvisioner> =
-        Api::namespaced(ctx.client.clone(), &p.namespace().unwrap_or_default());
-    let Some(latest) = api.get_opt(&p.name_any()).await? else {
-        return Ok(());
-    };
-    let mut list = latest.finalizers().to_vec();
-    let before = list.clone();
-    edit(&mut list);
-    if list == before {
-        return Ok(());
-    }
-    let patch =
-        json!({"metadata": {"finalizers": list, "resourceVersion": latest.resource_version()}});
-    match api
-        .patch(
-            &p.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(e) if not_found(&e) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+/// The provisioner's own API, in its namespace.
+fn api_of(ctx: &Context, p: &DPFHCPProvisioner) -> Api<DPFHCPProvisioner> {
+    Api::namespaced(ctx.client.clone(), &p.namespace().unwrap_or_default())
 }
 
 async fn add_finalizer(ctx: &Context, p: &DPFHCPProvisioner) -> Result<(), Error> {
-    if p.finalizers().iter().any(|f| f == FINALIZER) {
-        return Ok(());
-    }
-    edit_finalizers(ctx, p, |list| {
-        if !list.iter().any(|f| f == FINALIZER) {
-            list.push(FINALIZER.into());
-        }
-    })
-    .await
+    finalizers::add(&api_of(ctx, p), p, FINALIZER).await
 }
 
 async fn remove_finalizer(ctx: &Context, p: &DPFHCPProvisioner) -> Result<(), Error> {
-    edit_finalizers(ctx, p, |list| list.retain(|f| f != FINALIZER)).await
+    finalizers::remove(&api_of(ctx, p), p, FINALIZER).await
 }
 
 /// What a reconcile writes to status beyond the conditions.
@@ -1019,7 +848,7 @@ struct Extra {
 
 async fn apply(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action, Error> {
     add_finalizer(ctx, p).await?;
-    let owner = owner_of(p)?;
+    let owner = Owner::of(p)?;
     let ns = owner.namespace.clone();
     let settings = ctx.settings();
     let mut o = Observed {
@@ -1121,15 +950,15 @@ async fn apply(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action, Error> {
     let mut requeue = RESYNC;
     let outcome: Result<(), Error> = async {
         let [pull, ssh] = render::secret_copies(&owner, &secrets.pull_secret, &secrets.ssh_key);
-        ctx.ensure_secret(pull).await?;
-        ctx.ensure_secret(ssh).await?;
+        ctx.applier.ensure_live(pull).await?;
+        ctx.applier.ensure_live(ssh).await?;
         let etcd_key: [u8; 32] = rand::random();
         let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
         match secrets_api
             .create(&PostParams::default(), &render::etcd_key(&owner, etcd_key))
             .await
         {
-            Ok(_) => ctx.counted("Secret", "create"),
+            Ok(_) => ctx.applier.counted("Secret", "create"),
             Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(e) => return Err(e.into()),
         }
@@ -1179,7 +1008,8 @@ async fn apply(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action, Error> {
         .unwrap_or_else(|| render::infra_id(&owner));
     let desired_hc = render::dpf_hosted_cluster(&owner, &p.spec, &checked, &infra_id, publishing);
     let hc = match ctx
-        .ensure_dynamic(&hosted_cluster_resource(), desired_hc, live_hc)
+        .applier
+        .ensure_dynamic(&hosted_cluster_resource(), to_dynamic(desired_hc)?, live_hc)
         .await
     {
         Ok(hc) => hc,
@@ -1203,9 +1033,10 @@ async fn apply(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action, Error> {
     let release =
         status::node_pool_release(&p.spec.ocp_release_image, rollout, np_image.as_deref());
     if let Err(e) = ctx
+        .applier
         .ensure_dynamic(
             &node_pool_resource(),
-            render::node_pool(&owner, &release),
+            to_dynamic(render::node_pool(&owner, &release))?,
             live_np,
         )
         .await
@@ -1334,7 +1165,7 @@ async fn write_status(
         &previous.conditions,
         &checks,
         p.metadata.generation,
-        &Time(k8s_openapi::jiff::Timestamp::now()),
+        &conditions::now(),
     );
     let hc = o.hosted_cluster.as_ref();
     let next = DPFHCPProvisionerStatus {
@@ -1364,28 +1195,22 @@ async fn write_status(
         // The approver's part: compared, never written from here.
         csr_approval: previous.csr_approval.clone(),
     };
-    if next == previous {
-        return Ok(());
-    }
     let mut written = next.clone();
     written.csr_approval = None;
     let api: Api<DPFHCPProvisioner> = Api::namespaced(ctx.client.clone(), &ns);
-    let body = json!({
-        "apiVersion": DPFHCPProvisioner::api_version(&()),
-        "kind": DPFHCPProvisioner::kind(&()),
-        "status": written,
-    });
-    match api
-        .patch_status(&p.name_any(), &apply_params(), &Patch::Apply(&body))
-        .await
-    {
-        Ok(_) => {}
-        // Deleted under us: there is no status left to write.
-        Err(e) if not_found(&e) => return Ok(()),
-        Err(e) => return Err(e.into()),
-    }
-    ctx.counted("DPFHCPProvisioner", "apply-status");
-    if previous.phase != next.phase {
+    // Deleted under us: there is no status left to write.
+    let wrote = ctx
+        .applier
+        .apply_status(
+            &api,
+            &p.name_any(),
+            &previous,
+            &next,
+            &written,
+            OnMissing::Skip,
+        )
+        .await?;
+    if wrote && previous.phase != next.phase {
         tracing::info!(provisioner = %p.name_any(), namespace = %ns, phase = ?next.phase, why = %ready.message, "phase");
         let type_ = if matches!(phase, super::crd::Phase::Failed | super::crd::Phase::Error) {
             EventType::Warning
@@ -1404,7 +1229,7 @@ async fn publish(
     reason: &str,
     note: String,
 ) {
-    crate::controller::publish_event(
+    publish_event(
         ctx.recorder.as_ref(),
         &p.object_ref(&()),
         type_,
@@ -1421,7 +1246,7 @@ async fn delete(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action, Error> {
     if !p.finalizers().iter().any(|f| f == FINALIZER) {
         return Ok(Action::await_change());
     }
-    let owner = owner_of(p)?;
+    let owner = Owner::of(p)?;
     let ns = owner.namespace.clone();
     let settings = ctx.settings();
     let mut o = Observed {
@@ -1444,7 +1269,7 @@ async fn delete(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action, Error> {
                 .delete(&owner.admin_kubeconfig_name(), &DeleteParams::default())
                 .await
             {
-                Ok(_) => ctx.counted("Secret", "delete"),
+                Ok(_) => ctx.applier.counted("Secret", "delete"),
                 Err(e) if not_found(&e) => {}
                 Err(e) => return Err(e.into()),
             }
@@ -1469,7 +1294,7 @@ async fn delete(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action, Error> {
                 &Patch::Merge(&patch),
             )
             .await?;
-            ctx.counted("DPUCluster", "patch");
+            ctx.applier.counted("DPUCluster", "patch");
         }
     }
 
@@ -1495,7 +1320,7 @@ async fn delete(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action, Error> {
             continue;
         }
         if live.metadata.deletion_timestamp.is_none() {
-            ctx.gone(&api, kind, &owner.name).await?;
+            ctx.applier.gone_from(&api, kind, &owner.name).await?;
         }
         let what = format!("{kind} {ns}/{}", owner.name);
         let timed_out = waited >= u64::from(settings.deletion_timeout_seconds);
@@ -1541,7 +1366,7 @@ async fn delete(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action, Error> {
         match secrets.get_opt(&name).await? {
             Some(s) if controlled_by(&s.metadata, &owner.uid) == Some(true) => {
                 match secrets.delete(&name, &DeleteParams::default()).await {
-                    Ok(_) => ctx.counted("Secret", "delete"),
+                    Ok(_) => ctx.applier.counted("Secret", "delete"),
                     Err(e) if not_found(&e) => {}
                     Err(e) => return Err(e.into()),
                 }
@@ -1559,7 +1384,7 @@ async fn delete(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action, Error> {
         let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), mlb_ns, &resource);
         let live = get_present(&api, &name).await?;
         if live.is_some_and(|l| labelled_ours(&l.metadata, &owner)) {
-            ctx.gone(&api, &resource.kind, &name).await?;
+            ctx.applier.gone_from(&api, &resource.kind, &name).await?;
         }
     }
 
@@ -1641,6 +1466,7 @@ pub async fn run(
     );
     let ctx = Arc::new(Context {
         client: client.clone(),
+        applier: Applier::new(client.clone(), metrics.clone(), Noise::Info),
         provisioners: provisioners.clone(),
         configs,
         blue_field_images,

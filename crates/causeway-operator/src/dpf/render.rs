@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 
 use super::crd::{AvailabilityPolicy, DPFHCPProvisionerSpec, NetworkEntry};
 use super::spec::{Checked, Publishing, ResolvedNetworking};
-use crate::controller::MANAGED_BY;
+use crate::k8s::MANAGED_BY;
 
 pub const HYPERSHIFT_API_VERSION: &str = "hypershift.openshift.io/v1beta1";
 pub const METALLB_API_VERSION: &str = "metallb.io/v1beta1";
@@ -40,23 +40,13 @@ pub const DISABLED_CAPABILITIES: [&str; 6] = [
 pub const CONTROL_PLANE_NODE_LABEL: &str = "node-role.kubernetes.io/control-plane";
 
 /// The provisioner the objects are for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Owner {
-    pub name: String,
-    pub namespace: String,
-    pub uid: String,
-}
+pub use crate::k8s::Owner;
 
+// The provisioner's names for what it makes: an inherent impl of the
+// shared owner type, kept beside the rendering that uses it.
 impl Owner {
     pub fn reference(&self) -> OwnerReference {
-        OwnerReference {
-            api_version: "provisioning.dpu.hcp.io/v1alpha1".into(),
-            kind: "DPFHCPProvisioner".into(),
-            name: self.name.clone(),
-            uid: self.uid.clone(),
-            controller: Some(true),
-            block_owner_deletion: Some(true),
-        }
+        self.controller_reference("provisioning.dpu.hcp.io/v1alpha1", "DPFHCPProvisioner")
     }
 
     pub fn labels(&self) -> BTreeMap<String, String> {

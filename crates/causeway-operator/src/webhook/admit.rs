@@ -13,11 +13,11 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::crd::InfraSpec;
 use crate::dpf::bluefield::LookupError;
 use crate::dpf::crd::DPFHCPProvisionerSpec;
 use crate::dpf::spec;
-use crate::validate::{self, HostedClusterFacts, ServiceAddress};
+use crate::infra::crd::InfraSpec;
+use crate::infra::validate::{self, HostedClusterFacts, ServiceAddress};
 
 /// The BlueField lookup's outcome for a provisioner being created.
 #[derive(Debug, Clone, PartialEq)]

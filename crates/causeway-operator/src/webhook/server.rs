@@ -26,9 +26,9 @@ use tokio::sync::Semaphore;
 
 use super::admit::{self, ImageCheck};
 use super::tls::{CertError, ReloadingCert};
-use crate::controller::cached;
 use crate::dpf::bluefield::{self, Credentials, Lookup, Resolver};
 use crate::dpf::crd::{BridgeSettings, DPFHCPProvisionerConfig, DPFHCPProvisionerSpec};
+use crate::k8s::watch::cached;
 
 /// The path the webhook configuration names.
 pub const PATH: &str = "/validate";

@@ -168,12 +168,12 @@ fn start(script: &Path, helm: PathBuf) -> Result<SharedCluster, String> {
 }
 
 pub fn write_kubeconfig(c: &SharedCluster, path: &Path, token: &str) {
-    let text = causeway_operator::manifest::token_kubeconfig(&c.server, &c.ca, token);
+    let text = causeway_operator::k8s::manifest::token_kubeconfig(&c.server, &c.ca, token);
     std::fs::write(path, text).unwrap();
 }
 
 pub async fn client_with_token(c: &SharedCluster, token: &str) -> Client {
-    causeway_operator::client::install_tls_provider();
+    causeway_operator::k8s::client::install_tls_provider();
     let path = c.dir.join(format!("kubeconfig-{}", next_id()));
     write_kubeconfig(c, &path, token);
     let kc = Kubeconfig::read_from(&path).unwrap();
@@ -197,7 +197,7 @@ fn next_id() -> usize {
 /// Applies every document of `yaml` by server-side apply, as `kubectl apply
 /// --server-side` would.
 pub async fn apply_yaml(client: &Client, yaml: &str, default_ns: &str) -> Result<(), String> {
-    causeway_operator::manifest::apply(client, yaml, default_ns, TEST_MANAGER)
+    causeway_operator::k8s::manifest::apply(client, yaml, default_ns, TEST_MANAGER)
         .await
         .map(|_| ())
         .map_err(|e| e.to_string())
@@ -233,8 +233,8 @@ pub async fn install_release(
     let rendered = helm_template(helm, release, sets);
     // The webhook configuration names a Service that 1.20 cannot reach here
     // (no kube-proxy): the webhook test registers it by URL itself.
-    let rendered = without_cel(&causeway_operator::manifest::without_kind(
-        &causeway_operator::manifest::without_kind(&rendered, "Deployment"),
+    let rendered = without_cel(&causeway_operator::k8s::manifest::without_kind(
+        &causeway_operator::k8s::manifest::without_kind(&rendered, "Deployment"),
         "ValidatingWebhookConfiguration",
     ));
     apply_yaml(client, &rendered, RELEASE_NAMESPACE).await
@@ -277,7 +277,7 @@ async fn install_chart(c: &SharedCluster, helm: &Path) -> Result<String, String>
 
 /// A token for a ServiceAccount, from the TokenRequest API.
 pub async fn token_for(client: &Client, ns: &str, sa: &str) -> String {
-    causeway_operator::manifest::service_account_token(
+    causeway_operator::k8s::manifest::service_account_token(
         client,
         ns,
         sa,

@@ -15,178 +15,40 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures::{Stream, StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
-use kube::core::{ApiResource, GroupVersionKind, NamespaceResourceScope};
+use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::finalizer::{finalizer, Event as Finalize};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 
-use crate::crd::{ComponentStatus, Infra, InfraStatus};
-use crate::drift;
+use super::crd::{ComponentStatus, Infra, InfraStatus};
+use super::plan::{Component, Owner, Settings};
+use super::render::{self, ComponentObjects, Rendered, Workload};
+use super::status::{self, ComponentState, Observed};
+use super::validate::{self, HostedClusterFacts, InternalProxyTarget, ServiceAddress};
 use crate::error::Error;
-use crate::index::{Index, Owned, WorkloadFacts};
-use crate::render::{self, Component, ComponentObjects, Owner, Rendered, Settings, Workload};
-use crate::status::{self, ComponentState, Observed};
-use crate::validate::{self, HostedClusterFacts, InternalProxyTarget, ServiceAddress};
+use crate::k8s::apply::{api_message, not_found, Applier, Noise, OnMissing};
+use crate::k8s::conditions;
+use crate::k8s::events::publish_event;
+use crate::k8s::finalizer as finalizers;
+use crate::k8s::index::{Index, WorkloadFacts};
+use crate::k8s::metrics::{OperatorMetrics, ReconcileTimer};
+use crate::k8s::resources::{hosted_cluster_resource, nad_resource};
+use crate::k8s::watch::{cached, owned, Scope};
 
-/// The field manager of every server-side apply.
-pub const MANAGER: &str = "causeway-operator";
 /// Removes the control-plane NetworkPolicy before the Infra goes.
 pub const FINALIZER: &str = "causeway.io/cleanup";
-/// The label every object the operator makes carries; the child watches
-/// select on it, so the stores hold ours and nothing else.
-pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", MANAGER);
 const CONTROLLER: &str = "infra";
 /// Reconciles in flight at once, per watched namespace scope.
 pub const RECONCILE_CONCURRENCY: u16 = 32;
-
-#[derive(Clone)]
-pub struct OperatorMetrics {
-    reconciles: IntCounterVec,
-    errors: IntCounterVec,
-    writes: IntCounterVec,
-    seconds: HistogramVec,
-    csr_decisions: IntCounterVec,
-    csr_pending: IntGaugeVec,
-    csr_max_pending: IntGaugeVec,
-    csr_not_running: IntCounterVec,
-}
-
-impl OperatorMetrics {
-    pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
-        let m = OperatorMetrics {
-            reconciles: IntCounterVec::new(
-                Opts::new(
-                    "causeway_operator_reconciles_total",
-                    "Reconciles, by controller and result (ok, invalid, error)",
-                ),
-                &["controller", "result"],
-            )?,
-            errors: IntCounterVec::new(
-                Opts::new(
-                    "causeway_operator_reconcile_errors_total",
-                    "Failed reconciles, by controller and kind of error",
-                ),
-                &["controller", "error"],
-            )?,
-            writes: IntCounterVec::new(
-                Opts::new(
-                    "causeway_operator_api_writes_total",
-                    "Requests that change objects (apply, delete), by kind and verb",
-                ),
-                &["kind", "verb"],
-            )?,
-            seconds: HistogramVec::new(
-                HistogramOpts::new(
-                    "causeway_operator_reconcile_seconds",
-                    "Time per reconcile, by controller",
-                )
-                .buckets(vec![
-                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
-                ]),
-                &["controller"],
-            )?,
-            csr_decisions: IntCounterVec::new(
-                Opts::new(
-                    "causeway_operator_csr_decisions_total",
-                    "Kubelet CSR decisions, by kind (bootstrap, serving), verdict (approve, deny, ignore) and reason; each CSR counts once per reason",
-                ),
-                &["kind", "verdict", "reason"],
-            )?,
-            csr_pending: IntGaugeVec::new(
-                Opts::new(
-                    "causeway_operator_csr_pending",
-                    "Kubelet CSRs pending in a hosted cluster (created in the last hour)",
-                ),
-                &["namespace", "provisioner"],
-            )?,
-            csr_max_pending: IntGaugeVec::new(
-                Opts::new(
-                    "causeway_operator_csr_max_pending",
-                    "The pending-CSR cap of a hosted cluster: above it nothing is approved",
-                ),
-                &["namespace", "provisioner"],
-            )?,
-            csr_not_running: IntCounterVec::new(
-                Opts::new(
-                    "causeway_operator_csr_approver_not_running_total",
-                    "Times a hosted cluster's CSR approver could not run, by reason (KubeconfigNotAvailable, HostedClusterNotReachable, LeastPrivilegeUnavailable); nothing is approved meanwhile",
-                ),
-                &["namespace", "provisioner", "reason"],
-            )?,
-        };
-        registry.register(Box::new(m.csr_decisions.clone()))?;
-        registry.register(Box::new(m.csr_not_running.clone()))?;
-        registry.register(Box::new(m.csr_pending.clone()))?;
-        registry.register(Box::new(m.csr_max_pending.clone()))?;
-        registry.register(Box::new(m.reconciles.clone()))?;
-        registry.register(Box::new(m.errors.clone()))?;
-        registry.register(Box::new(m.writes.clone()))?;
-        registry.register(Box::new(m.seconds.clone()))?;
-        Ok(m)
-    }
-
-    pub fn write(&self, kind: &str, verb: &str) {
-        self.writes.with_label_values(&[kind, verb]).inc();
-    }
-
-    pub fn csr_decision(&self, kind: &str, verdict: &str, reason: &str) {
-        self.csr_decisions
-            .with_label_values(&[kind, verdict, reason])
-            .inc();
-    }
-
-    pub fn csr_not_running(&self, namespace: &str, provisioner: &str, reason: &str) {
-        self.csr_not_running
-            .with_label_values(&[namespace, provisioner, reason])
-            .inc();
-    }
-
-    /// The pending count and cap of one hosted cluster; `None` forgets it.
-    pub fn csr_pending(&self, namespace: &str, provisioner: &str, counts: Option<(u32, u32)>) {
-        let labels = [namespace, provisioner];
-        match counts {
-            Some((pending, max)) => {
-                self.csr_pending
-                    .with_label_values(&labels)
-                    .set(pending.into());
-                self.csr_max_pending
-                    .with_label_values(&labels)
-                    .set(max.into());
-            }
-            None => {
-                let _ = self.csr_pending.remove_label_values(&labels);
-                let _ = self.csr_max_pending.remove_label_values(&labels);
-            }
-        }
-    }
-
-    /// One reconcile of `controller`: its time, result and error kind.
-    pub fn reconciled(&self, controller: &str, seconds: f64, result: &str, error: Option<&str>) {
-        self.seconds
-            .with_label_values(&[controller])
-            .observe(seconds);
-        self.reconciles
-            .with_label_values(&[controller, result])
-            .inc();
-        if let Some(kind) = error {
-            self.errors.with_label_values(&[controller, kind]).inc();
-        }
-    }
-}
 
 /// What the reconciler reads from: one index per kind it owns, all limited
 /// to the watched namespace (or all) and to objects it made.
@@ -219,41 +81,11 @@ impl Indexes {
 
 pub struct Context {
     pub client: Client,
+    pub applier: Applier,
     pub settings: Settings,
     pub indexes: Indexes,
     pub recorder: Option<Recorder>,
     pub metrics: Option<OperatorMetrics>,
-}
-
-/// A kind the operator reads or writes without Rust types of its own.
-pub fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
-}
-
-pub fn nad_resource() -> ApiResource {
-    resource(
-        "k8s.cni.cncf.io",
-        "v1",
-        "NetworkAttachmentDefinition",
-        "network-attachment-definitions",
-    )
-}
-
-pub fn hosted_cluster_resource() -> ApiResource {
-    resource(
-        "hypershift.openshift.io",
-        "v1beta1",
-        "HostedCluster",
-        "hostedclusters",
-    )
-}
-
-pub(crate) fn not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 404)
-}
-
-fn apply_params() -> PatchParams {
-    PatchParams::apply(MANAGER).force()
 }
 
 /// What a referenced HostedCluster says, or why it could not be read. A
@@ -291,15 +123,6 @@ async fn hosted_cluster(
     }
 }
 
-/// An API error as a condition message: a 404 on the whole resource means
-/// its CRD is not installed.
-fn api_message(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) if s.code == 404 => "the API is not installed (no CRD)".into(),
-        other => other.to_string(),
-    }
-}
-
 /// Whether the NetworkAttachmentDefinition is there: `Err` says why not.
 async fn network_attachment(client: &Client, ns: &str, name: &str) -> Result<(), String> {
     let nads: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &nad_resource());
@@ -327,104 +150,6 @@ async fn service_address(client: &Client, ns: &str, name: &str) -> Result<Servic
     })
 }
 
-impl Context {
-    fn counted(&self, kind: &str, verb: &str) {
-        if let Some(m) = &self.metrics {
-            m.write(kind, verb);
-        }
-    }
-
-    /// Applies `desired` unless the index shows the object is already it;
-    /// an object the index cannot vouch for is read once and compared.
-    async fn ensure<K>(&self, index: &Index, mut desired: K) -> Result<(), Error>
-    where
-        K: Owned
-            + Resource<Scope = NamespaceResourceScope>
-            + Clone
-            + DeserializeOwned
-            + std::fmt::Debug,
-    {
-        drift::stamp(&mut desired);
-        let ns = desired.meta().namespace.clone().ok_or(Error::NoNamespace)?;
-        let name = desired.meta().name.clone().unwrap_or_default();
-        let wanted = drift::desired_hash(&desired);
-        if index.is_current(&ns, &name, &wanted) {
-            return Ok(());
-        }
-        let api: Api<K> = Api::namespaced(self.client.clone(), &ns);
-        let must_apply = match index.get(&ns, &name) {
-            None => true,
-            Some(seen) if seen.desired.as_deref() != Some(wanted.as_str()) => true,
-            // Changed since last verified, by someone: look before writing.
-            Some(_) => match api.get_opt(&name).await? {
-                None => true,
-                Some(live) if drift::needs_apply(&desired, Some(&live)) => true,
-                Some(live) => {
-                    index.verified(&live, &wanted);
-                    false
-                }
-            },
-        };
-        if !must_apply {
-            return Ok(());
-        }
-        let applied = api
-            .patch(&name, &apply_params(), &Patch::Apply(&desired))
-            .await?;
-        index.verified(&applied, &wanted);
-        self.counted(&K::kind(&()), "apply");
-        tracing::debug!(kind = %K::kind(&()), namespace = %ns, %name, "applied");
-        Ok(())
-    }
-
-    /// Deletes an object of ours the index still shows.
-    async fn remove<K>(&self, index: &Index, ns: &str, name: &str) -> Result<(), Error>
-    where
-        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-            + Clone
-            + DeserializeOwned
-            + std::fmt::Debug,
-    {
-        if index.get(ns, name).is_none() {
-            return Ok(());
-        }
-        let api: Api<K> = Api::namespaced(self.client.clone(), ns);
-        match api.delete(name, &DeleteParams::default()).await {
-            Ok(_) => {
-                self.counted(&K::kind(&()), "delete");
-                tracing::info!(kind = %K::kind(&()), namespace = %ns, %name, "deleted: its component is disabled");
-                Ok(())
-            }
-            Err(e) if not_found(&e) => Ok(()),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// The control-plane policy lives outside the watched objects: read,
-    /// compared and applied like the rest.
-    async fn ensure_read<K>(&self, mut desired: K) -> Result<(), Error>
-    where
-        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-            + Clone
-            + Serialize
-            + DeserializeOwned
-            + std::fmt::Debug,
-    {
-        drift::stamp(&mut desired);
-        let ns = desired.meta().namespace.clone().ok_or(Error::NoNamespace)?;
-        let name = desired.meta().name.clone().unwrap_or_default();
-        let api: Api<K> = Api::namespaced(self.client.clone(), &ns);
-        let current = api.get_opt(&name).await?;
-        if !drift::needs_apply(&desired, current.as_ref()) {
-            return Ok(());
-        }
-        api.patch(&name, &apply_params(), &Patch::Apply(&desired))
-            .await?;
-        self.counted(&K::kind(&()), "apply");
-        Ok(())
-    }
-}
-
 fn workload_state(w: Option<WorkloadFacts>, component: Component) -> ComponentState {
     let pods = component.name();
     // One message for every way of not being ready (no workload yet, a
@@ -440,7 +165,7 @@ fn workload_state(w: Option<WorkloadFacts>, component: Component) -> ComponentSt
 
 /// One pass over one Infra, wrapped in the finalizer.
 pub async fn reconcile(infra: Arc<Infra>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let started = Instant::now();
+    let timer = ReconcileTimer::start(ctx.metrics.as_ref(), CONTROLLER);
     let ns = infra.namespace().ok_or(Error::NoNamespace)?;
     let api: Api<Infra> = Api::namespaced(ctx.client.clone(), &ns);
     let mut valid = true;
@@ -455,31 +180,13 @@ pub async fn reconcile(infra: Arc<Infra>, ctx: Arc<Context>) -> Result<Action, E
         }
     })
     .await
-    .map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e)
-        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        kube::runtime::finalizer::Error::AddFinalizer(e)
-        | kube::runtime::finalizer::Error::RemoveFinalizer(e) => Error::Kube(e),
-        other => Error::Finalizer(other.to_string()),
-    });
-    if let Some(m) = &ctx.metrics {
-        let label = match &result {
-            Ok(_) if valid => "ok",
-            Ok(_) => "invalid",
-            Err(_) => "error",
-        };
-        m.reconciled(
-            CONTROLLER,
-            started.elapsed().as_secs_f64(),
-            label,
-            result.as_ref().err().map(Error::metric_label),
-        );
-    }
+    .map_err(finalizers::from_kube);
+    timer.finish(&result, valid);
     result
 }
 
 async fn cleanup(infra: &Infra, ctx: &Context) -> Result<Action, Error> {
-    let owner = owner_of(infra)?;
+    let owner = Owner::of(infra)?;
     // The policy is wherever the Infra's proxy reached: found by its labels
     // across namespaces, as the spec that named the namespace may have
     // changed since. An operator limited to some namespaces may not list
@@ -513,25 +220,12 @@ async fn cleanup(infra: &Infra, ctx: &Context) -> Result<Action, Error> {
     for policy in found {
         let ns = policy.namespace().unwrap_or_default();
         let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &ns);
-        match api
-            .delete(&policy.name_any(), &DeleteParams::default())
-            .await
-        {
-            Ok(_) => ctx.counted("NetworkPolicy", "delete"),
-            Err(e) if not_found(&e) => {}
-            Err(e) => return Err(e.into()),
-        }
+        ctx.applier
+            .gone_from(&api, "NetworkPolicy", &policy.name_any())
+            .await?;
     }
     tracing::info!(infra = %owner.name, namespace = %owner.namespace, "cleaned up; owned objects go by garbage collection");
     Ok(Action::await_change())
-}
-
-fn owner_of(infra: &Infra) -> Result<Owner, Error> {
-    Ok(Owner {
-        name: infra.name_any(),
-        namespace: infra.namespace().ok_or(Error::NoNamespace)?,
-        uid: infra.metadata.uid.clone().unwrap_or_default(),
-    })
 }
 
 /// The action, and whether the spec was valid.
@@ -541,7 +235,7 @@ async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Err
         // again for nothing.
         return Ok((Action::requeue(Duration::from_secs(1)), true));
     }
-    let owner = owner_of(infra)?;
+    let owner = Owner::of(infra)?;
     let ns = owner.namespace.clone();
     let client = &ctx.client;
 
@@ -625,11 +319,15 @@ async fn apply_rendered(
         control_plane_policy,
     } = rendered;
     let shared = async {
-        ctx.ensure(&s.service_accounts, service_account).await?;
-        ctx.ensure(&s.network_policies, admin_policy).await?;
+        ctx.applier
+            .ensure_indexed(&s.service_accounts, service_account)
+            .await?;
+        ctx.applier
+            .ensure_indexed(&s.network_policies, admin_policy)
+            .await?;
         if let Some(policy) = control_plane_policy {
             let target = policy.metadata.namespace.clone().unwrap_or_default();
-            match ctx.ensure_read(policy).await {
+            match ctx.applier.ensure_live(policy).await {
                 // HyperShift makes the control-plane namespace; until it
                 // has, there is nothing to let through. Tried again on the
                 // resync.
@@ -672,35 +370,45 @@ async fn component_state(
     let ns = owner.namespace.as_str();
     let name = render::object_name(owner, component);
     let Some(objects) = objects else {
-        ctx.remove::<ConfigMap>(
-            &s.config_maps,
-            ns,
-            &render::config_map_name(owner, component),
-        )
-        .await?;
+        ctx.applier
+            .remove::<ConfigMap>(
+                &s.config_maps,
+                ns,
+                &render::config_map_name(owner, component),
+            )
+            .await?;
         match component {
             Component::Dhcp => {
-                ctx.remove::<StatefulSet>(&s.stateful_sets, ns, &name)
+                ctx.applier
+                    .remove::<StatefulSet>(&s.stateful_sets, ns, &name)
                     .await?
             }
-            _ => ctx.remove::<Deployment>(&s.deployments, ns, &name).await?,
+            _ => {
+                ctx.applier
+                    .remove::<Deployment>(&s.deployments, ns, &name)
+                    .await?
+            }
         }
         if component == Component::Dns {
-            ctx.remove::<Service>(&s.services, ns, &name).await?;
+            ctx.applier
+                .remove::<Service>(&s.services, ns, &name)
+                .await?;
         }
         return Ok(ComponentState::Disabled);
     };
-    ctx.ensure(&s.config_maps, objects.config).await?;
+    ctx.applier
+        .ensure_indexed(&s.config_maps, objects.config)
+        .await?;
     if let Some(service) = objects.service {
-        ctx.ensure(&s.services, service).await?;
+        ctx.applier.ensure_indexed(&s.services, service).await?;
     }
     let facts = match objects.workload {
         Workload::StatefulSet(set) => {
-            ctx.ensure(&s.stateful_sets, set).await?;
+            ctx.applier.ensure_indexed(&s.stateful_sets, set).await?;
             s.stateful_sets.get(ns, &name).and_then(|w| w.workload)
         }
         Workload::Deployment(d) => {
-            ctx.ensure(&s.deployments, d).await?;
+            ctx.applier.ensure_indexed(&s.deployments, d).await?;
             s.deployments.get(ns, &name).and_then(|w| w.workload)
         }
     };
@@ -714,7 +422,7 @@ async fn write_status(ctx: &Context, infra: &Infra, observed: &Observed) -> Resu
         &previous.conditions,
         observed,
         infra.metadata.generation,
-        &Time(k8s_openapi::jiff::Timestamp::now()),
+        &conditions::now(),
     );
     let ready = |c: Component| {
         observed
@@ -731,21 +439,21 @@ async fn write_status(ctx: &Context, infra: &Infra, observed: &Observed) -> Resu
             proxy_ready: ready(Component::Proxy),
         }),
     };
-    if next == previous {
-        return Ok(());
-    }
+    let api: Api<Infra> = Api::namespaced(ctx.client.clone(), &ns);
+    let written = ctx
+        .applier
+        .apply_status(
+            &api,
+            &infra.name_any(),
+            &previous,
+            &next,
+            &next,
+            OnMissing::Fail,
+        )
+        .await?;
     let was_ready = is_ready(&previous);
     let now_ready = is_ready(&next);
-    let api: Api<Infra> = Api::namespaced(ctx.client.clone(), &ns);
-    let body = serde_json::json!({
-        "apiVersion": Infra::api_version(&()),
-        "kind": Infra::kind(&()),
-        "status": next,
-    });
-    api.patch_status(&infra.name_any(), &apply_params(), &Patch::Apply(&body))
-        .await?;
-    ctx.counted("Infra", "apply-status");
-    if was_ready != now_ready {
+    if written && was_ready != now_ready {
         let (type_, reason, note) = if now_ready {
             (
                 EventType::Normal,
@@ -783,129 +491,9 @@ async fn publish(ctx: &Context, infra: &Infra, type_: EventType, reason: &str, n
     .await;
 }
 
-/// An event about `about`, when there is a recorder; a failure to publish
-/// is logged, never an error of the reconcile.
-pub(crate) async fn publish_event(
-    recorder: Option<&Recorder>,
-    about: &k8s_openapi::api::core::v1::ObjectReference,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
-    publish_related_event(recorder, about, None, type_, reason, note).await;
-}
-
-/// An event about `about` concerning `related` as well: events with a
-/// different `related` object are kept apart rather than counted as a
-/// series of one.
-pub(crate) async fn publish_related_event(
-    recorder: Option<&Recorder>,
-    about: &k8s_openapi::api::core::v1::ObjectReference,
-    related: Option<k8s_openapi::api::core::v1::ObjectReference>,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
-    let Some(recorder) = recorder else {
-        return;
-    };
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: "Reconcile".into(),
-        secondary: related,
-    };
-    if let Err(e) = recorder.publish(&event, about).await {
-        tracing::warn!(error = %e, "could not publish an event");
-    }
-}
-
 fn error_policy(infra: Arc<Infra>, error: &Error, _ctx: Arc<Context>) -> Action {
     tracing::warn!(infra = %infra.name_any(), namespace = ?infra.namespace(), %error, "reconcile failed; retrying in 15 s");
     Action::requeue(Duration::from_secs(15))
-}
-
-/// Which namespaces one controller watches.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Scope {
-    All,
-    Namespace(String),
-}
-
-impl Scope {
-    pub fn api<K>(&self, client: &Client) -> Api<K>
-    where
-        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>,
-    {
-        match self {
-            Scope::All => Api::all(client.clone()),
-            Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
-        }
-    }
-}
-
-/// A watch over our objects of one kind: the index it feeds, and the
-/// stream of slimmed objects (names and owners only) that triggers the
-/// owners' reconciles.
-fn owned<K>(
-    api: Api<K>,
-) -> (
-    Index,
-    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
-)
-where
-    K: Owned + Clone + Default + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-{
-    let config = watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
-    let index = Index::default();
-    let feed = index.clone();
-    let stream = watcher(api, config)
-        .map_ok(move |event| {
-            feed.observe(&event);
-            event.modify(|obj| *obj = slim(obj))
-        })
-        .default_backoff()
-        .touched_objects();
-    (index, stream)
-}
-
-/// Only what the controller needs to map an object to its owner.
-fn slim<K: Resource + Default>(obj: &K) -> K {
-    let mut out = K::default();
-    let meta = out.meta_mut();
-    meta.name = obj.meta().name.clone();
-    meta.namespace = obj.meta().namespace.clone();
-    meta.owner_references = obj.meta().owner_references.clone();
-    out
-}
-
-/// A reflector whose store keeps objects without their managedFields,
-/// which nothing here reads and which are often the larger part of an
-/// object applied by several managers.
-pub(crate) fn cached<K>(
-    api: Api<K>,
-    config: watcher::Config,
-) -> (
-    Store<K>,
-    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
-)
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, writer) = reflector::store();
-    let stream = watcher(api, config)
-        .modify(|obj: &mut K| obj.meta_mut().managed_fields = None)
-        .reflect(writer)
-        .default_backoff()
-        .touched_objects();
-    (reader, stream)
 }
 
 /// Whether `infra` names `svc` as its internal proxy Service.
@@ -941,6 +529,7 @@ pub async fn run(
     let (network_policies, np_stream) = owned(scope.api::<NetworkPolicy>(&client));
     let ctx = Arc::new(Context {
         client: client.clone(),
+        applier: Applier::new(client.clone(), metrics.clone(), Noise::Debug),
         settings,
         indexes: Indexes {
             config_maps,

@@ -4,7 +4,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use crate::render::Component;
+use super::plan::Component;
 
 /// How one component stands.
 #[derive(Debug, Clone, PartialEq, Eq)]

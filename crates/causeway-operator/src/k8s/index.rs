@@ -23,7 +23,7 @@ use kube::Resource;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::drift::DESIRED_HASH_ANNOTATION;
+use super::drift::DESIRED_HASH_ANNOTATION;
 
 /// The status fields readiness is decided from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

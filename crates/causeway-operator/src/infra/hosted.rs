@@ -15,13 +15,16 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, Patch};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 
-use crate::controller::{hosted_cluster_resource, MANAGER};
-use crate::crd::{HostedClusterRef, Infra, InfraSpec};
+use super::crd::{HostedClusterRef, Infra, InfraSpec};
+use crate::k8s::apply::apply_params;
+use crate::k8s::resources::hosted_cluster_resource;
+use crate::k8s::watch::Scope;
+use crate::k8s::MANAGER;
 
 /// The annotation whose value is the Infra spec to create.
 pub const ANNOTATION: &str = "causeway.io/infra";
@@ -94,12 +97,8 @@ pub async fn reconcile(
         Some(Ok(infra)) => {
             let ns = infra.namespace().unwrap_or_default();
             let api: Api<Infra> = Api::namespaced(ctx.client.clone(), &ns);
-            api.patch(
-                &infra.name_any(),
-                &PatchParams::apply(MANAGER).force(),
-                &Patch::Apply(&infra),
-            )
-            .await?;
+            api.patch(&infra.name_any(), &apply_params(), &Patch::Apply(&infra))
+                .await?;
         }
     }
     Ok(Action::requeue(Duration::from_secs(600)))
@@ -114,14 +113,11 @@ fn error_policy(hc: Arc<DynamicObject>, error: &HostedError, _: Arc<HostedContex
 /// installed, it waits for it.
 pub async fn run(
     client: Client,
-    scope: crate::controller::Scope,
+    scope: Scope,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let ar = hosted_cluster_resource();
-    let api: Api<DynamicObject> = match &scope {
-        crate::controller::Scope::All => Api::all_with(client.clone(), &ar),
-        crate::controller::Scope::Namespace(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-    };
+    let api: Api<DynamicObject> = scope.api_with(&client, &ar);
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
     let mut said = false;
     loop {

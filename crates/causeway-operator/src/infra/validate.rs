@@ -19,8 +19,8 @@ use causeway_config::{
 use ipnet::Ipv4Net;
 use serde_json::Value;
 
-use crate::crd::{InfraSpec, ProxySpec};
-use crate::render::{Component, ADMIN_PORT, LEASE_DIR, VLAN_INTERFACE};
+use super::crd::{InfraSpec, ProxySpec};
+use super::plan::{Component, ComponentPlan, Plan, ADMIN_PORT, LEASE_DIR, VLAN_INTERFACE};
 
 /// What the operator learned from a referenced HostedCluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,34 +44,6 @@ pub enum ServiceAddress {
     /// Headless, or IPv6 only.
     NoClusterIp,
     Missing,
-}
-
-/// One component's pod: its VLAN address and the config it runs.
-#[derive(Debug, Clone)]
-pub struct ComponentPlan {
-    pub component: Component,
-    pub server_ip: Ipv4Addr,
-    /// The config as the ConfigMap holds it (YAML), already validated.
-    pub config_text: String,
-}
-
-/// A valid Infra, ready to render.
-#[derive(Debug, Clone)]
-pub struct Plan {
-    pub cidr: Ipv4Net,
-    pub nad_name: String,
-    pub nad_namespace: String,
-    pub components: Vec<ComponentPlan>,
-    /// Where the proxy's upstreams live, when the proxy runs.
-    pub control_plane_namespace: Option<String>,
-    /// Accepted but ignored fields, for a warning condition.
-    pub warnings: Vec<String>,
-}
-
-impl Plan {
-    pub fn component(&self, c: Component) -> Option<&ComponentPlan> {
-        self.components.iter().find(|p| p.component == c)
-    }
 }
 
 /// `internalProxyService` read as the Go operator's users write it: an

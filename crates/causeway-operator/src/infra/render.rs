@@ -24,45 +24,13 @@ use k8s_openapi::api::networking::v1::{
     NetworkPolicySpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::validate::Plan;
-
-/// The admin port inside each pod, bound to the pod network (`eth0`) only.
-pub const ADMIN_PORT: i32 = 9090;
-pub const CONFIG_DIR: &str = "/etc/causeway";
-pub const LEASE_DIR: &str = "/var/lib/causeway";
-/// The VLAN interface Multus adds to each pod.
-pub const VLAN_INTERFACE: &str = "net1";
-pub const NETWORKS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/networks";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Component {
-    Dhcp,
-    Dns,
-    Proxy,
-}
-
-impl Component {
-    pub const ALL: [Component; 3] = [Component::Dhcp, Component::Dns, Component::Proxy];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Component::Dhcp => "dhcp",
-            Component::Dns => "dns",
-            Component::Proxy => "proxy",
-        }
-    }
-}
-
-/// The Infra an object belongs to.
-#[derive(Debug, Clone)]
-pub struct Owner {
-    pub name: String,
-    pub namespace: String,
-    pub uid: String,
-}
+use super::plan::{
+    Component, Owner, Plan, Settings, ADMIN_PORT, CONFIG_DIR, LEASE_DIR, NETWORKS_ANNOTATION,
+    VLAN_INTERFACE,
+};
 
 /// One component's objects.
 #[derive(Debug, Clone, PartialEq)]
@@ -92,17 +60,6 @@ pub struct Rendered {
     /// not cross namespaces; the Infra's finalizer removes it): lets the
     /// proxy pods through HyperShift's default-deny policies.
     pub control_plane_policy: Option<NetworkPolicy>,
-}
-
-/// What the rendering needs beyond the plan.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// The image the data-plane pods run.
-    pub image: String,
-    /// Where the operator runs: its pods may reach the admin port.
-    pub operator_namespace: String,
-    /// Resources for every data-plane container.
-    pub resources: Option<ResourceRequirements>,
 }
 
 /// Namespaces whose pods may scrape the admin port: OpenShift's cluster
@@ -169,14 +126,9 @@ fn meta(owner: &Owner, name: String, component: Option<Component>) -> ObjectMeta
         name: Some(name),
         namespace: Some(owner.namespace.clone()),
         labels: Some(labels(owner, component)),
-        owner_references: Some(vec![OwnerReference {
-            api_version: "hostedcluster.densityops.com/v1alpha1".into(),
-            kind: "Infra".into(),
-            name: owner.name.clone(),
-            uid: owner.uid.clone(),
-            controller: Some(true),
-            block_owner_deletion: Some(true),
-        }]),
+        owner_references: Some(vec![
+            owner.controller_reference("hostedcluster.densityops.com/v1alpha1", "Infra")
+        ]),
         ..ObjectMeta::default()
     }
 }

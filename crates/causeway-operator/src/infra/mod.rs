@@ -1,0 +1,13 @@
+//! The Infra controller: an `Infra` object becomes causeway pods on the
+//! hosted cluster's VLAN. It observes, turns the spec into a [`plan`]
+//! ([`validate`]), renders the plan as a pure function ([`render`],
+//! [`status`]), and applies through [`crate::k8s::apply`]
+//! ([`controller`]). [`hosted`] makes Infras for annotated HostedClusters.
+
+pub mod controller;
+pub mod crd;
+pub mod hosted;
+pub mod plan;
+pub mod render;
+pub mod status;
+pub mod validate;

@@ -1,0 +1,67 @@
+//! The foreign kinds the operator reads or writes without Rust types of
+//! its own: HyperShift, DPF, MetalLB and Multus objects.
+
+use kube::core::{ApiResource, GroupVersionKind};
+
+/// A kind by group, version, kind and plural.
+pub fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+}
+
+pub fn nad_resource() -> ApiResource {
+    resource(
+        "k8s.cni.cncf.io",
+        "v1",
+        "NetworkAttachmentDefinition",
+        "network-attachment-definitions",
+    )
+}
+
+pub fn hosted_cluster_resource() -> ApiResource {
+    resource(
+        "hypershift.openshift.io",
+        "v1beta1",
+        "HostedCluster",
+        "hostedclusters",
+    )
+}
+
+pub fn node_pool_resource() -> ApiResource {
+    resource(
+        "hypershift.openshift.io",
+        "v1beta1",
+        "NodePool",
+        "nodepools",
+    )
+}
+
+pub fn dpu_deployment_resource() -> ApiResource {
+    resource(
+        "svc.dpu.nvidia.com",
+        "v1alpha1",
+        "DPUDeployment",
+        "dpudeployments",
+    )
+}
+
+pub fn dpu_cluster_resource() -> ApiResource {
+    resource(
+        "provisioning.dpu.nvidia.com",
+        "v1alpha1",
+        "DPUCluster",
+        "dpuclusters",
+    )
+}
+
+pub fn ip_address_pool_resource() -> ApiResource {
+    resource("metallb.io", "v1beta1", "IPAddressPool", "ipaddresspools")
+}
+
+pub fn l2_advertisement_resource() -> ApiResource {
+    resource(
+        "metallb.io",
+        "v1beta1",
+        "L2Advertisement",
+        "l2advertisements",
+    )
+}

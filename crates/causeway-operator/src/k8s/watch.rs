@@ -1,0 +1,119 @@
+//! What a controller watches: a scope of namespaces, reflectors that keep
+//! no managedFields, and the watches of our own objects that feed an
+//! [`Index`].
+
+use futures::{Stream, TryStreamExt};
+use kube::api::Api;
+use kube::core::{DynamicResourceScope, NamespaceResourceScope};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+
+use super::index::{Index, Owned};
+use super::MANAGED_BY;
+
+/// Which namespaces one controller watches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    All,
+    Namespace(String),
+}
+
+impl Scope {
+    pub fn api<K>(&self, client: &Client) -> Api<K>
+    where
+        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>,
+    {
+        match self {
+            Scope::All => Api::all(client.clone()),
+            Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
+        }
+    }
+
+    /// The same for a kind known only at run time.
+    pub fn api_with<K>(&self, client: &Client, resource: &K::DynamicType) -> Api<K>
+    where
+        K: Resource<Scope = DynamicResourceScope>,
+    {
+        match self {
+            Scope::All => Api::all_with(client.clone(), resource),
+            Scope::Namespace(ns) => Api::namespaced_with(client.clone(), ns, resource),
+        }
+    }
+}
+
+/// The scopes for a list of namespaces: empty means all.
+pub fn scopes(namespaces: &[String]) -> Vec<Scope> {
+    if namespaces.is_empty() {
+        vec![Scope::All]
+    } else {
+        namespaces
+            .iter()
+            .map(|ns| Scope::Namespace(ns.clone()))
+            .collect()
+    }
+}
+
+/// A watch over our objects of one kind: the index it feeds, and the
+/// stream of slimmed objects (names and owners only) that triggers the
+/// owners' reconciles.
+pub fn owned<K>(
+    api: Api<K>,
+) -> (
+    Index,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Owned + Clone + Default + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let config = watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
+    let index = Index::default();
+    let feed = index.clone();
+    let stream = watcher(api, config)
+        .map_ok(move |event| {
+            feed.observe(&event);
+            event.modify(|obj| *obj = slim(obj))
+        })
+        .default_backoff()
+        .touched_objects();
+    (index, stream)
+}
+
+/// Only what the controller needs to map an object to its owner.
+fn slim<K: Resource + Default>(obj: &K) -> K {
+    let mut out = K::default();
+    let meta = out.meta_mut();
+    meta.name = obj.meta().name.clone();
+    meta.namespace = obj.meta().namespace.clone();
+    meta.owner_references = obj.meta().owner_references.clone();
+    out
+}
+
+/// A reflector whose store keeps objects without their managedFields,
+/// which nothing here reads and which are often the larger part of an
+/// object applied by several managers.
+pub fn cached<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, config)
+        .modify(|obj: &mut K| obj.meta_mut().managed_fields = None)
+        .reflect(writer)
+        .default_backoff()
+        .touched_objects();
+    (reader, stream)
+}
