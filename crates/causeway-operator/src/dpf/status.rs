@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use serde_json::Value;
 
 use super::crd::Phase;
+use crate::k8s::conditions;
 
 pub const READY: &str = "Ready";
 pub const SPEC_VALID: &str = "SpecValid";
@@ -652,20 +653,15 @@ pub fn conditions(
     checks
         .iter()
         .map(|c| {
-            let status = if c.status { "True" } else { "False" };
-            let since = prev
-                .iter()
-                .find(|p| p.type_ == c.type_ && p.status == status)
-                .map(|p| p.last_transition_time.clone())
-                .unwrap_or_else(|| now.clone());
-            Condition {
-                type_: c.type_.into(),
-                status: status.into(),
-                reason: c.reason.clone(),
-                message: c.message.clone(),
-                observed_generation: generation,
-                last_transition_time: since,
-            }
+            conditions::condition(
+                prev,
+                c.type_,
+                c.status,
+                &c.reason,
+                c.message.clone(),
+                generation,
+                now,
+            )
         })
         .collect()
 }

@@ -5,6 +5,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::plan::Component;
+use crate::k8s::conditions::condition;
 
 /// How one component stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,31 +41,6 @@ pub fn condition_type(component: Component) -> &'static str {
     }
 }
 
-fn make(
-    prev: &[Condition],
-    type_: &str,
-    ok: bool,
-    reason: &str,
-    message: String,
-    generation: Option<i64>,
-    now: &Time,
-) -> Condition {
-    let status = if ok { "True" } else { "False" };
-    let since = prev
-        .iter()
-        .find(|c| c.type_ == type_ && c.status == status)
-        .map(|c| c.last_transition_time.clone())
-        .unwrap_or_else(|| now.clone());
-    Condition {
-        type_: type_.into(),
-        status: status.into(),
-        reason: reason.into(),
-        message,
-        observed_generation: generation,
-        last_transition_time: since,
-    }
-}
-
 pub fn conditions(
     prev: &[Condition],
     observed: &Observed,
@@ -74,7 +50,7 @@ pub fn conditions(
     let mut out = Vec::new();
     let valid = observed.valid.is_ok();
     out.push(match &observed.valid {
-        Ok(()) => make(
+        Ok(()) => condition(
             prev,
             VALID,
             true,
@@ -83,7 +59,7 @@ pub fn conditions(
             generation,
             now,
         ),
-        Err(errors) => make(
+        Err(errors) => condition(
             prev,
             VALID,
             false,
@@ -94,7 +70,7 @@ pub fn conditions(
         ),
     });
     match &observed.network_attachment {
-        Some(Ok(())) => out.push(make(
+        Some(Ok(())) => out.push(condition(
             prev,
             NETWORK_ATTACHMENT,
             true,
@@ -103,7 +79,7 @@ pub fn conditions(
             generation,
             now,
         )),
-        Some(Err(why)) => out.push(make(
+        Some(Err(why)) => out.push(condition(
             prev,
             NETWORK_ATTACHMENT,
             false,
@@ -119,7 +95,7 @@ pub fn conditions(
     for (component, state) in &observed.components {
         let t = condition_type(*component);
         out.push(match state {
-            ComponentState::Disabled => make(
+            ComponentState::Disabled => condition(
                 prev,
                 t,
                 true,
@@ -128,7 +104,7 @@ pub fn conditions(
                 generation,
                 now,
             ),
-            ComponentState::Ready => make(
+            ComponentState::Ready => condition(
                 prev,
                 t,
                 true,
@@ -139,12 +115,12 @@ pub fn conditions(
             ),
             ComponentState::NotReady(why) => {
                 not_ready.push(component.name());
-                make(prev, t, false, "NotReady", why.clone(), generation, now)
+                condition(prev, t, false, "NotReady", why.clone(), generation, now)
             }
         });
     }
     out.push(if !valid {
-        make(
+        condition(
             prev,
             READY,
             false,
@@ -154,7 +130,7 @@ pub fn conditions(
             now,
         )
     } else if attachment_missing {
-        make(
+        condition(
             prev,
             READY,
             false,
@@ -165,7 +141,7 @@ pub fn conditions(
             now,
         )
     } else if not_ready.is_empty() {
-        make(
+        condition(
             prev,
             READY,
             true,
@@ -175,7 +151,7 @@ pub fn conditions(
             now,
         )
     } else {
-        make(
+        condition(
             prev,
             READY,
             false,
@@ -186,7 +162,7 @@ pub fn conditions(
         )
     });
     if !observed.warnings.is_empty() {
-        out.push(make(
+        out.push(condition(
             prev,
             IGNORED_FIELDS,
             true,
