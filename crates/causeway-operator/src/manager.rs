@@ -3,7 +3,10 @@
 //! leadership is lost or shutdown is asked for. The binary only wires this
 //! to signals and the admin server.
 
-use futures::future::join_all;
+use std::time::Duration;
+
+use std::collections::HashMap;
+
 use futures::FutureExt;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::Client;
@@ -17,6 +20,13 @@ use crate::k8s::MANAGER;
 
 /// The Lease the replicas compete for, in the operator's namespace.
 pub const LEASE_NAME: &str = "causeway-operator";
+/// How long the controllers get to finish their reconciles once shutdown
+/// is asked for; then they are aborted. A reconcile stuck on an API server
+/// that does not answer must not keep the process (and its pod) alive.
+pub const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
+/// How long the Lease hand-back may take; an API server that does not
+/// answer by then is not waited for (the Lease then runs out by itself).
+pub const RELEASE_DEADLINE: Duration = Duration::from_secs(3);
 
 pub struct Options {
     /// The namespaces to watch; empty means all.
@@ -39,6 +49,22 @@ pub enum Stopped {
     Shutdown,
     /// The process must exit, so a restart competes again.
     LostLeadership,
+}
+
+/// The controllers' tasks, by name for the log of those that would not stop.
+#[derive(Default)]
+struct Tasks {
+    set: tokio::task::JoinSet<()>,
+    names: HashMap<tokio::task::Id, &'static str>,
+}
+
+fn spawn(
+    tasks: &mut Tasks,
+    name: &'static str,
+    task: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let handle = tasks.set.spawn(task);
+    tasks.names.insert(handle.id(), name);
 }
 
 pub async fn run(
@@ -76,45 +102,45 @@ pub async fn run(
             instance: options.leader_identity.clone(),
         },
     );
-    let mut tasks = Vec::new();
+    let mut tasks = Tasks::default();
     for scope in scopes(&options.namespaces) {
         tracing::info!(?scope, "Infra controller starting");
-        tasks.push(tokio::spawn(controller::run(
+        let infra = controller::run(
             client.clone(),
             scope.clone(),
             options.settings.clone(),
             Some(recorder.clone()),
             Some(metrics.clone()),
             stopped(),
-        )));
+        );
+        spawn(&mut tasks, "Infra controller", infra);
         if options.dpf {
             tracing::info!(?scope, "DPF bridge starting");
-            tasks.push(tokio::spawn(crate::dpf::controller::run(
+            let bridge = crate::dpf::controller::run(
                 client.clone(),
                 scope.clone(),
                 options.settings.operator_namespace.clone(),
                 Some(recorder.clone()),
                 Some(metrics.clone()),
                 stopped(),
-            )));
+            );
+            spawn(&mut tasks, "DPF bridge", bridge);
         }
         if let (true, Some(approver)) = (options.dpf, &options.csr_approver) {
             tracing::info!(?scope, "CSR approver starting");
-            tasks.push(tokio::spawn(crate::dpf::approver::run(
+            let approver = crate::dpf::approver::run(
                 client.clone(),
                 scope.clone(),
                 approver.clone(),
                 Some(recorder.clone()),
                 Some(metrics.clone()),
                 stopped(),
-            )));
+            );
+            spawn(&mut tasks, "CSR approver", approver);
         }
         if options.infra_for_hosted_clusters {
-            tasks.push(tokio::spawn(crate::infra::hosted::run(
-                client.clone(),
-                scope,
-                stopped(),
-            )));
+            let hosted = crate::infra::hosted::run(client.clone(), scope, stopped());
+            spawn(&mut tasks, "HostedCluster watch", hosted);
         }
     }
     let lost = async {
@@ -132,10 +158,39 @@ pub async fn run(
         // Another replica may take over once the lease expires: no
         // reconcile of ours may still be running by then, so the tasks are
         // aborted rather than drained.
-        for t in &tasks {
-            t.abort();
+        tasks.set.abort_all();
+    }
+    let drained = tokio::time::timeout(DRAIN_DEADLINE, async {
+        while let Some(done) = tasks.set.join_next_with_id().await {
+            let id = match done {
+                Ok((id, ())) => id,
+                Err(e) => e.id(),
+            };
+            tasks.names.remove(&id);
+        }
+    })
+    .await;
+    if drained.is_err() {
+        let running: Vec<&str> = tasks.names.values().copied().collect();
+        tracing::warn!(
+            deadline_seconds = DRAIN_DEADLINE.as_secs(),
+            ?running,
+            "controllers did not stop in time; aborted"
+        );
+        tasks.set.shutdown().await;
+    }
+    if let (Stopped::Shutdown, Some(e)) = (why, &elector) {
+        match tokio::time::timeout(RELEASE_DEADLINE, e.release()).await {
+            Ok(Ok(true)) => tracing::info!(lease = LEASE_NAME, "leadership handed back"),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not hand the lease back; it runs out by itself")
+            }
+            Err(_) => tracing::warn!(
+                deadline_seconds = RELEASE_DEADLINE.as_secs(),
+                "the API server did not answer the lease hand-back in time; it runs out by itself"
+            ),
         }
     }
-    join_all(tasks).await;
     why
 }

@@ -82,12 +82,17 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
     let image = std::env::var("CAUSEWAY_IMAGE").context(
         "CAUSEWAY_IMAGE must name the image the data-plane pods run (the chart sets it)",
     )?;
-    tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("causeway-operator")
         .build()
-        .context("starting the async runtime")?
-        .block_on(serve(opts, image))
+        .context("starting the async runtime")?;
+    let result = runtime.block_on(serve(opts, image));
+    // Tasks still running (a request to an API server that does not
+    // answer, a blocking name lookup) must not hold the exit: the manager
+    // has drained and handed the Lease back, or given up on both in time.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
 }
 
 /// The pod's identity for the Lease: POD_NAME, else the host name.

@@ -1082,3 +1082,75 @@ async fn an_operator_limited_to_listed_namespaces_works_there_and_nowhere_else()
     assert!(cp_policies.get_opt(&policy).await.unwrap().is_none());
     assert!(!op.log_text().contains("panicked"));
 }
+
+/// SIGTERM ends the operator within a bound whether or not its API server
+/// answers: with the API server there it hands its Lease back first (so a
+/// standby takes over at once, not after the lease runs out); with the API
+/// server gone (every connection hanging) it exits anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_the_operator_in_time_with_or_without_its_api_server() {
+    let test = "sigterm_ends_the_operator_in_time_with_or_without_its_api_server";
+    let Some(c) = kube_cluster::cluster(test) else {
+        return;
+    };
+    // The operator's own bound is 10 s (drain, then the Lease hand-back);
+    // the rest is process start-up and teardown on a busy machine.
+    const BOUND: Duration = Duration::from_secs(15);
+    let client = admin(c).await;
+    let ns = kube_cluster::test_namespace(&client, "sigterm").await;
+    let relay = kube_cluster::ApiRelay::start(c).await;
+    let kubeconfig = c.dir.join(format!("{ns}.kubeconfig"));
+    std::fs::write(
+        &kubeconfig,
+        causeway_operator::k8s::manifest::token_kubeconfig(&relay.server, &c.ca, &c.admin_token),
+    )
+    .unwrap();
+    // Its Lease in a namespace of its own, apart from the other tests'.
+    let env = [("POD_NAMESPACE", ns.as_str())];
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let holder = || async {
+        leases
+            .get_opt("causeway-operator")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec?.holder_identity)
+            .filter(|h| !h.is_empty())
+    };
+
+    // The API server answers: the Lease is handed back, then the exit.
+    let mut first = Operator::start_with_env(c, &kubeconfig, &[&ns], &[], "term-a", &env);
+    eventually("term-a leads", WAIT, Some(&first), || async {
+        (holder().await.as_deref() == Some("term-a")).then_some(())
+    })
+    .await;
+    let asked = Instant::now();
+    first.terminate();
+    let status = first.exited_within(BOUND).await;
+    let took = asked.elapsed();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "with its API server there, SIGTERM did not end the operator cleanly within {BOUND:?} ({status:?}):\n{}",
+        first.log_text()
+    );
+    assert_eq!(holder().await, None, "the Lease was not handed back");
+    eprintln!("SIGTERM with the API server answering: exit after {took:?}, Lease released");
+
+    // The API server stops answering, then SIGTERM.
+    let mut second = Operator::start_with_env(c, &kubeconfig, &[&ns], &[], "term-b", &env);
+    eventually("term-b leads", WAIT, Some(&second), || async {
+        (holder().await.as_deref() == Some("term-b")).then_some(())
+    })
+    .await;
+    relay.cut();
+    let asked = Instant::now();
+    second.terminate();
+    let status = second.exited_within(BOUND).await;
+    let took = asked.elapsed();
+    assert!(
+        status.is_some(),
+        "with its API server gone, SIGTERM did not end the operator within {BOUND:?}:\n{}",
+        second.log_text()
+    );
+    eprintln!("SIGTERM with the API server gone: exit after {took:?} ({status:?})");
+}

@@ -110,6 +110,34 @@ impl LeaderElector {
         }
     }
 
+    /// Hands the lease back when this replica holds it, so a standby takes
+    /// over at once rather than when the lease runs out: no holder, and a
+    /// duration of one second. `true` when it was ours and is now free.
+    /// Guarded by the resourceVersion read, like every other write.
+    pub async fn release(&self) -> Result<bool, kube::Error> {
+        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            return Ok(false);
+        };
+        let Some(spec) = lease.spec.as_mut() else {
+            return Ok(false);
+        };
+        if spec.holder_identity.as_deref() != Some(self.me.as_str()) {
+            return Ok(false);
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Waits until this replica holds the lease.
     pub async fn acquire(&self) {
         loop {

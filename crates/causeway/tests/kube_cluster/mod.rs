@@ -377,6 +377,19 @@ impl Operator {
         extra_args: &[&str],
         identity: &str,
     ) -> Operator {
+        Operator::start_with_env(c, kubeconfig, namespaces, extra_args, identity, &[])
+    }
+
+    /// As [`Operator::start_with_kubeconfig`], with more environment
+    /// (`POD_NAMESPACE` to keep its Lease apart, say).
+    pub fn start_with_env(
+        c: &SharedCluster,
+        kubeconfig: &Path,
+        namespaces: &[&str],
+        extra_args: &[&str],
+        identity: &str,
+        env: &[(&str, &str)],
+    ) -> Operator {
         let port = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
@@ -396,7 +409,8 @@ impl Operator {
             .env("CAUSEWAY_LOG_LEVEL", "info,causeway_operator=debug")
             .stdout(file.try_clone().unwrap())
             .stderr(file)
-            .stdin(Stdio::null());
+            .stdin(Stdio::null())
+            .envs(env.iter().copied());
         if !namespaces.is_empty() {
             cmd.arg("--namespaces").arg(namespaces.join(","));
         }
@@ -411,6 +425,31 @@ impl Operator {
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Sends SIGTERM, as the kubelet does when it stops a pod.
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -TERM {}", self.child.id());
+    }
+
+    /// Waits up to `limit` for the process to exit: its status, or `None`
+    /// when it is still running.
+    pub async fn exited_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     pub fn alive(&mut self) -> bool {
@@ -648,4 +687,55 @@ pub fn metric(text: &str, prefix: &str) -> f64 {
         .filter(|l| l.starts_with(prefix))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+/// A TCP relay in front of the API server that can be cut: once cut, it
+/// forwards nothing more, and every connection, old or new, is held open
+/// unanswered, as an API server behind a partition or a stopped control
+/// plane looks to a client. Dropped with the test's runtime.
+pub struct ApiRelay {
+    /// `https://127.0.0.1:<port>`: the server to write into a kubeconfig.
+    pub server: String,
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+impl ApiRelay {
+    pub async fn start(c: &SharedCluster) -> ApiRelay {
+        let upstream = c
+            .server
+            .trim_start_matches("https://")
+            .trim_end_matches('/')
+            .to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (cut, cut_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let upstream = upstream.clone();
+                let mut cut_rx = cut_rx.clone();
+                tokio::spawn(async move {
+                    if !*cut_rx.borrow() {
+                        if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
+                            tokio::select! {
+                                _ = tokio::io::copy_bidirectional(&mut client, &mut server) => return,
+                                _ = cut_rx.wait_for(|cut| *cut) => {}
+                            }
+                        }
+                    }
+                    // Cut: the client's socket stays open and unanswered
+                    // until the test ends.
+                    std::future::pending::<()>().await;
+                    drop(client);
+                });
+            }
+        });
+        ApiRelay {
+            server: format!("https://127.0.0.1:{port}"),
+            cut,
+        }
+    }
+
+    pub fn cut(&self) {
+        let _ = self.cut.send(true);
+    }
 }
