@@ -142,9 +142,6 @@ impl OperatorMetrics {
     }
 }
 
-/// What the reconciler reads from: one index per kind it owns, all limited
-/// to the watched namespace (or all) and to objects it made.
-
 /// One reconcile being timed: started when the reconcile starts, and
 /// recorded once with its result.
 pub struct ReconcileTimer<'a> {
