@@ -25,7 +25,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 use serde_json::{json, Value};
 
 use super::crd::{
@@ -40,7 +40,7 @@ use crate::k8s::apply::{
     apply_params, get_present, installed, not_found, permanent, Applier, Noise, OnMissing,
 };
 use crate::k8s::conditions;
-use crate::k8s::events::publish_event;
+use crate::k8s::events::publish_about;
 use crate::k8s::finalizer as finalizers;
 use crate::k8s::metrics::{OperatorMetrics, ReconcileTimer};
 use crate::k8s::resources::{
@@ -1217,26 +1217,16 @@ async fn write_status(
         } else {
             EventType::Normal
         };
-        publish(ctx, p, type_, &format!("{phase:?}"), ready.message.clone()).await;
+        publish_about(
+            ctx.recorder.as_ref(),
+            p,
+            type_,
+            &format!("{phase:?}"),
+            ready.message.clone(),
+        )
+        .await;
     }
     Ok(())
-}
-
-async fn publish(
-    ctx: &Context,
-    p: &DPFHCPProvisioner,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
-    publish_event(
-        ctx.recorder.as_ref(),
-        &p.object_ref(&()),
-        type_,
-        reason,
-        note,
-    )
-    .await;
 }
 
 /// The deletion, one step per pass until each is done: the kubeconfig

@@ -27,7 +27,7 @@ use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::finalizer::{finalizer, Event as Finalize};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, ResourceExt};
 
 use super::crd::{ComponentStatus, Infra, InfraStatus};
 use super::plan::{Component, Owner, Settings};
@@ -37,7 +37,7 @@ use super::validate::{self, HostedClusterFacts, InternalProxyTarget, ServiceAddr
 use crate::error::Error;
 use crate::k8s::apply::{api_message, not_found, Applier, Noise, OnMissing};
 use crate::k8s::conditions;
-use crate::k8s::events::publish_event;
+use crate::k8s::events::publish_about;
 use crate::k8s::finalizer as finalizers;
 use crate::k8s::index::{Index, WorkloadFacts};
 use crate::k8s::metrics::{OperatorMetrics, ReconcileTimer};
@@ -469,7 +469,7 @@ async fn write_status(ctx: &Context, infra: &Infra, observed: &Observed) -> Resu
                 .unwrap_or_default();
             (EventType::Warning, "NotReady", why)
         };
-        publish(ctx, infra, type_, reason, note).await;
+        publish_about(ctx.recorder.as_ref(), infra, type_, reason, note).await;
     }
     Ok(())
 }
@@ -478,17 +478,6 @@ fn is_ready(s: &InfraStatus) -> bool {
     s.conditions
         .iter()
         .any(|c| c.type_ == status::READY && c.status == "True")
-}
-
-async fn publish(ctx: &Context, infra: &Infra, type_: EventType, reason: &str, note: String) {
-    publish_event(
-        ctx.recorder.as_ref(),
-        &infra.object_ref(&()),
-        type_,
-        reason,
-        note,
-    )
-    .await;
 }
 
 fn error_policy(infra: Arc<Infra>, error: &Error, _ctx: Arc<Context>) -> Action {

@@ -4,6 +4,17 @@
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder};
 
+/// An event about the object `about`.
+pub async fn publish_about<K: kube::Resource<DynamicType = ()>>(
+    recorder: Option<&Recorder>,
+    about: &K,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    publish_event(recorder, &about.object_ref(&()), type_, reason, note).await;
+}
+
 /// An event about `about`.
 pub async fn publish_event(
     recorder: Option<&Recorder>,
