@@ -139,7 +139,8 @@ pub async fn run(
             spawn(&mut tasks, "CSR approver", approver);
         }
         if options.infra_for_hosted_clusters {
-            let hosted = crate::infra::hosted::run(client.clone(), scope, stopped());
+            let hosted =
+                crate::infra::hosted::run(client.clone(), scope, Some(metrics.clone()), stopped());
             spawn(&mut tasks, "HostedCluster watch", hosted);
         }
     }

@@ -21,7 +21,9 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 
 use super::crd::{HostedClusterRef, Infra, InfraSpec};
-use crate::k8s::apply::apply_params;
+use crate::error::Error;
+use crate::k8s::apply::{apply_params, Applier, Noise};
+use crate::k8s::metrics::{OperatorMetrics, ReconcileTimer};
 use crate::k8s::resources::hosted_cluster_resource;
 use crate::k8s::watch::Scope;
 use crate::k8s::MANAGER;
@@ -75,21 +77,23 @@ pub fn infra_for(hc: &DynamicObject) -> Option<Result<Infra, String>> {
     Some(Ok(infra))
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum HostedError {
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-}
-
 pub struct HostedContext {
     pub client: Client,
+    pub applier: Applier,
+    pub metrics: Option<OperatorMetrics>,
 }
 
-pub async fn reconcile(
-    hc: Arc<DynamicObject>,
-    ctx: Arc<HostedContext>,
-) -> Result<Action, HostedError> {
-    match infra_for(&hc) {
+const CONTROLLER: &str = "hostedcluster";
+
+pub async fn reconcile(hc: Arc<DynamicObject>, ctx: Arc<HostedContext>) -> Result<Action, Error> {
+    let timer = ReconcileTimer::start(ctx.metrics.as_ref(), CONTROLLER);
+    let result = make_infra(&hc, &ctx).await;
+    timer.finish(&result, true);
+    result
+}
+
+async fn make_infra(hc: &DynamicObject, ctx: &HostedContext) -> Result<Action, Error> {
+    match infra_for(hc) {
         None => {}
         Some(Err(message)) => {
             tracing::warn!(hosted_cluster = %hc.name_any(), %message, "no Infra made");
@@ -99,12 +103,13 @@ pub async fn reconcile(
             let api: Api<Infra> = Api::namespaced(ctx.client.clone(), &ns);
             api.patch(&infra.name_any(), &apply_params(), &Patch::Apply(&infra))
                 .await?;
+            ctx.applier.counted("Infra", "apply");
         }
     }
     Ok(Action::requeue(Duration::from_secs(600)))
 }
 
-fn error_policy(hc: Arc<DynamicObject>, error: &HostedError, _: Arc<HostedContext>) -> Action {
+fn error_policy(hc: Arc<DynamicObject>, error: &Error, _: Arc<HostedContext>) -> Action {
     tracing::warn!(hosted_cluster = %hc.name_any(), %error, "retrying in 30 s");
     Action::requeue(Duration::from_secs(30))
 }
@@ -114,6 +119,7 @@ fn error_policy(hc: Arc<DynamicObject>, error: &HostedError, _: Arc<HostedContex
 pub async fn run(
     client: Client,
     scope: Scope,
+    metrics: Option<OperatorMetrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let ar = hosted_cluster_resource();
@@ -137,6 +143,8 @@ pub async fn run(
     }
     tracing::info!("HostedCluster API found: annotated HostedClusters get Infras");
     let ctx = Arc::new(HostedContext {
+        applier: Applier::new(client.clone(), metrics.clone(), Noise::Info),
+        metrics,
         client: client.clone(),
     });
     let infras: Api<Infra> = scope.api(&client);
