@@ -95,6 +95,11 @@ impl Collector {
     }
 }
 
+/// A switch the file leaves out is on: `#[serde(default = "yes")]`.
+pub(crate) fn yes() -> bool {
+    true
+}
+
 /// A duration as `90`, `90s`, `15m`, `1h` or `2d`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(untagged)]

@@ -9,9 +9,8 @@ use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
 use crate::collector::{
-    is_domain_name, is_host_label, parse_hex, parse_mac, Collector, FileDuration,
+    is_domain_name, is_host_label, parse_hex, parse_mac, yes, Collector, FileDuration,
 };
-use crate::config::yes;
 use crate::network::{Cluster, Network};
 
 pub const DEFAULT_LEASE_FILE: &str = "/var/lib/causeway/dhcp-leases.jsonl";

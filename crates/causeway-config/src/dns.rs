@@ -7,8 +7,7 @@ use std::time::Duration;
 use ipnet::{IpNet, Ipv4Net};
 use serde::{Deserialize, Serialize};
 
-use crate::collector::{Collector, FileDuration};
-use crate::config::yes;
+use crate::collector::{yes, Collector, FileDuration};
 use crate::network::{Cluster, Network};
 
 pub const DEFAULT_DNS_TTL: u32 = 30;

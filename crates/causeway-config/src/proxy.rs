@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::collector::{Collector, FileDuration};
-use crate::config::yes;
+use crate::collector::{yes, Collector, FileDuration};
 use crate::network::{Cluster, Network};
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
