@@ -138,16 +138,3 @@ pub fn parse_hex(text: &str) -> Option<Vec<u8>> {
         .map(|i| u8::from_str_radix(&digits[i..i + 2], 16).ok())
         .collect()
 }
-
-pub(crate) fn is_host_label(label: &str) -> bool {
-    !label.is_empty()
-        && label.len() <= 63
-        && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-        && !label.starts_with('-')
-        && !label.ends_with('-')
-}
-
-pub(crate) fn is_domain_name(name: &str) -> bool {
-    let name = name.trim_end_matches('.');
-    !name.is_empty() && name.len() <= 253 && name.split('.').all(is_host_label)
-}
