@@ -84,7 +84,7 @@ pub struct DhcpArgs {
 
     /// Stop starting exchanges after this long (500ms, 10s, 2m, or seconds)
     #[arg(long, value_name = "DURATION", default_value = "10s",
-          value_parser = stats::parse_duration)]
+          value_parser = stats::duration_arg)]
     pub duration: Duration,
 
     /// Also stop after starting this many exchanges (whichever comes first)
@@ -93,7 +93,7 @@ pub struct DhcpArgs {
 
     /// An exchange with no ACK this long after its DISCOVER counts as a drop
     #[arg(long, value_name = "DURATION", default_value = "1s",
-          value_parser = stats::parse_duration)]
+          value_parser = stats::duration_arg)]
     pub timeout: Duration,
 
     /// Send Rapid Commit (option 80) and accept an ACK in reply to DISCOVER

@@ -105,7 +105,7 @@ pub struct DnsArgs {
 
     /// Stop sending after this long (500ms, 10s, 2m, or seconds)
     #[arg(long, value_name = "DURATION", default_value = "10s",
-          value_parser = stats::parse_duration)]
+          value_parser = stats::duration_arg)]
     pub duration: Duration,
 
     /// Also stop after sending this many queries (whichever comes first)
@@ -114,7 +114,7 @@ pub struct DnsArgs {
 
     /// A query with no response this long after it was sent is lost
     #[arg(long, value_name = "DURATION", default_value = "2s",
-          value_parser = stats::parse_duration)]
+          value_parser = stats::duration_arg)]
     pub timeout: Duration,
 
     /// Add an EDNS0 OPT record (UDP size 1232) to every query

@@ -173,10 +173,12 @@ impl RateMeter {
     }
 }
 
-/// Parses a bare number of seconds ("2.5") or what humantime reads
-/// ("500ms", "10s", "2m", "1h"). Used as a clap value parser by every
-/// subcommand.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+/// A duration on the command line: a number of seconds, fractions too
+/// ("2.5"), or what the config reads ([`causeway_config::parse_duration`]:
+/// "500ms", "10s", "2m", "1h"). Used as a clap value parser by every
+/// subcommand. Only the fractions are the command line's own: the config
+/// refuses them, so no lease time is rounded down to nothing.
+pub fn duration_arg(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     if let Ok(secs) = s.parse::<f64>() {
         return Duration::try_from_secs_f64(secs)
@@ -184,8 +186,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             .filter(|d| d.as_secs() <= 1_000_000_000)
             .ok_or_else(|| format!("duration {s:?} out of range"));
     }
-    humantime::parse_duration(s)
-        .map_err(|e| format!("invalid duration {s:?} ({e}): expected e.g. 500ms, 10s, 2m or 30"))
+    causeway_config::parse_duration(s)
+        .ok_or_else(|| format!("invalid duration {s:?}: expected e.g. 500ms, 10s, 2m or 30"))
 }
 
 /// Formats an optional millisecond figure for human output.
@@ -273,6 +275,7 @@ pub fn render_table(title: &str, rows: &[(&str, String)]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::duration_arg as parse_duration;
     use super::*;
 
     #[test]

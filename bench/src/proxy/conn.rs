@@ -29,7 +29,7 @@ pub struct ConnArgs {
 
     /// Stop starting exchanges after this long
     #[arg(long, value_name = "DURATION", default_value = "10s",
-          value_parser = stats::parse_duration)]
+          value_parser = stats::duration_arg)]
     pub duration: Duration,
 
     /// Exchanges in flight at once (one connection each)
@@ -66,7 +66,7 @@ pub struct ConnArgs {
 
     /// Bound on the connect, and separately on the exchange after it
     #[arg(long, value_name = "DURATION", default_value = "2s",
-          value_parser = stats::parse_duration)]
+          value_parser = stats::duration_arg)]
     pub timeout: Duration,
 
     /// Print the final summary as one JSON object on stdout (progress stays

@@ -37,7 +37,7 @@ pub struct IdleArgs {
 
     /// How long to hold them once open
     #[arg(long, value_name = "DURATION", default_value = "10s",
-          value_parser = stats::parse_duration)]
+          value_parser = stats::duration_arg)]
     pub hold: Duration,
 
     /// Connects (and first exchanges) in flight at once while opening
@@ -47,13 +47,13 @@ pub struct IdleArgs {
 
     /// Bound on each connect and on each first exchange
     #[arg(long, value_name = "DURATION", default_value = "5s",
-          value_parser = stats::parse_duration)]
+          value_parser = stats::duration_arg)]
     pub timeout: Duration,
 
     /// Bound on the whole opening phase; the hold starts with whatever is
     /// open by then
     #[arg(long, value_name = "DURATION", default_value = "60s",
-          value_parser = stats::parse_duration)]
+          value_parser = stats::duration_arg)]
     pub open_within: Duration,
 
     /// Only connect: no first byte through the path (a proxy may then not

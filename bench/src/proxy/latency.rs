@@ -36,7 +36,7 @@ pub struct LatencyArgs {
 
     /// Stop sending after this long
     #[arg(long, value_name = "DURATION", default_value = "10s",
-          value_parser = stats::parse_duration)]
+          value_parser = stats::duration_arg)]
     pub duration: Duration,
 
     /// Bytes per request (echoed back as the response)
@@ -51,7 +51,7 @@ pub struct LatencyArgs {
     /// A round trip (or connect) taking longer fails; the connection is
     /// then replaced
     #[arg(long, value_name = "DURATION", default_value = "1s",
-          value_parser = stats::parse_duration)]
+          value_parser = stats::duration_arg)]
     pub timeout: Duration,
 
     /// Print the final summary as one JSON object on stdout (progress stays

@@ -35,7 +35,7 @@ pub struct ThroughputArgs {
 
     /// How long to transfer
     #[arg(long, value_name = "DURATION", default_value = "10s",
-          value_parser = stats::parse_duration)]
+          value_parser = stats::duration_arg)]
     pub duration: Duration,
 
     /// up: write to a sink upstream; down: read from a source upstream
@@ -49,7 +49,7 @@ pub struct ThroughputArgs {
     /// Bound on the connect, on any single write or read making no
     /// progress, and on the wait for the sink's count
     #[arg(long, value_name = "DURATION", default_value = "5s",
-          value_parser = stats::parse_duration)]
+          value_parser = stats::duration_arg)]
     pub timeout: Duration,
 
     /// Print the final summary as one JSON object on stdout (progress stays

@@ -41,7 +41,7 @@ pub struct UpstreamArgs {
     pub close_after: Option<u64>,
 
     /// Stop after this long (default: run until Ctrl-C or SIGTERM)
-    #[arg(long, value_name = "DURATION", value_parser = stats::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = stats::duration_arg)]
     pub duration: Option<Duration>,
 
     /// Print the final summary as one JSON object on stdout

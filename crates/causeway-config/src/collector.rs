@@ -95,6 +95,11 @@ impl Collector {
     }
 }
 
+/// A switch the file leaves out is on: `#[serde(default = "yes")]`.
+pub(crate) fn yes() -> bool {
+    true
+}
+
 /// A duration as `90`, `90s`, `15m`, `1h` or `2d`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(untagged)]
@@ -132,17 +137,4 @@ pub fn parse_hex(text: &str) -> Option<Vec<u8>> {
         .step_by(2)
         .map(|i| u8::from_str_radix(&digits[i..i + 2], 16).ok())
         .collect()
-}
-
-pub(crate) fn is_host_label(label: &str) -> bool {
-    !label.is_empty()
-        && label.len() <= 63
-        && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-        && !label.starts_with('-')
-        && !label.ends_with('-')
-}
-
-pub(crate) fn is_domain_name(name: &str) -> bool {
-    let name = name.trim_end_matches('.');
-    !name.is_empty() && name.len() <= 253 && name.split('.').all(is_host_label)
 }

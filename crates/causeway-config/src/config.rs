@@ -24,10 +24,6 @@ pub struct FileConfig {
     pub routing: Option<crate::routing::FileRouting>,
 }
 
-pub(crate) fn yes() -> bool {
-    true
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub log: LogConfig,

@@ -8,10 +8,8 @@ use std::time::Duration;
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
-use crate::collector::{
-    is_domain_name, is_host_label, parse_hex, parse_mac, Collector, FileDuration,
-};
-use crate::config::yes;
+use crate::collector::{parse_hex, parse_mac, yes, Collector, FileDuration};
+use crate::name::{valid_label, valid_name, NameRules};
 use crate::network::{Cluster, Network};
 
 pub const DEFAULT_LEASE_FILE: &str = "/var/lib/causeway/dhcp-leases.jsonl";
@@ -519,14 +517,17 @@ fn validate_subnet(
         .domain_name
         .clone()
         .or_else(|| cluster.map(Cluster::domain));
-    if let Some(name) = domain_name.as_deref().filter(|n| !is_domain_name(n)) {
+    if let Some(name) = domain_name
+        .as_deref()
+        .filter(|n| !valid_name(n.trim_end_matches('.'), NameRules::HOST))
+    {
         c.push(
             format!("{path}.domainName"),
             format!("{name} is not a domain name"),
         );
     }
     for (i, name) in s.domain_search.iter().enumerate() {
-        if !is_domain_name(name) {
+        if !valid_name(name.trim_end_matches('.'), NameRules::HOST) {
             c.push(
                 format!("{path}.domainSearch[{i}]"),
                 format!("{name} is not a domain name"),
@@ -604,7 +605,7 @@ fn validate_subnet(
             }
         }
         if let Some(h) = &r.hostname {
-            if !is_host_label(h) {
+            if !valid_label(h, NameRules::HOST) {
                 c.push(format!("{p}.hostname"), format!("{h} is not a host name"));
             }
         }

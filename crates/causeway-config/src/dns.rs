@@ -7,8 +7,8 @@ use std::time::Duration;
 use ipnet::{IpNet, Ipv4Net};
 use serde::{Deserialize, Serialize};
 
-use crate::collector::{Collector, FileDuration};
-use crate::config::yes;
+use crate::collector::{yes, Collector, FileDuration};
+use crate::name::{self, NameRules};
 use crate::network::{Cluster, Network};
 
 pub const DEFAULT_DNS_TTL: u32 = 30;
@@ -195,18 +195,14 @@ fn absolute(name: &str, zone: Option<&str>) -> Option<String> {
     zone.map(|z| format!("{name}.{z}"))
 }
 
-fn valid_name(name: &str) -> bool {
-    let body = name.trim_end_matches('.');
-    !body.is_empty()
-        && body.len() <= 253
-        && body.split('.').enumerate().all(|(i, label)| {
-            (i == 0 && label == "*")
-                || (!label.is_empty()
-                    && label.len() <= 63
-                    && label
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
-        })
+/// A record's name: DNS labels (underscores and edge hyphens allowed),
+/// perhaps a leading `*`, a trailing dot or not.
+fn valid_name(text: &str) -> bool {
+    let rules = NameRules {
+        wildcard: true,
+        ..NameRules::DNS
+    };
+    name::valid_name(text.trim_end_matches('.'), rules)
 }
 
 /// The reverse name of an address: `4.3.2.1.in-addr.arpa.`.

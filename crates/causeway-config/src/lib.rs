@@ -12,6 +12,7 @@ mod config;
 mod dhcp;
 mod dns;
 mod error;
+mod name;
 mod network;
 mod proxy;
 mod routing;
@@ -30,6 +31,7 @@ pub use dns::{
     FileView, RecordData, UpstreamPolicy, PROXIED_NAMES,
 };
 pub use error::{ConfigErrors, FieldError, LoadError};
+pub use name::{valid_label, valid_name, NameRules};
 pub use network::{Cluster, FileCluster, FileNetwork, Network};
 pub use proxy::{
     Balance, FileListener, FileProxy, HealthCheck, Listener, ListenerKind, ProxyConfig, Upstream,

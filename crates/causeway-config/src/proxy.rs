@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::collector::{Collector, FileDuration};
-use crate::config::yes;
+use crate::collector::{yes, Collector, FileDuration};
+use crate::name::{valid_name, NameRules};
 use crate::network::{Cluster, Network};
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -193,10 +193,13 @@ fn upstream(c: &mut Collector, path: &str, text: &str) -> Option<Upstream> {
     }
     let parsed = t.rsplit_once(':').and_then(|(h, p)| {
         let port: u16 = p.parse().ok().filter(|p| *p > 0)?;
-        let ok = !h.is_empty()
-            && h.split('.').all(|l| {
-                !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-            });
+        // Letters, digits and hyphens anywhere, of any length.
+        let rules = NameRules {
+            underscore: false,
+            lengths: false,
+            ..NameRules::DNS
+        };
+        let ok = valid_name(h, rules);
         ok.then(|| Upstream::named(h.to_ascii_lowercase(), port))
     });
     if parsed.is_none() {

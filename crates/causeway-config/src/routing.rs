@@ -6,8 +6,7 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
-use crate::collector::Collector;
-use crate::config::yes;
+use crate::collector::{yes, Collector};
 use crate::network::Network;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

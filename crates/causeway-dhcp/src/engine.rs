@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use causeway_config::{ClientMatch, DhcpConfig, Reservation, Subnet};
+use causeway_config::{valid_label, ClientMatch, DhcpConfig, NameRules, Reservation, Subnet};
 use dhcproto::v4::{DhcpOption, Message, MessageType, Opcode, OptionCode};
 
 use crate::client::ClientKey;
@@ -972,12 +972,7 @@ fn destination(req: &Message, source: SocketAddrV4, kind: MessageType) -> Destin
 
 fn sanitize_hostname(name: &str) -> Option<String> {
     let label = name.split('.').next()?.to_ascii_lowercase();
-    let ok = !label.is_empty()
-        && label.len() <= 63
-        && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-        && !label.starts_with('-')
-        && !label.ends_with('-');
-    ok.then_some(label)
+    valid_label(&label, NameRules::HOST).then_some(label)
 }
 
 #[cfg(test)]

@@ -6,6 +6,8 @@
 //! under which prepared local answers and cached upstream answers are
 //! found, so a repeated query is served with one hash lookup and a copy.
 
+use crate::wire::{self, Edns};
+
 /// Longest name on the wire.
 pub const MAX_NAME: usize = 255;
 /// Bytes of key ahead of the name.
@@ -14,12 +16,6 @@ pub const KEY_PREFIX: usize = 5;
 const FLAG_EDNS: u8 = 1;
 const FLAG_DO: u8 = 2;
 const FLAG_CD: u8 = 4;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Edns {
-    pub max_payload: u16,
-    pub dnssec_ok: bool,
-}
 
 /// What the fast path needs of a query. The name itself stays in the
 /// caller's key buffer.
@@ -35,11 +31,9 @@ pub struct Question {
 }
 
 impl Question {
-    /// The largest UDP response this client takes (as [`crate::message`]).
+    /// The largest UDP response this client takes.
     pub fn udp_limit(&self) -> usize {
-        self.edns.map_or(crate::message::CLASSIC_UDP_LIMIT, |e| {
-            usize::from(e.max_payload.clamp(512, crate::message::EDNS_PAYLOAD))
-        })
+        wire::udp_limit(self.edns)
     }
 }
 
@@ -205,25 +199,7 @@ pub fn key_of(q: &crate::message::ParsedQuery) -> Vec<u8> {
 
 /// Gives a prepared response the asker's ID, RD bit and question case.
 pub fn patch(response: &mut [u8], q: &Question, request: &[u8]) -> bool {
-    patch_raw(response, q.id, q.recursion_desired, q.question_end, request)
-}
-
-/// The patch itself: the question sits right after the header,
-/// uncompressed, in both the response and the request.
-pub fn patch_raw(
-    response: &mut [u8],
-    id: u16,
-    recursion_desired: bool,
-    question_end: usize,
-    request: &[u8],
-) -> bool {
-    if response.len() < question_end || request.len() < question_end || question_end < 12 {
-        return false;
-    }
-    response[..2].copy_from_slice(&id.to_be_bytes());
-    response[2] = (response[2] & !0x01) | u8::from(recursion_desired);
-    response[12..question_end].copy_from_slice(&request[12..question_end]);
-    true
+    wire::patch_raw(response, q.id, q.recursion_desired, q.question_end, request)
 }
 
 #[cfg(test)]

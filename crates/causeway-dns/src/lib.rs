@@ -5,9 +5,13 @@
 //! registers are answered locally, per view (chosen by the client's
 //! address). Everything else is forwarded to upstream resolvers and cached.
 //!
-//! [`authority`] and [`message`] are pure: a query and the data in, the
-//! answer out. [`server`] owns the sockets. This crate does not parse config
-//! files; it takes [`causeway_config::DnsConfig`].
+//! [`authority`], [`handler`], [`message`], [`fastpath`] and [`wire`] are
+//! pure: a query and the data in, the answer out. [`server`] owns the
+//! sockets.
+//!
+//! It is not a general DNS server: no zone files, no zone transfers, no
+//! DNSSEC signing and no recursion of its own (it forwards). It does not
+//! parse config files; it takes [`causeway_config::DnsConfig`].
 
 pub mod authority;
 pub mod cache;
@@ -16,12 +20,13 @@ mod exchange;
 pub mod fastpath;
 pub mod forward;
 pub mod handler;
-mod hot;
 pub mod message;
 pub mod metrics;
 mod outbound;
+mod prepared;
+mod responder;
 pub mod server;
-mod shared;
+pub mod wire;
 
 pub use authority::{Authority, DynamicNames};
 pub use metrics::DnsMetrics;

@@ -7,17 +7,7 @@ use hickory_proto::rr::{LowerName, Record, RecordType};
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder};
 
 use crate::authority::LocalAnswer;
-
-/// Our advertised EDNS UDP payload size (the DNS flag day 2020 value).
-pub const EDNS_PAYLOAD: u16 = 1232;
-/// The UDP limit for a client that sent no EDNS.
-pub const CLASSIC_UDP_LIMIT: usize = 512;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct EdnsInfo {
-    pub max_payload: u16,
-    pub dnssec_ok: bool,
-}
+use crate::wire::{self, EDNS_PAYLOAD};
 
 /// A query, read once.
 #[derive(Debug, Clone)]
@@ -27,7 +17,7 @@ pub struct ParsedQuery {
     pub checking_disabled: bool,
     pub query: Query,
     pub lower: LowerName,
-    pub edns: Option<EdnsInfo>,
+    pub edns: Option<wire::Edns>,
     /// Where the question ends in the request's bytes.
     pub question_end: usize,
 }
@@ -39,9 +29,7 @@ impl ParsedQuery {
 
     /// The largest UDP response this client takes.
     pub fn udp_limit(&self) -> usize {
-        self.edns.map_or(CLASSIC_UDP_LIMIT, |e| {
-            usize::from(e.max_payload.clamp(512, EDNS_PAYLOAD))
-        })
+        wire::udp_limit(self.edns)
     }
 }
 
@@ -94,7 +82,7 @@ pub fn parse(bytes: &[u8]) -> Result<ParsedQuery, Rejected> {
         let record = Record::read(&mut d).map_err(|_| formerr("bad_record"))?;
         if record.record_type() == RecordType::OPT {
             let e = Edns::from(&record);
-            edns = Some(EdnsInfo {
+            edns = Some(wire::Edns {
                 max_payload: e.max_payload(),
                 dnssec_ok: e.flags().dnssec_ok,
             });
@@ -190,11 +178,9 @@ pub fn bare_error(id: u16, rcode: ResponseCode) -> Vec<u8> {
     m.to_vec().unwrap_or_default()
 }
 
-/// Makes a prepared response (for the same name and type, perhaps in another
-/// letter case) answer `q`: its ID, its RD bit and its question bytes. The
-/// question sits right after the header, uncompressed, in both.
+/// Makes a prepared response answer `q` (see [`wire::patch_raw`]).
 pub fn patch_for(response: &mut [u8], q: &ParsedQuery, request: &[u8]) -> bool {
-    crate::fastpath::patch_raw(response, q.id, q.recursion_desired, q.question_end, request)
+    wire::patch_raw(response, q.id, q.recursion_desired, q.question_end, request)
 }
 
 /// Flags for an answer we relayed: not authoritative (we are not the
@@ -215,6 +201,7 @@ pub fn rcode_of(response: &[u8]) -> Option<ResponseCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::Edns as EdnsInfo;
     use hickory_proto::rr::{Name, RData};
     use std::str::FromStr;
 

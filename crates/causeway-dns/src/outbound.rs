@@ -29,7 +29,7 @@ use foldhash::{HashMap, HashMapExt};
 use crate::cache::{key_of, CacheKey};
 use crate::exchange::{Exchange, Transmit, Transport};
 use crate::forward::{self, Answer, Client, FetchError, Forwarder, InFlight, Join, Waiter};
-use crate::shared::{unix_now, Shared};
+use crate::responder::{unix_now, Responder};
 
 /// Upstream answers read per wake-up at most, so a flood of them cannot
 /// keep the thread from its clients.
@@ -104,10 +104,10 @@ impl Outbound {
 
     /// Answers `client` from the cache, or joins it to the identical query
     /// already upstream, or asks upstream.
-    pub fn forward(&mut self, shared: &Arc<Shared>, client: Client) {
+    pub fn forward(&mut self, responder: &Arc<Responder>, client: Client) {
         let key = key_of(&client.q);
         if let Some(wire) = self.fwd.cached(&key, unix_now()) {
-            shared.deliver(
+            responder.deliver(
                 &Answer::Response(wire),
                 vec![Waiter::Datagram(Box::new(client))],
             );
@@ -118,7 +118,7 @@ impl Outbound {
             // Whoever asked first answers this client too.
             Join::Joined => return,
             Join::Full(client) => {
-                return shared.deliver(&Answer::ServFail, vec![Waiter::Datagram(client)])
+                return responder.deliver(&Answer::ServFail, vec![Waiter::Datagram(client)])
             }
         };
         let Some(slot) = self.fwd.in_flight() else {
@@ -126,7 +126,7 @@ impl Outbound {
                 self.fwd
                     .settle(&key, &client.q, Err(FetchError::Overloaded), unix_now());
             waiters.push(Waiter::Datagram(client));
-            shared.deliver(&answer, waiters);
+            responder.deliver(&answer, waiters);
             return;
         };
         let exchange = self
@@ -140,27 +140,27 @@ impl Outbound {
             socket: None,
             _slot: slot,
         };
-        self.advance(shared, self.tokens, flight);
+        self.advance(responder, self.tokens, flight);
     }
 
     /// Does what the flight's exchange asks until it waits: sends its
     /// transmits, passes on what it says of the upstreams, and ends the
     /// flight with its outcome. A flight left waiting goes (back) into
     /// `flights` with a timer.
-    fn advance(&mut self, shared: &Arc<Shared>, token: u64, mut flight: Flight) {
+    fn advance(&mut self, responder: &Arc<Responder>, token: u64, mut flight: Flight) {
         loop {
             while let Some(event) = flight.exchange.poll_event() {
                 self.fwd.observe(event);
             }
             if let Some(outcome) = flight.exchange.poll_outcome() {
-                return finish(shared, &self.fwd, flight, outcome);
+                return finish(responder, &self.fwd, flight, outcome);
             }
             let Some(transmit) = flight.exchange.poll_transmit() else {
                 break;
             };
             flight.socket = None;
             match transmit.transport {
-                Transport::Tcp => return self.over_tcp(shared, flight, transmit),
+                Transport::Tcp => return self.over_tcp(responder, flight, transmit),
                 Transport::Udp => match self.send(token, transmit.to, flight.exchange.payload()) {
                     Ok(socket) => flight.socket = Some((transmit.attempt, socket)),
                     Err(e) => flight
@@ -190,7 +190,7 @@ impl Outbound {
     }
 
     /// Reads the upstream answers waiting on the flights' sockets.
-    pub fn receive(&mut self, shared: &Arc<Shared>) {
+    pub fn receive(&mut self, responder: &Arc<Responder>) {
         let ready = match self.epoll.wait(&mut self.events, EpollTimeout::ZERO) {
             Ok(n) => n,
             Err(e) => {
@@ -200,11 +200,11 @@ impl Outbound {
         };
         for i in 0..ready {
             let token = self.events[i].data();
-            self.read_flight(shared, token);
+            self.read_flight(responder, token);
         }
     }
 
-    fn read_flight(&mut self, shared: &Arc<Shared>, token: u64) {
+    fn read_flight(&mut self, responder: &Arc<Responder>, token: u64) {
         // A few datagrams per socket at most: a forger flooding one port
         // cannot keep the thread from its clients.
         for _ in 0..ANSWERS_PER_READ {
@@ -234,14 +234,14 @@ impl Outbound {
                 continue;
             }
             if let Some(flight) = self.flights.remove(&token) {
-                self.advance(shared, token, flight);
+                self.advance(responder, token, flight);
             }
             return;
         }
     }
 
     /// Wakes the flights whose time has come.
-    pub fn expire(&mut self, shared: &Arc<Shared>) {
+    pub fn expire(&mut self, responder: &Arc<Responder>) {
         let now = Instant::now();
         while let Some(Reverse((at, token))) = self.timers.peek().copied() {
             if at > now {
@@ -258,27 +258,27 @@ impl Outbound {
             }
             if let Some(mut flight) = self.flights.remove(&token) {
                 flight.exchange.handle_timeout(now);
-                self.advance(shared, token, flight);
+                self.advance(responder, token, flight);
             }
         }
     }
 
     /// A query to be asked again over TCP goes to the runtime, with its
     /// exchange, so this thread goes on serving while the stream is open.
-    fn over_tcp(&self, shared: &Arc<Shared>, mut flight: Flight, transmit: Transmit) {
-        let (shared, fwd) = (shared.clone(), self.fwd.clone());
+    fn over_tcp(&self, responder: &Arc<Responder>, mut flight: Flight, transmit: Transmit) {
+        let (responder, fwd) = (responder.clone(), self.fwd.clone());
         self.runtime.spawn(async move {
             let outcome = forward::drive(&fwd, &mut flight.exchange, Some(transmit)).await;
-            finish(&shared, &fwd, flight, outcome);
+            finish(&responder, &fwd, flight, outcome);
         });
     }
 
     /// Ends every query still upstream, when the thread stops: those who
     /// wait for them, on other threads too, get a stale answer or SERVFAIL
     /// rather than nothing.
-    pub fn abandon(&mut self, shared: &Shared) {
+    pub fn abandon(&mut self, responder: &Responder) {
         for (_, flight) in self.flights.drain() {
-            finish(shared, &self.fwd, flight, Err(FetchError::Timeout));
+            finish(responder, &self.fwd, flight, Err(FetchError::Timeout));
         }
         self.timers.clear();
     }
@@ -286,13 +286,14 @@ impl Outbound {
 
 /// Caches the answer (or finds a stale one) and replies to the client and
 /// to everyone who joined its query.
-fn finish(shared: &Shared, fwd: &Forwarder, flight: Flight, result: Result<Vec<u8>, FetchError>) {
+fn finish(
+    responder: &Responder,
+    fwd: &Forwarder,
+    flight: Flight,
+    result: Result<Vec<u8>, FetchError>,
+) {
     let Flight { key, client, .. } = flight;
     let (answer, mut waiters) = fwd.settle(&key, &client.q, result, unix_now());
     waiters.push(Waiter::Datagram(client));
-    shared.deliver(&answer, waiters);
+    responder.deliver(&answer, waiters);
 }
-
-#[cfg(test)]
-#[path = "outbound_tests.rs"]
-mod tests;

@@ -20,10 +20,10 @@ use tokio::task::JoinHandle;
 use crate::authority::{Authority, DynamicNames};
 use crate::endpoint::{BatchHeaders, Datagram, Endpoint, Outgoing};
 use crate::forward::{Client, Forwarder};
-use crate::hot::Hot;
 use crate::metrics::DnsMetrics;
 use crate::outbound::Outbound;
-use crate::shared::{unix_now, Shared, Step};
+use crate::prepared::Prepared;
+use crate::responder::{unix_now, Responder, Step};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DnsError {
@@ -36,7 +36,7 @@ pub enum DnsError {
 }
 
 pub struct DnsServer {
-    shared: Arc<Shared>,
+    responder: Arc<Responder>,
     tasks: Vec<JoinHandle<()>>,
     /// One per UDP socket, each served by a thread of its own.
     udp: Vec<(Arc<Endpoint>, oneshot::Receiver<()>)>,
@@ -67,7 +67,7 @@ impl DnsServer {
             tracing::info!(upstreams = ?upstreams, "DNS forwarding");
             Some(Forwarder::new(cfg, upstreams, metrics.clone()))
         };
-        let shared = Arc::new(Shared {
+        let responder = Arc::new(Responder {
             authority: RwLock::new(Arc::new(authority)),
             reloads: AtomicU64::new(0),
             forwarder,
@@ -85,7 +85,7 @@ impl DnsServer {
         // Built up as sockets are bound: when one fails, dropping this wakes
         // the UDP threads already started and stops the TCP loops.
         let mut server = DnsServer {
-            shared: shared.clone(),
+            responder: responder.clone(),
             tasks: Vec::new(),
             udp: Vec::new(),
             listen: cfg.listen.clone(),
@@ -99,15 +99,15 @@ impl DnsServer {
                 let endpoint = Arc::new(
                     Endpoint::new(socket, HOUSEKEEPING).map_err(|e| bind_error(*addr, &e))?,
                 );
-                let mut outbound = match &shared.forwarder {
+                let mut outbound = match &responder.forwarder {
                     Some(fwd) => Some(
                         Outbound::new(fwd.clone(), runtime.clone()).map_err(DnsError::Upstream)?,
                     ),
                     None => None,
                 };
                 let (done_tx, done_rx) = oneshot::channel();
-                let (shared, thread_endpoint, shutdown) =
-                    (shared.clone(), endpoint.clone(), shutdown.clone());
+                let (responder, thread_endpoint, shutdown) =
+                    (responder.clone(), endpoint.clone(), shutdown.clone());
                 let pin_to = cpu.filter(|_| cfg.pin_udp_threads);
                 let (running_tx, running_rx) = oneshot::channel();
                 std::thread::Builder::new()
@@ -121,7 +121,7 @@ impl DnsServer {
                             }
                         }
                         let _ = running_tx.send(());
-                        udp_thread(&shared, &thread_endpoint, outbound.as_mut(), &shutdown);
+                        udp_thread(&responder, &thread_endpoint, outbound.as_mut(), &shutdown);
                         let _ = done_tx.send(());
                     })
                     .map_err(|e| bind_error(*addr, &e))?;
@@ -131,7 +131,7 @@ impl DnsServer {
             }
             let listener = tcp_listener(*addr)?;
             server.tasks.push(tokio::spawn(tcp_loop(
-                shared.clone(),
+                responder.clone(),
                 listener,
                 tcp_limit.clone(),
                 shutdown.clone(),
@@ -159,13 +159,13 @@ impl DnsServer {
 
     /// Swaps in new records and views; queries in flight finish on the old.
     pub fn reload(&self, cfg: &DnsConfig) -> Result<(), DnsError> {
-        let authority = Authority::new(cfg, self.shared.dynamic.clone(), serial())?;
+        let authority = Authority::new(cfg, self.responder.dynamic.clone(), serial())?;
         *self
-            .shared
+            .responder
             .authority
             .write()
             .unwrap_or_else(|p| p.into_inner()) = Arc::new(authority);
-        self.shared.reloads.fetch_add(1, Ordering::AcqRel);
+        self.responder.reloads.fetch_add(1, Ordering::AcqRel);
         if cfg.listen != self.listen {
             tracing::warn!(
                 "dns.listen changed; restart to apply it (records and views are applied)"
@@ -294,7 +294,7 @@ const HOUSEKEEPING: Duration = Duration::from_secs(1);
 /// this thread: local answers, and forwarding on its own upstream socket
 /// (`outbound`, absent when there are no upstreams).
 fn udp_thread(
-    shared: &Arc<Shared>,
+    responder: &Arc<Responder>,
     socket: &Arc<Endpoint>,
     mut outbound: Option<&mut Outbound>,
     shutdown: &Shutdown,
@@ -305,11 +305,11 @@ fn udp_thread(
     // Reply bytes, reused from batch to batch, and where each goes.
     let mut replies: Vec<Vec<u8>> = (0..BATCH).map(|_| Vec::with_capacity(512)).collect();
     let mut targets: Vec<(usize, SocketAddr, Option<Ipv4Addr>)> = Vec::with_capacity(BATCH);
-    let mut hot = Hot::new(shared);
+    let mut prepared = Prepared::new(responder);
     let mut flushed = Instant::now();
     loop {
         if flushed.elapsed() >= HOUSEKEEPING {
-            hot.flush(shared);
+            prepared.flush(responder);
             flushed = Instant::now();
         }
         // With queries upstream, wait on both sockets (and the next
@@ -324,9 +324,9 @@ fn udp_thread(
                     .poll_with(out.readiness(), wait)
                     .unwrap_or((true, true));
                 if answers {
-                    out.receive(shared);
+                    out.receive(responder);
                 }
-                out.expire(shared);
+                out.expire(responder);
                 if !queries {
                     if shutdown.is_cancelled() {
                         break;
@@ -358,13 +358,13 @@ fn udp_thread(
             let request = &bufs[d.buf][..d.len];
             let reply = &mut replies[targets.len()];
             reply.clear();
-            if let Some(wire) = hot.answer(shared, request, d.from.ip(), now) {
+            if let Some(wire) = prepared.answer(responder, request, d.from.ip(), now) {
                 reply.extend_from_slice(wire);
                 targets.push((targets.len(), d.from, d.local));
                 continue;
             }
-            let step = shared.step(request, d.from.ip(), true);
-            hot.learn(&step, now);
+            let step = responder.step(request, d.from.ip(), true);
+            prepared.learn(&step, now);
             match step {
                 Step::Reply { wire, .. } => {
                     reply.extend_from_slice(&wire);
@@ -376,7 +376,7 @@ fn udp_thread(
                 Step::Forward(q, view) => {
                     if let Some(out) = outbound.as_deref_mut() {
                         out.forward(
-                            shared,
+                            responder,
                             Client {
                                 endpoint: socket.clone(),
                                 q,
@@ -401,16 +401,16 @@ fn udp_thread(
         socket.send_batch(&mut headers, &out);
     }
     if let Some(out) = outbound {
-        out.abandon(shared);
+        out.abandon(responder);
     }
-    hot.flush(shared);
+    prepared.flush(responder);
 }
 
 const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 async fn tcp_loop(
-    shared: Arc<Shared>,
+    responder: Arc<Responder>,
     listener: TcpListener,
     limit: Arc<Semaphore>,
     shutdown: Shutdown,
@@ -426,7 +426,7 @@ async fn tcp_loop(
                     // stays queued and accept would fail again at once, so
                     // trying in a loop would only burn a core. Wait, longer
                     // each time, for something to close.
-                    shared.metrics.dropped.with_label_values(&["tcp_accept_starved"]).inc();
+                    responder.metrics.dropped.with_label_values(&["tcp_accept_starved"]).inc();
                     if backoff == ACCEPT_BACKOFF_MIN {
                         tracing::warn!(error = %e, "DNS TCP accept failed; backing off until descriptors free up");
                     }
@@ -442,15 +442,15 @@ async fn tcp_loop(
         };
         backoff = ACCEPT_BACKOFF_MIN;
         let Ok(permit) = limit.clone().try_acquire_owned() else {
-            shared.metrics.tcp_refused.inc();
+            responder.metrics.tcp_refused.inc();
             drop(stream);
             continue;
         };
-        let (shared, shutdown) = (shared.clone(), shutdown.clone());
+        let (responder, shutdown) = (responder.clone(), shutdown.clone());
         tokio::spawn(async move {
-            shared.metrics.tcp_connections.inc();
-            let _ = tcp_connection(&shared, stream, from.ip(), shutdown).await;
-            shared.metrics.tcp_connections.dec();
+            responder.metrics.tcp_connections.inc();
+            let _ = tcp_connection(&responder, stream, from.ip(), shutdown).await;
+            responder.metrics.tcp_connections.dec();
             drop(permit);
         });
     }
@@ -459,7 +459,7 @@ async fn tcp_loop(
 /// Serves length-prefixed queries on one connection until the client
 /// closes it, it idles past the timeout, or shutdown.
 async fn tcp_connection(
-    shared: &Shared,
+    responder: &Responder,
     mut stream: TcpStream,
     client: IpAddr,
     shutdown: Shutdown,
@@ -467,19 +467,19 @@ async fn tcp_connection(
     loop {
         let len = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
-            r = tokio::time::timeout(shared.tcp_idle, stream.read_u16()) => match r {
+            r = tokio::time::timeout(responder.tcp_idle, stream.read_u16()) => match r {
                 Ok(Ok(len)) => len,
                 _ => return Ok(()),
             },
         };
         let mut request = vec![0u8; usize::from(len)];
-        tokio::time::timeout(shared.tcp_idle, stream.read_exact(&mut request))
+        tokio::time::timeout(responder.tcp_idle, stream.read_exact(&mut request))
             .await
             .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
-        let wire = match shared.step(&request, client, false) {
+        let wire = match responder.step(&request, client, false) {
             Step::Reply { wire, .. } => wire,
             Step::Drop => return Ok(()),
-            Step::Forward(q, view) => shared.forward(&q, view, &request).await,
+            Step::Forward(q, view) => responder.forward(&q, view, &request).await,
         };
         let Ok(n) = u16::try_from(wire.len()) else {
             continue;
@@ -489,11 +489,11 @@ async fn tcp_connection(
         framed.extend_from_slice(&wire);
         // A client that sends and never reads would otherwise hold its
         // connection (and one of the bounded slots) for ever.
-        if tokio::time::timeout(shared.tcp_idle, stream.write_all(&framed))
+        if tokio::time::timeout(responder.tcp_idle, stream.write_all(&framed))
             .await
             .is_err()
         {
-            shared
+            responder
                 .metrics
                 .dropped
                 .with_label_values(&["tcp_write_timeout"])
@@ -502,6 +502,12 @@ async fn tcp_connection(
         }
     }
 }
+
+/// Forwarding through a running server, from the UDP threads
+/// ([`crate::outbound`]) and for TCP clients.
+#[cfg(test)]
+#[path = "forwarding_tests.rs"]
+mod forwarding_tests;
 
 #[cfg(test)]
 pub(crate) mod tests {

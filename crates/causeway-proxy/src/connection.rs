@@ -6,14 +6,15 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Instant;
 
+use causeway_config::ProxyConfig;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::hello::{peek, Peek, MAX_HELLO};
-use crate::listener::{ListenerState, Routing};
+use crate::metrics::ProxyMetrics;
+use crate::port::{Port, Routing};
 use crate::relay::relay;
-use crate::server::Shared;
-use crate::upstream::{connect, OpenGuard};
+use crate::upstream::{connect, OpenGuard, Upstreams};
 
 /// Holds a connection in a gauge until dropped.
 pub(crate) struct Held<'a>(&'a prometheus::IntGauge);
@@ -40,14 +41,18 @@ struct Outcome {
     reason: &'static str,
 }
 
+/// Serves one connection accepted on `state`'s port under `cfg`, the
+/// config in force when it was accepted.
 pub(crate) async fn handle(
-    shared: &Shared,
-    state: &ListenerState,
+    upstreams: &Upstreams,
+    metrics: &ProxyMetrics,
+    cfg: &ProxyConfig,
+    state: &Port,
     mut client: TcpStream,
     from: SocketAddr,
 ) {
     let started = Instant::now();
-    let outcome = serve(shared, state, &mut client).await;
+    let outcome = serve(upstreams, metrics, cfg, state, &mut client).await;
     tracing::info!(
         target: "causeway::access",
         client = %from,
@@ -62,7 +67,13 @@ pub(crate) async fn handle(
     );
 }
 
-async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -> Outcome {
+async fn serve(
+    upstreams: &Upstreams,
+    metrics: &ProxyMetrics,
+    cfg: &ProxyConfig,
+    state: &Port,
+    client: &mut TcpStream,
+) -> Outcome {
     let mut out = Outcome {
         route: String::new(),
         upstream: None,
@@ -71,7 +82,6 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
         reason: "closed",
     };
     let label = state.label.as_str();
-    let cfg = shared.cfg();
     let routing = state.routing();
     let mut peeked = Vec::new();
     let target = match routing.as_ref() {
@@ -86,8 +96,7 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
                     return out;
                 }
                 Err(_) => {
-                    shared
-                        .metrics
+                    metrics
                         .sni_failures
                         .with_label_values(&[label, "hello_timeout"])
                         .inc();
@@ -99,8 +108,7 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
                 Peek::Sni(name) => out.route = name.clone(),
                 Peek::NoSni => out.route = "(no sni)".into(),
                 Peek::NotTls(why) => {
-                    shared
-                        .metrics
+                    metrics
                         .sni_failures
                         .with_label_values(&[label, why.label()])
                         .inc();
@@ -111,8 +119,7 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
             match routes.choose(&p) {
                 Some(u) => u,
                 None => {
-                    shared
-                        .metrics
+                    metrics
                         .connect_errors
                         .with_label_values(&[label, "no_route"])
                         .inc();
@@ -129,12 +136,21 @@ async fn serve(shared: &Shared, state: &ListenerState, client: &mut TcpStream) -
     if out.route.is_empty() && tracing::enabled!(target: "causeway::access", tracing::Level::INFO) {
         out.route = target.to_string();
     }
-    let Some((mut upstream, addr)) = connect(shared, state, &cfg, target).await else {
+    let connected = connect(
+        upstreams,
+        metrics,
+        cfg,
+        label,
+        &state.counters.connect_seconds,
+        target,
+    )
+    .await;
+    let Some((mut upstream, addr)) = connected else {
         out.reason = "connect_failed";
         return out;
     };
     out.upstream = Some(addr);
-    let _counted = OpenGuard::new(shared, addr);
+    let _counted = OpenGuard::new(&upstreams.open, metrics, addr);
     if state.proxy_protocol {
         let local = client.local_addr().unwrap_or(state.listen);
         let from = client.peer_addr().unwrap_or(local);

@@ -9,7 +9,7 @@ use causeway_runtime::Shutdown;
 use tokio::net::TcpStream;
 
 use crate::balance::Transition;
-use crate::server::Shared;
+use crate::state::ProxyState;
 
 /// Every upstream the listeners may send to.
 fn upstreams_of(cfg: &ProxyConfig) -> Vec<Upstream> {
@@ -30,7 +30,7 @@ fn upstreams_of(cfg: &ProxyConfig) -> Vec<Upstream> {
 /// Active health checks: each interval, a TCP connect to every address of
 /// every upstream, all at once; the config is re-read each round so a
 /// reload can turn checks on, off or retime them.
-pub(crate) async fn health_loop(shared: Arc<Shared>, shutdown: Shutdown) {
+pub(crate) async fn health_loop(shared: Arc<ProxyState>, shutdown: Shutdown) {
     let mut checking = false;
     loop {
         let cfg = shared.cfg();
@@ -43,7 +43,7 @@ pub(crate) async fn health_loop(shared: Arc<Shared>, shutdown: Shutdown) {
             None => {
                 // Checks just turned off by a reload: forget their verdicts.
                 if std::mem::take(&mut checking) {
-                    shared.health.retain(|_| false);
+                    shared.upstreams.health.retain(|_| false);
                     shared.metrics.upstream_down.reset();
                 }
                 Duration::from_secs(1)
@@ -56,11 +56,11 @@ pub(crate) async fn health_loop(shared: Arc<Shared>, shutdown: Shutdown) {
     }
 }
 
-async fn check_round(shared: &Shared, cfg: &ProxyConfig, rule: &HealthCheck) {
+async fn check_round(shared: &ProxyState, cfg: &ProxyConfig, rule: &HealthCheck) {
     let mut checks = tokio::task::JoinSet::new();
     let mut checked = HashSet::new();
     for up in upstreams_of(cfg) {
-        let addrs = match shared.resolver.addresses(&up).await {
+        let addrs = match shared.upstreams.resolver.addresses(&up).await {
             Ok(a) => a,
             Err(e) => {
                 tracing::warn!(upstream = %up, error = %e, "health check cannot resolve upstream");
@@ -88,7 +88,7 @@ async fn check_round(shared: &Shared, cfg: &ProxyConfig, rule: &HealthCheck) {
             .health_checks
             .with_label_values(&[label.as_str(), if ok { "ok" } else { "failed" }])
             .inc();
-        match shared.health.record(addr, ok, rule) {
+        match shared.upstreams.health.record(addr, ok, rule) {
             Some(Transition::Down) => {
                 shared
                     .metrics
@@ -108,5 +108,5 @@ async fn check_round(shared: &Shared, cfg: &ProxyConfig, rule: &HealthCheck) {
             None => {}
         }
     }
-    shared.health.retain(|a| checked.contains(a));
+    shared.upstreams.health.retain(|a| checked.contains(a));
 }

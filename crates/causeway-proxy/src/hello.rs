@@ -6,6 +6,8 @@
 //! and several TLS records (a post-quantum key share makes it about 2 KB);
 //! at most [`MAX_HELLO`] bytes are ever considered.
 
+use causeway_config::{valid_name, NameRules};
+
 /// The most bytes of a client's first flight the proxy will hold to find
 /// the name. A ClientHello of 16 KB is already far beyond real clients.
 pub const MAX_HELLO: usize = 16 * 1024;
@@ -227,16 +229,7 @@ fn read_server_name(data: &[u8]) -> Peek {
 /// lowercased; anything else is refused rather than routed.
 fn host_name(raw: &[u8]) -> Option<String> {
     let name = std::str::from_utf8(raw).ok()?.trim_end_matches('.');
-    let ok = !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        });
-    ok.then(|| name.to_ascii_lowercase())
+    valid_name(name, NameRules::DNS).then(|| name.to_ascii_lowercase())
 }
 
 #[cfg(test)]

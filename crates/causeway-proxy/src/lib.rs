@@ -4,19 +4,24 @@
 //!
 //! [`hello`], [`route`] and the ordering in [`balance`] are pure; [`server`] owns the sockets.
 
+mod admission;
 pub mod balance;
 mod connection;
+mod error;
 mod health;
 pub mod hello;
 mod listener;
 pub mod metrics;
+mod port;
 pub mod proxy_protocol;
 pub mod relay;
 pub mod resolve;
 pub mod route;
 pub mod server;
+mod state;
 mod upstream;
 
-pub use listener::connection_cap;
+pub use admission::connection_cap;
+pub use error::ProxyError;
 pub use metrics::ProxyMetrics;
-pub use server::{ProxyError, ProxyServer};
+pub use server::ProxyServer;

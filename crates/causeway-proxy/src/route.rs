@@ -2,6 +2,8 @@
 
 use std::collections::HashMap;
 
+use causeway_config::{valid_name, NameRules};
+
 use crate::hello::Peek;
 
 /// Routes of one SNI listener: exact names, wildcards (`*.apps.<zone>`,
@@ -39,12 +41,12 @@ impl<T> SniRoutes<T> {
                 Some(rest) => (true, rest.to_string()),
                 None => (false, p.clone()),
             };
-            let valid = !name.is_empty()
-                && name.split('.').all(|l| {
-                    !l.is_empty()
-                        && l.bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-                });
+            // DNS labels of any length; the hello's names are bounded.
+            let rules = NameRules {
+                lengths: false,
+                ..NameRules::DNS
+            };
+            let valid = valid_name(&name, rules);
             if !valid {
                 return Err(RouteError::BadPattern(pattern));
             }

@@ -1,5 +1,7 @@
-//! The proxy as a service: its threads, start, reload and drain. Accepting
-//! is in [`crate::listener`], a connection's life in [`crate::connection`],
+//! The proxy as a service: its threads, start, reload and drain. What the
+//! threads share is in [`crate::state`], each listening port in
+//! [`crate::port`], admission in [`crate::admission`], accepting in
+//! [`crate::listener`], a connection's life in [`crate::connection`],
 //! upstream choice and connects in [`crate::upstream`], and active checks
 //! in [`crate::health`].
 
@@ -16,54 +18,23 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
+use crate::admission::{connection_cap, Admission};
 use crate::balance::{Health, OpenCounts};
+use crate::error::ProxyError;
 use crate::health::health_loop;
-use crate::listener::{
-    accept_loop, connection_cap, routing_of, Admission, ConnectionLimit, ListenerCounters,
-    ListenerState,
-};
+use crate::listener::accept_loop;
 use crate::metrics::ProxyMetrics;
-use crate::route::RouteError;
-use crate::upstream::{Outliers, Resolver};
-
-#[derive(Debug, thiserror::Error)]
-pub enum ProxyError {
-    #[error("proxy listen on {addr}: {reason}")]
-    Bind { addr: SocketAddr, reason: String },
-    #[error("proxy routes on {addr}: {source}")]
-    Routes {
-        addr: SocketAddr,
-        source: RouteError,
-    },
-}
-
-pub(crate) struct Shared {
-    /// Swapped whole by a reload; a connection reads it once.
-    pub(crate) cfg: RwLock<Arc<ProxyConfig>>,
-    pub(crate) metrics: ProxyMetrics,
-    pub(crate) resolver: Resolver,
-    pub(crate) outliers: Outliers,
-    pub(crate) open: OpenCounts,
-    pub(crate) health: Health,
-    pub(crate) admission: Admission,
-    /// Every connection task, on whichever proxy thread: the drain closes
-    /// it and waits for it to empty.
-    pub(crate) connections: TaskTracker,
-}
-
-impl Shared {
-    pub(crate) fn cfg(&self) -> Arc<ProxyConfig> {
-        self.cfg.read().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-}
+use crate::port::{routing_of, ConnectionLimit, ListenerCounters, Port};
+use crate::state::ProxyState;
+use crate::upstream::{Outliers, Resolver, Upstreams};
 
 /// The proxy runs on threads of its own, one per core, each with a
 /// single-threaded runtime, its own SO_REUSEPORT listener per port, and
 /// every connection it accepted: a connection's wake-ups never cross
 /// threads.
 pub struct ProxyServer {
-    shared: Arc<Shared>,
-    listeners: Vec<Arc<ListenerState>>,
+    shared: Arc<ProxyState>,
+    listeners: Vec<Arc<Port>>,
     health: JoinHandle<()>,
     workers: Vec<std::thread::JoinHandle<()>>,
     /// Set when draining is over: the workers drop what is left.
@@ -134,25 +105,27 @@ impl ProxyServer {
         metrics: ProxyMetrics,
         shutdown: Shutdown,
     ) -> Result<Self, ProxyError> {
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(ProxyState {
             cfg: RwLock::new(Arc::new(cfg.clone())),
             metrics,
-            resolver: Resolver::new(&cfg.resolvers),
-            outliers: Outliers::default(),
-            open: OpenCounts::default(),
-            health: Health::default(),
+            upstreams: Upstreams {
+                resolver: Resolver::new(&cfg.resolvers),
+                outliers: Outliers::default(),
+                open: OpenCounts::default(),
+                health: Health::default(),
+            },
             admission: Admission::new(total_cap(cfg), cfg.max_connections_per_source),
             connections: TaskTracker::new(),
         });
         let mut listeners = Vec::new();
         let workers_n = std::thread::available_parallelism().map_or(1, |n| n.get());
         // Bound here, so a port in use fails the start with its reason.
-        let mut bound: Vec<Vec<(Arc<ListenerState>, std::net::TcpListener)>> =
+        let mut bound: Vec<Vec<(Arc<Port>, std::net::TcpListener)>> =
             (0..workers_n).map(|_| Vec::new()).collect();
         for l in &cfg.listeners {
             let routing = routing_of(l, &shared.metrics)?;
             let label = l.listen.port().to_string();
-            let state = Arc::new(ListenerState {
+            let state = Arc::new(Port {
                 listen: l.listen,
                 counters: ListenerCounters::new(&shared.metrics, &label),
                 label,
@@ -278,8 +251,8 @@ impl causeway_runtime::Service for ProxyServer {
 /// One proxy thread: accepts on its own listeners until shutdown, and runs
 /// its connections until they end or the drain releases it.
 fn worker(
-    shared: Arc<Shared>,
-    sockets: Vec<(Arc<ListenerState>, std::net::TcpListener)>,
+    shared: Arc<ProxyState>,
+    sockets: Vec<(Arc<Port>, std::net::TcpListener)>,
     shutdown: Shutdown,
     mut released: watch::Receiver<bool>,
 ) {

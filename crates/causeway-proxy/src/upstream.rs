@@ -12,10 +12,19 @@ use std::time::{Duration, Instant};
 use causeway_config::{ProxyConfig, Upstream};
 use tokio::net::TcpStream;
 
-use crate::balance;
-use crate::listener::ListenerState;
+use crate::balance::{self, Health, OpenCounts};
+use crate::metrics::ProxyMetrics;
 use crate::resolve::NameResolver;
-use crate::server::Shared;
+
+/// What the proxy knows of its upstreams across connections: their names'
+/// addresses, the connections open to each address, the addresses ejected
+/// after failed connects, and the health checks' verdicts.
+pub(crate) struct Upstreams {
+    pub(crate) resolver: Resolver,
+    pub(crate) outliers: Outliers,
+    pub(crate) open: OpenCounts,
+    pub(crate) health: Health,
+}
 
 /// Consecutive connect failures after which an address is skipped.
 const FAILURES_TO_EJECT: u32 = 3;
@@ -197,25 +206,28 @@ pub(crate) async fn connect_one(addr: SocketAddr) -> io::Result<TcpStream> {
     socket.connect(addr).await
 }
 
-/// Connects to the first address of `up` that answers, trying each in turn.
+/// Connects to the first address of `up` that answers, trying each in turn,
+/// for the listener labelled `label`: its errors are counted under that
+/// label, and the time of the connect that succeeds goes to
+/// `connect_seconds`.
 pub(crate) async fn connect(
-    shared: &Shared,
-    state: &ListenerState,
+    upstreams: &Upstreams,
+    metrics: &ProxyMetrics,
     cfg: &ProxyConfig,
+    label: &str,
+    connect_seconds: &prometheus::Histogram,
     up: &Upstream,
 ) -> Option<(TcpStream, SocketAddr)> {
-    let label = state.label.as_str();
-    let addrs = match shared.resolver.addresses(up).await {
+    let addrs = match upstreams.resolver.addresses(up).await {
         Ok(a) => balance::order(
             cfg.balance,
             a,
-            shared.resolver.turn(),
-            |addr| shared.open.get(addr),
-            |addr| shared.outliers.ejected(addr) || shared.health.is_down(addr),
+            upstreams.resolver.turn(),
+            |addr| upstreams.open.get(addr),
+            |addr| upstreams.outliers.ejected(addr) || upstreams.health.is_down(addr),
         ),
         Err(e) => {
-            shared
-                .metrics
+            metrics
                 .connect_errors
                 .with_label_values(&[label, "resolve"])
                 .inc();
@@ -230,8 +242,7 @@ pub(crate) async fn connect(
             if causeway_runtime::resources::local_resources_exhausted(e) {
                 // Our descriptors, memory or ports ran out: no fault of this
                 // address, and every other would fail the same way now.
-                shared
-                    .metrics
+                metrics
                     .connect_errors
                     .with_label_values(&[label, "local_resources"])
                     .inc();
@@ -240,17 +251,14 @@ pub(crate) async fn connect(
                 return None;
             }
         }
-        if !matches!(attempt, Ok(Ok(_))) && shared.outliers.failed(addr) {
-            shared.metrics.ejections.with_label_values(&[label]).inc();
+        if !matches!(attempt, Ok(Ok(_))) && upstreams.outliers.failed(addr) {
+            metrics.ejections.with_label_values(&[label]).inc();
             tracing::warn!(upstream = %up, address = %addr, "address ejected after repeated connect failures");
         }
         match attempt {
             Ok(Ok(s)) => {
-                shared.outliers.succeeded(&addr);
-                state
-                    .counters
-                    .connect_seconds
-                    .observe(started.elapsed().as_secs_f64());
+                upstreams.outliers.succeeded(&addr);
+                connect_seconds.observe(started.elapsed().as_secs_f64());
                 return Some((s, addr));
             }
             Ok(Err(e)) => {
@@ -258,14 +266,12 @@ pub(crate) async fn connect(
                     io::ErrorKind::ConnectionRefused => "refused",
                     _ => "error",
                 };
-                shared
-                    .metrics
+                metrics
                     .connect_errors
                     .with_label_values(&[label, reason])
                     .inc();
             }
-            Err(_) => shared
-                .metrics
+            Err(_) => metrics
                 .connect_errors
                 .with_label_values(&[label, "timeout"])
                 .inc(),
@@ -277,32 +283,27 @@ pub(crate) async fn connect(
 /// Counts a connection against its upstream address while it is open, for
 /// least-connections and the per-address gauge.
 pub(crate) struct OpenGuard<'a> {
-    shared: &'a Shared,
+    open: &'a OpenCounts,
     addr: SocketAddr,
     gauge: prometheus::IntGauge,
 }
 
 impl<'a> OpenGuard<'a> {
-    pub(crate) fn new(shared: &'a Shared, addr: SocketAddr) -> Self {
-        let gauge = shared.open.opened(addr, || {
-            shared
-                .metrics
+    pub(crate) fn new(open: &'a OpenCounts, metrics: &ProxyMetrics, addr: SocketAddr) -> Self {
+        let gauge = open.opened(addr, || {
+            metrics
                 .upstream_open
                 .with_label_values(&[addr.to_string().as_str()])
         });
         gauge.inc();
-        OpenGuard {
-            shared,
-            addr,
-            gauge,
-        }
+        OpenGuard { open, addr, gauge }
     }
 }
 
 impl Drop for OpenGuard<'_> {
     fn drop(&mut self) {
         self.gauge.dec();
-        self.shared.open.closed(&self.addr);
+        self.open.closed(&self.addr);
     }
 }
 

@@ -4,10 +4,17 @@
 //! interface its request came in on.
 //!
 //! [`plan`] decides, without I/O; [`netlink`] reads and writes the kernel;
-//! [`reconcile`] applies a plan and keeps it true as links change.
+//! [`reconcile`] applies a plan and keeps it true as links change;
+//! [`metrics`] counts what the reconciles did.
+//!
+//! It is not a network manager: it adds no addresses and brings no link up
+//! (Multus or the host does), and it never touches a route or rule it did
+//! not install (those carry its protocol number, [`plan::PROTOCOL`]).
 
+pub mod metrics;
 pub mod netlink;
 pub mod plan;
 pub mod reconcile;
 
-pub use reconcile::{PolicyRouting, Reconciler, Report, RouteError, RouteMetrics, Status};
+pub use metrics::RouteMetrics;
+pub use reconcile::{PolicyRouting, Reconciler, Report, RouteError, Status};

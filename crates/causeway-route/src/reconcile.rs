@@ -11,9 +11,9 @@ use causeway_config::{RoutedInterface, RoutingConfig};
 use causeway_runtime::Shutdown;
 use futures::StreamExt;
 use ipnet::Ipv4Net;
-use prometheus::{IntCounterVec, Opts, Registry};
 use tokio::sync::Mutex;
 
+use crate::metrics::RouteMetrics;
 use crate::netlink::{events, Kernel, NetlinkError};
 use crate::plan::{diff, wanted, Changes, Route, Rule};
 
@@ -64,36 +64,6 @@ pub struct Report {
     pub interfaces: Vec<(String, Status)>,
     /// Rules and routes added or removed.
     pub changed: usize,
-}
-
-#[derive(Clone)]
-pub struct RouteMetrics {
-    reconciles: IntCounterVec,
-    changes: IntCounterVec,
-}
-
-impl RouteMetrics {
-    pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
-        let m = RouteMetrics {
-            reconciles: IntCounterVec::new(
-                Opts::new(
-                    "causeway_route_reconciles_total",
-                    "Policy-routing reconciles, by result (ok, error)",
-                ),
-                &["result"],
-            )?,
-            changes: IntCounterVec::new(
-                Opts::new(
-                    "causeway_route_changes_total",
-                    "Rules and routes added or removed, by kind (add, remove)",
-                ),
-                &["kind"],
-            )?,
-        };
-        registry.register(Box::new(m.reconciles.clone()))?;
-        registry.register(Box::new(m.changes.clone()))?;
-        Ok(m)
-    }
 }
 
 /// What the kernel should hold, and what it holds of ours.

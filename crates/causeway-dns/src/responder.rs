@@ -1,8 +1,10 @@
-//! What every serving thread and task shares: the authority (swapped whole
-//! by a reload), the forwarder, the DHCP names and the metrics, and the
-//! steps of answering that do not wait on the network. The UDP threads
-//! (`hot`), their upstream sockets (`outbound`) and the TCP path
-//! (`server`) all use it; it uses none of them.
+//! The responder every serving thread and task shares: the authority
+//! (swapped whole by a reload), the forwarder, the DHCP names and the
+//! metrics, and the steps of answering that do not wait on the network
+//! (a packet to a reply, a forward or nothing; a forwarded answer made to
+//! fit its client). The UDP threads' prepared answers (`prepared`), their
+//! upstream sockets (`outbound`) and the TCP path (`server`) all use it; it
+//! uses none of them.
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +20,7 @@ use crate::handler::{decide, Decision};
 use crate::message::{self, ParsedQuery, Rejected};
 use crate::metrics::{qtype_label, rcode_label, DnsMetrics};
 
-pub(crate) struct Shared {
+pub(crate) struct Responder {
     pub(crate) authority: RwLock<Arc<Authority>>,
     /// Bumped on every reload, so per-socket prepared answers go stale.
     pub(crate) reloads: AtomicU64,
@@ -46,7 +48,7 @@ pub(crate) enum Step {
     Drop,
 }
 
-impl Shared {
+impl Responder {
     /// Changes whenever records or DHCP names change.
     pub(crate) fn generation(&self) -> u64 {
         self.reloads

@@ -1,7 +1,7 @@
-//! The per-socket fast path. Each UDP task keeps the answers it built
-//! lately, keyed by the query's bytes (see [`crate::fastpath`]), and serves
-//! a repeat with one hash lookup and a copy: no lock, no parse, no
-//! allocation. Names that are forwarded are remembered as such, so a repeat
+//! Prepared answers, the per-socket fast path. Each UDP task keeps the
+//! answers it built lately, keyed by the query's bytes (see
+//! [`crate::fastpath`]), and serves a repeat with one hash lookup and a
+//! copy: no lock, no parse, no allocation. Names that are forwarded are remembered as such, so a repeat
 //! goes straight to the forwarding cache. Query counts are kept locally and
 //! added to the shared metrics once a second.
 
@@ -18,7 +18,7 @@ use crate::cache::Hit;
 use crate::fastpath::{self, Question};
 use crate::message;
 use crate::metrics::{qtype_label, rcode_label};
-use crate::shared::{Shared, Step};
+use crate::responder::{Responder, Step};
 
 /// How long a prepared answer is reused; bounds how late a DHCP name that
 /// expired (rather than being released) keeps answering.
@@ -47,7 +47,7 @@ struct Template {
     made: u64,
 }
 
-pub struct Hot {
+pub struct Prepared {
     /// The key of the last query the fast path read: query key, then view
     /// and recursion permission.
     key: Vec<u8>,
@@ -65,15 +65,15 @@ pub struct Hot {
     uncounted: u32,
 }
 
-impl Hot {
-    pub fn new(shared: &Shared) -> Self {
-        Hot {
+impl Prepared {
+    pub fn new(responder: &Responder) -> Self {
+        Prepared {
             key: Vec::with_capacity(fastpath::KEY_PREFIX + fastpath::MAX_NAME + 3),
             query_key_len: 0,
             read: None,
             out: Vec::with_capacity(1500),
-            auth: shared.authority(),
-            generation: shared.generation(),
+            auth: responder.authority(),
+            generation: responder.generation(),
             entries: HashMap::new(),
             templates: HashMap::new(),
             probe: Vec::with_capacity(fastpath::KEY_PREFIX + fastpath::MAX_NAME + 3),
@@ -84,11 +84,11 @@ impl Hot {
         }
     }
 
-    fn refresh(&mut self, shared: &Shared) {
-        let generation = shared.generation();
+    fn refresh(&mut self, responder: &Responder) {
+        let generation = responder.generation();
         if generation != self.generation {
             self.generation = generation;
-            self.auth = shared.authority();
+            self.auth = responder.authority();
             self.entries.clear();
             self.templates.clear();
         }
@@ -98,14 +98,14 @@ impl Hot {
     /// or a fresh forwarded answer serves it.
     pub fn answer(
         &mut self,
-        shared: &Shared,
+        responder: &Responder,
         request: &[u8],
         client: IpAddr,
         now: u64,
     ) -> Option<&[u8]> {
         self.read = fastpath::read(request, &mut self.key);
         let q = self.read?;
-        self.refresh(shared);
+        self.refresh(responder);
         let view = self.auth.view_for(client);
         let recurse = self.auth.may_recurse(client);
         self.view = view;
@@ -113,18 +113,18 @@ impl Hot {
         self.key.extend_from_slice(&(view as u16).to_be_bytes());
         self.key.push(u8::from(recurse));
         self.out.clear();
-        if !(self.serve_entry(shared, &q, now) || self.serve_template(&q, request, now)) {
+        if !(self.serve_entry(responder, &q, now) || self.serve_template(&q, request, now)) {
             return None;
         }
         if !fastpath::patch(&mut self.out, &q, request) {
             return None;
         }
         let rcode = self.out.get(3).map_or(0, |b| b & 0x0f);
-        self.count(shared, view, q.qtype, rcode);
+        self.count(responder, view, q.qtype, rcode);
         Some(&self.out)
     }
 
-    fn serve_entry(&mut self, shared: &Shared, q: &Question, now: u64) -> bool {
+    fn serve_entry(&mut self, responder: &Responder, q: &Question, now: u64) -> bool {
         let Some(entry) = self
             .entries
             .get(&self.key)
@@ -138,7 +138,7 @@ impl Hot {
                 true
             }
             Kind::Forward => {
-                let Some(fwd) = shared.forwarder.as_ref() else {
+                let Some(fwd) = responder.forwarder.as_ref() else {
                     return false;
                 };
                 let Hit::Fresh(wire) = fwd.cache.get(&self.key[..self.query_key_len], now, false)
@@ -255,19 +255,19 @@ impl Hot {
         );
     }
 
-    fn count(&mut self, shared: &Shared, view: usize, qtype: u16, rcode: u8) {
+    fn count(&mut self, responder: &Responder, view: usize, qtype: u16, rcode: u8) {
         *self.counts.entry((view, qtype, rcode)).or_insert(0) += 1;
         self.uncounted += 1;
         if self.uncounted >= FLUSH_EVERY {
-            self.flush(shared);
+            self.flush(responder);
         }
     }
 
     /// Adds the locally kept counts to the shared metrics.
-    pub fn flush(&mut self, shared: &Shared) {
+    pub fn flush(&mut self, responder: &Responder) {
         for ((view, qtype, rcode), n) in self.counts.drain() {
             let rcode = hickory_proto::op::ResponseCode::from(0, rcode);
-            shared
+            responder
                 .metrics
                 .queries
                 .with_label_values(&[
@@ -278,7 +278,7 @@ impl Hot {
                 .inc_by(n);
         }
         if self.cache_hits > 0 {
-            shared
+            responder
                 .metrics
                 .cache
                 .with_label_values(&["hit"])
