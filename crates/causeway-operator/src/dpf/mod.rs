@@ -8,12 +8,16 @@
 
 pub mod approver;
 pub mod bluefield;
+mod context;
 pub mod controller;
 pub mod crd;
 pub mod csr;
 #[cfg(any(test, feature = "test-support"))]
 pub mod forged_csr;
 pub mod ignition;
+mod observe;
+mod provision;
 pub mod render;
 pub mod spec;
 pub mod status;
+mod teardown;

@@ -325,6 +325,36 @@ pub fn changed_immutable(provisioned: &Value, spec: &DPFHCPProvisionerSpec) -> V
         .collect()
 }
 
+pub fn valid_ssh_key(bytes: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return false;
+    };
+    let mut lines = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'));
+    let Some(line) = lines.next() else {
+        return false;
+    };
+    let mut words = line.split_whitespace();
+    let (Some(kind), Some(body)) = (words.next(), words.next()) else {
+        return false;
+    };
+    let known =
+        kind.starts_with("ssh-") || kind.starts_with("ecdsa-sha2-") || kind.starts_with("sk-");
+    let base64 = body.len() % 4 == 0
+        && body
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/' || b == b'=');
+    known && base64 && body.len() >= 16
+}
+
+pub fn valid_pull_secret(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(bytes)
+        .ok()
+        .is_some_and(|v| v.get("auths").is_some_and(Value::is_object))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 pub(crate) mod tests {
@@ -555,5 +585,22 @@ controlPlaneAvailabilityPolicy: HighlyAvailable
         alias.virtual_ip = None;
         alias.metal_lb_virtual_ip = Some("192.168.1.100".into());
         assert!(changed_immutable(&provisioned, &alias).is_empty());
+    }
+
+    #[test]
+    fn ssh_keys_and_pull_secrets_are_parsed_not_just_present() {
+        assert!(valid_ssh_key(b"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGb3J3yRzq0k1Jq8F6c1bq6Xq0v4cX1mZq1k2l3m4n5o user@host\n"));
+        assert!(valid_ssh_key(
+            b"# comment\necdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTY=\n"
+        ));
+        assert!(!valid_ssh_key(b"hello"));
+        assert!(!valid_ssh_key(b"ssh-rsa not*base64"));
+        assert!(!valid_ssh_key(b"-----BEGIN OPENSSH PRIVATE KEY-----"));
+        assert!(!valid_ssh_key(&[0xff, 0xfe]));
+        assert!(valid_pull_secret(
+            br#"{"auths": {"quay.io": {"auth": "eDp5"}}}"#
+        ));
+        assert!(!valid_pull_secret(br#"{"auths": []}"#));
+        assert!(!valid_pull_secret(b"not json"));
     }
 }

@@ -284,3 +284,19 @@ impl Applier {
         Ok(true)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_4xx_refusals_are_permanent() {
+        let api =
+            |code| kube::Error::Api(kube::core::Status::failure("", "").with_code(code).boxed());
+        assert!(permanent(&api(403)));
+        assert!(permanent(&api(422)));
+        assert!(!permanent(&api(409)));
+        assert!(!permanent(&api(429)));
+        assert!(!permanent(&api(500)));
+    }
+}
