@@ -18,7 +18,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
 use tokio::time::MissedTickBehavior;
 
-use crate::stats::{self, LatencyRecorder, LatencySummary, RateMeter};
+use crate::stats::{self, round3, LatencyRecorder, LatencySummary, RateMeter};
 use wire::{Mac, ReplyKind, WireConfig};
 
 #[derive(clap::Args, Debug, Clone)]
@@ -915,10 +915,6 @@ impl Bench {
         }
         Ok(())
     }
-}
-
-fn round3(v: f64) -> f64 {
-    (v * 1000.0).round() / 1000.0
 }
 
 #[derive(Serialize)]

@@ -22,7 +22,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
 use tokio::time::MissedTickBehavior;
 
-use crate::stats::{self, LatencyRecorder, RateMeter};
+use crate::stats::{self, round3, LatencyMs, LatencyRecorder, RateMeter};
 use wire::{QueryFlags, Rcode, MAX_QUERY_LEN};
 use workload::{Mix, Rng, Workload};
 
@@ -656,14 +656,7 @@ impl Bench {
         let bench_cpu_pct = bench_cpu_s
             .filter(|_| elapsed > 0.0)
             .map(|c| c * 100.0 / elapsed);
-        let lat = LatencyMs {
-            p50: self.lat.percentile_ms(50.0),
-            p90: self.lat.percentile_ms(90.0),
-            p99: self.lat.percentile_ms(99.0),
-            p999: self.lat.percentile_ms(99.9),
-            max: self.lat.max_us().map(|us| us as f64 / 1000.0),
-            mean: self.lat.mean_us().map(|us| round3(us / 1000.0)),
-        };
+        let lat = LatencyMs::of(&self.lat);
         if self.args.json {
             let summary = JsonSummary {
                 server: self.args.server.to_string(),
@@ -752,20 +745,6 @@ impl Bench {
         }
         Ok(())
     }
-}
-
-fn round3(v: f64) -> f64 {
-    (v * 1000.0).round() / 1000.0
-}
-
-#[derive(Debug, Clone, Copy, Serialize)]
-struct LatencyMs {
-    p50: Option<f64>,
-    p90: Option<f64>,
-    p99: Option<f64>,
-    p999: Option<f64>,
-    max: Option<f64>,
-    mean: Option<f64>,
 }
 
 #[derive(Serialize)]

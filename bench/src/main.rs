@@ -63,31 +63,3 @@ fn main() -> anyhow::Result<()> {
         Command::Operator(args) => rt.block_on(operator::run(args)),
     }
 }
-
-/// Resolves on Ctrl-C or SIGTERM, with the word for the log. The compare
-/// scripts stop the built-in servers (proxy upstream, dns-floor) with TERM
-/// and still want their summaries. If a handler cannot be installed that
-/// branch never fires: the scripts bound every run anyway.
-pub async fn stop_signal() -> &'static str {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let term = async {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => "interrupted",
-        _ = term => "terminated",
-    }
-}
