@@ -6,6 +6,7 @@
 
 mod dhcp;
 mod dns;
+mod load;
 mod operator;
 mod proxy;
 mod stats;
