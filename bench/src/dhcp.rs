@@ -18,7 +18,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
 use tokio::time::MissedTickBehavior;
 
-use crate::load::{Interrupt, RunLimits, Ticks};
+use crate::load::{Interrupt, Pacer, RunLimits, Ticks};
 use crate::stats::{self, round3, LatencyRecorder, LatencySummary, RateMeter};
 use wire::{Mac, ReplyKind, WireConfig};
 
@@ -213,8 +213,7 @@ struct Bench {
     expired_order: VecDeque<u32>,
     next_seq: u64,
     rng: Rng,
-    tokens: f64,
-    last_refill: Instant,
+    pacer: Pacer,
     c: Counters,
     lat: LatencyRecorder,
     acked_file: Option<File>,
@@ -280,8 +279,7 @@ pub async fn run(args: DhcpArgs) -> anyhow::Result<()> {
         expired_order: VecDeque::new(),
         next_seq: 0,
         rng: Rng::seeded(),
-        tokens: 1.0,
-        last_refill: now,
+        pacer: Pacer::new(now),
         c: Counters::default(),
         lat: LatencyRecorder::new(),
         acked_file,
@@ -489,35 +487,19 @@ impl Bench {
         if self.stopped_at.is_some() {
             return;
         }
-        let limit_hit = self.args.limits.count.is_some_and(|n| self.c.started >= n);
-        if now.saturating_duration_since(self.start) >= self.args.limits.duration || limit_hit {
+        let inflight = self.inflight.len();
+        let budget = self
+            .pacer
+            .budget(&self.args.limits, now, self.c.started, inflight);
+        let Some(budget) = budget else {
             self.stop(now);
             return;
-        }
-        let mut budget =
-            (self.args.limits.max_outstanding as usize).saturating_sub(self.inflight.len());
-        if let Some(n) = self.args.limits.count {
-            budget = budget.min(usize::try_from(n - self.c.started).unwrap_or(usize::MAX));
-        }
-        if self.args.limits.rate > 0 {
-            let rate = f64::from(self.args.limits.rate);
-            let dt = now
-                .saturating_duration_since(self.last_refill)
-                .as_secs_f64();
-            self.last_refill = now;
-            // Cap at 20ms of credit: after a stall (server slow, outstanding
-            // full) we resume at the target rate rather than bursting to
-            // "catch up", which would distort latency.
-            self.tokens = (self.tokens + dt * rate).min((rate * 0.02).max(1.0));
-            budget = budget.min(self.tokens as usize);
-        }
+        };
         for _ in 0..budget {
             let Some(client) = self.idle.pop_front() else {
                 break;
             };
-            if self.args.limits.rate > 0 {
-                self.tokens -= 1.0;
-            }
+            self.pacer.started(&self.args.limits);
             self.start_exchange(client, now).await;
         }
     }

@@ -21,7 +21,7 @@ use serde::Serialize;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
 
-use crate::load::{Interrupt, RunLimits, Ticks};
+use crate::load::{Interrupt, Pacer, RunLimits, Ticks};
 use crate::stats::{self, round3, LatencyMs, LatencyRecorder, RateMeter};
 use wire::{QueryFlags, Rcode, MAX_QUERY_LEN};
 use workload::{Mix, Rng, Workload};
@@ -173,8 +173,7 @@ struct Bench {
     poll_from: usize,
     next_seq: u64,
     rng: Rng,
-    tokens: f64,
-    last_refill: Instant,
+    pacer: Pacer,
     c: Counters,
     lat: LatencyRecorder,
     start: Instant,
@@ -240,8 +239,7 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
         poll_from: 0,
         next_seq: 0,
         rng: Rng::seeded(),
-        tokens: 1.0,
-        last_refill: now,
+        pacer: Pacer::new(now),
         c: Counters::default(),
         lat: LatencyRecorder::new(),
         start: now,
@@ -423,34 +421,18 @@ impl Bench {
             return;
         }
         let now = Instant::now();
-        let limit_hit = self.args.limits.count.is_some_and(|n| self.c.sent >= n);
-        if now.saturating_duration_since(self.start) >= self.args.limits.duration || limit_hit {
+        let budget = self
+            .pacer
+            .budget(&self.args.limits, now, self.c.sent, self.inflight);
+        let Some(budget) = budget else {
             self.stop(now);
             return;
-        }
-        let mut budget = (self.args.limits.max_outstanding as usize).saturating_sub(self.inflight);
-        if let Some(n) = self.args.limits.count {
-            budget = budget.min(usize::try_from(n - self.c.sent).unwrap_or(usize::MAX));
-        }
-        if self.args.limits.rate > 0 {
-            let rate = f64::from(self.args.limits.rate);
-            let dt = now
-                .saturating_duration_since(self.last_refill)
-                .as_secs_f64();
-            self.last_refill = now;
-            // Cap at 20ms of credit: after a stall we resume at the target
-            // rate rather than bursting to catch up, which would distort
-            // latency.
-            self.tokens = (self.tokens + dt * rate).min((rate * 0.02).max(1.0));
-            budget = budget.min(self.tokens as usize);
-        }
+        };
         for _ in 0..budget {
             if !self.send_one() {
                 break;
             }
-            if self.args.limits.rate > 0 {
-                self.tokens -= 1.0;
-            }
+            self.pacer.started(&self.args.limits);
         }
     }
 

@@ -122,3 +122,60 @@ impl Interrupt {
         std::future::pending::<()>().await
     }
 }
+
+/// How many exchanges a run may start now: what --max-outstanding,
+/// --count and --rate leave, the rate kept by a token bucket.
+pub struct Pacer {
+    start: Instant,
+    tokens: f64,
+    last_refill: Instant,
+}
+
+impl Pacer {
+    pub fn new(start: Instant) -> Self {
+        Pacer {
+            start,
+            tokens: 1.0,
+            last_refill: start,
+        }
+    }
+
+    /// `None` once the run is over (--duration passed or --count started);
+    /// else how many may start now, with `started` so far and `inflight`.
+    pub fn budget(
+        &mut self,
+        limits: &RunLimits,
+        now: Instant,
+        started: u64,
+        inflight: usize,
+    ) -> Option<usize> {
+        let limit_hit = limits.count.is_some_and(|n| started >= n);
+        if now.saturating_duration_since(self.start) >= limits.duration || limit_hit {
+            return None;
+        }
+        let mut budget = (limits.max_outstanding as usize).saturating_sub(inflight);
+        if let Some(n) = limits.count {
+            budget = budget.min(usize::try_from(n - started).unwrap_or(usize::MAX));
+        }
+        if limits.rate > 0 {
+            let rate = f64::from(limits.rate);
+            let dt = now
+                .saturating_duration_since(self.last_refill)
+                .as_secs_f64();
+            self.last_refill = now;
+            // Cap at 20ms of credit: after a stall (server slow, outstanding
+            // full) we resume at the target rate rather than bursting to
+            // "catch up", which would distort latency.
+            self.tokens = (self.tokens + dt * rate).min((rate * 0.02).max(1.0));
+            budget = budget.min(self.tokens as usize);
+        }
+        Some(budget)
+    }
+
+    /// One exchange started: its token is spent (when paced).
+    pub fn started(&mut self, limits: &RunLimits) {
+        if limits.rate > 0 {
+            self.tokens -= 1.0;
+        }
+    }
+}
