@@ -1,8 +1,12 @@
-// Entry point of `causeway-bench`: load generators for causeway's services
-// that also work against other implementations, so numbers are comparable.
-// Each protocol is a subcommand: `dhcp`, `dns` and `proxy`; `dns-floor` is
-// the reference responder the DNS comparison measures servers against;
-// `operator` measures the Kubernetes operator at scale.
+//! `causeway-bench`: load generators for causeway's services that also
+//! work against other implementations, so numbers are comparable. Each
+//! protocol is a subcommand: `dhcp`, `dns` and `proxy`; `dns-floor` is the
+//! reference responder the DNS comparison measures servers against;
+//! `operator` measures the Kubernetes operator at scale.
+//!
+//! It is not a test suite: it checks no answer for correctness beyond what
+//! a measurement needs (an ID, an echo, a lease), and passes or fails
+//! nothing; the comparisons' scripts and the tests do that.
 
 mod dhcp;
 mod dns;
