@@ -71,14 +71,9 @@ if [[ -z ${CWB_TIMED:-} ]]; then
     [[ -x $CAUSEWAY_BIN ]] || die "causeway binary not found: $CAUSEWAY_BIN"
     [[ -x $BENCH_BIN ]] || die "causeway-bench binary not found: $BENCH_BIN"
     export CAUSEWAY_BIN BENCH_BIN
-    # Global time bound: timeout signals this script's whole process group
-    # (servers, generators) with TERM, the trap below cleans up, and KILL
-    # follows 20 s later if anything hangs.
-    if ((QUICK)); then LIMIT=120; else LIMIT=570; fi
-    LIMIT=${COMPARE_DHCP_LIMIT:-$LIMIT}
-    export CWB_TIMED=1 CWB_LIMIT=$LIMIT CWB_CMD="bench/compare-dhcp.sh${ORIG_ARGS[*]:+ ${ORIG_ARGS[*]}}"
-    # exec: stay in the caller's foreground process group so Ctrl-C reaches us.
-    exec timeout -k 20 "$LIMIT" "${BASH:-bash}" "$0" "${ORIG_ARGS[@]}"
+    # The bound's TERM reaches the whole process group: servers and
+    # generators too.
+    run_timed CWB COMPARE_DHCP_LIMIT
 fi
 
 # ------------------------------------------------------------ lab & cleanup
@@ -86,11 +81,8 @@ ID=$$
 NS_S="cwb-srv-$ID" NS_C="cwb-cli-$ID"
 VS="cwbs$ID" VC="cwbc$ID"
 SRV_IP=10.250.0.1 CLI_IP=10.250.0.2
-TMP=$(mktemp -d "/tmp/compare-dhcp.$ID.XXXXXX")
-chmod 755 "$TMP"
+make_lab
 SRV_PID="" TRACER_PID="" SRV_DIR="" SRV_NAME=""
-RESULTS=$TMP/results.tsv
-: >"$RESULTS"
 
 cleanup() {
     local rc=$?
@@ -123,9 +115,7 @@ cleanup() {
     fi
     exit "$rc"
 }
-trap cleanup EXIT
-trap 'log "interrupted"; exit 130' INT
-trap 'log "terminated (SIGTERM; the global time bound is ${CWB_LIMIT}s)"; exit 143' TERM
+trap_exits "$CWB_LIMIT"
 
 log "lab: namespaces $NS_S ($VS $SRV_IP/16) <-> $NS_C ($VC $CLI_IP/16), temp $TMP"
 ip netns add "$NS_S"

@@ -84,35 +84,8 @@ install_missing() {
 
 if [[ -z ${CWD_TIMED:-} ]]; then
     install_missing
-    if [[ -n ${BENCH_BIN:-} ]]; then
-        :
-    elif ((NO_BUILD)); then
-        BENCH_BIN=$REPO/target/release/causeway-bench
-    else
-        need cargo
-        log "building: cargo build --release -p causeway-bench"
-        (cd "$REPO" && timeout -k 10 900 cargo build --release -q -p causeway-bench) >&2 ||
-            die "cargo build -p causeway-bench failed or took over 15 min"
-        BENCH_BIN=$REPO/target/release/causeway-bench
-    fi
-    if [[ -z ${CAUSEWAY_BIN:-} ]]; then
-        CAUSEWAY_BIN=$REPO/target/release/causeway
-        if ((!NO_BUILD)) && [[ ,$SERVERS, == *,causeway* ]]; then
-            log "building: cargo build --release -p causeway"
-            (cd "$REPO" && timeout -k 10 900 cargo build --release -q -p causeway) >&2 ||
-                log "warning: cargo build -p causeway failed; causeway will be skipped"
-        fi
-    fi
-    [[ -x $BENCH_BIN ]] || die "causeway-bench binary not found: $BENCH_BIN"
-    export BENCH_BIN CAUSEWAY_BIN
-    # Global time bound: timeout signals this script with TERM, the trap
-    # below cleans up, and KILL follows 20 s later if anything hangs.
-    if ((QUICK)); then LIMIT=120; else LIMIT=570; fi
-    LIMIT=$((LIMIT * ROUNDS))
-    LIMIT=${COMPARE_DNS_LIMIT:-$LIMIT}
-    export CWD_TIMED=1 CWD_LIMIT=$LIMIT CWD_CMD="bench/compare-dns.sh${ORIG_ARGS[*]:+ ${ORIG_ARGS[*]}}"
-    # exec: stay in the caller's foreground process group so Ctrl-C reaches us.
-    exec timeout -k 20 "$LIMIT" "$0" "${ORIG_ARGS[@]}"
+    build_bench_and_causeway "$SERVERS"
+    run_timed CWD COMPARE_DNS_LIMIT
 fi
 
 need unbound "apt-get install unbound"
@@ -124,11 +97,8 @@ need getconf
 # ------------------------------------------------------------ lab & cleanup
 UPSTREAM=${DNS_UPSTREAM:-127.0.0.53}
 declare -A ADDR=([causeway]=127.0.0.11 [unbound]=127.0.0.12 [kresd]=127.0.0.13 [dnsmasq]=127.0.0.14 [causeway-pinned]=127.0.0.15 [floor]=127.0.0.16)
-TMP=$(mktemp -d "/tmp/compare-dns.$$.XXXXXX")
-chmod 755 "$TMP"
+make_lab
 UP_PID="" SRV_PIDS=""
-RESULTS=$TMP/results.tsv
-: >"$RESULTS"
 
 
 cleanup() {
@@ -144,9 +114,7 @@ cleanup() {
     fi
     exit "$rc"
 }
-trap cleanup EXIT
-trap 'log "interrupted"; exit 130' INT
-trap 'log "terminated (SIGTERM; the global time bound is ${CWD_LIMIT}s)"; exit 143' TERM
+trap_exits "$CWD_LIMIT"
 
 # Nothing may already listen where we are about to.
 port_owner() { ss -Hlunp "sport = :53" 2>/dev/null | awk -v a="$1:53" '$4 == a || $4 == "0.0.0.0:53" || $4 == "*:53" {print $0; exit}'; }

@@ -72,36 +72,9 @@ install_missing() {
 
 if [[ -z ${CWP_TIMED:-} ]]; then
     install_missing
-    if [[ -n ${BENCH_BIN:-} ]]; then
-        :
-    elif ((NO_BUILD)); then
-        BENCH_BIN=$REPO/target/release/causeway-bench
-    else
-        need cargo
-        log "building: cargo build --release -p causeway-bench"
-        (cd "$REPO" && timeout -k 10 900 cargo build --release -q -p causeway-bench) >&2 ||
-            die "cargo build -p causeway-bench failed or took over 15 min"
-        BENCH_BIN=$REPO/target/release/causeway-bench
-    fi
-    if [[ -z ${CAUSEWAY_BIN:-} ]]; then
-        CAUSEWAY_BIN=$REPO/target/release/causeway
-        if ((!NO_BUILD)) && [[ ,$TARGETS, == *,causeway,* ]]; then
-            log "building: cargo build --release -p causeway"
-            (cd "$REPO" && timeout -k 10 900 cargo build --release -q -p causeway) >&2 ||
-                log "warning: cargo build -p causeway failed; causeway will be skipped"
-        fi
-    fi
-    [[ -x $BENCH_BIN ]] || die "causeway-bench binary not found: $BENCH_BIN"
+    build_bench_and_causeway "$TARGETS"
     "$BENCH_BIN" proxy --help >/dev/null 2>&1 || die "$BENCH_BIN has no 'proxy' subcommand (rebuild it)"
-    export BENCH_BIN CAUSEWAY_BIN
-    # Global time bound: timeout signals this script with TERM, the trap
-    # below cleans up, and KILL follows 20 s later if anything hangs.
-    if ((QUICK)); then LIMIT=120; else LIMIT=570; fi
-    LIMIT=$((LIMIT * ROUNDS))
-    LIMIT=${COMPARE_PROXY_LIMIT:-$LIMIT}
-    export CWP_TIMED=1 CWP_LIMIT=$LIMIT CWP_CMD="bench/compare-proxy.sh${ORIG_ARGS[*]:+ ${ORIG_ARGS[*]}}"
-    # exec: stay in the caller's foreground process group so Ctrl-C reaches us.
-    exec timeout -k 20 "$LIMIT" "$0" "${ORIG_ARGS[@]}"
+    run_timed CWP COMPARE_PROXY_LIMIT
 fi
 
 need haproxy "apt-get install haproxy"
@@ -111,11 +84,8 @@ need iperf3 "apt-get install iperf3"
 
 # ------------------------------------------------------------ lab & cleanup
 UP_PORT=9000 PROXY_PORT=18443 ADMIN_PORT=19898
-TMP=$(mktemp -d "/tmp/compare-proxy.$$.XXXXXX")
-chmod 755 "$TMP"
+make_lab
 UP_PID="" SRV_PIDS="" BENCH_PID=""
-RESULTS=$TMP/results.tsv
-: >"$RESULTS"
 
 
 cleanup() {
@@ -131,9 +101,7 @@ cleanup() {
     fi
     exit "$rc"
 }
-trap cleanup EXIT
-trap 'log "interrupted"; exit 130' INT
-trap 'log "terminated (SIGTERM; the global time bound is ${CWP_LIMIT}s)"; exit 143' TERM
+trap_exits "$CWP_LIMIT"
 
 listening() { [[ -n $(ss -Hltn "sport = :$1" 2>/dev/null) ]]; }
 for p in $UP_PORT $PROXY_PORT $ADMIN_PORT; do

@@ -138,3 +138,71 @@ cpu_ticks() {
     done
     echo "$t"
 }
+
+# build_bench_and_causeway LIST : sets BENCH_BIN and CAUSEWAY_BIN (each
+# kept when given) and exports them. Without --no-build, causeway-bench is
+# built (a failure is fatal), and causeway too when the comma-separated
+# LIST names it (a failure only warns: causeway is then skipped); with
+# --no-build both come from target/release.
+build_bench_and_causeway() {
+    local list=$1
+    if [[ -n ${BENCH_BIN:-} ]]; then
+        :
+    elif ((NO_BUILD)); then
+        BENCH_BIN=$REPO/target/release/causeway-bench
+    else
+        need cargo
+        log "building: cargo build --release -p causeway-bench"
+        (cd "$REPO" && timeout -k 10 900 cargo build --release -q -p causeway-bench) >&2 ||
+            die "cargo build -p causeway-bench failed or took over 15 min"
+        BENCH_BIN=$REPO/target/release/causeway-bench
+    fi
+    if [[ -z ${CAUSEWAY_BIN:-} ]]; then
+        CAUSEWAY_BIN=$REPO/target/release/causeway
+        if ((!NO_BUILD)) && [[ ,$list, == *,causeway* ]]; then
+            log "building: cargo build --release -p causeway"
+            (cd "$REPO" && timeout -k 10 900 cargo build --release -q -p causeway) >&2 ||
+                log "warning: cargo build -p causeway failed; causeway will be skipped"
+        fi
+    fi
+    [[ -x $BENCH_BIN ]] || die "causeway-bench binary not found: $BENCH_BIN"
+    export BENCH_BIN CAUSEWAY_BIN
+}
+
+# run_timed PREFIX LIMIT_OVERRIDE : runs this script again under the global
+# time bound: 120 s with --quick, else 570 s, times the rounds, unless the
+# variable named LIMIT_OVERRIDE gives seconds. timeout signals the script
+# with TERM, its trap cleans up, and KILL follows 20 s later if anything
+# hangs. The child finds PREFIX_TIMED=1 (and skips installing and
+# building), PREFIX_LIMIT and PREFIX_CMD (the command line, for the
+# report). exec: it stays in the caller's foreground process group, so
+# Ctrl-C reaches it.
+run_timed() {
+    local prefix=$1 override=$2 limit
+    if ((QUICK)); then limit=120; else limit=570; fi
+    limit=$((limit * ROUNDS))
+    limit=${!override:-$limit}
+    export "${prefix}_TIMED=1" "${prefix}_LIMIT=$limit" \
+        "${prefix}_CMD=bench/$NAME.sh${ORIG_ARGS[*]:+ ${ORIG_ARGS[*]}}"
+    exec timeout -k 20 "$limit" "${BASH:-bash}" "$0" "${ORIG_ARGS[@]}"
+}
+
+# make_lab : the run's temp dir, TMP (readable by servers that drop
+# privileges), and its empty results file, RESULTS.
+# shellcheck disable=SC2034 # the sourcing script reads TMP and RESULTS
+make_lab() {
+    TMP=$(mktemp -d "/tmp/$NAME.$$.XXXXXX")
+    chmod 755 "$TMP"
+    RESULTS=$TMP/results.tsv
+    : >"$RESULTS"
+}
+
+# trap_exits LIMIT : on exit the sourcing script's cleanup runs; Ctrl-C
+# and TERM (sent by the global time bound of LIMIT seconds) are logged and
+# end the script with 130 and 143.
+trap_exits() {
+    trap cleanup EXIT
+    trap 'log "interrupted"; exit 130' INT
+    # shellcheck disable=SC2064 # the bound is fixed now
+    trap "log \"terminated (SIGTERM; the global time bound is ${1}s)\"; exit 143" TERM
+}

@@ -18,7 +18,8 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
 use tokio::time::MissedTickBehavior;
 
-use crate::stats::{self, LatencyRecorder, LatencySummary, RateMeter};
+use crate::load::{Interrupt, Pacer, RunLimits, Ticks};
+use crate::stats::{self, round3, LatencyRecorder, LatencySummary, RateMeter};
 use wire::{Mac, ReplyKind, WireConfig};
 
 #[derive(clap::Args, Debug, Clone)]
@@ -72,29 +73,8 @@ pub struct DhcpArgs {
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub mac_seed: u16,
 
-    /// DORA exchanges started per second; 0 = as fast as --max-outstanding
-    /// allows
-    #[arg(long, value_name = "PER_SEC", default_value_t = 0)]
-    pub rate: u32,
-
-    /// Exchanges in flight at once
-    #[arg(long, value_name = "N", default_value_t = 256,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_outstanding: u32,
-
-    /// Stop starting exchanges after this long (500ms, 10s, 2m, or seconds)
-    #[arg(long, value_name = "DURATION", default_value = "10s",
-          value_parser = stats::duration_arg)]
-    pub duration: Duration,
-
-    /// Also stop after starting this many exchanges (whichever comes first)
-    #[arg(long, value_name = "N")]
-    pub count: Option<u64>,
-
-    /// An exchange with no ACK this long after its DISCOVER counts as a drop
-    #[arg(long, value_name = "DURATION", default_value = "1s",
-          value_parser = stats::duration_arg)]
-    pub timeout: Duration,
+    #[command(flatten)]
+    pub limits: RunLimits,
 
     /// Send Rapid Commit (option 80) and accept an ACK in reply to DISCOVER
     #[arg(long)]
@@ -233,8 +213,7 @@ struct Bench {
     expired_order: VecDeque<u32>,
     next_seq: u64,
     rng: Rng,
-    tokens: f64,
-    last_refill: Instant,
+    pacer: Pacer,
     c: Counters,
     lat: LatencyRecorder,
     acked_file: Option<File>,
@@ -264,7 +243,7 @@ pub async fn run(args: DhcpArgs) -> anyhow::Result<()> {
         Mode::Relay { .. } => default_relay_server(),
         Mode::Interface { .. } => SocketAddrV4::new(Ipv4Addr::BROADCAST, 67),
     }));
-    if args.timeout.is_zero() {
+    if args.limits.timeout.is_zero() {
         bail!("--timeout must be greater than zero");
     }
     let socket = open_socket(&mode)?;
@@ -294,14 +273,13 @@ pub async fn run(args: DhcpArgs) -> anyhow::Result<()> {
             .collect(),
         leases: vec![None; args.clients as usize],
         idle: (0..args.clients).collect(),
-        inflight: HashMap::with_capacity(args.max_outstanding as usize * 2),
-        deadlines: VecDeque::with_capacity(args.max_outstanding as usize),
+        inflight: HashMap::with_capacity(args.limits.max_outstanding as usize * 2),
+        deadlines: VecDeque::with_capacity(args.limits.max_outstanding as usize),
         expired: HashSet::new(),
         expired_order: VecDeque::new(),
         next_seq: 0,
         rng: Rng::seeded(),
-        tokens: 1.0,
-        last_refill: now,
+        pacer: Pacer::new(now),
         c: Counters::default(),
         lat: LatencyRecorder::new(),
         acked_file,
@@ -381,67 +359,42 @@ impl Bench {
             Mode::Relay { giaddr, .. } => format!("relay from {}, giaddr {giaddr}", self.local),
             Mode::Interface { name } => format!("direct on {name} from {}", self.local),
         };
-        let rate = match self.args.rate {
-            0 => "unpaced".to_string(),
-            r => format!("{r}/s"),
-        };
         eprintln!(
-            "dhcp bench: {} ({how}), {} clients, {rate}, max {} in flight, {:?}{}, timeout {:?}",
+            "dhcp bench: {} ({how}), {} clients, {}",
             self.server,
             self.args.clients,
-            self.args.max_outstanding,
-            self.args.duration,
-            self.args
-                .count
-                .map(|n| format!(" or {n} exchanges"))
-                .unwrap_or_default(),
-            self.args.timeout,
+            self.args.limits.describe("exchanges"),
         );
     }
 
     async fn event_loop(&mut self) -> anyhow::Result<()> {
         let mut buf = vec![0u8; 4096];
-        // 1ms pacing tick: each tick starts however many exchanges are due,
-        // so high rates need no per-packet sleeps.
-        let mut pace = tokio::time::interval(Duration::from_millis(1));
-        pace.set_missed_tick_behavior(MissedTickBehavior::Skip);
-        let mut sweep = tokio::time::interval(Duration::from_millis(20));
-        sweep.set_missed_tick_behavior(MissedTickBehavior::Skip);
-        let mut progress = tokio::time::interval_at(
-            tokio::time::Instant::now() + Duration::from_secs(1),
-            Duration::from_secs(1),
-        );
-        progress.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        let Ticks {
+            mut pace,
+            mut sweep,
+            mut progress,
+        } = Ticks::new();
         let mut meter = RateMeter::new(self.start);
         let mut hinted = false;
-        let ctrl_c = tokio::signal::ctrl_c();
-        tokio::pin!(ctrl_c);
-        let mut interrupted = false;
+        let mut interrupt = Interrupt::new();
 
         self.fill(Instant::now()).await;
         loop {
-            let now = Instant::now();
-            if let Some(stopped) = self.stopped_at {
-                // Every exchange started before the stop has expired by
-                // stop + timeout; the margin covers sweep granularity.
-                let hard_end = stopped + self.args.timeout + Duration::from_millis(100);
-                if self.inflight.is_empty() || now >= hard_end {
-                    break;
-                }
+            if self
+                .args
+                .limits
+                .drained(self.stopped_at, self.inflight.is_empty())
+            {
+                break;
             }
             // Biased, rare events first: a steady stream of replies must not
             // starve the progress line or Ctrl-C. The receive branch starts
             // new exchanges itself, so pacing last loses nothing.
             tokio::select! {
                 biased;
-                res = &mut ctrl_c, if !interrupted => {
-                    interrupted = true;
-                    // Err means no signal handler could be installed; the
-                    // run is bounded anyway, so just carry on.
-                    if res.is_ok() {
-                        eprintln!("interrupted: no new exchanges, draining in-flight ones");
-                        self.stop(Instant::now());
-                    }
+                () = interrupt.once() => {
+                    eprintln!("interrupted: no new exchanges, draining in-flight ones");
+                    self.stop(Instant::now());
                 }
                 _ = progress.tick() => {
                     let now = Instant::now();
@@ -477,7 +430,7 @@ impl Bench {
         }
         // Whatever is left past the hard end is a drop too.
         let now = Instant::now();
-        self.expire(now + self.args.timeout + Duration::from_secs(1));
+        self.expire(now + self.args.limits.timeout + Duration::from_secs(1));
         if self.stopped_at.is_none() {
             self.stopped_at = Some(now);
         }
@@ -534,34 +487,19 @@ impl Bench {
         if self.stopped_at.is_some() {
             return;
         }
-        let limit_hit = self.args.count.is_some_and(|n| self.c.started >= n);
-        if now.saturating_duration_since(self.start) >= self.args.duration || limit_hit {
+        let inflight = self.inflight.len();
+        let budget = self
+            .pacer
+            .budget(&self.args.limits, now, self.c.started, inflight);
+        let Some(budget) = budget else {
             self.stop(now);
             return;
-        }
-        let mut budget = (self.args.max_outstanding as usize).saturating_sub(self.inflight.len());
-        if let Some(n) = self.args.count {
-            budget = budget.min(usize::try_from(n - self.c.started).unwrap_or(usize::MAX));
-        }
-        if self.args.rate > 0 {
-            let rate = f64::from(self.args.rate);
-            let dt = now
-                .saturating_duration_since(self.last_refill)
-                .as_secs_f64();
-            self.last_refill = now;
-            // Cap at 20ms of credit: after a stall (server slow, outstanding
-            // full) we resume at the target rate rather than bursting to
-            // "catch up", which would distort latency.
-            self.tokens = (self.tokens + dt * rate).min((rate * 0.02).max(1.0));
-            budget = budget.min(self.tokens as usize);
-        }
+        };
         for _ in 0..budget {
             let Some(client) = self.idle.pop_front() else {
                 break;
             };
-            if self.args.rate > 0 {
-                self.tokens -= 1.0;
-            }
+            self.pacer.started(&self.args.limits);
             self.start_exchange(client, now).await;
         }
     }
@@ -584,7 +522,7 @@ impl Bench {
             },
         );
         self.deadlines
-            .push_back((now + self.args.timeout, xid, seq));
+            .push_back((now + self.args.limits.timeout, xid, seq));
         let mac = self.macs[client as usize];
         let pkt = wire::build_discover(&mac, xid, &self.wire).map_err(anyhow::Error::from);
         if let Err(e) = self.send(pkt).await {
@@ -786,8 +724,8 @@ impl Bench {
         if leases.is_empty() {
             return;
         }
-        let per_sec = if self.args.rate > 0 {
-            self.args.rate.max(100)
+        let per_sec = if self.args.limits.rate > 0 {
+            self.args.limits.rate.max(100)
         } else {
             10_000
         };
@@ -864,8 +802,8 @@ impl Bench {
                 released: self.c.released,
                 offered_only: self.c.offered_only,
                 declined: self.c.declined,
-                target_rate: self.args.rate,
-                max_outstanding: self.args.max_outstanding,
+                target_rate: self.args.limits.rate,
+                max_outstanding: self.args.limits.max_outstanding,
                 rapid_commit: self.args.rapid_commit,
             };
             println!("{}", serde_json::to_string(&summary)?);
@@ -915,10 +853,6 @@ impl Bench {
         }
         Ok(())
     }
-}
-
-fn round3(v: f64) -> f64 {
-    (v * 1000.0).round() / 1000.0
 }
 
 #[derive(Serialize)]

@@ -20,9 +20,9 @@ use anyhow::{bail, Context as _};
 use serde::Serialize;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
-use tokio::time::MissedTickBehavior;
 
-use crate::stats::{self, LatencyRecorder, RateMeter};
+use crate::load::{Interrupt, Pacer, RunLimits, Ticks};
+use crate::stats::{self, round3, LatencyMs, LatencyRecorder, RateMeter};
 use wire::{QueryFlags, Rcode, MAX_QUERY_LEN};
 use workload::{Mix, Rng, Workload};
 
@@ -31,6 +31,13 @@ use workload::{Mix, Rng, Workload};
 const MAX_PER_SOCKET: u32 = 32_768;
 
 #[derive(clap::Args, Debug, Clone)]
+// The shared run limits with the DNS bench's own defaults.
+#[command(
+    mut_arg("max_outstanding", |a| a.default_value("200").help(
+        "Queries in flight at once, over all sockets (dnsperf's -q; its default is 100)")),
+    mut_arg("timeout", |a| a.default_value("2s").help(
+        "A query with no response this long after it was sent is lost")),
+)]
 #[command(after_help = "\
 Transport: UDP only (no TCP, DoT or DoH yet).
 
@@ -87,35 +94,14 @@ pub struct DnsArgs {
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub cached_names: u32,
 
-    /// Queries sent per second; 0 = as fast as --max-outstanding allows
-    #[arg(long, value_name = "PER_SEC", default_value_t = 0)]
-    pub rate: u32,
-
-    /// Queries in flight at once, over all sockets (dnsperf's -q; its
-    /// default is 100)
-    #[arg(long, value_name = "N", default_value_t = 200,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_outstanding: u32,
+    #[command(flatten)]
+    pub limits: RunLimits,
 
     /// UDP sockets (source ports) to spread the queries over, each with
     /// its own 16-bit ID space (dnsperf's -c)
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=256))]
     pub sockets: u16,
-
-    /// Stop sending after this long (500ms, 10s, 2m, or seconds)
-    #[arg(long, value_name = "DURATION", default_value = "10s",
-          value_parser = stats::duration_arg)]
-    pub duration: Duration,
-
-    /// Also stop after sending this many queries (whichever comes first)
-    #[arg(long, value_name = "N")]
-    pub count: Option<u64>,
-
-    /// A query with no response this long after it was sent is lost
-    #[arg(long, value_name = "DURATION", default_value = "2s",
-          value_parser = stats::duration_arg)]
-    pub timeout: Duration,
 
     /// Add an EDNS0 OPT record (UDP size 1232) to every query
     #[arg(long)]
@@ -187,8 +173,7 @@ struct Bench {
     poll_from: usize,
     next_seq: u64,
     rng: Rng,
-    tokens: f64,
-    last_refill: Instant,
+    pacer: Pacer,
     c: Counters,
     lat: LatencyRecorder,
     start: Instant,
@@ -202,14 +187,14 @@ struct Bench {
 }
 
 pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
-    if args.timeout.is_zero() {
+    if args.limits.timeout.is_zero() {
         bail!("--timeout must be greater than zero");
     }
-    if args.max_outstanding > u32::from(args.sockets) * MAX_PER_SOCKET {
+    if args.limits.max_outstanding > u32::from(args.sockets) * MAX_PER_SOCKET {
         bail!(
             "--max-outstanding {} needs more sockets: at most {MAX_PER_SOCKET} per socket \
              (16-bit IDs); add --sockets",
-            args.max_outstanding
+            args.limits.max_outstanding
         );
     }
     let flags = QueryFlags {
@@ -249,13 +234,12 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
         workload,
         flags,
         inflight: 0,
-        deadlines: VecDeque::with_capacity(args.max_outstanding as usize),
+        deadlines: VecDeque::with_capacity(args.limits.max_outstanding as usize),
         next_socket: 0,
         poll_from: 0,
         next_seq: 0,
         rng: Rng::seeded(),
-        tokens: 1.0,
-        last_refill: now,
+        pacer: Pacer::new(now),
         c: Counters::default(),
         lat: LatencyRecorder::new(),
         start: now,
@@ -300,22 +284,12 @@ fn open_socket(server: SocketAddr, bind: Option<IpAddr>) -> anyhow::Result<UdpSo
 
 impl Bench {
     fn describe_start(&self) {
-        let rate = match self.args.rate {
-            0 => "unpaced".to_string(),
-            r => format!("{r}/s"),
-        };
         eprintln!(
-            "dns bench: {} over UDP ({} socket{}), {rate}, max {} in flight, {:?}{}, timeout {:?}{}{}",
+            "dns bench: {} over UDP ({} socket{}), {}{}{}",
             self.args.server,
             self.sockets.len(),
             if self.sockets.len() == 1 { "" } else { "s" },
-            self.args.max_outstanding,
-            self.args.duration,
-            self.args
-                .count
-                .map(|n| format!(" or {n} queries"))
-                .unwrap_or_default(),
-            self.args.timeout,
+            self.args.limits.describe("queries"),
             if self.flags.edns { ", EDNS" } else { "" },
             if self.flags.rd { "" } else { ", RD clear" },
         );
@@ -324,48 +298,33 @@ impl Bench {
 
     async fn event_loop(&mut self) -> anyhow::Result<()> {
         let mut buf = vec![0u8; 65_535];
-        // 1ms pacing tick: each tick sends however many queries are due,
-        // so high rates need no per-packet sleeps.
-        let mut pace = tokio::time::interval(Duration::from_millis(1));
-        pace.set_missed_tick_behavior(MissedTickBehavior::Skip);
-        let mut sweep = tokio::time::interval(Duration::from_millis(20));
-        sweep.set_missed_tick_behavior(MissedTickBehavior::Skip);
-        let mut progress = tokio::time::interval_at(
-            tokio::time::Instant::now() + Duration::from_secs(1),
-            Duration::from_secs(1),
-        );
-        progress.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        let Ticks {
+            mut pace,
+            mut sweep,
+            mut progress,
+        } = Ticks::new();
         let mut meter = RateMeter::new(self.start);
         let mut last_cpu = (self.start, self.cpu_at_start);
         let mut hinted = false;
-        let ctrl_c = tokio::signal::ctrl_c();
-        tokio::pin!(ctrl_c);
-        let mut interrupted = false;
+        let mut interrupt = Interrupt::new();
 
         self.fill();
         loop {
-            let now = Instant::now();
-            if let Some(stopped) = self.stopped_at {
-                // Everything sent before the stop has expired by
-                // stop + timeout; the margin covers sweep granularity.
-                let hard_end = stopped + self.args.timeout + Duration::from_millis(100);
-                if self.inflight == 0 || now >= hard_end {
-                    break;
-                }
+            if self
+                .args
+                .limits
+                .drained(self.stopped_at, self.inflight == 0)
+            {
+                break;
             }
             // Biased, rare events first: a steady stream of responses must
             // not starve the progress line or Ctrl-C. The receive branch
             // sends new queries itself, so pacing last loses nothing.
             tokio::select! {
                 biased;
-                res = &mut ctrl_c, if !interrupted => {
-                    interrupted = true;
-                    // Err means no handler could be installed; the run is
-                    // bounded anyway, so carry on.
-                    if res.is_ok() {
-                        eprintln!("interrupted: no new queries, waiting for those in flight");
-                        self.stop(Instant::now());
-                    }
+                () = interrupt.once() => {
+                    eprintln!("interrupted: no new queries, waiting for those in flight");
+                    self.stop(Instant::now());
                 }
                 _ = progress.tick() => {
                     self.print_progress(Instant::now(), &mut meter, &mut last_cpu);
@@ -396,7 +355,7 @@ impl Bench {
         }
         // Whatever is left past the hard end is lost too.
         let now = Instant::now();
-        self.expire(now + self.args.timeout + Duration::from_secs(1));
+        self.expire(now + self.args.limits.timeout + Duration::from_secs(1));
         if self.stopped_at.is_none() {
             self.stopped_at = Some(now);
         }
@@ -462,34 +421,18 @@ impl Bench {
             return;
         }
         let now = Instant::now();
-        let limit_hit = self.args.count.is_some_and(|n| self.c.sent >= n);
-        if now.saturating_duration_since(self.start) >= self.args.duration || limit_hit {
+        let budget = self
+            .pacer
+            .budget(&self.args.limits, now, self.c.sent, self.inflight);
+        let Some(budget) = budget else {
             self.stop(now);
             return;
-        }
-        let mut budget = (self.args.max_outstanding as usize).saturating_sub(self.inflight);
-        if let Some(n) = self.args.count {
-            budget = budget.min(usize::try_from(n - self.c.sent).unwrap_or(usize::MAX));
-        }
-        if self.args.rate > 0 {
-            let rate = f64::from(self.args.rate);
-            let dt = now
-                .saturating_duration_since(self.last_refill)
-                .as_secs_f64();
-            self.last_refill = now;
-            // Cap at 20ms of credit: after a stall we resume at the target
-            // rate rather than bursting to catch up, which would distort
-            // latency.
-            self.tokens = (self.tokens + dt * rate).min((rate * 0.02).max(1.0));
-            budget = budget.min(self.tokens as usize);
-        }
+        };
         for _ in 0..budget {
             if !self.send_one() {
                 break;
             }
-            if self.args.rate > 0 {
-                self.tokens -= 1.0;
-            }
+            self.pacer.started(&self.args.limits);
         }
     }
 
@@ -539,7 +482,7 @@ impl Bench {
         slot.sent = sent;
         slot.seq = seq;
         self.deadlines
-            .push_back((sent + self.args.timeout, s as u16, id, seq));
+            .push_back((sent + self.args.limits.timeout, s as u16, id, seq));
         true
     }
 
@@ -656,14 +599,7 @@ impl Bench {
         let bench_cpu_pct = bench_cpu_s
             .filter(|_| elapsed > 0.0)
             .map(|c| c * 100.0 / elapsed);
-        let lat = LatencyMs {
-            p50: self.lat.percentile_ms(50.0),
-            p90: self.lat.percentile_ms(90.0),
-            p99: self.lat.percentile_ms(99.0),
-            p999: self.lat.percentile_ms(99.9),
-            max: self.lat.max_us().map(|us| us as f64 / 1000.0),
-            mean: self.lat.mean_us().map(|us| round3(us / 1000.0)),
-        };
+        let lat = LatencyMs::of(&self.lat);
         if self.args.json {
             let summary = JsonSummary {
                 server: self.args.server.to_string(),
@@ -691,8 +627,8 @@ impl Bench {
                 late: self.c.late,
                 send_errors: self.c.send_errors,
                 recv_errors: self.c.recv_errors,
-                target_rate: self.args.rate,
-                max_outstanding: self.args.max_outstanding,
+                target_rate: self.args.limits.rate,
+                max_outstanding: self.args.limits.max_outstanding,
                 bench_cpu_s: bench_cpu_s.map(round3),
                 bench_cpu_pct: bench_cpu_pct.map(round3),
             };
@@ -740,11 +676,11 @@ impl Bench {
                 self.args.server,
                 self.sockets.len(),
                 if self.sockets.len() == 1 { "" } else { "s" },
-                self.args.max_outstanding
+                self.args.limits.max_outstanding
             );
             print!("{}", stats::render_table(&title, &rows));
         }
-        if bench_cpu_pct.is_some_and(|p| p > 90.0) && self.args.rate == 0 {
+        if bench_cpu_pct.is_some_and(|p| p > 90.0) && self.args.limits.rate == 0 {
             eprintln!(
                 "note: the bench used a whole core; the server may be faster than measured \
                  (try --sockets 2, or a second bench process)"
@@ -752,20 +688,6 @@ impl Bench {
         }
         Ok(())
     }
-}
-
-fn round3(v: f64) -> f64 {
-    (v * 1000.0).round() / 1000.0
-}
-
-#[derive(Debug, Clone, Copy, Serialize)]
-struct LatencyMs {
-    p50: Option<f64>,
-    p90: Option<f64>,
-    p99: Option<f64>,
-    p999: Option<f64>,
-    max: Option<f64>,
-    mean: Option<f64>,
 }
 
 #[derive(Serialize)]

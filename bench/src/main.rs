@@ -1,11 +1,16 @@
-// Entry point of `causeway-bench`: load generators for causeway's services
-// that also work against other implementations, so numbers are comparable.
-// Each protocol is a subcommand: `dhcp`, `dns` and `proxy`; `dns-floor` is
-// the reference responder the DNS comparison measures servers against;
-// `operator` measures the Kubernetes operator at scale.
+//! `causeway-bench`: load generators for causeway's services that also
+//! work against other implementations, so numbers are comparable. Each
+//! protocol is a subcommand: `dhcp`, `dns` and `proxy`; `dns-floor` is the
+//! reference responder the DNS comparison measures servers against;
+//! `operator` measures the Kubernetes operator at scale.
+//!
+//! It is not a test suite: it checks no answer for correctness beyond what
+//! a measurement needs (an ID, an echo, a lease), and passes or fails
+//! nothing; the comparisons' scripts and the tests do that.
 
 mod dhcp;
 mod dns;
+mod load;
 mod operator;
 mod proxy;
 mod stats;
@@ -61,33 +66,5 @@ fn main() -> anyhow::Result<()> {
         Command::DnsFloor(args) => rt.block_on(dns::floor::run(args)),
         Command::Proxy(args) => rt.block_on(proxy::run(args)),
         Command::Operator(args) => rt.block_on(operator::run(args)),
-    }
-}
-
-/// Resolves on Ctrl-C or SIGTERM, with the word for the log. The compare
-/// scripts stop the built-in servers (proxy upstream, dns-floor) with TERM
-/// and still want their summaries. If a handler cannot be installed that
-/// branch never fires: the scripts bound every run anyway.
-pub async fn stop_signal() -> &'static str {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let term = async {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => "interrupted",
-        _ = term => "terminated",
     }
 }

@@ -190,6 +190,49 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("invalid duration {s:?}: expected e.g. 500ms, 10s, 2m or 30"))
 }
 
+/// Rounds to three decimals, for figures in the JSON summaries.
+pub fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+/// Latency percentiles in ms, as the benches' JSON and tables give them.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct LatencyMs {
+    pub p50: Option<f64>,
+    pub p90: Option<f64>,
+    pub p99: Option<f64>,
+    pub p999: Option<f64>,
+    pub max: Option<f64>,
+    pub mean: Option<f64>,
+}
+
+impl LatencyMs {
+    pub fn of(r: &LatencyRecorder) -> Self {
+        Self {
+            p50: r.percentile_ms(50.0),
+            p90: r.percentile_ms(90.0),
+            p99: r.percentile_ms(99.0),
+            p999: r.percentile_ms(99.9),
+            max: r.max_us().map(|us| us as f64 / 1000.0),
+            mean: r.mean_us().map(|us| round3(us / 1000.0)),
+        }
+    }
+
+    pub fn rows(&self, prefix: &str) -> Vec<(String, String)> {
+        [
+            ("p50", self.p50),
+            ("p90", self.p90),
+            ("p99", self.p99),
+            ("p99.9", self.p999),
+            ("max", self.max),
+            ("mean", self.mean),
+        ]
+        .iter()
+        .map(|(k, v)| (format!("{prefix} {k}"), fmt_ms(*v)))
+        .collect()
+    }
+}
+
 /// Formats an optional millisecond figure for human output.
 pub fn fmt_ms(v: Option<f64>) -> String {
     match v {

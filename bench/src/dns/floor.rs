@@ -89,6 +89,8 @@ pub async fn run(args: FloorArgs) -> anyhow::Result<()> {
     if !(1..=MAX_SOCKETS).contains(&sockets) {
         bail!("--sockets {sockets}: the group takes 1 to {MAX_SOCKETS} sockets");
     }
+    // Installed before anything is served, so a stop is never missed.
+    let mut stops = causeway_runtime::signals()?;
     // Every socket is bound before any thread starts, so a bad address or
     // a port in use fails the command instead of leaving half a group.
     let group = (0..sockets)
@@ -107,7 +109,7 @@ pub async fn run(args: FloorArgs) -> anyhow::Result<()> {
         "dns-floor: answering on {} with {sockets} socket(s); A questions get {}",
         args.listen, args.answer
     );
-    let stopped_by = crate::stop_signal().await;
+    let stopped_by = stops.recv().await;
     let sum = |f: fn(&Counts) -> &AtomicU64| -> u64 {
         counts.iter().map(|c| f(c).load(Ordering::Relaxed)).sum()
     };

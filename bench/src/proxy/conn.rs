@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use super::{
-    connect_from, fmt_cpu, note_if_bench_bound, parse_len, parse_sources, print_table, round3,
-    supervise, within, Clock, CpuSpan, Failed, Failure, Failures, LatencyMs, Sources,
+use super::harness::{
+    connect_from, fmt_cpu, note_if_bench_bound, parse_len, parse_sources, print_table, supervise,
+    within, Clock, CpuSpan, Failed, Failure, Failures, Sources,
 };
-use crate::stats::{self, LatencyRecorder, RateMeter};
+use crate::stats::{self, round3, LatencyMs, LatencyRecorder, RateMeter};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ConnArgs {
@@ -96,7 +96,7 @@ pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
         anyhow::bail!("--timeout must be greater than zero");
     }
     // One descriptor per worker, plus closing ones not yet reaped.
-    super::check_nofile(u64::from(args.concurrency) * 2 + 64);
+    super::harness::check_nofile(u64::from(args.concurrency) * 2 + 64);
     eprintln!(
         "proxy conn: {} with {} in flight, {} byte payload, {:?}, timeout {:?}{}{}",
         args.target,
@@ -160,7 +160,7 @@ pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
             }
         },
     )
-    .await;
+    .await?;
     let s = shared.borrow();
     report(&args, &clock, &s, cpu)
 }

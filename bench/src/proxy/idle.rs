@@ -17,11 +17,10 @@ use serde::Serialize;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-use super::{
-    connect, fmt_cpu, print_table, progress_interval, round3, stop_signal, within, CpuSpan, Failed,
-    Failure, Failures,
+use super::harness::{
+    connect, fmt_cpu, print_table, progress_interval, within, CpuSpan, Failed, Failure, Failures,
 };
-use crate::stats::{self, RateMeter};
+use crate::stats::{self, round3, RateMeter};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct IdleArgs {
@@ -91,7 +90,7 @@ pub async fn run(args: IdleArgs) -> anyhow::Result<()> {
     if args.timeout.is_zero() {
         anyhow::bail!("--timeout must be greater than zero");
     }
-    super::check_nofile(u64::from(args.connections) + 64);
+    super::harness::check_nofile(u64::from(args.connections) + 64);
     eprintln!(
         "proxy idle: {} connections to {}{}, {} at a time, hold {:?}",
         args.connections,
@@ -107,8 +106,7 @@ pub async fn run(args: IdleArgs) -> anyhow::Result<()> {
     let start = Instant::now();
     let cpu = CpuSpan::start();
     let shared = Rc::new(Shared::default());
-    let signal = stop_signal();
-    tokio::pin!(signal);
+    let mut stops = causeway_runtime::signals()?;
     let mut interrupted: Option<&str> = None;
 
     // Opening: workers take attempts from a shared counter until all
@@ -126,7 +124,7 @@ pub async fn run(args: IdleArgs) -> anyhow::Result<()> {
     loop {
         tokio::select! {
             biased;
-            why = &mut signal => {
+            why = stops.recv() => {
                 interrupted = Some(why);
                 workers.abort_all();
                 break;
@@ -162,7 +160,7 @@ pub async fn run(args: IdleArgs) -> anyhow::Result<()> {
         loop {
             tokio::select! {
                 biased;
-                why = &mut signal => {
+                why = stops.recv() => {
                     interrupted = Some(why);
                     break;
                 }

@@ -16,11 +16,11 @@ use serde::Serialize;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-use super::{
-    connect, fmt_cpu, note_if_bench_bound, parse_len, print_table, round3, supervise, within,
-    Clock, CpuSpan, Failed, Failure, Failures, LatencyMs,
+use super::harness::{
+    connect, fmt_cpu, note_if_bench_bound, parse_len, print_table, supervise, within, Clock,
+    CpuSpan, Failed, Failure, Failures,
 };
-use crate::stats::{self, LatencyRecorder, RateMeter};
+use crate::stats::{self, round3, LatencyMs, LatencyRecorder, RateMeter};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct LatencyArgs {
@@ -135,7 +135,7 @@ pub async fn run(args: LatencyArgs) -> anyhow::Result<()> {
             );
         },
     )
-    .await;
+    .await?;
     let s = shared.borrow();
     report(&args, &clock, &s, cpu)
 }

@@ -15,11 +15,11 @@ use serde::Serialize;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-use super::{
-    connect, fmt_bytes, fmt_cpu, note_if_bench_bound, parse_len, print_table, round3, supervise,
-    within, Clock, CpuSpan, Failed, Failure,
+use super::harness::{
+    connect, fmt_bytes, fmt_cpu, note_if_bench_bound, parse_len, print_table, supervise, within,
+    Clock, CpuSpan, Failed, Failure,
 };
-use crate::stats::{self, RateMeter};
+use crate::stats::{self, round3, RateMeter};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ThroughputArgs {
@@ -148,7 +148,7 @@ pub async fn run(args: ThroughputArgs) -> anyhow::Result<()> {
             );
         },
     )
-    .await;
+    .await?;
     report(&args, &clock, &streams, cpu)
 }
 

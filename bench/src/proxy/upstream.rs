@@ -17,8 +17,8 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::{fmt_bytes, print_table, progress_interval, round3, stop_signal};
-use crate::stats::{self, RateMeter};
+use super::harness::{fmt_bytes, print_table, progress_interval};
+use crate::stats::{self, round3, RateMeter};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct UpstreamArgs {
@@ -116,7 +116,7 @@ pub async fn run(args: UpstreamArgs) -> anyhow::Result<()> {
             .map(|d| format!(", for {d:?}"))
             .unwrap_or_else(|| ", until Ctrl-C".into())
     );
-    super::check_nofile(1024);
+    super::harness::check_nofile(1024);
 
     // Without --duration, a deadline a year out: tokio clamps it anyway.
     let deadline = tokio::time::sleep(
@@ -124,8 +124,7 @@ pub async fn run(args: UpstreamArgs) -> anyhow::Result<()> {
             .unwrap_or(Duration::from_secs(365 * 24 * 3600)),
     );
     tokio::pin!(deadline);
-    let signal = stop_signal();
-    tokio::pin!(signal);
+    let mut stops = causeway_runtime::signals()?;
     let mut progress = progress_interval();
     let mut meter_in = RateMeter::new(start);
     let mut meter_out = RateMeter::new(start);
@@ -134,7 +133,7 @@ pub async fn run(args: UpstreamArgs) -> anyhow::Result<()> {
     let ended_by = loop {
         tokio::select! {
             biased;
-            why = &mut signal => break why,
+            why = stops.recv() => break why,
             _ = &mut deadline => break "duration reached",
             _ = progress.tick() => {
                 let now = Instant::now();

@@ -3,8 +3,11 @@
 //!
 //! This crate parses YAML, validates it with an error per bad value (each
 //! with its path), and derives defaults from the VLAN: pools, router, DNS
-//! and domain. It does no I/O beyond reading the file it is given, and it
-//! knows nothing of how services use the values.
+//! and domain. It also holds the value readers the product shares:
+//! durations ([`parse_duration`]) and host and DNS names ([`valid_name`]).
+//!
+//! It is not for running anything: it does no I/O beyond reading the file
+//! it is given, and it knows nothing of how services use the values.
 
 mod admin;
 mod collector;

@@ -6,7 +6,11 @@
 //! state into a reply and a lease change; it opens no sockets or files and
 //! reads no clock, so tests, fuzzing and benches drive it directly. The
 //! server ([`DhcpServer`]) sends a reply only after its lease change is on
-//! stable storage. This crate does not parse config files; it takes
+//! stable storage.
+//!
+//! It is not a general DHCP server: DHCPv4 only (no DHCPv6), and it sends
+//! no DNS updates of its own (whoever runs it is told of each lease through
+//! a [`LeaseObserver`]). It does not parse config files; it takes
 //! [`causeway_config::DhcpConfig`].
 
 pub mod client;

@@ -2,7 +2,13 @@
 //! upstream or choosing it by the TLS server name, which it reads from the
 //! ClientHello without terminating TLS.
 //!
-//! [`hello`], [`route`] and the ordering in [`balance`] are pure; [`server`] owns the sockets.
+//! [`hello`], [`route`] and the ordering in [`balance`] are pure; [`server`]
+//! owns the sockets.
+//!
+//! It is not an HTTP or TLS proxy: it never terminates TLS, reads nothing
+//! past the ClientHello and rewrites no bytes (beyond an optional PROXY
+//! protocol header). It does not parse config files; it takes
+//! [`causeway_config::ProxyConfig`].
 
 mod admission;
 pub mod balance;

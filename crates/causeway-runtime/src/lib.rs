@@ -3,7 +3,8 @@
 //! readiness, tracing setup, graceful shutdown, config reload triggers, and
 //! which CPUs the process may use (for sockets steered one per core).
 //!
-//! It holds no protocol logic and no config schema; services plug into it.
+//! It is not for protocol logic or config: it holds no protocol code and
+//! no config schema; services plug into it.
 
 pub mod admin;
 pub mod cpus;

@@ -1,5 +1,9 @@
-//! `causeway`: one binary, one subcommand per job. Wiring only; the logic
-//! lives in the library crates.
+//! `causeway`: one binary, one subcommand per job (`appliance`, `dns`,
+//! `proxy`, `route`, `check`, `leases`, `operator`, `crd`).
+//!
+//! It is wiring only, not a home for logic: parsing the command line,
+//! loading config and handing each library crate its part. Protocols,
+//! validation and reconcilers live in the library crates.
 
 mod appliance;
 mod leases;
