@@ -19,6 +19,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use causeway_config::{valid_name, NameRules};
 use ipnet::IpNet;
 use x509_parser::cri_attributes::ParsedCriAttribute;
 use x509_parser::der_parser::asn1_rs::{Header, Length};
@@ -416,19 +417,10 @@ fn canonical_name(name: &str) -> String {
     name.trim_end_matches('.').to_ascii_lowercase()
 }
 
-/// A DNS-1123 subdomain, as Kubernetes checks Node names.
+/// A DNS-1123 subdomain, as Kubernetes checks Node names: a host name in
+/// lowercase.
 fn dns_subdomain(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
+    !name.bytes().any(|b| b.is_ascii_uppercase()) && valid_name(name, NameRules::HOST)
 }
 
 fn forbidden_ip(ip: IpAddr, policy: &Policy) -> Option<&'static str> {

@@ -4,6 +4,7 @@
 
 use std::net::IpAddr;
 
+use causeway_config::{valid_label, NameRules};
 use ipnet::IpNet;
 use serde_json::{json, Value};
 
@@ -67,13 +68,8 @@ fn valid_base_domain(d: &str) -> bool {
     let Some((tld, rest)) = labels.split_last() else {
         return false;
     };
-    let label_ok = |l: &&str| {
-        !l.is_empty()
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
+    let label_ok =
+        |l: &&str| !l.bytes().any(|b| b.is_ascii_uppercase()) && valid_label(l, NameRules::HOST);
     !rest.is_empty()
         && rest.iter().all(label_ok)
         && tld.len() >= 2
