@@ -11,7 +11,6 @@
 //!
 //! The manager starts this only while it holds the leader lease, so only
 //! one replica ever approves.
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::pin::pin;
 use std::sync::Arc;
@@ -20,17 +19,14 @@ use std::time::Duration;
 use futures::stream::{self, BoxStream};
 use futures::{Stream, StreamExt};
 use ipnet::IpNet;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
-use k8s_openapi::api::core::v1::{Node, Secret, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::ApiResource;
 use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Client, Config, Resource, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::task::{AbortHandle, JoinSet};
 
@@ -38,27 +34,23 @@ use super::crd::{
     BootstrapApproval, CsrApprovalStatus, DPFHCPProvisioner, JoiningDpu, ServingApproval,
 };
 use super::csr::{self, Csr, Decision, History, Inventory, Kind, Policy, Verdict};
+use super::hosted_access::{admin_client, least_privilege, Unavailable};
+pub use super::hosted_access::{
+    HostedEndpoint, APPROVER_MANAGER, HOSTED_ACCOUNT, HOSTED_NAMESPACE, HOSTED_ROLE,
+};
 use super::spec;
-use crate::k8s::apply::apply_params_as;
 use crate::k8s::events::publish_related_event;
 use crate::k8s::metrics::OperatorMetrics;
 use crate::k8s::resources::resource;
 use crate::k8s::watch::Scope;
 
-/// The field manager of the approver's part of the provisioner status and
-/// of its objects in the hosted cluster.
-pub const APPROVER_MANAGER: &str = "causeway-csr-approver";
-/// The approver's identity in the hosted cluster.
-pub const HOSTED_NAMESPACE: &str = "kube-system";
-pub const HOSTED_ACCOUNT: &str = "causeway-csr-approver";
-pub const HOSTED_ROLE: &str = "causeway:csr-approver";
 /// The hosted cluster's DNS domain: names under it are never signed.
 const CLUSTER_DOMAIN: &str = "cluster.local";
 /// CSRs older than this do not count against the pending cap (the
 /// controller-manager removes unapproved ones after a day).
 const PENDING_WINDOW_SECONDS: i64 = 3600;
-/// A session ends before its token does, and starts again with a new one.
-const TOKEN_SECONDS: i64 = 3600;
+/// A session ends before its token (`hosted_access::TOKEN_SECONDS`) does,
+/// and starts again with a new one.
 const SESSION: Duration = Duration::from_secs(45 * 60);
 /// Decisions are re-run this often even when nothing changed, so the
 /// pending window moves and a missed event cannot strand a CSR.
@@ -75,16 +67,6 @@ const RECORD_ATTEMPTS: usize = 5;
 /// was too large to keep (never written to the API server).
 const OVERSIZED_BYTES: &str = "causeway.internal/oversized-request-bytes";
 const OVERSIZED_CLAIM: &str = "causeway.internal/oversized-request-node";
-
-/// How the hosted cluster's API server is reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HostedEndpoint {
-    /// `https://kube-apiserver.<ns>-<name>.svc.cluster.local:6443`, the
-    /// control plane's Service on the management cluster.
-    Service,
-    /// The server the admin kubeconfig names.
-    Kubeconfig,
-}
 
 #[derive(Debug, Clone)]
 pub struct ApproverOptions {
@@ -327,129 +309,6 @@ async fn update_record<T>(
     ))))
 }
 
-/// The hosted cluster's admin client, from HyperShift's admin kubeconfig.
-async fn admin_client(
-    ctx: &Context,
-    namespace: &str,
-    name: &str,
-) -> Result<(Config, Client), Ended> {
-    let secret_name = format!("{name}-admin-kubeconfig");
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-    let secret = match secrets.get_opt(&secret_name).await {
-        Ok(Some(s)) => s,
-        Ok(None) => {
-            return Err(Ended::NoKubeconfig(format!(
-                "Secret {namespace}/{secret_name} does not exist yet"
-            )))
-        }
-        Err(e) => {
-            return Err(Ended::NoKubeconfig(format!(
-                "Secret {namespace}/{secret_name}: {e}"
-            )))
-        }
-    };
-    let text = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get("kubeconfig"))
-        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-        .ok_or_else(|| {
-            Ended::NoKubeconfig(format!(
-                "Secret {namespace}/{secret_name} has no key kubeconfig"
-            ))
-        })?;
-    let mut kubeconfig = Kubeconfig::from_yaml(&text)
-        .map_err(|e| Ended::NoKubeconfig(format!("Secret {namespace}/{secret_name}: {e}")))?;
-    if ctx.options.endpoint == HostedEndpoint::Service {
-        let server = format!("https://kube-apiserver.{namespace}-{name}.svc.cluster.local:6443");
-        for c in &mut kubeconfig.clusters {
-            if let Some(cluster) = c.cluster.as_mut() {
-                cluster.server = Some(server.clone());
-            }
-        }
-    }
-    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| Ended::NoKubeconfig(format!("Secret {namespace}/{secret_name}: {e}")))?;
-    config.connect_timeout = Some(Duration::from_secs(10));
-    let client = Client::try_from(config.clone())
-        .map_err(|e| Ended::Unreachable(format!("building a client: {e}")))?;
-    Ok((config, client))
-}
-
-/// The approver's own ClusterRole in the hosted cluster.
-fn hosted_role() -> serde_json::Value {
-    json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {"name": HOSTED_ROLE},
-        "rules": [
-            {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests/approval"], "verbs": ["patch"]},
-            {"apiGroups": ["certificates.k8s.io"], "resources": ["signers"], "verbs": ["approve"],
-             "resourceNames": [csr::BOOTSTRAP_SIGNER, csr::SERVING_SIGNER]},
-            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
-        ],
-    })
-}
-
-/// Gives the approver its own identity in the hosted cluster and returns a
-/// client under a short-lived token of it.
-async fn least_privilege(admin: &Client, config: &Config) -> Result<Client, kube::Error> {
-    let pp = apply_params_as(APPROVER_MANAGER);
-    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), HOSTED_NAMESPACE);
-    accounts
-        .patch(
-            HOSTED_ACCOUNT,
-            &pp,
-            &Patch::Apply(json!({
-                "apiVersion": "v1", "kind": "ServiceAccount",
-                "metadata": {"name": HOSTED_ACCOUNT, "namespace": HOSTED_NAMESPACE},
-            })),
-        )
-        .await?;
-    Api::<ClusterRole>::all(admin.clone())
-        .patch(HOSTED_ROLE, &pp, &Patch::Apply(hosted_role()))
-        .await?;
-    Api::<ClusterRoleBinding>::all(admin.clone())
-        .patch(
-            HOSTED_ROLE,
-            &pp,
-            &Patch::Apply(json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                "metadata": {"name": HOSTED_ROLE},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": HOSTED_ROLE},
-                "subjects": [{"kind": "ServiceAccount", "name": HOSTED_ACCOUNT, "namespace": HOSTED_NAMESPACE}],
-            })),
-        )
-        .await?;
-    let token = accounts
-        .create_token_request(
-            HOSTED_ACCOUNT,
-            &PostParams::default(),
-            &TokenRequest {
-                spec: TokenRequestSpec {
-                    expiration_seconds: Some(TOKEN_SECONDS),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .await?
-        .status
-        .map(|s| s.token)
-        .unwrap_or_default();
-    if token.is_empty() {
-        return Err(kube::Error::Service(Box::new(std::io::Error::other(
-            "the TokenRequest returned no token",
-        ))));
-    }
-    let mut config = config.clone();
-    config.auth_info = serde_json::from_value(json!({ "token": token }))
-        .map_err(|e| kube::Error::Service(Box::new(e)))?;
-    Client::try_from(config)
-}
-
 /// What one of the merged watches said.
 enum Seen {
     Changed,
@@ -479,10 +338,12 @@ async fn session(ctx: &Context, namespace: &str, name: &str) -> Ended {
     let Some(provisioner) = ctx.provisioners.get(&key) else {
         return Ended::Gone;
     };
-    let (config, admin) = match admin_client(ctx, namespace, name).await {
-        Ok(c) => c,
-        Err(e) => return e,
-    };
+    let (config, admin) =
+        match admin_client(&ctx.client, ctx.options.endpoint, namespace, name).await {
+            Ok(c) => c,
+            Err(Unavailable::NoKubeconfig(why)) => return Ended::NoKubeconfig(why),
+            Err(Unavailable::Unreachable(why)) => return Ended::Unreachable(why),
+        };
     match tokio::time::timeout(Duration::from_secs(15), admin.apiserver_version()).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => return Ended::Unreachable(format!("{e}")),
@@ -1204,38 +1065,5 @@ mod tests {
             .await
             .expect("a session outlived its approver")
             .unwrap_err();
-    }
-
-    #[test]
-    fn the_hosted_role_approves_for_the_two_kubelet_signers_only() {
-        let role = hosted_role();
-        let rules = role["rules"].as_array().unwrap();
-        let approve: Vec<_> = rules
-            .iter()
-            .filter(|r| {
-                r["verbs"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|v| v == "approve")
-            })
-            .collect();
-        assert_eq!(approve.len(), 1);
-        assert_eq!(approve[0]["resources"], json!(["signers"]));
-        assert_eq!(
-            approve[0]["resourceNames"],
-            json!([csr::BOOTSTRAP_SIGNER, csr::SERVING_SIGNER])
-        );
-        // Nothing may be created, deleted or written but the approval.
-        for r in rules {
-            for v in r["verbs"].as_array().unwrap() {
-                assert!(
-                    ["get", "list", "watch", "approve"].contains(&v.as_str().unwrap())
-                        || (v == "patch"
-                            && r["resources"] == json!(["certificatesigningrequests/approval"])),
-                    "{r}"
-                );
-            }
-        }
     }
 }

@@ -14,6 +14,7 @@ pub mod crd;
 pub mod csr;
 #[cfg(any(test, feature = "test-support"))]
 pub mod forged_csr;
+mod hosted_access;
 pub mod ignition;
 mod observe;
 mod provision;
