@@ -372,18 +372,13 @@ pub(super) async fn apply(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action
         },
         Publishing::LoadBalancer { .. } => None,
     };
-    let publishing = render::service_publishing(&checked, node.as_deref())
-        .unwrap_or(render::ServicePublishing::LoadBalancer);
-    let infra_id = live_hc
-        .as_ref()
-        .and_then(|h| {
-            h.data
-                .pointer("/spec/infraID")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        })
-        .unwrap_or_else(|| render::infra_id(&owner));
-    let desired_hc = render::dpf_hosted_cluster(&owner, &p.spec, &checked, &infra_id, publishing);
+    let desired_hc = render::desired_hosted_cluster(
+        &owner,
+        &p.spec,
+        &checked,
+        live_hc.as_ref().map(|h| &h.data),
+        node.as_deref(),
+    );
     let hc = match ctx
         .applier
         .ensure_dynamic(&hosted_cluster_resource(), to_dynamic(desired_hc)?, live_hc)
@@ -400,22 +395,16 @@ pub(super) async fn apply(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action
     let np_api: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), &ns, &node_pool_resource());
     let live_np = get_present(&np_api, &owner.name).await?;
-    let np_image = live_np.as_ref().and_then(|np| {
-        np.data
-            .pointer("/spec/release/image")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-    });
     let rollout = status::rollout(&p.spec.ocp_release_image, &facts);
-    let release =
-        status::node_pool_release(&p.spec.ocp_release_image, rollout, np_image.as_deref());
+    let desired_np = render::desired_node_pool(
+        &owner,
+        &p.spec.ocp_release_image,
+        rollout,
+        live_np.as_ref().map(|np| &np.data),
+    );
     if let Err(e) = ctx
         .applier
-        .ensure_dynamic(
-            &node_pool_resource(),
-            to_dynamic(render::node_pool(&owner, &release))?,
-            live_np,
-        )
+        .ensure_dynamic(&node_pool_resource(), to_dynamic(desired_np)?, live_np)
         .await
     {
         return permanent_or(ctx, p, o, e, extra).await;

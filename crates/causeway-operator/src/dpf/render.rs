@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 
 use super::crd::{AvailabilityPolicy, DPFHCPProvisionerSpec, NetworkEntry};
 use super::spec::{Checked, Publishing, ResolvedNetworking};
+use super::status::{node_pool_release, Rollout};
 use crate::k8s::MANAGED_BY;
 
 pub const HYPERSHIFT_API_VERSION: &str = "hypershift.openshift.io/v1beta1";
@@ -281,6 +282,41 @@ pub fn dpf_hosted_cluster(
 
 /// The NodePool the DPUs join through: no machines of its own (replicas
 /// 0), replaced rather than updated in place on an upgrade.
+/// The HostedCluster a provisioner should have, from its spec, the checks,
+/// the live HostedCluster (whose `infraID`, once set, is kept: HyperShift
+/// names cloud resources after it) and the node address a NodePort
+/// publishing uses.
+pub fn desired_hosted_cluster(
+    owner: &Owner,
+    spec: &DPFHCPProvisionerSpec,
+    checked: &Checked,
+    live: Option<&Value>,
+    node: Option<&str>,
+) -> Value {
+    let publishing = service_publishing(checked, node).unwrap_or(ServicePublishing::LoadBalancer);
+    let id = live
+        .and_then(|h| h.pointer("/spec/infraID"))
+        .and_then(Value::as_str)
+        .map_or_else(|| infra_id(owner), str::to_string);
+    dpf_hosted_cluster(owner, spec, checked, &id, publishing)
+}
+
+/// The NodePool a provisioner should have: at the wanted release, except
+/// that while the HostedCluster's rollout to it is not done the live pool
+/// keeps the release it has, so workers never run ahead of their control
+/// plane.
+pub fn desired_node_pool(
+    owner: &Owner,
+    wanted_image: &str,
+    rollout: Rollout,
+    live: Option<&Value>,
+) -> Value {
+    let live_image = live
+        .and_then(|np| np.pointer("/spec/release/image"))
+        .and_then(Value::as_str);
+    node_pool(owner, &node_pool_release(wanted_image, rollout, live_image))
+}
+
 pub fn node_pool(owner: &Owner, release_image: &str) -> Value {
     json!({
         "apiVersion": HYPERSHIFT_API_VERSION,
@@ -463,6 +499,32 @@ mod tests {
     fn render(spec: &DPFHCPProvisionerSpec, publishing: ServicePublishing) -> Value {
         let checked = spec::check(spec).unwrap();
         dpf_hosted_cluster(&owner(), spec, &checked, &infra_id(&owner()), publishing)
+    }
+
+    #[test]
+    fn a_live_infra_id_is_kept_and_a_new_cluster_gets_ours() {
+        let spec = spec_tests::sample();
+        let checked = spec::check(&spec).unwrap();
+        let fresh = desired_hosted_cluster(&owner(), &spec, &checked, None, None);
+        assert_eq!(fresh["spec"]["infraID"], json!(infra_id(&owner())));
+        let live = json!({"spec": {"infraID": "made-by-the-go-operator"}});
+        let kept = desired_hosted_cluster(&owner(), &spec, &checked, Some(&live), None);
+        assert_eq!(kept["spec"]["infraID"], json!("made-by-the-go-operator"));
+    }
+
+    #[test]
+    fn the_node_pool_waits_for_its_control_plane_to_reach_the_release() {
+        let live = json!({"spec": {"release": {"image": "old"}}});
+        let image = |np: Value| np["spec"]["release"]["image"].clone();
+        for (rollout, live, want) in [
+            (Rollout::Upgrading, Some(&live), "old"),
+            (Rollout::Installing, Some(&live), "old"),
+            (Rollout::Done, Some(&live), "new"),
+            (Rollout::Upgrading, None, "new"),
+        ] {
+            let np = desired_node_pool(&owner(), "new", rollout, live);
+            assert_eq!(image(np), json!(want), "{rollout:?} with {live:?}");
+        }
     }
 
     #[test]
