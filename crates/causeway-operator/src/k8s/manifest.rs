@@ -157,6 +157,39 @@ pub fn without_kind(yaml: &str, kind: &str) -> String {
         .join("\n---")
 }
 
+/// The manifest without CEL rules (`x-kubernetes-validations`). A server
+/// before 1.25 drops them from a CRD written by create or update (what
+/// `helm install` does) but refuses them in a server-side apply, which is
+/// how [`apply`] installs: the test server is 1.20.
+pub fn without_cel(yaml: &str) -> Result<String, ManifestError> {
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                map.remove("x-kubernetes-validations");
+                map.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(list) => list.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(yaml)
+        .map_err(|source| ManifestError::Yaml { index: 0, source })?;
+    let mut out = Vec::new();
+    for (index, mut doc) in docs.into_iter().enumerate() {
+        if doc.is_null() {
+            continue;
+        }
+        strip(&mut doc);
+        out.push(
+            serde_json::to_string(&doc).map_err(|e| ManifestError::Object {
+                index,
+                message: e.to_string(),
+            })?,
+        );
+    }
+    Ok(out.join("\n---\n"))
+}
+
 /// A kubeconfig for `server` (its CA in the file `ca`) that authenticates
 /// with a bearer token.
 pub fn token_kubeconfig(server: &str, ca: &std::path::Path, token: &str) -> String {
@@ -168,6 +201,16 @@ pub fn token_kubeconfig(server: &str, ca: &std::path::Path, token: &str) -> Stri
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn cel_rules_are_dropped_at_every_depth_and_the_rest_is_kept() {
+        let yaml = "kind: CustomResourceDefinition\nspec:\n  x-kubernetes-validations: [{rule: a}]\n  properties:\n    spec:\n      type: object\n      x-kubernetes-validations: [{rule: b}]\n---\nkind: ConfigMap\n";
+        let out = super::without_cel(yaml).unwrap();
+        assert!(!out.contains("x-kubernetes-validations"), "{out}");
+        assert!(out.contains("\"type\":\"object\""), "{out}");
+        assert_eq!(out.split("\n---\n").count(), 2);
+        assert!(super::without_cel("a: [").is_err());
+    }
+
     use super::*;
 
     #[test]

@@ -240,29 +240,10 @@ pub async fn install_release(
     apply_yaml(client, &rendered, RELEASE_NAMESPACE).await
 }
 
-/// The rendering without CEL rules. A server before 1.25 drops them from a
-/// CRD written by create or update (what `helm install` does) but refuses
-/// them in a server-side apply, which is how the tests install.
+/// The rendering without CEL rules, which the 1.20 test server refuses in
+/// a server-side apply.
 pub fn without_cel(yaml: &str) -> String {
-    fn strip(v: &mut serde_json::Value) {
-        match v {
-            serde_json::Value::Object(map) => {
-                map.remove("x-kubernetes-validations");
-                map.values_mut().for_each(strip);
-            }
-            serde_json::Value::Array(list) => list.iter_mut().for_each(strip),
-            _ => {}
-        }
-    }
-    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(yaml).unwrap();
-    docs.into_iter()
-        .filter(|d| !d.is_null())
-        .map(|mut d| {
-            strip(&mut d);
-            serde_json::to_string(&d).unwrap()
-        })
-        .collect::<Vec<_>>()
-        .join("\n---\n")
+    causeway_operator::k8s::manifest::without_cel(yaml).unwrap()
 }
 
 async fn install_chart(c: &SharedCluster, helm: &Path) -> Result<String, String> {
