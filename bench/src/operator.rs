@@ -96,11 +96,15 @@ async fn setup(client: &Client, args: &OperatorArgs) -> anyhow::Result<String> {
     }
     let chart = std::fs::read_to_string(&args.chart)
         .with_context(|| format!("reading {}", args.chart.display()))?;
-    // The 1.20 API server refuses the DPF CRDs' CEL rules in an apply.
-    let chart = causeway_operator::k8s::manifest::without_cel(
-        &causeway_operator::k8s::manifest::without_kind(&chart, "Deployment"),
-    )
-    .context("reading the chart")?;
+    // The bench runs the operator's binary itself, without the webhook, so
+    // neither the Deployment nor the webhook configuration (whose Service
+    // nothing here serves, and which would refuse every Infra) is
+    // installed; and the 1.20 API server refuses the DPF CRDs' CEL rules in
+    // an apply.
+    use causeway_operator::k8s::manifest::{without_cel, without_kind};
+    let chart = without_kind(&chart, "Deployment");
+    let chart = without_cel(&without_kind(&chart, "ValidatingWebhookConfiguration"))
+        .context("reading the chart")?;
     causeway_operator::k8s::manifest::apply(client, &chart, RELEASE_NAMESPACE, MANAGER)
         .await
         .context("installing the chart")?;
