@@ -549,21 +549,5 @@ if "rss_kb" in c:
           f"`--clients {E['RSS_CLIENTS']} --count {E['RSS_CLIENTS']} --rate 20000` ({acked} ACKs, {drop}% drops).")
 PY
 
-cat "$REPORT"
-
-if [[ -n $WRITE ]]; then
-    python3 - "$WRITE" "$REPORT" <<'PY'
-import os, sys
-path, report = sys.argv[1], open(sys.argv[2]).read().rstrip("\n")
-B, E = "<!-- compare-dhcp:begin -->", "<!-- compare-dhcp:end -->"
-text = open(path).read() if os.path.exists(path) else ""
-block = f"{B}\n{report}\n{E}"
-if B in text and E in text and text.index(B) < text.index(E):
-    text = text[:text.index(B)] + block + text[text.index(E) + len(E):]
-else:
-    text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + block + "\n"
-open(path, "w").write(text)
-PY
-    log "wrote the report into $WRITE"
-fi
+show_report "$REPORT" compare-dhcp
 log "done in ${SECONDS}s"

@@ -500,18 +500,12 @@ python3 - "$RESULTS" >"$REPORT" <<'PY'
 import os, sys
 E = os.environ
 sys.path.insert(0, E["BENCH_DIR"])
-from rounds import load, spread
+from rounds import fmt_int, load, num, spread
 r, by_round = load(sys.argv[1])
 rounds = int(E["ROUNDS"])
 servers = E["SERVERS"].split(",")
 ran = [s for s in servers if "skipped" not in r[s]]
 
-def num(x):
-    try: return float(x)
-    except (TypeError, ValueError): return None
-def fmt_int(x):
-    v = num(x)
-    return "-" if v is None else f"{round(v):,}".replace(",", " ")
 def fmt_ms(x):
     v = num(x)
     return "-" if v is None else f"{v:.2f}"
@@ -626,23 +620,9 @@ if notes:
         print(f"- Note: {n}.")
 PY
 
-cat "$REPORT"
-
-if [[ -n $WRITE ]]; then
-    python3 - "$WRITE" "$REPORT" <<'PY'
-import os, sys
-path, report = sys.argv[1], open(sys.argv[2]).read().rstrip("\n")
-tag = "compare-dns" if os.environ["THREADS"] == os.environ["CWD_NPROC"] else f"compare-dns-threads{os.environ['THREADS']}"
-begin, end = f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->"
-text = open(path).read() if os.path.exists(path) else ""
-block = f"{begin}\n{report}\n{end}"
-if begin in text and end in text and text.index(begin) < text.index(end):
-    head, rest = text.split(begin, 1)
-    tail = rest.split(end, 1)[1]
-    text = head + block + tail
-else:
-    text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + block + "\n"
-open(path, "w").write(text)
-PY
-    log "wrote the report into $WRITE"
+# Runs with another --threads go into a block of their own.
+if [[ $THREADS == "$CWD_NPROC" ]]; then
+    show_report "$REPORT" compare-dns
+else
+    show_report "$REPORT" "compare-dns-threads$THREADS"
 fi

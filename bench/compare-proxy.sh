@@ -533,7 +533,7 @@ python3 - "$RESULTS" >"$REPORT" <<'PY'
 import os, sys
 E = os.environ
 sys.path.insert(0, E["BENCH_DIR"])
-from rounds import load, round_ratios, spread
+from rounds import fmt_int, load, num, round_ratios, spread
 r, by_round = load(sys.argv[1])
 rounds = int(E["ROUNDS"])
 targets = E["TARGETS"].split(",")
@@ -541,15 +541,9 @@ ran = [t for t in targets if "skipped" not in r[t]]
 down = "down" in E["DIRECTIONS"].split()
 proxies = [t for t in ran if t != "direct"]
 
-def num(x):
-    try: return float(x)
-    except (TypeError, ValueError): return None
 def fmt(x, nd=2):
     v = num(x)
     return "-" if v is None else f"{v:.{nd}f}"
-def fmt_int(x):
-    v = num(x)
-    return "-" if v is None else f"{round(v):,}".replace(",", " ")
 def ratio(t, ref, key):
     if ref not in ran: return "-"
     a, b = num(r[t].get(key)), num(r[ref].get(key))
@@ -667,22 +661,4 @@ if notes:
         print(f"- Note: {n}.")
 PY
 
-cat "$REPORT"
-
-if [[ -n $WRITE ]]; then
-    python3 - "$WRITE" "$REPORT" <<'PY'
-import os, sys
-path, report = sys.argv[1], open(sys.argv[2]).read().rstrip("\n")
-begin, end = "<!-- compare-proxy:begin -->", "<!-- compare-proxy:end -->"
-text = open(path).read() if os.path.exists(path) else ""
-block = f"{begin}\n{report}\n{end}"
-if begin in text and end in text and text.index(begin) < text.index(end):
-    head, rest = text.split(begin, 1)
-    tail = rest.split(end, 1)[1]
-    text = head + block + tail
-else:
-    text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + block + "\n"
-open(path, "w").write(text)
-PY
-    log "wrote the report into $WRITE"
-fi
+show_report "$REPORT" compare-proxy

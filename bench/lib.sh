@@ -206,3 +206,28 @@ trap_exits() {
     # shellcheck disable=SC2064 # the bound is fixed now
     trap "log \"terminated (SIGTERM; the global time bound is ${1}s)\"; exit 143" TERM
 }
+
+# show_report REPORT TAG : prints the report file REPORT and, with --write,
+# puts it into $WRITE between the lines <!-- TAG:begin --> and
+# <!-- TAG:end -->, replacing what an earlier run put there (or appending
+# it), so a results page keeps one current copy of each comparison.
+show_report() {
+    local report=$1 tag=$2
+    cat "$report"
+    [[ -n $WRITE ]] || return 0
+    python3 - "$WRITE" "$report" "$tag" <<'PY'
+import os, sys
+path, report, tag = sys.argv[1], open(sys.argv[2]).read().rstrip("\n"), sys.argv[3]
+begin, end = f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->"
+text = open(path).read() if os.path.exists(path) else ""
+block = f"{begin}\n{report}\n{end}"
+if begin in text and end in text and text.index(begin) < text.index(end):
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    text = head + block + tail
+else:
+    text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + block + "\n"
+open(path, "w").write(text)
+PY
+    log "wrote the report into $WRITE"
+}

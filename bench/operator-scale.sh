@@ -71,20 +71,4 @@ print(f"| writes in steady state (operator's counter) | {r['steady_writes']:.0f}
 print(f"| objects whose resourceVersion moved in steady state | {r['steady_objects_changed']} of {r['objects']} | 0 |")
 print(f"| operator RSS idle / converged / end / peak | {mib(rss['idle']):.1f} / {mib(rss['converged']):.1f} / {mib(rss['end']):.1f} / {mib(rss['peak']):.1f} MiB | under 64 MiB: {ok(rss['peak'] < 64 * 1024)} |")
 PY
-cat "$REPORT"
-if [[ -n $WRITE ]]; then
-    python3 - "$WRITE" "$REPORT" <<'PY'
-import os, sys
-path, report = sys.argv[1], open(sys.argv[2]).read().rstrip("\n")
-begin, end = "<!-- operator-scale:begin -->", "<!-- operator-scale:end -->"
-text = open(path).read() if os.path.exists(path) else ""
-block = f"{begin}\n{report}\n{end}"
-if begin in text and end in text and text.index(begin) < text.index(end):
-    head, rest = text.split(begin, 1)
-    text = head + block + rest.split(end, 1)[1]
-else:
-    text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + block + "\n"
-open(path, "w").write(text)
-PY
-    log "wrote the report into $WRITE"
-fi
+show_report "$REPORT" operator-scale

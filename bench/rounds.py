@@ -17,6 +17,12 @@ def num(x):
         return None
 
 
+def fmt_int(x):
+    """A whole number with thin groups of three ("12 345"), or "-"."""
+    v = num(x)
+    return "-" if v is None else f"{round(v):,}".replace(",", " ")
+
+
 def load(path):
     by_round = defaultdict(lambda: defaultdict(list))
     for line in open(path):

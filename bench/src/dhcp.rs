@@ -18,7 +18,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
 use tokio::time::MissedTickBehavior;
 
-use crate::load::{Interrupt, Pacer, RunLimits, Ticks};
+use crate::load::{self, LoadGenerator, RunLimits};
 use crate::stats::{self, round3, LatencyRecorder, LatencySummary, RateMeter};
 use wire::{Mac, ReplyKind, WireConfig};
 
@@ -213,12 +213,12 @@ struct Bench {
     expired_order: VecDeque<u32>,
     next_seq: u64,
     rng: Rng,
-    pacer: Pacer,
     c: Counters,
     lat: LatencyRecorder,
+    /// The ACK rate between progress lines.
+    meter: RateMeter,
     acked_file: Option<File>,
     start: Instant,
-    stopped_at: Option<Instant>,
     last_ack_at: Option<Instant>,
     first_send_error: Option<String>,
 }
@@ -279,12 +279,11 @@ pub async fn run(args: DhcpArgs) -> anyhow::Result<()> {
         expired_order: VecDeque::new(),
         next_seq: 0,
         rng: Rng::seeded(),
-        pacer: Pacer::new(now),
         c: Counters::default(),
         lat: LatencyRecorder::new(),
+        meter: RateMeter::new(now),
         acked_file,
         start: now,
-        stopped_at: None,
         last_ack_at: None,
         first_send_error: None,
         args,
@@ -295,11 +294,12 @@ pub async fn run(args: DhcpArgs) -> anyhow::Result<()> {
         local,
     };
     bench.describe_start();
-    bench.event_loop().await?;
+    let limits = bench.args.limits.clone();
+    let stopped_at = load::drive(&mut bench, &limits, now).await?;
     if bench.args.release {
         bench.release_all().await;
     }
-    bench.report()
+    bench.report(stopped_at)
 }
 
 fn default_relay_server() -> SocketAddrV4 {
@@ -367,143 +367,6 @@ impl Bench {
         );
     }
 
-    async fn event_loop(&mut self) -> anyhow::Result<()> {
-        let mut buf = vec![0u8; 4096];
-        let Ticks {
-            mut pace,
-            mut sweep,
-            mut progress,
-        } = Ticks::new();
-        let mut meter = RateMeter::new(self.start);
-        let mut hinted = false;
-        let mut interrupt = Interrupt::new();
-
-        self.fill(Instant::now()).await;
-        loop {
-            if self
-                .args
-                .limits
-                .drained(self.stopped_at, self.inflight.is_empty())
-            {
-                break;
-            }
-            // Biased, rare events first: a steady stream of replies must not
-            // starve the progress line or Ctrl-C. The receive branch starts
-            // new exchanges itself, so pacing last loses nothing.
-            tokio::select! {
-                biased;
-                () = interrupt.once() => {
-                    eprintln!("interrupted: no new exchanges, draining in-flight ones");
-                    self.stop(Instant::now());
-                }
-                _ = progress.tick() => {
-                    let now = Instant::now();
-                    self.print_progress(now, &mut meter);
-                    if !hinted && self.c.started > 0 && self.replies_seen() == 0 {
-                        hinted = true;
-                        self.hint_no_replies();
-                    }
-                }
-                _ = sweep.tick() => {
-                    self.expire(Instant::now());
-                    self.fill(Instant::now()).await;
-                }
-                res = self.socket.recv_from(&mut buf) => {
-                    match res {
-                        Ok((n, from)) => self.on_datagram(&buf[..n], from).await?,
-                        Err(e) => self.recv_failed(&e),
-                    }
-                    // Drain what is already queued before doing anything
-                    // else, bounded so pacing still gets a turn.
-                    for _ in 0..1024 {
-                        match self.socket.try_recv_from(&mut buf) {
-                            Ok((n, from)) => self.on_datagram(&buf[..n], from).await?,
-                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                            Err(e) => { self.recv_failed(&e); break; }
-                        }
-                    }
-                    self.expire(Instant::now());
-                    self.fill(Instant::now()).await;
-                }
-                _ = pace.tick() => self.fill(Instant::now()).await,
-            }
-        }
-        // Whatever is left past the hard end is a drop too.
-        let now = Instant::now();
-        self.expire(now + self.args.limits.timeout + Duration::from_secs(1));
-        if self.stopped_at.is_none() {
-            self.stopped_at = Some(now);
-        }
-        Ok(())
-    }
-
-    fn replies_seen(&self) -> u64 {
-        self.c.acked
-            + self.c.naks
-            + self.c.offers
-            + self.c.garbled
-            + self.c.unexpected
-            + self.c.late
-    }
-
-    fn hint_no_replies(&self) {
-        let mut hint = format!(
-            "no replies yet. Is a DHCP server listening on {}?",
-            self.server
-        );
-        if let Mode::Relay { giaddr, .. } = &self.mode {
-            let port = self.local.port();
-            if port != 67 {
-                hint.push_str(&format!(
-                    " Kea and ISC dhcpd send relayed replies to giaddr:67 ({giaddr}:67), \
-                     not to our port {port}; try --bind {giaddr}:67."
-                ));
-            }
-            hint.push_str(&format!(
-                " Does the server have a subnet (or relay setting) matching giaddr {giaddr}?"
-            ));
-        }
-        eprintln!("hint: {hint}");
-    }
-
-    /// Transient (e.g. ICMP-induced) errors must not end the run; the
-    /// affected exchanges simply time out. Reported once, counted always.
-    fn recv_failed(&mut self, e: &std::io::Error) {
-        if self.c.recv_errors == 0 {
-            eprintln!("warning: recv error: {e}");
-        }
-        self.c.recv_errors += 1;
-    }
-
-    fn stop(&mut self, now: Instant) {
-        if self.stopped_at.is_none() {
-            self.stopped_at = Some(now);
-        }
-    }
-
-    /// Starts every exchange that is due: bounded by the token bucket (when
-    /// --rate is set), --max-outstanding, --count and idle clients.
-    async fn fill(&mut self, now: Instant) {
-        if self.stopped_at.is_some() {
-            return;
-        }
-        let inflight = self.inflight.len();
-        let budget = self
-            .pacer
-            .budget(&self.args.limits, now, self.c.started, inflight);
-        let Some(budget) = budget else {
-            self.stop(now);
-            return;
-        };
-        for _ in 0..budget {
-            let Some(client) = self.idle.pop_front() else {
-                break;
-            };
-            self.pacer.started(&self.args.limits);
-            self.start_exchange(client, now).await;
-        }
-    }
-
     async fn start_exchange(&mut self, client: u32, now: Instant) {
         let mut xid = self.rng.next_u32();
         while self.inflight.contains_key(&xid) {
@@ -553,6 +416,225 @@ impl Bench {
             self.c.drops += 1;
             self.idle.push_back(ex.client);
         }
+    }
+
+    async fn complete_ack(
+        &mut self,
+        xid: u32,
+        ip: Ipv4Addr,
+        server_id: Ipv4Addr,
+        now: Instant,
+    ) -> anyhow::Result<()> {
+        let Some(ex) = self.inflight.remove(&xid) else {
+            return Ok(());
+        };
+        self.c.acked += 1;
+        self.lat.record(now.saturating_duration_since(ex.started));
+        self.last_ack_at = Some(now);
+        self.leases[ex.client as usize] = Some(Lease { ip, server_id });
+        self.idle.push_back(ex.client);
+        if self.args.decline {
+            let mac = self.macs[ex.client as usize];
+            let pkt = wire::build_decline(&mac, self.rng.next_u32(), ip, server_id, &self.wire)
+                .map_err(anyhow::Error::from);
+            match self.send(pkt).await {
+                Ok(()) => self.c.declined += 1,
+                Err(_) => self.c.send_errors += 1,
+            }
+        }
+        if let Some(f) = &mut self.acked_file {
+            let line = format!("{} {ip}\n", wire::fmt_mac(&self.macs[ex.client as usize]));
+            // Unbuffered File: one write(2) per ACK, so the line survives
+            // if we (or the machine under test) die right after.
+            f.write_all(line.as_bytes())
+                .and_then(|()| f.flush())
+                .context("writing --acked-file")?;
+        }
+        Ok(())
+    }
+
+    fn remember_expired(&mut self, xid: u32) {
+        if self.expired.insert(xid) {
+            self.expired_order.push_back(xid);
+        }
+        if self.expired_order.len() > EXPIRED_MEMORY {
+            if let Some(old) = self.expired_order.pop_front() {
+                self.expired.remove(&old);
+            }
+        }
+    }
+
+    /// RELEASE has no reply, so pacing is the only thing protecting the
+    /// server's socket buffer (and thus whether the releases land).
+    async fn release_all(&mut self) {
+        let leases: Vec<(u32, Lease)> = self
+            .leases
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.map(|l| (i as u32, l)))
+            .collect();
+        if leases.is_empty() {
+            return;
+        }
+        let per_sec = if self.args.limits.rate > 0 {
+            self.args.limits.rate.max(100)
+        } else {
+            10_000
+        };
+        eprintln!("releasing {} leases at {per_sec}/s", leases.len());
+        let per_tick = (per_sec as usize).div_ceil(1000).max(1);
+        let tick_every = Duration::from_secs_f64(per_tick as f64 / f64::from(per_sec));
+        let mut tick = tokio::time::interval(tick_every);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let ctrl_c = tokio::signal::ctrl_c();
+        tokio::pin!(ctrl_c);
+        let mut no_signal = false;
+        for chunk in leases.chunks(per_tick) {
+            tokio::select! {
+                _ = tick.tick() => {}
+                res = &mut ctrl_c, if !no_signal => {
+                    if res.is_ok() {
+                        eprintln!("interrupted: remaining leases not released");
+                        return;
+                    }
+                    no_signal = true;
+                }
+            }
+            for &(client, lease) in chunk {
+                let xid = self.rng.next_u32();
+                let mac = self.macs[client as usize];
+                let pkt = wire::build_release(&mac, xid, lease.ip, lease.server_id, &self.wire)
+                    .map_err(anyhow::Error::from);
+                match self.send(pkt).await {
+                    Ok(()) => self.c.released += 1,
+                    Err(e) => {
+                        self.c.send_errors += 1;
+                        if self.first_send_error.is_none() {
+                            eprintln!("warning: {e:#}");
+                            self.first_send_error = Some(format!("{e:#}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn report(&self, stopped_at: Instant) -> anyhow::Result<()> {
+        let (elapsed, rate) =
+            load::measured_rate(self.start, stopped_at, self.last_ack_at, self.c.acked);
+        let lat = self.lat.summary();
+        let drop_pct = stats::pct(self.c.drops, self.c.started);
+        if self.args.json {
+            let summary = JsonSummary {
+                server: self.server.to_string(),
+                mode: self.mode.name(),
+                clients: self.args.clients,
+                duration_s: round3(elapsed),
+                started: self.c.started,
+                acked: self.c.acked,
+                naks: self.c.naks,
+                drops: self.c.drops,
+                drop_pct: round3(drop_pct),
+                rate_per_s: round3(rate),
+                latency_ms: lat,
+                offers: self.c.offers,
+                garbled: self.c.garbled,
+                unexpected: self.c.unexpected,
+                late: self.c.late,
+                send_errors: self.c.send_errors,
+                recv_errors: self.c.recv_errors,
+                released: self.c.released,
+                offered_only: self.c.offered_only,
+                declined: self.c.declined,
+                target_rate: self.args.limits.rate,
+                max_outstanding: self.args.limits.max_outstanding,
+                rapid_commit: self.args.rapid_commit,
+            };
+            println!("{}", serde_json::to_string(&summary)?);
+        } else {
+            let mut rows = vec![
+                ("duration", format!("{elapsed:.2} s")),
+                ("started", self.c.started.to_string()),
+                ("acked", self.c.acked.to_string()),
+                ("naks", self.c.naks.to_string()),
+                ("drops", format!("{} ({drop_pct:.2}%)", self.c.drops)),
+                ("exchanges/s", format!("{rate:.0}")),
+                ("latency p50", stats::fmt_ms(lat.p50)),
+                ("latency p90", stats::fmt_ms(lat.p90)),
+                ("latency p99", stats::fmt_ms(lat.p99)),
+                ("latency max", stats::fmt_ms(lat.max)),
+                (
+                    "latency mean",
+                    stats::fmt_ms(self.lat.mean_us().map(|us| us / 1000.0)),
+                ),
+                ("offers", self.c.offers.to_string()),
+                ("garbled", self.c.garbled.to_string()),
+                ("unexpected", self.c.unexpected.to_string()),
+                ("late replies", self.c.late.to_string()),
+            ];
+            load::push_error_rows(&mut rows, self.c.send_errors, self.c.recv_errors);
+            if self.args.release {
+                rows.push(("released", self.c.released.to_string()));
+            }
+            if self.args.discover_only {
+                rows.push(("ended at the offer", self.c.offered_only.to_string()));
+            }
+            if self.args.decline {
+                rows.push(("declined", self.c.declined.to_string()));
+            }
+            let title = format!(
+                "DHCPv4 DORA against {} ({} mode, {} clients)",
+                self.server,
+                self.mode.name(),
+                self.args.clients
+            );
+            print!("{}", stats::render_table(&title, &rows));
+        }
+        Ok(())
+    }
+}
+
+impl LoadGenerator for Bench {
+    /// One socket: readable is all there is to know.
+    type Ready = ();
+    type Source = SocketAddr;
+    const RECV_BUF_LEN: usize = 4096;
+    const ON_INTERRUPT: &'static str = "no new exchanges, draining in-flight ones";
+
+    fn started(&self) -> u64 {
+        self.c.started
+    }
+
+    fn in_flight(&self) -> usize {
+        self.inflight.len()
+    }
+
+    fn replies_seen(&self) -> u64 {
+        self.c.acked
+            + self.c.naks
+            + self.c.offers
+            + self.c.garbled
+            + self.c.unexpected
+            + self.c.late
+    }
+
+    /// Starts an exchange for the next idle client, if any.
+    async fn start_one(&mut self, now: Instant) -> bool {
+        let Some(client) = self.idle.pop_front() else {
+            return false;
+        };
+        self.start_exchange(client, now).await;
+        true
+    }
+
+    async fn readable(&self) {
+        // An error here comes back from the try_recv that follows, which
+        // counts it.
+        let _ = self.socket.readable().await;
+    }
+
+    fn try_recv(&mut self, _: &(), buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr)> {
+        self.socket.try_recv_from(buf)
     }
 
     async fn on_datagram(&mut self, bytes: &[u8], from: SocketAddr) -> anyhow::Result<()> {
@@ -634,39 +716,8 @@ impl Bench {
         Ok(())
     }
 
-    async fn complete_ack(
-        &mut self,
-        xid: u32,
-        ip: Ipv4Addr,
-        server_id: Ipv4Addr,
-        now: Instant,
-    ) -> anyhow::Result<()> {
-        let Some(ex) = self.inflight.remove(&xid) else {
-            return Ok(());
-        };
-        self.c.acked += 1;
-        self.lat.record(now.saturating_duration_since(ex.started));
-        self.last_ack_at = Some(now);
-        self.leases[ex.client as usize] = Some(Lease { ip, server_id });
-        self.idle.push_back(ex.client);
-        if self.args.decline {
-            let mac = self.macs[ex.client as usize];
-            let pkt = wire::build_decline(&mac, self.rng.next_u32(), ip, server_id, &self.wire)
-                .map_err(anyhow::Error::from);
-            match self.send(pkt).await {
-                Ok(()) => self.c.declined += 1,
-                Err(_) => self.c.send_errors += 1,
-            }
-        }
-        if let Some(f) = &mut self.acked_file {
-            let line = format!("{} {ip}\n", wire::fmt_mac(&self.macs[ex.client as usize]));
-            // Unbuffered File: one write(2) per ACK, so the line survives
-            // if we (or the machine under test) die right after.
-            f.write_all(line.as_bytes())
-                .and_then(|()| f.flush())
-                .context("writing --acked-file")?;
-        }
-        Ok(())
+    fn recv_errors(&mut self) -> &mut u64 {
+        &mut self.c.recv_errors
     }
 
     fn expire(&mut self, now: Instant) {
@@ -686,20 +737,9 @@ impl Bench {
         }
     }
 
-    fn remember_expired(&mut self, xid: u32) {
-        if self.expired.insert(xid) {
-            self.expired_order.push_back(xid);
-        }
-        if self.expired_order.len() > EXPIRED_MEMORY {
-            if let Some(old) = self.expired_order.pop_front() {
-                self.expired.remove(&old);
-            }
-        }
-    }
-
-    fn print_progress(&self, now: Instant, meter: &mut RateMeter) {
+    fn print_progress(&mut self, now: Instant) {
         let elapsed = now.saturating_duration_since(self.start).as_secs_f64();
-        let ack_rate = meter.tick(self.c.acked, now);
+        let ack_rate = self.meter.tick(self.c.acked, now);
         eprintln!(
             "[{elapsed:6.1}s] started {:>9}  acked {:>9}  ack/s {:>8.0}  drops {:>7} ({:.2}%)  naks {:>5}  p99 {}",
             self.c.started,
@@ -712,146 +752,24 @@ impl Bench {
         );
     }
 
-    /// RELEASE has no reply, so pacing is the only thing protecting the
-    /// server's socket buffer (and thus whether the releases land).
-    async fn release_all(&mut self) {
-        let leases: Vec<(u32, Lease)> = self
-            .leases
-            .iter()
-            .enumerate()
-            .filter_map(|(i, l)| l.map(|l| (i as u32, l)))
-            .collect();
-        if leases.is_empty() {
-            return;
+    fn hint_no_replies(&self) {
+        let mut hint = format!(
+            "no replies yet. Is a DHCP server listening on {}?",
+            self.server
+        );
+        if let Mode::Relay { giaddr, .. } = &self.mode {
+            let port = self.local.port();
+            if port != 67 {
+                hint.push_str(&format!(
+                    " Kea and ISC dhcpd send relayed replies to giaddr:67 ({giaddr}:67), \
+                     not to our port {port}; try --bind {giaddr}:67."
+                ));
+            }
+            hint.push_str(&format!(
+                " Does the server have a subnet (or relay setting) matching giaddr {giaddr}?"
+            ));
         }
-        let per_sec = if self.args.limits.rate > 0 {
-            self.args.limits.rate.max(100)
-        } else {
-            10_000
-        };
-        eprintln!("releasing {} leases at {per_sec}/s", leases.len());
-        let per_tick = (per_sec as usize).div_ceil(1000).max(1);
-        let tick_every = Duration::from_secs_f64(per_tick as f64 / f64::from(per_sec));
-        let mut tick = tokio::time::interval(tick_every);
-        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let ctrl_c = tokio::signal::ctrl_c();
-        tokio::pin!(ctrl_c);
-        let mut no_signal = false;
-        for chunk in leases.chunks(per_tick) {
-            tokio::select! {
-                _ = tick.tick() => {}
-                res = &mut ctrl_c, if !no_signal => {
-                    if res.is_ok() {
-                        eprintln!("interrupted: remaining leases not released");
-                        return;
-                    }
-                    no_signal = true;
-                }
-            }
-            for &(client, lease) in chunk {
-                let xid = self.rng.next_u32();
-                let mac = self.macs[client as usize];
-                let pkt = wire::build_release(&mac, xid, lease.ip, lease.server_id, &self.wire)
-                    .map_err(anyhow::Error::from);
-                match self.send(pkt).await {
-                    Ok(()) => self.c.released += 1,
-                    Err(e) => {
-                        self.c.send_errors += 1;
-                        if self.first_send_error.is_none() {
-                            eprintln!("warning: {e:#}");
-                            self.first_send_error = Some(format!("{e:#}"));
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    fn report(&self) -> anyhow::Result<()> {
-        // Elapsed runs to the last ACK (or the stop, if later) so waiting
-        // out the final timeouts does not dilute the rate.
-        let stopped = self.stopped_at.unwrap_or_else(Instant::now);
-        let end = self.last_ack_at.map_or(stopped, |a| a.max(stopped));
-        let elapsed = end.saturating_duration_since(self.start).as_secs_f64();
-        let rate = if elapsed > 0.0 {
-            self.c.acked as f64 / elapsed
-        } else {
-            0.0
-        };
-        let lat = self.lat.summary();
-        let drop_pct = stats::pct(self.c.drops, self.c.started);
-        if self.args.json {
-            let summary = JsonSummary {
-                server: self.server.to_string(),
-                mode: self.mode.name(),
-                clients: self.args.clients,
-                duration_s: round3(elapsed),
-                started: self.c.started,
-                acked: self.c.acked,
-                naks: self.c.naks,
-                drops: self.c.drops,
-                drop_pct: round3(drop_pct),
-                rate_per_s: round3(rate),
-                latency_ms: lat,
-                offers: self.c.offers,
-                garbled: self.c.garbled,
-                unexpected: self.c.unexpected,
-                late: self.c.late,
-                send_errors: self.c.send_errors,
-                recv_errors: self.c.recv_errors,
-                released: self.c.released,
-                offered_only: self.c.offered_only,
-                declined: self.c.declined,
-                target_rate: self.args.limits.rate,
-                max_outstanding: self.args.limits.max_outstanding,
-                rapid_commit: self.args.rapid_commit,
-            };
-            println!("{}", serde_json::to_string(&summary)?);
-        } else {
-            let mut rows = vec![
-                ("duration", format!("{elapsed:.2} s")),
-                ("started", self.c.started.to_string()),
-                ("acked", self.c.acked.to_string()),
-                ("naks", self.c.naks.to_string()),
-                ("drops", format!("{} ({drop_pct:.2}%)", self.c.drops)),
-                ("exchanges/s", format!("{rate:.0}")),
-                ("latency p50", stats::fmt_ms(lat.p50)),
-                ("latency p90", stats::fmt_ms(lat.p90)),
-                ("latency p99", stats::fmt_ms(lat.p99)),
-                ("latency max", stats::fmt_ms(lat.max)),
-                (
-                    "latency mean",
-                    stats::fmt_ms(self.lat.mean_us().map(|us| us / 1000.0)),
-                ),
-                ("offers", self.c.offers.to_string()),
-                ("garbled", self.c.garbled.to_string()),
-                ("unexpected", self.c.unexpected.to_string()),
-                ("late replies", self.c.late.to_string()),
-            ];
-            if self.c.send_errors > 0 {
-                rows.push(("send errors", self.c.send_errors.to_string()));
-            }
-            if self.c.recv_errors > 0 {
-                rows.push(("recv errors", self.c.recv_errors.to_string()));
-            }
-            if self.args.release {
-                rows.push(("released", self.c.released.to_string()));
-            }
-            if self.args.discover_only {
-                rows.push(("ended at the offer", self.c.offered_only.to_string()));
-            }
-            if self.args.decline {
-                rows.push(("declined", self.c.declined.to_string()));
-            }
-            let title = format!(
-                "DHCPv4 DORA against {} ({} mode, {} clients)",
-                self.server,
-                self.mode.name(),
-                self.args.clients
-            );
-            print!("{}", stats::render_table(&title, &rows));
-        }
-        Ok(())
+        eprintln!("hint: {hint}");
     }
 }
 

@@ -14,14 +14,14 @@ use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context as _};
 use serde::Serialize;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
 
-use crate::load::{Interrupt, Pacer, RunLimits, Ticks};
+use crate::load::{self, LoadGenerator, RunLimits};
 use crate::stats::{self, round3, LatencyMs, LatencyRecorder, RateMeter};
 use wire::{QueryFlags, Rcode, MAX_QUERY_LEN};
 use workload::{Mix, Rng, Workload};
@@ -173,11 +173,14 @@ struct Bench {
     poll_from: usize,
     next_seq: u64,
     rng: Rng,
-    pacer: Pacer,
     c: Counters,
     lat: LatencyRecorder,
+    /// The response rate between progress lines.
+    meter: RateMeter,
+    /// When the last progress line was printed, with the bench's CPU
+    /// seconds then, for the CPU share since.
+    last_cpu: (Instant, Option<f64>),
     start: Instant,
-    stopped_at: Option<Instant>,
     last_response_at: Option<Instant>,
     first_send_error: Option<String>,
     cpu_at_start: Option<f64>,
@@ -221,6 +224,7 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
         .map(|_| open_socket(args.server, args.bind))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let now = Instant::now();
+    let cpu_at_start = stats::self_cpu_seconds();
     let empty = Slot {
         inflight: false,
         qhash: 0,
@@ -239,21 +243,22 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
         poll_from: 0,
         next_seq: 0,
         rng: Rng::seeded(),
-        pacer: Pacer::new(now),
         c: Counters::default(),
         lat: LatencyRecorder::new(),
+        meter: RateMeter::new(now),
+        last_cpu: (now, cpu_at_start),
         start: now,
-        stopped_at: None,
         last_response_at: None,
         first_send_error: None,
-        cpu_at_start: stats::self_cpu_seconds(),
+        cpu_at_start,
         sendbuf: [0; MAX_QUERY_LEN],
         pending: None,
         args,
     };
     bench.describe_start();
-    bench.event_loop().await?;
-    bench.report()
+    let limits = bench.args.limits.clone();
+    let stopped_at = load::drive(&mut bench, &limits, now).await?;
+    bench.report(stopped_at)
 }
 
 /// A connected UDP socket: the kernel then drops datagrams from any other
@@ -296,72 +301,6 @@ impl Bench {
         eprintln!("queries: {}", self.workload.description());
     }
 
-    async fn event_loop(&mut self) -> anyhow::Result<()> {
-        let mut buf = vec![0u8; 65_535];
-        let Ticks {
-            mut pace,
-            mut sweep,
-            mut progress,
-        } = Ticks::new();
-        let mut meter = RateMeter::new(self.start);
-        let mut last_cpu = (self.start, self.cpu_at_start);
-        let mut hinted = false;
-        let mut interrupt = Interrupt::new();
-
-        self.fill();
-        loop {
-            if self
-                .args
-                .limits
-                .drained(self.stopped_at, self.inflight == 0)
-            {
-                break;
-            }
-            // Biased, rare events first: a steady stream of responses must
-            // not starve the progress line or Ctrl-C. The receive branch
-            // sends new queries itself, so pacing last loses nothing.
-            tokio::select! {
-                biased;
-                () = interrupt.once() => {
-                    eprintln!("interrupted: no new queries, waiting for those in flight");
-                    self.stop(Instant::now());
-                }
-                _ = progress.tick() => {
-                    self.print_progress(Instant::now(), &mut meter, &mut last_cpu);
-                    if !hinted && self.c.sent > 0 && self.replies_seen() == 0 {
-                        hinted = true;
-                        eprintln!(
-                            "hint: no responses yet. Is a DNS server listening on {}, and does \
-                             its access control allow our address ({})?",
-                            self.args.server,
-                            self.sockets[0]
-                                .local_addr()
-                                .map(|a| a.ip().to_string())
-                                .unwrap_or_default()
-                        );
-                    }
-                }
-                _ = sweep.tick() => {
-                    self.expire(Instant::now());
-                    self.fill();
-                }
-                idx = self.ready_socket() => {
-                    self.drain(idx, &mut buf);
-                    self.expire(Instant::now());
-                    self.fill();
-                }
-                _ = pace.tick() => self.fill(),
-            }
-        }
-        // Whatever is left past the hard end is lost too.
-        let now = Instant::now();
-        self.expire(now + self.args.limits.timeout + Duration::from_secs(1));
-        if self.stopped_at.is_none() {
-            self.stopped_at = Some(now);
-        }
-        Ok(())
-    }
-
     /// Index of a socket with data (or an error) to read, polling from a
     /// rotating start so one busy socket cannot starve the others.
     fn ready_socket(&self) -> impl std::future::Future<Output = usize> + '_ {
@@ -376,64 +315,6 @@ impl Bench {
             }
             Poll::Pending
         })
-    }
-
-    /// Reads what is queued on socket `idx`, bounded so the timers still get
-    /// a turn.
-    fn drain(&mut self, idx: usize, buf: &mut [u8]) {
-        self.poll_from = (idx + 1) % self.sockets.len();
-        for _ in 0..1024 {
-            match self.sockets[idx].try_recv(buf) {
-                Ok(n) => self.on_datagram(idx, &buf[..n], Instant::now()),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) => {
-                    self.recv_failed(&e);
-                    break;
-                }
-            }
-        }
-    }
-
-    fn replies_seen(&self) -> u64 {
-        self.c.responses + self.c.garbled + self.c.unexpected + self.c.late
-    }
-
-    /// Transient errors (ICMP port unreachable on a connected socket turns
-    /// into ECONNREFUSED) must not end the run; the queries simply time
-    /// out. Reported once, counted always.
-    fn recv_failed(&mut self, e: &std::io::Error) {
-        if self.c.recv_errors == 0 {
-            eprintln!("warning: recv error: {e}");
-        }
-        self.c.recv_errors += 1;
-    }
-
-    fn stop(&mut self, now: Instant) {
-        if self.stopped_at.is_none() {
-            self.stopped_at = Some(now);
-        }
-    }
-
-    /// Sends every query that is due: bounded by the token bucket (with
-    /// --rate), --max-outstanding and --count.
-    fn fill(&mut self) {
-        if self.stopped_at.is_some() {
-            return;
-        }
-        let now = Instant::now();
-        let budget = self
-            .pacer
-            .budget(&self.args.limits, now, self.c.sent, self.inflight);
-        let Some(budget) = budget else {
-            self.stop(now);
-            return;
-        };
-        for _ in 0..budget {
-            if !self.send_one() {
-                break;
-            }
-            self.pacer.started(&self.args.limits);
-        }
     }
 
     /// Sends one query; false when the socket cannot take more right now
@@ -486,111 +367,13 @@ impl Bench {
         true
     }
 
-    fn on_datagram(&mut self, sock: usize, bytes: &[u8], now: Instant) {
-        let Ok(info) = wire::parse_response(bytes) else {
-            self.c.garbled += 1;
-            return;
-        };
-        let slot = &mut self.slots[sock][usize::from(info.id)];
-        if !slot.inflight {
-            if slot.late_hash != 0 && info.question.is_none_or(|q| q == slot.late_hash) {
-                slot.late_hash = 0;
-                self.c.late += 1;
-            } else {
-                self.c.unexpected += 1;
-            }
-            return;
-        }
-        // Without a question (some error responses) the ID has to do.
-        if info.question.is_some_and(|q| q != slot.qhash) {
-            if info.question == Some(slot.late_hash) {
-                slot.late_hash = 0;
-                self.c.late += 1;
-            } else {
-                self.c.unexpected += 1;
-            }
-            return;
-        }
-        slot.inflight = false;
-        let latency = now.saturating_duration_since(slot.sent);
-        self.inflight -= 1;
-        self.c.responses += 1;
-        self.lat.record(latency);
-        self.last_response_at = Some(now);
-        match info.rcode {
-            Rcode::NoError => {
-                self.c.noerror += 1;
-                if info.ancount == 0 {
-                    self.c.nodata += 1;
-                }
-            }
-            Rcode::NxDomain => self.c.nxdomain += 1,
-            Rcode::ServFail => self.c.servfail += 1,
-            Rcode::Refused => self.c.refused += 1,
-            Rcode::Other(_) => self.c.other_rcode += 1,
-        }
-        if info.truncated {
-            self.c.truncated += 1;
-        }
-    }
-
-    fn expire(&mut self, now: Instant) {
-        while let Some(&(deadline, s, id, seq)) = self.deadlines.front() {
-            if deadline > now {
-                break;
-            }
-            self.deadlines.pop_front();
-            // The ID may have been answered (and even reused) since.
-            let slot = &mut self.slots[usize::from(s)][usize::from(id)];
-            if slot.inflight && slot.seq == seq {
-                slot.inflight = false;
-                slot.late_hash = slot.qhash;
-                self.inflight -= 1;
-                self.c.lost += 1;
-            }
-        }
-    }
-
-    fn print_progress(
-        &self,
-        now: Instant,
-        meter: &mut RateMeter,
-        last_cpu: &mut (Instant, Option<f64>),
-    ) {
-        let elapsed = now.saturating_duration_since(self.start).as_secs_f64();
-        let qps = meter.tick(self.c.responses, now);
-        let cpu = stats::self_cpu_seconds();
-        let cpu_pct = match (cpu, last_cpu.1) {
-            (Some(b), Some(a)) => {
-                let dt = now.saturating_duration_since(last_cpu.0).as_secs_f64();
-                format!("{:.0}%", if dt > 0.0 { (b - a) * 100.0 / dt } else { 0.0 })
-            }
-            _ => "-".into(),
-        };
-        *last_cpu = (now, cpu);
-        eprintln!(
-            "[{elapsed:6.1}s] sent {:>10}  resp {:>10}  qps {:>8.0}  lost {:>7} ({:.2}%)  inflight {:>5}  p99 {}  bench cpu {cpu_pct}",
-            self.c.sent,
+    fn report(&self, stopped_at: Instant) -> anyhow::Result<()> {
+        let (elapsed, qps) = load::measured_rate(
+            self.start,
+            stopped_at,
+            self.last_response_at,
             self.c.responses,
-            qps,
-            self.c.lost,
-            stats::pct(self.c.lost, self.c.sent),
-            self.inflight,
-            stats::fmt_ms(self.lat.percentile_ms(99.0)),
         );
-    }
-
-    fn report(&self) -> anyhow::Result<()> {
-        // Elapsed runs to the last response (or the stop, if later) so
-        // waiting out the final timeouts does not dilute the rate.
-        let stopped = self.stopped_at.unwrap_or_else(Instant::now);
-        let end = self.last_response_at.map_or(stopped, |a| a.max(stopped));
-        let elapsed = end.saturating_duration_since(self.start).as_secs_f64();
-        let qps = if elapsed > 0.0 {
-            self.c.responses as f64 / elapsed
-        } else {
-            0.0
-        };
         let lost_pct = stats::pct(self.c.lost, self.c.sent);
         let bench_cpu_s = match (stats::self_cpu_seconds(), self.cpu_at_start) {
             (Some(b), Some(a)) => Some(b - a),
@@ -658,12 +441,7 @@ impl Bench {
                 ("garbled", self.c.garbled.to_string()),
                 ("late responses", self.c.late.to_string()),
             ];
-            if self.c.send_errors > 0 {
-                rows.push(("send errors", self.c.send_errors.to_string()));
-            }
-            if self.c.recv_errors > 0 {
-                rows.push(("recv errors", self.c.recv_errors.to_string()));
-            }
+            load::push_error_rows(&mut rows, self.c.send_errors, self.c.recv_errors);
             rows.push((
                 "bench cpu",
                 match (bench_cpu_s, bench_cpu_pct) {
@@ -687,6 +465,149 @@ impl Bench {
             );
         }
         Ok(())
+    }
+}
+
+impl LoadGenerator for Bench {
+    /// The index of a socket with responses queued.
+    type Ready = usize;
+    /// The socket's index: IDs are per socket.
+    type Source = usize;
+    const RECV_BUF_LEN: usize = 65_535;
+    const ON_INTERRUPT: &'static str = "no new queries, waiting for those in flight";
+
+    fn started(&self) -> u64 {
+        self.c.sent
+    }
+
+    fn in_flight(&self) -> usize {
+        self.inflight
+    }
+
+    fn replies_seen(&self) -> u64 {
+        self.c.responses + self.c.garbled + self.c.unexpected + self.c.late
+    }
+
+    /// Sends one query (stamped when the socket takes it, not at `now`).
+    async fn start_one(&mut self, _now: Instant) -> bool {
+        self.send_one()
+    }
+
+    async fn readable(&self) -> usize {
+        self.ready_socket().await
+    }
+
+    /// Also moves the next wait's polling start past this socket.
+    fn try_recv(&mut self, &idx: &usize, buf: &mut [u8]) -> std::io::Result<(usize, usize)> {
+        self.poll_from = (idx + 1) % self.sockets.len();
+        self.sockets[idx].try_recv(buf).map(|n| (n, idx))
+    }
+
+    async fn on_datagram(&mut self, bytes: &[u8], sock: usize) -> anyhow::Result<()> {
+        let now = Instant::now();
+        let Ok(info) = wire::parse_response(bytes) else {
+            self.c.garbled += 1;
+            return Ok(());
+        };
+        let slot = &mut self.slots[sock][usize::from(info.id)];
+        if !slot.inflight {
+            if slot.late_hash != 0 && info.question.is_none_or(|q| q == slot.late_hash) {
+                slot.late_hash = 0;
+                self.c.late += 1;
+            } else {
+                self.c.unexpected += 1;
+            }
+            return Ok(());
+        }
+        // Without a question (some error responses) the ID has to do.
+        if info.question.is_some_and(|q| q != slot.qhash) {
+            if info.question == Some(slot.late_hash) {
+                slot.late_hash = 0;
+                self.c.late += 1;
+            } else {
+                self.c.unexpected += 1;
+            }
+            return Ok(());
+        }
+        slot.inflight = false;
+        let latency = now.saturating_duration_since(slot.sent);
+        self.inflight -= 1;
+        self.c.responses += 1;
+        self.lat.record(latency);
+        self.last_response_at = Some(now);
+        match info.rcode {
+            Rcode::NoError => {
+                self.c.noerror += 1;
+                if info.ancount == 0 {
+                    self.c.nodata += 1;
+                }
+            }
+            Rcode::NxDomain => self.c.nxdomain += 1,
+            Rcode::ServFail => self.c.servfail += 1,
+            Rcode::Refused => self.c.refused += 1,
+            Rcode::Other(_) => self.c.other_rcode += 1,
+        }
+        if info.truncated {
+            self.c.truncated += 1;
+        }
+        Ok(())
+    }
+
+    fn recv_errors(&mut self) -> &mut u64 {
+        &mut self.c.recv_errors
+    }
+
+    fn expire(&mut self, now: Instant) {
+        while let Some(&(deadline, s, id, seq)) = self.deadlines.front() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_front();
+            // The ID may have been answered (and even reused) since.
+            let slot = &mut self.slots[usize::from(s)][usize::from(id)];
+            if slot.inflight && slot.seq == seq {
+                slot.inflight = false;
+                slot.late_hash = slot.qhash;
+                self.inflight -= 1;
+                self.c.lost += 1;
+            }
+        }
+    }
+
+    fn print_progress(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.start).as_secs_f64();
+        let qps = self.meter.tick(self.c.responses, now);
+        let cpu = stats::self_cpu_seconds();
+        let cpu_pct = match (cpu, self.last_cpu.1) {
+            (Some(b), Some(a)) => {
+                let dt = now.saturating_duration_since(self.last_cpu.0).as_secs_f64();
+                format!("{:.0}%", if dt > 0.0 { (b - a) * 100.0 / dt } else { 0.0 })
+            }
+            _ => "-".into(),
+        };
+        self.last_cpu = (now, cpu);
+        eprintln!(
+            "[{elapsed:6.1}s] sent {:>10}  resp {:>10}  qps {:>8.0}  lost {:>7} ({:.2}%)  inflight {:>5}  p99 {}  bench cpu {cpu_pct}",
+            self.c.sent,
+            self.c.responses,
+            qps,
+            self.c.lost,
+            stats::pct(self.c.lost, self.c.sent),
+            self.inflight,
+            stats::fmt_ms(self.lat.percentile_ms(99.0)),
+        );
+    }
+
+    fn hint_no_replies(&self) {
+        eprintln!(
+            "hint: no responses yet. Is a DNS server listening on {}, and does \
+             its access control allow our address ({})?",
+            self.args.server,
+            self.sockets[0]
+                .local_addr()
+                .map(|a| a.ip().to_string())
+                .unwrap_or_default()
+        );
     }
 }
 

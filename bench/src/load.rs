@@ -1,6 +1,7 @@
 // What the DHCP and DNS load generators share: the arguments that pace and
-// bound a run (flattened into each command's), and the pieces of their
-// event loops: the timers, Ctrl-C, and when a stopped run is over.
+// bound a run (flattened into each command's), and their event loop,
+// [`drive`]: the pacing, the timers, Ctrl-C and when a stopped run is over.
+// Each generator plugs in what is its own through [`LoadGenerator`].
 
 use std::future::Future;
 use std::pin::Pin;
@@ -177,5 +178,218 @@ impl Pacer {
         if limits.rate > 0 {
             self.tokens -= 1.0;
         }
+    }
+}
+
+/// A load generator's side of [`drive`]: how it starts an exchange, reads
+/// replies, expires what timed out and reports progress. The loop itself
+/// (pacing, timers, Ctrl-C, the end) is the same for every generator.
+pub trait LoadGenerator {
+    /// What [`LoadGenerator::readable`] found ready to read (which
+    /// socket, where there are several).
+    type Ready;
+
+    /// Where a datagram came from, as [`LoadGenerator::on_datagram`]
+    /// needs it to match the reply.
+    type Source;
+
+    /// Size of the receive buffer the loop lends to the generator.
+    const RECV_BUF_LEN: usize;
+
+    /// Said after "interrupted: " when Ctrl-C stops the run.
+    const ON_INTERRUPT: &'static str;
+
+    /// Exchanges started so far.
+    fn started(&self) -> u64;
+
+    /// Exchanges in flight.
+    fn in_flight(&self) -> usize;
+
+    /// Every datagram received so far, whatever it was: none at all after
+    /// the first second earns the user a hint.
+    fn replies_seen(&self) -> u64;
+
+    /// Starts one exchange at `now`; false when none can start right now
+    /// (no idle client, socket full), which ends this round of starts.
+    async fn start_one(&mut self, now: Instant) -> bool;
+
+    /// Waits until replies can be read. Must be cancel-safe: the loop
+    /// drops it whenever another event comes first.
+    async fn readable(&self) -> Self::Ready;
+
+    /// Reads one datagram from what `readable` found, without waiting:
+    /// its length in `buf` and its source.
+    fn try_recv(
+        &mut self,
+        ready: &Self::Ready,
+        buf: &mut [u8],
+    ) -> std::io::Result<(usize, Self::Source)>;
+
+    /// Matches one datagram against the exchanges in flight.
+    async fn on_datagram(&mut self, bytes: &[u8], source: Self::Source) -> anyhow::Result<()>;
+
+    /// The count of receive errors, for [`recv_failed`].
+    fn recv_errors(&mut self) -> &mut u64;
+
+    /// Counts as lost every exchange whose deadline is at or before `now`.
+    fn expire(&mut self, now: Instant);
+
+    /// The progress line, once a second.
+    fn print_progress(&mut self, now: Instant);
+
+    /// Printed once if nothing at all has come back after the first second.
+    fn hint_no_replies(&self);
+}
+
+/// Runs `generator` from `start` until `limits` stop it (or Ctrl-C) and
+/// what it started has come back or expired; returns when it stopped
+/// starting exchanges.
+pub async fn drive<G: LoadGenerator>(
+    generator: &mut G,
+    limits: &RunLimits,
+    start: Instant,
+) -> anyhow::Result<Instant> {
+    let mut buf = vec![0u8; G::RECV_BUF_LEN];
+    let Ticks {
+        mut pace,
+        mut sweep,
+        mut progress,
+    } = Ticks::new();
+    let mut starts = Starts {
+        pacer: Pacer::new(start),
+        stopped_at: None,
+    };
+    let mut hinted = false;
+    let mut interrupt = Interrupt::new();
+
+    starts.fill(generator, limits).await;
+    loop {
+        if limits.drained(starts.stopped_at, generator.in_flight() == 0) {
+            break;
+        }
+        // Biased, rare events first: a steady stream of replies must not
+        // starve the progress line or Ctrl-C. The receive branch starts
+        // new exchanges itself, so pacing last loses nothing.
+        tokio::select! {
+            biased;
+            () = interrupt.once() => {
+                eprintln!("interrupted: {}", G::ON_INTERRUPT);
+                starts.stop(Instant::now());
+            }
+            _ = progress.tick() => {
+                generator.print_progress(Instant::now());
+                if !hinted && generator.started() > 0 && generator.replies_seen() == 0 {
+                    hinted = true;
+                    generator.hint_no_replies();
+                }
+            }
+            _ = sweep.tick() => {
+                generator.expire(Instant::now());
+                starts.fill(generator, limits).await;
+            }
+            ready = generator.readable() => {
+                read_queued(generator, &ready, &mut buf).await?;
+                generator.expire(Instant::now());
+                starts.fill(generator, limits).await;
+            }
+            _ = pace.tick() => starts.fill(generator, limits).await,
+        }
+    }
+    // Whatever is left past the hard end is lost too.
+    let now = Instant::now();
+    generator.expire(now + limits.timeout + Duration::from_secs(1));
+    Ok(starts.stopped_at.unwrap_or(now))
+}
+
+/// Reads what is queued where `ready` points, bounded so the timers still
+/// get a turn.
+async fn read_queued<G: LoadGenerator>(
+    generator: &mut G,
+    ready: &G::Ready,
+    buf: &mut [u8],
+) -> anyhow::Result<()> {
+    for _ in 0..1024 {
+        match generator.try_recv(ready, buf) {
+            Ok((n, source)) => generator.on_datagram(&buf[..n], source).await?,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => {
+                recv_failed(generator.recv_errors(), &e);
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Starting exchanges: the pacing, and whether the run has stopped.
+struct Starts {
+    pacer: Pacer,
+    stopped_at: Option<Instant>,
+}
+
+impl Starts {
+    fn stop(&mut self, now: Instant) {
+        self.stopped_at.get_or_insert(now);
+    }
+
+    /// Starts every exchange that is due: bounded by the token bucket (with
+    /// --rate), --max-outstanding, --count and what the generator can take.
+    async fn fill<G: LoadGenerator>(&mut self, generator: &mut G, limits: &RunLimits) {
+        if self.stopped_at.is_some() {
+            return;
+        }
+        let now = Instant::now();
+        let budget = self
+            .pacer
+            .budget(limits, now, generator.started(), generator.in_flight());
+        let Some(budget) = budget else {
+            self.stop(now);
+            return;
+        };
+        for _ in 0..budget {
+            if !generator.start_one(now).await {
+                break;
+            }
+            self.pacer.started(limits);
+        }
+    }
+}
+
+/// Transient receive errors (ICMP port unreachable turns into
+/// ECONNREFUSED) must not end a run; the exchanges affected simply time
+/// out. Reported once, counted always in `count`.
+pub fn recv_failed(count: &mut u64, e: &std::io::Error) {
+    if *count == 0 {
+        eprintln!("warning: recv error: {e}");
+    }
+    *count += 1;
+}
+
+/// Seconds a run was measured over and its rate of `completed` exchanges
+/// per second. The span runs to the last reply (or the stop, if later) so
+/// waiting out the final timeouts does not dilute the rate.
+pub fn measured_rate(
+    start: Instant,
+    stopped_at: Instant,
+    last_reply_at: Option<Instant>,
+    completed: u64,
+) -> (f64, f64) {
+    let end = last_reply_at.map_or(stopped_at, |a| a.max(stopped_at));
+    let elapsed = end.saturating_duration_since(start).as_secs_f64();
+    let rate = if elapsed > 0.0 {
+        completed as f64 / elapsed
+    } else {
+        0.0
+    };
+    (elapsed, rate)
+}
+
+/// The summary table's error rows, shown only when there were errors.
+pub fn push_error_rows(rows: &mut Vec<(&str, String)>, send_errors: u64, recv_errors: u64) {
+    if send_errors > 0 {
+        rows.push(("send errors", send_errors.to_string()));
+    }
+    if recv_errors > 0 {
+        rows.push(("recv errors", recv_errors.to_string()));
     }
 }
