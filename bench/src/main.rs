@@ -68,3 +68,12 @@ fn main() -> anyhow::Result<()> {
         Command::Operator(args) => rt.block_on(operator::run(args)),
     }
 }
+
+/// How a run stopped by a signal says so in its output and JSON, as it
+/// always has ("terminated", "interrupted"): scripts and tests read it.
+pub fn stop_word(signal: &str) -> &'static str {
+    match signal {
+        "SIGTERM" => "terminated",
+        _ => "interrupted",
+    }
+}

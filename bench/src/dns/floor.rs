@@ -109,7 +109,7 @@ pub async fn run(args: FloorArgs) -> anyhow::Result<()> {
         "dns-floor: answering on {} with {sockets} socket(s); A questions get {}",
         args.listen, args.answer
     );
-    let stopped_by = stops.recv().await;
+    let stopped_by = crate::stop_word(stops.recv().await);
     let sum = |f: fn(&Counts) -> &AtomicU64| -> u64 {
         counts.iter().map(|c| f(c).load(Ordering::Relaxed)).sum()
     };

@@ -328,7 +328,7 @@ pub(super) async fn supervise(
             biased;
             why = stops.recv(), if !signalled => {
                 signalled = true;
-                eprintln!("{why}: {finishing}");
+                eprintln!("{}: {finishing}", crate::stop_word(why));
                 clock.stop_now();
             }
             _ = &mut hard_end => {

@@ -125,7 +125,7 @@ pub async fn run(args: IdleArgs) -> anyhow::Result<()> {
         tokio::select! {
             biased;
             why = stops.recv() => {
-                interrupted = Some(why);
+                interrupted = Some(crate::stop_word(why));
                 workers.abort_all();
                 break;
             }
@@ -161,7 +161,7 @@ pub async fn run(args: IdleArgs) -> anyhow::Result<()> {
             tokio::select! {
                 biased;
                 why = stops.recv() => {
-                    interrupted = Some(why);
+                    interrupted = Some(crate::stop_word(why));
                     break;
                 }
                 _ = &mut hold => break,

@@ -133,7 +133,7 @@ pub async fn run(args: UpstreamArgs) -> anyhow::Result<()> {
     let ended_by = loop {
         tokio::select! {
             biased;
-            why = stops.recv() => break why,
+            why = stops.recv() => break crate::stop_word(why),
             _ = &mut deadline => break "duration reached",
             _ = progress.tick() => {
                 let now = Instant::now();
