@@ -32,3 +32,45 @@ impl Error {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_has_its_documented_metric_label() {
+        let api = |code| {
+            Error::Kube(kube::Error::Api(
+                kube::core::Status::failure("", "").with_code(code).boxed(),
+            ))
+        };
+        let labels: Vec<&str> = [
+            api(409),
+            api(403),
+            api(404),
+            api(422),
+            api(500),
+            Error::Kube(kube::Error::LinesCodecMaxLineLengthExceeded),
+            Error::Finalizer("x".into()),
+            Error::Render("x".into()),
+            Error::NoNamespace,
+        ]
+        .iter()
+        .map(Error::metric_label)
+        .collect();
+        assert_eq!(
+            labels,
+            [
+                "conflict",
+                "forbidden",
+                "not_found",
+                "invalid",
+                "api",
+                "transport",
+                "finalizer",
+                "render",
+                "no_namespace"
+            ]
+        );
+    }
+}

@@ -225,6 +225,18 @@ fn start_operator(c: &SharedCluster, ns: &str) -> Operator {
     Operator::start(c, &[ns], &["--leader-election=false"], "solo")
 }
 
+/// Who holds the operator's Lease; `None` when nobody does (no Lease, or
+/// one handed back).
+async fn lease_holder(leases: &Api<Lease>) -> Option<String> {
+    leases
+        .get_opt("causeway-operator")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec?.holder_identity)
+        .filter(|h| !h.is_empty())
+}
+
 // ----------------------------------------------------------------- scenarios
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -918,6 +930,23 @@ async fn hosted_clusters_are_picked_up_once_their_api_is_installed() {
     .await;
     assert!(seen.contains("baseDomain"), "{seen}");
     assert!(op.alive(), "{}", op.log_text());
+    // The watch is measured like the other controllers: its reconciles
+    // under its own label, its Infra applies among the API writes.
+    let metrics = kube_cluster::admin_get(&op, "/metrics");
+    assert!(
+        kube_cluster::metric(
+            &metrics,
+            "causeway_operator_reconciles_total{controller=\"hostedcluster\""
+        ) >= 2.0,
+        "{metrics}"
+    );
+    assert!(
+        kube_cluster::metric(
+            &metrics,
+            "causeway_operator_api_writes_total{kind=\"Infra\",verb=\"apply\"}"
+        ) >= 2.0,
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -930,14 +959,7 @@ async fn a_killed_leader_is_replaced_within_the_lease_and_never_overlaps() {
     let ns = kube_cluster::test_namespace(&client, "leader").await;
     network_attachments(&client, &["default"]).await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), kube_cluster::RELEASE_NAMESPACE);
-    let holder = || async {
-        leases
-            .get_opt("causeway-operator")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|l| l.spec?.holder_identity)
-    };
+    let holder = || lease_holder(&leases);
     let mut first = Operator::start(c, &[&ns], &[], "replica-a");
     eventually("replica-a leads", WAIT, Some(&first), || async {
         (holder().await.as_deref() == Some("replica-a")).then_some(())
@@ -1108,15 +1130,7 @@ async fn sigterm_ends_the_operator_in_time_with_or_without_its_api_server() {
     // Its Lease in a namespace of its own, apart from the other tests'.
     let env = [("POD_NAMESPACE", ns.as_str())];
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
-    let holder = || async {
-        leases
-            .get_opt("causeway-operator")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|l| l.spec?.holder_identity)
-            .filter(|h| !h.is_empty())
-    };
+    let holder = || lease_holder(&leases);
 
     // The API server answers: the Lease is handed back, then the exit.
     let mut first = Operator::start_with_env(c, &kubeconfig, &[&ns], &[], "term-a", &env);
