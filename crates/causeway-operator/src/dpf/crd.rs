@@ -338,6 +338,21 @@ pub struct CsrApprovalStatus {
     /// bootstrap CSR made before then is denied.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub joining: Vec<JoiningDpu>,
+    /// Nodes whose DPU tries to join again while the old Node object is
+    /// still in the hosted cluster: the bootstrap CSR is denied
+    /// (NodeExists) until the Node is deleted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked_joins: Vec<BlockedJoin>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockedJoin {
+    pub node: String,
+    /// The newest bootstrap CSR denied for it.
+    pub csr_name: String,
+    /// RFC 3339: when the first was denied.
+    pub since: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
