@@ -200,7 +200,10 @@ fn the_config_crd_carries_the_go_operators_short_name_columns_and_defaults() {
     );
     let schema = serde_json::to_value(v.schema.as_ref().unwrap()).unwrap();
     let p = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"];
-    assert_eq!(p["blueFieldOCPLayerRepo"]["default"], "quay.io/eelgaev/rhcos-bfb");
+    assert_eq!(
+        p["blueFieldOCPLayerRepo"]["default"],
+        "quay.io/eelgaev/rhcos-bfb"
+    );
     assert_eq!(
         p["blueFieldOCPLayerRepo"]["default"],
         causeway_operator::dpf::crd::DEFAULT_BLUEFIELD_REPO
