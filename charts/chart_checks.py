@@ -582,7 +582,21 @@ def case_provisioner_defaults(docs):
     assert config["operatorNamespace"] == "causeway-system", config
 
 
+def case_provisioner_file(docs):
+    """ci/values-provisioner.yaml, a values file of the DPF-HCP provisioner's
+    chart, taken as it is."""
+    c = container(docs)
+    assert c["image"] == "quay.io/example/dpf-hcp-provisioner:v0.2.0", c["image"]
+    assert c["imagePullPolicy"] == "Always", c["imagePullPolicy"]
+    assert c["resources"]["limits"] == {"cpu": "1000m", "memory": "1Gi"}, c["resources"]
+    assert env(docs)["CAUSEWAY_LOG_LEVEL"] == "debug", env(docs)
+    images = one(docs, "ConfigMap", "ocp-bluefield-images")["data"]
+    assert sorted(images) == ["4.17.0", "4.18.0", "4.19.0-ec.5"], images
+    assert node_terms(docs) == [[(CP, "Exists")], [(MASTER, "Exists")]], node_terms(docs)
+
+
 CASES = {
+    "provisioner-file": case_provisioner_file,
     "provisioner-values": case_provisioner_values,
     "provisioner-defaults": case_provisioner_defaults,
     "namespaced": case_namespaced,

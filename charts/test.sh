@@ -245,6 +245,7 @@ for values in "$CHART"/ci/values-*.yaml; do
     values-default) expect=default ;;
     values-production) expect=production ;;
     values-openshift) expect=openshift ;;
+    values-provisioner) expect=provisioner-file ;;
     *) expect="" ;;
   esac
   if [ -n "$expect" ]; then

@@ -201,9 +201,15 @@ fn provisioner_values(repo: &str, disable_metal_lb: bool) -> Vec<String> {
     .to_vec()
 }
 
+/// `helm install`, `helm upgrade`, or `helm upgrade --install` (verb
+/// "upgrade-install", openshift-docs' command) of the release.
 fn install_args<'a>(verb: &'a str, chart: &'a str, values: &'a [String]) -> Vec<&'a str> {
-    let mut args = vec![verb, RELEASE, chart, "--namespace", NS];
-    if verb == "install" {
+    let mut args = match verb {
+        "upgrade-install" => vec!["upgrade", "--install"],
+        _ => vec![verb],
+    };
+    args.extend([RELEASE, chart, "--namespace", NS]);
+    if verb != "upgrade" {
         args.push("--create-namespace");
     }
     args.extend(values.iter().map(String::as_str));
@@ -239,7 +245,7 @@ async fn helm_installs_upgrades_and_uninstalls_the_chart_with_the_provisioner_ch
     // anything is made.
     let mut conflicting = provisioner_values("registry.example.com/a", true);
     conflicting.push("--set=dpf.config.blueFieldOCPLayerRepo=registry.example.com/b".into());
-    let out = tools.helm(&install_args("install", chart, &conflicting));
+    let out = tools.helm(&install_args("upgrade-install", chart, &conflicting));
     let (_, err) = text(&out);
     assert!(!out.status.success());
     assert!(
@@ -251,7 +257,7 @@ async fn helm_installs_upgrades_and_uninstalls_the_chart_with_the_provisioner_ch
 
     // Install, as openshift-docs does, with the other aliases.
     let values = provisioner_values("registry.example.com/dpu/bluefield-ocp-layer", true);
-    tools.helm_ok(&install_args("install", chart, &values));
+    tools.helm_ok(&install_args("upgrade-install", chart, &values));
 
     // The Deployment: in the namespace installed into, with the labels,
     // container name and annotation the provisioner's users rely on.
