@@ -406,8 +406,24 @@ pub struct HostedClusterReference {
     version = "v1alpha1",
     kind = "DPFHCPProvisionerConfig",
     plural = "dpfhcpprovisionerconfigs",
+    shortname = "dpfhcpconfig",
     doc = "Settings of causeway's DPF bridge: a singleton named default",
     annotation("helm.sh/resource-policy", "keep"),
+    printcolumn(
+        name = "BlueFieldOCPLayerRepo",
+        type_ = "string",
+        json_path = ".spec.blueFieldOCPLayerRepo"
+    ),
+    printcolumn(
+        name = "DisableMetalLB",
+        type_ = "boolean",
+        json_path = ".spec.disableMetalLB"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
     validation = Rule::new("self.metadata.name == 'default'").message("the one DPFHCPProvisionerConfig is named default")
 )]
 #[serde(rename_all = "camelCase")]
@@ -418,6 +434,7 @@ pub struct DPFHCPProvisionerConfigSpec {
         default,
         skip_serializing_if = "Option::is_none"
     )]
+    #[schemars(extend("default" = DEFAULT_BLUEFIELD_REPO))]
     pub blue_field_ocp_layer_repo: Option<String>,
     /// Do not create MetalLB objects (MetalLB is managed elsewhere).
     #[serde(
@@ -425,6 +442,7 @@ pub struct DPFHCPProvisionerConfigSpec {
         default,
         skip_serializing_if = "Option::is_none"
     )]
+    #[schemars(extend("default" = false))]
     pub disable_metal_lb: Option<bool>,
     /// The namespace of the IPAddressPools and L2Advertisements.
     #[serde(
@@ -447,6 +465,7 @@ pub struct DPFHCPProvisionerConfigSpec {
         default,
         skip_serializing_if = "Option::is_none"
     )]
+    #[schemars(extend("default" = false))]
     pub manage_dpu_service_templates: Option<bool>,
     /// Accepted for compatibility; unused.
     #[serde(

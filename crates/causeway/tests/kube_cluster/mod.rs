@@ -78,10 +78,25 @@ fn helm() -> Option<PathBuf> {
 }
 
 static CLUSTER: OnceLock<Result<SharedCluster, String>> = OnceLock::new();
+static BARE_CLUSTER: OnceLock<Result<SharedCluster, String>> = OnceLock::new();
 
 /// The shared cluster, started on first use; `None` after a loud SKIP when
 /// this machine cannot run one (not root, or no cached binaries).
 pub fn cluster(test: &str) -> Option<&'static SharedCluster> {
+    started(test, &CLUSTER, true)
+}
+
+/// A cluster without the chart: for a test process that installs the
+/// chart with helm itself. The admin kubeconfig is `dir/kubeconfig`.
+pub fn bare_cluster(test: &str) -> Option<&'static SharedCluster> {
+    started(test, &BARE_CLUSTER, false)
+}
+
+fn started(
+    test: &str,
+    cell: &'static OnceLock<Result<SharedCluster, String>>,
+    with_chart: bool,
+) -> Option<&'static SharedCluster> {
     if !is_root() {
         skip(
             test,
@@ -111,8 +126,8 @@ pub fn cluster(test: &str) -> Option<&'static SharedCluster> {
     };
     // Started on a thread of its own: the caller is inside a test's runtime,
     // and the chart is installed from a runtime of its own.
-    let shared = CLUSTER.get_or_init(|| {
-        std::thread::spawn(move || start(&script, helm))
+    let shared = cell.get_or_init(|| {
+        std::thread::spawn(move || start(&script, helm, with_chart))
             .join()
             .unwrap_or_else(|_| Err("starting the cluster panicked".into()))
     });
@@ -123,7 +138,7 @@ pub fn cluster(test: &str) -> Option<&'static SharedCluster> {
     }
 }
 
-fn start(script: &Path, helm: PathBuf) -> Result<SharedCluster, String> {
+fn start(script: &Path, helm: PathBuf, with_chart: bool) -> Result<SharedCluster, String> {
     let dir = tempfile::Builder::new()
         .prefix("causeway-kube-")
         .tempdir()
@@ -158,6 +173,9 @@ fn start(script: &Path, helm: PathBuf) -> Result<SharedCluster, String> {
         admin_token: get("TOKEN")?,
         operator_kubeconfig: dir.join("operator.kubeconfig"),
     };
+    if !with_chart {
+        return Ok(cluster);
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
