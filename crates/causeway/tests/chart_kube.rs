@@ -20,8 +20,7 @@
 
 mod kube_cluster;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 use causeway_operator::dpf::crd::DPFHCPProvisionerConfig;
@@ -31,7 +30,8 @@ use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::ResourceExt;
-use kube_cluster::{admin, eventually, SharedCluster};
+use kube_cluster::helm::{chart_for_1_20, without_cel_lines, Tools};
+use kube_cluster::{admin, eventually};
 use serde_json::json;
 
 /// Where and as what openshift-docs installs the DPF-HCP provisioner.
@@ -47,131 +47,10 @@ const CRDS: [&str; 3] = [
 ];
 const WAIT: Duration = Duration::from_secs(60);
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The chart, copied under `dir` with the two changes the 1.20 server
-/// needs; returns the copy's path.
-fn chart_for_1_20(dir: &Path) -> PathBuf {
-    let from = repo_root().join("charts/causeway");
-    let to = dir.join("causeway");
-    copy_dir(&from, &to);
-    let chart_yaml = to.join("Chart.yaml");
-    let text = std::fs::read_to_string(&chart_yaml).unwrap();
-    assert!(text.contains("kubeVersion: \">=1.27.0-0\""), "{text}");
-    std::fs::write(
-        &chart_yaml,
-        text.replace("kubeVersion: \">=1.27.0-0\"", "kubeVersion: \">=1.20.0-0\""),
-    )
-    .unwrap();
-    for entry in std::fs::read_dir(to.join("templates")).unwrap() {
-        let path = entry.unwrap().path();
-        let text = std::fs::read_to_string(&path).unwrap();
-        if text.contains("x-kubernetes-validations") {
-            let stripped = without_cel_lines(&text);
-            assert!(!stripped.contains("x-kubernetes-validations"));
-            std::fs::write(&path, stripped).unwrap();
-        }
-    }
-    to
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
-
-/// A CRD template without its `x-kubernetes-validations` blocks, by lines:
-/// the templates hold Helm directives, so they are not YAML to parse. A
-/// block is its key line and what follows indented deeper, or at the same
-/// depth as list items.
-fn without_cel_lines(text: &str) -> String {
-    let mut out = String::new();
-    let mut skipping: Option<usize> = None;
-    for line in text.lines() {
-        let indent = line.len() - line.trim_start().len();
-        let trimmed = line.trim_start();
-        if let Some(depth) = skipping {
-            if !trimmed.is_empty()
-                && (indent > depth || (indent == depth && trimmed.starts_with("- ")))
-            {
-                continue;
-            }
-            skipping = None;
-        }
-        if trimmed.starts_with("x-kubernetes-validations:") {
-            skipping = Some(indent);
-            continue;
-        }
-        out.push_str(line);
-        out.push('\n');
-    }
-    out
-}
-
 #[test]
 fn cel_blocks_are_cut_at_their_indentation_and_nothing_else_is() {
     let text = "a:\n  x-kubernetes-validations:\n  - message: m\n    rule: r\n  b: 1\n  c:\n    x-kubernetes-validations:\n    - rule: s\n  d: 2\n";
     assert_eq!(without_cel_lines(text), "a:\n  b: 1\n  c:\n  d: 2\n");
-}
-
-struct Tools {
-    helm: PathBuf,
-    kubeconfig: PathBuf,
-    home: tempfile::TempDir,
-}
-
-impl Tools {
-    fn new(c: &SharedCluster) -> Tools {
-        Tools {
-            helm: c.helm.clone(),
-            kubeconfig: c.dir.join("kubeconfig"),
-            home: tempfile::tempdir().unwrap(),
-        }
-    }
-
-    /// helm with its state kept out of the user's home.
-    fn helm(&self, args: &[&str]) -> Output {
-        let h = self.home.path();
-        Command::new(&self.helm)
-            .args(args)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env("HELM_CACHE_HOME", h.join("cache"))
-            .env("HELM_CONFIG_HOME", h.join("config"))
-            .env("HELM_DATA_HOME", h.join("data"))
-            .output()
-            .unwrap()
-    }
-
-    fn helm_ok(&self, args: &[&str]) -> String {
-        let out = self.helm(args);
-        assert!(
-            out.status.success(),
-            "helm {args:?}:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    /// kubectl, when the machine has one.
-    fn kubectl(&self, args: &[&str]) -> Option<Output> {
-        Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .output()
-            .ok()
-    }
 }
 
 fn text(out: &Output) -> (String, String) {

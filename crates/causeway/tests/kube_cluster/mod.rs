@@ -25,6 +25,8 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
 
+pub mod helm;
+
 /// The chart's release, as the tests install it.
 pub const RELEASE_NAMESPACE: &str = "causeway-system";
 pub const RELEASE: &str = "causeway";
