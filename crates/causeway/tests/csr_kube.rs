@@ -677,11 +677,16 @@ subjects:
         "NodeExists",
     )
     .await;
-    eventually("DPUJoinBlocked naming dpu-s too", WAIT, Some(&op), || async {
-        provisioner_condition(&client, "DPUJoinBlocked")
-            .await
-            .filter(|(_, _, m)| m.contains("dpu-s") && m.contains("dpu-b"))
-    })
+    eventually(
+        "DPUJoinBlocked naming dpu-s too",
+        WAIT,
+        Some(&op),
+        || async {
+            provisioner_condition(&client, "DPUJoinBlocked")
+                .await
+                .filter(|(_, _, m)| m.contains("dpu-s") && m.contains("dpu-b"))
+        },
+    )
     .await;
     Api::<Node>::all(client.clone())
         .delete("dpu-s", &Default::default())

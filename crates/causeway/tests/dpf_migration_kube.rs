@@ -563,6 +563,103 @@ async fn a_go_operator_install_is_taken_over_with_every_hosted_cluster_kept() {
     assert_eq!(p.metadata.uid.as_deref(), Some(p_uid.as_str()));
     assert_eq!(p.finalizers(), [FINALIZER], "the same finalizer, once");
 
+    println!("seed 001's Monitoring commands, against the provisioner causeway now runs");
+    let kubectl = |args: &[&str]| {
+        let out = tools
+            .kubectl(args)
+            .expect("kubectl (tests/run.sh installs kubernetes-client)");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    for listing in [
+        kubectl(&["get", "dpfhcpprovisioner", "-A"]),
+        kubectl(&["get", "dpfhcp", "-A"]),
+    ] {
+        let row = listing
+            .lines()
+            .find(|l| l.starts_with(NS) && l.contains(NAME))
+            .unwrap_or_else(|| panic!("no row for {NAME}: {listing}"));
+        assert!(row.split_whitespace().any(|w| w == "Ready"), "{listing}");
+    }
+    let described = kubectl(&["describe", "dpfhcpprovisioner", NAME, "-n", NS]);
+    assert!(
+        described.contains("Phase:") && described.contains("Events:"),
+        "{described}"
+    );
+    assert!(described.contains("IgnitionConfigured"), "{described}");
+    let events = kubectl(&[
+        "get",
+        "events",
+        "-n",
+        NS,
+        "--field-selector",
+        &format!("involvedObject.name={NAME}"),
+    ]);
+    for reason in ["DPUClusterFound", "SecretsValid", "IgnitionConfigured"] {
+        assert!(events.contains(reason), "{reason}: {events}");
+    }
+    // `-w` never ends by itself: bounded here, its first listing read.
+    let watched = std::process::Command::new("timeout")
+        .arg("3")
+        .arg("kubectl")
+        .arg("--kubeconfig")
+        .arg(&tools.kubeconfig)
+        .args(["get", "dpfhcpprovisioner", NAME, "-n", NS, "-w"])
+        .output()
+        .unwrap();
+    let watched = String::from_utf8_lossy(&watched.stdout);
+    assert!(
+        watched
+            .lines()
+            .any(|l| l.starts_with(NAME) && l.contains("Ready")),
+        "{watched}"
+    );
+    // `-o jsonpath='{.status}' | jq`: jq only pretty-prints, so the JSON is
+    // read here.
+    let status: Value = serde_json::from_str(&kubectl(&[
+        "get",
+        "dpfhcpprovisioner",
+        NAME,
+        "-n",
+        NS,
+        "-o",
+        "jsonpath={.status}",
+    ]))
+    .unwrap();
+    assert_eq!(status["phase"], "Ready");
+    assert_eq!(status["hostedClusterRef"]["name"], NAME);
+    assert_eq!(
+        status["kubeConfigSecretRef"]["name"],
+        format!("{NAME}-admin-kubeconfig")
+    );
+    assert_eq!(
+        status["blueFieldContainerImage"],
+        "quay.io/example/rhcos-bfb:4.19.0-ec.5"
+    );
+    for condition in [
+        "Ready",
+        "KubeConfigInjected",
+        "SecretsValid",
+        "DPUClusterMissing",
+        "ClusterTypeValid",
+        "DPUClusterInUse",
+        "HostedClusterAvailable",
+    ] {
+        assert!(
+            status["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c["type"] == condition),
+            "{condition} in {status}"
+        );
+    }
+
     println!("step 5: helm uninstall of the Go release");
     tools.helm_ok(&["uninstall", GO_RELEASE, "--namespace", GO_NS]);
     assert!(Api::<Deployment>::namespaced(client.clone(), GO_NS)
