@@ -1035,6 +1035,32 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         Some(OLD),
         "the NodePool waits for the control plane"
     );
+    // HyperShift's conditions are mirrored while the upgrade runs (the Go
+    // operator freezes them until it ends).
+    hypershift_status(
+        &client,
+        false,
+        json!([
+            entry("Partial", NEW, "4.19.1"),
+            entry("Completed", OLD, "4.19.0-ec.5")
+        ]),
+    )
+    .await;
+    wait_condition(
+        &client,
+        &op,
+        NAME,
+        "KubeAPIServerAvailable",
+        "False",
+        "AsExpected",
+    )
+    .await;
+    assert_eq!(
+        condition(&client, NAME, "HostedClusterUpgrading")
+            .await
+            .map(|c| c.0),
+        Some("True".to_string())
+    );
     // The control plane completes; the hosted cluster's version is still
     // progressing: the upgrade is not over, and no template is served yet.
     hypershift_status_with(
