@@ -6,6 +6,8 @@ use anyhow::{bail, Context};
 use causeway_config::Config;
 use causeway_dhcp::{read_log, unix_now, Engine, LeaseRecord, LeaseState};
 
+use crate::out::outln;
+
 pub fn run(config: &Path, json: bool) -> anyhow::Result<()> {
     let cfg = Config::load(config)?;
     let Some(dhcp) = cfg.dhcp else {
@@ -23,14 +25,18 @@ pub fn run(config: &Path, json: bool) -> anyhow::Result<()> {
     let mut leases: Vec<LeaseRecord> = engine.leases().map(|l| l.to_record()).collect();
     leases.sort_by_key(|r| r.ip);
     if json {
-        println!("{}", serde_json::to_string_pretty(&leases)?);
+        outln!("{}", serde_json::to_string_pretty(&leases)?)?;
         return Ok(());
     }
     let now = unix_now();
-    println!(
+    outln!(
         "{:<16} {:<9} {:<12} {:<20} {:<24} HOSTNAME",
-        "ADDRESS", "STATE", "EXPIRES", "MAC", "CLIENT"
-    );
+        "ADDRESS",
+        "STATE",
+        "EXPIRES",
+        "MAC",
+        "CLIENT"
+    )?;
     for l in &leases {
         let state = match l.state {
             LeaseState::Active if l.expires <= now => "expired",
@@ -44,7 +50,7 @@ pub fn run(config: &Path, json: bool) -> anyhow::Result<()> {
         } else {
             "-".into()
         };
-        println!(
+        outln!(
             "{:<16} {:<9} {:<12} {:<20} {:<24} {}",
             l.ip,
             state,
@@ -52,7 +58,7 @@ pub fn run(config: &Path, json: bool) -> anyhow::Result<()> {
             l.hw,
             l.client,
             l.hostname.as_deref().unwrap_or("-")
-        );
+        )?;
     }
     if log.corrupt_lines > 0 {
         eprintln!(

@@ -8,6 +8,7 @@
 mod appliance;
 mod leases;
 mod operator;
+mod out;
 mod route;
 
 use std::path::PathBuf;
@@ -268,6 +269,7 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if out::reader_gone(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("causeway: {e:#}");
             ExitCode::FAILURE
@@ -287,7 +289,8 @@ fn check(path: &std::path::Path) -> ExitCode {
             .into_iter()
             .flatten()
             .collect();
-            println!(
+            // A reader gone before the verdict is no failure of the check.
+            let _ = out::outln!(
                 "{}: valid; services: {}",
                 path.display(),
                 if services.is_empty() {

@@ -73,7 +73,7 @@ pub fn print_crd(kind: CrdKind) -> anyhow::Result<()> {
         CrdKind::Dpfhcpprovisioner => provisioner,
         CrdKind::Dpfhcpprovisionerconfig => config,
     };
-    print!("{text}");
+    crate::out::text(&text)?;
     Ok(())
 }
 

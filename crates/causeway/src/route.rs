@@ -1,6 +1,7 @@
 //! `causeway route apply|show|flush`: the appliance's policy routing, run
 //! once from the command line.
 
+use crate::out::outln;
 use std::path::Path;
 
 use anyhow::Context;
@@ -32,14 +33,14 @@ pub fn run(action: Action, path: &Path) -> anyhow::Result<()> {
                 Action::Apply => {
                     let report = reconciler.reconcile(true).await?;
                     for (interface, status) in &report.interfaces {
-                        println!("{interface}: {}", status.label());
+                        outln!("{interface}: {}", status.label())?;
                     }
-                    println!("{} change(s)", report.changed);
+                    outln!("{} change(s)", report.changed)?;
                 }
-                Action::Show => print!("{}", reconciler.show().await?),
+                Action::Show => crate::out::text(&reconciler.show().await?)?,
                 Action::Flush => {
                     let removed = reconciler.flush().await?;
-                    println!("removed {removed} rule(s) and route(s)");
+                    outln!("removed {removed} rule(s) and route(s)")?;
                 }
             }
             Ok(())

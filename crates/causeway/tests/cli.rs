@@ -134,3 +134,65 @@ fn leases_reads_the_store_as_the_server_would() {
         "{table}"
     );
 }
+
+/// `causeway leases | head -3`: the reader goes away after a few lines,
+/// and the command ends quietly instead of panicking on the closed pipe.
+#[test]
+fn every_printing_command_ends_quietly_when_its_reader_goes() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("leases.jsonl");
+    // More than a pipe holds (64 KiB), so the writes after the reader
+    // left do fail.
+    let lines: String = (0..4000u32)
+        .map(|i| {
+            format!(
+                "{{\"ip\":\"10.0.{}.{}\",\"client\":\"01:52:54:00:00:{:02x}:{:02x}\",\"hw\":\"52:54:00:00:{:02x}:{:02x}\",\"state\":\"active\",\"expires\":4000000000,\"hostname\":\"host-{i}\"}}\n",
+                i / 250,
+                i % 250 + 1,
+                i / 256,
+                i % 256,
+                i / 256,
+                i % 256
+            )
+        })
+        .collect();
+    std::fs::write(&store, lines).unwrap();
+    let config = dir.path().join("c.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "dhcp:\n  listen: [{{address: '127.0.0.1:6767'}}]\n  leaseFile: {}\n  subnets:\n    - {{cidr: 10.0.0.0/16, serverId: 127.0.0.1}}\n",
+            store.display()
+        ),
+    )
+    .unwrap();
+    let leases = ["leases", "--config", config.to_str().unwrap()];
+    let json = ["leases", "--json", "--config", config.to_str().unwrap()];
+    // A CRD is shorter than a pipe holds: its reader goes before it
+    // writes (closed at once, so the write nearly always finds it gone).
+    let crd = ["operator", "crd", "dpfhcpprovisioner"];
+    for (args, read_first) in [(&leases[..], true), (&json[..], true), (&crd[..], false)] {
+        let mut child = causeway()
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut reader = BufReader::new(child.stdout.take().unwrap());
+        if read_first {
+            let mut first = String::new();
+            reader.read_line(&mut first).unwrap();
+            assert!(!first.is_empty(), "{args:?} printed nothing");
+        }
+        drop(reader);
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stderr.is_empty(),
+            "{args:?}: {:?} {stderr}",
+            out.status
+        );
+    }
+}
