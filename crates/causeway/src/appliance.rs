@@ -113,6 +113,17 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
             prometheus::process_collector::ProcessCollector::for_self(),
         ))
         .context("registering process metrics")?;
+    let reloads_done = prometheus::IntCounterVec::new(
+        prometheus::Opts::new(
+            "causeway_config_reloads_total",
+            "Config reloads, by result: applied, invalid (the file did not load) or refused (it changes what only a restart may)",
+        ),
+        &["result"],
+    )
+    .context("making the reload metric")?;
+    registry
+        .register(Box::new(reloads_done.clone()))
+        .context("registering the reload metric")?;
     let readiness = Readiness::default();
     let stop = Shutdown::new();
     let mut stop_signals = signals().context("installing the SIGTERM and SIGINT handlers")?;
@@ -212,7 +223,16 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
                     continue;
                 };
                 match Config::load(p).map(|c| only.select(c)) {
+                    Ok(next) if !restart_only_changes(&running, &next).is_empty() => {
+                        reloads_done.with_label_values(&["refused"]).inc();
+                        tracing::error!(
+                            ?cause,
+                            "reload refused, nothing of it is applied; the running config stays: {}",
+                            restart_only_changes(&running, &next).join("; ")
+                        );
+                    }
                     Ok(next) => {
+                        reloads_done.with_label_values(&["applied"]).inc();
                         service::reload(routing.as_ref(), next.routing.as_ref()).await;
                         service::reload(dhcp.as_ref(), next.dhcp.as_ref()).await;
                         service::reload(dns.as_ref(), next.dns.as_ref()).await;
@@ -221,7 +241,10 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
                         tracing::info!(?cause, "config reloaded");
                         running = next;
                     }
-                    Err(e) => tracing::error!(?cause, "reload rejected; the running config stays:\n{e}"),
+                    Err(e) => {
+                        reloads_done.with_label_values(&["invalid"]).inc();
+                        tracing::error!(?cause, "reload rejected; the running config stays:\n{e}");
+                    }
                 }
             }
         }
@@ -236,6 +259,25 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
     let _ = admin_task.await;
     tracing::info!("causeway appliance stopped");
     Ok(())
+}
+
+/// Changes a reload must refuse whole, because applying the rest would
+/// leave the process on one setting and its next start on another.
+/// `dhcp.leaseFile` is one: the server keeps writing the file it opened,
+/// so a reload that "applied the rest" would have the next start load the
+/// other file and forget every lease acknowledged meanwhile.
+fn restart_only_changes(running: &Config, next: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    if let (Some(a), Some(b)) = (&running.dhcp, &next.dhcp) {
+        if a.lease_file != b.lease_file {
+            out.push(format!(
+                "dhcp.leaseFile changed from {} to {}: the lease store cannot move while the server runs (every acknowledged lease is in the first); put it back, or stop the server, move the file and start it again",
+                a.lease_file.display(),
+                b.lease_file.display()
+            ));
+        }
+    }
+    out
 }
 
 /// What a reload cannot change.

@@ -196,6 +196,69 @@ fn appliance_serves_reloads_and_stops_gracefully() {
     assert_eq!(leases[0]["state"], "active");
 }
 
+/// A reload that names another lease file is refused whole: the server
+/// keeps writing the file it opened, so applying "the rest" would leave the
+/// next start loading another file and forgetting every lease acknowledged.
+#[test]
+fn a_reload_that_moves_the_lease_file_is_refused_whole_and_no_lease_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let (dhcp_port, admin_port) = (free_port(), free_port());
+    let cfg_path = dir.path().join("causeway.yaml");
+    let original = config(dir.path(), dhcp_port, admin_port, 1400);
+    std::fs::write(&cfg_path, &original).unwrap();
+    let mut app = Appliance::start(&cfg_path, dir.path().join("stderr.log"));
+    wait_for("/readyz to answer 200", || {
+        http_get(admin_port, "/readyz").is_some_and(|(s, _)| s == 200)
+    });
+    let mut relay = support::Relay::new(SocketAddr::from(([127, 0, 0, 1], dhcp_port)));
+    let first = relay.dora([0x52, 0x54, 0, 0, 0, 1], &[]).yiaddr();
+
+    let moved = original
+        .replace("leases.jsonl", "elsewhere.jsonl")
+        .replace("mtu: 1400", "mtu: 1300");
+    assert_ne!(moved, original);
+    std::fs::write(&cfg_path, &moved).unwrap();
+    app.signal("-HUP");
+    wait_for("the refusal counted", || {
+        http_get(admin_port, "/metrics")
+            .is_some_and(|(_, m)| m.contains("causeway_config_reloads_total{result=\"refused\"} 1"))
+    });
+    assert!(app.log_contains("reload refused"));
+    assert!(app.log_contains("dhcp.leaseFile changed"));
+    assert!(!app.log_contains("config reloaded"));
+    // Nothing of it applied: the MTU is the old one.
+    let second = relay.dora([0x52, 0x54, 0, 0, 0, 2], &[]);
+    assert_eq!(mtu_of(&second), Some(1400), "half of the reload applied");
+    let second = second.yiaddr();
+
+    // Put back, as the log says, and restarted: every lease acknowledged
+    // before and after the refused reload is there.
+    std::fs::write(&cfg_path, &original).unwrap();
+    app.signal("-TERM");
+    let start = Instant::now();
+    while app.child.try_wait().unwrap().is_none() {
+        assert!(start.elapsed() < DEADLINE, "no exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _app = Appliance::start(&cfg_path, dir.path().join("stderr-2.log"));
+    wait_for("/readyz after the restart", || {
+        http_get(admin_port, "/readyz").is_some_and(|(s, _)| s == 200)
+    });
+    let (_, leases) = http_get(admin_port, "/leases").unwrap();
+    let leases: serde_json::Value = serde_json::from_str(&leases).unwrap();
+    let ips: Vec<&str> = leases
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["state"] == "active")
+        .filter_map(|l| l["ip"].as_str())
+        .collect();
+    for ip in [first, second] {
+        assert!(ips.contains(&ip.to_string().as_str()), "{ip} in {ips:?}");
+    }
+    assert!(!dir.path().join("elsewhere.jsonl").exists());
+}
+
 #[test]
 fn a_config_file_change_is_picked_up_without_a_signal() {
     let dir = tempfile::tempdir().unwrap();
