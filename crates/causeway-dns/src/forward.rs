@@ -289,7 +289,7 @@ impl Forwarder {
         let per_try =
             (self.timeout / self.upstreams.len().max(1) as u32).max(Duration::from_millis(300));
         Exchange::new(
-            request,
+            &crate::message::upstream_query(q, request),
             q.question_end,
             self.routes(),
             self.timeout,

@@ -402,6 +402,69 @@ async fn edns_and_the_do_bit_go_upstream_and_come_back() {
     assert_eq!(m.answers().len(), 1);
 }
 
+/// An answer is cached for every client, so what goes upstream must ask for
+/// one every client may have: recursion desired whatever the client set,
+/// and no Client Subnet (an answer scoped to one client's subnet would be
+/// served to all). The next client, asking normally, gets the cached answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rd0_and_client_subnet_queries_go_upstream_as_every_client_would_ask() {
+    use hickory_proto::rr::rdata::opt::{ClientSubnet, EdnsOption};
+    let upstream = socket();
+    let lab = serve(&[upstream.local_addr().unwrap()], "").await;
+    let client = socket();
+    let mut asked = Message::from_vec(&query(31, "scoped.example.net.")).unwrap();
+    asked.set_recursion_desired(false);
+    let mut edns = Edns::new();
+    edns.set_max_payload(4096);
+    edns.options_mut()
+        .insert(EdnsOption::Subnet(ClientSubnet::new(
+            std::net::IpAddr::V4(Ipv4Addr::new(198, 51, 100, 0)),
+            24,
+            0,
+        )));
+    asked.set_edns(edns);
+    client.send_to(&asked.to_vec().unwrap(), lab.addr).unwrap();
+    let mut buf = [0u8; 1500];
+    let (n, from) = upstream.recv_from(&mut buf).unwrap();
+    let forwarded = Message::from_vec(&buf[..n]).unwrap();
+    assert!(
+        forwarded.recursion_desired(),
+        "a client's RD=0 went upstream: a cache-only answer would be cached for everyone"
+    );
+    let opt = forwarded.extensions().as_ref().expect("EDNS kept");
+    assert!(
+        opt.options().as_ref().is_empty(),
+        "the client's EDNS options went upstream: {:?}",
+        opt.options()
+    );
+    assert_eq!(forwarded.queries().len(), 1);
+    let ip = Ipv4Addr::new(192, 0, 2, 31);
+    upstream
+        .send_to(&answer(&buf[..n], ip, false), from)
+        .unwrap();
+    let first = {
+        let (n, _) = client.recv_from(&mut buf).expect("a reply within 5 s");
+        Message::from_vec(&buf[..n]).unwrap()
+    };
+    assert_eq!(first.id(), 31);
+    assert!(!first.recursion_desired(), "the client's own RD comes back");
+    // Another client, asking as clients do (EDNS, no Client Subnet: the
+    // same cache entry), is answered from the cache: with the answer to a
+    // full, unscoped question.
+    let other = socket();
+    let mut plain = Message::from_vec(&query(32, "scoped.example.net.")).unwrap();
+    plain.set_edns(Edns::new());
+    other.send_to(&plain.to_vec().unwrap(), lab.addr).unwrap();
+    assert_eq!(reply(&other), (32, vec![ip]));
+    upstream
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    assert!(
+        upstream.recv_from(&mut buf).is_err(),
+        "the second client's query went upstream"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_in_flight_bound_a_new_name_gets_servfail_at_once() {
     let silent = socket();

@@ -183,6 +183,32 @@ pub fn patch_for(response: &mut [u8], q: &ParsedQuery, request: &[u8]) -> bool {
     wire::patch_raw(response, q.id, q.recursion_desired, q.question_end, request)
 }
 
+/// What goes upstream for `q`, read from `request`: the client's header
+/// and question with recursion desired set, and, if the client sent EDNS,
+/// an OPT record of our own with the client's DO bit and no options. The
+/// answer is cached for every client, so it must be one every client may
+/// have: not the cache-only answer an RD=0 query gets, nor one scoped by a
+/// client's EDNS Client Subnet. Anything after the question (other
+/// records, the client's options) stays behind.
+pub fn upstream_query(q: &ParsedQuery, request: &[u8]) -> Vec<u8> {
+    let Some(head) = request.get(..q.question_end).filter(|h| h.len() > 12) else {
+        return request.to_vec();
+    };
+    let mut out = Vec::with_capacity(head.len() + 11);
+    out.extend_from_slice(head);
+    out[2] |= 0x01;
+    // One question, nothing else but our OPT.
+    out[4..12].copy_from_slice(&[0, 1, 0, 0, 0, 0, 0, u8::from(q.edns.is_some())]);
+    if let Some(e) = q.edns {
+        let do_bit: u8 = if e.dnssec_ok { 0x80 } else { 0 };
+        let payload = wire::EDNS_PAYLOAD.to_be_bytes();
+        // Root name, type OPT (41), class = UDP payload, TTL = extended
+        // rcode 0, version 0, flags (DO), no data.
+        out.extend_from_slice(&[0, 0, 41, payload[0], payload[1], 0, 0, do_bit, 0, 0, 0]);
+    }
+    out
+}
+
 /// Flags for an answer we relayed: not authoritative (we are not the
 /// source, whatever the upstream said), recursion available.
 pub fn mark_forwarded(response: &mut [u8]) {
@@ -216,6 +242,35 @@ mod tests {
             m.set_edns(e);
         }
         m.to_vec().unwrap()
+    }
+
+    #[test]
+    fn the_upstream_query_asks_for_recursion_and_carries_only_our_opt() {
+        for edns in [true, false] {
+            let mut m =
+                Message::from_vec(&query("x.example.org.", RecordType::AAAA, edns)).unwrap();
+            m.set_recursion_desired(false).set_checking_disabled(true);
+            let bytes = m.to_vec().unwrap();
+            let q = parse(&bytes).unwrap();
+            let up = Message::from_vec(&upstream_query(&q, &bytes)).unwrap();
+            assert!(up.recursion_desired());
+            assert!(
+                up.checking_disabled(),
+                "the other flags as the client set them"
+            );
+            assert_eq!(up.id(), 0x1234);
+            assert_eq!(up.queries(), m.queries());
+            assert!(up.answers().is_empty() && up.additionals().is_empty());
+            match up.extensions() {
+                Some(e) => {
+                    assert!(edns);
+                    assert_eq!(e.max_payload(), wire::EDNS_PAYLOAD);
+                    assert!(e.flags().dnssec_ok, "the client's DO bit");
+                    assert!(e.options().as_ref().is_empty());
+                }
+                None => assert!(!edns, "EDNS lost"),
+            }
+        }
     }
 
     #[test]
