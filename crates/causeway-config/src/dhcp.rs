@@ -150,6 +150,52 @@ pub struct DhcpConfig {
     pub subnets: Vec<Subnet>,
 }
 
+impl DhcpConfig {
+    /// Subnets no client can reach with these listeners, each as a
+    /// sentence naming it and why: a valid config that serves nobody there.
+    /// Direct clients reach a subnet only through an interface listener on
+    /// the interface it names; relayed packets on an interface listener are
+    /// served only from a listed relay (`relayAddresses` of any subnet),
+    /// and an address listener takes them from anywhere.
+    pub fn unreachable_subnets(&self) -> Vec<String> {
+        let interfaces: Vec<&str> = self
+            .listen
+            .iter()
+            .filter_map(|l| match l {
+                DhcpListen::Interface(name) => Some(name.as_str()),
+                DhcpListen::Address(_) => None,
+            })
+            .collect();
+        let address_listener = self
+            .listen
+            .iter()
+            .any(|l| matches!(l, DhcpListen::Address(_)));
+        let relays_listed = self.subnets.iter().any(|s| !s.relay_addresses.is_empty());
+        if address_listener || relays_listed {
+            return Vec::new();
+        }
+        self.subnets
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| {
+                !s.interface
+                    .as_deref()
+                    .is_some_and(|i| interfaces.contains(&i))
+            })
+            .map(|(i, s)| {
+                let direct = match &s.interface {
+                    Some(name) => format!("no listener is on its interface {name}"),
+                    None => "it names no interface".to_string(),
+                };
+                format!(
+                    "dhcp.subnets[{i}] ({}): no client can reach it: {direct}, and every listener is an interface listener, where relayed packets are served only from addresses in some subnet's relayAddresses, and none lists any; list the relay agent's address in relayAddresses",
+                    s.cidr
+                )
+            })
+            .collect()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DhcpListen {
     /// Broadcast clients on a directly attached segment.
@@ -751,4 +797,49 @@ fn validate_options(c: &mut Collector, path: &str, options: &[FileOption]) -> Ve
         });
     }
     out
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod reach_tests {
+    use crate::Config;
+
+    fn dhcp(yaml: &str) -> super::DhcpConfig {
+        Config::from_yaml(yaml).unwrap().dhcp.unwrap()
+    }
+
+    #[test]
+    fn a_subnet_reached_only_through_an_unlisted_relay_is_named() {
+        // The lab's earlier config: the VLAN's own subnet on net1, a second
+        // one behind a relay, no relayAddresses.
+        let relayed = dhcp(
+            "dhcp:\n  listen: [{interface: net1}]\n  subnets:\n    - {cidr: 192.168.100.0/24, interface: net1, serverId: 192.168.100.2}\n    - {cidr: 10.20.0.0/24, serverId: 192.168.100.2}\n",
+        );
+        let notes = relayed.unreachable_subnets();
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].starts_with("dhcp.subnets[1] (10.20.0.0/24): no client can reach it")
+                && notes[0].contains("relayAddresses"),
+            "{}",
+            notes[0]
+        );
+        // Listing the relay, or an address listener, reaches it.
+        let listed = dhcp(
+            "dhcp:\n  listen: [{interface: net1}]\n  subnets:\n    - {cidr: 192.168.100.0/24, interface: net1, serverId: 192.168.100.2}\n    - {cidr: 10.20.0.0/24, serverId: 192.168.100.2, relayAddresses: [192.168.100.1]}\n",
+        );
+        assert!(listed.unreachable_subnets().is_empty());
+        let address = dhcp(
+            "dhcp:\n  listen: [{interface: net1}, {address: '0.0.0.0:67'}]\n  subnets:\n    - {cidr: 192.168.100.0/24, interface: net1, serverId: 192.168.100.2}\n    - {cidr: 10.20.0.0/24, serverId: 192.168.100.2}\n",
+        );
+        assert!(address.unreachable_subnets().is_empty());
+        // An interface no listener is on.
+        let elsewhere = dhcp(
+            "dhcp:\n  listen: [{interface: net1}]\n  subnets:\n    - {cidr: 192.168.100.0/24, interface: net1, serverId: 192.168.100.2}\n    - {cidr: 10.30.0.0/24, interface: net2, serverId: 10.30.0.2}\n",
+        );
+        let notes = elsewhere.unreachable_subnets();
+        assert!(
+            notes.len() == 1 && notes[0].contains("no listener is on its interface net2"),
+            "{notes:?}"
+        );
+    }
 }

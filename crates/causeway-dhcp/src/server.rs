@@ -1,6 +1,7 @@
 //! Socket I/O around the engine: bind, receive, decode, hand to the engine,
 //! and send each reply once its lease is durable.
 
+use std::collections::HashMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -39,6 +40,10 @@ struct Shared {
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
     last_exhausted_warning: AtomicU64,
+    /// Sources whose relayed packets were dropped as from no listed relay,
+    /// and when that was last logged: one warning per source and ten
+    /// minutes, however many packets.
+    warned_relays: Mutex<HashMap<Ipv4Addr, u64>>,
     store: LeaseStore,
     observer: Option<LeaseObserver>,
 }
@@ -121,6 +126,7 @@ impl DhcpServer {
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(cfg.max_in_flight),
             last_exhausted_warning: AtomicU64::new(0),
+            warned_relays: Mutex::new(HashMap::new()),
             store,
             observer,
         });
@@ -303,6 +309,26 @@ async fn receive_loop(
     }
 }
 
+/// Whether a drop from `source` should be logged now: the first in ten
+/// minutes. The table is bounded: a flood of spoofed sources empties it
+/// rather than grows it.
+fn first_drop_in_a_while(shared: &Shared, source: Ipv4Addr, now: u64) -> bool {
+    const EVERY: u64 = 600;
+    const SOURCES: usize = 1024;
+    let mut warned = shared
+        .warned_relays
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if warned.get(&source).is_some_and(|&at| now < at + EVERY) {
+        return false;
+    }
+    if warned.len() >= SOURCES {
+        warned.clear();
+    }
+    warned.insert(source, now);
+    true
+}
+
 fn handle_packet(
     shared: &Arc<Shared>,
     sender: &Arc<std::net::UdpSocket>,
@@ -386,6 +412,9 @@ fn handle_packet(
         }
         Outcome::Ignore(reason) => {
             m.dropped.with_label_values(&[reason.label()]).inc();
+            if reason == Ignored::UnknownRelay && first_drop_in_a_while(shared, *from.ip(), now) {
+                tracing::warn!(from = %from, giaddr = %msg.giaddr(), "relayed DHCP packet dropped (unknown_relay): its source is in no subnet's relayAddresses, and relayed packets on an interface listener are served only from listed relays; list the relay agent there (`causeway check` names the subnets no client can reach)");
+            }
             if reason == Ignored::PoolExhausted {
                 // One line per ten seconds, however hard the pool is hammered.
                 let last = shared.last_exhausted_warning.load(Ordering::Relaxed);

@@ -113,6 +113,7 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
             prometheus::process_collector::ProcessCollector::for_self(),
         ))
         .context("registering process metrics")?;
+    warn_unreachable(&cfg);
     let reloads_done = prometheus::IntCounterVec::new(
         prometheus::Opts::new(
             "causeway_config_reloads_total",
@@ -238,6 +239,7 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
                         service::reload(dns.as_ref(), next.dns.as_ref()).await;
                         service::reload(proxy.as_ref(), next.proxy.as_ref()).await;
                         warn_restart_only(&running, &next);
+                        warn_unreachable(&next);
                         tracing::info!(?cause, "config reloaded");
                         running = next;
                     }
@@ -278,6 +280,19 @@ fn restart_only_changes(running: &Config, next: &Config) -> Vec<String> {
         }
     }
     out
+}
+
+/// Subnets a valid config leaves no client a way to reach (`causeway
+/// check` says the same).
+fn warn_unreachable(cfg: &Config) {
+    for note in cfg
+        .dhcp
+        .as_ref()
+        .map(|d| d.unreachable_subnets())
+        .unwrap_or_default()
+    {
+        tracing::warn!("{note}");
+    }
 }
 
 /// What a reload cannot change.

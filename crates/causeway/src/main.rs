@@ -299,6 +299,15 @@ fn check(path: &std::path::Path) -> ExitCode {
                     services.join(", ")
                 }
             );
+            // Valid, and still serving nobody somewhere: said, not refused.
+            for note in cfg
+                .dhcp
+                .as_ref()
+                .map(|d| d.unreachable_subnets())
+                .unwrap_or_default()
+            {
+                let _ = out::outln!("{}: warning: {note}", path.display());
+            }
             ExitCode::SUCCESS
         }
         Err(causeway_config::LoadError::Invalid(errors)) => {

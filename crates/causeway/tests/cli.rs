@@ -196,3 +196,30 @@ fn every_printing_command_ends_quietly_when_its_reader_goes() {
         );
     }
 }
+
+/// A config that is valid but leaves a subnet unreachable (the lab's
+/// earlier config: a subnet behind a relay, no `relayAddresses`, an
+/// interface listener only) passes, with the subnet named.
+#[test]
+fn check_names_a_subnet_no_client_can_reach() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.yaml");
+    std::fs::write(
+        &config,
+        "dhcp:\n  listen: [{interface: net1}]\n  subnets:\n    - {cidr: 192.168.100.0/24, interface: net1, serverId: 192.168.100.2}\n    - {cidr: 10.20.0.0/24, serverId: 192.168.100.2}\n",
+    )
+    .unwrap();
+    let out = causeway()
+        .args(["check", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains(": valid; services: dhcp"), "{stdout}");
+    assert!(
+        stdout.contains("warning: dhcp.subnets[1] (10.20.0.0/24): no client can reach it"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("subnets[0]"), "{stdout}");
+}

@@ -368,5 +368,17 @@ dhcp:
         "the forged DISCOVERs were not counted as unknown_relay ({unknown_relay})"
     );
     assert_eq!(honest_summary["acked"].as_u64(), Some(20));
+    // The drops are said once for the source, not once a packet.
+    let warnings = server
+        .proc
+        .output()
+        .matches("relayed DHCP packet dropped (unknown_relay)")
+        .count();
+    assert_eq!(
+        warnings,
+        1,
+        "one warning for one forged relay source\n{}",
+        server.proc.describe()
+    );
     server.stop();
 }
