@@ -27,7 +27,7 @@ pub const RELEASE_ANNOTATION: &str =
     "dpfhcpprovisioner.dpu.hcp.io/bfcfg-template-ocp-release-image";
 
 /// Characters kept as they are in a `data:,` URL: RFC 3986 unreserved.
-const DATA_URL: &AsciiSet = &NON_ALPHANUMERIC
+pub(crate) const DATA_URL: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'-')
     .remove(b'.')
     .remove(b'_')
@@ -49,17 +49,25 @@ pub fn configmap_name(dpu_cluster: &str) -> String {
 }
 
 fn decode_data_url(source: &str) -> Result<Vec<u8>, IgnitionError> {
-    let bad = |why: &str| IgnitionError::BadMachineConfig(why.into());
+    data_url_bytes(source, false).map_err(IgnitionError::BadMachineConfig)
+}
+
+/// The bytes of a `data:` URL. `form` also reads `+` as a space in a
+/// non-base64 URL, as HTML form decoding does (the DPU boot template's
+/// compression step decodes that way: see `bfcfg::encode`).
+pub(crate) fn data_url_bytes(source: &str, form: bool) -> Result<Vec<u8>, String> {
     let rest = source
         .strip_prefix("data:")
-        .ok_or_else(|| bad("not a data: URL"))?;
+        .ok_or_else(|| "not a data: URL".to_string())?;
     let (meta, data) = rest
         .split_once(',')
-        .ok_or_else(|| bad("a data: URL without a comma"))?;
+        .ok_or_else(|| "a data: URL without a comma".to_string())?;
     if meta.split(';').any(|p| p == "base64") {
         base64::engine::general_purpose::STANDARD
             .decode(percent_decode_str(data).collect::<Vec<u8>>())
-            .map_err(|e| bad(&format!("base64: {e}")))
+            .map_err(|e| format!("base64: {e}"))
+    } else if form {
+        Ok(percent_decode_str(&data.replace('+', " ")).collect())
     } else {
         Ok(percent_decode_str(data).collect())
     }
