@@ -452,7 +452,10 @@ fn ignition_failed(o: &Observed) -> bool {
         !c.status
             && matches!(
                 c.reason.as_str(),
-                "IgnitionGenerationFailed" | "MachineOSURLMissing"
+                "IgnitionGenerationFailed"
+                    | "MachineOSURLMissing"
+                    | "ZeroTrustNotSupported"
+                    | "DPUDeploymentRefMissing"
             )
     })
 }
