@@ -17,7 +17,9 @@ mod kube_cluster;
 
 use std::time::Duration;
 
+use causeway_operator::dpf::bfcfg;
 use causeway_operator::dpf::crd::{DPFHCPProvisioner, DPFHCPProvisionerConfig};
+use causeway_operator::dpf::ignition::ENCAPSULATED;
 use causeway_operator::k8s::resources::{
     dpu_cluster_resource, hosted_cluster_resource, ip_address_pool_resource,
     l2_advertisement_resource, node_pool_resource,
@@ -34,6 +36,14 @@ const HC_CRD: &str = include_str!("../../../tests/kube/crds/hostedcluster.yaml")
 const NP_CRD: &str = include_str!("../../../tests/kube/crds/nodepool.yaml");
 const DPU_CRD: &str = include_str!("../../../tests/kube/crds/dpucluster.yaml");
 const METALLB_CRDS: &str = include_str!("../../../tests/kube/crds/metallb.yaml");
+const DPF_CRDS: [&str; 3] = [
+    include_str!("../../../tests/kube/crds/dpudeployment.yaml"),
+    include_str!("../../../tests/kube/crds/dpuflavor.yaml"),
+    include_str!("../../../tests/kube/crds/dpfoperatorconfig.yaml"),
+];
+/// The DPUFlavor's OVS script, as first made and after an edit.
+const OVS_SCRIPT: &str = "ovs-vsctl set Open_vSwitch . other_config:doca-init=true\n";
+const OVS_SCRIPT_EDITED: &str = "ovs-vsctl set Open_vSwitch . other_config:hw-offload=true\n";
 const WAIT: Duration = Duration::from_secs(60);
 const NS: &str = "my-dpu-clusters";
 const DPU_NS: &str = "dpu-clusters";
@@ -172,18 +182,55 @@ async fn hypershift_finalizers(client: &Client, finalizers: Value) {
         .unwrap();
 }
 
-/// The bfcfg template: its labels, annotations and the osImageURL in it.
-async fn bfcfg(client: &Client) -> Option<(Value, Value, Option<String>)> {
+/// DPF's objects the boot template is made from: the DPFOperatorConfig
+/// (high-speed MTU 9000), a DPUDeployment and its DPUFlavor.
+async fn dpf_objects(client: &Client, ovs_script: &str) {
+    for doc in [
+        json!({"apiVersion": "operator.dpu.nvidia.com/v1alpha1", "kind": "DPFOperatorConfig",
+            "metadata": {"name": "dpfoperatorconfig", "namespace": DPU_NS},
+            "spec": {"networking": {"highSpeedMTU": 9000}}}),
+        json!({"apiVersion": "svc.dpu.nvidia.com/v1alpha1", "kind": "DPUDeployment",
+            "metadata": {"name": "dpudeployment", "namespace": DPU_NS},
+            "spec": {"dpus": {"bfb": "bf-bundle", "flavor": "hbn-ovn"}}}),
+        json!({"apiVersion": "provisioning.dpu.nvidia.com/v1alpha1", "kind": "DPUFlavor",
+            "metadata": {"name": "hbn-ovn", "namespace": DPU_NS},
+            "spec": {"dpuMode": "dpu", "ovs": {"rawConfigScript": ovs_script},
+                "configFiles": [{"path": "/etc/mellanox/mlnx-bf.conf", "operation": "override", "raw": "ALLOW_SHARED_RQ=\"no\"\n", "permissions": "0644"}]}}),
+    ] {
+        apply_yaml(client, &serde_json::to_string(&doc).unwrap(), DPU_NS)
+            .await
+            .unwrap();
+    }
+}
+
+/// The bfcfg template: its labels, annotations, the osImageURL in the
+/// target it carries, and that target.
+async fn bfcfg(client: &Client) -> Option<(Value, Value, Option<String>, Value)> {
     let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), DPU_NS)
         .get_opt("bfcfg-my-dpucluster.cfg")
         .await
         .unwrap()?;
     let template = cm.data.as_ref()?.get("BF_CFG_TEMPLATE")?.clone();
+    let target = bfcfg::carried_target(template.as_bytes()).unwrap();
+    let mc: Value = serde_json::from_slice(
+        &bfcfg::file_contents(&target, ENCAPSULATED)
+            .unwrap()
+            .unwrap(),
+    )
+    .unwrap();
     Some((
         serde_json::to_value(cm.metadata.labels).unwrap(),
         serde_json::to_value(cm.metadata.annotations).unwrap(),
-        causeway_operator::dpf::ignition::os_image(template.as_bytes()),
+        mc["spec"]["osImageURL"].as_str().map(str::to_string),
+        target,
     ))
+}
+
+/// A file of the target ignition, as text.
+fn target_file(target: &Value, path: &str) -> Option<String> {
+    bfcfg::file_contents(target, path)
+        .unwrap()
+        .map(|b| String::from_utf8(b).unwrap())
 }
 
 fn entry(state: &str, image: &str, version: &str) -> Value {
@@ -220,7 +267,7 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         return;
     };
     let client = admin(c).await;
-    for crd in [HC_CRD, NP_CRD, DPU_CRD] {
+    for crd in [HC_CRD, NP_CRD, DPU_CRD].into_iter().chain(DPF_CRDS) {
         apply_yaml(&client, &kube_cluster::without_cel(crd), "default")
             .await
             .unwrap();
@@ -229,6 +276,9 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         "hostedclusters.hypershift.openshift.io",
         "nodepools.hypershift.openshift.io",
         "dpuclusters.provisioning.dpu.nvidia.com",
+        "dpudeployments.svc.dpu.nvidia.com",
+        "dpuflavors.provisioning.dpu.nvidia.com",
+        "dpfoperatorconfigs.operator.dpu.nvidia.com",
     ] {
         wait_established(&client, crd).await;
     }
@@ -238,6 +288,7 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
     apply_yaml(&client, "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: ocs-storagecluster-ceph-rbd}\nprovisioner: openshift-storage.rbd.csi.ceph.com\n", "default").await.unwrap();
     dpu_cluster(&client, "my-dpucluster").await;
     dpu_cluster(&client, "spare-dpucluster").await;
+    dpf_objects(&client, OVS_SCRIPT).await;
     secret(
         &client,
         NS,
@@ -368,8 +419,16 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         "not deleted either"
     );
 
-    println!("scenario: the README sample, unchanged, with MetalLB's CRDs absent");
-    apply_yaml(&client, SAMPLE, NS).await.unwrap();
+    println!("scenario: the README sample, with MetalLB's CRDs absent");
+    // The sample plus the DPUDeployment the boot template's flavor comes
+    // from (the product documentation's example names one; it is
+    // immutable, so it is there from the start).
+    create_variant(
+        &client,
+        NAME,
+        json!({"dpuDeploymentRef": {"name": "dpudeployment", "namespace": DPU_NS}}),
+    )
+    .await;
     let why = wait_condition(
         &client,
         &op,
@@ -590,6 +649,40 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         template.2.as_deref(),
         Some("quay.io/example/rhcos-bfb:4.19.0-ec.5")
     );
+    // The template is the live ignition carrying the target, which holds
+    // the flavor's OVS script and override, and the MTU profiles.
+    let annotations = &template.1;
+    assert_eq!(
+        annotations["provisioning.dpu.nvidia.com/bfcfg-template-dpuflavor-name"],
+        "hbn-ovn"
+    );
+    assert_eq!(
+        annotations["provisioning.dpu.nvidia.com/bfcfg-template-bfb-name"],
+        "bf-bundle"
+    );
+    let digest = annotations["dpfhcpprovisioner.dpu.hcp.io/bfcfg-template-dpuflavor-digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(digest.len(), 64);
+    let target = &template.3;
+    assert_eq!(
+        target_file(target, "/usr/local/bin/dpf-ovs-script.sh").as_deref(),
+        Some(OVS_SCRIPT)
+    );
+    assert_eq!(
+        target_file(target, "/etc/mellanox/mlnx-bf.conf").as_deref(),
+        Some("ALLOW_SHARED_RQ=\"no\"\n")
+    );
+    assert!(target_file(
+        target,
+        "/etc/NetworkManager/system-connections/p0.nmconnection"
+    )
+    .unwrap()
+    .contains("mtu=9000"));
+    assert!(target_file(target, "/etc/dpf/dpuflavor.yaml")
+        .unwrap()
+        .contains("hbn-ovn"));
     assert!(ignition.served.load(std::sync::atomic::Ordering::SeqCst) >= 1);
     assert_eq!(
         ignition.refused.load(std::sync::atomic::Ordering::SeqCst),
@@ -620,6 +713,34 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
             let cm = cms.get_opt("bfcfg-my-dpucluster.cfg").await.ok()??;
             (cm.metadata.uid != old_uid).then_some(())
         },
+    )
+    .await;
+    println!("scenario: the DPUFlavor's content edited makes the template again");
+    dpf_objects(&client, OVS_SCRIPT_EDITED).await;
+    eventually(
+        "the bfcfg template made from the edited flavor",
+        WAIT,
+        Some(&op),
+        || async {
+            let (_, annotations, _, target) = bfcfg(&client).await?;
+            (target_file(&target, "/usr/local/bin/dpf-ovs-script.sh").as_deref()
+                == Some(OVS_SCRIPT_EDITED))
+            .then_some(annotations)
+        },
+    )
+    .await;
+    let (_, annotations, _, _) = bfcfg(&client).await.unwrap();
+    assert_ne!(
+        annotations["dpfhcpprovisioner.dpu.hcp.io/bfcfg-template-dpuflavor-digest"],
+        digest.as_str()
+    );
+    wait_condition(
+        &client,
+        &op,
+        NAME,
+        "IgnitionConfigured",
+        "True",
+        "IgnitionGenerated",
     )
     .await;
     assert_eq!(st.hosted_cluster_ref.unwrap().name, NAME);

@@ -479,6 +479,37 @@ fn live(hcp: &Value, target: &Value, flavor: &Flavor) -> Result<Value, BfcfgErro
     Ok(ign)
 }
 
+/// The bytes of file `path` in `ignition` as the DPU writes them
+/// (gunzipped, appends not included); `None` when there is no such file.
+pub fn file_contents(ignition: &Value, path: &str) -> Result<Option<Vec<u8>>, BfcfgError> {
+    let files = ignition
+        .pointer("/storage/files")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    files
+        .iter()
+        .find(|f| f["path"] == path)
+        .map(|f| encode::file_bytes(path, &f["contents"]))
+        .transpose()
+}
+
+/// The target ignition a template (the value of `BF_CFG_TEMPLATE`) carries
+/// in `/var/target.ign`.
+pub fn carried_target(template: &[u8]) -> Result<Value, BfcfgError> {
+    let live: Value =
+        serde_json::from_slice(template).map_err(|e| IgnitionError::NotJson(e.to_string()))?;
+    let target =
+        file_contents(&live, resources::TARGET_IGN)?.ok_or_else(|| BfcfgError::BadSource {
+            path: resources::TARGET_IGN.into(),
+            why: "not in the template".into(),
+        })?;
+    serde_json::from_slice(&target).map_err(|e| BfcfgError::BadSource {
+        path: resources::TARGET_IGN.into(),
+        why: format!("not JSON: {e}"),
+    })
+}
+
 /// A digest of what the template takes from the DPUFlavor and the
 /// DPFOperatorConfig: the flavor's spec and the MTU. The published
 /// template records it, so an edit to either makes the template again.

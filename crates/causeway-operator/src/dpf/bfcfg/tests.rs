@@ -442,6 +442,15 @@ fn the_live_ignition_carries_placeholders_and_the_target() {
     );
     let decoded = file_bytes("/var/target.ign", &ign["contents"]).unwrap();
     assert_eq!(decoded, serde_json::to_vec(&target).unwrap());
+    let bytes = serde_json::to_vec(&live).unwrap();
+    assert_eq!(carried_target(&bytes).unwrap(), target);
+    assert_eq!(
+        file_contents(&target, "/usr/local/bin/dpf-ovs-script.sh")
+            .unwrap()
+            .unwrap(),
+        b"ovs-vsctl set Open_vSwitch . other_config:doca-init=true\n"
+    );
+    assert_eq!(file_contents(&target, "/nowhere").unwrap(), None);
 }
 
 #[test]
