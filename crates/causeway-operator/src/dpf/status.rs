@@ -732,7 +732,7 @@ mod tests {
         assert_eq!(phase(&good(), &r), Phase::Ready);
 
         type Step = fn(&mut Observed);
-        let cases: [(Step, &str, Phase); 9] = [
+        let cases: [(Step, &str, Phase); 12] = [
             (
                 |o| o.validations[0].status = true,
                 "ValidationFailed",
@@ -793,6 +793,42 @@ mod tests {
                 },
                 "IgnitionNotConfigured",
                 Phase::Failed,
+            ),
+            (
+                |o| {
+                    o.ignition = Some(Check::new(
+                        IGNITION_CONFIGURED,
+                        false,
+                        "ZeroTrustNotSupported",
+                        "",
+                    ))
+                },
+                "IgnitionNotConfigured",
+                Phase::Failed,
+            ),
+            (
+                |o| {
+                    o.ignition = Some(Check::new(
+                        IGNITION_CONFIGURED,
+                        false,
+                        "DPUDeploymentRefMissing",
+                        "",
+                    ))
+                },
+                "IgnitionNotConfigured",
+                Phase::Failed,
+            ),
+            (
+                |o| {
+                    o.ignition = Some(Check::new(
+                        IGNITION_CONFIGURED,
+                        false,
+                        "DPUFlavorChanged",
+                        "",
+                    ))
+                },
+                "IgnitionNotConfigured",
+                Phase::GeneratingIgnition,
             ),
             (
                 |o| o.hosted_cluster.as_mut().unwrap().history = vec![],
