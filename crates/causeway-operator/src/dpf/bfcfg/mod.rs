@@ -482,12 +482,7 @@ fn live(hcp: &Value, target: &Value, flavor: &Flavor) -> Result<Value, BfcfgErro
 /// The bytes of file `path` in `ignition` as the DPU writes them
 /// (gunzipped, appends not included); `None` when there is no such file.
 pub fn file_contents(ignition: &Value, path: &str) -> Result<Option<Vec<u8>>, BfcfgError> {
-    let files = ignition
-        .pointer("/storage/files")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    files
+    validate::list(ignition, "/storage/files")
         .iter()
         .find(|f| f["path"] == path)
         .map(|f| encode::file_bytes(path, &f["contents"]))

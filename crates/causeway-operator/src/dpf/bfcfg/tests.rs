@@ -87,6 +87,15 @@ fn text(ign: &Value, path: &str) -> String {
     String::from_utf8(file_bytes(path, &find(ign, path)["contents"]).unwrap()).unwrap()
 }
 
+fn unit<'a>(ign: &'a Value, name: &str) -> &'a Value {
+    ign["systemd"]["units"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["name"] == name)
+        .unwrap_or_else(|| panic!("no unit {name}"))
+}
+
 fn unit_names(ign: &Value) -> Vec<String> {
     ign["systemd"]["units"]
         .as_array()
@@ -208,12 +217,7 @@ fn the_target_holds_every_file_and_unit_in_build_order() {
 #[test]
 fn the_agent_runs_with_its_flags_and_the_resources_are_the_embedded_ones() {
     let (target, _) = build(&flavor_plain(), None);
-    let agent = target["systemd"]["units"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|u| u["name"] == "dpu-agent.service")
-        .unwrap();
+    let agent = unit(&target, "dpu-agent.service");
     let body = agent["contents"].as_str().unwrap();
     for flag in [
         "--dpu-name=${DPUName}",
@@ -236,12 +240,7 @@ fn the_agent_runs_with_its_flags_and_the_resources_are_the_embedded_ones() {
         "Before=nodeip-configuration.service kubelet-dependencies.target ovs-configuration.service"
     ));
     assert!(body.contains("Restart=on-failure"));
-    let ovs = target["systemd"]["units"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|u| u["name"] == "dpf-ovs.service")
-        .unwrap();
+    let ovs = unit(&target, "dpf-ovs.service");
     assert!(ovs["contents"]
         .as_str()
         .unwrap()

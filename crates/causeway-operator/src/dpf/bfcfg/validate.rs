@@ -47,12 +47,10 @@ pub fn problems(ignition: &Value) -> Vec<String> {
     }
     let mut paths = BTreeSet::new();
     for kind in ["files", "directories", "links"] {
-        let entries = ignition
-            .pointer(&format!("/storage/{kind}"))
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        for (i, entry) in entries.iter().enumerate() {
+        for (i, entry) in list(ignition, &format!("/storage/{kind}"))
+            .iter()
+            .enumerate()
+        {
             let at = format!("storage.{kind}[{i}]");
             let path = entry["path"].as_str().unwrap_or_default();
             if !path.starts_with('/') {
@@ -86,12 +84,7 @@ pub fn problems(ignition: &Value) -> Vec<String> {
         }
     }
     let mut units = BTreeSet::new();
-    let list = ignition
-        .pointer("/systemd/units")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    for (i, unit) in list.iter().enumerate() {
+    for (i, unit) in list(ignition, "/systemd/units").iter().enumerate() {
         let at = format!("systemd.units[{i}]");
         let name = unit["name"].as_str().unwrap_or_default();
         if !UNIT_SUFFIXES
@@ -115,6 +108,15 @@ pub fn problems(ignition: &Value) -> Vec<String> {
         }
     }
     out
+}
+
+/// The list at `pointer`; empty when there is none.
+pub(super) fn list<'a>(ignition: &'a Value, pointer: &str) -> &'a [Value] {
+    ignition
+        .pointer(pointer)
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
 }
 
 fn resource_problems(at: &str, resource: &Value, out: &mut Vec<String>) {
