@@ -11,6 +11,9 @@ Used by charts/test.sh; needs only PyYAML.
   chart_checks.py rendered CASE FILE
       the objects helm rendered for CASE (see CASES) are what the templates
       promise.
+  chart_checks.py values-schema VALUES SCHEMA
+      every key of VALUES is declared in SCHEMA, and every object of SCHEMA
+      with properties of its own refuses other keys.
   chart_checks.py drop-kinds KIND[,KIND...] < IN > OUT
       copies a multi-document YAML stream, without the documents of those
       kinds (for schemas kubernetes-validate does not ship).
@@ -119,6 +122,44 @@ def values_comments(values_path):
             errors.append(f"{values_path}:{i + 1}: no comment above `{line.strip()}`")
     for e in errors:
         print(e)
+    return 1 if errors else 0
+
+
+def values_schema(values_path, schema_path):
+    import json
+    with open(values_path, encoding="utf-8") as f:
+        values = yaml.safe_load(f) or {}
+    with open(schema_path, encoding="utf-8") as f:
+        schema = json.load(f)
+    errors = []
+
+    def declared(node, sch, prefix):
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            sub = sch.get("properties", {}).get(key)
+            if sub is None:
+                errors.append(f"{schema_path}: {path} (in {values_path}) is not declared")
+                continue
+            if isinstance(value, dict) and value and "properties" in sub:
+                declared(value, sub, path + ".")
+
+    def closed(sch, path):
+        if "properties" in sch:
+            if sch.get("additionalProperties") is not False:
+                errors.append(f"{schema_path}: {path or 'the top level'} does not set additionalProperties: false")
+            for key, sub in sch["properties"].items():
+                closed(sub, f"{path}.{key}" if path else key)
+        if isinstance(sch.get("items"), dict):
+            closed(sch["items"], path + "[]")
+
+    if schema.get("$schema") != "http://json-schema.org/draft-07/schema#":
+        errors.append(f"{schema_path}: $schema is not draft-07")
+    declared(values, schema, "")
+    closed(schema, "")
+    for e in errors:
+        print(e)
+    if not errors:
+        print("values.schema.json declares every value and refuses unknown keys")
     return 1 if errors else 0
 
 
@@ -351,6 +392,11 @@ def case_default(docs):
     assert dep["spec"]["replicas"] == 1
     assert dep["spec"]["strategy"]["type"] == "RollingUpdate"
     c = container(docs)
+    assert c["name"] == "manager", c["name"]
+    template = dep["spec"]["template"]["metadata"]
+    assert template["labels"]["control-plane"] == "controller-manager", template["labels"]
+    assert template["annotations"] == {"kubectl.kubernetes.io/default-container": "manager"}, template
+    assert "control-plane" not in dep["spec"]["selector"]["matchLabels"], "a Deployment's selector is immutable"
     assert c["image"] == "causeway:0.1.0", c["image"]
     assert c["command"] == ["/causeway"] and c["args"] == ["operator", "--admin-listen", "0.0.0.0:8080"], c
     e = env(docs)
@@ -506,7 +552,54 @@ def case_namespaced(docs):
     assert any("hostedclusters/finalizers" in r["resources"] for r in rules), rules
 
 
+def case_provisioner_values(docs):
+    """The DPF-HCP provisioner chart's values, as aliases of ours."""
+    config = one(docs, "DPFHCPProvisionerConfig")["spec"]
+    assert config["blueFieldOCPLayerRepo"] == "registry.example.com/bluefield-ocp-layer", config
+    assert config["disableMetalLB"] is True and config["manageDPUServiceTemplates"] is True, config
+    assert config["dpuServicesImagePullSecret"] == "dpu-pull", config
+    assert config["operatorNamespace"] == "causeway-system", config
+    images = one(docs, "ConfigMap", "ocp-bluefield-images")["data"]
+    assert images == {"4.19.0": "quay.io/example/rhcos-bfb:4.19.0", "4.18.0": "quay.io/example/rhcos-bfb:4.18.0"}, images
+    digest = "sha256:" + "a" * 64
+    c = container(docs)
+    assert c["image"] == "registry.example.com/provisioner@" + digest, c["image"]
+    assert env(docs)["CAUSEWAY_IMAGE"] == "registry.example.com/provisioner@" + digest, env(docs)
+    p = pod(docs)
+    assert p["nodeSelector"] == {"node-role.kubernetes.io/infra": ""}, p.get("nodeSelector")
+    assert p["tolerations"] == [{"key": "infra", "operator": "Exists", "effect": "NoSchedule"}], p.get("tolerations")
+    assert "affinity" not in p
+    template = one(docs, "Deployment")["spec"]["template"]["metadata"]
+    assert template["annotations"] == {"kubectl.kubernetes.io/default-container": "manager", "team": "dpu"}, template
+
+
+def case_provisioner_defaults(docs):
+    """provisionerConfig given alone: the settings object carries the
+    defaults of ours for the rest, and manageDPUServiceTemplates."""
+    config = one(docs, "DPFHCPProvisionerConfig")["spec"]
+    assert config["manageDPUServiceTemplates"] is True, config
+    assert config["blueFieldOCPLayerRepo"] == "quay.io/eelgaev/rhcos-bfb" and config["disableMetalLB"] is False, config
+    assert "dpuServicesImagePullSecret" not in config, config
+    assert config["operatorNamespace"] == "causeway-system", config
+
+
+def case_provisioner_file(docs):
+    """ci/values-provisioner.yaml, a values file of the DPF-HCP provisioner's
+    chart, taken as it is."""
+    c = container(docs)
+    assert c["image"] == "quay.io/example/dpf-hcp-provisioner:v0.2.0", c["image"]
+    assert c["imagePullPolicy"] == "Always", c["imagePullPolicy"]
+    assert c["resources"]["limits"] == {"cpu": "1000m", "memory": "1Gi"}, c["resources"]
+    assert env(docs)["CAUSEWAY_LOG_LEVEL"] == "debug", env(docs)
+    images = one(docs, "ConfigMap", "ocp-bluefield-images")["data"]
+    assert sorted(images) == ["4.17.0", "4.18.0", "4.19.0-ec.5"], images
+    assert node_terms(docs) == [[(CP, "Exists")], [(MASTER, "Exists")]], node_terms(docs)
+
+
 CASES = {
+    "provisioner-file": case_provisioner_file,
+    "provisioner-values": case_provisioner_values,
+    "provisioner-defaults": case_provisioner_defaults,
     "namespaced": case_namespaced,
     "dpf-off": case_dpf_off,
     "dpf-no-config": case_dpf_no_config,
@@ -552,6 +645,8 @@ def main(argv):
         return values_comments(argv[2])
     if len(argv) == 4 and argv[1] == "rendered" and argv[2] in CASES:
         return rendered(argv[2], argv[3])
+    if len(argv) == 4 and argv[1] == "values-schema":
+        return values_schema(argv[2], argv[3])
     if len(argv) == 3 and argv[1] == "drop-kinds":
         return drop_kinds(argv[2])
     print(__doc__, file=sys.stderr)

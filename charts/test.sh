@@ -245,6 +245,7 @@ for values in "$CHART"/ci/values-*.yaml; do
     values-default) expect=default ;;
     values-production) expect=production ;;
     values-openshift) expect=openshift ;;
+    values-provisioner) expect=provisioner-file ;;
     *) expect="" ;;
   esac
   if [ -n "$expect" ]; then
@@ -277,6 +278,19 @@ check "DPF settings, probes, common labels and annotations" render_case dpf-sett
   --set dpf.csrApprover.hostedApiserver=kubeconfig --set dpf.csrApprover.pendingSlack=5 \
   --set 'dpf.blueFieldImages.4\.19\.0=quay.io/example/rhcos-bfb:4.19.0'
 check "DPF settings object not made" render_case dpf-no-config --set dpf.config.create=false
+check "DPF-HCP provisioner chart values as aliases" render_case provisioner-values \
+  --set namespace="$NAMESPACE" --set provisionerConfig.blueFieldOCPLayerRepo=registry.example.com/bluefield-ocp-layer \
+  --set provisionerConfig.disableMetalLB=true --set provisionerConfig.manageDPUServiceTemplates=true \
+  --set provisionerConfig.dpuServicesImagePullSecret=dpu-pull \
+  --set 'blueFieldImages.4\.19\.0=quay.io/example/rhcos-bfb:4.19.0' \
+  --set 'dpf.blueFieldImages.4\.18\.0=quay.io/example/rhcos-bfb:4.18.0' \
+  --set image.repository=registry.example.com/provisioner --set image.tag=ignored \
+  --set "image.digest=sha256:$(printf 'a%.0s' {1..64})" \
+  --set placement.target=custom --set-string 'nodeSelector.node-role\.kubernetes\.io/infra=' \
+  --set 'tolerations[0].key=infra,tolerations[0].operator=Exists,tolerations[0].effect=NoSchedule' \
+  --set podAnnotations.team=dpu
+check "DPF-HCP provisioner chart install values" render_case provisioner-defaults \
+  --set provisionerConfig.manageDPUServiceTemplates=true --set dpf.config.disableMetalLB=false
 check "webhook certificate from cert-manager" render_case webhook-cert-manager --set webhook.certSource=cert-manager
 check "webhook certificate from cert-manager, given issuer" render_case webhook-cert-manager-issuer \
   --set webhook.certSource=cert-manager --set webhook.certManager.issuerRef.kind=ClusterIssuer \
@@ -302,10 +316,35 @@ check "unknown hosted API server mode" expect_refusal 'dpf.csrApprover.hostedApi
 check "unknown webhook certificate source" expect_refusal 'webhook.certSource is "vault"' --set webhook.certSource=vault
 check "unknown webhook failure policy" expect_refusal 'webhook.failurePolicy is "Maybe"' --set webhook.failurePolicy=Maybe
 check "no service account" expect_refusal "serviceAccount.name must name" --set serviceAccount.create=false
+check "a misspelt key (schema)" expect_refusal "additional properties 'provisonerConfig' not allowed" \
+  --set provisonerConfig.disableMetalLB=true
+check "a misspelt nested key (schema)" expect_refusal "additional properties 'disableMetalLb' not allowed" \
+  --set dpf.config.disableMetalLb=true
+check "a wrongly typed value (schema)" expect_refusal "/dpf/config/disableMetalLB" \
+  --set-string dpf.config.disableMetalLB=yes
+check "a tag given as the digest (schema)" expect_refusal "/image/digest" --set image.digest=v1.2.3
+check "alias and value disagree" expect_refusal 'provisionerConfig.blueFieldOCPLayerRepo is "a.example/x" but dpf.config.blueFieldOCPLayerRepo is "b.example/y"' \
+  --set provisionerConfig.blueFieldOCPLayerRepo=a.example/x --set dpf.config.blueFieldOCPLayerRepo=b.example/y
+check "alias and value disagree (bool)" expect_refusal "provisionerConfig.disableMetalLB is \"false\" but dpf.config.disableMetalLB is \"true\"" \
+  --set provisionerConfig.disableMetalLB=false --set dpf.config.disableMetalLB=true
+check "two images for one version" expect_refusal "blueFieldImages.4.19.0 is" \
+  --set 'blueFieldImages.4\.19\.0=quay.io/a:1' --set 'dpf.blueFieldImages.4\.19\.0=quay.io/b:1'
+check "namespace other than the release's" expect_refusal 'namespace is "dpf-hcp-provisioner-system" but the release is installed in namespace "causeway-system"' \
+  --set namespace=dpf-hcp-provisioner-system
+check "top-level nodeSelector without target custom" expect_refusal 'nodeSelector is given but placement.target is "master"' \
+  --set-string 'nodeSelector.node-role\.kubernetes\.io/infra='
+check "placement.tolerations without target custom" expect_refusal 'placement.tolerations is given but placement.target is "worker"' \
+  --set placement.target=worker --set 'placement.tolerations[0].operator=Exists'
+check "nodeSelector and placement.nodeSelector differ" expect_refusal "nodeSelector and placement.nodeSelector are both given and differ" \
+  --set placement.target=custom --set-string nodeSelector.a=b --set-string placement.nodeSelector.a=c
+check "another default container" expect_refusal 'podAnnotations names "operator" as kubectl.kubernetes.io/default-container' \
+  --set 'podAnnotations.kubectl\.kubernetes\.io/default-container=operator'
 
 section "values.yaml and README.md"
 check "values table = values.yaml leaves" "${PY[@]}" "$CHECKS" values-table "$CHART/values.yaml" "$CHART/README.md"
 check "every value commented" "${PY[@]}" "$CHECKS" values-comments "$CHART/values.yaml"
+check "values.schema.json declares every value, refuses unknown keys" "${PY[@]}" "$CHECKS" values-schema \
+  "$CHART/values.yaml" "$CHART/values.schema.json"
 check "crd-infra.yaml is the placeholder or a CRD" crd_file "$CHART/templates/crd-infra.yaml"
 if command -v shellcheck >/dev/null; then
   check "shellcheck charts/test.sh" shellcheck charts/test.sh

@@ -15,6 +15,10 @@ PACKAGES=(isc-dhcp-client udhcpc dhcpcd-base kea-admin kea-dhcp4-server iproute2
 # The chart test takes helm from an npm package: npm from Debian only when
 # the machine has no npm of its own.
 command -v npm >/dev/null || PACKAGES+=(npm)
+# kubectl runs the operator docs' own commands against the test API server;
+# Debian's build only when the machine has none (another package may own
+# /usr/bin/kubectl).
+command -v kubectl >/dev/null || PACKAGES+=(kubernetes-client)
 
 section() { printf '\n==> %s\n' "$*"; }
 

@@ -75,7 +75,11 @@ The operator's ServiceAccount.
 The operator image, and the data-plane image (the operator's unless set).
 */}}
 {{- define "causeway.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion | toString) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "causeway.dataPlaneImage" -}}
@@ -114,6 +118,13 @@ Refuses values that cannot work, with a message saying what to change.
 {{- if not (has .Values.placement.target (list "master" "worker" "custom")) -}}
 {{- fail (printf "placement.target is %q: it must be master, worker or custom" (toString .Values.placement.target)) -}}
 {{- end -}}
+{{- if and .Values.namespace (ne (toString .Values.namespace) .Release.Namespace) -}}
+{{- fail (printf "namespace is %q but the release is installed in namespace %q: this chart puts the operator and all its namespaced objects in the release namespace. Install with --namespace %s --create-namespace, or drop the namespace value." (toString .Values.namespace) .Release.Namespace (toString .Values.namespace)) -}}
+{{- end -}}
+{{- $defaultContainer := get (.Values.podAnnotations | default dict) "kubectl.kubernetes.io/default-container" -}}
+{{- if and $defaultContainer (ne (toString $defaultContainer) "manager") -}}
+{{- fail (printf "podAnnotations names %q as kubectl.kubernetes.io/default-container, but the operator's container is manager (the chart sets this annotation itself)" (toString $defaultContainer)) -}}
+{{- end -}}
 {{- if and .Values.openshift.scc.enabled (not .Values.openshift.scc.allNamespaces) (empty .Values.openshift.scc.namespaces) -}}
 {{- fail "openshift.scc.enabled is true but no ServiceAccount would be granted it: list the namespaces holding Infra objects in openshift.scc.namespaces, or set openshift.scc.allNamespaces=true" -}}
 {{- end -}}
@@ -129,20 +140,21 @@ OpenShift sets it too) or node-role.kubernetes.io/master (older clusters,
 OpenShift). A nodeSelector could only require one of the two. Plus
 tolerations of both NoSchedule taints.
 worker: one term requiring that neither label exists.
-custom: the values as given.
+custom: the values as given (placement.* or their top-level aliases).
 */}}
 {{- define "causeway.placement" -}}
 {{- $target := .Values.placement.target -}}
+{{- $given := include "causeway.placementValues" . | fromYaml -}}
 {{- if eq $target "custom" -}}
-{{- with .Values.placement.nodeSelector }}
+{{- with $given.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.placement.tolerations }}
+{{- with $given.tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.placement.affinity }}
+{{- with $given.affinity }}
 affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -185,4 +197,79 @@ affinity:
               {{- include "causeway.selectorLabels" . | nindent 14 }}
   {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/*
+The values of the DPF-HCP provisioner's own chart, accepted as aliases of
+ours (README.md, "Values of the DPF-HCP provisioner chart"). Each helper
+below returns the value in force, as YAML: the alias when it is given, ours
+otherwise. When both are given and disagree the render fails; a value of
+ours still at its chart default counts as not given.
+*/}}
+
+{{/*
+dpf.config with provisionerConfig.* folded in.
+*/}}
+{{- define "causeway.dpfConfig" -}}
+{{- $ours := .Values.dpf.config -}}
+{{- $alias := .Values.provisionerConfig | default dict -}}
+{{- /* the chart defaults of dpf.config (values.yaml) for these four keys */ -}}
+{{- $defaults := dict "blueFieldOCPLayerRepo" "quay.io/eelgaev/rhcos-bfb" "disableMetalLB" false "manageDPUServiceTemplates" false "dpuServicesImagePullSecret" "" -}}
+{{- $out := dict -}}
+{{- range $key, $default := $defaults -}}
+{{- $mine := get $ours $key -}}
+{{- if hasKey $alias $key -}}
+{{- $given := get $alias $key -}}
+{{- if and (ne (toString $mine) (toString $default)) (ne (toString $mine) (toString $given)) -}}
+{{- fail (printf "provisionerConfig.%s is %q but dpf.config.%s is %q: they are the same setting. Give one of them, or both equal." $key (toString $given) $key (toString $mine)) -}}
+{{- end -}}
+{{- $_ := set $out $key $given -}}
+{{- else -}}
+{{- $_ := set $out $key $mine -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/*
+dpf.blueFieldImages with the top-level blueFieldImages merged in; the same
+OpenShift version mapped to two different images fails.
+*/}}
+{{- define "causeway.blueFieldImages" -}}
+{{- $out := deepCopy (.Values.dpf.blueFieldImages | default dict) -}}
+{{- range $version, $image := .Values.blueFieldImages | default dict -}}
+{{- if and (hasKey $out $version) (ne (toString (get $out $version)) (toString $image)) -}}
+{{- fail (printf "blueFieldImages.%s is %q but dpf.blueFieldImages.%s is %q: give the version once, or the same image in both" $version (toString $image) $version (toString (get $out $version))) -}}
+{{- end -}}
+{{- $_ := set $out $version $image -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/*
+placement.nodeSelector, placement.tolerations and placement.affinity, each
+with its top-level alias (nodeSelector, tolerations, affinity) folded in:
+{nodeSelector: ..., tolerations: ..., affinity: ...}. Both given and
+different fails; so does either given when placement.target is not custom,
+since only custom uses them.
+*/}}
+{{- define "causeway.placementValues" -}}
+{{- $out := dict -}}
+{{- $target := .Values.placement.target -}}
+{{- range $key := list "nodeSelector" "tolerations" "affinity" -}}
+{{- $mine := get $.Values.placement $key -}}
+{{- $alias := get $.Values $key -}}
+{{- if and $mine $alias (ne (toYaml $mine) (toYaml $alias)) -}}
+{{- fail (printf "%s and placement.%s are both given and differ: they are the same setting. Give one of them." $key $key) -}}
+{{- end -}}
+{{- $value := $mine | default $alias -}}
+{{- if and $value (ne $target "custom") -}}
+{{- $which := ternary (printf "placement.%s" $key) $key (not (empty $mine)) -}}
+{{- fail (printf "%s is given but placement.target is %q: it is used only with placement.target=custom, which places the pods by exactly the nodeSelector, tolerations and affinity given. Set placement.target=custom, or drop %s." $which (toString $target) $which) -}}
+{{- end -}}
+{{- if $value -}}
+{{- $_ := set $out $key $value -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $out -}}
 {{- end -}}

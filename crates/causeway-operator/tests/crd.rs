@@ -164,3 +164,54 @@ fn the_provisioner_crd_carries_the_go_operators_names_columns_and_rules() {
         .count();
     assert_eq!(phases, 8);
 }
+
+#[test]
+fn the_config_crd_carries_the_go_operators_short_name_columns_and_defaults() {
+    use kube::CustomResourceExt;
+    let crd = causeway_operator::dpf::crd::DPFHCPProvisionerConfig::crd();
+    assert_eq!(
+        crd.metadata.name.as_deref(),
+        Some("dpfhcpprovisionerconfigs.provisioning.dpu.hcp.io")
+    );
+    assert_eq!(crd.spec.scope, "Cluster");
+    assert_eq!(
+        crd.spec.names.short_names.as_deref(),
+        Some(&["dpfhcpconfig".to_string()][..])
+    );
+    let v = &crd.spec.versions[0];
+    let columns: Vec<(&str, &str, &str)> = v
+        .additional_printer_columns
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|c| (c.name.as_str(), c.type_.as_str(), c.json_path.as_str()))
+        .collect();
+    assert_eq!(
+        columns,
+        [
+            (
+                "BlueFieldOCPLayerRepo",
+                "string",
+                ".spec.blueFieldOCPLayerRepo"
+            ),
+            ("DisableMetalLB", "boolean", ".spec.disableMetalLB"),
+            ("Age", "date", ".metadata.creationTimestamp"),
+        ]
+    );
+    let schema = serde_json::to_value(v.schema.as_ref().unwrap()).unwrap();
+    let p = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    assert_eq!(
+        p["blueFieldOCPLayerRepo"]["default"],
+        "quay.io/eelgaev/rhcos-bfb"
+    );
+    assert_eq!(
+        p["blueFieldOCPLayerRepo"]["default"],
+        causeway_operator::dpf::crd::DEFAULT_BLUEFIELD_REPO
+    );
+    assert_eq!(p["disableMetalLB"]["default"], false);
+    assert_eq!(p["manageDPUServiceTemplates"]["default"], false);
+    assert!(p["dpuServicesImagePullSecret"].get("default").is_none());
+    assert_eq!(p["dpuServicesImagePullSecret"]["type"], "string");
+    let annotations = crd.metadata.annotations.unwrap();
+    assert_eq!(annotations["helm.sh/resource-policy"], "keep");
+}

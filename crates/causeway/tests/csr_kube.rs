@@ -355,6 +355,11 @@ async fn node(client: &Client, name: &str, addresses: &[(&str, &str)]) {
 }
 
 async fn approval_condition(client: &Client) -> Option<(String, String, String)> {
+    provisioner_condition(client, "CSRAutoApprovalActive").await
+}
+
+/// A condition of the provisioner: (status, reason, message).
+async fn provisioner_condition(client: &Client, type_: &str) -> Option<(String, String, String)> {
     let p = Api::<DPFHCPProvisioner>::namespaced(client.clone(), NS)
         .get_opt(NAME)
         .await
@@ -362,7 +367,7 @@ async fn approval_condition(client: &Client) -> Option<(String, String, String)>
     p.status?
         .conditions
         .into_iter()
-        .find(|c| c.type_ == "CSRAutoApprovalActive")
+        .find(|c| c.type_ == type_)
         .map(|c| (c.status, c.reason, c.message))
 }
 
@@ -643,6 +648,60 @@ subjects:
         "NodeExists",
     )
     .await;
+
+    println!("scenario: the DPU kept from joining by its old Node is named, with the remedy");
+    let stale = eventually(
+        "DPUJoinBlocked=True/StaleNode naming dpu-b",
+        WAIT,
+        Some(&op),
+        || async {
+            provisioner_condition(&client, "DPUJoinBlocked")
+                .await
+                .filter(|(s, r, m)| s == "True" && r == "StaleNode" && m.contains("dpu-b"))
+                .map(|c| c.2)
+        },
+    )
+    .await;
+    assert!(stale.contains("delete node dpu-b"), "{stale}");
+    // A second one, whose old Node then goes: it leaves the condition.
+    dpu(&client, "dpu-s", "DPU Cluster Config").await;
+    node(&client, "dpu-s", &[("InternalIP", "10.0.0.19")]).await;
+    denied(
+        &client,
+        &op,
+        &mut attacks,
+        &bootstrapper,
+        "dpu-s-bootstrap",
+        BOOTSTRAP,
+        &request("system:node:dpu-s"),
+        "NodeExists",
+    )
+    .await;
+    eventually(
+        "DPUJoinBlocked naming dpu-s too",
+        WAIT,
+        Some(&op),
+        || async {
+            provisioner_condition(&client, "DPUJoinBlocked")
+                .await
+                .filter(|(_, _, m)| m.contains("dpu-s") && m.contains("dpu-b"))
+        },
+    )
+    .await;
+    Api::<Node>::all(client.clone())
+        .delete("dpu-s", &Default::default())
+        .await
+        .unwrap();
+    eventually("dpu-s no longer blocked", WAIT, Some(&op), || async {
+        provisioner_condition(&client, "DPUJoinBlocked")
+            .await
+            .filter(|(s, _, m)| s == "True" && !m.contains("dpu-s") && m.contains("dpu-b"))
+    })
+    .await;
+    Api::<DynamicObject>::namespaced_with(client.clone(), DPU_NS, &dpu_resource())
+        .delete("dpu-s", &Default::default())
+        .await
+        .unwrap();
 
     println!("scenario: a bootstrap CSR asking for a CA certificate");
     denied(

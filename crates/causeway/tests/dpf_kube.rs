@@ -36,11 +36,6 @@ const HC_CRD: &str = include_str!("../../../tests/kube/crds/hostedcluster.yaml")
 const NP_CRD: &str = include_str!("../../../tests/kube/crds/nodepool.yaml");
 const DPU_CRD: &str = include_str!("../../../tests/kube/crds/dpucluster.yaml");
 const METALLB_CRDS: &str = include_str!("../../../tests/kube/crds/metallb.yaml");
-const DPF_CRDS: [&str; 3] = [
-    include_str!("../../../tests/kube/crds/dpudeployment.yaml"),
-    include_str!("../../../tests/kube/crds/dpuflavor.yaml"),
-    include_str!("../../../tests/kube/crds/dpfoperatorconfig.yaml"),
-];
 /// The DPUFlavor's OVS script, as first made and after an edit.
 const OVS_SCRIPT: &str = "ovs-vsctl set Open_vSwitch . other_config:doca-init=true\n";
 const OVS_SCRIPT_EDITED: &str = "ovs-vsctl set Open_vSwitch . other_config:hw-offload=true\n";
@@ -144,6 +139,17 @@ static IGNITION_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU1
 
 /// HyperShift's part: the HostedCluster's status.
 async fn hypershift_status(client: &Client, available: bool, history: Value) {
+    hypershift_status_with(client, available, history, false).await;
+}
+
+/// As [`hypershift_status`], with HyperShift's ClusterVersionProgressing:
+/// the hosted cluster's version still rolling out after the control plane.
+async fn hypershift_status_with(
+    client: &Client,
+    available: bool,
+    history: Value,
+    version_progressing: bool,
+) {
     let api = dynamic(client, NS, &hosted_cluster_resource());
     let now = "2026-11-24T10:00:00Z";
     let cond = |t: &str, s: bool, r: &str| json!({"type": t, "status": if s {"True"} else {"False"}, "reason": r, "message": format!("{t} as HyperShift says"), "lastTransitionTime": now});
@@ -155,6 +161,7 @@ async fn hypershift_status(client: &Client, available: bool, history: Value) {
             cond("EtcdAvailable", true, "QuorumAvailable"),
             cond("KubeAPIServerAvailable", available, "AsExpected"),
             cond("ValidReleaseImage", true, "AsExpected"),
+            cond("ClusterVersionProgressing", version_progressing, "AsExpected"),
         ],
         "controlPlaneVersion": {"history": history},
         "controlPlaneEndpoint": {"host": "192.168.1.100", "port": 6443},
@@ -180,27 +187,6 @@ async fn hypershift_finalizers(client: &Client, finalizers: Value) {
         )
         .await
         .unwrap();
-}
-
-/// DPF's objects the boot template is made from: the DPFOperatorConfig
-/// (high-speed MTU 9000), a DPUDeployment and its DPUFlavor.
-async fn dpf_objects(client: &Client, ovs_script: &str) {
-    for doc in [
-        json!({"apiVersion": "operator.dpu.nvidia.com/v1alpha1", "kind": "DPFOperatorConfig",
-            "metadata": {"name": "dpfoperatorconfig", "namespace": DPU_NS},
-            "spec": {"networking": {"highSpeedMTU": 9000}}}),
-        json!({"apiVersion": "svc.dpu.nvidia.com/v1alpha1", "kind": "DPUDeployment",
-            "metadata": {"name": "dpudeployment", "namespace": DPU_NS},
-            "spec": {"dpus": {"bfb": "bf-bundle", "flavor": "hbn-ovn"}}}),
-        json!({"apiVersion": "provisioning.dpu.nvidia.com/v1alpha1", "kind": "DPUFlavor",
-            "metadata": {"name": "hbn-ovn", "namespace": DPU_NS},
-            "spec": {"dpuMode": "dpu", "ovs": {"rawConfigScript": ovs_script},
-                "configFiles": [{"path": "/etc/mellanox/mlnx-bf.conf", "operation": "override", "raw": "ALLOW_SHARED_RQ=\"no\"\n", "permissions": "0644"}]}}),
-    ] {
-        apply_yaml(client, &serde_json::to_string(&doc).unwrap(), DPU_NS)
-            .await
-            .unwrap();
-    }
 }
 
 /// The bfcfg template: its labels, annotations, the osImageURL in the
@@ -231,6 +217,149 @@ fn target_file(target: &Value, path: &str) -> Option<String> {
     bfcfg::file_contents(target, path)
         .unwrap()
         .map(|b| String::from_utf8(b).unwrap())
+}
+
+/// The events about `name`, as `kubectl get events --field-selector
+/// involvedObject.name=<name>` lists them: (type, reason, count), ordered
+/// by when each was last seen. An event repeated is one object whose count
+/// grows, so the order is that of the latest occurrences.
+async fn events_about(client: &Client, name: &str) -> Vec<(String, String, i32)> {
+    use k8s_openapi::api::core::v1::Event;
+    let mut events = Api::<Event>::namespaced(client.clone(), NS)
+        .list(&kube::api::ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await
+        .unwrap()
+        .items;
+    let last_seen = |e: &Event| {
+        e.series
+            .as_ref()
+            .and_then(|s| s.last_observed_time.as_ref())
+            .or(e.event_time.as_ref())
+            .map(|t| t.0)
+            .or(e.last_timestamp.as_ref().map(|t| t.0))
+    };
+    events.sort_by_key(|e| last_seen(e));
+    events
+        .into_iter()
+        .map(|e| {
+            let count = e
+                .series
+                .as_ref()
+                .and_then(|s| s.count)
+                .or(e.count)
+                .unwrap_or(1);
+            (
+                e.type_.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                count,
+            )
+        })
+        .collect()
+}
+
+/// Waits until every (type, reason) of `wanted` is among the events about
+/// `name`; returns them all.
+async fn wait_events(
+    client: &Client,
+    op: &Operator,
+    name: &str,
+    wanted: &[(&str, &str)],
+) -> Vec<(String, String, i32)> {
+    eventually(
+        &format!("events about {name}: {wanted:?}"),
+        WAIT,
+        Some(op),
+        || async {
+            let seen = events_about(client, name).await;
+            wanted
+                .iter()
+                .all(|(t, r)| seen.iter().any(|(st, sr, _)| st == t && sr == r))
+                .then_some(seen)
+        },
+    )
+    .await
+}
+
+/// Every event reason is one the Go operator emits, or one of causeway's
+/// own that docs/dpf.md lists: a typo in a reason would break whoever
+/// filters on it.
+fn assert_known_reasons(seen: &[(String, String, i32)]) {
+    const GO: &[&str] = &[
+        "DPUClusterFound",
+        "DPUClusterNotFound",
+        "DPUClusterDeleted",
+        "DPUClusterAccessDenied",
+        "ClusterTypeValid",
+        "ClusterTypeUnsupported",
+        "DPUClusterAvailable",
+        "DPUClusterInUse",
+        "SecretsValid",
+        "SSHKeySecretMissing",
+        "PullSecretMissing",
+        "SSHKeySecretInvalid",
+        "PullSecretInvalid",
+        "SecretsAccessDenied",
+        "ImageFound",
+        "InvalidImageFormat",
+        "VersionNotFound",
+        "RegistryAuthError",
+        "InvalidBlueFieldOCPLayerImageURL",
+        "RegistryAccessError",
+        "MetalLBConfigured",
+        "MetalLBConfigurationFailed",
+        "MetalLBDriftCorrected",
+        "Injected",
+        "KubeconfigPending",
+        "InjectionFailed",
+        "KubeConfigInjected",
+        "DPUClusterUpdated",
+        "DriftCorrected",
+        "IgnitionConfigured",
+        "IgnitionGenerationFailed",
+        "IgnitionConfigMapDeleted",
+        "IgnitionRegeneration",
+        "DPUDeploymentChanged",
+        "BFBAnnotationUpdated",
+        "DependencyDeleted",
+        "UpgradeInProgress",
+        "UpgradeComplete",
+        "KubeconfigCleanupSucceeded",
+        "HostedClusterCleanupSucceeded",
+        "MetalLBCleanupComplete",
+        "CleanupSucceeded",
+        "CleanupHandlerFailed",
+        "CSRApproved",
+        "HostedClusterUnreachable",
+        "Active",
+        "KubeconfigNotAvailable",
+        "HostedClusterNotReachable",
+    ];
+    const OURS: &[&str] = &[
+        // Phase changes.
+        "Pending",
+        "WaitingForControlPlane",
+        "GeneratingIgnition",
+        "ClusterVersionProgressing",
+        "Ready",
+        "Failed",
+        "Error",
+        "Deleting",
+        // The approver and the checks causeway adds.
+        "CSRDenied",
+        "LeastPrivilegeUnavailable",
+        "TooManyPendingCSRs",
+        "ClusterTypeMismatch",
+        "StaleNode",
+        "StaleNodeCleared",
+        "ZeroTrustNotSupported",
+        "DPUFlavorChanged",
+    ];
+    for (_, reason, _) in seen {
+        assert!(
+            GO.contains(&reason.as_str()) || OURS.contains(&reason.as_str()),
+            "event reason {reason:?} is neither the Go operator's nor documented: {seen:?}"
+        );
+    }
 }
 
 fn entry(state: &str, image: &str, version: &str) -> Value {
@@ -267,7 +396,10 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         return;
     };
     let client = admin(c).await;
-    for crd in [HC_CRD, NP_CRD, DPU_CRD].into_iter().chain(DPF_CRDS) {
+    for crd in [HC_CRD, NP_CRD, DPU_CRD]
+        .into_iter()
+        .chain(kube_cluster::DPF_TEMPLATE_CRDS)
+    {
         apply_yaml(&client, &kube_cluster::without_cel(crd), "default")
             .await
             .unwrap();
@@ -276,10 +408,10 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         "hostedclusters.hypershift.openshift.io",
         "nodepools.hypershift.openshift.io",
         "dpuclusters.provisioning.dpu.nvidia.com",
-        "dpudeployments.svc.dpu.nvidia.com",
-        "dpuflavors.provisioning.dpu.nvidia.com",
-        "dpfoperatorconfigs.operator.dpu.nvidia.com",
-    ] {
+    ]
+    .into_iter()
+    .chain(kube_cluster::DPF_TEMPLATE_CRD_NAMES)
+    {
         wait_established(&client, crd).await;
     }
     for ns in [NS, DPU_NS, "openshift-operators"] {
@@ -288,7 +420,7 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
     apply_yaml(&client, "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: ocs-storagecluster-ceph-rbd}\nprovisioner: openshift-storage.rbd.csi.ceph.com\n", "default").await.unwrap();
     dpu_cluster(&client, "my-dpucluster").await;
     dpu_cluster(&client, "spare-dpucluster").await;
-    dpf_objects(&client, OVS_SCRIPT).await;
+    kube_cluster::dpf_template_objects(&client, DPU_NS, OVS_SCRIPT).await;
     secret(
         &client,
         NS,
@@ -559,6 +691,53 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
     )
     .await;
 
+    println!(
+        "scenario: five provisioners created so far, none counted a conflict on its own object"
+    );
+    // A create used to race the CSR approver's first status write and fail
+    // the finalizer's guarded write with 409, paging whoever alerts on it.
+    let metrics = kube_cluster::admin_get(&op, "/metrics");
+    assert_eq!(
+        kube_cluster::metric(
+            &metrics,
+            r#"causeway_operator_reconcile_errors_total{controller="dpfhcp",error="conflict"}"#
+        ),
+        0.0,
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("reconcile_errors"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+
+    println!("scenario: the settings object deleted; its settings lapse after the grace");
+    let kept = configs.get("default").await.unwrap();
+    configs
+        .delete("default", &DeleteParams::default())
+        .await
+        .unwrap();
+    // Nothing the bridge watches changes when the grace ends: before the
+    // fix the old settings held until the 5-minute resync.
+    let why = wait_condition(
+        &client,
+        &op,
+        NAME,
+        "ProvisionerConfig",
+        "True",
+        "DefaultsUsed",
+    )
+    .await;
+    assert!(why.contains("no DPFHCPProvisionerConfig"), "{why}");
+    configs
+        .create(
+            &Default::default(),
+            &DPFHCPProvisionerConfig::new("default", kept.spec.clone()),
+        )
+        .await
+        .unwrap();
+    wait_condition(&client, &op, NAME, "ProvisionerConfig", "True", "Found").await;
+
     println!("scenario: HyperShift brings the control plane up; the sample reaches Ready");
     // HyperShift's ignition server, its CA and the token for it in the
     // control plane's namespace.
@@ -694,6 +873,38 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
             .map(|c| c.1),
         Some("IgnitionGenerated".to_string())
     );
+    println!("scenario: the provisioning's events, as `kubectl get events --field-selector involvedObject.name=prod-dpu-cluster` lists them");
+    let provisioning = [
+        ("Normal", "DPUClusterFound"),
+        ("Normal", "ClusterTypeValid"),
+        ("Normal", "DPUClusterAvailable"),
+        ("Normal", "SecretsValid"),
+        ("Normal", "ImageFound"),
+        ("Warning", "MetalLBConfigurationFailed"),
+        ("Normal", "MetalLBConfigured"),
+        ("Warning", "KubeconfigPending"),
+        ("Normal", "KubeConfigInjected"),
+        ("Normal", "DPUClusterUpdated"),
+        ("Normal", "Injected"),
+        ("Normal", "IgnitionConfigured"),
+    ];
+    let seen = wait_events(&client, &op, NAME, &provisioning).await;
+    let at = |reason: &str| seen.iter().position(|(_, r, _)| r == reason).unwrap();
+    assert!(
+        at("DPUClusterFound") < at("MetalLBConfigurationFailed")
+            && at("MetalLBConfigurationFailed") < at("MetalLBConfigured")
+            && at("KubeconfigPending") < at("KubeConfigInjected")
+            && at("KubeConfigInjected") < at("IgnitionConfigured"),
+        "in the order things happened: {seen:?}"
+    );
+    assert_eq!(
+        seen.iter()
+            .find(|(_, r, _)| r == "DPUClusterFound")
+            .map(|e| e.2),
+        Some(1),
+        "a condition that holds is announced once: {seen:?}"
+    );
+    assert_known_reasons(&seen);
     println!("scenario: the bfcfg ConfigMap deleted is made again");
     let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), DPU_NS);
     let old_uid = cms
@@ -716,7 +927,7 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
     )
     .await;
     println!("scenario: the DPUFlavor's content edited makes the template again");
-    dpf_objects(&client, OVS_SCRIPT_EDITED).await;
+    kube_cluster::dpf_template_objects(&client, DPU_NS, OVS_SCRIPT_EDITED).await;
     eventually(
         "the bfcfg template made from the edited flavor",
         WAIT,
@@ -734,6 +945,9 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         annotations["dpfhcpprovisioner.dpu.hcp.io/bfcfg-template-dpuflavor-digest"],
         digest.as_str()
     );
+    // Made again for that reason, which the event names.
+    let seen = wait_events(&client, &op, NAME, &[("Normal", "DPUFlavorChanged")]).await;
+    assert_known_reasons(&seen);
     wait_condition(
         &client,
         &op,
@@ -850,7 +1064,7 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
     )
     .await;
 
-    println!("scenario: an upgrade, control plane first, then the NodePool");
+    println!("scenario: an upgrade, as DPF's upgrade-hosted.sh drives and polls it");
     Api::<DPFHCPProvisioner>::namespaced(client.clone(), NS)
         .patch(
             NAME,
@@ -875,6 +1089,26 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         ]),
     )
     .await;
+    // The script: the phase leaves Ready (Failed would be fatal), then the
+    // template goes within 30 s.
+    let left = eventually("the phase leaves Ready", WAIT, Some(&op), || async {
+        phase(&client, NAME).await.filter(|p| p != "Ready")
+    })
+    .await;
+    assert_eq!(left, "WaitingForControlPlane");
+    eventually(
+        "the bfcfg ConfigMap withdrawn",
+        Duration::from_secs(30),
+        Some(&op),
+        || async {
+            cms.get_opt("bfcfg-my-dpucluster.cfg")
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
     wait_condition(
         &client,
         &op,
@@ -884,31 +1118,34 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         "UpgradeInProgress",
     )
     .await;
+    wait_condition(
+        &client,
+        &op,
+        NAME,
+        "IgnitionConfigured",
+        "False",
+        "ReleaseImageUpdated",
+    )
+    .await;
+    assert_eq!(
+        condition(&client, NAME, "Ready").await.map(|c| (c.0, c.1)),
+        Some(("False".to_string(), "IgnitionNotConfigured".to_string()))
+    );
     assert_eq!(
         np_image(&client).await.as_deref(),
         Some(OLD),
         "the NodePool waits for the control plane"
     );
-    assert_eq!(
-        phase(&client, NAME).await.as_deref(),
-        Some("WaitingForControlPlane")
-    );
-    hypershift_status(
+    // The control plane completes; the hosted cluster's version is still
+    // progressing: the upgrade is not over, and no template is served yet.
+    hypershift_status_with(
         &client,
         true,
         json!([
             entry("Completed", NEW, "4.19.1"),
             entry("Completed", OLD, "4.19.0-ec.5")
         ]),
-    )
-    .await;
-    wait_condition(
-        &client,
-        &op,
-        NAME,
-        "HostedClusterUpgrading",
-        "False",
-        "UpgradeComplete",
+        true,
     )
     .await;
     eventually(
@@ -918,15 +1155,47 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         || async { (np_image(&client).await? == NEW).then_some(()) },
     )
     .await;
-    wait_condition(
+    assert_eq!(
+        condition(&client, NAME, "HostedClusterUpgrading")
+            .await
+            .map(|c| c.0),
+        Some("True".to_string()),
+        "the version still progresses"
+    );
+    assert_ne!(phase(&client, NAME).await.as_deref(), Some("Ready"));
+    assert!(cms
+        .get_opt("bfcfg-my-dpucluster.cfg")
+        .await
+        .unwrap()
+        .is_none());
+    hypershift_status_with(
         &client,
-        &op,
-        NAME,
-        "Ready",
-        "True",
-        "AllComponentsOperational",
+        true,
+        json!([
+            entry("Completed", NEW, "4.19.1"),
+            entry("Completed", OLD, "4.19.0-ec.5")
+        ]),
+        false,
     )
     .await;
+    // What the script polls for at the end: phase Ready, Ready=True,
+    // HostedClusterUpgrading not True, and the template for the new release.
+    eventually("the upgrade over", WAIT, Some(&op), || async {
+        let ready = condition(&client, NAME, "Ready").await?;
+        let upgrading = condition(&client, NAME, "HostedClusterUpgrading").await?;
+        (phase(&client, NAME).await? == "Ready" && ready.0 == "True" && upgrading.0 != "True")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        condition(&client, NAME, "HostedClusterUpgrading")
+            .await
+            .map(|c| (c.1, c.2)),
+        Some((
+            "UpgradeComplete".to_string(),
+            format!("HostedCluster upgrade to {NEW} completed")
+        ))
+    );
     assert_eq!(
         provisioner(&client, NAME)
             .await
@@ -937,8 +1206,7 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
             .as_deref(),
         Some("4.19.1")
     );
-    // The ignition was made again for the new release and its image.
-    let template = bfcfg(&client).await.unwrap();
+    let template = bfcfg(&client).await.expect("the template made again");
     assert_eq!(
         template.1["dpfhcpprovisioner.dpu.hcp.io/bfcfg-template-ocp-release-image"],
         NEW
@@ -947,6 +1215,23 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         template.2.as_deref(),
         Some("quay.io/example/rhcos-bfb:4.19.1")
     );
+    let seen = wait_events(
+        &client,
+        &op,
+        NAME,
+        &[
+            ("Normal", "UpgradeInProgress"),
+            ("Normal", "UpgradeComplete"),
+        ],
+    )
+    .await;
+    let last = |reason: &str| seen.iter().position(|(_, r, _)| r == reason).unwrap();
+    assert!(
+        last("UpgradeInProgress") < last("UpgradeComplete")
+            && last("UpgradeInProgress") < last("IgnitionConfigured"),
+        "started, then completed with the template published again: {seen:?}"
+    );
+    assert_known_reasons(&seen);
 
     println!("scenario: the DPUCluster deleted under a live provisioner, then re-created");
     dynamic(&client, DPU_NS, &dpu_cluster_resource())

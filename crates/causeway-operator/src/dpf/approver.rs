@@ -31,7 +31,8 @@ use serde_json::json;
 use tokio::task::{AbortHandle, JoinSet};
 
 use super::crd::{
-    BootstrapApproval, CsrApprovalStatus, DPFHCPProvisioner, JoiningDpu, ServingApproval,
+    BlockedJoin, BootstrapApproval, CsrApprovalStatus, DPFHCPProvisioner, JoiningDpu,
+    ServingApproval,
 };
 use super::csr::{self, Csr, Decision, History, Inventory, Kind, Policy, Verdict};
 use super::hosted_access::{admin_client, least_privilege, Unavailable};
@@ -39,7 +40,7 @@ pub use super::hosted_access::{
     HostedEndpoint, APPROVER_MANAGER, HOSTED_ACCOUNT, HOSTED_NAMESPACE, HOSTED_ROLE,
 };
 use super::spec;
-use crate::k8s::events::publish_related_event;
+use crate::k8s::events::{publish_event, publish_related_event};
 use crate::k8s::metrics::OperatorMetrics;
 use crate::k8s::resources::resource;
 use crate::k8s::watch::Scope;
@@ -241,6 +242,23 @@ async fn supervise(ctx: Arc<Context>, key: ObjectRef<DPFHCPProvisioner>) {
             last_reason = reason;
         }
         tracing::warn!(provisioner = %key.name, %namespace, reason, %message, retry_in = ?delay, "CSR approver not running: nothing is approved");
+        if reason == "HostedClusterNotReachable" {
+            let about = k8s_openapi::api::core::v1::ObjectReference {
+                api_version: Some(DPFHCPProvisioner::api_version(&()).into_owned()),
+                kind: Some(DPFHCPProvisioner::kind(&()).into_owned()),
+                name: Some(key.name.clone()),
+                namespace: Some(namespace.clone()),
+                ..Default::default()
+            };
+            publish_event(
+                ctx.recorder.as_ref(),
+                &about,
+                EventType::Warning,
+                "HostedClusterUnreachable",
+                format!("Cannot connect to hosted cluster: {message}"),
+            )
+            .await;
+        }
         if let Some(m) = &ctx.metrics {
             m.csr_not_running(&namespace, &key.name, reason);
         }
@@ -286,7 +304,7 @@ async fn update_record<T>(
         // A merge patch leaves out what is absent: lists emptied are
         // written as null so they go.
         if let Some(fields) = value.as_object_mut() {
-            for list in ["bootstrap", "serving", "joining"] {
+            for list in ["bootstrap", "serving", "joining", "blockedJoins"] {
                 fields.entry(list).or_insert(serde_json::Value::Null);
             }
         }
@@ -806,6 +824,10 @@ impl Pass<'_> {
                 a.forget_old_cycles(&dpu_ids);
                 a.observe_joining(&dpu_ids, &stamp);
                 a.store(record);
+                // A blocked join is over once its old Node is gone.
+                record
+                    .blocked_joins
+                    .retain(|b| inventory.nodes.contains_key(&b.node));
                 record.active = !flooded;
                 record.reason = reason.into();
                 record.message = message.clone();
@@ -853,6 +875,12 @@ impl Pass<'_> {
                 }
                 Verdict::Deny => {
                     if self.conclude(c, &decision).await? {
+                        if decision.reason == "NodeExists" {
+                            if let Some(node) = csr::requested_node(&request.request) {
+                                self.record_blocked_join(&namespace, &name, &node, &c.name_any())
+                                    .await?;
+                            }
+                        }
                         self.count(kind_label, "deny", decision.reason);
                         tracing::warn!(csr = %c.name_any(), user = %request.username, reason = decision.reason, message = %decision.message, "CSR denied");
                         self.event(
@@ -923,6 +951,30 @@ impl Pass<'_> {
         if let Some(m) = &self.ctx.metrics {
             m.csr_decision(kind, verdict, reason);
         }
+    }
+
+    /// Notes that `node`'s DPU could not join because its old Node is
+    /// still there, for the provisioner's DPUJoinBlocked condition.
+    async fn record_blocked_join(
+        &self,
+        namespace: &str,
+        name: &str,
+        node: &str,
+        csr_name: &str,
+    ) -> Result<(), kube::Error> {
+        let stamp = k8s_openapi::jiff::Timestamp::now().to_string();
+        update_record(&self.ctx.client, namespace, name, |record| {
+            match record.blocked_joins.iter_mut().find(|b| b.node == node) {
+                Some(b) => b.csr_name = csr_name.to_string(),
+                None => record.blocked_joins.push(BlockedJoin {
+                    node: node.to_string(),
+                    csr_name: csr_name.to_string(),
+                    since: stamp.clone(),
+                }),
+            }
+        })
+        .await?;
+        Ok(())
     }
 
     async fn event(

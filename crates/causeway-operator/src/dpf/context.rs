@@ -29,6 +29,7 @@ use super::crd::{
 };
 use crate::error::Error;
 use crate::k8s::apply::Applier;
+use crate::k8s::events::publish_about;
 use crate::k8s::finalizer as finalizers;
 use crate::k8s::metrics::OperatorMetrics;
 
@@ -99,6 +100,29 @@ impl Context {
         let config = remembered(live, &mut last, Instant::now());
         BridgeSettings::resolve(config.as_ref(), &self.operator_namespace)
     }
+
+    /// While a deleted settings object still holds, how long until it no
+    /// longer does. Nothing is watched that changes when the grace ends,
+    /// so a reconcile that used the remembered settings must come back
+    /// then, or the old settings would linger until the next resync.
+    pub(super) fn settings_grace_left(&self) -> Option<Duration> {
+        let last = self
+            .last_config
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        grace_left(last.as_ref(), Instant::now())
+    }
+}
+
+/// The rest of the grace of a settings object that went at `gone`, just
+/// past its end so the next look sees it over; `None` when none runs.
+pub(super) fn grace_left(
+    last: Option<&(DPFHCPProvisionerConfigSpec, Option<Instant>)>,
+    now: Instant,
+) -> Option<Duration> {
+    let gone = last?.1?;
+    let end = gone + CONFIG_GRACE;
+    (now < end).then(|| end - now + Duration::from_millis(100))
 }
 
 /// The provisioner's own API, in its namespace.
@@ -112,6 +136,17 @@ pub(super) async fn add_finalizer(ctx: &Context, p: &DPFHCPProvisioner) -> Resul
 
 pub(super) async fn remove_finalizer(ctx: &Context, p: &DPFHCPProvisioner) -> Result<(), Error> {
     finalizers::remove(&api_of(ctx, p), p, FINALIZER).await
+}
+
+/// Publishes `note` about the provisioner.
+pub(super) async fn publish_note(ctx: &Context, p: &DPFHCPProvisioner, note: super::events::Note) {
+    use kube::runtime::events::EventType;
+    let type_ = if note.warning {
+        EventType::Warning
+    } else {
+        EventType::Normal
+    };
+    publish_about(ctx.recorder.as_ref(), p, type_, &note.reason, note.message).await;
 }
 
 #[cfg(test)]
@@ -158,5 +193,25 @@ mod tests {
             remembered(None, &mut last, t1 + CONFIG_GRACE * 3),
             Some(off)
         );
+    }
+
+    #[test]
+    fn a_running_grace_says_when_to_look_again() {
+        let t0 = Instant::now();
+        let mut last = None;
+        assert_eq!(grace_left(last.as_ref(), t0), None, "never seen");
+        let spec = DPFHCPProvisionerConfigSpec::default();
+        remembered(Some(spec), &mut last, t0);
+        assert_eq!(grace_left(last.as_ref(), t0), None, "live: no grace");
+        remembered(None, &mut last, t0);
+        let left = grace_left(last.as_ref(), t0 + Duration::from_secs(10)).unwrap();
+        assert!(
+            left > CONFIG_GRACE - Duration::from_secs(10) && left < CONFIG_GRACE,
+            "{left:?}"
+        );
+        // At the moment it says, the grace is over.
+        let then = t0 + Duration::from_secs(10) + left;
+        assert_eq!(remembered(None, &mut last, then), None);
+        assert_eq!(grace_left(last.as_ref(), then), None);
     }
 }

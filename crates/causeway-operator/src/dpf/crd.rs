@@ -338,6 +338,21 @@ pub struct CsrApprovalStatus {
     /// bootstrap CSR made before then is denied.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub joining: Vec<JoiningDpu>,
+    /// Nodes whose DPU tries to join again while the old Node object is
+    /// still in the hosted cluster: the bootstrap CSR is denied
+    /// (NodeExists) until the Node is deleted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked_joins: Vec<BlockedJoin>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockedJoin {
+    pub node: String,
+    /// The newest bootstrap CSR denied for it.
+    pub csr_name: String,
+    /// RFC 3339: when the first was denied.
+    pub since: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -391,8 +406,24 @@ pub struct HostedClusterReference {
     version = "v1alpha1",
     kind = "DPFHCPProvisionerConfig",
     plural = "dpfhcpprovisionerconfigs",
+    shortname = "dpfhcpconfig",
     doc = "Settings of causeway's DPF bridge: a singleton named default",
     annotation("helm.sh/resource-policy", "keep"),
+    printcolumn(
+        name = "BlueFieldOCPLayerRepo",
+        type_ = "string",
+        json_path = ".spec.blueFieldOCPLayerRepo"
+    ),
+    printcolumn(
+        name = "DisableMetalLB",
+        type_ = "boolean",
+        json_path = ".spec.disableMetalLB"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
     validation = Rule::new("self.metadata.name == 'default'").message("the one DPFHCPProvisionerConfig is named default")
 )]
 #[serde(rename_all = "camelCase")]
@@ -403,6 +434,7 @@ pub struct DPFHCPProvisionerConfigSpec {
         default,
         skip_serializing_if = "Option::is_none"
     )]
+    #[schemars(extend("default" = DEFAULT_BLUEFIELD_REPO))]
     pub blue_field_ocp_layer_repo: Option<String>,
     /// Do not create MetalLB objects (MetalLB is managed elsewhere).
     #[serde(
@@ -410,6 +442,7 @@ pub struct DPFHCPProvisionerConfigSpec {
         default,
         skip_serializing_if = "Option::is_none"
     )]
+    #[schemars(extend("default" = false))]
     pub disable_metal_lb: Option<bool>,
     /// The namespace of the IPAddressPools and L2Advertisements.
     #[serde(
@@ -432,6 +465,7 @@ pub struct DPFHCPProvisionerConfigSpec {
         default,
         skip_serializing_if = "Option::is_none"
     )]
+    #[schemars(extend("default" = false))]
     pub manage_dpu_service_templates: Option<bool>,
     /// Accepted for compatibility; unused.
     #[serde(

@@ -13,6 +13,7 @@ mod context;
 pub mod controller;
 pub mod crd;
 pub mod csr;
+pub mod events;
 #[cfg(any(test, feature = "test-support"))]
 pub mod forged_csr;
 mod hosted_access;

@@ -21,7 +21,8 @@ use crate::k8s::resources::{
     dpu_flavor_resource, hosted_cluster_resource, node_pool_resource,
 };
 
-use super::context::Context;
+use super::context::{publish_note, Context};
+use super::events::Note;
 use super::spec::{valid_pull_secret, valid_ssh_key};
 
 /// What the two user Secrets hold, once checked.
@@ -172,13 +173,31 @@ pub(super) async fn ignition_check(
             ),
         );
     }
+    let was_configured = p.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == status::IGNITION_CONFIGURED && c.status == "True")
+    });
+    if let Some(note) = super::events::regeneration_note(why, was_configured) {
+        publish_note(ctx, p, note).await;
+    }
     match generate(ctx, owner, facts, &inputs, &parsed, mtu).await {
         Ok(()) => {
+            publish_note(
+                ctx,
+                p,
+                Note::normal(
+                    "IgnitionConfigured",
+                    format!("Ignition ConfigMap {name} configured successfully"),
+                ),
+            )
+            .await;
             tracing::info!(provisioner = %owner.name, namespace = %owner.namespace, configmap = %name, why, "DPU ignition published");
             check(true, "IgnitionGenerated", format!("ConfigMap {dpu_ns}/{name} holds the ignition for {} with OS image {os_image} (made again: {why})", inputs.release_image))
         }
         Err((reason, e)) => {
             tracing::warn!(provisioner = %owner.name, namespace = %owner.namespace, error = %e, "DPU ignition");
+            publish_note(ctx, p, Note::warning("IgnitionGenerationFailed", e.clone())).await;
             check(false, reason, e)
         }
     }

@@ -15,6 +15,7 @@ use super::crd::{
     BridgeSettings, DPFHCPProvisioner, DPFHCPProvisionerStatus, HostedClusterReference, LocalRef,
     CONFIG_NAME,
 };
+use super::events::Note;
 use super::render::{self, Owner};
 use super::spec::{self, Publishing};
 use super::status::{self, Check, HostedClusterFacts, Observed};
@@ -27,7 +28,7 @@ use crate::k8s::resources::{
     l2_advertisement_resource, node_pool_resource,
 };
 
-use super::context::{add_finalizer, Context, POLL, RESYNC, SHORT_POLL};
+use super::context::{add_finalizer, publish_note, Context, POLL, RESYNC, SHORT_POLL};
 use super::observe::{
     blue_field_check, check_dpu_cluster, check_prerequisites, ignition_check, node_port_address,
     read_secrets,
@@ -52,6 +53,7 @@ pub(super) fn to_dynamic(v: Value) -> Result<DynamicObject, Error> {
 /// MetalLB's pool and advertisement for the VIP, or why not.
 pub(super) async fn ensure_metal_lb(
     ctx: &Context,
+    p: &DPFHCPProvisioner,
     owner: &Owner,
     settings: &BridgeSettings,
     vip: std::net::IpAddr,
@@ -99,17 +101,29 @@ pub(super) async fn ensure_metal_lb(
                 return no(failed, format!("{} {ns}/{name} exists and was not made for this provisioner (labels {} and {})", resource.kind, render::NAME_LABEL, render::NAMESPACE_LABEL));
             }
         }
-        if let Err(e) = ctx
+        let live_version = live.as_ref().and_then(|l| l.resource_version());
+        match ctx
             .applier
             .ensure_dynamic(resource, to_dynamic(desired)?, live)
             .await
         {
-            match e {
-                Error::Kube(ke) if permanent(&ke) => {
-                    return no(failed, format!("{} {ns}/{name}: {ke}", resource.kind))
-                }
-                other => return Err(other),
+            // An object that was there and is now written again had drifted.
+            Ok(now) if live_version.is_some() && now.resource_version() != live_version => {
+                publish_note(
+                    ctx,
+                    p,
+                    Note::normal(
+                        "MetalLBDriftCorrected",
+                        format!("Corrected spec drift in {} {ns}/{name}", resource.kind),
+                    ),
+                )
+                .await;
             }
+            Ok(_) => {}
+            Err(Error::Kube(ke)) if permanent(&ke) => {
+                return no(failed, format!("{} {ns}/{name}: {ke}", resource.kind))
+            }
+            Err(other) => return Err(other),
         }
     }
     Ok(Check::new(
@@ -124,6 +138,7 @@ pub(super) async fn ensure_metal_lb(
 /// and names it in the DPUCluster.
 pub(super) async fn inject_kubeconfig(
     ctx: &Context,
+    p: &DPFHCPProvisioner,
     owner: &Owner,
     dpu: &DynamicObject,
 ) -> Result<Check, Error> {
@@ -177,6 +192,18 @@ pub(super) async fn inject_kubeconfig(
                 ctx.applier
                     .ensure_live(render::injected_kubeconfig(owner, &dpu_ns, &kubeconfig.0))
                     .await?;
+                let note = if copy == status::Copy::Stale {
+                    Note::normal(
+                        "DriftCorrected",
+                        format!("Kubeconfig Secret {dpu_ns}/{name} differed from HyperShift's and was rewritten"),
+                    )
+                } else {
+                    Note::normal(
+                        "KubeConfigInjected",
+                        format!("Kubeconfig Secret {name} created in namespace {dpu_ns}"),
+                    )
+                };
+                publish_note(ctx, p, note).await;
             }
             if set_field {
                 let api: Api<DynamicObject> =
@@ -190,7 +217,21 @@ pub(super) async fn inject_kubeconfig(
                     )
                     .await
                 {
-                    Ok(_) => ctx.applier.counted("DPUCluster", "patch"),
+                    Ok(_) => {
+                        ctx.applier.counted("DPUCluster", "patch");
+                        publish_note(
+                            ctx,
+                            p,
+                            Note::normal(
+                                "DPUClusterUpdated",
+                                format!(
+                                    "DPUCluster {dpu_ns}/{} updated with kubeconfig reference {name}",
+                                    dpu.name_any()
+                                ),
+                            ),
+                        )
+                        .await;
+                    }
                     Err(e) if permanent(&e) => {
                         return no(
                             "InjectionFailed",
@@ -223,6 +264,15 @@ pub(super) struct Extra {
     pub(super) blue_field_image: Option<String>,
 }
 
+/// Whether the provisioner last reported an upgrade in progress.
+fn was_upgrading(p: &DPFHCPProvisioner) -> bool {
+    p.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == status::UPGRADING && c.status == "True")
+    })
+}
+
 pub(super) async fn apply(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action, Error> {
     add_finalizer(ctx, p).await?;
     let owner = Owner::of(p)?;
@@ -230,6 +280,7 @@ pub(super) async fn apply(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action
     let settings = ctx.settings();
     let mut o = Observed {
         wanted_image: p.spec.ocp_release_image.clone(),
+        was_upgrading: was_upgrading(p),
         ..Default::default()
     };
     o.notes.push(if settings.from_object {
@@ -346,7 +397,7 @@ pub(super) async fn apply(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action
         return permanent_or(ctx, p, o, e, extra).await;
     }
     if let Publishing::LoadBalancer { vip } = checked.publishing {
-        let check = ensure_metal_lb(ctx, &owner, &settings, vip).await?;
+        let check = ensure_metal_lb(ctx, p, &owner, &settings, vip).await?;
         if check.reason == "MetalLBNotInstalled" {
             requeue = SHORT_POLL;
         }
@@ -395,7 +446,9 @@ pub(super) async fn apply(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action
     let np_api: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), &ns, &node_pool_resource());
     let live_np = get_present(&np_api, &owner.name).await?;
-    let rollout = status::rollout(&p.spec.ocp_release_image, &facts);
+    // The NodePool follows the control plane's history alone: the hosted
+    // cluster's version progressing does not hold it back.
+    let rollout = status::rollout(&p.spec.ocp_release_image, &facts, false);
     let desired_np = render::desired_node_pool(
         &owner,
         &p.spec.ocp_release_image,
@@ -420,11 +473,17 @@ pub(super) async fn apply(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action
         // the poll is the backstop.
         requeue = requeue.min(POLL);
     }
+    // An upgrade holds the DPU template back until it is over: the
+    // control plane on the new release and the hosted cluster's version no
+    // longer progressing.
+    let upgrade = status::rollout(&p.spec.ocp_release_image, &facts, o.was_upgrading);
     if let Some(dpu) = &dpu {
-        let check = inject_kubeconfig(ctx, &owner, dpu).await?;
+        let check = inject_kubeconfig(ctx, p, &owner, dpu).await?;
         extra.kubeconfig = check.status;
         o.kubeconfig = Some(check);
-        if extra.kubeconfig && facts.is("Available", "True") {
+        if upgrade == status::Rollout::Upgrading {
+            o.ignition = Some(withdraw_template(ctx, p, dpu).await?);
+        } else if extra.kubeconfig && facts.is("Available", "True") {
             let os_image = p
                 .spec
                 .machine_os_url
@@ -439,6 +498,33 @@ pub(super) async fn apply(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action
         }
     }
     finish(ctx, p, o, Some(facts), extra, requeue).await
+}
+
+/// During an upgrade the published template is for the old release: a DPU
+/// provisioned from it would boot the release being left. It is deleted,
+/// as the Go operator does at the start of an upgrade and as DPF's upgrade
+/// script checks, and made again when the upgrade is over.
+async fn withdraw_template(
+    ctx: &Context,
+    p: &DPFHCPProvisioner,
+    dpu: &DynamicObject,
+) -> Result<Check, Error> {
+    let dpu_ns = dpu.namespace().unwrap_or_default();
+    let name = super::ignition::configmap_name(&dpu.name_any());
+    let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(ctx.client.clone(), &dpu_ns);
+    if !ctx.applier.gone_from(&api, "ConfigMap", &name).await? {
+        tracing::info!(provisioner = %p.name_any(), namespace = ?p.namespace(), configmap = %name, "DPU template withdrawn for the upgrade");
+    }
+    Ok(Check::new(
+        status::IGNITION_CONFIGURED,
+        false,
+        "ReleaseImageUpdated",
+        format!(
+            "ConfigMap {dpu_ns}/{name} is withdrawn during the upgrade to {}; it is made again once the control plane has rolled it out and the hosted cluster's version stopped progressing",
+            p.spec.ocp_release_image
+        ),
+    ))
 }
 
 /// A failed check: nothing is written but status. The HostedCluster, if
@@ -510,6 +596,9 @@ pub(super) async fn finish(
 ) -> Result<Action, Error> {
     o.hosted_cluster = facts;
     write_status(ctx, p, &o, &extra).await?;
+    let requeue = ctx
+        .settings_grace_left()
+        .map_or(requeue, |left| requeue.min(left));
     Ok(Action::requeue(requeue))
 }
 
@@ -576,6 +665,11 @@ pub(super) async fn write_status(
             OnMissing::Skip,
         )
         .await?;
+    if wrote {
+        for note in super::events::condition_notes(&previous.conditions, &next.conditions) {
+            publish_note(ctx, p, note).await;
+        }
+    }
     if wrote && previous.phase != next.phase {
         tracing::info!(provisioner = %p.name_any(), namespace = %ns, phase = ?next.phase, why = %ready.message, "phase");
         let type_ = if matches!(phase, super::crd::Phase::Failed | super::crd::Phase::Error) {

@@ -187,7 +187,6 @@ pub fn hosted_cluster(owner: &Owner, input: &HostedClusterInput, platform: &Plat
             "networkType": "Other",
             "serviceNetwork": entries(&input.networking.service_network),
             "clusterNetwork": entries(&input.networking.cluster_network),
-            "machineNetwork": entries(&input.networking.machine_network),
             "allocateNodeCIDRs": if input.allocate_node_cidrs { "Enabled" } else { "Disabled" },
         },
         "platform": platform.value(),
@@ -197,6 +196,11 @@ pub fn hosted_cluster(owner: &Owner, input: &HostedClusterInput, platform: &Plat
         "nodeSelector": input.node_selector,
         "services": services(&input.publishing),
     });
+    // Left out when empty, as HyperShift's own types write it (and the Go
+    // operator's clusters have it): an adopted HostedCluster keeps its spec.
+    if !input.networking.machine_network.is_empty() {
+        spec["networking"]["machineNetwork"] = entries(&input.networking.machine_network);
+    }
     if let Some(p) = input.infrastructure_availability {
         spec["infrastructureAvailabilityPolicy"] = json!(p.as_str());
     }
@@ -551,7 +555,10 @@ mod tests {
             s["networking"]["clusterNetwork"][0]["cidr"],
             "10.132.0.0/14"
         );
-        assert_eq!(s["networking"]["machineNetwork"], json!([]));
+        assert!(
+            s["networking"].get("machineNetwork").is_none(),
+            "no machine network: the field is left out"
+        );
         assert_eq!(s["etcd"]["managementType"], "Managed");
         let pv = &s["etcd"]["managed"]["storage"]["persistentVolume"];
         assert_eq!(pv["size"], "8Gi");

@@ -27,6 +27,7 @@ pub const AVAILABLE: &str = "Available";
 pub const HEALTH: &str = "Health";
 pub const HOSTED_CLUSTER_AVAILABLE: &str = "HostedClusterAvailable";
 pub const CSR_AUTO_APPROVAL_ACTIVE: &str = "CSRAutoApprovalActive";
+pub const DPU_JOIN_BLOCKED: &str = "DPUJoinBlocked";
 pub const IGNITION_CONFIGURED: &str = "IgnitionConfigured";
 /// The Go operator's name for the BlueField image lookup's condition.
 pub const BLUEFIELD_IMAGE_FOUND: &str = "BlueFieldOCPLayerImageFound";
@@ -336,25 +337,59 @@ pub enum Rollout {
     Installing,
 }
 
-pub fn rollout(wanted_image: &str, hc: &HostedClusterFacts) -> Rollout {
+/// Where the rollout of `wanted_image` is. `was_upgrading` is whether the
+/// provisioner last reported an upgrade in progress: an upgrade ends only
+/// when the control plane completed the new release *and* the hosted
+/// cluster's version stopped progressing (HyperShift's
+/// `ClusterVersionProgressing`), as DPF's upgrade scripts expect. Outside
+/// an upgrade that condition does not matter, so a first install is Ready
+/// on the control plane alone and a later, unrelated progressing of the
+/// hosted cluster's version does not look like an upgrade.
+pub fn rollout(wanted_image: &str, hc: &HostedClusterFacts, was_upgrading: bool) -> Rollout {
     match hc.history.first() {
-        Some(h) if h.state == "Completed" && h.image == wanted_image => Rollout::Done,
+        Some(h) if h.state == "Completed" && h.image == wanted_image => {
+            if was_upgrading && hc.is("ClusterVersionProgressing", "True") {
+                Rollout::Upgrading
+            } else {
+                Rollout::Done
+            }
+        }
         _ if hc.history.iter().any(|h| h.state == "Completed") => Rollout::Upgrading,
         _ => Rollout::Installing,
     }
 }
 
-pub fn upgrading_condition(r: Rollout, wanted_image: &str) -> Check {
+pub fn upgrading_condition(r: Rollout, wanted_image: &str, hc: &HostedClusterFacts) -> Check {
     match r {
-        Rollout::Upgrading => Check::new(
-            UPGRADING,
-            true,
-            "UpgradeInProgress",
-            format!("the control plane is rolling out {wanted_image}; the NodePool follows once it completes"),
-        ),
-        Rollout::Done | Rollout::Installing => {
-            Check::new(UPGRADING, false, "UpgradeComplete", "no upgrade in progress")
+        Rollout::Upgrading => {
+            let from = hc
+                .history
+                .iter()
+                .find(|h| h.state == "Completed" && h.image != wanted_image)
+                .map_or("the previous release", |h| h.image.as_str());
+            // One message for the whole upgrade: a change of message is an
+            // event, and the upgrade starts once.
+            Check::new(
+                UPGRADING,
+                true,
+                "UpgradeInProgress",
+                format!("Upgrade started: {from} → {wanted_image}"),
+            )
         }
+        Rollout::Done | Rollout::Installing => Check::new(
+            UPGRADING,
+            false,
+            "UpgradeComplete",
+            match hc.history.first() {
+                Some(h)
+                    if h.state == "Completed"
+                        && hc.history.iter().filter(|e| e.state == "Completed").count() > 1 =>
+                {
+                    format!("HostedCluster upgrade to {} completed", h.image)
+                }
+                _ => "no upgrade in progress".to_string(),
+            },
+        ),
     }
 }
 
@@ -419,6 +454,8 @@ pub struct Observed {
     /// IgnitionConfigured, once there is a control plane to ask.
     pub ignition: Option<Check>,
     pub wanted_image: String,
+    /// The provisioner last reported HostedClusterUpgrading=True.
+    pub was_upgrading: bool,
     pub cleanup: Option<Cleanup>,
     pub permanent_error: Option<String>,
     /// Informational conditions (ProvisionerConfig).
@@ -516,7 +553,7 @@ pub fn ready(o: &Observed) -> Check {
     let rolled_out = o
         .hosted_cluster
         .as_ref()
-        .is_some_and(|h| rollout(&o.wanted_image, h) == Rollout::Done);
+        .is_some_and(|h| rollout(&o.wanted_image, h, o.was_upgrading) == Rollout::Done);
     if !rolled_out {
         return Check::new(
             READY,
@@ -573,7 +610,7 @@ pub fn phase(o: &Observed, ready: &Check) -> Phase {
         && hc_available(o)
         && kubeconfig_injected(o)
         && ignition_configured(o)
-        && rollout(&o.wanted_image, hc) == Rollout::Installing
+        && rollout(&o.wanted_image, hc, o.was_upgrading) == Rollout::Installing
     {
         return Phase::ClusterVersionProgressing;
     }
@@ -582,7 +619,7 @@ pub fn phase(o: &Observed, ready: &Check) -> Phase {
     if hc_available(o)
         && kubeconfig_injected(o)
         && !ignition_configured(o)
-        && rollout(&o.wanted_image, hc) != Rollout::Upgrading
+        && rollout(&o.wanted_image, hc, o.was_upgrading) != Rollout::Upgrading
     {
         return Phase::GeneratingIgnition;
     }
@@ -600,8 +637,9 @@ pub fn checks(o: &Observed) -> Vec<Check> {
     if let Some(hc) = &o.hosted_cluster {
         out.extend(mirror(hc));
         out.push(upgrading_condition(
-            rollout(&o.wanted_image, hc),
+            rollout(&o.wanted_image, hc, o.was_upgrading),
             &o.wanted_image,
+            hc,
         ));
     }
     out.extend(o.cleanup.iter().map(cleanup_condition));
@@ -634,15 +672,45 @@ pub fn checks(o: &Observed) -> Vec<Check> {
 /// CSRAutoApprovalActive, from what the approver recorded in the status
 /// (it writes `status.csrApproval`; the conditions list is written here
 /// alone, so two writers never replace each other's entries).
-pub fn csr_approval_condition(record: Option<&super::crd::CsrApprovalStatus>) -> Option<Check> {
-    record.map(|r| {
+pub fn csr_approval_condition(record: Option<&super::crd::CsrApprovalStatus>) -> Vec<Check> {
+    let Some(r) = record else {
+        return Vec::new();
+    };
+    vec![
         Check::new(
             CSR_AUTO_APPROVAL_ACTIVE,
             r.active,
             &r.reason,
             r.message.clone(),
-        )
-    })
+        ),
+        join_blocked_condition(&r.blocked_joins),
+    ]
+}
+
+/// DPUJoinBlocked: DPUs denied a bootstrap certificate because a Node of
+/// their name is still in the hosted cluster. The denial stands (a Node
+/// that exists is never handed to whoever holds a bootstrap token); the
+/// condition names each Node and what to do.
+pub fn join_blocked_condition(blocked: &[super::crd::BlockedJoin]) -> Check {
+    if blocked.is_empty() {
+        return Check::new(
+            DPU_JOIN_BLOCKED,
+            false,
+            "NoStaleNodes",
+            "no DPU is kept from joining by an old Node",
+        );
+    }
+    let nodes: Vec<&str> = blocked.iter().map(|b| b.node.as_str()).collect();
+    let list = nodes.join(" ");
+    Check::new(
+        DPU_JOIN_BLOCKED,
+        true,
+        "StaleNode",
+        format!(
+            "Node {} still exists in the hosted cluster while a DPU of that name asks to join again, so its bootstrap CSRs are denied (NodeExists; status.csrApproval.blockedJoins names the newest). If the DPU was re-provisioned, delete the old Node in the hosted cluster: kubectl --kubeconfig <the hosted cluster's admin kubeconfig> delete node {list}. DPF deletes the Node itself when the DPU object is deleted; one left behind means the DPU was re-installed without that, or the deletion failed.",
+            nodes.join(", "),
+        ),
+    )
 }
 
 /// Conditions with their transition times: kept while the status holds,
@@ -982,8 +1050,8 @@ mod tests {
         assert_eq!(f.endpoint.as_deref(), Some("https://192.168.1.100:6443"));
         assert_eq!(f.version().as_deref(), Some("4.19.0"));
         assert_eq!(f.release_image.as_deref(), Some("img:2"));
-        assert_eq!(rollout("img:2", &f), Rollout::Upgrading);
-        assert_eq!(rollout("img:1", &f), Rollout::Upgrading);
+        assert_eq!(rollout("img:2", &f, false), Rollout::Upgrading);
+        assert_eq!(rollout("img:1", &f, false), Rollout::Upgrading);
         let junk = HostedClusterFacts::from_object(
             &json!({"status": {"conditions": "no", "controlPlaneEndpoint": {"host": "fd00::1", "port": 6443}}}),
         );
@@ -994,7 +1062,7 @@ mod tests {
     #[test]
     fn the_node_pool_follows_the_control_plane() {
         let installing = hc(&[], &[("Partial", "img:1")]);
-        assert_eq!(rollout("img:1", &installing), Rollout::Installing);
+        assert_eq!(rollout("img:1", &installing, false), Rollout::Installing);
         assert_eq!(
             node_pool_release("img:1", Rollout::Installing, None),
             "img:1"
@@ -1007,12 +1075,65 @@ mod tests {
             node_pool_release("img:2", Rollout::Done, Some("img:1")),
             "img:2"
         );
-        let c = upgrading_condition(Rollout::Upgrading, "img:2");
-        assert_eq!((c.status, c.reason.as_str()), (true, "UpgradeInProgress"));
+        let rolling = hc(&[], &[("Partial", "img:2"), ("Completed", "img:1")]);
+        let c = upgrading_condition(Rollout::Upgrading, "img:2", &rolling);
         assert_eq!(
-            upgrading_condition(Rollout::Done, "img:2").reason,
-            "UpgradeComplete"
+            (c.status, c.reason.as_str(), c.message.as_str()),
+            (true, "UpgradeInProgress", "Upgrade started: img:1 → img:2")
         );
+        let done = hc(&[], &[("Completed", "img:2"), ("Completed", "img:1")]);
+        let c = upgrading_condition(Rollout::Done, "img:2", &done);
+        assert_eq!(
+            (c.status, c.reason.as_str(), c.message.as_str()),
+            (
+                false,
+                "UpgradeComplete",
+                "HostedCluster upgrade to img:2 completed"
+            )
+        );
+        let fresh = hc(&[], &[("Completed", "img:1")]);
+        assert_eq!(
+            upgrading_condition(Rollout::Done, "img:1", &fresh).message,
+            "no upgrade in progress",
+            "a first install is no upgrade"
+        );
+    }
+
+    #[test]
+    fn an_upgrade_ends_when_the_hosted_cluster_version_stops_progressing() {
+        let cvp = |on: &str| {
+            hc(
+                &[
+                    ("Available", "True", "AsExpected"),
+                    ("ClusterVersionProgressing", on, "AsExpected"),
+                ],
+                &[("Completed", "img:2"), ("Completed", "img:1")],
+            )
+        };
+        // Mid-upgrade, the control plane done, the version still progressing.
+        assert_eq!(rollout("img:2", &cvp("True"), true), Rollout::Upgrading);
+        assert_eq!(rollout("img:2", &cvp("False"), true), Rollout::Done);
+        // Not in an upgrade: the version progressing later is no upgrade,
+        // and a first install is Ready on the control plane alone.
+        assert_eq!(rollout("img:2", &cvp("True"), false), Rollout::Done);
+        let first = hc(
+            &[("ClusterVersionProgressing", "True", "AsExpected")],
+            &[("Completed", "img:1")],
+        );
+        assert_eq!(rollout("img:1", &first, false), Rollout::Done);
+        // The phase and Ready hold back while the version progresses.
+        let mut o = good();
+        o.wanted_image = "img:2".into();
+        o.was_upgrading = true;
+        o.hosted_cluster = Some(cvp("True"));
+        let r = ready(&o);
+        assert_eq!(
+            (r.status, r.reason.as_str()),
+            (false, "ControlPlaneProgressing")
+        );
+        assert_eq!(phase(&o, &r), Phase::WaitingForControlPlane);
+        o.hosted_cluster = Some(cvp("False"));
+        assert!(ready(&o).status);
     }
 
     #[test]
@@ -1046,5 +1167,43 @@ mod tests {
         assert_eq!(same[0].last_transition_time, t0);
         let flipped = conditions(&same, &[Check::new(READY, true, "C", "")], Some(2), &t1);
         assert_eq!(flipped[0].last_transition_time, t1);
+    }
+
+    #[test]
+    fn a_stale_node_is_named_with_its_remedy_and_clears() {
+        use super::super::crd::{BlockedJoin, CsrApprovalStatus};
+        let mut record = CsrApprovalStatus {
+            active: true,
+            reason: "Active".into(),
+            ..Default::default()
+        };
+        let checks = csr_approval_condition(Some(&record));
+        assert_eq!(
+            checks
+                .iter()
+                .map(|c| (c.type_, c.status, c.reason.as_str()))
+                .collect::<Vec<_>>(),
+            [
+                (CSR_AUTO_APPROVAL_ACTIVE, true, "Active"),
+                (DPU_JOIN_BLOCKED, false, "NoStaleNodes"),
+            ]
+        );
+        record.blocked_joins.push(BlockedJoin {
+            node: "dpu-7".into(),
+            csr_name: "csr-abc".into(),
+            since: "2026-11-26T10:00:00Z".into(),
+        });
+        let blocked = &csr_approval_condition(Some(&record))[1];
+        assert_eq!(
+            (blocked.status, blocked.reason.as_str()),
+            (true, "StaleNode")
+        );
+        assert!(
+            blocked.message.contains("Node dpu-7 still exists")
+                && blocked.message.contains("delete node dpu-7"),
+            "{}",
+            blocked.message
+        );
+        assert!(csr_approval_condition(None).is_empty());
     }
 }

@@ -18,7 +18,8 @@ use crate::k8s::resources::{
     l2_advertisement_resource, node_pool_resource,
 };
 
-use super::context::{remove_finalizer, Context, FINALIZER, POLL, SHORT_POLL};
+use super::context::{publish_note, remove_finalizer, Context, FINALIZER, POLL, SHORT_POLL};
+use super::events::Note;
 use super::provision::{controlled_by, labelled_ours, write_status, Extra};
 
 /// The deletion, one step per pass until each is done: the kubeconfig
@@ -43,41 +44,23 @@ pub(super) async fn delete(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Actio
 
     // 1. The kubeconfig copy, then the DPUCluster's reference, so another
     // provisioner can inject into it later.
-    let dpu_ref = &p.spec.dpu_cluster_ref;
-    let copies: Api<Secret> = Api::namespaced(ctx.client.clone(), &dpu_ref.namespace);
-    if let Some(copy) = copies.get_opt(&owner.admin_kubeconfig_name()).await? {
-        if labelled_ours(&copy.metadata, &owner) {
-            match copies
-                .delete(&owner.admin_kubeconfig_name(), &DeleteParams::default())
-                .await
-            {
-                Ok(_) => ctx.applier.counted("Secret", "delete"),
-                Err(e) if not_found(&e) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-    let dpus: Api<DynamicObject> = Api::namespaced_with(
-        ctx.client.clone(),
-        &dpu_ref.namespace,
-        &dpu_cluster_resource(),
-    );
-    let dpu = get_present(&dpus, &dpu_ref.name).await?;
-    if let Some(dpu) = dpu {
-        if dpu.data.pointer("/spec/kubeconfig").and_then(Value::as_str)
-            == Some(owner.admin_kubeconfig_name().as_str())
-        {
-            // Removing the field, unlike changing it, passes DPF's
-            // set-once rule.
-            let patch = json!({"spec": {"kubeconfig": null}});
-            dpus.patch(
-                &dpu_ref.name,
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await?;
-            ctx.applier.counted("DPUCluster", "patch");
-        }
+    let deleted = handled(
+        ctx,
+        p,
+        "kubeconfig-injection",
+        remove_injection(ctx, p, &owner).await,
+    )
+    .await?;
+    if deleted > 0 {
+        publish_note(
+            ctx,
+            p,
+            Note::normal(
+                "KubeconfigCleanupSucceeded",
+                format!("Deleted {deleted} kubeconfig secret(s)"),
+            ),
+        )
+        .await;
     }
 
     // 2. The NodePool, then the HostedCluster: HyperShift wants the pools
@@ -96,13 +79,25 @@ pub(super) async fn delete(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Actio
         (hosted_cluster_resource(), "HostedCluster"),
     ] {
         let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &resource);
-        let live = get_present(&api, &owner.name).await?;
+        let live = handled(
+            ctx,
+            p,
+            "hostedcluster",
+            get_present(&api, &owner.name).await,
+        )
+        .await?;
         let Some(live) = live else { continue };
         if controlled_by(&live.metadata, &owner.uid) != Some(true) {
             continue;
         }
         if live.metadata.deletion_timestamp.is_none() {
-            ctx.applier.gone_from(&api, kind, &owner.name).await?;
+            handled(
+                ctx,
+                p,
+                "hostedcluster",
+                ctx.applier.gone_from(&api, kind, &owner.name).await,
+            )
+            .await?;
         }
         let what = format!("{kind} {ns}/{}", owner.name);
         let timed_out = waited >= u64::from(settings.deletion_timeout_seconds);
@@ -139,7 +134,130 @@ pub(super) async fn delete(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Actio
 
     // 3. The Secret copies (owned, but not left to the garbage collector,
     // which would only act after the provisioner is gone).
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    handled(ctx, p, "hostedcluster", remove_copies(ctx, &owner).await).await?;
+    publish_note(
+        ctx,
+        p,
+        Note::normal(
+            "HostedClusterCleanupSucceeded",
+            "HostedCluster, NodePool, and secrets deleted successfully",
+        ),
+    )
+    .await;
+
+    // 4. MetalLB, only what carries this provisioner's labels.
+    handled(
+        ctx,
+        p,
+        "metallb",
+        remove_metal_lb(ctx, &owner, &settings.metal_lb_namespace).await,
+    )
+    .await?;
+    publish_note(
+        ctx,
+        p,
+        Note::normal(
+            "MetalLBCleanupComplete",
+            "MetalLB resources cleaned up successfully",
+        ),
+    )
+    .await;
+
+    o.cleanup = Some(Cleanup::Succeeded);
+    o.applied = Some(Check::new(
+        status::APPLIED,
+        false,
+        "Deleted",
+        "everything the provisioner made is deleted",
+    ));
+    write_status(ctx, p, &o, &extra).await?;
+    remove_finalizer(ctx, p).await?;
+    publish_note(
+        ctx,
+        p,
+        Note::normal("CleanupSucceeded", "All resources cleaned up successfully"),
+    )
+    .await;
+    tracing::info!(provisioner = %owner.name, namespace = %ns, "deleted");
+    Ok(Action::await_change())
+}
+
+/// Publishes CleanupHandlerFailed for a clean-up step's error, and passes
+/// the result on.
+async fn handled<T>(
+    ctx: &Context,
+    p: &DPFHCPProvisioner,
+    handler: &str,
+    result: Result<T, Error>,
+) -> Result<T, Error> {
+    if let Err(e) = &result {
+        publish_note(
+            ctx,
+            p,
+            Note::warning(
+                "CleanupHandlerFailed",
+                format!("Cleanup handler '{handler}' failed: {e}"),
+            ),
+        )
+        .await;
+    }
+    result
+}
+
+/// The kubeconfig copy, then the DPUCluster's reference to it; how many
+/// copies were deleted.
+async fn remove_injection(
+    ctx: &Context,
+    p: &DPFHCPProvisioner,
+    owner: &Owner,
+) -> Result<usize, Error> {
+    let dpu_ref = &p.spec.dpu_cluster_ref;
+    let mut deleted = 0;
+    let copies: Api<Secret> = Api::namespaced(ctx.client.clone(), &dpu_ref.namespace);
+    if let Some(copy) = copies.get_opt(&owner.admin_kubeconfig_name()).await? {
+        if labelled_ours(&copy.metadata, owner) {
+            match copies
+                .delete(&owner.admin_kubeconfig_name(), &DeleteParams::default())
+                .await
+            {
+                Ok(_) => {
+                    ctx.applier.counted("Secret", "delete");
+                    deleted += 1;
+                }
+                Err(e) if not_found(&e) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    let dpus: Api<DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        &dpu_ref.namespace,
+        &dpu_cluster_resource(),
+    );
+    let dpu = get_present(&dpus, &dpu_ref.name).await?;
+    if let Some(dpu) = dpu {
+        if dpu.data.pointer("/spec/kubeconfig").and_then(Value::as_str)
+            == Some(owner.admin_kubeconfig_name().as_str())
+        {
+            // Removing the field, unlike changing it, passes DPF's
+            // set-once rule.
+            let patch = json!({"spec": {"kubeconfig": null}});
+            dpus.patch(
+                &dpu_ref.name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+            ctx.applier.counted("DPUCluster", "patch");
+        }
+    }
+    Ok(deleted)
+}
+
+/// The Secret copies the provisioner made.
+async fn remove_copies(ctx: &Context, owner: &Owner) -> Result<(), Error> {
+    let ns = &owner.namespace;
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     for name in [
         owner.pull_secret_name(),
         owner.ssh_key_name(),
@@ -156,29 +274,20 @@ pub(super) async fn delete(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Actio
             _ => {}
         }
     }
+    Ok(())
+}
 
-    // 4. MetalLB, only what carries this provisioner's labels.
-    let mlb_ns = &settings.metal_lb_namespace;
+/// The MetalLB objects carrying the provisioner's labels.
+async fn remove_metal_lb(ctx: &Context, owner: &Owner, mlb_ns: &str) -> Result<(), Error> {
     for (resource, name) in [
         (ip_address_pool_resource(), owner.name.clone()),
         (l2_advertisement_resource(), owner.l2_advertisement_name()),
     ] {
         let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), mlb_ns, &resource);
         let live = get_present(&api, &name).await?;
-        if live.is_some_and(|l| labelled_ours(&l.metadata, &owner)) {
+        if live.is_some_and(|l| labelled_ours(&l.metadata, owner)) {
             ctx.applier.gone_from(&api, &resource.kind, &name).await?;
         }
     }
-
-    o.cleanup = Some(Cleanup::Succeeded);
-    o.applied = Some(Check::new(
-        status::APPLIED,
-        false,
-        "Deleted",
-        "everything the provisioner made is deleted",
-    ));
-    write_status(ctx, p, &o, &extra).await?;
-    remove_finalizer(ctx, p).await?;
-    tracing::info!(provisioner = %owner.name, namespace = %ns, "deleted");
-    Ok(Action::await_change())
+    Ok(())
 }

@@ -12,33 +12,47 @@ use serde_json::json;
 use super::apply::not_found;
 use crate::error::Error;
 
+/// How many times an edit is tried when the object changes between the
+/// read and the write. Conflicts here are ordinary: right after a
+/// provisioner is created, its CSR approver writes its part of status.
+const EDIT_ATTEMPTS: usize = 5;
+
 /// Changes the finalizer list of the latest `name`, guarded by its
-/// resourceVersion: a concurrent change is a conflict, retried, never a
-/// lost write. Read afresh, because the reconcile may itself have written
-/// status since the object was read. An object gone is no error.
+/// resourceVersion: a concurrent change is a conflict, read again and
+/// retried, never a lost write. Read afresh, because the reconcile may
+/// itself have written status since the object was read. An object gone
+/// is no error.
 pub async fn edit<K>(api: &Api<K>, name: &str, edit: impl Fn(&mut Vec<String>)) -> Result<(), Error>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    let Some(latest) = api.get_opt(name).await? else {
-        return Ok(());
-    };
-    let mut list = latest.finalizers().to_vec();
-    let before = list.clone();
-    edit(&mut list);
-    if list == before {
-        return Ok(());
+    let mut attempt = 1;
+    loop {
+        let Some(latest) = api.get_opt(name).await? else {
+            return Ok(());
+        };
+        let mut list = latest.finalizers().to_vec();
+        let before = list.clone();
+        edit(&mut list);
+        if list == before {
+            return Ok(());
+        }
+        let patch =
+            json!({"metadata": {"finalizers": list, "resourceVersion": latest.resource_version()}});
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if not_found(&e) => return Ok(()),
+            Err(e) if conflict(&e) && attempt < EDIT_ATTEMPTS => attempt += 1,
+            Err(e) => return Err(e.into()),
+        }
     }
-    let patch =
-        json!({"metadata": {"finalizers": list, "resourceVersion": latest.resource_version()}});
-    match api
-        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(e) if not_found(&e) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+}
+
+fn conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
 }
 
 /// Adds `finalizer` to `obj` unless it already carries it.

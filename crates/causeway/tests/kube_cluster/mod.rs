@@ -25,6 +25,8 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
 
+pub mod helm;
+
 /// The chart's release, as the tests install it.
 pub const RELEASE_NAMESPACE: &str = "causeway-system";
 pub const RELEASE: &str = "causeway";
@@ -78,10 +80,25 @@ fn helm() -> Option<PathBuf> {
 }
 
 static CLUSTER: OnceLock<Result<SharedCluster, String>> = OnceLock::new();
+static BARE_CLUSTER: OnceLock<Result<SharedCluster, String>> = OnceLock::new();
 
 /// The shared cluster, started on first use; `None` after a loud SKIP when
 /// this machine cannot run one (not root, or no cached binaries).
 pub fn cluster(test: &str) -> Option<&'static SharedCluster> {
+    started(test, &CLUSTER, true)
+}
+
+/// A cluster without the chart: for a test process that installs the
+/// chart with helm itself. The admin kubeconfig is `dir/kubeconfig`.
+pub fn bare_cluster(test: &str) -> Option<&'static SharedCluster> {
+    started(test, &BARE_CLUSTER, false)
+}
+
+fn started(
+    test: &str,
+    cell: &'static OnceLock<Result<SharedCluster, String>>,
+    with_chart: bool,
+) -> Option<&'static SharedCluster> {
     if !is_root() {
         skip(
             test,
@@ -111,8 +128,8 @@ pub fn cluster(test: &str) -> Option<&'static SharedCluster> {
     };
     // Started on a thread of its own: the caller is inside a test's runtime,
     // and the chart is installed from a runtime of its own.
-    let shared = CLUSTER.get_or_init(|| {
-        std::thread::spawn(move || start(&script, helm))
+    let shared = cell.get_or_init(|| {
+        std::thread::spawn(move || start(&script, helm, with_chart))
             .join()
             .unwrap_or_else(|_| Err("starting the cluster panicked".into()))
     });
@@ -123,7 +140,7 @@ pub fn cluster(test: &str) -> Option<&'static SharedCluster> {
     }
 }
 
-fn start(script: &Path, helm: PathBuf) -> Result<SharedCluster, String> {
+fn start(script: &Path, helm: PathBuf, with_chart: bool) -> Result<SharedCluster, String> {
     let dir = tempfile::Builder::new()
         .prefix("causeway-kube-")
         .tempdir()
@@ -158,6 +175,9 @@ fn start(script: &Path, helm: PathBuf) -> Result<SharedCluster, String> {
         admin_token: get("TOKEN")?,
         operator_kubeconfig: dir.join("operator.kubeconfig"),
     };
+    if !with_chart {
+        return Ok(cluster);
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -242,6 +262,42 @@ pub async fn install_release(
 
 /// The rendering without CEL rules, which the 1.20 test server refuses in
 /// a server-side apply.
+/// The DPF kinds the DPU boot template is made from, as fixture CRDs.
+pub const DPF_TEMPLATE_CRDS: [&str; 3] = [
+    include_str!("../../../../tests/kube/crds/dpudeployment.yaml"),
+    include_str!("../../../../tests/kube/crds/dpuflavor.yaml"),
+    include_str!("../../../../tests/kube/crds/dpfoperatorconfig.yaml"),
+];
+pub const DPF_TEMPLATE_CRD_NAMES: [&str; 3] = [
+    "dpudeployments.svc.dpu.nvidia.com",
+    "dpuflavors.provisioning.dpu.nvidia.com",
+    "dpfoperatorconfigs.operator.dpu.nvidia.com",
+];
+
+/// DPF's objects the boot template is made from, in `ns`: the
+/// DPFOperatorConfig (high-speed MTU 9000), DPUDeployment `dpudeployment`
+/// (BFB `bf-bundle`, flavor `hbn-ovn`) and DPUFlavor `hbn-ovn` (trusted,
+/// with `ovs_script` and an `mlnx-bf.conf` override). Applied again, the
+/// flavor takes the new script.
+pub async fn dpf_template_objects(client: &Client, ns: &str, ovs_script: &str) {
+    for doc in [
+        serde_json::json!({"apiVersion": "operator.dpu.nvidia.com/v1alpha1", "kind": "DPFOperatorConfig",
+            "metadata": {"name": "dpfoperatorconfig", "namespace": ns},
+            "spec": {"networking": {"highSpeedMTU": 9000}}}),
+        serde_json::json!({"apiVersion": "svc.dpu.nvidia.com/v1alpha1", "kind": "DPUDeployment",
+            "metadata": {"name": "dpudeployment", "namespace": ns},
+            "spec": {"dpus": {"bfb": "bf-bundle", "flavor": "hbn-ovn"}}}),
+        serde_json::json!({"apiVersion": "provisioning.dpu.nvidia.com/v1alpha1", "kind": "DPUFlavor",
+            "metadata": {"name": "hbn-ovn", "namespace": ns},
+            "spec": {"dpuMode": "dpu", "ovs": {"rawConfigScript": ovs_script},
+                "configFiles": [{"path": "/etc/mellanox/mlnx-bf.conf", "operation": "override", "raw": "ALLOW_SHARED_RQ=\"no\"\n", "permissions": "0644"}]}}),
+    ] {
+        apply_yaml(client, &serde_json::to_string(&doc).unwrap(), ns)
+            .await
+            .unwrap();
+    }
+}
+
 pub fn without_cel(yaml: &str) -> String {
     causeway_operator::k8s::manifest::without_cel(yaml).unwrap()
 }
