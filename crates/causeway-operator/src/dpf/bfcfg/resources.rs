@@ -24,7 +24,7 @@ pub(super) const FLAVOR_YAML: &str = "/etc/dpf/dpuflavor.yaml";
 pub(super) const FLAVOR_JSON: &str = "/etc/dpf/dpuflavor.json";
 pub(super) const TARGET_IGN: &str = "/var/target.ign";
 
-macro_rules! file {
+macro_rules! resource {
     ($path:expr, $mode:expr, $res:literal) => {
         File {
             path: $path,
@@ -46,74 +46,74 @@ macro_rules! unit {
 /// T files, in the order they are added. pf0vf0 is not here: it is added
 /// as editable text (see [`PF0VF0_BODY`]).
 pub(super) const TARGET_FILES: &[File] = &[
-    file!("/etc/mellanox/mlnx-bf.conf", 0o644, "target/mlnx-bf.conf"),
-    file!("/etc/mellanox/mlnx-ovs.conf", 0o644, "target/mlnx-ovs.conf"),
-    file!(
+    resource!("/etc/mellanox/mlnx-bf.conf", 0o644, "target/mlnx-bf.conf"),
+    resource!("/etc/mellanox/mlnx-ovs.conf", 0o644, "target/mlnx-ovs.conf"),
+    resource!(
         "/etc/NetworkManager/system-connections/br-comm-ch.nmconnection",
         0o600,
         "target/br-comm-ch.nmconnection"
     ),
-    file!(
+    resource!(
         "/etc/crio/crio.conf.d/99-ulimits.conf",
         0o644,
         "target/99-ulimits.conf"
     ),
-    file!("/etc/sysctl.d/98-dpunet.conf", 0o644, "target/98-dpunet.conf"),
-    file!(
+    resource!("/etc/sysctl.d/98-dpunet.conf", 0o644, "target/98-dpunet.conf"),
+    resource!(
         "/etc/systemd/system/chrony-wait.service.d/override.conf",
         0o644,
         "target/chrony-wait-override.conf"
     ),
-    file!(
+    resource!(
         "/etc/systemd/system/NetworkManager-wait-online.service.d/override.conf",
         0o644,
         "target/nm-wait-online-override.conf"
     ),
-    file!("/etc/yum.repos.d/agentrepo.repo", 0o644, "target/agentrepo.repo"),
-    file!(
+    resource!("/etc/yum.repos.d/agentrepo.repo", 0o644, "target/agentrepo.repo"),
+    resource!(
         "/etc/systemd/system/machine-config-daemon-firstboot.service.d/10-mcd-firstboot-dpuagent.conf",
         0o644,
         "target/10-mcd-firstboot-dpuagent.conf"
     ),
-    file!(
+    resource!(
         "/etc/systemd/system/machine-config-daemon-pull.service.d/10-require-setup-vfs.conf",
         0o644,
         "target/10-require-setup-vfs.conf"
     ),
-    file!(
+    resource!(
         "/usr/local/bin/install-dpu-agent.sh",
         0o755,
         "target/install-dpu-agent.sh"
     ),
-    file!(
+    resource!(
         "/usr/local/bin/dpu-fw-upgrade.sh",
         0o755,
         "target/dpu-fw-upgrade.sh"
     ),
-    file!("/usr/local/bin/wait-for-sfs.sh", 0o755, "target/wait-for-sfs.sh"),
-    file!(
+    resource!("/usr/local/bin/wait-for-sfs.sh", 0o755, "target/wait-for-sfs.sh"),
+    resource!(
         "/usr/local/bin/tmfifo-agent-link.sh",
         0o755,
         "target/tmfifo-agent-link.sh"
     ),
-    file!(
+    resource!(
         "/usr/local/bin/report-machineosurl.py",
         0o755,
         "target/report-machineosurl.py"
     ),
-    file!("/usr/local/bin/pf-monitor.sh", 0o755, "target/pf-monitor.sh"),
-    file!(
+    resource!("/usr/local/bin/pf-monitor.sh", 0o755, "target/pf-monitor.sh"),
+    resource!(
         "/etc/modules-load.d/br_netfilter.conf",
         0o644,
         "target/br_netfilter.conf"
     ),
-    file!("/etc/sysconfig/openvswitch", 0o600, "target/openvswitch"),
-    file!(
+    resource!("/etc/sysconfig/openvswitch", 0o600, "target/openvswitch"),
+    resource!(
         "/etc/tmpfiles.d/99-hugetlbfs-dpf.conf",
         0o644,
         "target/99-hugetlbfs-dpf.conf"
     ),
-    file!(
+    resource!(
         "/etc/openshift/kubelet.conf.d/kubelet-dpf-override.conf",
         0o644,
         "target/kubelet-dpf-override.conf"
@@ -143,38 +143,38 @@ pub(super) const TARGET_UNITS: &[Unit] = &[
 pub(super) const DPU_AGENT: Unit = unit!("target", "dpu-agent.service");
 
 pub(super) const COMMON_FILES: &[File] = &[
-    file!(
+    resource!(
         "/etc/systemd/network/10-tmfifo_net.link",
         0o644,
         "common/10-tmfifo_net.link"
     ),
-    file!(
+    resource!(
         "/etc/systemd/network/10-oob_net.link",
         0o644,
         "common/10-oob_net.link"
     ),
-    file!(
+    resource!(
         "/etc/NetworkManager/system-connections/tmfifo_net0.nmconnection",
         0o600,
         "common/tmfifo_net0.nmconnection"
     ),
-    file!(
+    resource!(
         "/etc/NetworkManager/system-connections/oob_net0.nmconnection",
         0o600,
         "common/oob_net0.nmconnection"
     ),
-    file!(
+    resource!(
         "/usr/local/bin/dpuagent-client.py",
         0o755,
         "common/dpuagent-client.py"
     ),
-    file!("/usr/local/bin/bflog.sh", 0o755, "common/bflog.sh"),
-    file!(
+    resource!("/usr/local/bin/bflog.sh", 0o755, "common/bflog.sh"),
+    resource!(
         "/usr/local/bin/bfupsignal.sh",
         0o755,
         "common/bfupsignal.sh"
     ),
-    file!(
+    resource!(
         "/usr/local/bin/setup-vfs-devlink.sh",
         0o755,
         "common/setup-vfs-devlink.sh"
@@ -184,12 +184,12 @@ pub(super) const COMMON_FILES: &[File] = &[
 pub(super) const DEVLINK_ACTIVATE: Unit = unit!("common", "devlink-activate.service");
 
 pub(super) const LIVE_SCRIPTS: &[File] = &[
-    file!(
+    resource!(
         "/usr/local/bin/install-rhcos-dpf.sh",
         0o755,
         "live/install-rhcos-dpf.sh"
     ),
-    file!(
+    resource!(
         "/usr/local/bin/update_ignition.py",
         0o755,
         "live/update_ignition.py"
