@@ -253,7 +253,8 @@ def check_dpf(docs, release="causeway"):
     for needed in [("hypershift.openshift.io", "hostedclusters"), ("hypershift.openshift.io", "nodepools"),
                    ("metallb.io", "ipaddresspools"), ("metallb.io", "l2advertisements"),
                    ("provisioning.dpu.hcp.io", "dpfhcpprovisioners/status"), ("provisioning.dpu.nvidia.com", "dpus"),
-                   ("provisioning.dpu.nvidia.com", "dpuflavors"), ("svc.dpu.nvidia.com", "dpudeployments")]:
+                   ("provisioning.dpu.nvidia.com", "dpuflavors"), ("svc.dpu.nvidia.com", "dpudeployments"),
+                   ("operator.dpu.nvidia.com", "dpfoperatorconfigs")]:
         assert needed in granted, f"DPF ClusterRole lacks {needed}"
     assert "update" in granted[("provisioning.dpu.nvidia.com", "dpuclusters")]
     for rule in cr["rules"]:

@@ -17,7 +17,9 @@ mod kube_cluster;
 
 use std::time::Duration;
 
+use causeway_operator::dpf::bfcfg;
 use causeway_operator::dpf::crd::{DPFHCPProvisioner, DPFHCPProvisionerConfig};
+use causeway_operator::dpf::ignition::ENCAPSULATED;
 use causeway_operator::k8s::resources::{
     dpu_cluster_resource, hosted_cluster_resource, ip_address_pool_resource,
     l2_advertisement_resource, node_pool_resource,
@@ -34,6 +36,9 @@ const HC_CRD: &str = include_str!("../../../tests/kube/crds/hostedcluster.yaml")
 const NP_CRD: &str = include_str!("../../../tests/kube/crds/nodepool.yaml");
 const DPU_CRD: &str = include_str!("../../../tests/kube/crds/dpucluster.yaml");
 const METALLB_CRDS: &str = include_str!("../../../tests/kube/crds/metallb.yaml");
+/// The DPUFlavor's OVS script, as first made and after an edit.
+const OVS_SCRIPT: &str = "ovs-vsctl set Open_vSwitch . other_config:doca-init=true\n";
+const OVS_SCRIPT_EDITED: &str = "ovs-vsctl set Open_vSwitch . other_config:hw-offload=true\n";
 const WAIT: Duration = Duration::from_secs(60);
 const NS: &str = "my-dpu-clusters";
 const DPU_NS: &str = "dpu-clusters";
@@ -184,18 +189,34 @@ async fn hypershift_finalizers(client: &Client, finalizers: Value) {
         .unwrap();
 }
 
-/// The bfcfg template: its labels, annotations and the osImageURL in it.
-async fn bfcfg(client: &Client) -> Option<(Value, Value, Option<String>)> {
+/// The bfcfg template: its labels, annotations, the osImageURL in the
+/// target it carries, and that target.
+async fn bfcfg(client: &Client) -> Option<(Value, Value, Option<String>, Value)> {
     let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), DPU_NS)
         .get_opt("bfcfg-my-dpucluster.cfg")
         .await
         .unwrap()?;
     let template = cm.data.as_ref()?.get("BF_CFG_TEMPLATE")?.clone();
+    let target = bfcfg::carried_target(template.as_bytes()).unwrap();
+    let mc: Value = serde_json::from_slice(
+        &bfcfg::file_contents(&target, ENCAPSULATED)
+            .unwrap()
+            .unwrap(),
+    )
+    .unwrap();
     Some((
         serde_json::to_value(cm.metadata.labels).unwrap(),
         serde_json::to_value(cm.metadata.annotations).unwrap(),
-        causeway_operator::dpf::ignition::os_image(template.as_bytes()),
+        mc["spec"]["osImageURL"].as_str().map(str::to_string),
+        target,
     ))
+}
+
+/// A file of the target ignition, as text.
+fn target_file(target: &Value, path: &str) -> Option<String> {
+    bfcfg::file_contents(target, path)
+        .unwrap()
+        .map(|b| String::from_utf8(b).unwrap())
 }
 
 /// The events about `name`, as `kubectl get events --field-selector
@@ -375,7 +396,10 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         return;
     };
     let client = admin(c).await;
-    for crd in [HC_CRD, NP_CRD, DPU_CRD] {
+    for crd in [HC_CRD, NP_CRD, DPU_CRD]
+        .into_iter()
+        .chain(kube_cluster::DPF_TEMPLATE_CRDS)
+    {
         apply_yaml(&client, &kube_cluster::without_cel(crd), "default")
             .await
             .unwrap();
@@ -384,7 +408,10 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         "hostedclusters.hypershift.openshift.io",
         "nodepools.hypershift.openshift.io",
         "dpuclusters.provisioning.dpu.nvidia.com",
-    ] {
+    ]
+    .into_iter()
+    .chain(kube_cluster::DPF_TEMPLATE_CRD_NAMES)
+    {
         wait_established(&client, crd).await;
     }
     for ns in [NS, DPU_NS, "openshift-operators"] {
@@ -393,6 +420,7 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
     apply_yaml(&client, "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: ocs-storagecluster-ceph-rbd}\nprovisioner: openshift-storage.rbd.csi.ceph.com\n", "default").await.unwrap();
     dpu_cluster(&client, "my-dpucluster").await;
     dpu_cluster(&client, "spare-dpucluster").await;
+    kube_cluster::dpf_template_objects(&client, DPU_NS, OVS_SCRIPT).await;
     secret(
         &client,
         NS,
@@ -523,8 +551,16 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         "not deleted either"
     );
 
-    println!("scenario: the README sample, unchanged, with MetalLB's CRDs absent");
-    apply_yaml(&client, SAMPLE, NS).await.unwrap();
+    println!("scenario: the README sample, with MetalLB's CRDs absent");
+    // The sample plus the DPUDeployment the boot template's flavor comes
+    // from (the product documentation's example names one; it is
+    // immutable, so it is there from the start).
+    create_variant(
+        &client,
+        NAME,
+        json!({"dpuDeploymentRef": {"name": "dpudeployment", "namespace": DPU_NS}}),
+    )
+    .await;
     let why = wait_condition(
         &client,
         &op,
@@ -792,6 +828,40 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         template.2.as_deref(),
         Some("quay.io/example/rhcos-bfb:4.19.0-ec.5")
     );
+    // The template is the live ignition carrying the target, which holds
+    // the flavor's OVS script and override, and the MTU profiles.
+    let annotations = &template.1;
+    assert_eq!(
+        annotations["provisioning.dpu.nvidia.com/bfcfg-template-dpuflavor-name"],
+        "hbn-ovn"
+    );
+    assert_eq!(
+        annotations["provisioning.dpu.nvidia.com/bfcfg-template-bfb-name"],
+        "bf-bundle"
+    );
+    let digest = annotations["dpfhcpprovisioner.dpu.hcp.io/bfcfg-template-dpuflavor-digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(digest.len(), 64);
+    let target = &template.3;
+    assert_eq!(
+        target_file(target, "/usr/local/bin/dpf-ovs-script.sh").as_deref(),
+        Some(OVS_SCRIPT)
+    );
+    assert_eq!(
+        target_file(target, "/etc/mellanox/mlnx-bf.conf").as_deref(),
+        Some("ALLOW_SHARED_RQ=\"no\"\n")
+    );
+    assert!(target_file(
+        target,
+        "/etc/NetworkManager/system-connections/p0.nmconnection"
+    )
+    .unwrap()
+    .contains("mtu=9000"));
+    assert!(target_file(target, "/etc/dpf/dpuflavor.yaml")
+        .unwrap()
+        .contains("hbn-ovn"));
     assert!(ignition.served.load(std::sync::atomic::Ordering::SeqCst) >= 1);
     assert_eq!(
         ignition.refused.load(std::sync::atomic::Ordering::SeqCst),
@@ -854,6 +924,37 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
             let cm = cms.get_opt("bfcfg-my-dpucluster.cfg").await.ok()??;
             (cm.metadata.uid != old_uid).then_some(())
         },
+    )
+    .await;
+    println!("scenario: the DPUFlavor's content edited makes the template again");
+    kube_cluster::dpf_template_objects(&client, DPU_NS, OVS_SCRIPT_EDITED).await;
+    eventually(
+        "the bfcfg template made from the edited flavor",
+        WAIT,
+        Some(&op),
+        || async {
+            let (_, annotations, _, target) = bfcfg(&client).await?;
+            (target_file(&target, "/usr/local/bin/dpf-ovs-script.sh").as_deref()
+                == Some(OVS_SCRIPT_EDITED))
+            .then_some(annotations)
+        },
+    )
+    .await;
+    let (_, annotations, _, _) = bfcfg(&client).await.unwrap();
+    assert_ne!(
+        annotations["dpfhcpprovisioner.dpu.hcp.io/bfcfg-template-dpuflavor-digest"],
+        digest.as_str()
+    );
+    // Made again for that reason, which the event names.
+    let seen = wait_events(&client, &op, NAME, &[("Normal", "DPUFlavorChanged")]).await;
+    assert_known_reasons(&seen);
+    wait_condition(
+        &client,
+        &op,
+        NAME,
+        "IgnitionConfigured",
+        "True",
+        "IgnitionGenerated",
     )
     .await;
     assert_eq!(st.hosted_cluster_ref.unwrap().name, NAME);

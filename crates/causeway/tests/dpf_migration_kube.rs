@@ -239,7 +239,10 @@ async fn a_go_operator_install_is_taken_over_with_every_hosted_cluster_kept() {
     let dir = tempfile::tempdir().unwrap();
 
     // The management cluster: HyperShift's, DPF's and MetalLB's CRDs.
-    for crd in [HC_CRD, NP_CRD, DPU_CRD, METALLB_CRDS] {
+    for crd in [HC_CRD, NP_CRD, DPU_CRD, METALLB_CRDS]
+        .into_iter()
+        .chain(kube_cluster::DPF_TEMPLATE_CRDS)
+    {
         apply_yaml(&client, &kube_cluster::without_cel(crd), "default")
             .await
             .unwrap();
@@ -249,7 +252,10 @@ async fn a_go_operator_install_is_taken_over_with_every_hosted_cluster_kept() {
         "nodepools.hypershift.openshift.io",
         "dpuclusters.provisioning.dpu.nvidia.com",
         "ipaddresspools.metallb.io",
-    ] {
+    ]
+    .into_iter()
+    .chain(kube_cluster::DPF_TEMPLATE_CRD_NAMES)
+    {
         wait_established(&client, crd).await;
     }
     for ns in [NS, DPU_NS, "openshift-operators"] {
@@ -303,8 +309,17 @@ async fn a_go_operator_install_is_taken_over_with_every_hosted_cluster_kept() {
     )
     .await
     .unwrap();
+    // The DPUDeployment the Go CRD requires a provisioner to name, its
+    // flavor and DPF's operator config: the DPU boot template's inputs.
+    kube_cluster::dpf_template_objects(
+        &client,
+        DPU_NS,
+        "ovs-vsctl set Open_vSwitch . other_config:doca-init=true\n",
+    )
+    .await;
     let mut sample: Value = serde_saphyr::from_str(SAMPLE).unwrap();
     sample["metadata"]["finalizers"] = json!([FINALIZER]);
+    sample["spec"]["dpuDeploymentRef"] = json!({"name": "dpudeployment", "namespace": DPU_NS});
     let provisioners: Api<DPFHCPProvisioner> = Api::namespaced(client.clone(), NS);
     let p = provisioners
         .create(&go_params(), &serde_json::from_value(sample).unwrap())

@@ -33,7 +33,10 @@ use super::teardown::delete;
 use crate::error::Error;
 use crate::k8s::apply::{Applier, Noise};
 use crate::k8s::metrics::{OperatorMetrics, ReconcileTimer};
-use crate::k8s::resources::{dpu_cluster_resource, hosted_cluster_resource, node_pool_resource};
+use crate::k8s::resources::{
+    dpf_operator_config_resource, dpu_cluster_resource, dpu_flavor_resource,
+    hosted_cluster_resource, node_pool_resource,
+};
 use crate::k8s::watch::{cached, Scope};
 
 const CONTROLLER: &str = "dpfhcp";
@@ -149,6 +152,24 @@ pub async fn run(
     )
     .default_backoff()
     .touched_objects();
+    // A DPUFlavor's content and the DPFOperatorConfig's MTU go into the
+    // boot template: an edit makes it again at once rather than at the
+    // next resync.
+    let dpu_flavors = watcher(
+        Api::<PartialObjectMeta<DynamicObject>>::all_with(client.clone(), &dpu_flavor_resource()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .touched_objects();
+    let operator_configs = watcher(
+        Api::<PartialObjectMeta<DynamicObject>>::all_with(
+            client.clone(),
+            &dpf_operator_config_resource(),
+        ),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .touched_objects();
     let secrets = watcher(
         scope.api::<PartialObjectMeta<Secret>>(&client),
         watcher::Config::default(),
@@ -167,6 +188,8 @@ pub async fn run(
     .default_backoff()
     .touched_objects();
     let by_dpu = provisioners.clone();
+    let by_flavor = provisioners.clone();
+    let by_operator_config = provisioners.clone();
     let by_secret = provisioners.clone();
     Controller::for_stream(provisioner_stream, provisioners)
         .watches_stream(config_stream, move |_c: DPFHCPProvisionerConfig| {
@@ -202,6 +225,29 @@ pub async fn run(
                 .collect::<Vec<_>>()
             },
             dpu_cluster_resource(),
+        )
+        .watches_stream_with(
+            dpu_flavors,
+            move |m: PartialObjectMeta<DynamicObject>| {
+                // The flavor's name is in the DPUDeployment, which the
+                // store does not hold: every provisioner whose DPUDeployment
+                // is in the flavor's namespace looks again.
+                let ns = m.namespace().unwrap_or_default();
+                by_flavor
+                    .state()
+                    .into_iter()
+                    .filter(|p| p.spec.dpu_deployment_ref.as_ref().is_some_and(|r| r.namespace == ns))
+                    .map(|p| ObjectRef::from_obj(&*p))
+                    .collect::<Vec<_>>()
+            },
+            dpu_flavor_resource(),
+        )
+        .watches_stream_with(
+            operator_configs,
+            move |_m: PartialObjectMeta<DynamicObject>| {
+                by_operator_config.state().iter().map(|p| ObjectRef::from_obj(&**p)).collect::<Vec<_>>()
+            },
+            dpf_operator_config_resource(),
         )
         .watches_stream(secrets, move |s: PartialObjectMeta<Secret>| secret_owners(&by_secret, &s))
         .with_config(kube::runtime::controller::Config::default().concurrency(RECONCILE_CONCURRENCY))

@@ -120,6 +120,11 @@ pub fn regeneration_note(why: &str, was_configured: bool) -> Option<Note> {
             "DPUDeploymentChanged",
             "DPUDeployment changed, triggering ignition regeneration",
         )),
+        // causeway's own: the Go operator does not act on a flavor edit.
+        "DPUFlavorChanged" => Some(Note::normal(
+            "DPUFlavorChanged",
+            "DPUFlavor content or the high-speed MTU changed, triggering ignition regeneration",
+        )),
         _ => None,
     }
 }
@@ -338,6 +343,10 @@ mod tests {
         assert_eq!(
             reason("DPUDeploymentChanged", true),
             Some((false, "DPUDeploymentChanged".to_string()))
+        );
+        assert_eq!(
+            reason("DPUFlavorChanged", true),
+            Some((false, "DPUFlavorChanged".to_string()))
         );
         assert_eq!(reason("MachineOSURLChanged", true), None);
     }

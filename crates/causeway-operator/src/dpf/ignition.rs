@@ -1,6 +1,7 @@
-//! The DPU's ignition: HyperShift's ignition for the hosted cluster with
-//! the OS image replaced, published for DPF as the bfcfg template
-//! ConfigMap. Pure: the controller fetches and applies.
+//! The DPU's ignition as DPF reads it: the bfcfg template ConfigMap, what
+//! it was made from, and HyperShift's ignition with the OS image replaced
+//! (which [`super::bfcfg`] builds the template around). Pure but for
+//! [`fetch`]: the controller fetches and applies.
 //!
 //! HyperShift's ignition carries the node's MachineConfig as the file
 //! `/etc/ignition-machine-config-encapsulated.json`, a `data:` URL. Its
@@ -25,9 +26,14 @@ pub const MACHINE_OS_ANNOTATION: &str =
     "dpfhcpprovisioner.dpu.hcp.io/bfcfg-template-machine-os-url";
 pub const RELEASE_ANNOTATION: &str =
     "dpfhcpprovisioner.dpu.hcp.io/bfcfg-template-ocp-release-image";
+/// The digest of the DPUFlavor's spec and the high-speed MTU the template
+/// was made from (`bfcfg::content_digest`): causeway's own, so an edit to
+/// the flavor's content makes the template again.
+pub const CONTENT_DIGEST_ANNOTATION: &str =
+    "dpfhcpprovisioner.dpu.hcp.io/bfcfg-template-dpuflavor-digest";
 
 /// Characters kept as they are in a `data:,` URL: RFC 3986 unreserved.
-const DATA_URL: &AsciiSet = &NON_ALPHANUMERIC
+pub(crate) const DATA_URL: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'-')
     .remove(b'.')
     .remove(b'_')
@@ -49,17 +55,25 @@ pub fn configmap_name(dpu_cluster: &str) -> String {
 }
 
 fn decode_data_url(source: &str) -> Result<Vec<u8>, IgnitionError> {
-    let bad = |why: &str| IgnitionError::BadMachineConfig(why.into());
+    data_url_bytes(source, false).map_err(IgnitionError::BadMachineConfig)
+}
+
+/// The bytes of a `data:` URL. `form` also reads `+` as a space in a
+/// non-base64 URL, as HTML form decoding does (the DPU boot template's
+/// compression step decodes that way: see `bfcfg::encode`).
+pub(crate) fn data_url_bytes(source: &str, form: bool) -> Result<Vec<u8>, String> {
     let rest = source
         .strip_prefix("data:")
-        .ok_or_else(|| bad("not a data: URL"))?;
+        .ok_or_else(|| "not a data: URL".to_string())?;
     let (meta, data) = rest
         .split_once(',')
-        .ok_or_else(|| bad("a data: URL without a comma"))?;
+        .ok_or_else(|| "a data: URL without a comma".to_string())?;
     if meta.split(';').any(|p| p == "base64") {
         base64::engine::general_purpose::STANDARD
             .decode(percent_decode_str(data).collect::<Vec<u8>>())
-            .map_err(|e| bad(&format!("base64: {e}")))
+            .map_err(|e| format!("base64: {e}"))
+    } else if form {
+        Ok(percent_decode_str(&data.replace('+', " ")).collect())
     } else {
         Ok(percent_decode_str(data).collect())
     }
@@ -133,6 +147,8 @@ pub struct Inputs {
     /// The DPUDeployment's BFB and DPUFlavor, when one is named.
     pub bfb: Option<(String, String)>,
     pub flavor: Option<(String, String)>,
+    /// What the template takes from the DPUFlavor and DPFOperatorConfig.
+    pub content_digest: Option<String>,
 }
 
 impl Inputs {
@@ -162,6 +178,9 @@ impl Inputs {
             format!("{OURS_PREFIX}ocp-release-image"),
             self.release_image.clone(),
         );
+        if let Some(digest) = &self.content_digest {
+            a.insert(CONTENT_DIGEST_ANNOTATION.into(), digest.clone());
+        }
         a
     }
 }
@@ -180,10 +199,13 @@ pub fn stale(published: Option<&BTreeMap<String, String>>, want: &Inputs) -> Opt
         Some("MachineOSURLChanged")
     } else if want
         .keys()
-        .chain(have.keys().filter(|k| k.starts_with(DPF_PREFIX)))
+        .chain(have.keys())
+        .filter(|k| k.starts_with(DPF_PREFIX))
         .any(|k| differs(k))
     {
         Some("DPUDeploymentChanged")
+    } else if differs(CONTENT_DIGEST_ANNOTATION) {
+        Some("DPUFlavorChanged")
     } else {
         None
     }
@@ -368,6 +390,7 @@ mod tests {
             os_image: "bfb:4.19.0".into(),
             bfb: Some(("bfb-a".into(), "dpu".into())),
             flavor: Some(("flavor-a".into(), "dpu".into())),
+            content_digest: Some("d1".into()),
         };
         let published = inputs.annotations();
         assert_eq!(stale(Some(&published), &inputs), None);
@@ -390,6 +413,23 @@ mod tests {
             Some("DPUDeploymentChanged")
         );
         assert_eq!(with(&|i| i.bfb = None), Some("DPUDeploymentChanged"));
+        // The flavor's content (or the MTU) edited, under the same name.
+        assert_eq!(
+            with(&|i| i.content_digest = Some("d2".into())),
+            Some("DPUFlavorChanged")
+        );
+        // A template published before the digest was recorded is made again.
+        let mut older = published.clone();
+        older.remove(CONTENT_DIGEST_ANNOTATION);
+        assert_eq!(stale(Some(&older), &inputs), Some("DPUFlavorChanged"));
+        // A renamed flavor is reported as such, not as a content change.
+        assert_eq!(
+            with(&|i| {
+                i.flavor = Some(("flavor-b".into(), "dpu".into()));
+                i.content_digest = Some("d2".into());
+            }),
+            Some("DPUDeploymentChanged")
+        );
         let cm = configmap(&inputs, b"{}", &BTreeMap::new());
         assert_eq!(cm["metadata"]["name"], "bfcfg-dc.cfg");
         assert_eq!(cm["metadata"]["labels"][TEMPLATE_LABEL], "true");

@@ -7,6 +7,7 @@
 //! server-side apply under one field manager, and writes status by apply.
 
 pub mod approver;
+pub mod bfcfg;
 pub mod bluefield;
 mod context;
 pub mod controller;

@@ -10,13 +10,15 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 use serde_json::Value;
 
+use super::bfcfg::{content_digest, Flavor};
 use super::crd::DPFHCPProvisioner;
 use super::render::{self, Owner};
 use super::status::{self, Check, HostedClusterFacts};
 use crate::error::Error;
-use crate::k8s::apply::{apply_params, get_present, installed, not_found, permanent};
+use crate::k8s::apply::{api_message, apply_params, get_present, installed, not_found, permanent};
 use crate::k8s::resources::{
-    dpu_cluster_resource, dpu_deployment_resource, hosted_cluster_resource, node_pool_resource,
+    dpf_operator_config_resource, dpu_cluster_resource, dpu_deployment_resource,
+    dpu_flavor_resource, hosted_cluster_resource, node_pool_resource,
 };
 
 use super::context::{publish_note, Context};
@@ -30,9 +32,9 @@ pub(super) struct SecretData {
 }
 
 /// IgnitionConfigured: the bfcfg template is published and made from what
-/// the provisioner says now, or is made again (HyperShift's ignition, the
-/// OS image replaced) when it is missing, stale or first seen by this
-/// process.
+/// the provisioner, its DPUDeployment, DPUFlavor and the DPFOperatorConfig
+/// say now, or is made again when it is missing, stale or first seen by
+/// this process.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn ignition_check(
     ctx: &Context,
@@ -58,29 +60,71 @@ pub(super) async fn ignition_check(
         os_image: os_image.clone(),
         ..Default::default()
     };
-    if let Some(r) = &p.spec.dpu_deployment_ref {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(ctx.client.clone(), &r.namespace, &dpu_deployment_resource());
-        match get_present(&api, &r.name).await? {
-            Some(d) => {
-                let field = |ptr: &str| {
-                    d.data
-                        .pointer(ptr)
-                        .and_then(Value::as_str)
-                        .map(str::to_string)
-                };
-                inputs.bfb = field("/spec/dpus/bfb").map(|b| (b, r.namespace.clone()));
-                inputs.flavor = field("/spec/dpus/flavor").map(|f| (f, r.namespace.clone()));
-            }
-            None => {
-                return check(
-                    false,
-                    "DependencyDeleted",
-                    format!("DPUDeployment {}/{} not found", r.namespace, r.name),
-                );
-            }
+    // The template is built around the DPUDeployment's flavor, so there is
+    // nothing to publish without one.
+    let Some(r) = &p.spec.dpu_deployment_ref else {
+        return check(
+            false,
+            "DPUDeploymentRefMissing",
+            "spec.dpuDeploymentRef is not set: the DPU boot template is built from the DPUDeployment's DPUFlavor".into(),
+        );
+    };
+    let deployments: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), &r.namespace, &dpu_deployment_resource());
+    let Some(d) = get_present(&deployments, &r.name).await? else {
+        return check(
+            false,
+            "DependencyDeleted",
+            format!("DPUDeployment {}/{} not found", r.namespace, r.name),
+        );
+    };
+    let field = |ptr: &str| {
+        d.data
+            .pointer(ptr)
+            .and_then(Value::as_str)
+            .filter(|v| !v.is_empty())
+            .map(str::to_string)
+    };
+    inputs.bfb = field("/spec/dpus/bfb").map(|b| (b, r.namespace.clone()));
+    let Some(flavor_name) = field("/spec/dpus/flavor") else {
+        return check(
+            false,
+            "IgnitionGenerationFailed",
+            format!(
+                "DPUDeployment {}/{} has no spec.dpus.flavor",
+                r.namespace, r.name
+            ),
+        );
+    };
+    inputs.flavor = Some((flavor_name.clone(), r.namespace.clone()));
+    let flavors: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), &r.namespace, &dpu_flavor_resource());
+    let Some(flavor) = get_present(&flavors, &flavor_name).await? else {
+        return check(
+            false,
+            "DependencyDeleted",
+            format!("DPUFlavor {}/{flavor_name} not found", r.namespace),
+        );
+    };
+    let flavor = match serde_json::to_value(&flavor) {
+        Ok(v) => v,
+        Err(e) => {
+            return check(
+                false,
+                "IgnitionGenerationFailed",
+                format!("DPUFlavor {}/{flavor_name}: {e}", r.namespace),
+            )
         }
-    }
+    };
+    let parsed = match Flavor::from_object(&flavor) {
+        Ok(f) => f,
+        Err(e) => return check(false, e.reason(), e.to_string()),
+    };
+    let mtu = match high_speed_mtu(&ctx.client).await? {
+        Ok(mtu) => mtu,
+        Err(message) => return check(false, "IgnitionGenerationFailed", message),
+    };
+    inputs.content_digest = Some(content_digest(&flavor, mtu));
     let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &dpu_ns);
     let name = ign::configmap_name(&inputs.dpu_cluster);
     let published = match cms.get_opt(&name).await {
@@ -137,7 +181,7 @@ pub(super) async fn ignition_check(
     if let Some(note) = super::events::regeneration_note(why, was_configured) {
         publish_note(ctx, p, note).await;
     }
-    match generate(ctx, owner, facts, &inputs).await {
+    match generate(ctx, owner, facts, &inputs, &parsed, mtu).await {
         Ok(()) => {
             publish_note(
                 ctx,
@@ -151,51 +195,104 @@ pub(super) async fn ignition_check(
             tracing::info!(provisioner = %owner.name, namespace = %owner.namespace, configmap = %name, why, "DPU ignition published");
             check(true, "IgnitionGenerated", format!("ConfigMap {dpu_ns}/{name} holds the ignition for {} with OS image {os_image} (made again: {why})", inputs.release_image))
         }
-        Err(e) => {
+        Err((reason, e)) => {
             tracing::warn!(provisioner = %owner.name, namespace = %owner.namespace, error = %e, "DPU ignition");
             publish_note(ctx, p, Note::warning("IgnitionGenerationFailed", e.clone())).await;
-            check(false, "IgnitionGenerationFailed", e)
+            check(false, reason, e)
         }
     }
 }
 
-/// Fetches HyperShift's ignition, replaces the OS image and applies the
-/// template ConfigMap.
+/// The singleton DPFOperatorConfig's `spec.networking.highSpeedMTU`, or
+/// why it cannot be read: none or several configs, or a value that is not
+/// an MTU.
+async fn high_speed_mtu(client: &Client) -> Result<Result<Option<u32>, String>, Error> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &dpf_operator_config_resource());
+    let list = match api.list(&ListParams::default()).await {
+        Ok(l) => l,
+        Err(e) if not_found(&e) || permanent(&e) => {
+            return Ok(Err(format!(
+                "listing DPFOperatorConfigs: {}",
+                api_message(&e)
+            )))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let [config] = list.items.as_slice() else {
+        let names: Vec<String> = list
+            .items
+            .iter()
+            .map(|c| format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any()))
+            .collect();
+        return Ok(Err(format!(
+            "exactly one DPFOperatorConfig is needed for the high-speed MTU; found {}: {names:?}",
+            list.items.len()
+        )));
+    };
+    Ok(match config.data.pointer("/spec/networking/highSpeedMTU") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .and_then(|m| u32::try_from(m).ok())
+            .map(Some)
+            .ok_or(format!(
+                "DPFOperatorConfig {}/{}: spec.networking.highSpeedMTU {v} is not an MTU",
+                config.namespace().unwrap_or_default(),
+                config.name_any()
+            )),
+    })
+}
+
+/// Fetches HyperShift's ignition, builds the boot template around it and
+/// applies the template ConfigMap; a failure comes with its
+/// IgnitionConfigured reason.
 pub(super) async fn generate(
     ctx: &Context,
     owner: &Owner,
     facts: &HostedClusterFacts,
     inputs: &super::ignition::Inputs,
-) -> Result<(), String> {
+    flavor: &Flavor,
+    high_speed_mtu: Option<u32>,
+) -> Result<(), (&'static str, String)> {
+    let failed = |e: String| ("IgnitionGenerationFailed", e);
     let endpoint = facts
         .ignition_endpoint
         .as_deref()
-        .ok_or("the HostedCluster reports no ignitionEndpoint yet")?;
+        .ok_or_else(|| failed("the HostedCluster reports no ignitionEndpoint yet".into()))?;
     let cp_ns = format!("{}-{}", owner.namespace, owner.name);
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &cp_ns);
     let key = |s: &Secret, k: &str| s.data.as_ref().and_then(|d| d.get(k)).map(|b| b.0.clone());
     let ca = secrets
         .get_opt("ignition-server-ca-cert")
         .await
-        .map_err(|e| format!("Secret {cp_ns}/ignition-server-ca-cert: {e}"))?
+        .map_err(|e| failed(format!("Secret {cp_ns}/ignition-server-ca-cert: {e}")))?
         .and_then(|s| key(&s, "tls.crt"))
-        .ok_or(format!(
-            "no Secret {cp_ns}/ignition-server-ca-cert with tls.crt"
-        ))?;
+        .ok_or_else(|| {
+            failed(format!(
+                "no Secret {cp_ns}/ignition-server-ca-cert with tls.crt"
+            ))
+        })?;
     let prefix = format!("token-{}-", owner.name);
     let token = secrets
         .list(&ListParams::default())
         .await
-        .map_err(|e| format!("Secrets of {cp_ns}: {e}"))?
+        .map_err(|e| failed(format!("Secrets of {cp_ns}: {e}")))?
         .items
         .into_iter()
         .filter(|s| s.name_any().starts_with(&prefix))
         .find_map(|s| key(&s, "token"))
-        .ok_or(format!("no Secret {cp_ns}/{prefix}* with a token"))?;
-    let ignition = super::ignition::fetch(endpoint, &token, &ca).await?;
-    let ignition = super::ignition::override_os_image(&ignition, &inputs.os_image)
-        .map_err(|e| e.to_string())?;
-    let body = super::ignition::configmap(inputs, &ignition, &owner.labels());
+        .ok_or_else(|| failed(format!("no Secret {cp_ns}/{prefix}* with a token")))?;
+    let ignition = super::ignition::fetch(endpoint, &token, &ca)
+        .await
+        .map_err(failed)?;
+    let template = super::bfcfg::template(&super::bfcfg::Inputs {
+        hcp_ignition: &ignition,
+        flavor,
+        high_speed_mtu,
+        os_image: &inputs.os_image,
+    })
+    .map_err(|e| (e.reason(), e.to_string()))?;
+    let body = super::ignition::configmap(inputs, &template, &owner.labels());
     let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &inputs.dpu_cluster_namespace);
     cms.patch(
         &super::ignition::configmap_name(&inputs.dpu_cluster),
@@ -203,7 +300,7 @@ pub(super) async fn generate(
         &Patch::Apply(&body),
     )
     .await
-    .map_err(|e| format!("applying the bfcfg ConfigMap: {e}"))?;
+    .map_err(|e| failed(format!("applying the bfcfg ConfigMap: {e}")))?;
     ctx.applier.counted("ConfigMap", "apply");
     Ok(())
 }

@@ -489,7 +489,10 @@ fn ignition_failed(o: &Observed) -> bool {
         !c.status
             && matches!(
                 c.reason.as_str(),
-                "IgnitionGenerationFailed" | "MachineOSURLMissing"
+                "IgnitionGenerationFailed"
+                    | "MachineOSURLMissing"
+                    | "ZeroTrustNotSupported"
+                    | "DPUDeploymentRefMissing"
             )
     })
 }
@@ -797,7 +800,7 @@ mod tests {
         assert_eq!(phase(&good(), &r), Phase::Ready);
 
         type Step = fn(&mut Observed);
-        let cases: [(Step, &str, Phase); 9] = [
+        let cases: [(Step, &str, Phase); 12] = [
             (
                 |o| o.validations[0].status = true,
                 "ValidationFailed",
@@ -858,6 +861,42 @@ mod tests {
                 },
                 "IgnitionNotConfigured",
                 Phase::Failed,
+            ),
+            (
+                |o| {
+                    o.ignition = Some(Check::new(
+                        IGNITION_CONFIGURED,
+                        false,
+                        "ZeroTrustNotSupported",
+                        "",
+                    ))
+                },
+                "IgnitionNotConfigured",
+                Phase::Failed,
+            ),
+            (
+                |o| {
+                    o.ignition = Some(Check::new(
+                        IGNITION_CONFIGURED,
+                        false,
+                        "DPUDeploymentRefMissing",
+                        "",
+                    ))
+                },
+                "IgnitionNotConfigured",
+                Phase::Failed,
+            ),
+            (
+                |o| {
+                    o.ignition = Some(Check::new(
+                        IGNITION_CONFIGURED,
+                        false,
+                        "DPUFlavorChanged",
+                        "",
+                    ))
+                },
+                "IgnitionNotConfigured",
+                Phase::GeneratingIgnition,
             ),
             (
                 |o| o.hosted_cluster.as_mut().unwrap().history = vec![],

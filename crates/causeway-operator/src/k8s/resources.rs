@@ -44,6 +44,24 @@ pub fn dpu_deployment_resource() -> ApiResource {
     )
 }
 
+pub fn dpu_flavor_resource() -> ApiResource {
+    resource(
+        "provisioning.dpu.nvidia.com",
+        "v1alpha1",
+        "DPUFlavor",
+        "dpuflavors",
+    )
+}
+
+pub fn dpf_operator_config_resource() -> ApiResource {
+    resource(
+        "operator.dpu.nvidia.com",
+        "v1alpha1",
+        "DPFOperatorConfig",
+        "dpfoperatorconfigs",
+    )
+}
+
 pub fn dpu_cluster_resource() -> ApiResource {
     resource(
         "provisioning.dpu.nvidia.com",

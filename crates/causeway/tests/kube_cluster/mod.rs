@@ -262,6 +262,42 @@ pub async fn install_release(
 
 /// The rendering without CEL rules, which the 1.20 test server refuses in
 /// a server-side apply.
+/// The DPF kinds the DPU boot template is made from, as fixture CRDs.
+pub const DPF_TEMPLATE_CRDS: [&str; 3] = [
+    include_str!("../../../../tests/kube/crds/dpudeployment.yaml"),
+    include_str!("../../../../tests/kube/crds/dpuflavor.yaml"),
+    include_str!("../../../../tests/kube/crds/dpfoperatorconfig.yaml"),
+];
+pub const DPF_TEMPLATE_CRD_NAMES: [&str; 3] = [
+    "dpudeployments.svc.dpu.nvidia.com",
+    "dpuflavors.provisioning.dpu.nvidia.com",
+    "dpfoperatorconfigs.operator.dpu.nvidia.com",
+];
+
+/// DPF's objects the boot template is made from, in `ns`: the
+/// DPFOperatorConfig (high-speed MTU 9000), DPUDeployment `dpudeployment`
+/// (BFB `bf-bundle`, flavor `hbn-ovn`) and DPUFlavor `hbn-ovn` (trusted,
+/// with `ovs_script` and an `mlnx-bf.conf` override). Applied again, the
+/// flavor takes the new script.
+pub async fn dpf_template_objects(client: &Client, ns: &str, ovs_script: &str) {
+    for doc in [
+        serde_json::json!({"apiVersion": "operator.dpu.nvidia.com/v1alpha1", "kind": "DPFOperatorConfig",
+            "metadata": {"name": "dpfoperatorconfig", "namespace": ns},
+            "spec": {"networking": {"highSpeedMTU": 9000}}}),
+        serde_json::json!({"apiVersion": "svc.dpu.nvidia.com/v1alpha1", "kind": "DPUDeployment",
+            "metadata": {"name": "dpudeployment", "namespace": ns},
+            "spec": {"dpus": {"bfb": "bf-bundle", "flavor": "hbn-ovn"}}}),
+        serde_json::json!({"apiVersion": "provisioning.dpu.nvidia.com/v1alpha1", "kind": "DPUFlavor",
+            "metadata": {"name": "hbn-ovn", "namespace": ns},
+            "spec": {"dpuMode": "dpu", "ovs": {"rawConfigScript": ovs_script},
+                "configFiles": [{"path": "/etc/mellanox/mlnx-bf.conf", "operation": "override", "raw": "ALLOW_SHARED_RQ=\"no\"\n", "permissions": "0644"}]}}),
+    ] {
+        apply_yaml(client, &serde_json::to_string(&doc).unwrap(), ns)
+            .await
+            .unwrap();
+    }
+}
+
 pub fn without_cel(yaml: &str) -> String {
     causeway_operator::k8s::manifest::without_cel(yaml).unwrap()
 }
