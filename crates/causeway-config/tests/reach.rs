@@ -1,0 +1,44 @@
+//! Which subnets a valid DHCP config leaves no client a way to reach.
+
+#![allow(clippy::unwrap_used)]
+
+use causeway_config::Config;
+
+fn dhcp(yaml: &str) -> causeway_config::DhcpConfig {
+    Config::from_yaml(yaml).unwrap().dhcp.unwrap()
+}
+
+#[test]
+fn a_subnet_reached_only_through_an_unlisted_relay_is_named() {
+    // The lab's earlier config: the VLAN's own subnet on net1, a second
+    // one behind a relay, no relayAddresses.
+    let relayed = dhcp(
+        "dhcp:\n  listen: [{interface: net1}]\n  subnets:\n    - {cidr: 192.168.100.0/24, interface: net1, serverId: 192.168.100.2}\n    - {cidr: 10.20.0.0/24, serverId: 192.168.100.2}\n",
+    );
+    let notes = relayed.unreachable_subnets();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].starts_with("dhcp.subnets[1] (10.20.0.0/24): no client can reach it")
+            && notes[0].contains("relayAddresses"),
+        "{}",
+        notes[0]
+    );
+    // Listing the relay, or an address listener, reaches it.
+    let listed = dhcp(
+        "dhcp:\n  listen: [{interface: net1}]\n  subnets:\n    - {cidr: 192.168.100.0/24, interface: net1, serverId: 192.168.100.2}\n    - {cidr: 10.20.0.0/24, serverId: 192.168.100.2, relayAddresses: [192.168.100.1]}\n",
+    );
+    assert!(listed.unreachable_subnets().is_empty());
+    let address = dhcp(
+        "dhcp:\n  listen: [{interface: net1}, {address: '0.0.0.0:67'}]\n  subnets:\n    - {cidr: 192.168.100.0/24, interface: net1, serverId: 192.168.100.2}\n    - {cidr: 10.20.0.0/24, serverId: 192.168.100.2}\n",
+    );
+    assert!(address.unreachable_subnets().is_empty());
+    // An interface no listener is on.
+    let elsewhere = dhcp(
+        "dhcp:\n  listen: [{interface: net1}]\n  subnets:\n    - {cidr: 192.168.100.0/24, interface: net1, serverId: 192.168.100.2}\n    - {cidr: 10.30.0.0/24, interface: net2, serverId: 10.30.0.2}\n",
+    );
+    let notes = elsewhere.unreachable_subnets();
+    assert!(
+        notes.len() == 1 && notes[0].contains("no listener is on its interface net2"),
+        "{notes:?}"
+    );
+}
