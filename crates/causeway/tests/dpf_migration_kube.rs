@@ -264,6 +264,24 @@ async fn a_go_operator_install_is_taken_over_with_every_hosted_cluster_kept() {
     apply_yaml(&client, "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: ocs-storagecluster-ceph-rbd}\nprovisioner: openshift-storage.rbd.csi.ceph.com\n", "default").await.unwrap();
 
     println!("step: the Go operator's release, installed with helm");
+    // Helm creates a release's template CRDs and then runs its
+    // post-install hooks without waiting for the API server to serve
+    // them, so the Go chart's settings hook fails now and then on a fresh
+    // cluster ("ensure CRDs are installed first"). The CRDs are made first
+    // here, already marked as the release's, and helm adopts them: the
+    // same end state, without the race.
+    for crd in [DPFHCPProvisioner::crd(), DPFHCPProvisionerConfig::crd()] {
+        let mut v: Value = serde_saphyr::from_str(&go_crd(crd)).unwrap();
+        v["metadata"]["annotations"]["meta.helm.sh/release-name"] = json!(GO_RELEASE);
+        v["metadata"]["annotations"]["meta.helm.sh/release-namespace"] = json!(GO_NS);
+        v["metadata"]["labels"] = json!({"app.kubernetes.io/managed-by": "Helm"});
+        apply_yaml(&client, &serde_json::to_string(&v).unwrap(), "default")
+            .await
+            .unwrap();
+    }
+    for crd in CRDS {
+        wait_established(&client, crd).await;
+    }
     let go = go_chart(dir.path());
     tools.helm_ok(&[
         "install",
