@@ -246,7 +246,17 @@ pub struct Engine {
     by_hostname: HashMap<Box<str>, Ipv4Addr>,
     /// Every reservation's hostname, lowercase: no other client gets one.
     reserved_names: std::collections::HashSet<Box<str>>,
+    /// No allocation reclaims before this second: a full pool under a
+    /// flood of new clients answers "exhausted" from the bitmap instead of
+    /// scanning every lease for each of them, under the engine lock that
+    /// renewals wait on. The server's tick reclaims on its own besides.
+    reclaim_not_before: u64,
+    /// Reclaim scans run, for the tests that hold the flood to one a second.
+    reclaims: u64,
 }
+
+/// At most one reclaim scan a second on the allocation path.
+const RECLAIM_EVERY: u64 = 1;
 
 fn reserved_names(cfg: &DhcpConfig) -> std::collections::HashSet<Box<str>> {
     cfg.subnets
@@ -272,7 +282,14 @@ impl Engine {
             admission: Admission::default(),
             by_hostname: HashMap::new(),
             reserved_names: reserved_names(cfg),
+            reclaim_not_before: 0,
+            reclaims: 0,
         }
+    }
+
+    /// How many reclaim scans have run.
+    pub fn reclaims(&self) -> u64 {
+        self.reclaims
     }
 
     /// Applies a new config, keeping every lease.
@@ -352,6 +369,7 @@ impl Engine {
     /// Frees addresses whose offer, lease or probation has run out. Returns
     /// how many were freed. Expired leases stay remembered for stickiness.
     pub fn reclaim(&mut self, now: u64) -> usize {
+        self.reclaims += 1;
         let expired: Vec<Ipv4Addr> = self
             .leases
             .values()
@@ -599,7 +617,12 @@ impl Engine {
                     }
                 }
             }
-            if attempt == 0 && self.reclaim(now) == 0 {
+            // Once a second at most: between scans a full pool is full.
+            if attempt > 0 || now < self.reclaim_not_before {
+                break;
+            }
+            self.reclaim_not_before = now + RECLAIM_EVERY;
+            if self.reclaim(now) == 0 {
                 break;
             }
         }

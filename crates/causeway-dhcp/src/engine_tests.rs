@@ -542,6 +542,39 @@ fn pool_exhaustion_sends_no_offer() {
     assert_eq!((s.total, s.leased, s.free), (2, 2, 0));
 }
 
+/// A full pool under a flood of new clients: the lease table is scanned for
+/// expiries at most once a second, not once a DISCOVER (on a /16 each scan
+/// holds the engine lock long enough to stall the renewals behind it).
+#[test]
+fn a_discover_flood_on_a_full_pool_scans_the_leases_once_a_second() {
+    let cfg = config("  subnets:\n    - pools: [{start: 192.168.100.10, end: 192.168.100.11}]\n");
+    let mut e = Engine::new(&cfg);
+    dora(&mut e, &mut Client::new(1), NOW);
+    dora(&mut e, &mut Client::new(2), NOW);
+    let before = e.reclaims();
+    for n in 0..1000u32 {
+        let mut c = Client::new(3);
+        c.mac = [0x02, 0, 0, (n >> 16) as u8, (n >> 8) as u8, n as u8];
+        let second = NOW + u64::from(n / 500);
+        assert_eq!(
+            e.handle(second, &c.discover(), from_client(), &direct()),
+            Outcome::Ignore(Ignored::PoolExhausted)
+        );
+    }
+    assert_eq!(
+        e.reclaims() - before,
+        2,
+        "1,000 DISCOVERs over two seconds scanned the leases this many times"
+    );
+    // A known client renews all the while.
+    let mut one = Client::new(1);
+    let ip = dora(&mut e, &mut one, NOW + 2);
+    assert!(matches!(
+        e.handle(NOW + 2, &one.renew(ip), from_client(), &direct()),
+        Outcome::Reply { .. }
+    ));
+}
+
 #[test]
 fn expired_leases_are_reclaimed_for_new_clients() {
     let cfg = config("  subnets:\n    - pools: [{start: 192.168.100.10, end: 192.168.100.10}]\n");
