@@ -63,13 +63,25 @@ pub struct DynamicNames {
     inner: RwLock<DynamicInner>,
     /// Bumped on every change, so prepared local answers know to go stale.
     generation: AtomicU64,
+    /// Registrations refused because the table was full.
+    refused: AtomicU64,
 }
 
 #[derive(Debug, Default)]
 struct DynamicInner {
     forward: HashMap<LowerName, (Ipv4Addr, u64)>,
     reverse: HashMap<LowerName, (Name, u64)>,
+    /// Expired names are swept once the table passes this size, which then
+    /// doubles past what is left: amortised, however fast names churn.
+    sweep_at: usize,
 }
+
+/// Names learned from DHCP, at most: as many as a /16 has addresses. Past
+/// it a new name is not registered (and counted), so no client can grow
+/// the table without bound by renaming itself.
+pub const MAX_DHCP_NAMES: usize = 65_536;
+/// The table is swept for expired names no sooner than at this size.
+const SWEEP_FLOOR: usize = 512;
 
 impl DynamicNames {
     /// Names registered under `zone` (`hc1.example.com.`); with no zone,
@@ -79,10 +91,39 @@ impl DynamicNames {
             zone: zone.and_then(|z| Name::from_ascii(z).ok()),
             inner: RwLock::default(),
             generation: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
         }
     }
 
-    /// Registers (or refreshes) `host` at `ip` until `expires` (unix seconds).
+    /// How many names are held (expired ones included until swept).
+    pub fn len(&self) -> usize {
+        self.read().forward.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Registrations refused because [`MAX_DHCP_NAMES`] were held.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Drops names whose leases ran out by `now`, when the table has grown
+    /// enough since the last sweep for it to be worth the scan.
+    pub fn forget_expired_if_due(&self, now: u64) {
+        let mut d = self.write();
+        if d.forward.len() + d.reverse.len() < d.sweep_at.max(SWEEP_FLOOR) {
+            return;
+        }
+        d.forward.retain(|_, (_, expires)| *expires > now);
+        d.reverse.retain(|_, (_, expires)| *expires > now);
+        d.sweep_at = 2 * (d.forward.len() + d.reverse.len());
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// Registers (or refreshes) `host` at `ip` until `expires` (unix
+    /// seconds). Refused past [`MAX_DHCP_NAMES`] (see [`Self::refused`]).
     pub fn register(&self, host: &str, ip: Ipv4Addr, expires: u64) {
         let Some(zone) = &self.zone else { return };
         let Ok(fqdn) = Name::from_ascii(host).and_then(|h| h.append_domain(zone)) else {
@@ -91,18 +132,38 @@ impl DynamicNames {
         let Ok(rev) = Name::from_ascii(causeway_config::reverse_name(IpAddr::V4(ip))) else {
             return;
         };
+        let key = LowerName::from(&fqdn);
+        let rev = LowerName::from(rev);
         let mut d = self.write();
-        // A host that moved must not keep its old reverse entry.
-        if let Some((old_ip, _)) = d.forward.insert(LowerName::from(&fqdn), (ip, expires)) {
+        if !d.forward.contains_key(&key) && d.forward.len() >= MAX_DHCP_NAMES {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        // A host that moved must not keep its old reverse entry, but only
+        // its own: the old address may be another host's by now.
+        if let Some((old_ip, _)) = d.forward.insert(key.clone(), (ip, expires)) {
             if old_ip != ip {
                 if let Ok(old_rev) =
                     Name::from_ascii(causeway_config::reverse_name(IpAddr::V4(old_ip)))
                 {
-                    d.reverse.remove(&LowerName::from(old_rev));
+                    let old_rev = LowerName::from(old_rev);
+                    if d.reverse
+                        .get(&old_rev)
+                        .is_some_and(|(name, _)| LowerName::from(name) == key)
+                    {
+                        d.reverse.remove(&old_rev);
+                    }
                 }
             }
         }
-        d.reverse.insert(LowerName::from(rev), (fqdn, expires));
+        // The address's previous name, another host's or this host's
+        // before a rename, no longer resolves to it.
+        if let Some((previous, _)) = d.reverse.insert(rev, (fqdn, expires)) {
+            let previous = LowerName::from(&previous);
+            if previous != key && d.forward.get(&previous).is_some_and(|(a, _)| *a == ip) {
+                d.forward.remove(&previous);
+            }
+        }
         self.generation.fetch_add(1, Ordering::Release);
     }
 

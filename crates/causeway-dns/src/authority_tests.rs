@@ -221,6 +221,63 @@ fn dhcp_names_appear_on_grant_and_vanish_on_release_or_expiry() {
     assert!(answer(&a, 0, "120.100.168.192.in-addr.arpa.", RecordType::PTR).nxdomain);
 }
 
+/// Names follow their leases: an address given to another host takes its
+/// name away from the old one, a renamed host loses its old name, and
+/// re-registering a host never removes the PTR of an address that is now
+/// someone else's.
+#[test]
+fn dhcp_names_follow_their_leases_through_churn() {
+    let (a, dynamic) = authority("  listen: ['127.0.0.1:5353']\n");
+    let ip1 = Ipv4Addr::new(192, 168, 100, 121);
+    let ip2 = Ipv4Addr::new(192, 168, 100, 122);
+    let a_of = |name: &str| addrs(&answer(&a, 0, name, RecordType::A));
+    let ptr_of = |rev: &str| addrs(&answer(&a, 0, rev, RecordType::PTR));
+    // old-host held ip1; its lease ran out and ip1 went to new-host.
+    dynamic.register("old-host", ip1, NOW + 60);
+    dynamic.register("new-host", ip1, NOW + 60);
+    assert_eq!(a_of("new-host.hc1.example.com."), vec!["192.168.100.121"]);
+    assert!(
+        a_of("old-host.hc1.example.com.").is_empty(),
+        "the old name still resolves to an address given to another host"
+    );
+    // old-host comes back elsewhere: new-host's PTR stays.
+    dynamic.register("old-host", ip2, NOW + 60);
+    assert_eq!(
+        ptr_of("121.100.168.192.in-addr.arpa."),
+        vec!["new-host.hc1.example.com."],
+        "re-registering a stale name deleted another host's PTR"
+    );
+    assert_eq!(
+        ptr_of("122.100.168.192.in-addr.arpa."),
+        vec!["old-host.hc1.example.com."]
+    );
+    // A host renamed on its own address loses the old name.
+    dynamic.register("renamed-host", ip2, NOW + 60);
+    assert!(a_of("old-host.hc1.example.com.").is_empty());
+    assert_eq!(
+        a_of("renamed-host.hc1.example.com."),
+        vec!["192.168.100.122"]
+    );
+}
+
+/// Names whose leases ran out are forgotten, not only hidden: a fleet that
+/// renews under a new name each time does not grow the table for ever.
+#[test]
+fn expired_dhcp_names_are_dropped_as_new_ones_come() {
+    let (_a, dynamic) = authority("  listen: ['127.0.0.1:5353']\n");
+    for i in 0..20_000u32 {
+        let ip = Ipv4Addr::from(0x0a00_0000 + i + 1);
+        // Each name lives a second; the clock moves a second per name.
+        dynamic.register(&format!("host-{i}"), ip, NOW + u64::from(i) + 1);
+        dynamic.forget_expired_if_due(NOW + u64::from(i));
+    }
+    assert!(
+        dynamic.len() <= 1_000,
+        "{} names held after 20,000 short-lived registrations",
+        dynamic.len()
+    );
+}
+
 #[test]
 fn static_names_win_over_dhcp_names() {
     let (a, dynamic) = authority("  listen: ['127.0.0.1:5353']\n");

@@ -70,17 +70,43 @@ pub fn run(path: Option<PathBuf>, only: Only) -> anyhow::Result<()> {
         .block_on(serve(path, cfg, only))
 }
 
-/// Registers DHCP hostnames in DNS as leases become durable.
-fn dhcp_names(cfg: &Config, names: &Arc<DynamicNames>) -> Option<LeaseObserver> {
-    cfg.dns.as_ref()?.zone.as_ref()?;
+/// Registers DHCP hostnames in DNS as leases become durable, and drops
+/// names whose leases ran out as new ones come, with the table's size and
+/// refusals as metrics.
+fn dhcp_names(
+    cfg: &Config,
+    names: &Arc<DynamicNames>,
+    registry: &prometheus::Registry,
+) -> anyhow::Result<Option<LeaseObserver>> {
+    if cfg.dns.as_ref().and_then(|d| d.zone.as_ref()).is_none() {
+        return Ok(None);
+    }
+    let held = prometheus::IntGauge::new(
+        "causeway_dns_dhcp_names",
+        "Names learned from DHCP leases held for DNS (expired ones until swept)",
+    )?;
+    let refused = prometheus::IntCounter::new(
+        "causeway_dns_dhcp_names_refused_total",
+        "DHCP names not registered because the table held its maximum",
+    )?;
+    registry.register(Box::new(held.clone()))?;
+    registry.register(Box::new(refused.clone()))?;
     let names = names.clone();
-    Some(Arc::new(move |lease: &causeway_dhcp::LeaseRecord| {
+    Ok(Some(Arc::new(move |lease: &causeway_dhcp::LeaseRecord| {
         match (lease.state, &lease.hostname) {
-            (LeaseState::Active, Some(host)) => names.register(host, lease.ip, lease.expires),
+            (LeaseState::Active, Some(host)) => {
+                names.register(host, lease.ip, lease.expires);
+                names.forget_expired_if_due(causeway_dhcp::unix_now());
+            }
             (LeaseState::Released | LeaseState::Declined, _) => names.unregister(lease.ip),
             _ => {}
         }
-    }))
+        held.set(i64::try_from(names.len()).unwrap_or(i64::MAX));
+        let total = names.refused();
+        if total > refused.get() {
+            refused.inc_by(total - refused.get());
+        }
+    })))
 }
 
 /// Raises the open-files limit to its hard maximum: every proxied
@@ -163,7 +189,7 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
                 dhcp_cfg,
                 metrics,
                 stop.clone(),
-                dhcp_names(&cfg, &names),
+                dhcp_names(&cfg, &names, &registry).context("registering the DHCP name metrics")?,
                 ready,
             )
             .await
