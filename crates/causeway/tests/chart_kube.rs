@@ -136,7 +136,22 @@ async fn helm_installs_upgrades_and_uninstalls_the_chart_with_the_provisioner_ch
 
     // Install, as openshift-docs does, with the other aliases.
     let values = provisioner_values("registry.example.com/dpu/bluefield-ocp-layer", true);
-    tools.helm_ok(&install_args("upgrade-install", chart, &values));
+    let first = tools.helm(&install_args("upgrade-install", chart, &values));
+    let retried = !first.status.success();
+    if retried {
+        // Helm runs a release's post-install hooks without waiting for the
+        // API server to serve the CRDs it has just made, so on a cluster
+        // new to them the settings hook fails now and then (1 run in 10
+        // here). The remedy docs/dpf.md gives is running the same command
+        // again; its post-upgrade hook then makes the object.
+        let stderr = String::from_utf8_lossy(&first.stderr);
+        assert!(
+            stderr.contains("ensure CRDs are installed first"),
+            "helm install failed otherwise: {stderr}"
+        );
+        eprintln!("NOTE {test}: the first install met Helm's hook-before-CRD race; running it again, as docs/dpf.md says");
+        tools.helm_ok(&install_args("upgrade-install", chart, &values));
+    }
 
     // The Deployment: in the namespace installed into, with the labels,
     // container name and annotation the provisioner's users rely on.
@@ -415,7 +430,8 @@ async fn helm_installs_upgrades_and_uninstalls_the_chart_with_the_provisioner_ch
     let status: serde_json::Value =
         serde_json::from_str(&tools.helm_ok(&["status", RELEASE, "--namespace", NS, "-o", "json"]))
             .unwrap();
-    assert_eq!(status["version"], 2, "{status}");
+    // Revision 2 is the upgrade (3 after a first install run twice).
+    assert_eq!(status["version"], 2 + u64::from(retried), "{status}");
     assert_eq!(status["info"]["status"], "deployed", "{status}");
 
     // Uninstall: the release's objects go; the CRDs (resource-policy keep)
