@@ -258,9 +258,13 @@ impl Exchange {
         }
     }
 
+    /// A response (QR set) with our ID and exactly our one question: a
+    /// reflected query or a packet with more questions is not an answer.
     fn is_answer(&self, wire: &[u8]) -> bool {
         let question = &self.packet[HEADER..self.question_end];
-        wire.get(..2) == self.packet.get(..2)
+        wire.get(2).is_some_and(|flags| flags & 0x80 != 0)
+            && wire.get(4..6) == Some(&[0, 1][..])
+            && wire.get(..2) == self.packet.get(..2)
             && wire
                 .get(HEADER..self.question_end)
                 .is_some_and(|got| got.eq_ignore_ascii_case(question))

@@ -291,6 +291,44 @@ async fn an_answer_with_another_question_is_not_taken() {
     assert_eq!(reply(&client), (12, vec![ip]));
 }
 
+/// What comes back must be a response to exactly the one question asked:
+/// the query itself reflected (QR clear), or a packet that carries the
+/// question and another, is not an answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reflected_query_or_a_second_question_is_not_an_answer() {
+    let upstream = socket();
+    let lab = serve(&[upstream.local_addr().unwrap()], "").await;
+    let client = socket();
+    client
+        .send_to(&query(14, "reflected.example.net."), lab.addr)
+        .unwrap();
+    let mut buf = [0u8; 1500];
+    let (n, from) = upstream.recv_from(&mut buf).unwrap();
+    let dropped = || {
+        lab.metrics
+            .dropped
+            .with_label_values(&["unexpected_upstream_response"])
+            .get()
+    };
+    // Sent back as it came: same ID, same question, not a response.
+    upstream.send_to(&buf[..n], from).unwrap();
+    eventually("the reflected query dropped", || dropped() == 1);
+    // A response with the question asked and a second one after it.
+    let mut two =
+        Message::from_vec(&answer(&buf[..n], Ipv4Addr::new(203, 0, 113, 14), false)).unwrap();
+    two.add_query(Query::query(
+        Name::from_ascii("extra.example.net.").unwrap(),
+        RecordType::A,
+    ));
+    upstream.send_to(&two.to_vec().unwrap(), from).unwrap();
+    eventually("the two-question answer dropped", || dropped() == 2);
+    let ip = Ipv4Addr::new(192, 0, 2, 14);
+    upstream
+        .send_to(&answer(&buf[..n], ip, false), from)
+        .unwrap();
+    assert_eq!(reply(&client), (14, vec![ip]));
+}
+
 /// RFC 5452: the port is half of what keeps a forged answer out. An
 /// attacker who learned the port of one upstream query (by asking for a
 /// name of its own) and even guesses the next query's ID right, sending
