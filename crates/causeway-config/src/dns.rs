@@ -25,6 +25,9 @@ pub const DEFAULT_CACHE_ENTRY_BYTES: usize = 8 << 10;
 /// The hosted-cluster names that point at the proxy.
 pub const PROXIED_NAMES: &[&str] = &["api", "api-int", "oauth", "ignition", "konnectivity"];
 
+/// TCP connections one client address may hold, by default.
+pub const DEFAULT_TCP_PER_SOURCE: usize = 64;
+
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileDns {
@@ -50,6 +53,7 @@ pub struct FileDns {
     pub recursion_clients: Option<Vec<String>>,
     pub tcp_idle_timeout: Option<FileDuration>,
     pub max_tcp_connections: Option<usize>,
+    pub max_tcp_connections_per_source: Option<usize>,
     pub udp_sockets: Option<usize>,
     pub pin_udp_threads: Option<bool>,
 }
@@ -126,6 +130,9 @@ pub struct DnsConfig {
     pub recursion_clients: Vec<IpNet>,
     pub tcp_idle_timeout: Duration,
     pub max_tcp_connections: usize,
+    /// TCP connections one client address may hold at once, so one host
+    /// cannot take every slot.
+    pub max_tcp_connections_per_source: usize,
     /// UDP sockets per listen address (SO_REUSEPORT); 0 means one per core.
     pub udp_sockets: usize,
     /// Bind the thread serving UDP socket N to the CPU that socket is
@@ -650,6 +657,10 @@ pub(crate) fn validate(
         recursion_clients,
         tcp_idle_timeout,
         max_tcp_connections: d.max_tcp_connections.unwrap_or(1024).max(1),
+        max_tcp_connections_per_source: d
+            .max_tcp_connections_per_source
+            .unwrap_or(DEFAULT_TCP_PER_SOURCE)
+            .clamp(1, d.max_tcp_connections.unwrap_or(1024).max(1)),
         udp_sockets: d.udp_sockets.unwrap_or(0),
         pin_udp_threads: d.pin_udp_threads.unwrap_or(false),
         ttl,

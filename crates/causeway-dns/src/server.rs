@@ -80,7 +80,10 @@ impl DnsServer {
             n => n,
         };
         let usable_cpus = cpus::usable();
-        let tcp_limit = Arc::new(Semaphore::new(cfg.max_tcp_connections));
+        let tcp_limit = Arc::new(TcpSlots::new(
+            cfg.max_tcp_connections,
+            cfg.max_tcp_connections_per_source,
+        ));
         let runtime = tokio::runtime::Handle::current();
         // Built up as sockets are bound: when one fails, dropping this wakes
         // the UDP threads already started and stops the TCP loops.
@@ -409,10 +412,72 @@ fn udp_thread(
 const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
+/// The TCP connection slots: so many in all, and so many for one client
+/// address, so one host sending a query every few seconds on many
+/// connections cannot hold every slot.
+struct TcpSlots {
+    all: Arc<Semaphore>,
+    per_source: usize,
+    held: std::sync::Mutex<std::collections::HashMap<IpAddr, usize>>,
+}
+
+/// A connection's slot, given back when dropped.
+struct TcpSlot {
+    slots: Arc<TcpSlots>,
+    source: IpAddr,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl TcpSlots {
+    fn new(all: usize, per_source: usize) -> Self {
+        TcpSlots {
+            all: Arc::new(Semaphore::new(all)),
+            per_source,
+            held: Default::default(),
+        }
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<IpAddr, usize>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A slot for a connection from `source`, or which bound it is over.
+    fn take(self: &Arc<Self>, source: IpAddr) -> Result<TcpSlot, &'static str> {
+        let mut held = self.held();
+        let mine = held.entry(source).or_insert(0);
+        if *mine >= self.per_source {
+            return Err("tcp_per_source");
+        }
+        let permit = self
+            .all
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| "tcp_full")?;
+        *mine += 1;
+        Ok(TcpSlot {
+            slots: self.clone(),
+            source,
+            _permit: permit,
+        })
+    }
+}
+
+impl Drop for TcpSlot {
+    fn drop(&mut self) {
+        let mut held = self.slots.held();
+        if let Some(n) = held.get_mut(&self.source) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                held.remove(&self.source);
+            }
+        }
+    }
+}
+
 async fn tcp_loop(
     responder: Arc<Responder>,
     listener: TcpListener,
-    limit: Arc<Semaphore>,
+    limit: Arc<TcpSlots>,
     shutdown: Shutdown,
 ) {
     let mut backoff = ACCEPT_BACKOFF_MIN;
@@ -441,10 +506,16 @@ async fn tcp_loop(
             },
         };
         backoff = ACCEPT_BACKOFF_MIN;
-        let Ok(permit) = limit.clone().try_acquire_owned() else {
-            responder.metrics.tcp_refused.inc();
-            drop(stream);
-            continue;
+        let permit = match limit.take(from.ip()) {
+            Ok(slot) => slot,
+            Err(bound) => {
+                responder.metrics.tcp_refused.inc();
+                if bound == "tcp_per_source" {
+                    responder.metrics.dropped.with_label_values(&[bound]).inc();
+                }
+                drop(stream);
+                continue;
+            }
         };
         let (responder, shutdown) = (responder.clone(), shutdown.clone());
         tokio::spawn(async move {
@@ -691,6 +762,45 @@ pub(crate) mod tests {
                 .with_label_values(&["tcp_write_timeout"])
                 .get()
                 >= 1
+        );
+    }
+
+    /// One host holding connections open cannot take every slot: past its
+    /// share its new connections are closed, while another host is served.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_source_cannot_hold_every_tcp_slot() {
+        let addr = free_port();
+        let shutdown = causeway_runtime::Shutdown::new();
+        let (server, metrics) = start_with(
+            &[addr],
+            "  maxTcpConnections: 4\n  maxTcpConnectionsPerSource: 2\n",
+            shutdown,
+        )
+        .await;
+        let _server = server.unwrap();
+        let mut held = Vec::new();
+        for id in 0..2 {
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            assert_eq!(ask_tcp(&mut c, id).await, Some((id, ResponseCode::NoError)));
+            held.push(c);
+        }
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(
+            ask_tcp(&mut third, 2).await,
+            None,
+            "a third connection from one host was served"
+        );
+        assert_eq!(
+            metrics.dropped.with_label_values(&["tcp_per_source"]).get(),
+            1
+        );
+        // Another host (another loopback address) still gets a slot.
+        let other = tokio::net::TcpSocket::new_v4().unwrap();
+        other.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut other = other.connect(addr).await.unwrap();
+        assert_eq!(
+            ask_tcp(&mut other, 3).await,
+            Some((3, ResponseCode::NoError))
         );
     }
 
