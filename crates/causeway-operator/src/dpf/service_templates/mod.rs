@@ -436,6 +436,17 @@ pub async fn run(
     .default_backoff()
     .touched_objects();
     wakes.push(meta_wakes(configs, "settings", |_| Wake::All));
+    // DPF's version picks the values: an upgrade of DPF is seen at once.
+    let dpf_configs = watcher(
+        Api::<PartialObjectMeta<DynamicObject>>::all_with(
+            client.clone(),
+            &dpf_operator_config_resource(),
+        ),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .touched_objects();
+    wakes.push(meta_wakes(dpf_configs, "DPFOperatorConfig", |_| Wake::All));
     // Status changes (the rollout's progress) are what the gate waits on:
     // the full object is watched, not its metadata.
     let daemonset = watcher(
