@@ -29,7 +29,7 @@ use causeway_operator::k8s::resources::{
     cluster_version_resource, dpf_operator_config_resource, dpu_service_template_resource,
 };
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::Client;
 use kube_cluster::{
@@ -515,6 +515,23 @@ async fn dpu_service_templates_follow_the_flag_dpf_the_ovn_rollout_and_the_provi
         .delete("dpu-host-1", &DeleteParams::default())
         .await
         .unwrap();
+    // With no kubelet, the test removes the node's pods itself, as the pod
+    // garbage collector would in time; the DaemonSet controller then counts
+    // no node to run on.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), OVN_NS);
+    eventually("the rollout complete", WAIT, Some(&op), || async {
+        for p in pods.list(&Default::default()).await.unwrap().items {
+            let _ = pods
+                .delete(
+                    &p.metadata.name.unwrap_or_default(),
+                    &DeleteParams::default().grace_period(0),
+                )
+                .await;
+        }
+        let (d, u, a, seen) = rollout(&client).await;
+        (seen && d == u && d == a).then_some(())
+    })
+    .await;
     let (repo2, hex2) = DPU_OVN_2.split_once(':').unwrap();
     let ovn = wait_template(&client, &op, DPU_NS, "ovn", "the new image", |t| {
         t["metadata"]["annotations"][SOURCE] == X86_NEW
