@@ -925,6 +925,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_blob_redirect_stays_on_https_unless_the_registry_is_plain_http() {
+        let https: http::Uri = "https://quay.io/v2/ocp/release/blobs/sha256:1"
+            .parse()
+            .unwrap();
+        let plain: http::Uri = "http://127.0.0.1:5000/v2/r/blobs/sha256:1".parse().unwrap();
+        assert_eq!(
+            redirect_target(&https, "https://cdn.example/blob?sig=x")
+                .unwrap()
+                .to_string(),
+            "https://cdn.example/blob?sig=x"
+        );
+        assert_eq!(
+            redirect_target(&https, "/v2/ocp/release/blobs/uploads/x")
+                .unwrap()
+                .to_string(),
+            "https://quay.io/v2/ocp/release/blobs/uploads/x"
+        );
+        assert!(redirect_target(&https, "http://cdn.example/blob").is_none());
+        assert!(redirect_target(&https, "ftp://cdn.example/blob").is_none());
+        assert_eq!(
+            redirect_target(&plain, "http://127.0.0.1:5000/other")
+                .unwrap()
+                .to_string(),
+            "http://127.0.0.1:5000/other"
+        );
+        assert!(redirect_target(&https, "not a url").is_none());
+    }
+
+    #[test]
     fn the_version_is_the_tag_without_its_architecture() {
         for (release, want) in [
             ("quay.io/openshift-release-dev/ocp-release:4.19.0-ec.5-x86_64", Some("4.19.0-ec.5")),
