@@ -566,6 +566,35 @@ async fn dpu_service_templates_follow_the_flag_dpf_the_ovn_rollout_and_the_provi
         |t| t["spec"]["helmChart"]["source"]["version"] == "1.25.5",
     )
     .await;
+    // A field the operator does not set, added inside spec: the spec is
+    // the operator's whole, so it goes; a label added beside ours stays.
+    templates(&client, DPU_NS)
+        .patch(
+            "doca-telemetry-service",
+            &PatchParams {
+                field_manager: Some("kubectl-edit".into()),
+                ..Default::default()
+            },
+            &Patch::Merge(&json!({"metadata": {"labels": {"team": "dpu"}},
+                "spec": {"helmChart": {"values": {"extra": "x"}}}})),
+        )
+        .await
+        .unwrap();
+    let t = wait_template(
+        &client,
+        &op,
+        DPU_NS,
+        "doca-telemetry-service",
+        "the added field gone",
+        |t| values(t).get("extra").is_none(),
+    )
+    .await;
+    assert_eq!(t["metadata"]["labels"]["team"], "dpu");
+    assert!(managed(&t));
+    assert_eq!(
+        values(&t)["imageDTS"],
+        "nvcr.io/nvidia/doca/doca_telemetry:1.25.5-doca3.4.0"
+    );
 
     println!("scenario: provisioners deleted: the managed templates go, the unlabelled one stays");
     for name in ["first", "second"] {

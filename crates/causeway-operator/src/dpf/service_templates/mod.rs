@@ -69,6 +69,8 @@ pub struct Context {
     pub operator_namespace: String,
     pub registry: Registry,
     pub metrics: Option<OperatorMetrics>,
+    /// The unmanaged templates already reported at warning level.
+    pub reported: std::sync::Mutex<BTreeSet<String>>,
 }
 
 impl Context {
@@ -240,26 +242,71 @@ async fn put(
         skip_foreign(ctx, api, name);
         return Ok(());
     }
-    let desired: DynamicObject =
-        serde_json::from_value(desired).map_err(|e| Error::Render(e.to_string()))?;
+    let wanted: DynamicObject =
+        serde_json::from_value(desired.clone()).map_err(|e| Error::Render(e.to_string()))?;
     let before = live.as_ref().and_then(|l| l.resource_version());
     let applied = ctx
         .applier
-        .ensure_dynamic(&dpu_service_template_resource(), desired, live)
+        .ensure_dynamic(&dpu_service_template_resource(), wanted, live)
         .await?;
-    let changed = before.is_none() || applied.resource_version() != before;
+    let replaced = drop_foreign_spec_fields(ctx, api, name, &applied, &desired).await?;
+    let changed = replaced || before.is_none() || applied.resource_version() != before;
     ctx.outcome(name, if changed { "applied" } else { "unchanged" });
     Ok(())
 }
 
-fn skip_foreign(ctx: &Context, api: &Api<DynamicObject>, name: &str) {
-    tracing::warn!(
+/// The template's `spec` is ours whole: fields another writer added inside
+/// it, which an apply leaves alone, are removed. Only fields some manager
+/// owns are looked at, so what the server defaults stays.
+async fn drop_foreign_spec_fields(
+    ctx: &Context,
+    api: &Api<DynamicObject>,
+    name: &str,
+    live: &DynamicObject,
+    desired: &Value,
+) -> Result<bool, Error> {
+    let managed = live.metadata.managed_fields.as_deref().unwrap_or_default();
+    let extra = crate::k8s::drift::foreign_fields(managed, crate::k8s::MANAGER, "spec", desired);
+    if extra.is_empty() {
+        return Ok(false);
+    }
+    let ops: Vec<Value> = extra
+        .iter()
+        .map(|path| serde_json::json!({"op": "remove", "path": path}))
+        .collect();
+    let patch: json_patch::Patch =
+        serde_json::from_value(Value::Array(ops)).map_err(|e| Error::Render(e.to_string()))?;
+    let params = kube::api::PatchParams {
+        field_manager: Some(crate::k8s::MANAGER.into()),
+        ..Default::default()
+    };
+    api.patch(name, &params, &kube::api::Patch::Json::<()>(patch))
+        .await?;
+    ctx.applier.counted(values::KIND, "patch");
+    tracing::info!(
         namespace = api.namespace().unwrap_or_default(),
         template = %name,
-        label = values::MANAGED_LABEL,
-        "a DPUServiceTemplate of this name exists without the managed label: it is left alone and never adopted; label it {}=true or delete it to let the operator keep it",
-        values::MANAGED_LABEL
+        removed = ?extra,
+        "DPUServiceTemplate spec: fields another writer added removed"
     );
+    Ok(true)
+}
+
+/// Says once per template (at warning level; later passes at debug) that
+/// it is someone else's, and counts every pass that skips it.
+fn skip_foreign(ctx: &Context, api: &Api<DynamicObject>, name: &str) {
+    let namespace = api.namespace().unwrap_or_default();
+    let first = ctx
+        .reported
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(format!("{namespace}/{name}"));
+    let message = "a DPUServiceTemplate of this name exists without the managed label: it is left alone and never adopted; label it dpfhcpprovisioner.dpu.hcp.io/managed=true or delete it to let the operator keep it";
+    if first {
+        tracing::warn!(%namespace, template = %name, "{message}");
+    } else {
+        tracing::debug!(%namespace, template = %name, "{message}");
+    }
     ctx.outcome(name, "skipped_unmanaged");
 }
 
@@ -484,6 +531,7 @@ pub async fn run(
         operator_namespace,
         registry: Registry::new(),
         metrics,
+        reported: Default::default(),
     });
     drive(futures::stream::select_all(wakes), ctx, shutdown).await;
 }
