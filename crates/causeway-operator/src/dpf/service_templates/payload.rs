@@ -335,6 +335,38 @@ mod tests {
         assert!(layers_last_first(&json!({})).is_err());
     }
 
+    proptest::proptest! {
+        /// What a registry sends is input: no layer, ImageStream or
+        /// overrides text makes the reader panic.
+        #[test]
+        fn arbitrary_layers_and_documents_never_panic(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..4096)) {
+            let _ = find_in_layer(&data[..], IMAGE_REFERENCES);
+            let _ = tagged_image(&data, OVN_TAG);
+            if let Ok(text) = std::str::from_utf8(&data) {
+                let _ = crate::dpf::service_templates::values::parse_overrides(text, "ns/cm");
+            }
+        }
+
+        /// A valid gzip stream of arbitrary bytes (not a tar) is refused or
+        /// read as holding nothing, never a panic.
+        #[test]
+        fn gzip_of_arbitrary_bytes_never_panics(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..8192)) {
+            use std::io::Write;
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            gz.write_all(&data).unwrap();
+            let bytes = gz.finish().unwrap();
+            let _ = find_in_layer(&bytes[..], IMAGE_REFERENCES);
+        }
+    }
+
+    #[test]
+    fn an_image_references_over_the_cap_is_refused_by_name() {
+        let big = vec![b' '; MAX_FILE as usize + 1];
+        let l = layer(&[(IMAGE_REFERENCES, &big)]);
+        let e = find_in_layer(&l[..], IMAGE_REFERENCES).unwrap_err();
+        assert!(e.contains(IMAGE_REFERENCES) && e.contains("over"), "{e}");
+    }
+
     #[test]
     fn a_reader_past_its_limit_fails() {
         let mut r = Bounded {
