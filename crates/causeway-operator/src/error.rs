@@ -14,6 +14,13 @@ pub enum Error {
     /// rendering, counted apart from API failures.
     #[error("rendering: {0}")]
     Render(String),
+    /// Something the controller reads is missing or says what cannot be
+    /// done (an unsupported version, a bad overrides ConfigMap).
+    #[error("{0}")]
+    Input(String),
+    /// A container registry could not give what was asked of it.
+    #[error("{0}")]
+    Registry(String),
 }
 
 impl Error {
@@ -29,6 +36,8 @@ impl Error {
             Error::Kube(_) => "transport",
             Error::Finalizer(_) => "finalizer",
             Error::Render(_) => "render",
+            Error::Input(_) => "input",
+            Error::Registry(_) => "registry",
         }
     }
 }
@@ -54,6 +63,8 @@ mod tests {
             Error::Finalizer("x".into()),
             Error::Render("x".into()),
             Error::NoNamespace,
+            Error::Input("x".into()),
+            Error::Registry("x".into()),
         ]
         .iter()
         .map(Error::metric_label)
@@ -69,7 +80,9 @@ mod tests {
                 "transport",
                 "finalizer",
                 "render",
-                "no_namespace"
+                "no_namespace",
+                "input",
+                "registry"
             ]
         );
     }

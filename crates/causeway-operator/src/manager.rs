@@ -103,6 +103,19 @@ pub async fn run(
         },
     );
     let mut tasks = Tasks::default();
+    if options.dpf {
+        // One for every scope: a namespace's templates are kept or pruned
+        // on what all the provisioners say.
+        tracing::info!("DPUServiceTemplate controller starting");
+        let templates = crate::dpf::service_templates::run(
+            client.clone(),
+            scopes(&options.namespaces),
+            options.settings.operator_namespace.clone(),
+            Some(metrics.clone()),
+            stopped(),
+        );
+        spawn(&mut tasks, "DPUServiceTemplate controller", templates);
+    }
     for scope in scopes(&options.namespaces) {
         tracing::info!(?scope, "Infra controller starting");
         let infra = controller::run(

@@ -51,6 +51,8 @@ const CACHE_FOR: Duration = Duration::from_secs(300);
 /// The most of a registry's JSON answer (manifest, index, image config,
 /// token) that is read. Release manifests and configs are a few KiB.
 pub const MAX_JSON: usize = 4 << 20;
+/// How many redirects a blob GET follows.
+const MAX_REDIRECTS: usize = 3;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LookupError {
@@ -600,6 +602,71 @@ impl Registry {
         }
     }
 
+    /// A manifest (or index) of `image` by tag or digest, as JSON.
+    pub async fn manifest(
+        &self,
+        image: &ImageRef,
+        reference: &str,
+        creds: &Credentials,
+    ) -> Result<Value, LookupError> {
+        self.get_json(image, &format!("manifests/{reference}"), creds)
+            .await
+    }
+
+    /// A blob of `image`'s repository, its body unread, for the caller to
+    /// stream. A redirect (registries hand blobs to a storage service) is
+    /// followed without the credentials, at most [`MAX_REDIRECTS`] times,
+    /// over HTTPS only unless the registry itself is spoken to in plain
+    /// HTTP (loopback); every address is still held to the policy.
+    pub async fn blob(
+        &self,
+        image: &ImageRef,
+        digest: &str,
+        creds: &Credentials,
+    ) -> Result<http::Response<hyper::body::Incoming>, LookupError> {
+        let access = |detail: String| LookupError::RegistryAccess {
+            registry: image.registry.clone(),
+            detail,
+        };
+        let url = format!("{}/v2/{}/blobs/{digest}", image.base(), image.repository);
+        let mut r = self
+            .authorized(http::Method::GET, image, &url, "*/*", creds)
+            .await?;
+        let mut at: http::Uri = url.parse().map_err(|_| access(format!("bad URL {url}")))?;
+        for _ in 0..=MAX_REDIRECTS {
+            match r.status().as_u16() {
+                200..=299 => return Ok(r),
+                301 | 302 | 303 | 307 | 308 => {
+                    let location = r
+                        .headers()
+                        .get(http::header::LOCATION)
+                        .and_then(|v| v.to_str().ok())
+                        .ok_or_else(|| {
+                            access(format!("GET {at}: a redirect without a Location"))
+                        })?;
+                    let next = redirect_target(&at, location).ok_or_else(|| {
+                        access(format!("GET {at}: redirect to {location:?} refused"))
+                    })?;
+                    at = next;
+                    r = self
+                        .send(http::Method::GET, &at.to_string(), "*/*", None)
+                        .await
+                        .map_err(access)?;
+                }
+                s @ (401 | 403) => {
+                    return Err(LookupError::RegistryAuth {
+                        registry: image.registry.clone(),
+                        status: s,
+                    })
+                }
+                s => return Err(access(format!("GET {at}: HTTP {s}"))),
+            }
+        }
+        Err(access(format!(
+            "GET {url}: more than {MAX_REDIRECTS} redirects"
+        )))
+    }
+
     /// The OpenShift version of a release pinned by digest: its config's
     /// `io.openshift.release` label (of the first image of an index).
     pub async fn release_version(
@@ -631,6 +698,27 @@ impl Registry {
                     release.repository
                 ))
             })
+    }
+}
+
+/// Where a redirect from `from` to `location` leads: relative locations
+/// resolve against `from`; an absolute one must be HTTPS, or plain HTTP
+/// when `from` was (a registry on loopback).
+fn redirect_target(from: &http::Uri, location: &str) -> Option<http::Uri> {
+    let target: http::Uri = location.parse().ok()?;
+    match target.scheme_str() {
+        Some("https") => Some(target),
+        Some("http") if from.scheme_str() == Some("http") => Some(target),
+        Some(_) => None,
+        None => {
+            let path = target.path_and_query()?.clone();
+            http::Uri::builder()
+                .scheme(from.scheme()?.clone())
+                .authority(from.authority()?.clone())
+                .path_and_query(path)
+                .build()
+                .ok()
+        }
     }
 }
 
@@ -835,6 +923,35 @@ impl Resolver {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_blob_redirect_stays_on_https_unless_the_registry_is_plain_http() {
+        let https: http::Uri = "https://quay.io/v2/ocp/release/blobs/sha256:1"
+            .parse()
+            .unwrap();
+        let plain: http::Uri = "http://127.0.0.1:5000/v2/r/blobs/sha256:1".parse().unwrap();
+        assert_eq!(
+            redirect_target(&https, "https://cdn.example/blob?sig=x")
+                .unwrap()
+                .to_string(),
+            "https://cdn.example/blob?sig=x"
+        );
+        assert_eq!(
+            redirect_target(&https, "/v2/ocp/release/blobs/uploads/x")
+                .unwrap()
+                .to_string(),
+            "https://quay.io/v2/ocp/release/blobs/uploads/x"
+        );
+        assert!(redirect_target(&https, "http://cdn.example/blob").is_none());
+        assert!(redirect_target(&https, "ftp://cdn.example/blob").is_none());
+        assert_eq!(
+            redirect_target(&plain, "http://127.0.0.1:5000/other")
+                .unwrap()
+                .to_string(),
+            "http://127.0.0.1:5000/other"
+        );
+        assert!(redirect_target(&https, "not a url").is_none());
+    }
 
     #[test]
     fn the_version_is_the_tag_without_its_architecture() {

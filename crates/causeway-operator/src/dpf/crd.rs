@@ -459,7 +459,8 @@ pub struct DPFHCPProvisionerConfigSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub hosted_cluster_deletion_timeout_seconds: Option<u32>,
-    /// Accepted for compatibility; DPUServiceTemplates are not managed.
+    /// Keep the ovn, doca-telemetry-service and hbn DPUServiceTemplates in
+    /// each DPU cluster namespace a provisioner uses.
     #[serde(
         rename = "manageDPUServiceTemplates",
         default,
@@ -467,7 +468,8 @@ pub struct DPFHCPProvisionerConfigSpec {
     )]
     #[schemars(extend("default" = false))]
     pub manage_dpu_service_templates: Option<bool>,
-    /// Accepted for compatibility; unused.
+    /// An image pull Secret for the doca-telemetry-service and hbn
+    /// templates.
     #[serde(
         rename = "dpuServicesImagePullSecret",
         default,

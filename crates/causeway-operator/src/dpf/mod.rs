@@ -21,6 +21,7 @@ pub mod ignition;
 mod observe;
 mod provision;
 pub mod render;
+pub mod service_templates;
 pub mod spec;
 pub mod status;
 mod teardown;

@@ -95,12 +95,134 @@ pub fn contains(desired: &Value, live: &Value) -> bool {
     }
 }
 
+/// The fields under `root` (a top-level field such as `spec`) that managers
+/// other than `ours` own and `desired` does not set, as JSON pointers
+/// (`/spec/helmChart/values/extra`): what to remove for `root` to be
+/// exactly the desired one. Fields the server defaults belong to no
+/// manager, so they are never named. Read from `managedFields`' FieldsV1;
+/// a list is named whole, and only when `desired` has no such field.
+pub fn foreign_fields(
+    managed_fields: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry],
+    ours: &str,
+    root: &str,
+    desired: &Value,
+) -> Vec<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for entry in managed_fields {
+        if entry.manager.as_deref() == Some(ours) && entry.operation.as_deref() == Some("Apply") {
+            continue;
+        }
+        let Some(fields) = entry.fields_v1.as_ref() else {
+            continue;
+        };
+        if let Some(tree) = fields.0.get(format!("f:{root}")) {
+            let path = vec![root.to_string()];
+            walk_owned(tree, &path, desired, &mut out);
+        }
+    }
+    out.into_iter().collect()
+}
+
+fn pointer(path: &[String]) -> String {
+    path.iter()
+        .map(|p| format!("/{}", p.replace('~', "~0").replace('/', "~1")))
+        .collect()
+}
+
+/// Under a field present in `desired` at `path`: the owned children that
+/// `desired` lacks.
+fn walk_owned(
+    tree: &Value,
+    path: &[String],
+    desired: &Value,
+    out: &mut std::collections::BTreeSet<String>,
+) {
+    let Some(children) = tree.as_object() else {
+        return;
+    };
+    for key in children.keys() {
+        // Set members and list items: the list exists in `desired`,
+        // whose apply keeps it as ours.
+        let Some(name) = key.strip_prefix("f:") else {
+            continue;
+        };
+        let mut child = path.to_vec();
+        child.push(name.to_string());
+        match desired.pointer(&pointer(&child)) {
+            None => {
+                out.insert(pointer(&child));
+            }
+            Some(_) => walk_owned(&children[key], &child, desired, out),
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::ConfigMap;
     use serde_json::json;
+
+    fn entry(
+        manager: &str,
+        operation: &str,
+        fields: Value,
+    ) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some(operation.into()),
+            fields_type: Some("FieldsV1".into()),
+            fields_v1: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(
+                fields,
+            )),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn fields_others_added_under_the_root_are_named_and_ours_are_not() {
+        let desired = json!({"spec": {"name": "a", "values": {"image": {"tag": "1"}, "pullSecrets": [{"name": "p"}]}}});
+        let managed = [
+            entry(
+                "us",
+                "Apply",
+                json!({"f:spec": {"f:name": {}, "f:values": {"f:image": {"f:tag": {}}}}}),
+            ),
+            // Another writer: a value we set too, one of its own, a whole
+            // map of its own, items of a list we set, and metadata.
+            entry(
+                "kubectl-edit",
+                "Update",
+                json!({
+                    "f:metadata": {"f:labels": {"f:x": {}}},
+                    "f:spec": {
+                        "f:name": {},
+                        "f:values": {
+                            "f:extra": {},
+                            "f:image": {"f:tag": {}, "f:registry": {}},
+                            "f:mine": {".": {}, "f:a": {}},
+                            "f:pullSecrets": {"k:{\"name\":\"q\"}": {}},
+                        },
+                        "f:odd/key": {},
+                    },
+                }),
+            ),
+            // Our own earlier Update (not an apply) counts as someone else's.
+            entry("us", "Update", json!({"f:spec": {"f:old": {}}})),
+        ];
+        assert_eq!(
+            foreign_fields(&managed, "us", "spec", &desired),
+            [
+                "/spec/odd~1key",
+                "/spec/old",
+                "/spec/values/extra",
+                "/spec/values/image/registry",
+                "/spec/values/mine",
+            ]
+        );
+        assert!(foreign_fields(&managed[..1], "us", "spec", &desired).is_empty());
+    }
 
     #[test]
     fn server_defaults_and_foreign_fields_are_not_drift() {

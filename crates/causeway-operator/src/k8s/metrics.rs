@@ -17,6 +17,7 @@ pub struct OperatorMetrics {
     csr_pending: IntGaugeVec,
     csr_max_pending: IntGaugeVec,
     csr_not_running: IntCounterVec,
+    template_outcomes: IntCounterVec,
 }
 
 impl OperatorMetrics {
@@ -81,7 +82,15 @@ impl OperatorMetrics {
                 ),
                 &["namespace", "provisioner", "reason"],
             )?,
+            template_outcomes: IntCounterVec::new(
+                Opts::new(
+                    "causeway_operator_dpu_service_templates_total",
+                    "DPUServiceTemplate decisions, by template and outcome (applied, unchanged, skipped_unmanaged, gated_rollout, deleted)",
+                ),
+                &["template", "outcome"],
+            )?,
         };
+        registry.register(Box::new(m.template_outcomes.clone()))?;
         registry.register(Box::new(m.csr_decisions.clone()))?;
         registry.register(Box::new(m.csr_not_running.clone()))?;
         registry.register(Box::new(m.csr_pending.clone()))?;
@@ -95,6 +104,13 @@ impl OperatorMetrics {
 
     pub fn write(&self, kind: &str, verb: &str) {
         self.writes.with_label_values(&[kind, verb]).inc();
+    }
+
+    /// One DPUServiceTemplate decision.
+    pub fn template_outcome(&self, template: &str, outcome: &str) {
+        self.template_outcomes
+            .with_label_values(&[template, outcome])
+            .inc();
     }
 
     pub fn csr_decision(&self, kind: &str, verdict: &str, reason: &str) {

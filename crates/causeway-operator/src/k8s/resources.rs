@@ -83,3 +83,31 @@ pub fn l2_advertisement_resource() -> ApiResource {
         "l2advertisements",
     )
 }
+
+pub fn dpu_service_template_resource() -> ApiResource {
+    resource(
+        "svc.dpu.nvidia.com",
+        "v1alpha1",
+        "DPUServiceTemplate",
+        "dpuservicetemplates",
+    )
+}
+
+pub fn dpf_operator_config_resource() -> ApiResource {
+    resource(
+        "operator.dpu.nvidia.com",
+        "v1alpha1",
+        "DPFOperatorConfig",
+        "dpfoperatorconfigs",
+    )
+}
+
+/// OpenShift's ClusterVersion (cluster-scoped; the one object is `version`).
+pub fn cluster_version_resource() -> ApiResource {
+    resource(
+        "config.openshift.io",
+        "v1",
+        "ClusterVersion",
+        "clusterversions",
+    )
+}
