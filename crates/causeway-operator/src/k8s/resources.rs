@@ -93,15 +93,6 @@ pub fn dpu_service_template_resource() -> ApiResource {
     )
 }
 
-pub fn dpf_operator_config_resource() -> ApiResource {
-    resource(
-        "operator.dpu.nvidia.com",
-        "v1alpha1",
-        "DPFOperatorConfig",
-        "dpfoperatorconfigs",
-    )
-}
-
 /// OpenShift's ClusterVersion (cluster-scoped; the one object is `version`).
 pub fn cluster_version_resource() -> ApiResource {
     resource(
