@@ -28,15 +28,12 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
 use kube_cluster::{
     admin, admin_get, apply_yaml, client_with_token, ensure_namespace, eventually, metric,
-    token_for, wait_established, write_kubeconfig, Operator, SharedCluster,
+    token_for, write_kubeconfig, Operator, SharedCluster,
 };
 use rcgen::{CertificateParams, CustomExtension, DnType, KeyPair, SanType};
 use serde_json::{json, Value};
 
 const SAMPLE: &str = include_str!("fixtures/dpfhcp-sample.yaml");
-const HC_CRD: &str = include_str!("../../../tests/kube/crds/hostedcluster.yaml");
-const NP_CRD: &str = include_str!("../../../tests/kube/crds/nodepool.yaml");
-const DPUCLUSTER_CRD: &str = include_str!("../../../tests/kube/crds/dpucluster.yaml");
 const DPU_CRD: &str = include_str!("../../../tests/kube/crds/dpu.yaml");
 const WAIT: Duration = Duration::from_secs(60);
 const NS: &str = "csr-hosted";
@@ -407,19 +404,16 @@ async fn dpu_kubelet_csrs_are_approved_end_to_end_and_every_attack_is_refused_or
         return;
     };
     let client = admin(c).await;
-    for crd in [HC_CRD, NP_CRD, DPUCLUSTER_CRD, DPU_CRD] {
-        apply_yaml(&client, &kube_cluster::without_cel(crd), "default")
-            .await
-            .unwrap();
-    }
-    for crd in [
-        "hostedclusters.hypershift.openshift.io",
-        "nodepools.hypershift.openshift.io",
-        "dpuclusters.provisioning.dpu.nvidia.com",
-        "dpus.provisioning.dpu.nvidia.com",
-    ] {
-        wait_established(&client, crd).await;
-    }
+    kube_cluster::install_fixture_crds(
+        &client,
+        &[
+            kube_cluster::HOSTED_CLUSTER_CRD,
+            kube_cluster::NODE_POOL_CRD,
+            kube_cluster::DPU_CLUSTER_CRD,
+            (DPU_CRD, "dpus.provisioning.dpu.nvidia.com"),
+        ],
+    )
+    .await;
     for ns in [NS, DPU_NS, MCO_NS] {
         ensure_namespace(&client, ns).await;
     }

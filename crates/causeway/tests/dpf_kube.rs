@@ -28,14 +28,10 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::core::ApiResource;
 use kube::Client;
-use kube_cluster::{admin, apply_yaml, ensure_namespace, eventually, wait_established, Operator};
+use kube_cluster::{admin, apply_yaml, ensure_namespace, eventually, Operator};
 use serde_json::{json, Value};
 
 const SAMPLE: &str = include_str!("fixtures/dpfhcp-sample.yaml");
-const HC_CRD: &str = include_str!("../../../tests/kube/crds/hostedcluster.yaml");
-const NP_CRD: &str = include_str!("../../../tests/kube/crds/nodepool.yaml");
-const DPU_CRD: &str = include_str!("../../../tests/kube/crds/dpucluster.yaml");
-const METALLB_CRDS: &str = include_str!("../../../tests/kube/crds/metallb.yaml");
 /// The DPUFlavor's OVS script, as first made and after an edit.
 const OVS_SCRIPT: &str = "ovs-vsctl set Open_vSwitch . other_config:doca-init=true\n";
 const OVS_SCRIPT_EDITED: &str = "ovs-vsctl set Open_vSwitch . other_config:hw-offload=true\n";
@@ -396,28 +392,8 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         return;
     };
     let client = admin(c).await;
-    for crd in [HC_CRD, NP_CRD, DPU_CRD]
-        .into_iter()
-        .chain(kube_cluster::DPF_TEMPLATE_CRDS)
-    {
-        apply_yaml(&client, &kube_cluster::without_cel(crd), "default")
-            .await
-            .unwrap();
-    }
-    for crd in [
-        "hostedclusters.hypershift.openshift.io",
-        "nodepools.hypershift.openshift.io",
-        "dpuclusters.provisioning.dpu.nvidia.com",
-    ]
-    .into_iter()
-    .chain(kube_cluster::DPF_TEMPLATE_CRD_NAMES)
-    {
-        wait_established(&client, crd).await;
-    }
-    for ns in [NS, DPU_NS, "openshift-operators"] {
-        ensure_namespace(&client, ns).await;
-    }
-    apply_yaml(&client, "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: ocs-storagecluster-ceph-rbd}\nprovisioner: openshift-storage.rbd.csi.ceph.com\n", "default").await.unwrap();
+    // MetalLB's CRDs arrive part way through (a scenario of their own).
+    kube_cluster::dpf_management_cluster(&client, &[NS, DPU_NS], false).await;
     dpu_cluster(&client, "my-dpucluster").await;
     dpu_cluster(&client, "spare-dpucluster").await;
     kube_cluster::dpf_template_objects(&client, DPU_NS, OVS_SCRIPT).await;
@@ -630,7 +606,9 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
     );
 
     println!("scenario: MetalLB installed later");
-    apply_yaml(&client, METALLB_CRDS, "default").await.unwrap();
+    apply_yaml(&client, kube_cluster::METALLB_CRDS.0, "default")
+        .await
+        .unwrap();
     wait_condition(
         &client,
         &op,

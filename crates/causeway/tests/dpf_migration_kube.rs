@@ -44,10 +44,6 @@ use kube_cluster::{
 use serde_json::{json, Value};
 
 const SAMPLE: &str = include_str!("fixtures/dpfhcp-sample.yaml");
-const HC_CRD: &str = include_str!("../../../tests/kube/crds/hostedcluster.yaml");
-const NP_CRD: &str = include_str!("../../../tests/kube/crds/nodepool.yaml");
-const DPU_CRD: &str = include_str!("../../../tests/kube/crds/dpucluster.yaml");
-const METALLB_CRDS: &str = include_str!("../../../tests/kube/crds/metallb.yaml");
 const WAIT: Duration = Duration::from_secs(90);
 const GO_NS: &str = "dpf-hcp-provisioner-system";
 const GO_RELEASE: &str = "dpf-hcp-provisioner-operator";
@@ -239,29 +235,7 @@ async fn a_go_operator_install_is_taken_over_with_every_hosted_cluster_kept() {
     let dir = tempfile::tempdir().unwrap();
 
     // The management cluster: HyperShift's, DPF's and MetalLB's CRDs.
-    for crd in [HC_CRD, NP_CRD, DPU_CRD, METALLB_CRDS]
-        .into_iter()
-        .chain(kube_cluster::DPF_TEMPLATE_CRDS)
-    {
-        apply_yaml(&client, &kube_cluster::without_cel(crd), "default")
-            .await
-            .unwrap();
-    }
-    for crd in [
-        "hostedclusters.hypershift.openshift.io",
-        "nodepools.hypershift.openshift.io",
-        "dpuclusters.provisioning.dpu.nvidia.com",
-        "ipaddresspools.metallb.io",
-    ]
-    .into_iter()
-    .chain(kube_cluster::DPF_TEMPLATE_CRD_NAMES)
-    {
-        wait_established(&client, crd).await;
-    }
-    for ns in [NS, DPU_NS, "openshift-operators"] {
-        ensure_namespace(&client, ns).await;
-    }
-    apply_yaml(&client, "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: ocs-storagecluster-ceph-rbd}\nprovisioner: openshift-storage.rbd.csi.ceph.com\n", "default").await.unwrap();
+    kube_cluster::dpf_management_cluster(&client, &[NS, DPU_NS], true).await;
 
     println!("step: the Go operator's release, installed with helm");
     // Helm creates a release's template CRDs and then runs its

@@ -274,6 +274,55 @@ pub const DPF_TEMPLATE_CRD_NAMES: [&str; 3] = [
     "dpfoperatorconfigs.operator.dpu.nvidia.com",
 ];
 
+/// A fixture CRD (tests/kube/crds) and the name it is established under.
+pub type FixtureCrd = (&'static str, &'static str);
+pub const HOSTED_CLUSTER_CRD: FixtureCrd = (
+    include_str!("../../../../tests/kube/crds/hostedcluster.yaml"),
+    "hostedclusters.hypershift.openshift.io",
+);
+pub const NODE_POOL_CRD: FixtureCrd = (
+    include_str!("../../../../tests/kube/crds/nodepool.yaml"),
+    "nodepools.hypershift.openshift.io",
+);
+pub const DPU_CLUSTER_CRD: FixtureCrd = (
+    include_str!("../../../../tests/kube/crds/dpucluster.yaml"),
+    "dpuclusters.provisioning.dpu.nvidia.com",
+);
+/// MetalLB's IPAddressPool and L2Advertisement, in one file.
+pub const METALLB_CRDS: FixtureCrd = (
+    include_str!("../../../../tests/kube/crds/metallb.yaml"),
+    "ipaddresspools.metallb.io",
+);
+
+/// Applies fixture CRDs (their CEL rules cut, for the 1.20 server) and
+/// waits until each is established.
+pub async fn install_fixture_crds(client: &Client, crds: &[FixtureCrd]) {
+    for (yaml, _) in crds {
+        apply_yaml(client, &without_cel(yaml), "default")
+            .await
+            .unwrap();
+    }
+    for (_, name) in crds {
+        wait_established(client, name).await;
+    }
+}
+
+/// The management cluster the DPF bridge expects: HyperShift's and DPF's
+/// CRDs (MetalLB's too when `metallb`), the provisioners' and DPUClusters'
+/// namespaces and the MetalLB one, and the StorageClass the sample names.
+pub async fn dpf_management_cluster(client: &Client, namespaces: &[&str], metallb: bool) {
+    let mut crds = vec![HOSTED_CLUSTER_CRD, NODE_POOL_CRD, DPU_CLUSTER_CRD];
+    crds.extend(DPF_TEMPLATE_CRDS.into_iter().zip(DPF_TEMPLATE_CRD_NAMES));
+    if metallb {
+        crds.push(METALLB_CRDS);
+    }
+    install_fixture_crds(client, &crds).await;
+    for ns in namespaces.iter().chain(&["openshift-operators"]) {
+        ensure_namespace(client, ns).await;
+    }
+    apply_yaml(client, "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata: {name: ocs-storagecluster-ceph-rbd}\nprovisioner: openshift-storage.rbd.csi.ceph.com\n", "default").await.unwrap();
+}
+
 /// DPF's objects the boot template is made from, in `ns`: the
 /// DPFOperatorConfig (high-speed MTU 9000), DPUDeployment `dpudeployment`
 /// (BFB `bf-bundle`, flavor `hbn-ovn`) and DPUFlavor `hbn-ovn` (trusted,
