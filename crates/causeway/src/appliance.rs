@@ -249,16 +249,21 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
                     tracing::info!("reload requested, but the embedded config cannot change");
                     continue;
                 };
-                match Config::load(p).map(|c| only.select(c)) {
-                    Ok(next) if !restart_only_changes(&running, &next).is_empty() => {
+                let loaded = Config::load(p).map(|c| {
+                    let next = only.select(c);
+                    let refused = restart_only_changes(&running, &next);
+                    (next, refused)
+                });
+                match loaded {
+                    Ok((_, refused)) if !refused.is_empty() => {
                         reloads_done.with_label_values(&["refused"]).inc();
                         tracing::error!(
                             ?cause,
                             "reload refused, nothing of it is applied; the running config stays: {}",
-                            restart_only_changes(&running, &next).join("; ")
+                            refused.join("; ")
                         );
                     }
-                    Ok(next) => {
+                    Ok((next, _)) => {
                         reloads_done.with_label_values(&["applied"]).inc();
                         service::reload(routing.as_ref(), next.routing.as_ref()).await;
                         service::reload(dhcp.as_ref(), next.dhcp.as_ref()).await;
