@@ -18,6 +18,10 @@ pub const DEFAULT_LEASE_TIME: Duration = Duration::from_secs(3600);
 
 pub const DEFAULT_OFFER_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A minute: an NTP correction is never bigger, and a clock that starts
+/// from its epoch (no RTC) is years behind.
+pub const DEFAULT_CLOCK_BEHIND_TOLERANCE: Duration = Duration::from_secs(60);
+
 pub const DEFAULT_DECLINE_PROBATION: Duration = Duration::from_secs(86400);
 
 pub const DEFAULT_RATE_LIMIT_PER_CLIENT: u32 = 20;
@@ -41,6 +45,7 @@ pub struct FileDhcp {
     pub rebind_time: Option<FileDuration>,
     pub offer_timeout: Option<FileDuration>,
     pub decline_probation: Option<FileDuration>,
+    pub clock_behind_tolerance: Option<FileDuration>,
     pub rapid_commit: Option<bool>,
     pub authoritative: Option<bool>,
     pub rate_limit_per_client: Option<u32>,
@@ -136,6 +141,9 @@ pub struct DhcpConfig {
     pub rebind_time: Option<Duration>,
     pub offer_timeout: Duration,
     pub decline_probation: Duration,
+    /// How far the wall clock may be behind the lease file's last write at
+    /// start for the server to serve anyway; further behind, it waits.
+    pub clock_behind_tolerance: Duration,
     pub rapid_commit: bool,
     pub authoritative: bool,
     pub rate_limit_per_client: u32,
@@ -356,6 +364,11 @@ pub(crate) fn validate_dhcp(
             c.push(path, "must be shorter than dhcp.leaseTime");
         }
     }
+    let clock_behind_tolerance = d
+        .clock_behind_tolerance
+        .as_ref()
+        .and_then(|v| c.duration("dhcp.clockBehindTolerance", v))
+        .unwrap_or(DEFAULT_CLOCK_BEHIND_TOLERANCE);
     let offer_timeout = d
         .offer_timeout
         .as_ref()
@@ -438,6 +451,7 @@ pub(crate) fn validate_dhcp(
         rebind_time,
         offer_timeout,
         decline_probation,
+        clock_behind_tolerance,
         rapid_commit: d.rapid_commit.unwrap_or(false),
         authoritative: d.authoritative.unwrap_or(true),
         rate_limit_per_client,

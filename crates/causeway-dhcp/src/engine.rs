@@ -4,7 +4,7 @@
 //! It knows nothing of sockets, files or clocks: the caller passes the time
 //! in, sends the reply, and must make `commit` durable before it does.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use causeway_config::{valid_label, ClientMatch, DhcpConfig, NameRules, Reservation, Subnet};
@@ -50,12 +50,19 @@ impl Reply {
 }
 
 /// What the engine decided. When both `reply` and `commit` are present the
-/// reply must not leave before the commit is on stable storage.
+/// reply must not leave before the commit is on stable storage. Every
+/// record handed out must be passed back to [`Engine::settle`] once the
+/// store has said whether it is durable.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     Reply {
         reply: Reply,
         commit: Option<LeaseRecord>,
+        /// The release of the address the client moved from, to be logged
+        /// before `commit`: without it the log holds two active leases for
+        /// one client, and a compaction that reorders them can hand the
+        /// old address back after a restart.
+        vacated: Option<Box<LeaseRecord>>,
     },
     /// A lease change with nothing to send (RELEASE, DECLINE).
     Commit(LeaseRecord),
@@ -234,6 +241,25 @@ struct Facts<'a> {
     source: SocketAddrV4,
 }
 
+impl Facts<'_> {
+    fn lease(
+        &self,
+        ip: Ipv4Addr,
+        state: LeaseState,
+        expires: u64,
+        hostname: Option<Box<str>>,
+    ) -> Lease {
+        Lease {
+            ip,
+            client: self.key.clone(),
+            hw: self.hw,
+            state,
+            expires,
+            hostname,
+        }
+    }
+}
+
 pub struct Engine {
     policy: Policy,
     subnets: Vec<SubnetState>,
@@ -245,7 +271,16 @@ pub struct Engine {
     /// against the lease on use, so an entry gone stale is harmless.
     by_hostname: HashMap<Box<str>, Ipv4Addr>,
     /// Every reservation's hostname, lowercase: no other client gets one.
-    reserved_names: std::collections::HashSet<Box<str>>,
+    reserved_names: HashSet<Box<str>>,
+    /// Offers that move a client off an address it holds, by the offered
+    /// address: the client keeps the old one until it takes the new, and
+    /// the old one's release is logged with that ACK.
+    moving_from: HashMap<Ipv4Addr, Ipv4Addr>,
+    /// Addresses each client has in quarantine, so a DECLINE counts them
+    /// without walking every lease. Pruned as quarantines end.
+    quarantined: HashMap<ClientKey, Vec<Ipv4Addr>>,
+    /// Lease changes handed to the store and not yet settled, by address.
+    unsettled: HashMap<Ipv4Addr, Unsettled>,
     /// No allocation reclaims before this second: a full pool under a
     /// flood of new clients answers "exhausted" from the bitmap instead of
     /// scanning every lease for each of them, under the engine lock that
@@ -258,7 +293,24 @@ pub struct Engine {
 /// At most one reclaim scan a second on the allocation path.
 const RECLAIM_EVERY: u64 = 1;
 
-fn reserved_names(cfg: &DhcpConfig) -> std::collections::HashSet<Box<str>> {
+/// What the engine knows of an address whose change is not yet durable.
+#[derive(Debug)]
+struct Unsettled {
+    /// The lease as the disk last had it (as far as this process knows):
+    /// what the address goes back to if the changes in flight all fail.
+    durable: Option<Lease>,
+    in_flight: u32,
+}
+
+/// Whether `lease` is what `record` wrote: a later change in memory (a new
+/// offer, another client) is not undone by an older record's failure.
+fn same_change(lease: &Lease, record: &LeaseRecord) -> bool {
+    lease.state == record.state
+        && lease.expires == record.expires
+        && lease.client.to_hex() == record.client
+}
+
+fn reserved_names(cfg: &DhcpConfig) -> HashSet<Box<str>> {
     cfg.subnets
         .iter()
         .flat_map(|s| &s.reservations)
@@ -282,6 +334,9 @@ impl Engine {
             admission: Admission::default(),
             by_hostname: HashMap::new(),
             reserved_names: reserved_names(cfg),
+            moving_from: HashMap::new(),
+            quarantined: HashMap::new(),
+            unsettled: HashMap::new(),
             reclaim_not_before: 0,
             reclaims: 0,
         }
@@ -336,12 +391,59 @@ impl Engine {
             if let (LeaseState::Active, Some(name)) = (l.state, &l.hostname) {
                 self.by_hostname.entry(name.clone()).or_insert(l.ip);
             }
+            if l.state == LeaseState::Declined {
+                self.quarantined
+                    .entry(l.client.clone())
+                    .or_default()
+                    .push(l.ip);
+            }
         }
         let ips: Vec<Ipv4Addr> = self.leases.keys().copied().collect();
         for ip in ips {
             self.mark(ip);
         }
         skipped
+    }
+
+    /// Holds back addresses whose newest log line could not be read (see
+    /// [`crate::Recovery::unreadable_newest`]): each is quarantined as
+    /// declined for the longest lease time, so nobody is given it while a
+    /// client the lost line named may still use it. Returns the records
+    /// that make the hold durable: the compaction drops the unreadable
+    /// line, and without them the older record would stand after it.
+    pub fn hold_unreadable(&mut self, now: u64, ips: &[Ipv4Addr]) -> Vec<LeaseRecord> {
+        let longest = self
+            .subnets
+            .iter()
+            .filter_map(|s| s.cfg.lease_time.map(secs))
+            .fold(self.policy.lease_secs, u32::max);
+        let mut records = Vec::with_capacity(ips.len());
+        for &ip in ips {
+            let before = self.leases.get(&ip).cloned();
+            let client = match &before {
+                Some(l) => {
+                    if self.by_client.get(&l.client) == Some(ip) {
+                        self.by_client.remove(&l.client);
+                    }
+                    l.client.clone()
+                }
+                None => ClientKey::new(&[]),
+            };
+            let lease = Lease {
+                ip,
+                client,
+                hw: [0; 6],
+                state: LeaseState::Declined,
+                expires: now + u64::from(longest),
+                hostname: None,
+            };
+            let record = lease.to_record();
+            self.leases.insert(ip, lease);
+            self.mark(ip);
+            self.track(&record, before);
+            records.push(record);
+        }
+        records
     }
 
     pub fn leases(&self) -> impl Iterator<Item = &Lease> {
@@ -397,7 +499,77 @@ impl Engine {
                 .get(ip)
                 .is_some_and(|l| l.holds(now) && l.hostname.as_deref() == Some(&**name))
         });
+        self.moving_from.retain(|offered, _| {
+            leases
+                .get(offered)
+                .is_some_and(|l| l.state == LeaseState::Offered && l.holds(now))
+        });
+        self.quarantined.retain(|client, ips| {
+            ips.retain(|ip| {
+                leases
+                    .get(ip)
+                    .is_some_and(|l| l.state == LeaseState::Declined && &l.client == client)
+            });
+            !ips.is_empty()
+        });
         expired.len()
+    }
+
+    /// Notes that `record` is on its way to the store; `before` is the
+    /// lease at its address before the engine changed it.
+    fn track(&mut self, record: &LeaseRecord, before: Option<Lease>) {
+        let entry = self.unsettled.entry(record.ip).or_insert(Unsettled {
+            durable: before,
+            in_flight: 0,
+        });
+        entry.in_flight += 1;
+    }
+
+    /// Told by the store whether `record` became durable. A change that
+    /// never reached the disk is undone once nothing else for its address
+    /// is in flight, so a failing disk does not use addresses up: a new
+    /// client's address goes back to its offer (which runs out), a renewal
+    /// back to the lease it renewed. Returns whether a change was undone.
+    pub fn settle(&mut self, record: &LeaseRecord, durable: bool) -> bool {
+        let Some(entry) = self.unsettled.get_mut(&record.ip) else {
+            return false;
+        };
+        entry.in_flight = entry.in_flight.saturating_sub(1);
+        if durable {
+            entry.durable = Lease::from_record(record);
+        }
+        if entry.in_flight > 0 {
+            return false;
+        }
+        let Some(entry) = self.unsettled.remove(&record.ip) else {
+            return false;
+        };
+        if durable
+            || !self
+                .leases
+                .get(&record.ip)
+                .is_some_and(|l| same_change(l, record))
+        {
+            return false;
+        }
+        match entry.durable {
+            Some(lease) => {
+                if lease.state != LeaseState::Declined && lease.state != LeaseState::Released {
+                    self.by_client.insert(&lease.client, lease.ip);
+                }
+                self.leases.insert(record.ip, lease);
+            }
+            None => {
+                self.leases.remove(&record.ip);
+            }
+        }
+        self.mark(record.ip);
+        true
+    }
+
+    /// Lease changes handed out and not yet settled.
+    pub fn unsettled(&self) -> usize {
+        self.unsettled.values().map(|u| u.in_flight as usize).sum()
     }
 
     pub fn pool_stats(&self, now: u64) -> Vec<PoolStats> {
@@ -629,25 +801,48 @@ impl Engine {
         None
     }
 
-    /// Records that `ip` now belongs to this client in `state` until `expires`.
-    fn bind(
-        &mut self,
-        ip: Ipv4Addr,
-        f: &Facts,
-        state: LeaseState,
-        expires: u64,
-        hostname: Option<Box<str>>,
-    ) -> &Lease {
-        if let Some(prev) = self.by_client.insert(&f.key, ip) {
-            if prev != ip {
-                // The client moved: its old address is free now.
-                if let Some(old) = self.leases.get_mut(&prev) {
-                    if old.client == f.key && old.state != LeaseState::Declined {
-                        old.state = LeaseState::Released;
+    /// Records that `ip` now belongs to this client in `state` until
+    /// `expires`. Returns the release record of an address the client held
+    /// and has now left, when the disk had it as the client's.
+    ///
+    /// An offer does not move the client: it keeps the address it holds
+    /// until it takes the new one (it may take another server's offer
+    /// instead), so that address is released only by the ACK.
+    fn bind(&mut self, now: u64, f: &Facts, lease: Lease) -> Option<LeaseRecord> {
+        let (ip, state) = (lease.ip, lease.state);
+        let prev = self.by_client.insert(&f.key, ip).filter(|prev| *prev != ip);
+        let left = match state {
+            LeaseState::Offered => {
+                if let Some(prev) = prev {
+                    let holds = self
+                        .leases
+                        .get(&prev)
+                        .is_some_and(|l| l.client == f.key && l.state == LeaseState::Active);
+                    if holds {
+                        self.moving_from.insert(ip, prev);
                     }
                 }
-                self.mark(prev);
+                None
             }
+            _ => prev.or_else(|| self.moving_from.remove(&ip)),
+        };
+        let mut vacated = None;
+        if let Some(left) = left.filter(|left| *left != ip) {
+            let before = self.leases.get(&left).cloned();
+            if let Some(old) = self.leases.get_mut(&left) {
+                if old.client == f.key && old.state != LeaseState::Declined {
+                    let was_on_disk = old.state == LeaseState::Active;
+                    old.state = LeaseState::Released;
+                    if was_on_disk {
+                        old.expires = now;
+                        vacated = Some(old.to_record());
+                    }
+                }
+            }
+            if let Some(record) = &vacated {
+                self.track(record, before);
+            }
+            self.mark(left);
         }
         if let Some(old) = self.leases.get(&ip) {
             if old.client != f.key && self.by_client.get(&old.client) == Some(ip) {
@@ -655,19 +850,28 @@ impl Engine {
                 self.by_client.remove(&other);
             }
         }
-        self.leases.insert(
-            ip,
-            Lease {
-                ip,
-                client: f.key.clone(),
-                hw: f.hw,
-                state,
-                expires,
-                hostname,
-            },
-        );
+        self.leases.insert(ip, lease);
         self.mark(ip);
-        &self.leases[&ip]
+        vacated
+    }
+
+    /// Binds `ip` as a change for the disk: returns its record and that of
+    /// the address the client left, both tracked until settled.
+    fn bind_durable(
+        &mut self,
+        now: u64,
+        ip: Ipv4Addr,
+        f: &Facts,
+        state: LeaseState,
+        expires: u64,
+        hostname: Option<Box<str>>,
+    ) -> (LeaseRecord, Option<LeaseRecord>) {
+        let before = self.leases.get(&ip).cloned();
+        let lease = f.lease(ip, state, expires, hostname);
+        let record = lease.to_record();
+        let vacated = self.bind(now, f, lease);
+        self.track(&record, before);
+        (record, vacated)
     }
 
     /// The name a lease carries into DNS: the reservation's, always; else
@@ -684,13 +888,8 @@ impl Engine {
             return None;
         };
         let name = sanitize_hostname(h)?;
-        let reserved = self.subnets.iter().any(|s| {
-            s.cfg.reservations.iter().any(|r| {
-                r.hostname
-                    .as_deref()
-                    .is_some_and(|r| r.eq_ignore_ascii_case(&name))
-            })
-        });
+        // `name` is lowercase already, as the set is.
+        let reserved = self.reserved_names.contains(name.as_str());
         let held_by_another = self
             .by_hostname
             .get(name.as_str())
@@ -726,13 +925,13 @@ impl Engine {
             .is_some_and(|l| l.client == f.key && l.state == LeaseState::Active && l.holds(now));
         if !already_active {
             let hostname = self.hostname_for(now, si, f);
-            self.bind(
+            let offer = f.lease(
                 ip,
-                f,
                 LeaseState::Offered,
                 now + u64::from(self.policy.offer_secs),
                 hostname,
             );
+            self.bind(now, f, offer);
         }
         let lease = self.lease_secs(si);
         let reply = reply::build(
@@ -750,6 +949,7 @@ impl Engine {
                 message: reply,
             },
             commit: None,
+            vacated: None,
         }
     }
 
@@ -768,9 +968,14 @@ impl Engine {
     fn ack(&mut self, now: u64, si: usize, f: &Facts, ip: Ipv4Addr, rapid: bool) -> Outcome {
         let lease = self.lease_secs(si);
         let hostname = self.hostname_for(now, si, f);
-        let record = self
-            .bind(ip, f, LeaseState::Active, now + u64::from(lease), hostname)
-            .to_record();
+        let (record, vacated) = self.bind_durable(
+            now,
+            ip,
+            f,
+            LeaseState::Active,
+            now + u64::from(lease),
+            hostname,
+        );
         self.claim_hostname(ip);
         let reply = reply::build(
             f.msg,
@@ -787,6 +992,7 @@ impl Engine {
                 message: reply,
             },
             commit: Some(record),
+            vacated: vacated.map(Box::new),
         }
     }
 
@@ -797,6 +1003,7 @@ impl Engine {
                 destination: destination(f.msg, f.source, MessageType::Nak),
             },
             commit: None,
+            vacated: None,
         }
     }
 
@@ -907,23 +1114,30 @@ impl Engine {
         if !active {
             return Outcome::Ignore(Ignored::NotHeld);
         }
-        let quarantined = self
-            .leases
-            .values()
-            .filter(|l| l.client == f.key && l.state == LeaseState::Declined && l.holds(now))
-            .count();
+        let leases = &self.leases;
+        let quarantined = self.quarantined.get(&f.key).map_or(0, |ips| {
+            ips.iter()
+                .filter(|ip| {
+                    leases.get(ip).is_some_and(|l| {
+                        l.client == f.key && l.state == LeaseState::Declined && l.holds(now)
+                    })
+                })
+                .count()
+        });
         if quarantined >= MAX_DECLINED_PER_CLIENT {
             return Outcome::Ignore(Ignored::DeclineLimited);
         }
-        let record = self
-            .bind(
-                ip,
-                f,
-                LeaseState::Declined,
-                now + u64::from(self.policy.decline_secs),
-                None,
-            )
-            .to_record();
+        let (record, _) = self.bind_durable(
+            now,
+            ip,
+            f,
+            LeaseState::Declined,
+            now + u64::from(self.policy.decline_secs),
+            None,
+        );
+        let ips = self.quarantined.entry(f.key.clone()).or_default();
+        ips.retain(|held| *held != ip);
+        ips.push(ip);
         // A quarantined address must not stick to the client that declined it.
         self.by_client.remove(&f.key);
         Outcome::Commit(record)
@@ -937,9 +1151,11 @@ impl Engine {
         if lease.client != f.key || lease.state != LeaseState::Active {
             return Outcome::Ignore(Ignored::NotHeld);
         }
+        let before = lease.clone();
         lease.state = LeaseState::Released;
         lease.expires = now;
         let record = lease.to_record();
+        self.track(&record, Some(before));
         self.mark(ip);
         Outcome::Commit(record)
     }
@@ -964,6 +1180,7 @@ impl Engine {
                 destination: destination(f.msg, f.source, MessageType::Ack),
             },
             commit: None,
+            vacated: None,
         }
     }
 }

@@ -113,7 +113,7 @@ fn from_client() -> SocketAddrV4 {
 
 fn reply(outcome: Outcome) -> (Message, Destination, Option<crate::LeaseRecord>) {
     match outcome {
-        Outcome::Reply { reply, commit } => (reply.message, reply.destination, commit),
+        Outcome::Reply { reply, commit, .. } => (reply.message, reply.destination, commit),
         other => panic!("expected a reply, got {other:?}"),
     }
 }
@@ -1144,4 +1144,187 @@ fn a_hostname_goes_to_its_reservation_or_its_first_holder_only() {
     let request = with_hostname(c3.select(offer.yiaddr(), SERVER), "db");
     let (_, _, commit) = reply(e.handle(NOW + 7200, &request, from_client(), &direct()));
     assert_eq!(commit.and_then(|r| r.hostname).as_deref(), Some("db"));
+}
+
+fn ack_records(
+    outcome: Outcome,
+) -> (
+    Message,
+    Option<crate::LeaseRecord>,
+    Option<crate::LeaseRecord>,
+) {
+    match outcome {
+        Outcome::Reply {
+            reply,
+            commit,
+            vacated,
+        } => (reply.message, commit, vacated.map(|v| *v)),
+        other => panic!("expected a reply, got {other:?}"),
+    }
+}
+
+/// A lease disk that fails: the ACKs it refused are undone, so the
+/// addresses go back (a new client's to its offer, which runs out) rather
+/// than staying leased to clients that were never answered.
+#[test]
+fn a_change_the_disk_refused_is_undone() {
+    let cfg = config("  subnets:\n    - pools: [{start: 192.168.100.10, end: 192.168.100.11}]\n");
+    let mut e = Engine::new(&cfg);
+    let mut a = Client::new(1);
+    let (offer, _, _) = reply(e.handle(NOW, &a.discover(), from_client(), &direct()));
+    let ip = offer.yiaddr();
+    let (_, commit, _) =
+        ack_records(e.handle(NOW, &a.select(ip, SERVER), from_client(), &direct()));
+    let refused = commit.expect("an ACK's record");
+    assert_eq!(e.unsettled(), 1);
+    assert!(e.settle(&refused, false), "the refused ACK is undone");
+    assert_eq!(e.unsettled(), 0);
+    assert_eq!(
+        e.pool_stats(NOW)[0].leased,
+        0,
+        "never acknowledged, not leased"
+    );
+    // Once the offer it went back to runs out, the address is free again.
+    assert_eq!(e.pool_stats(NOW + 31)[0].free, 2);
+    // Many clients whose ACKs all fail use nothing up.
+    for n in 10..40 {
+        let mut c = Client::new(n);
+        let (offer, _, _) = reply(e.handle(NOW + 100, &c.discover(), from_client(), &direct()));
+        let (_, commit, _) = ack_records(e.handle(
+            NOW + 100,
+            &c.select(offer.yiaddr(), SERVER),
+            from_client(),
+            &direct(),
+        ));
+        e.settle(&commit.unwrap(), false);
+        // What is left is an offer, held for the offer timeout only.
+        assert_eq!(e.pool_stats(NOW + 100)[0].leased, 0);
+        e.reclaim(NOW + 131);
+    }
+    assert_eq!(e.pool_stats(NOW + 131)[0].free, 2);
+
+    // A renewal the disk refused leaves the lease as the disk has it.
+    let mut b = Client::new(2);
+    let ip = dora(&mut e, &mut b, NOW + 200);
+    let settled: Vec<_> = e.leases().map(|l| l.to_record()).collect();
+    for r in &settled {
+        e.settle(r, true);
+    }
+    let (_, commit, _) = ack_records(e.handle(
+        NOW + 300,
+        &b.renew(ip),
+        SocketAddrV4::new(ip, 68),
+        &Ingress::Address,
+    ));
+    e.settle(&commit.unwrap(), false);
+    let lease = e.leases().find(|l| l.ip == ip).unwrap();
+    assert_eq!(
+        (lease.state, lease.expires),
+        (LeaseState::Active, NOW + 200 + 3600),
+        "the renewal is undone, the lease it renewed stays"
+    );
+}
+
+/// Two changes to one address in flight: the first's failure undoes
+/// nothing while the second may still succeed, and a success is final.
+#[test]
+fn an_older_failure_does_not_undo_a_newer_durable_change() {
+    let mut e = Engine::new(&vlan_config("", ""));
+    let mut a = Client::new(1);
+    let ip = dora(&mut e, &mut a, NOW);
+    let first = e.leases().find(|l| l.ip == ip).unwrap().to_record();
+    let (_, second, _) = ack_records(e.handle(
+        NOW + 10,
+        &a.renew(ip),
+        SocketAddrV4::new(ip, 68),
+        &Ingress::Address,
+    ));
+    let second = second.unwrap();
+    assert!(!e.settle(&first, false));
+    assert!(!e.settle(&second, true));
+    let lease = e.leases().find(|l| l.ip == ip).unwrap();
+    assert_eq!(
+        (lease.state, lease.expires),
+        (LeaseState::Active, NOW + 10 + 3600)
+    );
+}
+
+/// A client moved to a new address (here by a reservation added for it)
+/// keeps its old one until it takes the new; the ACK then logs the old
+/// one's release, so the log never holds two active leases for it.
+#[test]
+fn a_move_logs_the_release_of_the_address_left() {
+    let mut e = Engine::new(&vlan_config("", ""));
+    let mut c = Client::new(7);
+    let old = dora(&mut e, &mut c, NOW);
+    let reserved = Ipv4Addr::new(192, 168, 100, 50);
+    e.reconfigure(&vlan_config(
+        &format!("      reservations:\n        - {{mac: '52:54:00:00:00:07', ip: {reserved}}}\n"),
+        "",
+    ));
+    let (offer, _, _) = reply(e.handle(NOW + 10, &c.discover(), from_client(), &direct()));
+    assert_eq!(offer.yiaddr(), reserved);
+    let held = e.leases().find(|l| l.ip == old).unwrap();
+    assert_eq!(held.state, LeaseState::Active, "an offer moves nothing yet");
+    let (ack, commit, vacated) = ack_records(e.handle(
+        NOW + 10,
+        &c.select(reserved, SERVER),
+        from_client(),
+        &direct(),
+    ));
+    assert_eq!(kind(&ack), MessageType::Ack);
+    let vacated = vacated.expect("the old address's release is logged");
+    assert_eq!((vacated.ip, vacated.state), (old, LeaseState::Released));
+    assert_eq!(commit.unwrap().ip, reserved);
+    // The reservation is outside the pool: the pool's one lease was the old.
+    assert_eq!(
+        e.pool_stats(NOW + 10)[0].leased,
+        0,
+        "the old address is free"
+    );
+}
+
+/// The log's newest line for an address is unreadable (a bad sector, a
+/// hand edit): the older record must not stand for it, since the lost line
+/// may have moved the address to another client. It is held back instead.
+#[test]
+fn an_address_whose_newest_line_is_unreadable_goes_to_nobody() {
+    let cfg = vlan_config("", "");
+    let mut e = Engine::new(&cfg);
+    let mut a = Client::new(1);
+    let ip = dora(&mut e, &mut a, NOW);
+    let mut log = Vec::new();
+    for l in e.leases() {
+        log.extend_from_slice(&serde_json::to_vec(&l.to_record()).unwrap());
+        log.push(b'\n');
+    }
+    // The next record for the address, damaged past its address.
+    log.extend_from_slice(format!("{{\"ip\":\"{ip}\",\"client\":\"01:52\u{0}\u{0}\n").as_bytes());
+    let recovery = crate::parse_log(&log);
+    assert_eq!(recovery.corrupt_lines, 1);
+    assert_eq!(recovery.unreadable_newest(), vec![ip]);
+
+    let mut restarted = Engine::new(&cfg);
+    restarted.restore(&recovery.records);
+    let held = restarted.hold_unreadable(NOW + 60, &recovery.unreadable_newest());
+    assert_eq!(held.len(), 1);
+    assert_eq!((held[0].ip, held[0].state), (ip, LeaseState::Declined));
+    assert_eq!(
+        held[0].expires,
+        NOW + 60 + 3600,
+        "held for the longest lease time"
+    );
+    // The client of the older record does not get it back, nor does anyone.
+    let (nak, _, _) = reply(restarted.handle(
+        NOW + 60,
+        &a.renew(ip),
+        SocketAddrV4::new(ip, 68),
+        &Ingress::Address,
+    ));
+    assert_eq!(kind(&nak), MessageType::Nak);
+    // Every other pool address (ten) goes out before it would.
+    for n in 2..=11 {
+        let got = dora(&mut restarted, &mut Client::new(n), NOW + 60);
+        assert_ne!(got, ip);
+    }
 }

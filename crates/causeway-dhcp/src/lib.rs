@@ -14,6 +14,7 @@
 //! [`causeway_config::DhcpConfig`].
 
 pub mod client;
+pub mod clock;
 pub mod engine;
 mod index;
 pub mod lease;

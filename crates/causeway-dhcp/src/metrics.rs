@@ -22,6 +22,9 @@ pub struct DhcpMetrics {
     pub compactions: IntCounter,
     pub compaction_failures: IntCounter,
     pub corrupt_lines: IntCounter,
+    pub clock_behind: IntGauge,
+    pub clock_wall_offset: IntGauge,
+    pub changes_undone: IntCounter,
 }
 
 impl DhcpMetrics {
@@ -65,6 +68,9 @@ impl DhcpMetrics {
             compactions: IntCounter::new("causeway_dhcp_store_compactions_total", "Lease log compactions")?,
             corrupt_lines: IntCounter::new("causeway_dhcp_store_corrupt_lines_total", "Lease log lines skipped at start: not JSON, or a record whose client id is not hex")?,
             compaction_failures: IntCounter::new("causeway_dhcp_store_compaction_failures_total", "Lease log compactions that failed; the log is kept as it was, and the output removed")?,
+            clock_behind: IntGauge::new("causeway_dhcp_clock_behind_seconds", "How far the wall clock is behind the lease file's last write while the server waits to serve; 0 once serving")?,
+            clock_wall_offset: IntGauge::new("causeway_dhcp_clock_wall_offset_seconds", "The wall clock minus the server's lease clock (the wall clock at start, advanced monotonically): how far the wall clock has stepped since start")?,
+            changes_undone: IntCounter::new("causeway_dhcp_lease_changes_undone_total", "Lease changes the store could not make durable, undone in memory so their addresses are not used up")?,
         };
         registry.register(Box::new(m.received.clone()))?;
         registry.register(Box::new(m.sent.clone()))?;
@@ -80,6 +86,9 @@ impl DhcpMetrics {
         registry.register(Box::new(m.compactions.clone()))?;
         registry.register(Box::new(m.compaction_failures.clone()))?;
         registry.register(Box::new(m.corrupt_lines.clone()))?;
+        registry.register(Box::new(m.clock_behind.clone()))?;
+        registry.register(Box::new(m.clock_wall_offset.clone()))?;
+        registry.register(Box::new(m.changes_undone.clone()))?;
         Ok(m)
     }
 

@@ -6,7 +6,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use causeway_config::{DhcpConfig, DhcpListen};
 use causeway_runtime::readiness::ReadyHandle;
@@ -15,6 +15,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
 use tokio::task::JoinHandle;
 
+use crate::clock::{self, unix_secs, ClockCheck, LeaseClock};
 use crate::engine::{Destination, Engine, Ignored, Ingress, Outcome, CLIENT_PORT, SERVER_PORT};
 use crate::lease::{Lease, LeaseRecord};
 use crate::metrics::{message_type_label, DhcpMetrics};
@@ -46,6 +47,11 @@ struct Shared {
     warned_relays: Mutex<HashMap<Ipv4Addr, u64>>,
     store: LeaseStore,
     observer: Option<LeaseObserver>,
+    /// Unset until the wall clock is no longer behind the lease file.
+    clock: Arc<LeaseClock>,
+    /// Whether the wall clock offset has been reported, so a step is
+    /// logged once rather than every tick.
+    offset_reported: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -62,11 +68,9 @@ pub struct DhcpServer {
     listen: Vec<DhcpListen>,
 }
 
+/// The wall clock in unix seconds; the engine runs on [`LeaseClock`].
 pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    unix_secs(SystemTime::now())
 }
 
 impl DhcpServer {
@@ -84,19 +88,27 @@ impl DhcpServer {
         // The store's health and the end of start-up both set readiness;
         // one lock keeps a late `true` from hiding an early failure.
         let store_healthy = Arc::new(Mutex::new(true));
+        let lease_clock = Arc::new(LeaseClock::default());
         let health: HealthObserver = {
             let (store_healthy, ready) = (store_healthy.clone(), ready.clone());
+            let lease_clock = lease_clock.clone();
             Box::new(move |healthy| {
                 let mut state = store_healthy.lock().unwrap_or_else(|p| p.into_inner());
                 *state = healthy;
-                ready.set(healthy);
+                ready.set(healthy && lease_clock.now().is_some());
             })
         };
+        // Read before the store opens: cutting a torn tail off rewrites it.
+        let last_write = std::fs::metadata(&cfg.lease_file)
+            .and_then(|m| m.modified())
+            .ok()
+            .map(unix_secs);
         let (store, recovery) =
             LeaseStore::open(&cfg.lease_file, Some(metrics.clone()), Some(health))?;
         let mut engine = Engine::new(cfg);
         let skipped = engine.restore(&recovery.records);
         let corrupt = recovery.corrupt_lines + skipped;
+        let unreadable = recovery.unreadable_newest();
         metrics.corrupt_lines.inc_by(corrupt as u64);
         if corrupt > 0 {
             tracing::warn!(
@@ -129,7 +141,17 @@ impl DhcpServer {
             warned_relays: Mutex::new(HashMap::new()),
             store,
             observer,
+            clock: lease_clock,
+            offset_reported: std::sync::atomic::AtomicBool::new(false),
         });
+        let gate = Gate {
+            last_write,
+            tolerance: cfg.clock_behind_tolerance,
+            store_healthy: store_healthy.clone(),
+            ready: ready.clone(),
+            unreadable,
+        };
+        let open = gate.try_open(&shared, true);
         let mut tasks = Vec::new();
         for listen in &cfg.listen {
             let (socket, sender, ingress) = bind(listen)?;
@@ -144,11 +166,10 @@ impl DhcpServer {
                 shutdown,
             )));
         }
-        tasks.push(tokio::spawn(housekeeping(shared.clone(), shutdown)));
-        {
-            let state = store_healthy.lock().unwrap_or_else(|p| p.into_inner());
-            ready.set(*state);
+        if !open {
+            tasks.push(tokio::spawn(gate.wait(shared.clone(), shutdown.clone())));
         }
+        tasks.push(tokio::spawn(housekeeping(shared.clone(), shutdown)));
         Ok(DhcpServer {
             shared,
             tasks,
@@ -352,65 +373,60 @@ fn handle_packet(
         m.dropped.with_label_values(&["overloaded"]).inc();
         return;
     }
-    let now = unix_now();
-    let outcome = shared.engine().handle(now, &msg, from, ingress);
+    let Some(now) = shared.clock.now() else {
+        m.dropped.with_label_values(&["clock_behind"]).inc();
+        return;
+    };
+    // The engine lock is held until the records are queued, so the log has
+    // them in the order the engine made them: a later change to an address
+    // is never written before an earlier one.
+    let mut engine = shared.engine();
+    let outcome = engine.handle(now, &msg, from, ingress);
     match outcome {
-        Outcome::Reply { reply, commit } => {
+        Outcome::Reply {
+            reply,
+            commit,
+            vacated,
+        } => {
             let kind = message_type_label(reply.message_type());
             let bytes = match wire::encode(&reply.message) {
                 Ok(b) => b,
                 Err(e) => {
+                    for record in commit.iter().chain(vacated.as_deref()) {
+                        if engine.settle(record, false) {
+                            m.changes_undone.inc();
+                        }
+                    }
+                    drop(engine);
                     m.dropped.with_label_values(&["encode_failed"]).inc();
                     tracing::warn!(error = %e, "reply could not be encoded");
                     return;
                 }
             };
+            if let Some(record) = vacated {
+                queue(shared, *record, None);
+            }
             match commit {
-                None => send(sender, m, &bytes, reply.destination, kind),
+                None => {
+                    drop(engine);
+                    send(sender, m, &bytes, reply.destination, kind);
+                }
                 Some(record) => {
-                    shared.in_flight.fetch_add(1, Ordering::Relaxed);
-                    m.in_flight.inc();
-                    let done_shared = shared.clone();
                     let sender = sender.clone();
                     let dest = reply.destination;
-                    let observed = shared.observer.as_ref().map(|_| record.clone());
-                    shared.store.append(
+                    queue(
+                        shared,
                         record,
-                        Box::new(move |durable| {
-                            let m = &done_shared.metrics;
-                            done_shared.in_flight.fetch_sub(1, Ordering::Relaxed);
-                            m.in_flight.dec();
-                            if durable.is_ok() {
-                                send(&sender, m, &bytes, dest, kind);
-                                if let (Some(observe), Some(r)) = (&done_shared.observer, &observed)
-                                {
-                                    observe(r);
-                                }
-                            }
-                        }),
+                        Some(Box::new(move |m: &DhcpMetrics| {
+                            send(&sender, m, &bytes, dest, kind)
+                        })),
                     );
                 }
             }
         }
-        Outcome::Commit(record) => {
-            shared.in_flight.fetch_add(1, Ordering::Relaxed);
-            m.in_flight.inc();
-            let done_shared = shared.clone();
-            let observed = shared.observer.as_ref().map(|_| record.clone());
-            shared.store.append(
-                record,
-                Box::new(move |durable| {
-                    done_shared.in_flight.fetch_sub(1, Ordering::Relaxed);
-                    done_shared.metrics.in_flight.dec();
-                    if let (true, Some(observe), Some(r)) =
-                        (durable.is_ok(), &done_shared.observer, &observed)
-                    {
-                        observe(r);
-                    }
-                }),
-            );
-        }
+        Outcome::Commit(record) => queue(shared, record, None),
         Outcome::Ignore(reason) => {
+            drop(engine);
             m.dropped.with_label_values(&[reason.label()]).inc();
             if reason == Ignored::UnknownRelay && first_drop_in_a_while(shared, *from.ip(), now) {
                 tracing::warn!(from = %from, giaddr = %msg.giaddr(), "relayed DHCP packet dropped (unknown_relay): its source is in no subnet's relayAddresses, and relayed packets on an interface listener are served only from listed relays; list the relay agent there (`causeway check` names the subnets no client can reach)");
@@ -431,6 +447,125 @@ fn handle_packet(
     }
 }
 
+/// What to do once a record is durable, besides telling the engine and the
+/// observer: send the reply that waited for it.
+type OnDurable = Box<dyn FnOnce(&DhcpMetrics) + Send>;
+
+/// Hands `record` to the store. Called with the engine lock held, so
+/// records reach the log in engine order; the store's queue never blocks.
+fn queue(shared: &Arc<Shared>, record: LeaseRecord, on_durable: Option<OnDurable>) {
+    shared.in_flight.fetch_add(1, Ordering::Relaxed);
+    shared.metrics.in_flight.inc();
+    let done_shared = shared.clone();
+    let settled = record.clone();
+    shared.store.append(
+        record,
+        Box::new(move |durable| {
+            let m = &done_shared.metrics;
+            done_shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+            m.in_flight.dec();
+            if done_shared.engine().settle(&settled, durable.is_ok()) {
+                m.changes_undone.inc();
+            }
+            if durable.is_err() {
+                return;
+            }
+            if let Some(then) = on_durable {
+                then(m);
+            }
+            if let Some(observe) = &done_shared.observer {
+                observe(&settled);
+            }
+        }),
+    );
+}
+
+/// Holds the server back while the wall clock is behind the lease file.
+struct Gate {
+    last_write: Option<u64>,
+    tolerance: Duration,
+    store_healthy: Arc<Mutex<bool>>,
+    ready: ReadyHandle,
+    /// Addresses whose newest log line could not be read, held back once
+    /// the clock is known.
+    unreadable: Vec<Ipv4Addr>,
+}
+
+impl Gate {
+    /// Starts the lease clock if the wall clock allows; says so either way.
+    fn try_open(&self, shared: &Arc<Shared>, first: bool) -> bool {
+        match clock::check(unix_now(), self.last_write, self.tolerance) {
+            ClockCheck::Serve { from } => {
+                shared.clock.start(from);
+                self.hold_unreadable(shared, from);
+                shared.metrics.clock_behind.set(0);
+                if !first {
+                    tracing::info!(
+                        serving_from = from,
+                        "the wall clock has caught up with the lease file: DHCP serving"
+                    );
+                }
+                let healthy = self.store_healthy.lock().unwrap_or_else(|p| p.into_inner());
+                self.ready.set(*healthy);
+                true
+            }
+            ClockCheck::Behind { by } => {
+                shared
+                    .metrics
+                    .clock_behind
+                    .set(i64::try_from(by).unwrap_or(i64::MAX));
+                if first {
+                    tracing::error!(
+                        behind_seconds = by,
+                        tolerance_seconds = self.tolerance.as_secs(),
+                        "the wall clock is behind the lease file's last write: DHCP waits (not ready, \
+                         nothing answered) until the clock is set, because lease times read with \
+                         this clock would hand out addresses still in use; set the clock (NTP), \
+                         or raise dhcp.clockBehindTolerance"
+                    );
+                }
+                false
+            }
+        }
+    }
+
+    fn hold_unreadable(&self, shared: &Arc<Shared>, now: u64) {
+        if self.unreadable.is_empty() {
+            return;
+        }
+        let shown: Vec<String> = self
+            .unreadable
+            .iter()
+            .take(16)
+            .map(|ip| ip.to_string())
+            .collect();
+        tracing::warn!(
+            addresses = self.unreadable.len(),
+            first = %shown.join(","),
+            "lease log lines that could not be read were the newest for these addresses: each is \
+             held back (quarantined as declined) for one lease time, because the lost line may \
+             have given it to a client that still uses it"
+        );
+        let mut engine = shared.engine();
+        for record in engine.hold_unreadable(now, &self.unreadable) {
+            queue(shared, record, None);
+        }
+    }
+
+    async fn wait(self, shared: Arc<Shared>, shutdown: Shutdown) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if self.try_open(&shared, false) {
+                return;
+            }
+        }
+    }
+}
+
 /// Reclaims expired leases and refreshes the pool gauges.
 async fn housekeeping(shared: Arc<Shared>, shutdown: Shutdown) {
     let mut tick = tokio::time::interval(Duration::from_secs(5));
@@ -440,7 +575,10 @@ async fn housekeeping(shared: Arc<Shared>, shutdown: Shutdown) {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let now = unix_now();
+        let Some(now) = shared.clock.now() else {
+            continue;
+        };
+        report_wall_offset(&shared);
         let (stats, count) = {
             let mut engine = shared.engine();
             engine.reclaim(now);
@@ -451,6 +589,24 @@ async fn housekeeping(shared: Arc<Shared>, shutdown: Shutdown) {
             .metrics
             .leases
             .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+}
+
+/// Publishes how far the wall clock has stepped from the lease clock, and
+/// logs the first step bigger than a minute: lease times written from now
+/// on are that far from the wall clock, which a restart reads again.
+fn report_wall_offset(shared: &Shared) {
+    let Some(offset) = shared.clock.wall_offset(unix_now()) else {
+        return;
+    };
+    shared.metrics.clock_wall_offset.set(offset);
+    if offset.abs() > 60 && !shared.offset_reported.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            offset_seconds = offset,
+            "the wall clock stepped while DHCP was serving; lease times keep counting from the \
+             clock at start (so no lease ends early or late), and a restart reads the new clock \
+             (see docs/dhcp.md, \"Clocks\")"
+        );
     }
 }
 

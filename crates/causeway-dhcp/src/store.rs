@@ -71,6 +71,37 @@ pub struct Recovery {
     pub corrupt_lines: usize,
     /// Bytes of a final line cut short by a crash mid-write (never acknowledged).
     pub torn_tail_bytes: usize,
+    /// Skipped lines whose address could still be read, each with the
+    /// number of records read before it.
+    pub unreadable: Vec<(usize, Ipv4Addr)>,
+}
+
+impl Recovery {
+    /// Addresses whose newest line could not be read. What that line said
+    /// is lost, and the older record that would otherwise stand for the
+    /// address may give it back to a client that no longer holds it while
+    /// another does; so these are held back (see [`crate::Engine::hold_unreadable`]).
+    pub fn unreadable_newest(&self) -> Vec<Ipv4Addr> {
+        let mut out: Vec<Ipv4Addr> = self
+            .unreadable
+            .iter()
+            .filter(|(after, ip)| !self.records[*after..].iter().any(|r| r.ip == *ip))
+            .map(|(_, ip)| *ip)
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+}
+
+/// The address of a line that does not parse as a record, if it can still
+/// be read: the text after its `"ip":"`.
+fn salvage_address(line: &[u8]) -> Option<Ipv4Addr> {
+    const KEY: &[u8] = b"\"ip\":\"";
+    let start = line.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
+    let rest = line.get(start..)?;
+    let end = rest.iter().position(|b| *b == b'"')?;
+    std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
 }
 
 /// Reads every record in the log without changing it. Safe while a server
@@ -100,8 +131,17 @@ pub fn parse_log(bytes: &[u8]) -> Recovery {
             continue;
         }
         match serde_json::from_slice::<LeaseRecord>(line) {
-            Ok(r) => out.records.push(r),
-            Err(_) => out.corrupt_lines += 1,
+            Ok(r) if causeway_config::parse_hex(&r.client).is_some() => out.records.push(r),
+            Ok(r) => {
+                out.corrupt_lines += 1;
+                out.unreadable.push((out.records.len(), r.ip));
+            }
+            Err(_) => {
+                out.corrupt_lines += 1;
+                if let Some(ip) = salvage_address(line) {
+                    out.unreadable.push((out.records.len(), ip));
+                }
+            }
         }
     }
     out
@@ -820,6 +860,34 @@ mod tests {
         let parsed = parse_log(b"{\"ip\":\"10.0.0.1\",\"client\":\"01\",\"hw\":\"\",\"state\":\"active\",\"expires\":5}\nnot json\n");
         assert_eq!(parsed.records.len(), 1);
         assert_eq!(parsed.corrupt_lines, 1);
+    }
+
+    #[test]
+    fn an_unreadable_line_names_its_address_unless_a_later_record_does() {
+        let good = |ip: &str| {
+            format!("{{\"ip\":\"{ip}\",\"client\":\"01\",\"hw\":\"\",\"state\":\"active\",\"expires\":5}}\n")
+        };
+        let damaged = "{\"ip\":\"10.0.0.1\",\"client\":\"0\u{0}\n";
+        let bad_client = "{\"ip\":\"10.0.0.3\",\"client\":\"zz\",\"hw\":\"\",\"state\":\"active\",\"expires\":5}\n";
+        let log = [
+            good("10.0.0.1"),
+            damaged.into(),
+            good("10.0.0.2"),
+            bad_client.into(),
+        ]
+        .concat();
+        let parsed = parse_log(log.as_bytes());
+        assert_eq!(parsed.corrupt_lines, 2);
+        assert_eq!(
+            parsed.unreadable_newest(),
+            vec![Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 3)]
+        );
+        let superseded = [log, good("10.0.0.1"), good("10.0.0.3")].concat();
+        assert!(parse_log(superseded.as_bytes())
+            .unreadable_newest()
+            .is_empty());
+        assert_eq!(salvage_address(b"no address here"), None);
+        assert_eq!(salvage_address(b"{\"ip\":\"300.1.1.1\""), None);
     }
 
     #[test]

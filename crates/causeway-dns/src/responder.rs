@@ -9,7 +9,7 @@
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
@@ -30,11 +30,10 @@ pub(crate) struct Responder {
     pub(crate) tcp_idle: Duration,
 }
 
+/// Cache and name expiry follow elapsed time, so a wall clock step
+/// neither keeps answers past their TTL nor drops them early.
 pub(crate) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    causeway_runtime::clock::unix_now()
 }
 
 /// What to do with one packet.

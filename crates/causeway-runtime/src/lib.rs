@@ -7,6 +7,7 @@
 //! no config schema; services plug into it.
 
 pub mod admin;
+pub mod clock;
 pub mod cpus;
 pub mod readiness;
 pub mod reload;

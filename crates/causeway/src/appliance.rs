@@ -96,7 +96,7 @@ fn dhcp_names(
         match (lease.state, &lease.hostname) {
             (LeaseState::Active, Some(host)) => {
                 names.register(host, lease.ip, lease.expires);
-                names.forget_expired_if_due(causeway_dhcp::unix_now());
+                names.forget_expired_if_due(causeway_runtime::clock::unix_now());
             }
             (LeaseState::Released | LeaseState::Declined, _) => names.unregister(lease.ip),
             _ => {}

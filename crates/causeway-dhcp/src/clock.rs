@@ -1,0 +1,124 @@
+//! The time the engine is given: the wall clock read once, when serving
+//! starts, and advanced by the monotonic clock from then on.
+//!
+//! Lease expiries are unix seconds, because they outlive the process. But a
+//! wall clock that steps while the server runs (a DPU or VM without an RTC
+//! that boots at its epoch and is set by NTP later, or an administrator's
+//! `date -s`) must not move them: a step forward would reclaim leases whose
+//! holders still use them and hand the addresses to others; a step back
+//! would hold addresses long after their leases ran out. So the process
+//! reads the wall clock once and counts on from there.
+//!
+//! A restart reads it again, and then a clock that is behind the lease file
+//! cannot be told from a clock that is right: the gate refuses to serve
+//! while the wall clock is behind the file's last write by more than the
+//! tolerance, and serves from the first moment it is not.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Unix seconds of a system time; 0 before 1970.
+pub fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// What the gate decided about the wall clock at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClockCheck {
+    /// Serve, counting from this unix second.
+    Serve { from: u64 },
+    /// The wall clock is this many seconds behind the lease file's last
+    /// write, more than the tolerance: wait.
+    Behind { by: u64 },
+}
+
+/// Whether a server whose lease file was last written at `last_write`
+/// (unix seconds) may start serving with the wall clock at `wall`. Serving
+/// starts no earlier than the last write, so the engine's time never runs
+/// backwards across a restart.
+pub fn check(wall: u64, last_write: Option<u64>, tolerance: Duration) -> ClockCheck {
+    let Some(last_write) = last_write else {
+        return ClockCheck::Serve { from: wall };
+    };
+    let behind = last_write.saturating_sub(wall);
+    if behind > tolerance.as_secs() {
+        ClockCheck::Behind { by: behind }
+    } else {
+        ClockCheck::Serve {
+            from: wall.max(last_write),
+        }
+    }
+}
+
+/// The engine's clock: unset until the gate lets the server serve.
+#[derive(Debug, Default)]
+pub struct LeaseClock {
+    anchor: OnceLock<(u64, Instant)>,
+}
+
+impl LeaseClock {
+    /// Starts counting from `unix` seconds now; a second call changes nothing.
+    pub fn start(&self, unix: u64) {
+        let _ = self.anchor.set((unix, Instant::now()));
+    }
+
+    /// The engine's unix seconds, or `None` before the gate opened.
+    pub fn now(&self) -> Option<u64> {
+        let (unix, at) = self.anchor.get()?;
+        Some(unix + at.elapsed().as_secs())
+    }
+
+    /// How far the wall clock has stepped away from the engine's clock
+    /// since serving began, in seconds (positive: the wall clock is ahead).
+    pub fn wall_offset(&self, wall: u64) -> Option<i64> {
+        let now = self.now()?;
+        Some(i64::try_from(wall).unwrap_or(i64::MAX) - i64::try_from(now).unwrap_or(i64::MAX))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOLERANCE: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn a_clock_behind_the_lease_file_waits() {
+        let written = 1_800_000_000;
+        // A DPU that booted at its epoch, before NTP set the clock.
+        assert_eq!(
+            check(5, Some(written), TOLERANCE),
+            ClockCheck::Behind { by: written - 5 }
+        );
+        assert_eq!(
+            check(written - 61, Some(written), TOLERANCE),
+            ClockCheck::Behind { by: 61 }
+        );
+    }
+
+    #[test]
+    fn within_the_tolerance_it_serves_from_the_last_write() {
+        let written = 1_800_000_000;
+        assert_eq!(
+            check(written - 60, Some(written), TOLERANCE),
+            ClockCheck::Serve { from: written }
+        );
+        assert_eq!(
+            check(written + 5, Some(written), TOLERANCE),
+            ClockCheck::Serve { from: written + 5 }
+        );
+        assert_eq!(check(7, None, TOLERANCE), ClockCheck::Serve { from: 7 });
+    }
+
+    #[test]
+    fn the_clock_is_unset_until_started_and_then_counts_on() {
+        let clock = LeaseClock::default();
+        assert_eq!(clock.now(), None);
+        clock.start(1_000);
+        clock.start(5_000);
+        let now = clock.now().unwrap();
+        assert!((1_000..1_010).contains(&now), "{now}");
+        // The wall clock stepped a day ahead: the engine's does not follow.
+        assert_eq!(clock.wall_offset(now + 86_400), Some(86_400));
+    }
+}
