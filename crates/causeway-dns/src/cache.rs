@@ -4,11 +4,12 @@
 //!
 //! Pure: the caller passes the time in seconds.
 
-use std::sync::RwLock;
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
 
 use causeway_config::CacheConfig;
 // Keys are names clients chose: the hasher is seeded per process.
-use foldhash::{HashMap, HashMapExt};
+use foldhash::HashMap;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 
@@ -34,6 +35,8 @@ struct Entry {
     ttls: Box<[u32]>,
     stored: u64,
     expires: u64,
+    /// Its place in [`Entries::by_expiry`], with `expires`.
+    seq: u64,
 }
 
 pub enum Hit {
@@ -124,8 +127,9 @@ pub fn shape(wire: &[u8]) -> Option<Shape> {
 }
 
 /// What one entry costs beyond its bytes: the entry, its key's and slices'
-/// headers, the map's slot, and the allocator's rounding.
-const ENTRY_OVERHEAD: usize = 128;
+/// headers and allocations, the map's slot, its place in the expiry index
+/// (a node's share included), and the allocator's rounding.
+const ENTRY_OVERHEAD: usize = 224;
 
 fn cost(key: &[u8], wire: &[u8], ttls: usize) -> usize {
     ENTRY_OVERHEAD + key.len() + wire.len() + 8 * ttls
@@ -133,16 +137,69 @@ fn cost(key: &[u8], wire: &[u8], ttls: usize) -> usize {
 
 #[derive(Default)]
 struct Entries {
-    map: HashMap<CacheKey, Entry>,
+    /// The key is shared with `by_expiry`, so it is held once.
+    map: HashMap<Arc<[u8]>, Entry>,
+    /// Every entry by when it expires, then by when it was stored (which
+    /// keeps entries of the same second apart): eviction takes from the
+    /// front, and so costs what it removes rather than a walk of the whole
+    /// map with the write lock held, which stalled every reader.
+    by_expiry: BTreeMap<(u64, u64), Arc<[u8]>>,
+    /// Entries stored so far, which numbers each.
+    inserted: u64,
     /// The sum of every entry's [`cost`].
     bytes: usize,
+    #[cfg(test)]
+    sweep: Sweep,
+}
+
+/// What evictions have done so far: entries looked at, and removed.
+#[cfg(test)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Sweep {
+    examined: usize,
+    evicted: usize,
 }
 
 impl Entries {
+    fn add(&mut self, key: Arc<[u8]>, mut entry: Entry) {
+        self.inserted += 1;
+        entry.seq = self.inserted;
+        self.bytes += cost(&key, &entry.wire, entry.ttls.len());
+        self.by_expiry
+            .insert((entry.expires, entry.seq), Arc::clone(&key));
+        self.map.insert(key, entry);
+    }
+
     fn remove(&mut self, key: &[u8]) {
         if let Some((k, e)) = self.map.remove_entry(key) {
+            self.by_expiry.remove(&(e.expires, e.seq));
             self.bytes -= cost(&k, &e.wire, e.ttls.len());
         }
+    }
+
+    /// When the entry that expires first does, if there is one.
+    fn first_expiry(&mut self) -> Option<u64> {
+        #[cfg(test)]
+        {
+            self.sweep.examined += 1;
+        }
+        self.by_expiry.first_key_value().map(|(&(at, _), _)| at)
+    }
+
+    /// Removes the entry that expires first; false when there is none.
+    fn remove_first(&mut self) -> bool {
+        let Some((_, key)) = self.by_expiry.pop_first() else {
+            return false;
+        };
+        if let Some((k, e)) = self.map.remove_entry(&key) {
+            self.bytes -= cost(&k, &e.wire, e.ttls.len());
+        }
+        #[cfg(test)]
+        {
+            self.sweep.examined += 1;
+            self.sweep.evicted += 1;
+        }
+        true
     }
 }
 
@@ -155,10 +212,7 @@ impl Cache {
     pub fn new(cfg: CacheConfig) -> Self {
         Cache {
             cfg,
-            entries: RwLock::new(Entries {
-                map: HashMap::new(),
-                bytes: 0,
-            }),
+            entries: RwLock::new(Entries::default()),
         }
     }
 
@@ -249,6 +303,7 @@ impl Cache {
             return None;
         }
         let needs = cost(&key, wire, s.ttls.len());
+        let key: Arc<[u8]> = Arc::from(key);
         let mut entries = self.write();
         entries.remove(&key);
         if entries.map.len() >= self.cfg.max_entries || entries.bytes + needs > self.cfg.max_bytes {
@@ -260,8 +315,7 @@ impl Cache {
             stored[0] = 0;
             stored[1] = 0;
         }
-        entries.bytes += needs;
-        entries.map.insert(
+        entries.add(
             key,
             Entry {
                 wire: stored.into_boxed_slice(),
@@ -269,6 +323,7 @@ impl Cache {
                 ttls: ttls.into_boxed_slice(),
                 stored: now,
                 expires: now + u64::from(ttl),
+                seq: 0,
             },
         );
         Some(ttl)
@@ -276,18 +331,17 @@ impl Cache {
 }
 
 /// Makes room for an entry of `needs` bytes: first everything past its
-/// stale window, then, while the cache is still over either bound, arbitrary
-/// entries (hash order is effectively random) down to fifteen sixteenths of
-/// it, so the next inserts do not each pay for an eviction.
+/// stale window, then, while the cache is still over either bound, the
+/// entries that expire soonest (so those kept only to be served stale
+/// first) down to fifteen sixteenths of it, so the next inserts do not
+/// each pay for an eviction. It looks only at the front of the expiry
+/// index: at most twice per entry it removes, and once more.
 fn evict(entries: &mut Entries, now: u64, cfg: &CacheConfig, needs: usize) {
-    let before = entries.map.len();
-    entries.map.retain(|_, e| now < e.expires + STALE_WINDOW);
-    if entries.map.len() != before {
-        entries.bytes = entries
-            .map
-            .iter()
-            .map(|(k, e)| cost(k, &e.wire, e.ttls.len()))
-            .sum();
+    while entries
+        .first_expiry()
+        .is_some_and(|at| at.saturating_add(STALE_WINDOW) <= now)
+    {
+        entries.remove_first();
     }
     let max_entries = cfg.max_entries - cfg.max_entries / 16;
     let max_bytes = (cfg.max_bytes - cfg.max_bytes / 16).saturating_sub(needs);
@@ -295,10 +349,9 @@ fn evict(entries: &mut Entries, now: u64, cfg: &CacheConfig, needs: usize) {
         return;
     }
     while entries.map.len() >= max_entries.max(1) || entries.bytes > max_bytes {
-        let Some(key) = entries.map.keys().next().cloned() else {
+        if !entries.remove_first() {
             break;
-        };
-        entries.remove(&key);
+        }
     }
 }
 
@@ -478,6 +531,77 @@ mod tests {
         let before = c.bytes();
         c.insert(key(n), &large_response(n, 35), 1);
         assert_eq!(c.bytes(), before);
+    }
+
+    #[test]
+    fn an_eviction_examines_about_as_many_entries_as_it_evicts() {
+        const FULL: usize = 100_000;
+        let c = Cache::new(cfg(FULL));
+        // Sixteen lifetimes, from one minute to sixteen.
+        let answers: Vec<Vec<u8>> = (1..=16)
+            .map(|m| response("a.example.net.", 60 * m, ResponseCode::NoError))
+            .collect();
+        let sweep = || c.read().sweep;
+        let mut evictions = 0;
+        let mut insert = |i: usize, now: u64| {
+            let before = sweep();
+            let ttl = c.insert(format!("h{i}").into_bytes(), &answers[i % 16], now);
+            assert!(ttl.is_some());
+            let after = sweep();
+            let (examined, evicted) = (
+                after.examined - before.examined,
+                after.evicted - before.evicted,
+            );
+            if evicted > 0 {
+                evictions += 1;
+                assert!(
+                    examined <= 2 * evicted + 2,
+                    "insert {i}: {examined} entries examined to evict {evicted}"
+                );
+            }
+            assert!(c.len() <= FULL);
+        };
+        for i in 0..FULL {
+            insert(i, 0);
+        }
+        // Full: inserts evict while everything is fresh, then once the
+        // shortest-lived sixteenth is past its stale window.
+        for i in FULL..FULL + FULL / 8 {
+            insert(i, 0);
+        }
+        let later = 60 + STALE_WINDOW;
+        for i in FULL + FULL / 8..FULL + FULL / 4 {
+            insert(i, later);
+        }
+        assert!(evictions >= 3, "{evictions} evictions");
+    }
+
+    #[test]
+    fn eviction_takes_the_dead_first_then_the_soonest_to_expire() {
+        let c = Cache::new(cfg(16));
+        let name = |i: usize| format!("h{i}.example.net.");
+        let insert = |i: usize, ttl: u32, now: u64| {
+            let n = name(i);
+            c.insert(key(&n), &response(&n, ttl, ResponseCode::NoError), now)
+        };
+        let held = |i: usize, now: u64| !matches!(c.get(&key(&name(i)), now, true), Hit::Miss);
+        // Entry i lives i + 1 minutes, stored in no particular order.
+        for i in [7, 3, 0, 12, 15, 1, 9, 4, 14, 2, 11, 6, 13, 5, 10, 8] {
+            assert!(insert(i, 60 * (i as u32 + 1), 0).is_some());
+        }
+        // Full, and nothing dead: the two that expire soonest make room.
+        insert(16, 3600, 0);
+        assert!(!held(0, 0) && !held(1, 0));
+        assert!((2..=16).all(|i| held(i, 0)));
+        assert_eq!(c.len(), 15);
+        // Once entry 2 is past its stale window, it is all that goes: the
+        // rest, entry 3 (stale but servable) too, are kept.
+        let later = 180 + STALE_WINDOW;
+        insert(17, 3600, later);
+        insert(18, 3600, later);
+        assert!(!held(2, later));
+        assert!((3..=18).all(|i| held(i, later)));
+        assert_eq!(c.len(), 16);
     }
 
     #[test]

@@ -38,6 +38,14 @@ const SKIP_FOR: Duration = Duration::from_secs(5);
 /// upstream is bounded by `maxUpstreamInFlight`; this bounds what a flood
 /// of one name can hold while its upstream does not answer.
 pub(crate) const MAX_WAITERS_PER_NAME: usize = 256;
+/// Bytes all waiting clients together may hold. The two bounds above still
+/// let 256 clients wait on each of `maxUpstreamInFlight` (1,024) names, a
+/// quarter of a million in all, while an upstream black-holes them for the
+/// whole upstream timeout; this is what they may hold between them, a few
+/// thousand clients whatever the names. Those beyond it get SERVFAIL at
+/// once, as when a name's list is full: the answer they would most likely
+/// have waited for anyway.
+pub(crate) const MAX_JOINED_BYTES: usize = 4 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
@@ -60,9 +68,36 @@ pub(crate) struct Client {
     pub endpoint: Arc<Endpoint>,
     pub q: ParsedQuery,
     pub view: usize,
+    /// The request's header and question: all that asking upstream
+    /// ([`crate::message::upstream_query`]) and answering the client
+    /// ([`crate::message::patch_for`]) read of it.
     pub request: Vec<u8>,
     pub to: SocketAddr,
     pub local: Option<Ipv4Addr>,
+}
+
+impl Client {
+    pub(crate) fn new(
+        endpoint: Arc<Endpoint>,
+        q: ParsedQuery,
+        view: usize,
+        request: &[u8],
+        to: SocketAddr,
+        local: Option<Ipv4Addr>,
+    ) -> Self {
+        // What follows the question (other records, the client's OPT and
+        // its options: up to the whole datagram) would be held for the
+        // upstream timeout by every client waiting, and is never read.
+        let request = request.get(..q.question_end).unwrap_or(request).to_vec();
+        Client {
+            endpoint,
+            q,
+            view,
+            request,
+            to,
+            local,
+        }
+    }
 }
 
 /// Someone waiting for the answer to a query already on its way upstream.
@@ -71,6 +106,47 @@ pub(crate) enum Waiter {
     Task(oneshot::Sender<Answer>),
     /// A UDP client, answered by whoever gets the answer.
     Datagram(Box<Client>),
+}
+
+/// What a waiter holds while it waits, as counted against
+/// [`MAX_JOINED_BYTES`]: an estimate that errs high, of its own size, its
+/// place in the list and what it keeps on the heap.
+pub(crate) trait Retained {
+    fn retained(&self) -> usize;
+}
+
+/// What an allocation costs beyond its bytes: the allocator's header and
+/// rounding.
+const ALLOCATION: usize = 16;
+
+impl Retained for Box<Client> {
+    fn retained(&self) -> usize {
+        // The query's name is kept twice (as asked and lowercased); each
+        // copy spills to the heap once it outgrows its inline storage.
+        let name = self.q.query.name().len();
+        std::mem::size_of::<Waiter>()
+            + std::mem::size_of::<Client>()
+            + ALLOCATION
+            + self.request.capacity()
+            + ALLOCATION
+            + 2 * (name + ALLOCATION)
+    }
+}
+
+impl Retained for oneshot::Sender<Answer> {
+    fn retained(&self) -> usize {
+        // The channel's state, shared with the task that waits on it.
+        std::mem::size_of::<Waiter>() + std::mem::size_of::<Answer>() + 64 + ALLOCATION
+    }
+}
+
+impl Retained for Waiter {
+    fn retained(&self) -> usize {
+        match self {
+            Waiter::Task(tx) => tx.retained(),
+            Waiter::Datagram(client) => client.retained(),
+        }
+    }
 }
 
 impl From<Box<Client>> for Waiter {
@@ -92,8 +168,17 @@ pub(crate) enum Join<W> {
     Joined,
     /// None was: the caller asks upstream, and must [`Forwarder::settle`].
     Lead(W),
-    /// One was, with as many waiting as may: the caller answers SERVFAIL.
+    /// One was, but the name has as many waiting as may, or all names
+    /// together hold [`MAX_JOINED_BYTES`]: the caller answers SERVFAIL.
     Full(W),
+}
+
+/// The names on their way upstream, and who else waits for each.
+#[derive(Default)]
+struct Joined {
+    by_name: HashMap<CacheKey, Vec<Waiter>>,
+    /// The sum of every waiter's [`Retained::retained`].
+    bytes: usize,
 }
 
 /// One of the bounded upstream queries, given back when dropped.
@@ -112,12 +197,15 @@ pub struct Forwarder {
     upstreams: Vec<Upstream>,
     policy: UpstreamPolicy,
     timeout: Duration,
-    /// Names on their way upstream, and who else waits for each.
-    coalesce: Mutex<HashMap<CacheKey, Vec<Waiter>>>,
+    coalesce: Mutex<Joined>,
     permits: Arc<Semaphore>,
     pub cache: Cache,
     metrics: DnsMetrics,
     epoch: Instant,
+}
+
+fn gauge(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -138,7 +226,7 @@ impl Forwarder {
                 .collect(),
             policy: cfg.upstream_policy,
             timeout: cfg.upstream_timeout,
-            coalesce: Mutex::new(HashMap::new()),
+            coalesce: Mutex::new(Joined::default()),
             permits: Arc::new(Semaphore::new(cfg.max_upstream_in_flight)),
             cache: Cache::new(cfg.cache.clone()),
             metrics,
@@ -188,20 +276,41 @@ impl Forwarder {
     /// Joins `waiter` to the identical query on its way upstream, if there
     /// is one and it has room. If there is none, hands the waiter back and
     /// marks the name as on its way.
-    pub(crate) fn join<W: Into<Waiter>>(&self, key: &CacheKey, waiter: W) -> Join<W> {
-        let mut map = lock(&self.coalesce);
-        match map.get_mut(key) {
-            Some(waiters) if waiters.len() >= MAX_WAITERS_PER_NAME => Join::Full(waiter),
-            Some(waiters) => {
-                waiters.push(waiter.into());
-                self.metrics.coalesced.inc();
-                Join::Joined
-            }
-            None => {
-                map.insert(key.clone(), Vec::new());
-                Join::Lead(waiter)
-            }
+    pub(crate) fn join<W: Into<Waiter> + Retained>(&self, key: &CacheKey, waiter: W) -> Join<W> {
+        let mut joined = lock(&self.coalesce);
+        let held = joined.bytes;
+        let Some(waiters) = joined.by_name.get_mut(key) else {
+            joined.by_name.insert(key.clone(), Vec::new());
+            return Join::Lead(waiter);
+        };
+        if waiters.len() >= MAX_WAITERS_PER_NAME {
+            self.refused("name_full");
+            return Join::Full(waiter);
         }
+        let cost = waiter.retained();
+        if held + cost > MAX_JOINED_BYTES {
+            self.refused("byte_budget");
+            return Join::Full(waiter);
+        }
+        waiters.push(waiter.into());
+        joined.bytes = held + cost;
+        self.metrics.coalesced.inc();
+        self.metrics.coalesced_bytes.set(gauge(joined.bytes));
+        Join::Joined
+    }
+
+    fn refused(&self, reason: &str) {
+        self.metrics
+            .coalesce_refused
+            .with_label_values(&[reason])
+            .inc();
+    }
+
+    /// What the clients waiting on queries upstream hold, as counted
+    /// against [`MAX_JOINED_BYTES`].
+    #[cfg(test)]
+    fn joined_bytes(&self) -> usize {
+        lock(&self.coalesce).bytes
     }
 
     /// One upstream query's place under the bound, if one is free.
@@ -256,7 +365,12 @@ impl Forwarder {
                 answer
             }
         };
-        let waiters = lock(&self.coalesce).remove(key).unwrap_or_default();
+        let mut joined = lock(&self.coalesce);
+        let waiters = joined.by_name.remove(key).unwrap_or_default();
+        let released: usize = waiters.iter().map(Retained::retained).sum();
+        joined.bytes = joined.bytes.saturating_sub(released);
+        self.metrics.coalesced_bytes.set(gauge(joined.bytes));
+        drop(joined);
         (answer, waiters)
     }
 
@@ -490,6 +604,85 @@ mod tests {
         assert_eq!(waiters.len(), MAX_WAITERS_PER_NAME);
         // Settled, the name starts over.
         assert!(matches!(fwd.join(&key, waiter()), Join::Lead(_)));
+    }
+
+    /// A query for `name` with EDNS and about 4 KB of records after its
+    /// question, as any client may send.
+    fn bulky_query(name: &str) -> Vec<u8> {
+        use hickory_proto::rr::{rdata::TXT, Name, RData, Record, RecordType};
+        let n = Name::from_ascii(name).unwrap();
+        let mut m = hickory_proto::op::Message::new();
+        m.add_query(hickory_proto::op::Query::query(n.clone(), RecordType::A));
+        for i in 0..16 {
+            let text = vec![format!("{i:0>250}")];
+            m.add_additional(Record::from_rdata(n.clone(), 0, RData::TXT(TXT::new(text))));
+        }
+        m.set_edns(hickory_proto::op::Edns::new());
+        m.to_vec().unwrap()
+    }
+
+    #[test]
+    fn joined_waiters_hold_no_more_than_the_byte_budget() {
+        let (fwd, metrics) = forwarder();
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let endpoint = Arc::new(Endpoint::new(socket, Duration::from_millis(10)).unwrap());
+        let request = bulky_query("a-label-longer-than-inline-storage.example.net.");
+        assert!(request.len() > 4000, "{} bytes", request.len());
+        let q = crate::message::parse(&request).unwrap();
+        let to: SocketAddr = "192.0.2.1:5353".parse().unwrap();
+        let client = || {
+            Box::new(Client::new(
+                endpoint.clone(),
+                q.clone(),
+                0,
+                &request,
+                to,
+                None,
+            ))
+        };
+        // The upstream black-holes every name: nothing is settled while
+        // names and their waiters pile up, as far as the bounds let them.
+        let (mut keys, mut joined, mut refused) = (Vec::new(), 0usize, 0u64);
+        for name in 0..1024 {
+            let key: CacheKey = format!("name {name}").into_bytes();
+            assert!(matches!(fwd.join(&key, client()), Join::Lead(_)));
+            keys.push(key.clone());
+            for _ in 0..MAX_WAITERS_PER_NAME {
+                match fwd.join(&key, client()) {
+                    Join::Joined => joined += 1,
+                    Join::Full(_) => refused += 1,
+                    Join::Lead(_) => panic!("a second lead for one name"),
+                }
+                assert!(
+                    fwd.joined_bytes() <= MAX_JOINED_BYTES,
+                    "{} bytes held by {joined} waiters, over the budget of {MAX_JOINED_BYTES}",
+                    fwd.joined_bytes()
+                );
+            }
+            if refused > MAX_WAITERS_PER_NAME as u64 {
+                break;
+            }
+        }
+        let refusals = |reason: &str| metrics.coalesce_refused.with_label_values(&[reason]).get();
+        assert_eq!(refusals("byte_budget"), refused);
+        assert_eq!(refusals("name_full"), 0);
+        assert_eq!(metrics.coalesced_bytes.get(), gauge(fwd.joined_bytes()));
+        // The budget is filled before anyone is refused.
+        let one = client().retained();
+        assert!(fwd.joined_bytes() > MAX_JOINED_BYTES - one);
+        // A waiter keeps its query's header and question, not the records
+        // after it, so the budget holds thousands of waiters.
+        assert!(one < 1024, "one waiter holds {one} bytes");
+        assert!(joined > 4000, "{joined} waiters");
+        // Answered (or timed out), the waiters give their bytes back.
+        let mut answered = 0;
+        for key in &keys {
+            answered += fwd.settle(key, &q, Err(FetchError::Timeout), 0).1.len();
+        }
+        assert_eq!(answered, joined);
+        assert_eq!((fwd.joined_bytes(), metrics.coalesced_bytes.get()), (0, 0));
+        assert!(matches!(fwd.join(&keys[0], client()), Join::Lead(_)));
+        assert!(matches!(fwd.join(&keys[0], client()), Join::Joined));
     }
 
     #[test]

@@ -12,6 +12,8 @@ pub struct DnsMetrics {
     pub dropped: IntCounterVec,
     pub cache: IntCounterVec,
     pub coalesced: IntCounter,
+    pub coalesce_refused: IntCounterVec,
+    pub coalesced_bytes: IntGauge,
     pub cache_bytes: IntGauge,
     pub cache_entries: IntGauge,
     pub upstream_seconds: HistogramVec,
@@ -58,6 +60,20 @@ impl DnsMetrics {
                 "causeway_dns_coalesced_total",
                 "Queries that waited on an identical upstream query already in flight",
             )?,
+            coalesce_refused: IntCounterVec::new(
+                Opts::new(
+                    "causeway_dns_coalesce_refused_total",
+                    "Queries answered SERVFAIL at once rather than wait on an identical \
+                     upstream query: its name had 256 waiting (name_full), or all waiting \
+                     held the byte budget (byte_budget)",
+                ),
+                &["reason"],
+            )?,
+            coalesced_bytes: IntGauge::new(
+                "causeway_dns_coalesced_bytes",
+                "Bytes held by queries waiting on an identical upstream query, counted \
+                 against their 4 MiB budget",
+            )?,
             upstream_seconds: HistogramVec::new(
                 HistogramOpts::new(
                     "causeway_dns_upstream_seconds",
@@ -101,6 +117,8 @@ impl DnsMetrics {
         registry.register(Box::new(m.dropped.clone()))?;
         registry.register(Box::new(m.cache.clone()))?;
         registry.register(Box::new(m.coalesced.clone()))?;
+        registry.register(Box::new(m.coalesce_refused.clone()))?;
+        registry.register(Box::new(m.coalesced_bytes.clone()))?;
         registry.register(Box::new(m.cache_bytes.clone()))?;
         registry.register(Box::new(m.cache_entries.clone()))?;
         registry.register(Box::new(m.upstream_seconds.clone()))?;

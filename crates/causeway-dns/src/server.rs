@@ -380,14 +380,7 @@ fn udp_thread(
                     if let Some(out) = outbound.as_deref_mut() {
                         out.forward(
                             responder,
-                            Client {
-                                endpoint: socket.clone(),
-                                q,
-                                view,
-                                request: request.to_vec(),
-                                to: d.from,
-                                local: d.local,
-                            },
+                            Client::new(socket.clone(), q, view, request, d.from, d.local),
                         );
                     }
                 }
