@@ -661,6 +661,69 @@ fn forwarded_names_resolve_through_a_local_upstream_and_are_cached() {
     );
 }
 
+/// The wall clock stepped back an hour under a cached answer with a TTL of
+/// two seconds: the answer still ends after two seconds of elapsed time.
+/// Before, the cache compared the wall clock with the entry's expiry, and
+/// the step kept the answer fresh for the hour.
+#[test]
+fn a_wall_clock_step_back_keeps_no_answer_past_its_ttl() {
+    let upstream = Dnsmasq::start(2);
+    let dir = tempdir();
+    let offset = dir.path().join("offset");
+    support::set_clock_offset(&offset, "+0");
+    let dns = SocketAddr::from((
+        Ipv4Addr::LOCALHOST,
+        support::free_udp_and_tcp_port(Ipv4Addr::LOCALHOST),
+    ));
+    let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, support::free_tcp_port()));
+    let path = dir.path().join("causeway.yaml");
+    fs::write(
+        &path,
+        format!(
+            r#"log: {{level: info}}
+admin: {{listen: "{admin}"}}
+cluster: {{name: hc1, baseDomain: example.test}}
+dns:
+  listen: ["{dns}"]
+  proxyAddress: {PROXY}
+  ingressAddress: {INGRESS}
+  upstreams: ["{}"]
+"#,
+            upstream.addr
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(causeway_bin());
+    cmd.args(["dns", "--config"]).arg(&path);
+    support::with_faked_wall_clock(&mut cmd, &offset);
+    let mut app = Appliance {
+        proc: Proc::spawn("causeway", dir.path(), &mut cmd),
+        config: path,
+        admin: AdminAt::Host(admin),
+    };
+    app.wait_ready();
+    let miss = r#"causeway_dns_cache_total{result="miss"}"#;
+    let first = dig_ok(dns, &["www.example.net", "A"]);
+    assert_eq!(first.answers("A"), [UPSTREAM_ANSWER], "{}", first.raw);
+    let misses = metric(&app.metrics(), miss).unwrap_or(0.0);
+    assert!(misses >= 1.0, "the first query was not a miss");
+
+    support::set_clock_offset(&offset, "-1h");
+    // Asked again and again: within a few seconds the answer has run out
+    // and the next query goes upstream.
+    let refetched = poll_until(Duration::from_secs(15), || {
+        let again = dig_ok(dns, &["www.example.net", "A"]);
+        assert_eq!(again.answers("A"), [UPSTREAM_ANSWER], "{}", again.raw);
+        (metric(&app.metrics(), miss).unwrap_or(0.0) > misses).then_some(())
+    });
+    assert!(
+        refetched.is_some(),
+        "an answer with a TTL of 2 s was still served from the cache 15 s later, after \
+         the wall clock stepped back an hour\n{}",
+        app.proc.describe()
+    );
+}
+
 /// Swaps what [`Server::dns`] was given as `dns_extra` for `dns_extra`, and
 /// asks for a reload.
 fn reload_with(server: &Server, dns_extra: &str) {

@@ -897,3 +897,36 @@ impl Relay {
         self.send(&m);
     }
 }
+
+/// libfaketime's preload library (Debian's `libfaketime`, which
+/// tests/run.sh installs); its absence is a broken environment.
+pub fn libfaketime() -> PathBuf {
+    let found = [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib",
+    ]
+    .iter()
+    .map(|dir| Path::new(dir).join("faketime/libfaketimeMT.so.1"))
+    .find(|p| p.exists());
+    found.expect(
+        "libfaketime is not installed (Debian package libfaketime); tests/run.sh installs it",
+    )
+}
+
+/// Runs `cmd` with its wall clock at the offset written in `offset_file`
+/// ("+0", "+2d", "-1h"), read again on every clock call, so the test can
+/// step it while the process runs. The monotonic clock is left alone, as a
+/// real step (NTP, `date -s`) leaves it, and file times are the kernel's.
+pub fn with_faked_wall_clock(cmd: &mut Command, offset_file: &Path) {
+    cmd.env("LD_PRELOAD", libfaketime())
+        .env("FAKETIME_TIMESTAMP_FILE", offset_file)
+        .env("FAKETIME_NO_CACHE", "1")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .env("NO_FAKE_STAT", "1");
+}
+
+/// Sets the offset a [`with_faked_wall_clock`] process reads.
+pub fn set_clock_offset(offset_file: &Path, offset: &str) {
+    fs::write(offset_file, format!("{offset}\n")).unwrap();
+}
