@@ -158,6 +158,9 @@ async fn serve(
     }
     if !peeked.is_empty() {
         if upstream.write_all(&peeked).await.is_err() {
+            // The client's hello never reached the upstream: a FIN would
+            // look like a server that closed on it.
+            crate::relay::reset_on_close(client);
             out.reason = "upstream_write_failed";
             return out;
         }
