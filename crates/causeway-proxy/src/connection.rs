@@ -10,7 +10,7 @@ use causeway_config::ProxyConfig;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use crate::hello::{peek, Peek, MAX_HELLO};
+use crate::hello::{HelloReader, Peek, MAX_HELLO};
 use crate::metrics::ProxyMetrics;
 use crate::port::{Port, Routing};
 use crate::relay::relay;
@@ -158,6 +158,9 @@ async fn serve(
     }
     if !peeked.is_empty() {
         if upstream.write_all(&peeked).await.is_err() {
+            // The client's hello never reached the upstream: a FIN would
+            // look like a server that closed on it.
+            crate::relay::reset_on_close(client);
             out.reason = "upstream_write_failed";
             return out;
         }
@@ -174,13 +177,13 @@ async fn serve(
 
 /// Reads the client's first bytes until the hello's name is known.
 async fn read_hello(client: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<Peek> {
+    let mut reader = HelloReader::default();
     loop {
-        let p = peek(buf);
-        if p != Peek::NeedMore {
+        // The reader never answers NeedMore at MAX_HELLO bytes; the length
+        // check makes sure no read goes past it whatever it answers.
+        let p = reader.feed(buf);
+        if p != Peek::NeedMore || buf.len() >= MAX_HELLO {
             return Ok(p);
-        }
-        if buf.len() >= MAX_HELLO {
-            return Ok(peek(buf));
         }
         client.readable().await?;
         let n = match read_into(client, buf) {
@@ -191,7 +194,7 @@ async fn read_hello(client: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<Pee
         if n == 0 {
             // The client sent what it will send: whatever it is goes to
             // the default route.
-            return Ok(match peek(buf) {
+            return Ok(match reader.feed(buf) {
                 Peek::NeedMore => Peek::NotTls(crate::hello::NotTls::Malformed),
                 p => p,
             });

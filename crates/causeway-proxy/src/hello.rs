@@ -2,9 +2,10 @@
 //! client sends, which the proxy peeks without terminating TLS.
 //!
 //! Sans-IO: the caller passes whatever bytes it has so far and is told to
-//! wait for more, or what it found. The hello may span several TCP segments
-//! and several TLS records (a post-quantum key share makes it about 2 KB);
-//! at most [`MAX_HELLO`] bytes are ever considered.
+//! wait for more, or what it found; a [`HelloReader`] remembers what it
+//! has read, so each new read costs only its new bytes. The hello may span
+//! several TCP segments and several TLS records (a post-quantum key share
+//! makes it about 2 KB); at most [`MAX_HELLO`] bytes are ever considered.
 
 use causeway_config::{valid_name, NameRules};
 
@@ -58,9 +59,23 @@ struct Reader<'a> {
     at: usize,
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Bytes the parser has looked at or copied on this thread, so a test
+    /// can tell linear work from quadratic.
+    static EXAMINED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+#[inline]
+fn examined(_n: usize) {
+    #[cfg(test)]
+    EXAMINED.with(|e| e.set(e.get() + _n));
+}
+
 impl<'a> Reader<'a> {
     fn u8(&mut self) -> Option<u8> {
         let v = *self.buf.get(self.at)?;
+        examined(1);
         self.at += 1;
         Some(v)
     }
@@ -75,65 +90,157 @@ impl<'a> Reader<'a> {
 
     fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         let s = self.buf.get(self.at..self.at.checked_add(n)?)?;
+        examined(n);
         self.at += n;
         Some(s)
     }
 }
 
-/// Looks for the server name in `buf`, the client's first bytes so far.
-pub fn peek(buf: &[u8]) -> Peek {
-    // Gather the handshake bytes out of the TLS records, as far as they go.
-    let mut handshake: Vec<u8> = Vec::new();
-    let mut records = Reader { buf, at: 0 };
-    let mut complete_records = 0;
-    loop {
-        let start = records.at;
-        let Some(content_type) = records.u8() else {
-            break;
-        };
-        if content_type != CONTENT_HANDSHAKE {
-            return if complete_records == 0 {
-                Peek::NotTls(NotTls::NotHandshake)
-            } else {
-                Peek::NotTls(NotTls::Malformed)
+/// Reads a ClientHello as it arrives, for a caller that reads the client's
+/// socket and hands over every time the whole of what came so far.
+///
+/// Each TLS record is taken in once, when it is whole, and the hello is
+/// parsed once, when the length its header gives has arrived: so every
+/// feed costs the new bytes, not all of them again. A hello sent a byte
+/// per segment would otherwise cost work quadratic in its size (a 16 KB
+/// one, 128 MB of scanning).
+#[derive(Debug, Default)]
+pub struct HelloReader {
+    /// Where the first record not yet taken in starts.
+    at: usize,
+    /// The handshake bytes of the records taken in.
+    handshake: Vec<u8>,
+    /// Records taken in.
+    records: usize,
+    /// The fragment length of the record at `at`, once its header is in.
+    record_len: Option<usize>,
+    /// The hello's whole length, header included, once its header is in.
+    needed: Option<usize>,
+    /// The length of the buffer last fed.
+    fed: usize,
+}
+
+impl HelloReader {
+    /// Looks for the server name in `buf`, the client's first bytes so
+    /// far: what the last call was given followed by what came since.
+    /// Once the answer is not [`Peek::NeedMore`], feeding more is not
+    /// meaningful.
+    pub fn feed(&mut self, buf: &[u8]) -> Peek {
+        if buf.len() < self.fed {
+            // Not the buffer fed before: start over rather than trust
+            // positions into it.
+            *self = HelloReader::default();
+        }
+        self.fed = buf.len();
+        // Take in the records completed since the last call.
+        let partial = loop {
+            let rest = buf.get(self.at..).unwrap_or_default();
+            let len = match self.record_len {
+                Some(len) => len,
+                None => match record_header(rest, self.records) {
+                    Err(why) => return Peek::NotTls(why),
+                    Ok(None) => break &[][..],
+                    Ok(Some(len)) => *self.record_len.insert(len),
+                },
             };
-        }
-        let Some(major) = records.u8() else { break };
-        if major != 3 {
-            return Peek::NotTls(NotTls::NotHandshake);
-        }
-        let (Some(_minor), Some(len)) = (records.u8(), records.u16()) else {
-            break;
+            // Only the fragment's length is compared here: its bytes are
+            // read when it is copied whole, or at the full parse.
+            let fragment = rest.get(RECORD_HEADER..).unwrap_or_default();
+            let Some(whole) = fragment.get(..len) else {
+                break fragment;
+            };
+            examined(whole.len());
+            self.handshake.extend_from_slice(whole);
+            self.records += 1;
+            self.at += RECORD_HEADER + len;
+            self.record_len = None;
+            if let Some(found) = self.hello(&[]) {
+                return found;
+            }
         };
-        let len = usize::from(len);
-        if len == 0 {
-            return Peek::NotTls(NotTls::Malformed);
+        if buf.len() >= MAX_HELLO {
+            return Peek::NotTls(NotTls::TooLarge);
         }
-        match records.take(len) {
-            Some(fragment) => {
-                handshake.extend_from_slice(fragment);
-                complete_records += 1;
-            }
+        self.hello(partial).unwrap_or(Peek::NeedMore)
+    }
+
+    /// The hello in the handshake bytes taken in followed by `partial`
+    /// (the part of the next record that has arrived): `None` while they
+    /// are too few. Until the hello's header is whole only its bytes are
+    /// read; after, only lengths are compared, until the one full parse.
+    fn hello(&mut self, partial: &[u8]) -> Option<Peek> {
+        let have = self.handshake.len() + partial.len();
+        let needed = match self.needed {
+            Some(n) => n,
             None => {
-                // A partial record: use what it holds so far.
-                handshake.extend_from_slice(&buf[(start + 5).min(buf.len())..]);
-                break;
+                let mut header = [0u8; 4];
+                let mut got = 0;
+                for (slot, b) in header.iter_mut().zip(self.handshake.iter().chain(partial)) {
+                    *slot = *b;
+                    got += 1;
+                }
+                examined(got);
+                let mut r = Reader {
+                    buf: &header[..got],
+                    at: 0,
+                };
+                if r.u8()? != HANDSHAKE_CLIENT_HELLO {
+                    return Some(Peek::NotTls(NotTls::NotClientHello));
+                }
+                let len = r.u24()?;
+                if len > MAX_HELLO {
+                    return Some(Peek::NotTls(NotTls::TooLarge));
+                }
+                *self.needed.insert(4 + len)
             }
+        };
+        if have < needed {
+            return None;
         }
-        if let Some(found) = read_hello(&handshake) {
-            return found;
+        if self.handshake.len() >= needed {
+            return read_hello(&self.handshake);
         }
-        if records.at >= buf.len() {
-            break;
-        }
+        examined(partial.len());
+        read_hello(&[self.handshake.as_slice(), partial].concat())
     }
-    if buf.len() >= MAX_HELLO {
-        return Peek::NotTls(NotTls::TooLarge);
+}
+
+/// Looks for the server name in `buf`, the client's first bytes so far, in
+/// one go; a caller that reads more and asks again uses a [`HelloReader`].
+pub fn peek(buf: &[u8]) -> Peek {
+    HelloReader::default().feed(buf)
+}
+
+const RECORD_HEADER: usize = 5;
+
+/// The fragment length from the header of the record at the start of
+/// `rest`, the `index`th of the flight: `None` while the header is not all
+/// here, though what is here is checked at once.
+fn record_header(rest: &[u8], index: usize) -> Result<Option<usize>, NotTls> {
+    let mut r = Reader { buf: rest, at: 0 };
+    let Some(content_type) = r.u8() else {
+        return Ok(None);
+    };
+    if content_type != CONTENT_HANDSHAKE {
+        return Err(if index == 0 {
+            NotTls::NotHandshake
+        } else {
+            NotTls::Malformed
+        });
     }
-    match read_hello(&handshake) {
-        Some(found) => found,
-        None => Peek::NeedMore,
+    let Some(major) = r.u8() else {
+        return Ok(None);
+    };
+    if major != 3 {
+        return Err(NotTls::NotHandshake);
     }
+    let (Some(_minor), Some(len)) = (r.u8(), r.u16()) else {
+        return Ok(None);
+    };
+    if len == 0 {
+        return Err(NotTls::Malformed);
+    }
+    Ok(Some(usize::from(len)))
 }
 
 /// Reads a ClientHello from handshake bytes: `None` when they end too soon.
@@ -360,10 +467,73 @@ mod tests {
         assert_eq!(peek(&hello), Peek::NoSni);
     }
 
+    /// Bytes examined by the parser on this thread while `f` runs.
+    fn examined_by(f: impl FnOnce()) -> usize {
+        let before = EXAMINED.with(|e| e.get());
+        f();
+        EXAMINED.with(|e| e.get()) - before
+    }
+
+    /// A hello arriving one byte per segment, as a slow or hostile client
+    /// may send it: each read must cost the parser its new bytes, not the
+    /// whole buffer again, or a 16 KB hello costs 128 MB of scanning.
+    #[test]
+    fn a_hello_fed_one_byte_at_a_time_is_scanned_in_linear_time() {
+        for hello in [
+            client_hello("api.hc1.example.com"),
+            reframe(&client_hello("api.hc1.example.com"), 50),
+            padded("konnectivity.hc1.example.com", 8000),
+        ] {
+            let mut reader = HelloReader::default();
+            let mut found = Peek::NeedMore;
+            let work = examined_by(|| {
+                for end in 1..=hello.len() {
+                    found = reader.feed(&hello[..end]);
+                    if found != Peek::NeedMore {
+                        assert_eq!(end, hello.len(), "found before the last byte");
+                    }
+                }
+            });
+            assert!(matches!(found, Peek::Sni(_)), "{found:?}");
+            // Copying each record once and the one full parse (whose
+            // nested lengths count some bytes more than once) come to about
+            // three times the length; a parse at every byte, to its square.
+            assert!(
+                work <= 5 * hello.len(),
+                "a {} byte hello fed one byte at a time cost {work} bytes of scanning",
+                hello.len()
+            );
+        }
+    }
+
     proptest::proptest! {
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..3000)) {
             let _ = peek(&bytes);
+        }
+
+        /// Fed in pieces, the reader answers at every step as a fresh
+        /// read of all the bytes so far would, until it has its answer.
+        #[test]
+        fn feeding_in_pieces_agrees_with_reading_at_once(
+            flips in proptest::collection::vec((0usize..400, proptest::prelude::any::<u8>()), 0..4),
+            cuts in proptest::collection::vec(1usize..40, 1..60),
+            record in 1usize..300,
+        ) {
+            let mut hello = reframe(&client_hello("api.hc1.example.com"), record);
+            for (at, v) in flips {
+                if let Some(b) = hello.get_mut(at) { *b = v; }
+            }
+            let mut reader = HelloReader::default();
+            let mut end = 0;
+            for cut in cuts.iter().cycle() {
+                end = (end + cut).min(hello.len());
+                let got = reader.feed(&hello[..end]);
+                proptest::prop_assert_eq!(&got, &peek(&hello[..end]), "at {}", end);
+                if got != Peek::NeedMore || end == hello.len() {
+                    break;
+                }
+            }
         }
 
         #[test]

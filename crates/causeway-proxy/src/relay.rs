@@ -1,6 +1,8 @@
 //! The byte relay between a client and its upstream: both directions at
 //! once, each ending with a half-close (shutdown of the other side's write)
-//! at EOF, the whole connection ended after an idle timeout.
+//! at EOF, the whole connection ended after an idle timeout. A reset (or
+//! any failure) on either side ends both directions at once and resets the
+//! other side too.
 //!
 //! On Linux each direction moves bytes with splice(2) through a pipe, so
 //! they never enter user space; where splice is refused it falls back to
@@ -84,7 +86,7 @@ pub enum Ended {
     /// Both sides finished (EOF each way).
     Closed,
     IdleTimeout,
-    /// A read or write failed (a reset, most often).
+    /// A read or write failed (a reset, most often); both sides are reset.
     Error,
 }
 
@@ -140,7 +142,9 @@ impl Activity {
     }
 }
 
-/// Relays until both directions end or nothing moves for `idle`.
+/// Relays until both directions end, either fails, or nothing moves for
+/// `idle`. After a failure both sockets are set to reset when the caller
+/// closes them.
 pub async fn relay(client: &TcpStream, upstream: &TcpStream, idle: Duration) -> Relayed {
     let activity = Activity {
         start: Instant::now(),
@@ -150,14 +154,19 @@ pub async fn relay(client: &TcpStream, upstream: &TcpStream, idle: Duration) -> 
         ended: AtomicU8::new(0),
     };
     let both = async {
-        let (a, b) = tokio::join!(
+        // The first failure ends both directions: the other one may be
+        // waiting on a peer that will never send again, holding the
+        // connection's permits until the idle timeout.
+        match tokio::try_join!(
             one_way(client, upstream, &activity, true),
             one_way(upstream, client, &activity, false)
-        );
-        if a.is_ok() && b.is_ok() {
-            Ended::Closed
-        } else {
-            Ended::Error
+        ) {
+            Ok(_) => Ended::Closed,
+            Err(_) => {
+                reset_on_close(client);
+                reset_on_close(upstream);
+                Ended::Error
+            }
         }
     };
     let watchdog = async {
@@ -187,6 +196,16 @@ fn shutdown_write(s: &TcpStream) {
     let _ = socket2::SockRef::from(s).shutdown(std::net::Shutdown::Write);
 }
 
+/// Makes closing `s` send a reset instead of a FIN (SO_LINGER of zero).
+/// When one side of a connection failed, a FIN would tell the other that
+/// the stream ended whole; a reset tells it the truth, that it was cut
+/// short. Bytes not yet sent to `s` are dropped, which is what a reset
+/// means.
+pub(crate) fn reset_on_close(s: &TcpStream) {
+    // Best effort: if it fails, the close sends a FIN as before.
+    let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
+}
+
 /// One direction: until EOF on `from`, then a half-close of `to`.
 async fn one_way(
     from: &TcpStream,
@@ -204,10 +223,11 @@ async fn one_way(
         },
         Err(e) => Err(e),
     };
-    // The first direction to end half-closes the other side. When the
+    // The first direction to reach EOF half-closes the other side. When the
     // second ends, the relay is over and closing both sockets sends the
-    // FIN: a shutdown then would be a system call for nothing.
-    if activity.ended.fetch_add(1, Ordering::AcqRel) == 0 {
+    // FIN: a shutdown then would be a system call for nothing. A failure
+    // sends no FIN: the relay resets both sides instead.
+    if result.is_ok() && activity.ended.fetch_add(1, Ordering::AcqRel) == 0 {
         shutdown_write(to);
     }
     result

@@ -293,6 +293,7 @@ fn worker(
 mod tests {
     use super::*;
     use crate::upstream::connect_one;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
 
     /// The route labels the registry exports, as Prometheus text.
@@ -345,6 +346,116 @@ mod tests {
         );
         trigger.cancel();
         server.drain(Duration::from_secs(1)).await;
+    }
+
+    /// A proxy with one plain listener in front of `upstream`, under an
+    /// idle timeout of an hour: any connection gone within a test's
+    /// seconds was ended by the proxy for a reason of its own.
+    async fn proxy_in_front_of(
+        upstream: SocketAddr,
+    ) -> (ProxyServer, causeway_runtime::Shutdown, SocketAddr) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cfg = causeway_config::Config::from_yaml(&format!(
+            "proxy:\n  listenAddress: 127.0.0.1\n  idleTimeout: 1h\n  listeners:\n    - port: {port}\n      upstream: \"{upstream}\"\n"
+        ))
+        .unwrap()
+        .proxy
+        .unwrap();
+        let shutdown = causeway_runtime::Shutdown::new();
+        let registry = prometheus::Registry::new();
+        let server = ProxyServer::start(
+            &cfg,
+            ProxyMetrics::new(&registry).unwrap(),
+            shutdown.clone(),
+        )
+        .await
+        .unwrap();
+        (server, shutdown, SocketAddr::from(([127, 0, 0, 1], port)))
+    }
+
+    /// Closes `s` with a reset rather than a FIN, as a crashed peer or a
+    /// firewall would.
+    fn reset(s: TcpStream) {
+        socket2::SockRef::from(&s)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(s);
+    }
+
+    /// One side of a proxied connection sends `warmup` bytes to the other
+    /// (past 64 KiB the direction reading it has moved to splice), then
+    /// resets. The bytes arriving also show the relay has begun: a reset
+    /// before the proxy's connect completed would fail the connect
+    /// instead. The other side must read a reset, not an EOF, and the proxy
+    /// must give back everything the connection held at once, not after
+    /// its idle timeout.
+    async fn a_reset_is_passed_on(upstream_resets: bool, warmup: usize) {
+        let back = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (server, shutdown, front) = proxy_in_front_of(back.local_addr().unwrap()).await;
+        let client = TcpStream::connect(front).await.unwrap();
+        let (upstream, _) = tokio::time::timeout(Duration::from_secs(5), back.accept())
+            .await
+            .expect("the proxy never connected upstream")
+            .unwrap();
+        let (mut resetting, mut other, who, peer) = if upstream_resets {
+            (upstream, client, "upstream", "client")
+        } else {
+            (client, upstream, "client", "upstream")
+        };
+        let sent = vec![7u8; warmup];
+        resetting.write_all(&sent).await.unwrap();
+        let mut got = vec![0u8; warmup];
+        other.read_exact(&mut got).await.unwrap();
+        reset(resetting);
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(2), other.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the {peer} heard nothing for 2 s after the {who} reset (after {warmup} bytes)"
+                )
+            });
+        match read {
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {}
+            other => panic!(
+                "after {warmup} bytes the {who} reset, and the {peer} read {other:?}, not a reset"
+            ),
+        }
+        let port = &server.listeners[0];
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while port.counters.active.get() != 0 || port.limit.available() != port_limit(&server) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "2 s after the {who} reset the proxy still holds the connection: {} active, {} of {} permits free",
+                port.counters.active.get(),
+                port.limit.available(),
+                port_limit(&server)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        shutdown.cancel();
+        server.drain(Duration::from_secs(1)).await;
+    }
+
+    fn port_limit(server: &ProxyServer) -> usize {
+        server.shared.cfg().max_connections
+    }
+
+    #[tokio::test]
+    async fn an_upstream_reset_reaches_the_client_as_a_reset_and_frees_the_connection() {
+        // Through the buffered copy, then through splice.
+        a_reset_is_passed_on(true, 1_000).await;
+        a_reset_is_passed_on(true, 300_000).await;
+    }
+
+    #[tokio::test]
+    async fn a_client_reset_reaches_the_upstream_as_a_reset_and_frees_the_connection() {
+        a_reset_is_passed_on(false, 1_000).await;
+        a_reset_is_passed_on(false, 300_000).await;
     }
 
     /// Keepalive and no-delay are set once on the listener: the accepted

@@ -206,6 +206,61 @@ pub(crate) async fn connect_one(addr: SocketAddr) -> io::Result<TcpStream> {
     socket.connect(addr).await
 }
 
+/// Why a connect to an upstream address failed, as far as the proxy acts
+/// on it; each is a metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConnectFailure {
+    /// This process ran out of descriptors or memory: no fault of the
+    /// address, and every other would fail the same way now, so the
+    /// client's attempt ends and no address's health changes.
+    LocalResources,
+    Refused,
+    /// EADDRNOTAVAIL or EADDRINUSE: no usable source address or port for
+    /// this destination. The address's failure; the next one is tried.
+    AddressUnavailable,
+    Other,
+}
+
+impl ConnectFailure {
+    /// Classifies the error of a connect from an unbound socket, as
+    /// [`connect_one`] makes.
+    ///
+    /// EADDRNOTAVAIL from connect(2) on Linux means either that the
+    /// address is not usable from this host (no source address to reach
+    /// it from: an IPv6 address with IPv6 off, say) or that no ephemeral
+    /// port is left. It would be tempting to call the second our own
+    /// exhaustion, but an unbound socket's port is chosen per destination:
+    /// a port is only unavailable if the same source address and port are
+    /// already connected to this very address and port. With one ephemeral
+    /// port, a second connect to A fails so while a connect to B gets that
+    /// same port (the namespace test below shows it). So in both cases
+    /// another address can still be reached, and steering connections
+    /// away from this one for a while is the remedy; the error counts as
+    /// the address's failure. EADDRINUSE (a clash of the same four-tuple)
+    /// likewise. Were the proxy ever to bind a source address before
+    /// connecting, a bind's EADDRINUSE would be ours again.
+    pub(crate) fn of(e: &io::Error) -> Self {
+        use nix::libc::{EADDRINUSE, EADDRNOTAVAIL};
+        match e.raw_os_error() {
+            Some(EADDRNOTAVAIL | EADDRINUSE) => ConnectFailure::AddressUnavailable,
+            _ if causeway_runtime::resources::local_resources_exhausted(e) => {
+                ConnectFailure::LocalResources
+            }
+            _ if e.kind() == io::ErrorKind::ConnectionRefused => ConnectFailure::Refused,
+            _ => ConnectFailure::Other,
+        }
+    }
+
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            ConnectFailure::LocalResources => "local_resources",
+            ConnectFailure::Refused => "refused",
+            ConnectFailure::AddressUnavailable => "address_unavailable",
+            ConnectFailure::Other => "error",
+        }
+    }
+}
+
 /// Connects to the first address of `up` that answers, trying each in turn,
 /// for the listener labelled `label`: its errors are counted under that
 /// label, and the time of the connect that succeeds goes to
@@ -238,43 +293,35 @@ pub(crate) async fn connect(
     for addr in addrs {
         let started = Instant::now();
         let attempt = tokio::time::timeout(cfg.connect_timeout, connect_one(addr)).await;
-        if let Ok(Err(e)) = &attempt {
-            if causeway_runtime::resources::local_resources_exhausted(e) {
-                // Our descriptors, memory or ports ran out: no fault of this
-                // address, and every other would fail the same way now.
-                metrics
-                    .connect_errors
-                    .with_label_values(&[label, "local_resources"])
-                    .inc();
-                tracing::warn!(upstream = %up, address = %addr, error = %e,
-                    "cannot open a connection upstream: out of local resources (the address keeps its health)");
-                return None;
-            }
-        }
-        if !matches!(attempt, Ok(Ok(_))) && upstreams.outliers.failed(addr) {
-            metrics.ejections.with_label_values(&[label]).inc();
-            tracing::warn!(upstream = %up, address = %addr, "address ejected after repeated connect failures");
-        }
-        match attempt {
+        let failure = match attempt {
             Ok(Ok(s)) => {
                 upstreams.outliers.succeeded(&addr);
                 connect_seconds.observe(started.elapsed().as_secs_f64());
                 return Some((s, addr));
             }
             Ok(Err(e)) => {
-                let reason = match e.kind() {
-                    io::ErrorKind::ConnectionRefused => "refused",
-                    _ => "error",
-                };
-                metrics
-                    .connect_errors
-                    .with_label_values(&[label, reason])
-                    .inc();
+                let failure = ConnectFailure::of(&e);
+                if failure == ConnectFailure::LocalResources {
+                    // Every other address would fail the same way now.
+                    metrics
+                        .connect_errors
+                        .with_label_values(&[label, failure.label()])
+                        .inc();
+                    tracing::warn!(upstream = %up, address = %addr, error = %e,
+                        "cannot open a connection upstream: out of local resources (the address keeps its health)");
+                    return None;
+                }
+                failure.label()
             }
-            Err(_) => metrics
-                .connect_errors
-                .with_label_values(&[label, "timeout"])
-                .inc(),
+            Err(_) => "timeout",
+        };
+        metrics
+            .connect_errors
+            .with_label_values(&[label, failure])
+            .inc();
+        if upstreams.outliers.failed(addr) {
+            metrics.ejections.with_label_values(&[label]).inc();
+            tracing::warn!(upstream = %up, address = %addr, "address ejected after repeated connect failures");
         }
     }
     None
@@ -351,6 +398,151 @@ mod tests {
             0,
             "the servers were asked again within RETRY_AFTER"
         );
+    }
+
+    #[test]
+    fn a_connect_error_is_ours_only_when_descriptors_or_memory_ran_out() {
+        use nix::libc::*;
+        let of = |errno| ConnectFailure::of(&io::Error::from_raw_os_error(errno));
+        for errno in [EMFILE, ENFILE, ENOBUFS, ENOMEM] {
+            assert_eq!(of(errno), ConnectFailure::LocalResources, "errno {errno}");
+        }
+        for errno in [EADDRNOTAVAIL, EADDRINUSE] {
+            assert_eq!(
+                of(errno),
+                ConnectFailure::AddressUnavailable,
+                "errno {errno} was taken for our own shortage"
+            );
+        }
+        assert_eq!(of(ECONNREFUSED), ConnectFailure::Refused);
+        for errno in [ENETUNREACH, EHOSTUNREACH, EINVAL, ECONNRESET, ETIMEDOUT] {
+            assert_eq!(of(errno), ConnectFailure::Other, "errno {errno}");
+        }
+    }
+
+    /// Set in the environment of this test binary when it runs again
+    /// inside a network namespace of its own.
+    const IN_NAMESPACE: &str = "CAUSEWAY_PROXY_TEST_IN_NAMESPACE";
+
+    /// Loopback up, and one ephemeral port for the whole namespace.
+    const ONE_PORT: &str = "ip link set lo up && echo '40000 40000' > /proc/sys/net/ipv4/ip_local_port_range && exec \"$@\"";
+
+    /// Runs `args` in a new user and network namespace set up by
+    /// [`ONE_PORT`]; None when this host allows no such namespace.
+    fn in_one_port_namespace(args: &[&std::ffi::OsStr]) -> Option<std::process::Output> {
+        let run = |args: &[&std::ffi::OsStr]| {
+            std::process::Command::new("unshare")
+                .args([
+                    "--user",
+                    "--map-root-user",
+                    "--net",
+                    "sh",
+                    "-c",
+                    ONE_PORT,
+                    "sh",
+                ])
+                .args(args)
+                .env(IN_NAMESPACE, "1")
+                .output()
+        };
+        match run(&["true".as_ref()]) {
+            Ok(out) if out.status.success() => run(args).ok(),
+            Ok(out) => {
+                eprintln!(
+                    "SKIP: no user and network namespace: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+                None
+            }
+            Err(e) => {
+                eprintln!("SKIP: cannot run unshare: {e}");
+                None
+            }
+        }
+    }
+
+    /// EADDRNOTAVAIL for real, from the kernel: in a namespace with one
+    /// ephemeral port, the test holds a connection to the first address,
+    /// so the proxy's connect to it finds no free port, while a connect to
+    /// the second can still use that port. The client must reach the
+    /// second address, not be closed as if the proxy were out of ports.
+    #[test]
+    fn an_address_with_no_free_local_port_is_passed_over_for_the_next() {
+        let name =
+            "upstream::tests::an_address_with_no_free_local_port_is_passed_over_for_the_next";
+        if std::env::var_os(IN_NAMESPACE).is_none() {
+            let exe = std::env::current_exe().unwrap();
+            let args = [
+                exe.as_os_str(),
+                "--exact".as_ref(),
+                name.as_ref(),
+                "--nocapture".as_ref(),
+            ];
+            let Some(out) = in_one_port_namespace(&args) else {
+                return;
+            };
+            assert!(
+                out.status.success(),
+                "in the namespace: {}\n{}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"));
+            return;
+        }
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(passed_over_in_the_namespace());
+    }
+
+    async fn passed_over_in_the_namespace() {
+        use std::time::Duration;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // Fixed ports: the namespace is new, and binding port 0 would
+        // take its only ephemeral port.
+        let first = std::net::TcpListener::bind("127.0.0.1:7001").unwrap();
+        let second = tokio::net::TcpListener::bind("127.0.0.1:7002")
+            .await
+            .unwrap();
+        let _holds_the_only_port = std::net::TcpStream::connect("127.0.0.1:7001").unwrap();
+        let cfg = causeway_config::Config::from_yaml(
+            "proxy:\n  listenAddress: 127.0.0.1\n  listeners:\n    - port: 7000\n      upstream: \"127.0.0.1:7001,127.0.0.1:7002\"\n",
+        )
+        .unwrap()
+        .proxy
+        .unwrap();
+        let metrics = ProxyMetrics::new(&prometheus::Registry::new()).unwrap();
+        let shutdown = causeway_runtime::Shutdown::new();
+        let server = crate::server::ProxyServer::start(&cfg, metrics.clone(), shutdown.clone())
+            .await
+            .unwrap();
+        let mut client = TcpStream::connect("127.0.0.1:7000").await.unwrap();
+        client.write_all(b"hello").await.unwrap();
+        let (mut upstream, _) = tokio::time::timeout(Duration::from_secs(5), second.accept())
+            .await
+            .expect("the client never reached the second address")
+            .unwrap();
+        let mut got = [0u8; 5];
+        upstream.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"hello");
+        let errors = |reason| {
+            metrics
+                .connect_errors
+                .with_label_values(&["7000", reason])
+                .get()
+        };
+        assert_eq!(
+            errors("address_unavailable"),
+            1,
+            "the first address was not tried first"
+        );
+        assert_eq!(errors("local_resources"), 0);
+        drop((client, upstream, first));
+        shutdown.cancel();
+        server.drain(Duration::from_secs(1)).await;
     }
 
     /// A resolver that black-holes queries must cost one new connection in
