@@ -21,6 +21,8 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use causeway_runtime::fds::{FdBudget, FdReservation, Holder};
+
 use crate::lease::LeaseRecord;
 use crate::metrics::DhcpMetrics;
 
@@ -325,6 +327,7 @@ struct Compaction {
     covers: u64,
     lines_after: u64,
     worker: JoinHandle<io::Result<Compacted>>,
+    _descriptors: FdReservation,
 }
 
 struct Compacted {
@@ -525,6 +528,14 @@ impl Writer {
     fn step_compaction(&mut self) {
         match &self.compaction {
             None if self.lines >= self.compact_at => {
+                // The log read twice, the output, the directory: taken from
+                // the process's descriptor budget first, so a compaction
+                // never meets EMFILE halfway. Refused, it waits for the
+                // next batch.
+                let Some(descriptors) = FdBudget::global().try_reserve(Holder::LeaseStore, 3)
+                else {
+                    return;
+                };
                 let (path, covers) = (self.path.clone(), self.len);
                 let worker = std::thread::Builder::new()
                     .name("lease-compact".into())
@@ -535,6 +546,7 @@ impl Writer {
                             covers,
                             lines_after: self.lines,
                             worker,
+                            _descriptors: descriptors,
                         })
                     }
                     Err(e) => self.compaction_failed(&e),

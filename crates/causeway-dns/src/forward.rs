@@ -10,6 +10,7 @@
 //! themselves ([`crate::outbound`]), and [`drive`] drives it on the runtime
 //! for queries that came over TCP and for answers fetched again over TCP.
 
+use causeway_runtime::fds::{FdBudget, FdReservation, Holder};
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -464,7 +465,7 @@ pub(crate) async fn drive(
     mut pending: Option<Transmit>,
 ) -> Result<Vec<u8>, FetchError> {
     // The socket of the attempt waiting for a datagram, and its number.
-    let mut socket: Option<(u32, UdpSocket)> = None;
+    let mut socket: Option<(u32, Reserved<UdpSocket>)> = None;
     loop {
         while let Some(event) = exchange.poll_event() {
             fwd.observe(event);
@@ -536,11 +537,46 @@ thread_local! {
 /// random, connected to the upstream, so a forger must guess the port as
 /// well as the ID (RFC 5452 §9.2) and the kernel drops datagrams from any
 /// other address.
-async fn udp_send(to: SocketAddr, payload: &[u8]) -> io::Result<UdpSocket> {
+async fn udp_send(to: SocketAddr, payload: &[u8]) -> io::Result<Reserved<UdpSocket>> {
+    let reserved = reserve_upstream_descriptor()?;
     let socket = UdpSocket::bind(any_port_for(to)).await?;
     socket.connect(to).await?;
     socket.send(payload).await?;
-    Ok(socket)
+    Ok(Reserved {
+        socket,
+        _descriptor: reserved,
+    })
+}
+
+/// A socket with the descriptor it was reserved from the process's budget.
+pub(crate) struct Reserved<S> {
+    pub(crate) socket: S,
+    _descriptor: FdReservation,
+}
+
+impl<S> std::ops::Deref for Reserved<S> {
+    type Target = S;
+    fn deref(&self) -> &S {
+        &self.socket
+    }
+}
+
+impl<S> Reserved<S> {
+    pub(crate) fn new(socket: S, descriptor: FdReservation) -> Self {
+        Reserved {
+            socket,
+            _descriptor: descriptor,
+        }
+    }
+}
+
+/// One descriptor for an upstream query's socket, from the process's
+/// budget; refused as EMFILE would be, so the exchange treats it as our own
+/// shortage (this query fails, no upstream is blamed).
+pub(crate) fn reserve_upstream_descriptor() -> io::Result<FdReservation> {
+    FdBudget::global()
+        .try_reserve(Holder::DnsUpstream, 1)
+        .ok_or_else(|| io::Error::from_raw_os_error(nix::libc::EMFILE))
 }
 
 /// One query on a connection of its own; the answer is the exchange's to
@@ -548,6 +584,7 @@ async fn udp_send(to: SocketAddr, payload: &[u8]) -> io::Result<UdpSocket> {
 async fn tcp_exchange(to: SocketAddr, payload: &[u8]) -> io::Result<Vec<u8>> {
     let len = u16::try_from(payload.len())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "query over 64 KiB"))?;
+    let _reserved = reserve_upstream_descriptor()?;
     let mut stream = TcpStream::connect(to).await?;
     let mut framed = Vec::with_capacity(payload.len() + 2);
     framed.extend_from_slice(&len.to_be_bytes());

@@ -28,7 +28,9 @@ use foldhash::{HashMap, HashMapExt};
 
 use crate::cache::{key_of, CacheKey};
 use crate::exchange::{Exchange, Transmit, Transport};
-use crate::forward::{self, Answer, Client, FetchError, Forwarder, InFlight, Join, Waiter};
+use crate::forward::{
+    self, Answer, Client, FetchError, Forwarder, InFlight, Join, Reserved, Waiter,
+};
 use crate::responder::{unix_now, Responder};
 
 /// Upstream answers read per wake-up at most, so a flood of them cannot
@@ -43,7 +45,7 @@ struct Flight {
     /// The socket of the attempt waiting for a datagram, and its number.
     /// Replaced by the next attempt's, which closes it and so takes it out
     /// of the epoll set.
-    socket: Option<(u32, UdpSocket)>,
+    socket: Option<(u32, Reserved<UdpSocket>)>,
     _slot: InFlight,
 }
 
@@ -64,11 +66,12 @@ pub(crate) struct Outbound {
 
 /// A socket for one transmit: bound to any address on a port the kernel
 /// picks at random, connected to `upstream`.
-fn query_socket(upstream: SocketAddr) -> io::Result<UdpSocket> {
+fn query_socket(upstream: SocketAddr) -> io::Result<Reserved<UdpSocket>> {
+    let reserved = forward::reserve_upstream_descriptor()?;
     let socket = UdpSocket::bind(forward::any_port_for(upstream))?;
     socket.connect(upstream)?;
     socket.set_nonblocking(true)?;
-    Ok(socket)
+    Ok(Reserved::new(socket, reserved))
 }
 
 impl Outbound {
@@ -180,11 +183,11 @@ impl Outbound {
     }
 
     /// Sends `payload` on a new socket, watched under `token`.
-    fn send(&self, token: u64, to: SocketAddr, payload: &[u8]) -> io::Result<UdpSocket> {
+    fn send(&self, token: u64, to: SocketAddr, payload: &[u8]) -> io::Result<Reserved<UdpSocket>> {
         let socket = query_socket(to)?;
         socket.send(payload)?;
         self.epoll
-            .add(&socket, EpollEvent::new(EpollFlags::EPOLLIN, token))
+            .add(&socket.socket, EpollEvent::new(EpollFlags::EPOLLIN, token))
             .map_err(io::Error::from)?;
         Ok(socket)
     }

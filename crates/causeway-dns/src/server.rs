@@ -2,6 +2,7 @@
 //! configured address, a prepared-response cache in front of the
 //! authority, and forwarding for the rest.
 
+use causeway_runtime::fds::{FdBudget, Holder};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -499,6 +500,18 @@ async fn tcp_loop(
             },
         };
         backoff = ACCEPT_BACKOFF_MIN;
+        // The accept has the descriptor already; a client the budget
+        // cannot cover is closed now, before it holds one for its idle time.
+        let Some(descriptor) = FdBudget::global().try_reserve(Holder::DnsTcpClient, 1) else {
+            responder.metrics.tcp_refused.inc();
+            responder
+                .metrics
+                .dropped
+                .with_label_values(&["tcp_descriptors"])
+                .inc();
+            drop(stream);
+            continue;
+        };
         let permit = match limit.take(from.ip()) {
             Ok(slot) => slot,
             Err(bound) => {
@@ -515,7 +528,7 @@ async fn tcp_loop(
             responder.metrics.tcp_connections.inc();
             let _ = tcp_connection(&responder, stream, from.ip(), shutdown).await;
             responder.metrics.tcp_connections.dec();
-            drop(permit);
+            drop((permit, descriptor));
         });
     }
 }

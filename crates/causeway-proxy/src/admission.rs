@@ -1,36 +1,31 @@
 //! Admitting connections. Each connection is admitted with three permits
 //! that its task owns and gives back when it ends, whatever way it ends:
-//! its listener's (`maxConnections`), the process-wide cap kept below the
-//! open-files limit, and its source address's (`maxConnectionsPerSource`).
-//! A reload may change the first and the last; the cap follows the
-//! open-files limit, which is fixed at start.
+//! its listener's (`maxConnections`), its two descriptors from the
+//! process's descriptor budget (which keeps the proxy's share below what
+//! DNS and the lease store need), and its source address's
+//! (`maxConnectionsPerSource`). A reload may change the first and the
+//! last; the budget follows the open-files limit, fixed at start. A
+//! connection that moves bulk data reserves its splice pipes from the same
+//! budget as it needs them (see `relay`).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use causeway_runtime::fds::{FdBudget, FdReservation, Holder};
 
 use crate::port::{ConnectionLimit, LimitPermit};
 
-/// Descriptors one proxied connection holds: the client's and the
-/// upstream's.
+/// Descriptors one proxied connection holds before it moves bulk data:
+/// the client's and the upstream's.
 const FDS_PER_CONNECTION: u64 = 2;
-/// Descriptors kept back from the open-files limit for the rest of the
-/// process (DNS sockets, the lease store, admin, health checks, runtime),
-/// and never less than a tenth of the limit.
-const RESERVED_FDS: u64 = 256;
 
 /// The most connections the proxy holds at once across all its listeners
-/// under an open-files limit of `nofile`: so many that the upstream
-/// connects and everything else in the process still find descriptors.
+/// under an open-files limit of `nofile`, while none of them splices.
 pub fn connection_cap(nofile: u64) -> usize {
-    let reserve = RESERVED_FDS.max(nofile / 10);
-    let cap = nofile.saturating_sub(reserve) / FDS_PER_CONNECTION;
-    usize::try_from(cap)
-        .unwrap_or(usize::MAX)
-        .clamp(1, Semaphore::MAX_PERMITS)
+    let cap = causeway_runtime::fds::proxy_share_under(nofile) / FDS_PER_CONNECTION;
+    usize::try_from(cap).unwrap_or(usize::MAX)
 }
 
 /// Why a connection was closed on arrival; each is a metric label.
@@ -53,7 +48,7 @@ impl Refusal {
 
 /// The process-wide limits every listener shares.
 pub(crate) struct Admission {
-    total: Arc<Semaphore>,
+    budget: &'static FdBudget,
     per_source: AtomicUsize,
     sources: Arc<Mutex<HashMap<IpAddr, usize>>>,
 }
@@ -61,7 +56,7 @@ pub(crate) struct Admission {
 /// What an admitted connection holds until it ends.
 pub(crate) struct Permit {
     _listener: LimitPermit,
-    _total: OwnedSemaphorePermit,
+    _descriptors: FdReservation,
     _source: SourceSlot,
 }
 
@@ -86,9 +81,9 @@ impl Drop for SourceSlot {
 }
 
 impl Admission {
-    pub(crate) fn new(cap: usize, per_source: usize) -> Self {
+    pub(crate) fn new(budget: &'static FdBudget, per_source: usize) -> Self {
         Admission {
-            total: Arc::new(Semaphore::new(cap)),
+            budget,
             per_source: AtomicUsize::new(per_source),
             sources: Arc::default(),
         }
@@ -106,11 +101,10 @@ impl Admission {
         source: IpAddr,
     ) -> Result<Permit, Refusal> {
         let listener = limit.try_acquire().ok_or(Refusal::Listener)?;
-        let total = self
-            .total
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| Refusal::Total)?;
+        let descriptors = self
+            .budget
+            .try_reserve(Holder::ProxyConnection, FDS_PER_CONNECTION)
+            .ok_or(Refusal::Total)?;
         let per_source = self.per_source.load(Ordering::Relaxed);
         {
             let mut sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
@@ -125,7 +119,7 @@ impl Admission {
         }
         Ok(Permit {
             _listener: listener,
-            _total: total,
+            _descriptors: descriptors,
             _source: SourceSlot {
                 sources: self.sources.clone(),
                 ip: source,
@@ -141,17 +135,21 @@ mod tests {
 
     #[test]
     fn the_cap_leaves_descriptors_for_the_rest_of_the_process() {
-        // 1024: 256 kept back, two a connection.
-        assert_eq!(connection_cap(1024), 384);
-        // A large limit keeps a tenth back.
-        assert_eq!(connection_cap(1_048_576), 471_859);
-        // Never zero, even under a limit smaller than the reserve.
-        assert_eq!(connection_cap(64), 1);
+        // 1024: 64 fixed, 16 for the lease store, 128 for the services,
+        // two a connection.
+        assert_eq!(connection_cap(1024), 408);
+        // A large limit keeps a tenth back for the services.
+        assert_eq!(connection_cap(1_048_576), 471_822);
+        // Under a limit smaller than the reserves, no connection at all.
+        assert_eq!(connection_cap(64), 0);
     }
 
     #[test]
     fn each_limit_refuses_by_name_and_every_permit_comes_back() {
-        let admission = Admission::new(3, 2);
+        // Room for three connections' descriptors (150 lendable, 144 kept
+        // for the services and the store).
+        let budget: &'static FdBudget = Box::leak(Box::new(FdBudget::new(214)));
+        let admission = Admission::new(budget, 2);
         let listener = ConnectionLimit::new(10);
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let b: IpAddr = "10.0.0.2".parse().unwrap();

@@ -1,5 +1,7 @@
 //! Active health checks of every upstream address.
 
+use causeway_runtime::fds::{FdBudget, Holder};
+use causeway_runtime::resources::local_resources_exhausted;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,17 +73,21 @@ async fn check_round(shared: &ProxyState, cfg: &ProxyConfig, rule: &HealthCheck)
             if checked.insert(addr) {
                 let timeout = rule.timeout;
                 checks.spawn(async move {
-                    let ok = matches!(
-                        tokio::time::timeout(timeout, TcpStream::connect(addr)).await,
-                        Ok(Ok(_))
-                    );
-                    (addr, ok)
+                    // A check that cannot get a descriptor says nothing of
+                    // the upstream: no verdict this round.
+                    let _reserved = FdBudget::global().try_reserve(Holder::HealthCheck, 1)?;
+                    let ok = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+                        Ok(Ok(_)) => true,
+                        Ok(Err(e)) if local_resources_exhausted(&e) => return None,
+                        _ => false,
+                    };
+                    Some((addr, ok))
                 });
             }
         }
     }
     while let Some(done) = checks.join_next().await {
-        let Ok((addr, ok)) = done else { continue };
+        let Ok(Some((addr, ok))) = done else { continue };
         let label = addr.to_string();
         shared
             .metrics

@@ -14,6 +14,7 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use causeway_runtime::fds::{FdBudget, Holder};
 use nix::fcntl::{splice, OFlag, SpliceFFlags};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
@@ -217,9 +218,19 @@ async fn one_way(
     // idle connection) never pays for a pipe. Past that, splice.
     let result = match copied(from, to, activity, up, Some(SPLICE_AFTER)).await {
         Ok(Copy::Eof) => Ok(()),
-        Ok(Copy::Limit) => match nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC) {
-            Ok(pipe) => spliced(from, to, pipe, activity, up).await,
-            Err(_) => copied(from, to, activity, up, None).await.map(|_| ()),
+        // A pipe is two more descriptors: taken from the process's budget
+        // first, so bulk transfers can never use up what DNS and the lease
+        // store need. Without one, the bytes are copied as before.
+        Ok(Copy::Limit) => match FdBudget::global().try_reserve(Holder::ProxyPipe, 2) {
+            Some(reserved) => match nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC) {
+                Ok(pipe) => {
+                    let result = spliced(from, to, pipe, activity, up).await;
+                    drop(reserved);
+                    result
+                }
+                Err(_) => copied(from, to, activity, up, None).await.map(|_| ()),
+            },
+            None => copied(from, to, activity, up, None).await.map(|_| ()),
         },
         Err(e) => Err(e),
     };

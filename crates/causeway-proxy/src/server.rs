@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
-use crate::admission::{connection_cap, Admission};
+use crate::admission::Admission;
 use crate::balance::{Health, OpenCounts};
 use crate::error::ProxyError;
 use crate::health::health_loop;
@@ -27,6 +27,7 @@ use crate::metrics::ProxyMetrics;
 use crate::port::{routing_of, ConnectionLimit, ListenerCounters, Port};
 use crate::state::ProxyState;
 use crate::upstream::{Outliers, Resolver, Upstreams};
+use causeway_runtime::fds::FdBudget;
 
 /// The proxy runs on threads of its own, one per core, each with a
 /// single-threaded runtime, its own SO_REUSEPORT listener per port, and
@@ -68,26 +69,21 @@ pub(crate) fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ProxyError
     Ok(s.into())
 }
 
-/// The process-wide connection cap from the open-files limit now in force
-/// (the appliance raises it to the hard limit before the proxy starts),
-/// logged with how it was reached.
-fn total_cap(cfg: &ProxyConfig) -> usize {
-    use nix::sys::resource::{getrlimit, Resource};
-    let nofile = match getrlimit(Resource::RLIMIT_NOFILE) {
-        Ok((soft, _)) => soft,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the open-files limit; assuming 1024");
-            1024
-        }
-    };
-    let cap = connection_cap(nofile);
+/// Logs the proxy's share of the process's descriptor budget (sized from
+/// the open-files limit in force when the first service starts; the
+/// appliance raises the limit before that) and what it means in
+/// connections.
+fn log_descriptor_share(cfg: &ProxyConfig, budget: &FdBudget) {
+    let cap = usize::try_from(budget.proxy_share() / 2).unwrap_or(usize::MAX);
     let listeners_allow = cfg.max_connections.saturating_mul(cfg.listeners.len());
     tracing::info!(
         cap,
-        open_files_limit = nofile,
+        open_files_limit = causeway_runtime::fds::open_files_limit(),
+        descriptor_budget = budget.lendable(),
+        proxy_share = budget.proxy_share(),
         per_listener = cfg.max_connections,
         per_source = cfg.max_connections_per_source,
-        "proxy connection cap across all listeners, kept below the open-files limit (two descriptors a connection)"
+        "proxy connection cap across all listeners: its share of the process's descriptor budget, two descriptors a connection and two more per direction that moves bulk data (a splice pipe, taken only while the share allows; else bytes are copied)"
     );
     if listeners_allow > cap {
         tracing::info!(
@@ -96,7 +92,6 @@ fn total_cap(cfg: &ProxyConfig) -> usize {
             "the listeners' maxConnections add up to more than the cap; past it connections are refused (causeway_proxy_refused_total{{limit=\"total\"}})"
         );
     }
-    cap
 }
 
 impl ProxyServer {
@@ -105,6 +100,7 @@ impl ProxyServer {
         metrics: ProxyMetrics,
         shutdown: Shutdown,
     ) -> Result<Self, ProxyError> {
+        log_descriptor_share(cfg, FdBudget::global());
         let shared = Arc::new(ProxyState {
             cfg: RwLock::new(Arc::new(cfg.clone())),
             metrics,
@@ -114,7 +110,7 @@ impl ProxyServer {
                 open: OpenCounts::default(),
                 health: Health::default(),
             },
-            admission: Admission::new(total_cap(cfg), cfg.max_connections_per_source),
+            admission: Admission::new(FdBudget::global(), cfg.max_connections_per_source),
             connections: TaskTracker::new(),
         });
         let mut listeners = Vec::new();

@@ -32,6 +32,9 @@ pub struct Admin {
 
 impl Admin {
     pub fn new(registry: Registry, readiness: Readiness) -> Self {
+        // Every process shows its descriptor budget. A registry that has
+        // it already (a second admin on one registry) keeps the first.
+        let _ = crate::fds::FdBudget::global().register(&registry);
         let state = AdminState {
             registry,
             readiness,
