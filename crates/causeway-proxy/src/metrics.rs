@@ -53,7 +53,7 @@ impl ProxyMetrics {
             refused: IntCounterVec::new(
                 Opts::new(
                     "causeway_proxy_refused_total",
-                    "Connections closed on arrival, by the limit they met: listener (its maxConnections), total (the cap below the open-files limit), source (maxConnectionsPerSource)",
+                    "Connections closed on arrival, by the limit they met: listener (its maxConnections), total (the proxy's share of the process's descriptor budget), source (maxConnectionsPerSource)",
                 ),
                 &["listener", "limit"],
             )?,
