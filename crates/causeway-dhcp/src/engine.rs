@@ -535,10 +535,12 @@ impl Engine {
             return false;
         };
         entry.in_flight = entry.in_flight.saturating_sub(1);
-        if durable {
-            entry.durable = Lease::from_record(record);
-        }
         if entry.in_flight > 0 {
+            // Only a later failure needs to know what the disk has now;
+            // with nothing else in flight (the usual case) the entry goes.
+            if durable {
+                entry.durable = Lease::from_record(record);
+            }
             return false;
         }
         let Some(entry) = self.unsettled.remove(&record.ip) else {
