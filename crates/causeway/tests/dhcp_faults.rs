@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use dhcproto::v4::{DhcpOption, MessageType};
 use support::{
     bench_bin, complete_lines, leases, metric, poll_until, root_or_skip_for, run, wait_for,
     Appliance, DhcpLab, Proc,
@@ -126,11 +127,25 @@ fn a_full_lease_disk_stops_acks_drops_readiness_and_recovers_without_loss() {
         return;
     }
     let lab = relay_lab(|dir| dir.join("disk/leases.jsonl"));
-    let disk = Tmpfs::mount(&lab.dir.path().join("disk"), "1m");
-    // Most of the disk goes to a file the test removes to give space back;
-    // the log gets about 2,500 leases before it is full.
+    let lease_file = lab.dir.path().join("disk/leases.jsonl");
+    let compacting = lab.dir.path().join("disk/leases.compacting");
+    // The log is padded past the compaction threshold, so the first lease
+    // written after start begins a compaction, whose output (the newest of
+    // the padding's 4,000 addresses, about 600 KB) cannot fit in what is
+    // left: the compaction meets ENOSPC on the full disk.
+    let disk = Tmpfs::mount(&lab.dir.path().join("disk"), "40m");
+    pad_log(&lease_file, 200_000);
+    // Most of what is left goes to a file the test removes to give space
+    // back; the log gets about 2,000 leases before it is full.
     let filler = disk.dir.join("filler");
-    fs::write(&filler, vec![0u8; 640 * 1024]).unwrap();
+    let free = free_bytes(&disk.dir);
+    let left = 256 * 1024;
+    assert!(
+        free > left + 1024 * 1024,
+        "the padding left only {free} bytes of the tmpfs free"
+    );
+    fs::write(&filler, vec![0u8; (free - left) as usize]).unwrap();
+    assert!(free_bytes(&disk.dir) <= left);
 
     let server = lab.start("causeway");
     let acked = lab.dir.path().join("acked.txt");
@@ -138,21 +153,54 @@ fn a_full_lease_disk_stops_acks_drops_readiness_and_recovers_without_loss() {
 
     // Full: readiness drops, the failure is counted by cause.
     wait_store_failed(&server, &load, "no_space", Duration::from_secs(60));
-
-    // While it stays full, requests keep coming and no ACK leaves: find a
-    // one-second window in which the server received REQUESTs and sent no
-    // ACK (the last page's slack may let a few records in first).
-    let quiet = a_second_without_acks(&server);
+    let first_failure = complete_lines(&acked).len();
+    // The compaction failed for want of space and left nothing behind.
+    wait_for(
+        "the compaction to fail on the full disk",
+        Duration::from_secs(60),
+        || (sample(&server, "causeway_dhcp_store_compaction_failures_total") >= 1.0).then_some(()),
+        || debug(&server, &load),
+    );
     assert!(
-        quiet.is_some(),
-        "ACKs kept leaving, or no REQUESTs arrived, with the lease disk full\n{}",
+        server
+            .proc
+            .output()
+            .lines()
+            .any(|l| l.contains("lease log compaction failed") && l.contains("No space left")),
+        "the compaction did not fail with ENOSPC\n{}",
         debug(&server, &load)
     );
-    assert!(sample(&server, "causeway_dhcp_store_errors_total") >= 1.0);
     assert!(
-        !lab.dir.path().join("disk/leases.compacting").exists(),
-        "no compaction output on the full disk"
+        !compacting.exists(),
+        "the failed compaction left {} on the full disk",
+        compacting.display()
     );
+    assert_eq!(
+        sample(&server, "causeway_dhcp_store_compactions_total"),
+        0.0,
+        "a compaction finished on the full disk"
+    );
+
+    // A failed batch may have been larger than the room left in the log's
+    // last page, which a smaller one can still use: the disk is full for
+    // good once no page is free and that room is less than any record.
+    wait_for(
+        "the lease disk to be full to the last page",
+        Duration::from_secs(30),
+        || {
+            let room = last_page_room(&lease_file);
+            (lab_readyz(&server) == Some(503)
+                && free_bytes(&disk.dir) == 0
+                && room < shortest_new_record(&lease_file))
+            .then_some(())
+        },
+        || debug(&server, &load),
+    );
+    let full = complete_lines(&acked).len();
+    // From then until space is given back, REQUESTs keep coming and no ACK
+    // leaves (the server's count, and the bench's record, both unchanged).
+    let window = no_acks_while(&server, &load, &acked, Duration::from_secs(3));
+    assert!(sample(&server, "causeway_dhcp_store_errors_total") >= 1.0);
 
     // Space returns: the store turns good by itself and ACKs resume.
     let before = complete_lines(&acked).len();
@@ -169,15 +217,83 @@ fn a_full_lease_disk_stops_acks_drops_readiness_and_recovers_without_loss() {
     load.signal("INT");
     load.wait_exit(Duration::from_secs(15));
     server.stop();
+    assert!(!compacting.exists(), "a compaction output was left behind");
 
     let acked = acked_leases(&[acked]);
     assert!(acked.len() >= before + 500, "{} ACKs", acked.len());
     assert_every_ack_is_stored(&lab.config, &acked);
     eprintln!(
-        "{test}: {} acknowledged leases, all stored; {before} before the disk filled",
-        acked.len()
+        "{test}: {} acknowledged leases, all stored; {} before the first failed write, \
+         {} more before the last page filled; while full: {window}",
+        acked.len(),
+        first_failure,
+        full - first_failure,
     );
     drop(disk);
+}
+
+/// Free bytes of the filesystem at `dir`, as `stat -f` reports them.
+fn free_bytes(dir: &Path) -> u64 {
+    let out = run(Command::new("stat").args(["-f", "-c", "%a %S"]).arg(dir));
+    let (blocks, size) = out.trim().split_once(' ').unwrap();
+    blocks.parse::<u64>().unwrap() * size.parse::<u64>().unwrap()
+}
+
+/// What can still be appended to `file` without a new page.
+fn last_page_room(file: &Path) -> u64 {
+    let len = fs::metadata(file).unwrap().len();
+    (4096 - len % 4096) % 4096
+}
+
+/// The shortest lease line the server wrote (the padding excluded).
+fn shortest_new_record(file: &Path) -> u64 {
+    complete_lines(file)
+        .iter()
+        .filter(|l| l.contains("\"10.200."))
+        .map(|l| l.len() as u64 + 1)
+        .min()
+        .unwrap_or(0)
+}
+
+/// From now, for at least `least` and until over 500 REQUESTs have
+/// arrived (60 s at most), no ACK may leave: the server's ACK count and
+/// the bench's record of ACKs must not move. Samples every 50 ms so that
+/// a single ACK is reported with its time; returns what was seen.
+fn no_acks_while(server: &Appliance, load: &Proc, acked: &Path, least: Duration) -> String {
+    let start = Instant::now();
+    let (acks, bench_acks, requests) = (
+        ack_count(server),
+        complete_lines(acked).len(),
+        request_count(server),
+    );
+    let mut seen = requests;
+    while start.elapsed() < least || seen < requests + 500.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "only {} REQUESTs arrived in 60 s with the store failing\n{}",
+            seen - requests,
+            debug(server, load)
+        );
+        let (now_acks, now_bench) = (ack_count(server), complete_lines(acked).len());
+        assert!(
+            now_acks == acks && now_bench == bench_acks,
+            "an ACK left {:?} into the failure: the server counted {} more, the bench {} more\n{}",
+            start.elapsed(),
+            now_acks - acks,
+            now_bench - bench_acks,
+            debug(server, load)
+        );
+        seen = request_count(server);
+        // A sampling interval, not a wait for anything.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(ack_count(server), acks);
+    assert_eq!(complete_lines(acked).len(), bench_acks);
+    format!(
+        "0 ACKs in {:.1} s while {} REQUESTs arrived",
+        start.elapsed().as_secs_f64(),
+        request_count(server) - requests
+    )
 }
 
 /// An ext4 filesystem on a loop device over a file in the test's
@@ -286,30 +402,99 @@ fn a_lease_disk_that_fails_with_eio_stops_acks_drops_readiness_and_loses_nothing
     disk.fail_with_eio();
     let before = complete_lines(&acked).len();
     wait_store_failed(&server, &load, "io", Duration::from_secs(30));
-    // Requests keep coming and no ACK leaves.
-    let quiet = a_second_without_acks(&server);
-    assert!(
-        quiet.is_some(),
-        "ACKs kept leaving, or no REQUESTs arrived, on a disk failing with EIO\n{}",
-        debug(&server, &load)
-    );
-    load.signal("INT");
-    load.wait_exit(Duration::from_secs(15));
+    // From /readyz 503 until the kill, requests keep coming and no ACK
+    // leaves.
+    let window = no_acks_while(&server, &load, &acked, Duration::from_secs(3));
     let during = complete_lines(&acked).len();
     // The disk is replaced, as an operator would: stop the server, mount
     // the filesystem again (its journal replays), start on the same file.
     let mut server = server;
     server.proc.kill9();
+    load.signal("INT");
+    load.wait_exit(Duration::from_secs(15));
+    assert_eq!(
+        complete_lines(&acked).len(),
+        during,
+        "an ACK arrived after the window, from a killed server"
+    );
     disk.unmount();
     disk.mount();
+    let restarted = lab.start("causeway-restarted");
     let acked = acked_leases(&[acked]);
+    assert!(acked.len() >= 500, "{} ACKs", acked.len());
+    let renewed = assert_every_ack_is_held_by(&restarted, lab.dhcp, &acked);
+    restarted.stop();
     assert_every_ack_is_stored(&lab.config, &acked);
     eprintln!(
-        "{test}: {} acknowledged leases, all stored after the disk came back; {before} when it failed, {} more while it was failing",
+        "{test}: {} acknowledged leases, {before} when it failed; while failing: {window}; \
+         after the remount and restart all {} held by their clients in /leases, {renewed} renewed \
+         with the same address, no address with two holders",
         acked.len(),
-        during - before
+        acked.len(),
     );
     drop(disk);
+}
+
+/// The restarted server's own view: every acknowledged lease is active for
+/// its client in `/leases`, no address has two holders, and each client's
+/// renewal (REQUEST with ciaddr, through the relay) is ACKed with the same
+/// address. Returns how many renewed.
+fn assert_every_ack_is_held_by(
+    server: &Appliance,
+    dhcp: std::net::SocketAddr,
+    acked: &HashMap<String, String>,
+) -> usize {
+    let Some((200, body)) = server.admin.get("/leases") else {
+        panic!("/leases did not answer\n{}", server.proc.describe());
+    };
+    let served: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+    let mut holder: HashMap<String, String> = HashMap::new();
+    for l in served.iter().filter(|l| l["state"] == "active") {
+        let (ip, hw) = (
+            l["ip"].as_str().unwrap_or_default().to_owned(),
+            l["hw"].as_str().unwrap_or_default().to_ascii_lowercase(),
+        );
+        if let Some(other) = holder.insert(ip.clone(), hw.clone()) {
+            panic!("the restarted server holds {ip} for both {other} and {hw}");
+        }
+    }
+    let missing: Vec<_> = acked
+        .iter()
+        .filter(|(mac, ip)| holder.get(*ip) != Some(*mac))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} acknowledged leases are not held by their clients in the restarted server, e.g. {:?}",
+        missing.len(),
+        acked.len(),
+        &missing[..missing.len().min(10)]
+    );
+    let mut relay = support::Relay::new(dhcp);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for (mac, ip) in acked {
+        assert!(Instant::now() < deadline, "renewals took over 60 s");
+        let hw = parse_mac(mac);
+        let ip: std::net::Ipv4Addr = ip.parse().unwrap();
+        let mut cid = vec![1u8];
+        cid.extend_from_slice(&hw);
+        let reply = relay.try_renew(hw, ip, &[DhcpOption::ClientIdentifier(cid)]);
+        let got = reply.as_ref().map(|r| (r.opts().msg_type(), r.yiaddr()));
+        assert_eq!(
+            got,
+            Some((Some(MessageType::Ack), ip)),
+            "{mac} renewing {ip} after the restart\n{}",
+            server.proc.describe()
+        );
+    }
+    acked.len()
+}
+
+fn parse_mac(mac: &str) -> [u8; 6] {
+    let mut hw = [0u8; 6];
+    for (b, part) in hw.iter_mut().zip(mac.split(':')) {
+        *b = u8::from_str_radix(part, 16).unwrap();
+    }
+    hw
 }
 
 fn debug(server: &Appliance, load: &Proc) -> String {
@@ -337,23 +522,6 @@ fn wait_store_failed(server: &Appliance, load: &Proc, error: &str, timeout: Dura
         "the failure is counted as {error}\n{}",
         debug(server, load)
     );
-}
-
-/// Within 30 s, a one-second window in which the server received over 100
-/// REQUESTs and sent no ACK; `None` if none came.
-fn a_second_without_acks(server: &Appliance) -> Option<()> {
-    poll_until(Duration::from_secs(30), || {
-        let (acks, requests) = (ack_count(server), request_count(server));
-        let window = Instant::now();
-        while window.elapsed() < Duration::from_secs(1) {
-            if ack_count(server) != acks {
-                return None;
-            }
-            // A sampling interval, not a wait for anything.
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        (request_count(server) > requests + 100.0).then_some(())
-    })
 }
 
 fn lab_readyz(server: &Appliance) -> Option<u16> {

@@ -886,6 +886,28 @@ impl Relay {
         ack
     }
 
+    /// A client's renewal (RENEWING): a REQUEST with `ip` in ciaddr and
+    /// neither a server id nor a requested address, carrying `extra`
+    /// (a client id, for one). The reply, or `None` after 2 s.
+    pub fn try_renew(
+        &mut self,
+        mac: [u8; 6],
+        ip: Ipv4Addr,
+        extra: &[DhcpOption],
+    ) -> Option<Message> {
+        let mut m = self.message(MessageType::Request, mac, extra);
+        m.set_ciaddr(ip).set_giaddr(self.giaddr).set_hops(1);
+        self.send(&m);
+        let mut buf = [0u8; 1500];
+        loop {
+            let (n, _) = self.socket.recv_from(&mut buf).ok()?;
+            let reply = Message::decode(&mut Decoder::new(&buf[..n])).unwrap();
+            if reply.xid() == self.xid {
+                return Some(reply);
+            }
+        }
+    }
+
     /// A client's RELEASE: unicast to the server id, ciaddr set, no reply.
     pub fn release(&mut self, mac: [u8; 6], ip: Ipv4Addr) {
         let mut m = self.message(
