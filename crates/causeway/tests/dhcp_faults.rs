@@ -18,7 +18,6 @@ mod support;
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -134,7 +133,7 @@ fn a_full_lease_disk_stops_acks_drops_readiness_and_recovers_without_loss() {
     // the padding's 4,000 addresses, about 600 KB) cannot fit in what is
     // left: the compaction meets ENOSPC on the full disk.
     let disk = Tmpfs::mount(&lab.dir.path().join("disk"), "40m");
-    pad_log(&lease_file, 200_000);
+    support::pad_lease_log(&lease_file, 200_000);
     // Most of what is left goes to a file the test removes to give space
     // back; the log gets about 2,000 leases before it is full.
     let filler = disk.dir.join("filler");
@@ -536,32 +535,6 @@ fn request_count(server: &Appliance) -> f64 {
     sample(server, r#"causeway_dhcp_received_total{type="request"}"#)
 }
 
-/// Appends `lines` records of addresses outside every subnet (the server
-/// skips them at start, but they count as log lines), so the first lease
-/// written after start begins a compaction long enough to be killed in.
-fn pad_log(lease_file: &Path, lines: u32) {
-    let mut out = std::io::BufWriter::new(
-        fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(lease_file)
-            .unwrap(),
-    );
-    for i in 0..lines {
-        let host = i % 4000;
-        writeln!(
-            out,
-            r#"{{"ip":"10.99.{}.{}","client":"01:02:99:00:00:{:02x}","hw":"02:99:00:00:00:{:02x}","state":"released","expires":1}}"#,
-            host >> 8,
-            host & 0xff,
-            host & 0xff,
-            host & 0xff
-        )
-        .unwrap();
-    }
-    out.into_inner().unwrap().sync_all().unwrap();
-}
-
 #[test]
 fn acknowledged_leases_survive_kill_9_during_compaction() {
     let lab = relay_lab(|dir| dir.join("leases.jsonl"));
@@ -571,7 +544,7 @@ fn acknowledged_leases_survive_kill_9_during_compaction() {
     let mut during = 0;
     let mut files = Vec::new();
     for round in 0..rounds {
-        pad_log(&lease_file, 200_000);
+        support::pad_lease_log(&lease_file, 200_000);
         let mut server = lab.start(&format!("causeway-{round}"));
         let acked = lab.dir.path().join(format!("acked-{round}.txt"));
         let mut load = dora_load(&lab, &format!("bench-{round}"), 100 + round, &acked, "60s");

@@ -34,25 +34,6 @@ const BULK: usize = 100 * 1024;
 /// Connections tried at most; the budget refuses long before.
 const MAX_CONNECTIONS: usize = 200;
 
-/// Appends records of addresses outside every subnet, so the first lease
-/// written after start begins a compaction.
-fn pad_log(lease_file: &Path, lines: u32) {
-    let mut out = std::io::BufWriter::new(fs::File::create(lease_file).unwrap());
-    for i in 0..lines {
-        let host = i % 4000;
-        writeln!(
-            out,
-            r#"{{"ip":"10.99.{}.{}","client":"01:02:99:00:00:{:02x}","hw":"02:99:00:00:00:{:02x}","state":"released","expires":1}}"#,
-            host >> 8,
-            host & 0xff,
-            host & 0xff,
-            host & 0xff
-        )
-        .unwrap();
-    }
-    out.into_inner().unwrap().sync_all().unwrap();
-}
-
 /// A connection through the proxy that moved `BULK` bytes each way, or
 /// `None` when the proxy closed it on arrival.
 fn bulk_connection(proxy: SocketAddr) -> Option<TcpStream> {
@@ -134,7 +115,7 @@ fn bulk_transfers_fill_the_proxys_share_and_dns_and_the_lease_store_keep_theirs(
         ]),
     );
     let lease_file = d.join("leases.jsonl");
-    pad_log(&lease_file, 200_000);
+    support::pad_lease_log(&lease_file, 200_000);
     let config = d.join("causeway.yaml");
     fs::write(
         &config,

@@ -952,3 +952,30 @@ pub fn with_faked_wall_clock(cmd: &mut Command, offset_file: &Path) {
 pub fn set_clock_offset(offset_file: &Path, offset: &str) {
     fs::write(offset_file, format!("{offset}\n")).unwrap();
 }
+
+/// Appends `lines` records of addresses outside every subnet (the server
+/// skips them at start, but they count as log lines), so the first lease
+/// written after start begins a compaction (long enough,
+/// with 200,000 lines, to be killed in).
+pub fn pad_lease_log(lease_file: &Path, lines: u32) {
+    let mut out = std::io::BufWriter::new(
+        fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(lease_file)
+            .unwrap(),
+    );
+    for i in 0..lines {
+        let host = i % 4000;
+        writeln!(
+            out,
+            r#"{{"ip":"10.99.{}.{}","client":"01:02:99:00:00:{:02x}","hw":"02:99:00:00:00:{:02x}","state":"released","expires":1}}"#,
+            host >> 8,
+            host & 0xff,
+            host & 0xff,
+            host & 0xff
+        )
+        .unwrap();
+    }
+    out.into_inner().unwrap().sync_all().unwrap();
+}
