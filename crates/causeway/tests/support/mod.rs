@@ -1001,8 +1001,10 @@ impl AckLog {
     /// on it had not ended (nor been released), as descriptions. An address
     /// may move only once its holder's lease is over.
     pub fn overlapping_holders(&self) -> Vec<String> {
-        // Per address, its ACKs and RELEASEs in time order.
-        let mut events: std::collections::HashMap<&str, Vec<(u64, Option<&Ack>, &str)>> =
+        // Per address, its ACKs and RELEASEs (no ACK, the MAC) in time
+        // order.
+        type Event<'a> = (u64, Option<&'a Ack>, &'a str);
+        let mut events: std::collections::HashMap<&str, Vec<Event>> =
             std::collections::HashMap::new();
         for a in &self.acks {
             events
