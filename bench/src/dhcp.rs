@@ -90,6 +90,25 @@ pub struct DhcpArgs {
     #[arg(long, value_name = "FILE")]
     pub acked_file: Option<PathBuf>,
 
+    /// Append one line per ACK, "ack <unix_ms> <mac> <ip> <lease_secs>
+    /// <hostname or ->", and per RELEASE sent, "release <unix_ms> <mac>
+    /// <ip>", each flushed at once: enough to tell, for every ACK, who held
+    /// which address until when
+    #[arg(long, value_name = "FILE")]
+    pub ack_log: Option<PathBuf>,
+
+    /// A client that holds a lease renews it (REQUEST with ciaddr, relayed
+    /// as in REBINDING) instead of starting over with DISCOVER; a NAK sends
+    /// it back to DISCOVER
+    #[arg(long, conflicts_with_all = ["discover_only", "decline", "rapid_commit"])]
+    pub renew: bool,
+
+    /// Send option 12 with a new name on every exchange,
+    /// "<PREFIX><client>-<exchange>": a fleet of hosts that rename
+    /// themselves each time they renew
+    #[arg(long, value_name = "PREFIX")]
+    pub hostname: Option<String>,
+
     /// At the end, send RELEASE for every lease acquired
     #[arg(long)]
     pub release: bool,
@@ -167,6 +186,8 @@ struct Counters {
     offered_only: u64,
     /// --decline: DECLINEs sent.
     declined: u64,
+    /// --renew: exchanges that renewed a lease held (REQUEST with ciaddr).
+    renewals: u64,
 }
 
 /// xorshift64*: xids only need to be unpredictable enough not to collide
@@ -218,6 +239,7 @@ struct Bench {
     /// The ACK rate between progress lines.
     meter: RateMeter,
     acked_file: Option<File>,
+    ack_log: Option<File>,
     start: Instant,
     last_ack_at: Option<Instant>,
     first_send_error: Option<String>,
@@ -258,6 +280,16 @@ pub async fn run(args: DhcpArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let ack_log = match &args.ack_log {
+        Some(p) => Some(
+            File::options()
+                .create(true)
+                .append(true)
+                .open(p)
+                .with_context(|| format!("opening --ack-log {}", p.display()))?,
+        ),
+        None => None,
+    };
     let wire = WireConfig {
         giaddr: match mode {
             Mode::Relay { giaddr, .. } => Some(giaddr),
@@ -283,6 +315,7 @@ pub async fn run(args: DhcpArgs) -> anyhow::Result<()> {
         lat: LatencyRecorder::new(),
         meter: RateMeter::new(now),
         acked_file,
+        ack_log,
         start: now,
         last_ack_at: None,
         first_send_error: None,
@@ -300,6 +333,15 @@ pub async fn run(args: DhcpArgs) -> anyhow::Result<()> {
         bench.release_all().await;
     }
     bench.report(stopped_at)
+}
+
+/// The wall clock in milliseconds since the epoch, as --ack-log records it
+/// (to be compared with the lease file's expiry times).
+fn unix_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
 }
 
 fn default_relay_server() -> SocketAddrV4 {
@@ -367,6 +409,25 @@ impl Bench {
         );
     }
 
+    /// The name a client gives in exchange `seq`, with --hostname.
+    fn hostname(&self, client: u32, seq: u64) -> Option<String> {
+        self.args
+            .hostname
+            .as_ref()
+            .map(|prefix| format!("{prefix}{client}-{seq}"))
+    }
+
+    /// One line of --ack-log, written with one write(2) so that it survives
+    /// a crash right after.
+    fn log_line(&mut self, line: &str) -> anyhow::Result<()> {
+        if let Some(f) = &mut self.ack_log {
+            f.write_all(line.as_bytes())
+                .and_then(|()| f.flush())
+                .context("writing --ack-log")?;
+        }
+        Ok(())
+    }
+
     async fn start_exchange(&mut self, client: u32, now: Instant) {
         let mut xid = self.rng.next_u32();
         while self.inflight.contains_key(&xid) {
@@ -375,19 +436,33 @@ impl Bench {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.c.started += 1;
+        let held = self.leases[client as usize].filter(|_| self.args.renew);
         self.inflight.insert(
             xid,
             Exchange {
                 client,
                 seq,
                 started: now,
-                phase: Phase::Discovering,
+                phase: match held {
+                    Some(lease) => Phase::Requesting {
+                        server_id: lease.server_id,
+                    },
+                    None => Phase::Discovering,
+                },
             },
         );
         self.deadlines
             .push_back((now + self.args.limits.timeout, xid, seq));
         let mac = self.macs[client as usize];
-        let pkt = wire::build_discover(&mac, xid, &self.wire).map_err(anyhow::Error::from);
+        let hostname = self.hostname(client, seq);
+        let pkt = match held {
+            Some(lease) => {
+                self.c.renewals += 1;
+                wire::build_renew(&mac, xid, lease.ip, hostname.as_deref(), &self.wire)
+            }
+            None => wire::build_discover(&mac, xid, hostname.as_deref(), &self.wire),
+        }
+        .map_err(anyhow::Error::from);
         if let Err(e) = self.send(pkt).await {
             self.send_failed(xid, e);
         }
@@ -421,10 +496,11 @@ impl Bench {
     async fn complete_ack(
         &mut self,
         xid: u32,
-        ip: Ipv4Addr,
+        reply: &wire::Reply,
         server_id: Ipv4Addr,
         now: Instant,
     ) -> anyhow::Result<()> {
+        let ip = reply.yiaddr;
         let Some(ex) = self.inflight.remove(&xid) else {
             return Ok(());
         };
@@ -449,6 +525,17 @@ impl Bench {
             f.write_all(line.as_bytes())
                 .and_then(|()| f.flush())
                 .context("writing --acked-file")?;
+        }
+        if self.ack_log.is_some() {
+            let line = format!(
+                "ack {} {} {ip} {} {}\n",
+                unix_ms(),
+                wire::fmt_mac(&self.macs[ex.client as usize]),
+                reply.lease_secs.unwrap_or(0),
+                self.hostname(ex.client, ex.seq)
+                    .unwrap_or_else(|| "-".to_owned()),
+            );
+            self.log_line(&line)?;
         }
         Ok(())
     }
@@ -506,7 +593,18 @@ impl Bench {
                 let pkt = wire::build_release(&mac, xid, lease.ip, lease.server_id, &self.wire)
                     .map_err(anyhow::Error::from);
                 match self.send(pkt).await {
-                    Ok(()) => self.c.released += 1,
+                    Ok(()) => {
+                        self.c.released += 1;
+                        let line = format!(
+                            "release {} {} {}\n",
+                            unix_ms(),
+                            wire::fmt_mac(&mac),
+                            lease.ip
+                        );
+                        if let Err(e) = self.log_line(&line) {
+                            eprintln!("warning: {e:#}");
+                        }
+                    }
                     Err(e) => {
                         self.c.send_errors += 1;
                         if self.first_send_error.is_none() {
@@ -546,6 +644,7 @@ impl Bench {
                 released: self.c.released,
                 offered_only: self.c.offered_only,
                 declined: self.c.declined,
+                renewals: self.c.renewals,
                 target_rate: self.args.limits.rate,
                 max_outstanding: self.args.limits.max_outstanding,
                 rapid_commit: self.args.rapid_commit,
@@ -581,6 +680,9 @@ impl Bench {
             }
             if self.args.decline {
                 rows.push(("declined", self.c.declined.to_string()));
+            }
+            if self.args.renew {
+                rows.push(("renewals", self.c.renewals.to_string()));
             }
             let title = format!(
                 "DHCPv4 DORA against {} ({} mode, {} clients)",
@@ -685,8 +787,19 @@ impl LoadGenerator for Bench {
                 if let Some(ex) = self.inflight.get_mut(&xid) {
                     ex.phase = Phase::Requesting { server_id };
                 }
-                let pkt = wire::build_request(&mac, xid, server_id, reply.yiaddr, &self.wire)
-                    .map_err(anyhow::Error::from);
+                let hostname = self
+                    .inflight
+                    .get(&xid)
+                    .and_then(|ex| self.hostname(ex.client, ex.seq));
+                let pkt = wire::build_request(
+                    &mac,
+                    xid,
+                    server_id,
+                    reply.yiaddr,
+                    hostname.as_deref(),
+                    &self.wire,
+                )
+                .map_err(anyhow::Error::from);
                 if let Err(e) = self.send(pkt).await {
                     self.send_failed(xid, e);
                 }
@@ -699,15 +812,17 @@ impl LoadGenerator for Bench {
                 if self.args.rapid_commit && reply.rapid_commit =>
             {
                 let sid = reply.server_id.unwrap_or(Ipv4Addr::UNSPECIFIED);
-                self.complete_ack(xid, reply.yiaddr, sid, now).await?;
+                self.complete_ack(xid, &reply, sid, now).await?;
             }
             (Phase::Requesting { server_id }, ReplyKind::Ack) => {
                 let sid = reply.server_id.unwrap_or(server_id);
-                self.complete_ack(xid, reply.yiaddr, sid, now).await?;
+                self.complete_ack(xid, &reply, sid, now).await?;
             }
             (_, ReplyKind::Nak) => {
                 if let Some(ex) = self.inflight.remove(&xid) {
                     self.c.naks += 1;
+                    // The lease is gone: the client starts over.
+                    self.leases[ex.client as usize] = None;
                     self.idle.push_back(ex.client);
                 }
             }
@@ -795,6 +910,7 @@ struct JsonSummary {
     released: u64,
     offered_only: u64,
     declined: u64,
+    renewals: u64,
     target_rate: u32,
     max_outstanding: u32,
     rapid_commit: bool,

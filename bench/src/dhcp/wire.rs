@@ -85,9 +85,22 @@ fn param_request_list() -> DhcpOption {
     )
 }
 
-pub fn build_discover(mac: &Mac, xid: u32, cfg: &WireConfig) -> Result<Vec<u8>, EncodeError> {
+/// Option 12, when the client names itself.
+fn insert_hostname(msg: &mut v4::Message, hostname: Option<&str>) {
+    if let Some(name) = hostname {
+        msg.opts_mut().insert(DhcpOption::Hostname(name.to_owned()));
+    }
+}
+
+pub fn build_discover(
+    mac: &Mac,
+    xid: u32,
+    hostname: Option<&str>,
+    cfg: &WireConfig,
+) -> Result<Vec<u8>, EncodeError> {
     let mut msg = base_message(mac, xid, cfg, MessageType::Discover);
     msg.opts_mut().insert(param_request_list());
+    insert_hostname(&mut msg, hostname);
     if cfg.rapid_commit {
         msg.opts_mut().insert(DhcpOption::RapidCommit);
     }
@@ -101,6 +114,7 @@ pub fn build_request(
     xid: u32,
     server_id: Ipv4Addr,
     requested: Ipv4Addr,
+    hostname: Option<&str>,
     cfg: &WireConfig,
 ) -> Result<Vec<u8>, EncodeError> {
     let mut msg = base_message(mac, xid, cfg, MessageType::Request);
@@ -108,6 +122,28 @@ pub fn build_request(
     opts.insert(param_request_list());
     opts.insert(DhcpOption::ServerIdentifier(server_id));
     opts.insert(DhcpOption::RequestedIpAddress(requested));
+    insert_hostname(&mut msg, hostname);
+    finish(&msg)
+}
+
+/// REQUEST extending a lease the client holds (RFC 2131 4.3.2, RENEWING or,
+/// relayed, REBINDING): the address in ciaddr, no option 50 or 54. Never
+/// broadcast-flagged: the client has its address.
+pub fn build_renew(
+    mac: &Mac,
+    xid: u32,
+    ip: Ipv4Addr,
+    hostname: Option<&str>,
+    cfg: &WireConfig,
+) -> Result<Vec<u8>, EncodeError> {
+    let cfg = WireConfig {
+        broadcast: false,
+        ..*cfg
+    };
+    let mut msg = base_message(mac, xid, &cfg, MessageType::Request);
+    msg.set_ciaddr(ip);
+    msg.opts_mut().insert(param_request_list());
+    insert_hostname(&mut msg, hostname);
     finish(&msg)
 }
 
@@ -175,6 +211,8 @@ pub struct Reply {
     pub kind: ReplyKind,
     pub yiaddr: Ipv4Addr,
     pub server_id: Option<Ipv4Addr>,
+    /// Option 51, the lease's length in seconds.
+    pub lease_secs: Option<u32>,
     pub rapid_commit: bool,
     chaddr: [u8; 16],
     hlen: u8,
@@ -212,7 +250,7 @@ impl fmt::Display for ParseError {
 impl std::error::Error for ParseError {}
 
 /// Parses a server reply. Hand-rolled rather than dhcproto's full decoder:
-/// only options 53, 54 and 80 matter here, every index is checked (a
+/// only options 51, 53, 54 and 80 matter here, every index is checked (a
 /// garbled packet is an `Err`, never a panic), and a server's quirk in some
 /// unrelated option must not make its replies count as garbled.
 pub fn parse_reply(b: &[u8]) -> Result<Reply, ParseError> {
@@ -254,6 +292,7 @@ pub fn parse_reply(b: &[u8]) -> Result<Reply, ParseError> {
         kind,
         yiaddr: Ipv4Addr::from(be32(16)),
         server_id: found.server_id,
+        lease_secs: found.lease_secs,
         rapid_commit: found.rapid_commit,
         chaddr,
         hlen,
@@ -264,6 +303,7 @@ pub fn parse_reply(b: &[u8]) -> Result<Reply, ParseError> {
 struct Found {
     msg_type: Option<u8>,
     server_id: Option<Ipv4Addr>,
+    lease_secs: Option<u32>,
     rapid_commit: bool,
 }
 
@@ -287,6 +327,7 @@ fn scan_options(area: &[u8], found: &mut Found) -> Result<u8, ParseError> {
         match (code, data) {
             (53, [t]) => found.msg_type = Some(*t),
             (54, [a, b, c, d]) => found.server_id = Some(Ipv4Addr::new(*a, *b, *c, *d)),
+            (51, [a, b, c, d]) => found.lease_secs = Some(u32::from_be_bytes([*a, *b, *c, *d])),
             (80, _) => found.rapid_commit = true,
             (52, [o]) => overload = *o,
             _ => {}
@@ -333,7 +374,7 @@ mod tests {
 
     #[test]
     fn discover_decodes_with_relay_fields() {
-        let bytes = build_discover(&MAC, 42, &relay_cfg()).unwrap();
+        let bytes = build_discover(&MAC, 42, None, &relay_cfg()).unwrap();
         assert!(bytes.len() >= MIN_LEN);
         let msg = decode(&bytes);
         assert_eq!(msg.opcode(), v4::Opcode::BootRequest);
@@ -366,7 +407,7 @@ mod tests {
             broadcast: true,
             rapid_commit: true,
         };
-        let msg = decode(&build_discover(&MAC, 7, &cfg).unwrap());
+        let msg = decode(&build_discover(&MAC, 7, None, &cfg).unwrap());
         assert_eq!(msg.giaddr(), Ipv4Addr::UNSPECIFIED);
         assert_eq!(msg.hops(), 0);
         assert!(msg.flags().broadcast());
@@ -377,7 +418,7 @@ mod tests {
     fn request_names_the_offer() {
         let sid = Ipv4Addr::new(127, 0, 0, 1);
         let ip = Ipv4Addr::new(10, 99, 0, 10);
-        let msg = decode(&build_request(&MAC, 9, sid, ip, &relay_cfg()).unwrap());
+        let msg = decode(&build_request(&MAC, 9, sid, ip, None, &relay_cfg()).unwrap());
         assert_eq!(msg.opts().msg_type(), Some(MessageType::Request));
         assert_eq!(msg.xid(), 9);
         assert_eq!(msg.ciaddr(), Ipv4Addr::UNSPECIFIED);
@@ -388,6 +429,26 @@ mod tests {
         assert_eq!(
             msg.opts().get(OptionCode::RequestedIpAddress),
             Some(&DhcpOption::RequestedIpAddress(ip))
+        );
+    }
+
+    #[test]
+    fn renew_names_the_lease_by_ciaddr_and_carries_the_hostname() {
+        let ip = Ipv4Addr::new(10, 99, 0, 10);
+        let cfg = WireConfig {
+            broadcast: true,
+            ..relay_cfg()
+        };
+        let msg = decode(&build_renew(&MAC, 9, ip, Some("vm-3-7"), &cfg).unwrap());
+        assert_eq!(msg.opts().msg_type(), Some(MessageType::Request));
+        assert_eq!(msg.ciaddr(), ip);
+        assert_eq!(msg.giaddr(), Ipv4Addr::new(127, 0, 0, 2));
+        assert!(!msg.flags().broadcast());
+        assert!(msg.opts().get(OptionCode::ServerIdentifier).is_none());
+        assert!(msg.opts().get(OptionCode::RequestedIpAddress).is_none());
+        assert_eq!(
+            msg.opts().get(OptionCode::Hostname),
+            Some(&DhcpOption::Hostname("vm-3-7".into()))
         );
     }
 
@@ -418,6 +479,7 @@ mod tests {
             assert_eq!(r.chaddr(), &MAC);
             assert_eq!(r.yiaddr, Ipv4Addr::new(10, 99, 0, 10));
             assert_eq!(r.server_id, Some(Ipv4Addr::new(127, 0, 0, 1)));
+            assert_eq!(r.lease_secs, Some(3600));
             assert!(!r.rapid_commit);
         }
     }

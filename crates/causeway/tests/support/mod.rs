@@ -979,3 +979,168 @@ pub fn pad_lease_log(lease_file: &Path, lines: u32) {
     }
     out.into_inner().unwrap().sync_all().unwrap();
 }
+
+// ---------------------------------------------------------------- ACK log
+
+/// One ACK that causeway-bench recorded in its `--ack-log`.
+#[derive(Debug, Clone)]
+pub struct Ack {
+    /// When the bench received it, unix milliseconds.
+    pub at_ms: u64,
+    pub mac: String,
+    pub ip: String,
+    pub lease_secs: u64,
+    /// The name the client sent (option 12), if any.
+    pub hostname: Option<String>,
+}
+
+impl Ack {
+    /// When the lease it granted ends, by the bench's clock.
+    pub fn ends_ms(&self) -> u64 {
+        self.at_ms + self.lease_secs * 1000
+    }
+}
+
+/// A RELEASE causeway-bench sent: `(unix ms, mac, ip)`.
+pub type Release = (u64, String, String);
+
+/// A `--ack-log`, in the order written (the order received).
+pub struct AckLog {
+    pub acks: Vec<Ack>,
+    pub releases: Vec<Release>,
+}
+
+/// How far the bench's clock and the server's may disagree about when a
+/// lease began: the bench stamps an ACK when it arrives, after the server
+/// stamped the lease.
+pub const ACK_CLOCK_SLACK_MS: u64 = 2_000;
+
+/// Reads a `--ack-log` (complete lines only: the last may be cut by a kill).
+pub fn ack_log(path: &Path) -> AckLog {
+    let mut log = AckLog {
+        acks: Vec::new(),
+        releases: Vec::new(),
+    };
+    for line in complete_lines(path) {
+        let f: Vec<&str> = line.split(' ').collect();
+        let ms = |s: &str| -> u64 {
+            s.parse()
+                .unwrap_or_else(|_| panic!("bad --ack-log line {line:?}"))
+        };
+        match f.as_slice() {
+            ["ack", at, mac, ip, lease, host] => log.acks.push(Ack {
+                at_ms: ms(at),
+                mac: mac.to_ascii_lowercase(),
+                ip: (*ip).to_owned(),
+                lease_secs: ms(lease),
+                hostname: (*host != "-").then(|| (*host).to_owned()),
+            }),
+            ["release", at, mac, ip] => {
+                log.releases
+                    .push((ms(at), mac.to_ascii_lowercase(), (*ip).to_owned()))
+            }
+            _ => panic!("bad --ack-log line {line:?}"),
+        }
+    }
+    log
+}
+
+impl AckLog {
+    /// Every ACK of an address to one client while another client's lease
+    /// on it had not ended (nor been released), as descriptions. An address
+    /// may move only once its holder's lease is over.
+    pub fn overlapping_holders(&self) -> Vec<String> {
+        // Per address, its ACKs and RELEASEs (no ACK, the MAC) in time
+        // order.
+        type Event<'a> = (u64, Option<&'a Ack>, &'a str);
+        let mut events: std::collections::HashMap<&str, Vec<Event>> =
+            std::collections::HashMap::new();
+        for a in &self.acks {
+            events
+                .entry(&a.ip)
+                .or_default()
+                .push((a.at_ms, Some(a), &a.mac));
+        }
+        for (at, mac, ip) in &self.releases {
+            events.entry(ip).or_default().push((*at, None, mac));
+        }
+        let mut overlaps = Vec::new();
+        for (ip, mut list) in events {
+            list.sort_by_key(|(at, _, _)| *at);
+            let mut holder: Option<&Ack> = None;
+            for (at, ack, mac) in list {
+                match ack {
+                    None => {
+                        if holder.is_some_and(|h| h.mac == mac) {
+                            holder = None;
+                        }
+                    }
+                    Some(a) => {
+                        if let Some(h) = holder {
+                            if h.mac != a.mac && a.at_ms + ACK_CLOCK_SLACK_MS < h.ends_ms() {
+                                overlaps.push(format!(
+                                    "{ip}: ACKed to {} at {at} while {}'s lease (ACKed at {}) ran until {}",
+                                    a.mac, h.mac, h.at_ms, h.ends_ms()
+                                ));
+                            }
+                        }
+                        holder = Some(a);
+                    }
+                }
+            }
+        }
+        overlaps
+    }
+
+    /// The newest ACK of each client whose lease should still be active
+    /// at `now_ms` (not over, not released) but is not active in `store`
+    /// for that client, on that address, until at least its end.
+    pub fn missing_from(&self, store: &[LeaseView], now_ms: u64) -> Vec<String> {
+        let mut newest: std::collections::HashMap<&str, &Ack> = std::collections::HashMap::new();
+        for a in &self.acks {
+            newest
+                .entry(&a.mac)
+                .and_modify(|n| {
+                    if a.at_ms >= n.at_ms {
+                        *n = a;
+                    }
+                })
+                .or_insert(a);
+        }
+        let active: std::collections::HashMap<&str, &LeaseView> = store
+            .iter()
+            .filter(|l| l.state == "active")
+            .map(|l| (l.ip.as_str(), l))
+            .collect();
+        let mut missing = Vec::new();
+        for (mac, a) in newest {
+            let released = self
+                .releases
+                .iter()
+                .any(|(at, m, ip)| m == mac && *ip == a.ip && *at >= a.at_ms);
+            if released || a.ends_ms() <= now_ms + ACK_CLOCK_SLACK_MS {
+                continue;
+            }
+            match active.get(a.ip.as_str()) {
+                Some(l)
+                    if l.hw.eq_ignore_ascii_case(mac)
+                        && l.expires * 1000 + ACK_CLOCK_SLACK_MS >= a.ends_ms() => {}
+                other => missing.push(format!(
+                    "{mac} was ACKed {} at {} until {}; the store has {other:?}",
+                    a.ip,
+                    a.at_ms,
+                    a.ends_ms()
+                )),
+            }
+        }
+        missing
+    }
+}
+
+/// The wall clock, unix milliseconds.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
