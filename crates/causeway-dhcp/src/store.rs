@@ -225,6 +225,11 @@ impl LeaseStore {
     }
 
     /// Queues a record; `done` runs on the writer thread once it is durable.
+    ///
+    /// `done` never runs on the caller's thread, so a caller may hold a lock
+    /// that `done` takes (the server queues under the engine lock, and its
+    /// completions settle the engine). A store whose writer is gone fails
+    /// the record from a thread of its own.
     pub fn append(&self, record: LeaseRecord, done: Completion) {
         let job = Job {
             record: Some(record),
@@ -235,7 +240,14 @@ impl LeaseStore {
             None => Err(job),
         };
         if let Err(job) = sent {
-            (job.done)(Err(io::ErrorKind::BrokenPipe));
+            let failed = std::thread::Builder::new()
+                .name("lease-store-closed".into())
+                .spawn(move || (job.done)(Err(io::ErrorKind::BrokenPipe)));
+            if let Err(e) = failed {
+                // No thread for it either: the record is dropped unanswered,
+                // which only leaves its reply unsent.
+                tracing::error!(error = %e, "a lease record could not be failed back to its sender");
+            }
         }
     }
 
@@ -872,6 +884,36 @@ mod tests {
         let parsed = parse_log(b"{\"ip\":\"10.0.0.1\",\"client\":\"01\",\"hw\":\"\",\"state\":\"active\",\"expires\":5}\nnot json\n");
         assert_eq!(parsed.records.len(), 1);
         assert_eq!(parsed.corrupt_lines, 1);
+    }
+
+    /// The server queues records while it holds the engine lock, and each
+    /// completion takes that lock: a completion run on the caller's thread
+    /// (as a store without a writer once did) would deadlock it.
+    #[test]
+    fn a_closed_store_fails_a_record_off_the_callers_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut store, _) = LeaseStore::open(&dir.path().join("l.jsonl"), None, None).unwrap();
+        store.close();
+        let engine_lock = Arc::new(Mutex::new(()));
+        let (tx, rx) = mpsc::channel();
+        let held = engine_lock.lock().unwrap();
+        let lock = engine_lock.clone();
+        let caller = std::thread::current().id();
+        store.append(
+            record(1, LeaseState::Active),
+            Box::new(move |durable| {
+                let on_caller = std::thread::current().id() == caller;
+                // Would block forever on the caller's own thread.
+                let _settled = (!on_caller).then(|| lock.lock().unwrap());
+                let _ = tx.send((durable, on_caller));
+            }),
+        );
+        drop(held);
+        let (durable, on_caller) = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the closed store never failed the record");
+        assert!(!on_caller, "the completion ran on the caller's thread");
+        assert_eq!(durable, Err(io::ErrorKind::BrokenPipe));
     }
 
     #[test]
