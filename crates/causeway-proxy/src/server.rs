@@ -292,6 +292,129 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
 
+    /// Set in the environment of this test binary when it runs again
+    /// inside a network namespace of its own.
+    const IN_NAMESPACE: &str = "CAUSEWAY_PROXY_TEST_IN_NAMESPACE";
+
+    /// Loopback up, and one ephemeral port for the whole namespace.
+    const ONE_PORT: &str = "ip link set lo up && echo '40000 40000' > /proc/sys/net/ipv4/ip_local_port_range && exec \"$@\"";
+
+    /// Runs `args` in a new user and network namespace set up by
+    /// [`ONE_PORT`]; None when this host allows no such namespace.
+    fn in_one_port_namespace(args: &[&std::ffi::OsStr]) -> Option<std::process::Output> {
+        let run = |args: &[&std::ffi::OsStr]| {
+            std::process::Command::new("unshare")
+                .args([
+                    "--user",
+                    "--map-root-user",
+                    "--net",
+                    "sh",
+                    "-c",
+                    ONE_PORT,
+                    "sh",
+                ])
+                .args(args)
+                .env(IN_NAMESPACE, "1")
+                .output()
+        };
+        match run(&["true".as_ref()]) {
+            Ok(out) if out.status.success() => run(args).ok(),
+            Ok(out) => {
+                eprintln!(
+                    "SKIP: no user and network namespace: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+                None
+            }
+            Err(e) => {
+                eprintln!("SKIP: cannot run unshare: {e}");
+                None
+            }
+        }
+    }
+
+    /// EADDRNOTAVAIL for real, from the kernel: in a namespace with one
+    /// ephemeral port, the test holds a connection to the first address,
+    /// so the proxy's connect to it finds no free port, while a connect to
+    /// the second can still use that port. The client must reach the
+    /// second address, not be closed as if the proxy were out of ports.
+    #[test]
+    fn an_address_with_no_free_local_port_is_passed_over_for_the_next() {
+        let name = "server::tests::an_address_with_no_free_local_port_is_passed_over_for_the_next";
+        if std::env::var_os(IN_NAMESPACE).is_none() {
+            let exe = std::env::current_exe().unwrap();
+            let args = [
+                exe.as_os_str(),
+                "--exact".as_ref(),
+                name.as_ref(),
+                "--nocapture".as_ref(),
+            ];
+            let Some(out) = in_one_port_namespace(&args) else {
+                return;
+            };
+            assert!(
+                out.status.success(),
+                "in the namespace: {}\n{}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"));
+            return;
+        }
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(passed_over_in_the_namespace());
+    }
+
+    async fn passed_over_in_the_namespace() {
+        use std::time::Duration;
+        // Fixed ports: the namespace is new, and binding port 0 would
+        // take its only ephemeral port.
+        let first = std::net::TcpListener::bind("127.0.0.1:7001").unwrap();
+        let second = tokio::net::TcpListener::bind("127.0.0.1:7002")
+            .await
+            .unwrap();
+        let _holds_the_only_port = std::net::TcpStream::connect("127.0.0.1:7001").unwrap();
+        let cfg = causeway_config::Config::from_yaml(
+            "proxy:\n  listenAddress: 127.0.0.1\n  listeners:\n    - port: 7000\n      upstream: \"127.0.0.1:7001,127.0.0.1:7002\"\n",
+        )
+        .unwrap()
+        .proxy
+        .unwrap();
+        let metrics = ProxyMetrics::new(&prometheus::Registry::new()).unwrap();
+        let shutdown = causeway_runtime::Shutdown::new();
+        let server = ProxyServer::start(&cfg, metrics.clone(), shutdown.clone())
+            .await
+            .unwrap();
+        let mut client = TcpStream::connect("127.0.0.1:7000").await.unwrap();
+        client.write_all(b"hello").await.unwrap();
+        let (mut upstream, _) = tokio::time::timeout(Duration::from_secs(5), second.accept())
+            .await
+            .expect("the client never reached the second address")
+            .unwrap();
+        let mut got = [0u8; 5];
+        upstream.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"hello");
+        let errors = |reason| {
+            metrics
+                .connect_errors
+                .with_label_values(&["7000", reason])
+                .get()
+        };
+        assert_eq!(
+            errors("address_unavailable"),
+            1,
+            "the first address was not tried first"
+        );
+        assert_eq!(errors("local_resources"), 0);
+        drop((client, upstream, first));
+        shutdown.cancel();
+        server.drain(Duration::from_secs(1)).await;
+    }
+
     /// The route labels the registry exports, as Prometheus text.
     fn exported_routes(registry: &prometheus::Registry) -> String {
         let mut text = String::new();
