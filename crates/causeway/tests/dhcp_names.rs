@@ -167,7 +167,8 @@ dns:
             .arg(&acks),
     );
     // While it runs, the table never holds more names than there are
-    // leases: the stable hosts' and one per fleet client ACKed so far
+    // leases: the stable hosts' and one per fleet client ACKed so far, or
+    // about to be
     // (read after the metric, so it counts at least what the metric saw).
     let deadline = Instant::now() + Duration::from_secs(FLEET_SECONDS + 30);
     let mut samples = 0;
@@ -181,7 +182,13 @@ dns:
         let held = names_held(&app);
         let log = ack_log(&acks);
         let leased: HashSet<&str> = log.acks.iter().map(|a| a.mac.as_str()).collect();
-        let bound = f64::from(STABLE) + leased.len() as f64;
+        // The server registers a name once its lease is durable, before
+        // the bench has the ACK in its log: allow a second of ACKs in
+        // between (CI once saw 70 names for 69 logged leases), never more
+        // than the fleet has hosts. A rename that left its old name behind
+        // goes past this once every host holds a lease.
+        let in_between = FLEET_RATE as usize;
+        let bound = f64::from(STABLE) + (leased.len() + in_between).min(FLEET as usize) as f64;
         assert!(
             held <= bound,
             "causeway_dns_dhcp_names {held} while {bound} leases carry names ({} ACKs so far)",
