@@ -24,8 +24,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::{
-    bench_bin, causeway_bin, free_tcp_port, free_udp_and_tcp_port, free_udp_port, metric,
-    poll_until, tool, AdminAt, Appliance, Proc, Relay,
+    causeway_bin, free_tcp_port, free_udp_and_tcp_port, free_udp_port, metric, poll_until, tool,
+    AdminAt, Appliance, Proc, Relay,
 };
 
 /// Bytes each held connection sends and reads back: past the 64 KiB after
@@ -89,31 +89,8 @@ fn bulk_transfers_fill_the_proxys_share_and_dns_and_the_lease_store_keep_theirs(
         free_udp_and_tcp_port(Ipv4Addr::LOCALHOST),
     ));
     let upstream_dns = SocketAddr::from((Ipv4Addr::LOCALHOST, free_udp_port()));
-    let _echo = Proc::spawn(
-        "echo-upstream",
-        d,
-        Command::new(bench_bin()).args([
-            "proxy",
-            "upstream",
-            "--listen",
-            &echo.to_string(),
-            "--mode",
-            "echo",
-            "--duration",
-            "300s",
-        ]),
-    );
-    let _upstream_dns = Proc::spawn(
-        "dns-upstream",
-        d,
-        Command::new(bench_bin()).args([
-            "dns-floor",
-            "--listen",
-            &upstream_dns.to_string(),
-            "--sockets",
-            "1",
-        ]),
-    );
+    let _echo = support::echo_upstream(d, echo, "300s");
+    let _upstream_dns = support::dns_floor_upstream(d, upstream_dns);
     let lease_file = d.join("leases.jsonl");
     support::pad_lease_log(&lease_file, 200_000);
     let config = d.join("causeway.yaml");

@@ -86,31 +86,8 @@ fn mixed_load_with_a_kill_9_in_the_middle_loses_no_acknowledged_lease() {
     // that answers every A question, as the forwarder's upstream. Both run
     // a little longer than the soak and are killed on drop.
     let run_for = format!("{}s", seconds + 60);
-    let _echo = Proc::spawn(
-        "echo-upstream",
-        d,
-        Command::new(bench_bin()).args([
-            "proxy",
-            "upstream",
-            "--listen",
-            &echo.to_string(),
-            "--mode",
-            "echo",
-            "--duration",
-            &run_for,
-        ]),
-    );
-    let _upstream = Proc::spawn(
-        "dns-upstream",
-        d,
-        Command::new(bench_bin()).args([
-            "dns-floor",
-            "--listen",
-            &upstream_dns.to_string(),
-            "--sockets",
-            "1",
-        ]),
-    );
+    let _echo = support::echo_upstream(d, echo, &run_for);
+    let _upstream = support::dns_floor_upstream(d, upstream_dns);
     let config = d.join("causeway.yaml");
     fs::write(
         &config,

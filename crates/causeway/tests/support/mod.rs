@@ -1144,3 +1144,38 @@ pub fn unix_ms() -> u64 {
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
 }
+
+/// causeway-bench's echo server on `addr` for `duration` ("300s"), as the
+/// proxy's upstream; killed on drop.
+pub fn echo_upstream(dir: &Path, addr: SocketAddr, duration: &str) -> Proc {
+    Proc::spawn(
+        "echo-upstream",
+        dir,
+        Command::new(bench_bin()).args([
+            "proxy",
+            "upstream",
+            "--listen",
+            &addr.to_string(),
+            "--mode",
+            "echo",
+            "--duration",
+            duration,
+        ]),
+    )
+}
+
+/// causeway-bench's DNS responder on `addr`, answering every A question,
+/// as the forwarder's upstream; killed on drop.
+pub fn dns_floor_upstream(dir: &Path, addr: SocketAddr) -> Proc {
+    Proc::spawn(
+        "dns-upstream",
+        dir,
+        Command::new(bench_bin()).args([
+            "dns-floor",
+            "--listen",
+            &addr.to_string(),
+            "--sockets",
+            "1",
+        ]),
+    )
+}
