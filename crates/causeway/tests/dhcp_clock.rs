@@ -94,6 +94,17 @@ fn a_wall_clock_step_forward_takes_no_lease_from_its_holder() {
         "the wall clock step never showed in causeway_dhcp_clock_wall_offset_seconds\n{}",
         app.proc.describe()
     );
+    let logged = poll_until(Duration::from_secs(10), || {
+        app.proc
+            .output()
+            .contains("the wall clock stepped while DHCP was serving")
+            .then_some(())
+    });
+    assert!(
+        logged.is_some(),
+        "the step was not logged\n{}",
+        app.proc.describe()
+    );
     // Another client: the only address is still held, so no offer (a full
     // pool reclaims what has run out first, on the server's clock).
     let offer = relay.try_exchange(MessageType::Discover, mac(2), &[]);
@@ -137,6 +148,18 @@ fn a_start_with_the_clock_behind_the_lease_file_waits_for_the_clock() {
     );
     let ready = second.admin.get("/readyz").map(|(code, _)| code);
     assert_eq!(ready, Some(503), "ready with the clock a day behind");
+    let logged = poll_until(Duration::from_secs(10), || {
+        second
+            .proc
+            .output()
+            .contains("the wall clock is behind the lease file's last write")
+            .then_some(())
+    });
+    assert!(
+        logged.is_some(),
+        "the wait was not logged\n{}",
+        second.proc.describe()
+    );
     // A client asking now gets nothing: the server's idea of the lease
     // times is a day off.
     assert!(relay
