@@ -22,6 +22,7 @@ pub struct FileConfig {
     pub dns: Option<crate::dns::FileDns>,
     pub proxy: Option<crate::proxy::FileProxy>,
     pub routing: Option<crate::routing::FileRouting>,
+    pub ha: Option<crate::ha::FileHa>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -34,6 +35,7 @@ pub struct Config {
     pub dns: Option<crate::dns::DnsConfig>,
     pub proxy: Option<crate::proxy::ProxyConfig>,
     pub routing: Option<crate::routing::RoutingConfig>,
+    pub ha: Option<crate::ha::HaConfig>,
 }
 
 pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
@@ -77,6 +79,11 @@ pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
         _ => None,
     };
 
+    let ha = match file.ha {
+        Some(h) if h.enabled => crate::ha::validate(&mut c, h),
+        _ => None,
+    };
+
     if c.errors.is_empty() {
         Ok(Config {
             log,
@@ -87,6 +94,7 @@ pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
             dns,
             proxy,
             routing,
+            ha,
         })
     } else {
         Err(ConfigErrors(c.errors))

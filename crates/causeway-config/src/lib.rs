@@ -15,6 +15,7 @@ mod config;
 mod dhcp;
 mod dns;
 mod error;
+mod ha;
 mod name;
 mod network;
 mod proxy;
@@ -34,6 +35,10 @@ pub use dns::{
     FileView, RecordData, UpstreamPolicy, PROXIED_NAMES,
 };
 pub use error::{ConfigErrors, FieldError, LoadError};
+pub use ha::{
+    FileHa, FileHaLease, FileReplica, HaConfig, HaLease, HaMode, Replica, DEFAULT_ADVERT_INTERVAL,
+    DEFAULT_API_TIMEOUT, DEFAULT_DEAD_ADVERTS, DEFAULT_REPLICATION_TIMEOUT,
+};
 pub use name::{valid_label, valid_name, NameRules};
 pub use network::{Cluster, FileCluster, FileNetwork, Network};
 pub use proxy::{

@@ -619,3 +619,81 @@ fn proxy_per_source_limit_defaults_and_reads() {
         .unwrap();
     assert_eq!(p.max_connections_per_source, 7);
 }
+
+const HA: &str = r#"
+ha:
+  node: a
+  replicas:
+    - {name: a, address: "10.0.0.1:7946", priority: 200}
+    - {name: b, address: "dns-1.dns-peers:7946"}
+  keyFile: /etc/causeway/ha.key
+  interface: net1
+  addresses: [192.168.100.2/24]
+"#;
+
+#[test]
+fn ha_takes_defaults_and_finds_the_peer_by_this_replicas_name() {
+    let cfg = Config::from_yaml(HA).unwrap();
+    let ha = cfg.ha.unwrap();
+    assert_eq!(ha.mode, HaMode::Peer);
+    assert_eq!(ha.advert_interval, DEFAULT_ADVERT_INTERVAL);
+    assert_eq!(
+        ha.dead_after(),
+        DEFAULT_ADVERT_INTERVAL * DEFAULT_DEAD_ADVERTS
+    );
+    let (me, peer) = ha.split("b").unwrap();
+    assert_eq!((me.name.as_str(), me.priority), ("b", 100));
+    assert_eq!((peer.name.as_str(), peer.priority), ("a", 200));
+    assert!(ha.split("c").is_none());
+}
+
+#[test]
+fn ha_errors_name_their_paths() {
+    let errs = errors(
+        r#"
+ha:
+  mode: lease
+  node: c
+  replicas:
+    - {name: a, address: "10.0.0.1", priority: 0}
+    - {name: a, address: "10.0.0.2:7946"}
+  keyFile: ""
+  interface: net1
+  addresses: [192.168.100.300/24]
+  advertInterval: 5ms
+  deadAdverts: 1
+"#,
+    );
+    let joined = errs.join("\n");
+    for needle in [
+        "ha.replicas[0].address: 10.0.0.1 is not host:port",
+        "ha.replicas[0].priority: must be between 1 and 254",
+        "ha.replicas[1].name: a names both replicas",
+        "ha.node: c is not the name of either replica",
+        "ha.keyFile: names no file",
+        "ha.addresses[0]: 192.168.100.300/24 is not an address",
+        "ha.advertInterval: 5ms must be between 20ms and 10s",
+        "ha.deadAdverts: 1 must be between 2 and 20",
+        "ha.lease: mode lease needs the Lease's name",
+    ] {
+        assert!(joined.contains(needle), "missing {needle:?} in:\n{joined}");
+    }
+    let one = errors(
+        r#"
+ha:
+  replicas: [{name: a, address: "h:1"}]
+  keyFile: k
+  interface: net1
+  addresses: []
+  lease: {name: x}
+"#,
+    )
+    .join("\n");
+    for needle in [
+        "ha.replicas: needs exactly two replicas",
+        "ha.addresses: needs at least one service address",
+        "ha.lease: only for mode lease",
+    ] {
+        assert!(one.contains(needle), "missing {needle:?} in:\n{one}");
+    }
+}
