@@ -11,10 +11,13 @@
 //! (Multus or the host does), and it never touches a route or rule it did
 //! not install (those carry its protocol number, [`plan::PROTOCOL`]).
 
+pub mod floating;
+mod garp;
 pub mod metrics;
 pub mod netlink;
 pub mod plan;
 pub mod reconcile;
 
+pub use floating::{FloatingAddresses, FloatingError};
 pub use metrics::RouteMetrics;
 pub use reconcile::{PolicyRouting, Reconciler, Report, RouteError, Status};

@@ -24,6 +24,7 @@ const ENOENT: i32 = 2;
 const ESRCH: i32 = 3;
 const ENODEV: i32 = 19;
 const EEXIST: i32 = 17;
+const EADDRNOTAVAIL: i32 = 99;
 
 /// A refused or failed netlink request, worded for an operator.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +74,8 @@ pub struct Link {
     pub up: bool,
     /// Carrier present.
     pub lower_up: bool,
+    /// The hardware address, where the link has an Ethernet one.
+    pub mac: Option<[u8; 6]>,
 }
 
 pub struct Kernel {
@@ -106,10 +109,15 @@ impl Kernel {
                     .attributes
                     .iter()
                     .any(|a| matches!(a, LinkAttribute::IfName(n) if n == name));
+                let mac = msg.attributes.iter().find_map(|a| match a {
+                    LinkAttribute::Address(bytes) => <[u8; 6]>::try_from(bytes.as_slice()).ok(),
+                    _ => None,
+                });
                 Ok(named.then_some(Link {
                     index: msg.header.index,
                     up: flags.contains(LinkFlags::Up),
                     lower_up: flags.contains(LinkFlags::LowerUp),
+                    mac,
                 }))
             }
             Ok(None) => Ok(None),
@@ -154,6 +162,31 @@ impl Kernel {
             }
         }
         Ok(out)
+    }
+
+    /// Adds an IPv4 address to an interface; one already there is left as
+    /// it is.
+    pub async fn add_address(&self, index: u32, net: Ipv4Net) -> Result<(), NetlinkError> {
+        let request = self
+            .handle
+            .address()
+            .add(index, IpAddr::V4(net.addr()), net.prefix_len());
+        settled(request.execute().await, format!("add address {net}"))
+    }
+
+    /// Removes an IPv4 address from an interface; one not there is gone
+    /// already.
+    pub async fn remove_address(&self, index: u32, net: Ipv4Net) -> Result<(), NetlinkError> {
+        let message = rtnetlink::AddressMessageBuilder::<Ipv4Addr>::new()
+            .index(index)
+            .address(net.addr(), net.prefix_len())
+            .build();
+        let result = self.handle.address().del(message).execute().await;
+        match settled(result, format!("remove address {net}")) {
+            // Removing an address not there answers EADDRNOTAVAIL.
+            Err(e) if e.errno == Some(EADDRNOTAVAIL) => Ok(()),
+            other => other,
+        }
     }
 
     /// The IPv4 rules that carry our protocol, with the kernel's messages

@@ -10,6 +10,7 @@ pub mod admin;
 pub mod clock;
 pub mod cpus;
 pub mod fds;
+pub mod ha;
 pub mod readiness;
 pub mod reload;
 pub mod resources;

@@ -1,0 +1,721 @@
+//! Who of two replicas holds the service addresses: a pure state machine
+//! over adverts heard, time, and (in lease mode) what the witness said.
+//! The driver feeds it events and carries out the [`Action`]s it returns;
+//! nothing here touches a socket, a clock or the API server.
+//!
+//! Peer mode is VRRP's rule: the standby takes over once the peer has been
+//! silent for `dead_after`; when both are active (a partition healed), the
+//! higher priority (then the lower name) keeps the addresses.
+//!
+//! Lease mode adds a witness, a compare-and-swap object (a Kubernetes
+//! Lease) that only one replica can win:
+//! - A standby that stops hearing the active reads the witness, waits a
+//!   grace period, then claims it at the version it read. An active that is
+//!   alive but cut off from its peer writes the witness as soon as it
+//!   notices, which changes the version, so the standby's claim fails.
+//! - An active that cannot hear its peer (or whose peer says it cannot hear
+//!   it) must renew the witness; a renewal that fails or times out means
+//!   another replica may be taking over, so it gives the addresses up at
+//!   once (self-fencing).
+//! - A standby that won the claim still waits `fence_delay` before taking
+//!   the addresses: by then any active that lost has noticed and let go.
+//!
+//! While both replicas hear each other the witness is written only every
+//! `renew_interval`, so a healthy pair costs the API server almost nothing.
+
+use std::time::{Duration, Instant};
+
+/// What this replica does with the service addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Standby,
+    Active,
+}
+
+impl Role {
+    pub fn label(self) -> &'static str {
+        match self {
+            Role::Standby => "standby",
+            Role::Active => "active",
+        }
+    }
+}
+
+/// What an advert from the peer says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerState {
+    pub active: bool,
+    /// The peer hears this replica's adverts.
+    pub hears_peer: bool,
+    /// The peer's DHCP lease log is complete (or it runs no DHCP).
+    pub in_sync: bool,
+    pub priority: u8,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Peer,
+    Lease,
+}
+
+#[derive(Debug, Clone)]
+pub struct Timers {
+    pub advert: Duration,
+    pub dead_after: Duration,
+    /// Lease mode: the longest a witness request may take.
+    pub api_timeout: Duration,
+    /// Lease mode: how often a healthy active renews the witness.
+    pub renew_interval: Duration,
+    /// Lease mode: how often an active that cannot hear its peer renews.
+    pub degraded_renew: Duration,
+}
+
+impl Timers {
+    /// How long a standby waits, after first reading the witness, before it
+    /// claims it: long enough for a live active to have written it.
+    pub fn grace(&self) -> Duration {
+        self.advert * 2
+    }
+
+    /// How long a standby that won the witness waits before taking the
+    /// addresses: an active that lost learns it from a renewal it started
+    /// no later than the standby's claim, within one API timeout.
+    pub fn fence_delay(&self) -> Duration {
+        self.api_timeout + self.advert
+    }
+
+    /// A holder that has not renewed for this long, while it could not hear
+    /// its peer, is gone.
+    pub fn holder_silent(&self) -> Duration {
+        self.degraded_renew * 3
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WitnessView {
+    pub holder: Option<String>,
+    /// Changes on every write; a claim names the version it read.
+    pub version: String,
+}
+
+/// A request for the driver to send to the witness.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WitnessRequest {
+    Read,
+    /// Make this replica the holder, only if the witness is still at
+    /// `version`.
+    Claim {
+        version: String,
+    },
+    /// Read, and if this replica holds the witness, write it again (which
+    /// changes its version). Fails when another replica holds it.
+    Renew,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WitnessResult {
+    Read(WitnessView),
+    /// The claim or renewal was written: this replica holds the witness.
+    Held,
+    /// Another replica holds it, or it changed since it was read.
+    Lost,
+    /// Timed out or failed: nothing is known.
+    Failed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Add the service addresses and announce them.
+    Take,
+    /// Remove the service addresses.
+    Release,
+    Witness(WitnessRequest),
+}
+
+/// Why the role changed, for logs and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    PeerSilent,
+    PeerYielded,
+    Preempted,
+    HigherPeerActive,
+    /// Lease mode: a renewal failed while the peer could not be heard.
+    Fenced,
+}
+
+impl Reason {
+    pub fn label(self) -> &'static str {
+        match self {
+            Reason::PeerSilent => "peer_silent",
+            Reason::PeerYielded => "peer_not_active",
+            Reason::Preempted => "preempted",
+            Reason::HigherPeerActive => "higher_peer_active",
+            Reason::Fenced => "fenced",
+        }
+    }
+}
+
+/// A standby's way to the witness.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Claim {
+    /// Nothing asked yet (or the last attempt ended).
+    Idle {
+        next: Instant,
+    },
+    Reading,
+    /// Read at `version`; claim it at `at` unless the peer is heard first.
+    Waiting {
+        version: String,
+        at: Instant,
+    },
+    Claiming,
+    /// Won; take the addresses at `at`.
+    Won {
+        at: Instant,
+    },
+}
+
+pub struct Election {
+    mode: Mode,
+    timers: Timers,
+    name: String,
+    peer_name: String,
+    priority: u8,
+    preempt: bool,
+    role: Role,
+    started: Instant,
+    last_heard: Option<Instant>,
+    peer: Option<PeerState>,
+    in_sync: bool,
+    claim: Claim,
+    /// Lease mode, active: a renewal in flight, the last that succeeded, and
+    /// whether the peer could vouch for this replica at the last look (a
+    /// change to "cannot" renews at once).
+    renewing: bool,
+    renewed: Instant,
+    was_degraded: bool,
+    /// Lease mode, standby: claims tried since the peer fell silent. After
+    /// the first, a claim waits for the holder to have been silent for
+    /// [`Timers::holder_silent`], since a live holder renews within it.
+    attempts: u32,
+    last_change: Option<(Role, Reason)>,
+}
+
+impl Election {
+    pub fn new(
+        mode: Mode,
+        timers: Timers,
+        name: &str,
+        peer_name: &str,
+        priority: u8,
+        preempt: bool,
+        now: Instant,
+    ) -> Election {
+        Election {
+            mode,
+            timers,
+            name: name.to_string(),
+            peer_name: peer_name.to_string(),
+            priority,
+            preempt,
+            role: Role::Standby,
+            started: now,
+            last_heard: None,
+            peer: None,
+            in_sync: true,
+            claim: Claim::Idle { next: now },
+            renewing: false,
+            renewed: now,
+            was_degraded: false,
+            attempts: 0,
+            last_change: None,
+        }
+    }
+
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn priority(&self) -> u8 {
+        self.priority
+    }
+
+    /// The last role change and why; taken once.
+    pub fn take_change(&mut self) -> Option<(Role, Reason)> {
+        self.last_change.take()
+    }
+
+    /// Whether the peer's adverts arrive.
+    pub fn hears_peer(&self, now: Instant) -> bool {
+        self.last_heard
+            .is_some_and(|t| now.saturating_duration_since(t) < self.timers.dead_after)
+    }
+
+    pub fn peer(&self) -> Option<&PeerState> {
+        self.peer.as_ref()
+    }
+
+    /// Whether this replica's DHCP lease log is complete; a standby that is
+    /// behind never preempts.
+    pub fn set_in_sync(&mut self, in_sync: bool) {
+        self.in_sync = in_sync;
+    }
+
+    pub fn in_sync(&self) -> bool {
+        self.in_sync
+    }
+
+    /// The peer is heard and outranks this replica.
+    fn peer_outranks(&self, peer: &PeerState) -> bool {
+        peer.priority > self.priority
+            || (peer.priority == self.priority && self.peer_name < self.name)
+    }
+
+    fn peer_alive(&self, now: Instant) -> Option<&PeerState> {
+        if self.hears_peer(now) {
+            self.peer.as_ref()
+        } else {
+            None
+        }
+    }
+
+    /// Whether this standby should be active.
+    fn wants_active(&self, now: Instant) -> Option<Reason> {
+        match self.peer_alive(now) {
+            None => {
+                // At start, give the peer's adverts time to arrive first.
+                let waited = now.saturating_duration_since(self.started) >= self.timers.dead_after;
+                waited.then_some(Reason::PeerSilent)
+            }
+            Some(p) if p.active => (self.mode == Mode::Peer
+                && self.preempt
+                && self.in_sync
+                && p.priority < self.priority)
+                .then_some(Reason::Preempted),
+            // Neither is active: the higher one goes first, the other only
+            // once the higher has had its chance.
+            Some(p) => {
+                let since_start = now.saturating_duration_since(self.started);
+                (!self.peer_outranks(p) || since_start >= self.timers.dead_after * 2)
+                    .then_some(Reason::PeerYielded)
+            }
+        }
+    }
+
+    /// The active should let go: the peer is active too and outranks it
+    /// (both active after a partition, or a preemption).
+    fn should_yield(&self, now: Instant) -> bool {
+        self.peer_alive(now)
+            .is_some_and(|p| p.active && self.peer_outranks(p))
+    }
+
+    /// An active whose peer cannot vouch for it: it must prove to the
+    /// witness that it is still the holder.
+    fn degraded(&self, now: Instant) -> bool {
+        match self.peer_alive(now) {
+            None => true,
+            Some(p) => !p.hears_peer,
+        }
+    }
+
+    fn become_(&mut self, role: Role, reason: Reason, out: &mut Vec<Action>) {
+        if self.role == role {
+            return;
+        }
+        self.role = role;
+        self.last_change = Some((role, reason));
+        out.push(match role {
+            Role::Active => Action::Take,
+            Role::Standby => Action::Release,
+        });
+    }
+
+    pub fn on_advert(&mut self, now: Instant, peer: PeerState) -> Vec<Action> {
+        self.last_heard = Some(now);
+        self.peer = Some(peer);
+        self.on_tick(now)
+    }
+
+    pub fn on_tick(&mut self, now: Instant) -> Vec<Action> {
+        let mut out = Vec::new();
+        match (self.role, self.mode) {
+            (Role::Standby, Mode::Peer) => {
+                if let Some(reason) = self.wants_active(now) {
+                    self.become_(Role::Active, reason, &mut out);
+                }
+            }
+            (Role::Active, Mode::Peer) => {
+                if self.should_yield(now) {
+                    self.become_(Role::Standby, Reason::HigherPeerActive, &mut out);
+                }
+            }
+            (Role::Standby, Mode::Lease) => self.standby_witness(now, &mut out),
+            (Role::Active, Mode::Lease) => self.active_witness(now, &mut out),
+        }
+        out
+    }
+
+    fn standby_witness(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let want = self.wants_active(now).filter(|r| *r != Reason::Preempted);
+        let Some(reason) = want else {
+            // The peer is back and active: whatever was under way stops.
+            if !matches!(self.claim, Claim::Reading | Claim::Claiming) {
+                self.claim = Claim::Idle { next: now };
+            }
+            self.attempts = 0;
+            return;
+        };
+        match self.claim.clone() {
+            Claim::Idle { next } if now >= next => {
+                self.claim = Claim::Reading;
+                out.push(Action::Witness(WitnessRequest::Read));
+            }
+            Claim::Waiting { version, at } if now >= at => {
+                self.claim = Claim::Claiming;
+                out.push(Action::Witness(WitnessRequest::Claim { version }));
+            }
+            Claim::Won { at } if now >= at => {
+                self.claim = Claim::Idle { next: now };
+                self.attempts = 0;
+                // The claim was a write: the next renewal counts from it.
+                self.renewed = now;
+                self.was_degraded = self.degraded(now);
+                self.become_(Role::Active, reason, out);
+            }
+            _ => {}
+        }
+    }
+
+    fn active_witness(&mut self, now: Instant, out: &mut Vec<Action>) {
+        if self.renewing {
+            return;
+        }
+        let degraded = self.degraded(now);
+        let newly = degraded && !self.was_degraded;
+        self.was_degraded = degraded;
+        let every = if degraded {
+            self.timers.degraded_renew
+        } else {
+            self.timers.renew_interval
+        };
+        if newly || now.saturating_duration_since(self.renewed) >= every {
+            self.renewing = true;
+            out.push(Action::Witness(WitnessRequest::Renew));
+        }
+    }
+
+    pub fn on_witness(&mut self, now: Instant, result: WitnessResult) -> Vec<Action> {
+        let mut out = Vec::new();
+        match self.role {
+            Role::Active => {
+                self.renewing = false;
+                let degraded = self.degraded(now);
+                match result {
+                    WitnessResult::Held | WitnessResult::Read(_) => self.renewed = now,
+                    // Someone else holds it: never keep the addresses.
+                    WitnessResult::Lost => {
+                        self.become_(Role::Standby, Reason::Fenced, &mut out);
+                        self.claim = Claim::Idle {
+                            next: now + self.timers.dead_after,
+                        };
+                    }
+                    // Unknown: harmless while the peer vouches for us, fatal
+                    // when it cannot (it may be claiming right now).
+                    WitnessResult::Failed if degraded => {
+                        self.become_(Role::Standby, Reason::Fenced, &mut out);
+                        self.claim = Claim::Idle {
+                            next: now + self.timers.dead_after,
+                        };
+                    }
+                    // Try again sooner than a healthy renewal would.
+                    WitnessResult::Failed => {
+                        let early = self
+                            .timers
+                            .renew_interval
+                            .saturating_sub(self.timers.degraded_renew);
+                        self.renewed = now.checked_sub(early).unwrap_or(now);
+                    }
+                }
+            }
+            Role::Standby => match (self.claim.clone(), result) {
+                (Claim::Reading, WitnessResult::Read(view)) => {
+                    let wait = if view.holder.as_deref() == Some(self.name.as_str())
+                        || view.holder.is_none()
+                    {
+                        self.timers.grace()
+                    } else if self.attempts == 0 {
+                        self.timers.grace()
+                    } else {
+                        self.timers.holder_silent()
+                    };
+                    self.attempts += 1;
+                    self.claim = Claim::Waiting {
+                        version: view.version,
+                        at: now + wait,
+                    };
+                }
+                (Claim::Claiming, WitnessResult::Held) => {
+                    self.claim = Claim::Won {
+                        at: now + self.timers.fence_delay(),
+                    };
+                }
+                (Claim::Reading | Claim::Claiming, _) => {
+                    // Lost (the holder wrote meanwhile) or failed: look again.
+                    self.claim = Claim::Idle {
+                        next: now + self.timers.advert,
+                    };
+                }
+                _ => {}
+            },
+        }
+        out.extend(self.on_tick(now));
+        out
+    }
+
+    /// Before the process stops: an active gives the addresses up so the
+    /// peer's takeover is not held up by a dead holder.
+    pub fn resign(&mut self) -> Vec<Action> {
+        let mut out = Vec::new();
+        self.become_(Role::Standby, Reason::PeerYielded, &mut out);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timers() -> Timers {
+        Timers {
+            advert: Duration::from_millis(200),
+            dead_after: Duration::from_millis(600),
+            api_timeout: Duration::from_millis(1000),
+            renew_interval: Duration::from_secs(60),
+            degraded_renew: Duration::from_secs(2),
+        }
+    }
+
+    fn ms(t0: Instant, n: u64) -> Instant {
+        t0 + Duration::from_millis(n)
+    }
+
+    fn advert(active: bool, priority: u8) -> PeerState {
+        PeerState {
+            active,
+            hears_peer: true,
+            in_sync: true,
+            priority,
+        }
+    }
+
+    #[test]
+    fn peer_mode_a_lone_replica_takes_over_after_the_dead_interval_not_before() {
+        let t0 = Instant::now();
+        let mut e = Election::new(Mode::Peer, timers(), "a", "b", 100, false, t0);
+        assert!(e.on_tick(ms(t0, 599)).is_empty());
+        assert_eq!(e.on_tick(ms(t0, 600)), vec![Action::Take]);
+        assert_eq!(e.take_change(), Some((Role::Active, Reason::PeerSilent)));
+    }
+
+    #[test]
+    fn peer_mode_the_standby_takes_over_when_the_active_falls_silent() {
+        let t0 = Instant::now();
+        let mut e = Election::new(Mode::Peer, timers(), "b", "a", 100, false, t0);
+        for i in 0..10 {
+            assert!(e.on_advert(ms(t0, i * 200), advert(true, 200)).is_empty());
+        }
+        // Last heard at 1800 ms.
+        assert!(e.on_tick(ms(t0, 2399)).is_empty());
+        assert_eq!(e.on_tick(ms(t0, 2400)), vec![Action::Take]);
+    }
+
+    #[test]
+    fn peer_mode_two_actives_leave_the_higher_priority_one() {
+        let t0 = Instant::now();
+        let mut low = Election::new(Mode::Peer, timers(), "a", "b", 50, false, t0);
+        let mut high = Election::new(Mode::Peer, timers(), "b", "a", 150, false, t0);
+        low.on_tick(ms(t0, 600));
+        high.on_tick(ms(t0, 600));
+        assert_eq!(low.role(), Role::Active);
+        assert_eq!(high.role(), Role::Active);
+        assert_eq!(
+            low.on_advert(ms(t0, 700), advert(true, 150)),
+            vec![Action::Release]
+        );
+        assert!(high.on_advert(ms(t0, 700), advert(true, 50)).is_empty());
+        // Equal priorities: the lower name keeps it.
+        let mut a = Election::new(Mode::Peer, timers(), "a", "b", 100, false, t0);
+        a.on_tick(ms(t0, 600));
+        assert!(a.on_advert(ms(t0, 700), advert(true, 100)).is_empty());
+        let mut b = Election::new(Mode::Peer, timers(), "b", "a", 100, false, t0);
+        b.on_tick(ms(t0, 600));
+        assert_eq!(
+            b.on_advert(ms(t0, 700), advert(true, 100)),
+            vec![Action::Release]
+        );
+    }
+
+    #[test]
+    fn peer_mode_preemption_waits_for_sync_and_needs_to_be_asked_for() {
+        let t0 = Instant::now();
+        let mut no = Election::new(Mode::Peer, timers(), "b", "a", 200, false, t0);
+        assert!(no.on_advert(ms(t0, 100), advert(true, 100)).is_empty());
+        let mut yes = Election::new(Mode::Peer, timers(), "b", "a", 200, true, t0);
+        yes.set_in_sync(false);
+        assert!(yes.on_advert(ms(t0, 100), advert(true, 100)).is_empty());
+        yes.set_in_sync(true);
+        assert_eq!(
+            yes.on_advert(ms(t0, 300), advert(true, 100)),
+            vec![Action::Take]
+        );
+        assert_eq!(yes.take_change(), Some((Role::Active, Reason::Preempted)));
+    }
+
+    #[test]
+    fn starting_together_the_higher_replica_goes_first() {
+        let t0 = Instant::now();
+        let mut low = Election::new(Mode::Peer, timers(), "a", "b", 50, false, t0);
+        let mut high = Election::new(Mode::Peer, timers(), "b", "a", 150, false, t0);
+        assert_eq!(
+            high.on_advert(ms(t0, 100), advert(false, 50)),
+            vec![Action::Take]
+        );
+        assert!(low.on_advert(ms(t0, 100), advert(false, 150)).is_empty());
+        assert!(low.on_advert(ms(t0, 300), advert(true, 150)).is_empty());
+    }
+
+    /// Drives a standby in lease mode through a takeover from a dead active,
+    /// returning the instant it took the addresses.
+    fn lease_takeover(e: &mut Election, t0: Instant, silent_from: u64) -> u64 {
+        let mut now = silent_from;
+        loop {
+            now += 10;
+            assert!(now < silent_from + 10_000, "no takeover within 10 s");
+            for action in e.on_tick(ms(t0, now)) {
+                match action {
+                    Action::Take => return now,
+                    Action::Witness(WitnessRequest::Read) => {
+                        let view = WitnessView {
+                            holder: Some("a".into()),
+                            version: "7".into(),
+                        };
+                        assert!(e
+                            .on_witness(ms(t0, now), WitnessResult::Read(view))
+                            .is_empty());
+                    }
+                    Action::Witness(WitnessRequest::Claim { version }) => {
+                        assert_eq!(version, "7");
+                        let out = e.on_witness(ms(t0, now), WitnessResult::Held);
+                        assert!(out.is_empty(), "{out:?}");
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn lease_mode_a_standby_claims_the_witness_and_waits_out_the_fence_before_taking_over() {
+        let t0 = Instant::now();
+        let mut e = Election::new(Mode::Lease, timers(), "b", "a", 100, false, t0);
+        e.on_advert(ms(t0, 0), advert(true, 100));
+        let took = lease_takeover(&mut e, t0, 0);
+        let t = timers();
+        let least = (t.dead_after + t.grace() + t.fence_delay()).as_millis() as u64;
+        assert!(took >= least, "took over at {took} ms, before {least} ms");
+        assert!(
+            took <= least + 30,
+            "took over at {took} ms, long after {least} ms"
+        );
+        assert!(took < 3000, "a takeover at {took} ms misses 3 s");
+    }
+
+    #[test]
+    fn lease_mode_a_claim_that_loses_to_a_renewal_leaves_the_standby_standing_by() {
+        let t0 = Instant::now();
+        let mut e = Election::new(Mode::Lease, timers(), "b", "a", 100, false, t0);
+        e.on_advert(ms(t0, 0), advert(true, 100));
+        assert_eq!(
+            e.on_tick(ms(t0, 600)),
+            vec![Action::Witness(WitnessRequest::Read)]
+        );
+        let view = WitnessView {
+            holder: Some("a".into()),
+            version: "7".into(),
+        };
+        e.on_witness(ms(t0, 600), WitnessResult::Read(view.clone()));
+        let claim = e.on_tick(ms(t0, 1000));
+        assert_eq!(
+            claim,
+            vec![Action::Witness(WitnessRequest::Claim {
+                version: "7".into()
+            })]
+        );
+        assert!(e.on_witness(ms(t0, 1010), WitnessResult::Lost).is_empty());
+        // The next look waits for the holder to fall silent, not the grace.
+        assert_eq!(
+            e.on_tick(ms(t0, 1300)),
+            vec![Action::Witness(WitnessRequest::Read)]
+        );
+        e.on_witness(ms(t0, 1300), WitnessResult::Read(view));
+        assert!(e.on_tick(ms(t0, 1300 + 5_999)).is_empty());
+        assert_eq!(e.role(), Role::Standby);
+    }
+
+    #[test]
+    fn lease_mode_an_active_that_cannot_hear_its_peer_fences_on_a_failed_renewal() {
+        let t0 = Instant::now();
+        let mut e = Election::new(Mode::Lease, timers(), "a", "b", 100, false, t0);
+        let took = lease_takeover(&mut e, t0, 0);
+        assert_eq!(e.role(), Role::Active);
+        // Alone, the active renews every degraded_renew.
+        assert!(e.on_tick(ms(t0, took + 1999)).is_empty());
+        let now = ms(t0, took + 2000);
+        assert_eq!(e.on_tick(now), vec![Action::Witness(WitnessRequest::Renew)]);
+        assert_eq!(
+            e.on_witness(now, WitnessResult::Failed),
+            vec![Action::Release]
+        );
+        assert_eq!(e.take_change(), Some((Role::Standby, Reason::Fenced)));
+    }
+
+    #[test]
+    fn lease_mode_a_failed_renewal_is_harmless_while_the_peer_vouches_and_fatal_when_it_lost() {
+        let t0 = Instant::now();
+        let mut e = Election::new(Mode::Lease, timers(), "a", "b", 100, false, t0);
+        let took = lease_takeover(&mut e, t0, 0);
+        let mut now = took;
+        // The peer comes back and hears it: renewals fall to one a minute.
+        while now < took + 60_000 {
+            now += 200;
+            let out = e.on_advert(ms(t0, now), advert(false, 100));
+            if now < took + 60_000 {
+                assert!(out.is_empty(), "at {now}: {out:?}");
+            } else {
+                assert_eq!(out, vec![Action::Witness(WitnessRequest::Renew)]);
+            }
+        }
+        // That renewal fails: the peer vouches, so it stays.
+        assert!(e.on_witness(ms(t0, now), WitnessResult::Failed).is_empty());
+        assert_eq!(e.role(), Role::Active);
+        // The peer says it cannot hear this replica: renew, and a lost
+        // renewal means let go.
+        let deaf = PeerState {
+            hears_peer: false,
+            ..advert(false, 100)
+        };
+        let later = ms(t0, now + 200);
+        assert_eq!(
+            e.on_advert(later, deaf),
+            vec![Action::Witness(WitnessRequest::Renew)]
+        );
+        assert_eq!(
+            e.on_witness(later, WitnessResult::Lost),
+            vec![Action::Release]
+        );
+    }
+}

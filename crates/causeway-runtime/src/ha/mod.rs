@@ -1,0 +1,549 @@
+//! Leadership between two replicas: which one holds the service addresses.
+//!
+//! [`election`] decides (pure), [`advert`] is what the replicas say to each
+//! other; this module carries it out: adverts over UDP to the peer, a tick,
+//! requests to the witness with a timeout, and the addresses added or
+//! removed through an [`Addresses`] the binary provides. Services watch
+//! [`Leadership::role`] to serve or stand by.
+
+pub mod advert;
+pub mod election;
+
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use tokio::net::UdpSocket;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use advert::{Advert, AdvertKey, ReplayGuard, MAX_ADVERT};
+pub use election::{
+    Action, Election, Mode, PeerState, Reason, Role, Timers, WitnessRequest, WitnessResult,
+    WitnessView,
+};
+
+/// Adds and removes the service addresses.
+pub trait Addresses: Send + Sync + 'static {
+    fn take(&self) -> impl Future<Output = Result<(), String>> + Send;
+    fn release(&self) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+/// The compare-and-swap object that settles a partition (lease mode).
+pub trait Witness: Send + Sync + 'static {
+    fn read(&self) -> impl Future<Output = Result<WitnessView, String>> + Send;
+    /// Makes this replica the holder if the object is still at `version`:
+    /// `Ok(true)` won, `Ok(false)` it changed meanwhile.
+    fn claim(&self, version: String) -> impl Future<Output = Result<bool, String>> + Send;
+    /// Writes the object again if this replica holds it: `Ok(false)` when
+    /// another does.
+    fn renew(&self) -> impl Future<Output = Result<bool, String>> + Send;
+}
+
+/// Peer mode has no witness.
+pub struct NoWitness;
+
+impl Witness for NoWitness {
+    async fn read(&self) -> Result<WitnessView, String> {
+        Err("peer mode has no witness".into())
+    }
+    async fn claim(&self, _version: String) -> Result<bool, String> {
+        Err("peer mode has no witness".into())
+    }
+    async fn renew(&self) -> Result<bool, String> {
+        Err("peer mode has no witness".into())
+    }
+}
+
+/// Service addresses a listener may bind before this replica holds them
+/// (`IP_FREEBIND`): the standby's DNS and proxy listen from the start, and
+/// packets reach them only once the address is theirs.
+static FLOATING: OnceLock<Vec<IpAddr>> = OnceLock::new();
+
+pub fn set_floating(addresses: Vec<IpAddr>) {
+    let _ = FLOATING.set(addresses);
+}
+
+pub fn is_floating(ip: IpAddr) -> bool {
+    FLOATING.get().is_some_and(|f| f.contains(&ip))
+}
+
+#[derive(Clone)]
+pub struct HaMetrics {
+    role: IntGaugeVec,
+    changes: IntCounterVec,
+    peer_heard: IntGauge,
+    peer_active: IntGauge,
+    in_sync: IntGauge,
+    adverts_refused: IntCounterVec,
+    witness: IntCounterVec,
+    address_errors: IntCounterVec,
+}
+
+impl HaMetrics {
+    pub fn new(registry: &Registry) -> prometheus::Result<HaMetrics> {
+        let m = HaMetrics {
+            role: IntGaugeVec::new(
+                Opts::new(
+                    "causeway_ha_role",
+                    "1 for this replica's role (active or standby), 0 for the other",
+                ),
+                &["role"],
+            )?,
+            changes: IntCounterVec::new(
+                Opts::new(
+                    "causeway_ha_role_changes_total",
+                    "Role changes, by the role taken and why (peer_silent, peer_not_active, preempted, higher_peer_active, fenced)",
+                ),
+                &["role", "reason"],
+            )?,
+            peer_heard: IntGauge::new(
+                "causeway_ha_peer_heard",
+                "1 while the peer's adverts arrive within the dead interval",
+            )?,
+            peer_active: IntGauge::new(
+                "causeway_ha_peer_active",
+                "1 while the peer says it holds the service addresses",
+            )?,
+            in_sync: IntGauge::new(
+                "causeway_ha_in_sync",
+                "1 while this replica's lease log is complete (a standby that received the active's snapshot and follows its stream, or a replica without DHCP)",
+            )?,
+            adverts_refused: IntCounterVec::new(
+                Opts::new(
+                    "causeway_ha_adverts_refused_total",
+                    "Adverts refused, by reason: size, tag (wrong key or forged), body, replay, self",
+                ),
+                &["reason"],
+            )?,
+            witness: IntCounterVec::new(
+                Opts::new(
+                    "causeway_ha_witness_requests_total",
+                    "Requests to the witness (the Kubernetes Lease), by request and result",
+                ),
+                &["request", "result"],
+            )?,
+            address_errors: IntCounterVec::new(
+                Opts::new(
+                    "causeway_ha_address_errors_total",
+                    "Service addresses not added or removed, by operation",
+                ),
+                &["operation"],
+            )?,
+        };
+        registry.register(Box::new(m.role.clone()))?;
+        registry.register(Box::new(m.changes.clone()))?;
+        registry.register(Box::new(m.peer_heard.clone()))?;
+        registry.register(Box::new(m.peer_active.clone()))?;
+        registry.register(Box::new(m.in_sync.clone()))?;
+        registry.register(Box::new(m.adverts_refused.clone()))?;
+        registry.register(Box::new(m.witness.clone()))?;
+        registry.register(Box::new(m.address_errors.clone()))?;
+        Ok(m)
+    }
+
+    fn show_role(&self, role: Role) {
+        for r in [Role::Active, Role::Standby] {
+            self.role
+                .with_label_values(&[r.label()])
+                .set(i64::from(r == role));
+        }
+    }
+}
+
+pub struct HaSettings {
+    pub mode: Mode,
+    pub name: String,
+    pub peer_name: String,
+    /// `host:port`, resolved again every second.
+    pub peer_address: String,
+    pub listen: SocketAddr,
+    pub priority: u8,
+    pub preempt: bool,
+    pub timers: Timers,
+    pub key: Vec<u8>,
+}
+
+/// What the admin endpoint and the readiness detail show.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HaStatus {
+    pub node: String,
+    pub role: String,
+    pub peer: String,
+    pub peer_heard: bool,
+    pub peer_active: bool,
+    pub peer_in_sync: bool,
+    pub in_sync: bool,
+}
+
+pub struct Leadership {
+    role: watch::Receiver<Role>,
+    in_sync: Arc<AtomicBool>,
+    status: Arc<Mutex<HaStatus>>,
+    task: JoinHandle<()>,
+    resign: mpsc::Sender<()>,
+}
+
+impl Leadership {
+    /// Binds the advert socket and starts deciding. Every replica starts as
+    /// standby and releases the addresses first (a previous run of this
+    /// replica may have left them behind).
+    pub async fn start<A: Addresses, W: Witness>(
+        settings: HaSettings,
+        addresses: Arc<A>,
+        witness: Option<Arc<W>>,
+        metrics: HaMetrics,
+    ) -> std::io::Result<Leadership> {
+        let socket = UdpSocket::bind(settings.listen).await?;
+        if let Err(e) = addresses.release().await {
+            metrics.address_errors.with_label_values(&["release"]).inc();
+            tracing::warn!(error = %e, "cannot clear the service addresses at start");
+        }
+        let (role_tx, role) = watch::channel(Role::Standby);
+        let in_sync = Arc::new(AtomicBool::new(true));
+        let status = Arc::new(Mutex::new(HaStatus {
+            node: settings.name.clone(),
+            role: Role::Standby.label().into(),
+            peer: settings.peer_name.clone(),
+            ..HaStatus::default()
+        }));
+        metrics.show_role(Role::Standby);
+        let (resign, resign_rx) = mpsc::channel(1);
+        let driver = Driver {
+            election: Election::new(
+                settings.mode,
+                settings.timers.clone(),
+                &settings.name,
+                &settings.peer_name,
+                settings.priority,
+                settings.preempt,
+                Instant::now(),
+            ),
+            key: AdvertKey::new(&settings.key),
+            boot: rand::random(),
+            seq: 0,
+            guard: ReplayGuard::default(),
+            settings,
+            socket,
+            peer: None,
+            resolved_at: None,
+            addresses,
+            witness,
+            metrics,
+            role_tx,
+            in_sync: in_sync.clone(),
+            status: status.clone(),
+        };
+        let task = tokio::spawn(driver.run(resign_rx));
+        Ok(Leadership {
+            role,
+            in_sync,
+            status,
+            task,
+            resign,
+        })
+    }
+
+    pub fn role(&self) -> watch::Receiver<Role> {
+        self.role.clone()
+    }
+
+    /// Set by DHCP replication: false while this replica's lease log is
+    /// behind the active's.
+    pub fn in_sync(&self) -> Arc<AtomicBool> {
+        self.in_sync.clone()
+    }
+
+    pub fn status(&self) -> HaStatus {
+        self.status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn status_source(&self) -> impl Fn() -> HaStatus + Send + Sync + 'static {
+        let status = self.status.clone();
+        move || status.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Gives the addresses up and tells the peer, then stops. Called after
+    /// the services stopped, so the peer takes over at once rather than
+    /// after the dead interval.
+    pub async fn stop(self) {
+        let _ = self.resign.send(()).await;
+        let _ = self.task.await;
+    }
+}
+
+struct Driver<A, W> {
+    election: Election,
+    settings: HaSettings,
+    key: AdvertKey,
+    boot: u64,
+    seq: u64,
+    guard: ReplayGuard,
+    socket: UdpSocket,
+    peer: Option<SocketAddr>,
+    resolved_at: Option<Instant>,
+    addresses: Arc<A>,
+    witness: Option<Arc<W>>,
+    metrics: HaMetrics,
+    role_tx: watch::Sender<Role>,
+    in_sync: Arc<AtomicBool>,
+    status: Arc<Mutex<HaStatus>>,
+}
+
+/// The peer's name is resolved again this often: a pod comes back with a
+/// new address.
+const RESOLVE_EVERY: Duration = Duration::from_secs(1);
+
+impl<A: Addresses, W: Witness> Driver<A, W> {
+    async fn run(mut self, mut resign: mpsc::Receiver<()>) {
+        let tick_every = self.settings.timers.advert / 4;
+        let mut tick = tokio::time::interval(tick_every.max(Duration::from_millis(5)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next_advert = Instant::now();
+        let (witness_tx, mut witness_rx) = mpsc::channel::<WitnessResult>(4);
+        let mut buf = vec![0u8; MAX_ADVERT + 1];
+        loop {
+            let actions = tokio::select! {
+                _ = resign.recv() => break,
+                _ = tick.tick() => {
+                    let now = Instant::now();
+                    if now >= next_advert {
+                        self.send_advert().await;
+                        next_advert = now + self.settings.timers.advert;
+                    }
+                    self.election.set_in_sync(self.in_sync.load(Ordering::Relaxed));
+                    self.election.on_tick(now)
+                }
+                got = self.socket.recv_from(&mut buf) => match got {
+                    Ok((n, from)) => self.on_datagram(&buf[..n], from),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "advert socket error");
+                        Vec::new()
+                    }
+                },
+                Some(result) = witness_rx.recv() => {
+                    self.election.on_witness(Instant::now(), result)
+                }
+            };
+            self.carry_out(actions, &witness_tx).await;
+            self.publish();
+        }
+        let actions = self.election.resign();
+        self.carry_out(actions, &witness_tx).await;
+        self.publish();
+        // Said twice: one lost datagram should not cost the peer the dead
+        // interval.
+        self.send_advert().await;
+        self.send_advert().await;
+    }
+
+    fn on_datagram(&mut self, bytes: &[u8], from: SocketAddr) -> Vec<Action> {
+        let advert = match self.key.open(bytes) {
+            Ok(a) => a,
+            Err(e) => {
+                let reason = match e {
+                    advert::AdvertError::Size(_) => "size",
+                    advert::AdvertError::Tag => "tag",
+                    advert::AdvertError::Body(_) => "body",
+                };
+                self.metrics
+                    .adverts_refused
+                    .with_label_values(&[reason])
+                    .inc();
+                tracing::debug!(%from, error = %e, "advert refused");
+                return Vec::new();
+            }
+        };
+        if advert.node != self.settings.peer_name {
+            self.metrics
+                .adverts_refused
+                .with_label_values(&["self"])
+                .inc();
+            return Vec::new();
+        }
+        let now = Instant::now();
+        let quiet = !self.election.hears_peer(now);
+        if !self.guard.accept(&advert, quiet) {
+            self.metrics
+                .adverts_refused
+                .with_label_values(&["replay"])
+                .inc();
+            return Vec::new();
+        }
+        self.election
+            .set_in_sync(self.in_sync.load(Ordering::Relaxed));
+        self.election.on_advert(
+            now,
+            PeerState {
+                active: advert.active,
+                hears_peer: advert.hears_peer,
+                in_sync: advert.in_sync,
+                priority: advert.priority,
+            },
+        )
+    }
+
+    async fn peer_addr(&mut self) -> Option<SocketAddr> {
+        let stale = self
+            .resolved_at
+            .is_none_or(|t| t.elapsed() >= RESOLVE_EVERY);
+        if stale {
+            self.resolved_at = Some(Instant::now());
+            match tokio::net::lookup_host(self.settings.peer_address.as_str()).await {
+                Ok(mut addrs) => {
+                    if let Some(a) = addrs.find(|a| a.is_ipv4()) {
+                        self.peer = Some(a);
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(peer = %self.settings.peer_address, error = %e, "peer not resolved");
+                }
+            }
+        }
+        self.peer
+    }
+
+    async fn send_advert(&mut self) {
+        let Some(to) = self.peer_addr().await else {
+            return;
+        };
+        self.seq += 1;
+        let now = Instant::now();
+        let advert = Advert {
+            node: self.settings.name.clone(),
+            boot: self.boot,
+            seq: self.seq,
+            priority: self.settings.priority,
+            active: self.election.role() == Role::Active,
+            hears_peer: self.election.hears_peer(now),
+            in_sync: self.in_sync.load(Ordering::Relaxed),
+        };
+        let sealed = self.key.seal(&advert);
+        if let Err(e) = self.socket.send_to(&sealed, to).await {
+            tracing::debug!(%to, error = %e, "advert not sent");
+        }
+    }
+
+    async fn carry_out(&mut self, actions: Vec<Action>, results: &mpsc::Sender<WitnessResult>) {
+        for action in actions {
+            match action {
+                Action::Take => {
+                    if let Err(e) = self.addresses.take().await {
+                        self.metrics
+                            .address_errors
+                            .with_label_values(&["add"])
+                            .inc();
+                        tracing::error!(error = %e, "service addresses not added; this replica is active but unreachable");
+                    }
+                    // Say it at once: the peer learns it holds nothing.
+                    self.send_advert().await;
+                }
+                Action::Release => {
+                    if let Err(e) = self.addresses.release().await {
+                        self.metrics
+                            .address_errors
+                            .with_label_values(&["remove"])
+                            .inc();
+                        tracing::error!(error = %e, "service addresses not removed");
+                    }
+                    self.send_advert().await;
+                }
+                Action::Witness(request) => self.ask_witness(request, results.clone()),
+            }
+        }
+        if let Some((role, reason)) = self.election.take_change() {
+            self.metrics
+                .changes
+                .with_label_values(&[role.label(), reason.label()])
+                .inc();
+            self.metrics.show_role(role);
+            tracing::warn!(
+                role = role.label(),
+                reason = reason.label(),
+                peer = %self.settings.peer_name,
+                "high availability: this replica is now {}",
+                role.label()
+            );
+            let _ = self.role_tx.send(role);
+        }
+    }
+
+    fn ask_witness(&self, request: WitnessRequest, results: mpsc::Sender<WitnessResult>) {
+        let Some(witness) = self.witness.clone() else {
+            return;
+        };
+        let timeout = self.settings.timers.api_timeout;
+        let metrics = self.metrics.clone();
+        tokio::spawn(async move {
+            let (label, result) = match request {
+                WitnessRequest::Read => (
+                    "read",
+                    match tokio::time::timeout(timeout, witness.read()).await {
+                        Ok(Ok(view)) => WitnessResult::Read(view),
+                        Ok(Err(e)) => {
+                            tracing::warn!(error = %e, "witness read failed");
+                            WitnessResult::Failed
+                        }
+                        Err(_) => WitnessResult::Failed,
+                    },
+                ),
+                WitnessRequest::Claim { version } => (
+                    "claim",
+                    held(tokio::time::timeout(timeout, witness.claim(version)).await),
+                ),
+                WitnessRequest::Renew => (
+                    "renew",
+                    held(tokio::time::timeout(timeout, witness.renew()).await),
+                ),
+            };
+            let shown = match &result {
+                WitnessResult::Read(_) => "read",
+                WitnessResult::Held => "held",
+                WitnessResult::Lost => "lost",
+                WitnessResult::Failed => "failed",
+            };
+            metrics.witness.with_label_values(&[label, shown]).inc();
+            let _ = results.send(result).await;
+        });
+    }
+
+    fn publish(&self) {
+        let now = Instant::now();
+        let heard = self.election.hears_peer(now);
+        let peer = self.election.peer().filter(|_| heard);
+        self.metrics.peer_heard.set(i64::from(heard));
+        self.metrics
+            .peer_active
+            .set(i64::from(peer.is_some_and(|p| p.active)));
+        let in_sync = self.in_sync.load(Ordering::Relaxed);
+        self.metrics.in_sync.set(i64::from(in_sync));
+        let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        s.role = self.election.role().label().into();
+        s.peer_heard = heard;
+        s.peer_active = peer.is_some_and(|p| p.active);
+        s.peer_in_sync = peer.is_some_and(|p| p.in_sync);
+        s.in_sync = in_sync;
+    }
+}
+
+fn held(result: Result<Result<bool, String>, tokio::time::error::Elapsed>) -> WitnessResult {
+    match result {
+        Ok(Ok(true)) => WitnessResult::Held,
+        Ok(Ok(false)) => WitnessResult::Lost,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "witness write failed");
+            WitnessResult::Failed
+        }
+        Err(_) => {
+            tracing::warn!("witness request timed out");
+            WitnessResult::Failed
+        }
+    }
+}
