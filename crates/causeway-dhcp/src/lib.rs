@@ -21,6 +21,7 @@ pub mod lease;
 pub mod limits;
 pub mod metrics;
 pub mod pool;
+pub mod replica;
 pub mod reply;
 pub mod server;
 pub mod store;

@@ -85,6 +85,19 @@ impl DhcpServer {
         observer: Option<LeaseObserver>,
         ready: ReadyHandle,
     ) -> Result<Self, DhcpError> {
+        DhcpServer::start_replicated(cfg, metrics, shutdown, observer, ready, None).await
+    }
+
+    /// As [`DhcpServer::start`], with every lease batch also confirmed by
+    /// the standby `replica` serves before its ACKs leave.
+    pub async fn start_replicated(
+        cfg: &DhcpConfig,
+        metrics: DhcpMetrics,
+        shutdown: Shutdown,
+        observer: Option<LeaseObserver>,
+        ready: ReadyHandle,
+        replica: Option<Arc<crate::replica::Replicator>>,
+    ) -> Result<Self, DhcpError> {
         // The store's health and the end of start-up both set readiness;
         // one lock keeps a late `true` from hiding an early failure.
         let store_healthy = Arc::new(Mutex::new(true));
@@ -103,8 +116,12 @@ impl DhcpServer {
             .and_then(|m| m.modified())
             .ok()
             .map(unix_secs);
-        let (store, recovery) =
-            LeaseStore::open(&cfg.lease_file, Some(metrics.clone()), Some(health))?;
+        let (store, recovery) = LeaseStore::open_replicated(
+            &cfg.lease_file,
+            Some(metrics.clone()),
+            Some(health),
+            replica,
+        )?;
         let mut engine = Engine::new(cfg);
         let skipped = engine.restore(&recovery.records);
         let corrupt = recovery.corrupt_lines + skipped;

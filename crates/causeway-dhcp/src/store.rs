@@ -17,7 +17,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -25,6 +25,7 @@ use causeway_runtime::fds::{FdBudget, FdReservation, Holder};
 
 use crate::lease::LeaseRecord;
 use crate::metrics::DhcpMetrics;
+use crate::replica::Replicator;
 
 /// Compaction never runs below this many lines, so small stores never pay
 /// it, and a growing store does not compact over and over while it grows.
@@ -152,6 +153,7 @@ pub fn parse_log(bytes: &[u8]) -> Recovery {
 pub struct LeaseStore {
     tx: Option<mpsc::Sender<Job>>,
     writer: Option<JoinHandle<()>>,
+    replica: Option<Arc<Replicator>>,
 }
 
 impl LeaseStore {
@@ -160,6 +162,18 @@ impl LeaseStore {
         path: &Path,
         metrics: Option<DhcpMetrics>,
         health: Option<HealthObserver>,
+    ) -> Result<(LeaseStore, Recovery), StoreError> {
+        LeaseStore::open_replicated(path, metrics, health, None)
+    }
+
+    /// As [`LeaseStore::open`], and every batch is also sent to the standby
+    /// `replica` follows; a batch's completions wait for the standby's
+    /// confirmation (see [`crate::replica`]).
+    pub fn open_replicated(
+        path: &Path,
+        metrics: Option<DhcpMetrics>,
+        health: Option<HealthObserver>,
+        replica: Option<Arc<Replicator>>,
     ) -> Result<(LeaseStore, Recovery), StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             fs::create_dir_all(dir).map_err(io_err(dir))?;
@@ -207,6 +221,7 @@ impl LeaseStore {
             repair: Repair::default(),
             healthy: true,
             health,
+            replica: replica.clone(),
         };
         if let Some(m) = &writer.metrics {
             m.store_healthy.set(1);
@@ -215,10 +230,23 @@ impl LeaseStore {
             .name("lease-store".into())
             .spawn(move || writer.run(rx))
             .map_err(io_err(path))?;
+        if let Some(r) = &replica {
+            // An empty job wakes the writer, which sends a joining standby
+            // its snapshot between two batches.
+            let wake = std::sync::Mutex::new(tx.clone());
+            r.set_wake(Some(Box::new(move || {
+                let tx = wake.lock().unwrap_or_else(|p| p.into_inner());
+                let _ = tx.send(Job {
+                    record: None,
+                    done: Box::new(|_| {}),
+                });
+            })));
+        }
         Ok((
             LeaseStore {
                 tx: Some(tx),
                 writer: Some(handle),
+                replica,
             },
             recovery,
         ))
@@ -266,6 +294,11 @@ impl LeaseStore {
 
     /// Lets the writer finish everything queued, then stops it.
     pub fn close(&mut self) {
+        // The replicator's wake holds a sender too; the writer ends only
+        // once every sender is gone.
+        if let Some(r) = self.replica.take() {
+            r.set_wake(None);
+        }
         self.tx.take();
         if let Some(h) = self.writer.take() {
             let _ = h.join();
@@ -319,6 +352,7 @@ struct Writer {
     /// succeeds; every record in between is refused (never acknowledged).
     healthy: bool,
     health: Option<HealthObserver>,
+    replica: Option<Arc<Replicator>>,
 }
 
 /// What must be put right before anything more may be appended.
@@ -397,6 +431,16 @@ impl Writer {
     }
 
     fn write_batch(&mut self, batch: &mut Vec<Job>, buf: &mut Vec<u8>) {
+        if let Some(r) = self.replica.clone() {
+            // Between batches the file is exactly what every completed batch
+            // made it: the snapshot a joining standby starts from.
+            r.start_pending(|| {
+                use std::os::unix::fs::FileExt;
+                let mut bytes = vec![0u8; usize::try_from(self.len).unwrap_or(usize::MAX)];
+                self.file.read_exact_at(&mut bytes, 0)?;
+                Ok(bytes)
+            });
+        }
         buf.clear();
         let mut records = 0usize;
         for record in batch.iter().filter_map(|j| j.record.as_ref()) {
@@ -407,7 +451,15 @@ impl Writer {
             }
         }
         let started = Instant::now();
+        // Sent before the local write, so the two syncs overlap.
+        let ticket = match &self.replica {
+            Some(r) if records > 0 => Some(r.send(buf, records as u64)),
+            _ => None,
+        };
         let result = self.commit(buf);
+        if let (Some(r), Some(ticket)) = (&self.replica, ticket) {
+            r.wait(ticket);
+        }
         if let Some(m) = &self.metrics {
             m.commit_seconds.observe(started.elapsed().as_secs_f64());
             m.batch_size.observe(records as f64);

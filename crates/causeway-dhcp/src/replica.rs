@@ -1,0 +1,859 @@
+//! Lease log replication from the active replica to the standby.
+//!
+//! The stream carries the lease file's own lines. On the active, the store's
+//! writer hands each batch to the [`Replicator`] before its own write and
+//! sync, and runs the batch's completions (which send the ACKs) only once
+//! the standby has confirmed the batch as durable too; the two syncs
+//! overlap, and a batch holds every record that arrived meanwhile (group
+//! commit on both sides). A standby that joins first receives the whole
+//! file as it stands between two batches (the snapshot), then every batch
+//! after it; until it confirms the snapshot the active does not wait for it.
+//! A standby that does not confirm a batch within the timeout is dropped:
+//! the active serves alone (degraded) and the standby joins again with a
+//! new snapshot.
+//!
+//! Wire, after an authenticated handshake (each side proves the shared key
+//! over the other's random challenge): frames of `kind (1) | seq (8) | len
+//! (4) | bytes`, answered by `seq (8)` once durable. Kinds: 1 snapshot (the
+//! whole file), 2 batch (lines to append).
+
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::net::{Shutdown as NetShutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use causeway_runtime::ha::advert::AdvertKey;
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+
+use crate::store::{parse_log, LeaseStore};
+
+const SNAPSHOT: u8 = 1;
+const BATCH: u8 = 2;
+const HEADER: usize = 13;
+/// A frame longer than this is refused: a snapshot of a million leases is
+/// about 200 MB, far above any pool causeway serves.
+const MAX_FRAME: u32 = 256 * 1024 * 1024;
+const CHALLENGE: usize = 32;
+const TO_ACTIVE: &[u8] = b"causeway-lease-stream/standby:";
+const TO_STANDBY: &[u8] = b"causeway-lease-stream/active:";
+/// How long a handshake or a connect may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+/// A standby retries a refused or broken stream this often.
+const RETRY: Duration = Duration::from_millis(200);
+
+#[derive(Clone)]
+pub struct ReplicationMetrics {
+    /// 0 no standby, 1 receiving its snapshot, 2 in sync.
+    pub standby: IntGauge,
+    pub lag_records: IntGauge,
+    pub lag_bytes: IntGauge,
+    pub batches: IntCounterVec,
+    pub wait_seconds: Histogram,
+    pub snapshots_sent: IntCounter,
+    pub received_records: IntCounter,
+    pub snapshots_received: IntCounter,
+    pub handshakes_refused: IntCounter,
+}
+
+impl ReplicationMetrics {
+    pub fn new(registry: &Registry) -> prometheus::Result<ReplicationMetrics> {
+        let m = ReplicationMetrics {
+            standby: IntGauge::new(
+                "causeway_dhcp_replication_standby",
+                "The standby as the active sees it: 0 none, 1 receiving its snapshot, 2 in sync (ACKs wait for it)",
+            )?,
+            lag_records: IntGauge::new(
+                "causeway_dhcp_replication_lag_records",
+                "Lease records sent to the standby and not yet confirmed durable there",
+            )?,
+            lag_bytes: IntGauge::new(
+                "causeway_dhcp_replication_lag_bytes",
+                "Bytes of the lease stream sent to the standby and not yet confirmed",
+            )?,
+            batches: IntCounterVec::new(
+                Opts::new(
+                    "causeway_dhcp_replication_batches_total",
+                    "Batches sent to the standby, by result: confirmed, timeout (the standby was dropped), lost (the stream broke)",
+                ),
+                &["result"],
+            )?,
+            wait_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "causeway_dhcp_replication_wait_seconds",
+                    "How long ACKs waited for the standby after the active's own sync",
+                )
+                .buckets(vec![
+                    0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
+                ]),
+            )?,
+            snapshots_sent: IntCounter::new(
+                "causeway_dhcp_replication_snapshots_sent_total",
+                "Snapshots of the lease file sent to a joining standby",
+            )?,
+            received_records: IntCounter::new(
+                "causeway_dhcp_replica_received_records_total",
+                "Lease records this standby received and made durable",
+            )?,
+            snapshots_received: IntCounter::new(
+                "causeway_dhcp_replica_snapshots_received_total",
+                "Snapshots this standby received from the active",
+            )?,
+            handshakes_refused: IntCounter::new(
+                "causeway_dhcp_replication_handshakes_refused_total",
+                "Lease stream connections refused: the other side did not prove the shared key",
+            )?,
+        };
+        registry.register(Box::new(m.standby.clone()))?;
+        registry.register(Box::new(m.lag_records.clone()))?;
+        registry.register(Box::new(m.lag_bytes.clone()))?;
+        registry.register(Box::new(m.batches.clone()))?;
+        registry.register(Box::new(m.wait_seconds.clone()))?;
+        registry.register(Box::new(m.snapshots_sent.clone()))?;
+        registry.register(Box::new(m.received_records.clone()))?;
+        registry.register(Box::new(m.snapshots_received.clone()))?;
+        registry.register(Box::new(m.handshakes_refused.clone()))?;
+        Ok(m)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error("lease stream: {0}")]
+    Io(#[from] io::Error),
+    #[error("lease stream: the other side did not prove the shared key")]
+    Refused,
+    #[error("lease stream: frame of kind {kind} and {len} bytes is not a frame")]
+    Frame { kind: u8, len: u32 },
+}
+
+fn frame_header(kind: u8, seq: u64, len: usize) -> [u8; HEADER] {
+    let mut h = [0u8; HEADER];
+    h[0] = kind;
+    h[1..9].copy_from_slice(&seq.to_be_bytes());
+    h[9..13].copy_from_slice(&(len as u32).to_be_bytes());
+    h
+}
+
+/// Reads one frame's header; `None` at a clean end of stream.
+fn read_header(r: &mut impl Read) -> Result<Option<(u8, u64, u32)>, StreamError> {
+    let mut h = [0u8; HEADER];
+    match r.read_exact(&mut h) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let kind = h[0];
+    let seq = u64::from_be_bytes(h[1..9].try_into().unwrap_or_default());
+    let len = u32::from_be_bytes(h[9..13].try_into().unwrap_or_default());
+    if !(kind == SNAPSHOT || kind == BATCH) || len > MAX_FRAME {
+        return Err(StreamError::Frame { kind, len });
+    }
+    Ok(Some((kind, seq, len)))
+}
+
+fn proof_input(context: &[u8], challenge: &[u8]) -> Vec<u8> {
+    let mut v = context.to_vec();
+    v.extend_from_slice(challenge);
+    v
+}
+
+/// The active's half of the handshake.
+fn accept_handshake(s: &mut TcpStream, key: &AdvertKey) -> Result<(), StreamError> {
+    let mine: [u8; CHALLENGE] = rand::random();
+    s.write_all(&mine)?;
+    let mut theirs = [0u8; CHALLENGE];
+    let mut proof = [0u8; 32];
+    s.read_exact(&mut theirs)?;
+    s.read_exact(&mut proof)?;
+    if !key.check(&proof_input(TO_ACTIVE, &mine), &proof) {
+        return Err(StreamError::Refused);
+    }
+    s.write_all(&key.prove(&proof_input(TO_STANDBY, &theirs)))?;
+    Ok(())
+}
+
+/// The standby's half of the handshake.
+fn connect_handshake(s: &mut TcpStream, key: &AdvertKey) -> Result<(), StreamError> {
+    let mut theirs = [0u8; CHALLENGE];
+    s.read_exact(&mut theirs)?;
+    let mine: [u8; CHALLENGE] = rand::random();
+    s.write_all(&mine)?;
+    s.write_all(&key.prove(&proof_input(TO_ACTIVE, &theirs)))?;
+    let mut proof = [0u8; 32];
+    s.read_exact(&mut proof)?;
+    if !key.check(&proof_input(TO_STANDBY, &mine), &proof) {
+        return Err(StreamError::Refused);
+    }
+    Ok(())
+}
+
+enum Link {
+    None,
+    /// Authenticated, waiting for the writer to send its snapshot.
+    Pending(TcpStream),
+    Open {
+        id: u64,
+        frames: mpsc::Sender<Frame>,
+        socket: TcpStream,
+        snapshot_seq: u64,
+        in_sync: bool,
+    },
+}
+
+struct Frame {
+    kind: u8,
+    seq: u64,
+    bytes: Vec<u8>,
+}
+
+struct State {
+    link: Link,
+    next_seq: u64,
+    next_id: u64,
+    acked: u64,
+    /// Sent and not yet confirmed: (seq, records, bytes).
+    outstanding: std::collections::VecDeque<(u64, u64, u64)>,
+}
+
+/// The active's side: accepts a standby, sends it the snapshot and every
+/// batch, and tells the writer when a batch is confirmed.
+pub struct Replicator {
+    state: Mutex<State>,
+    confirmed: Condvar,
+    timeout: Duration,
+    key: Arc<AdvertKey>,
+    metrics: Option<ReplicationMetrics>,
+    wake: Mutex<Option<Box<dyn Fn() + Send>>>,
+}
+
+/// What the writer must do for one batch.
+pub struct Ticket(Option<u64>);
+
+impl Replicator {
+    pub fn new(
+        key: Arc<AdvertKey>,
+        timeout: Duration,
+        metrics: Option<ReplicationMetrics>,
+    ) -> Arc<Replicator> {
+        Arc::new(Replicator {
+            state: Mutex::new(State {
+                link: Link::None,
+                next_seq: 1,
+                next_id: 1,
+                acked: 0,
+                outstanding: Default::default(),
+            }),
+            confirmed: Condvar::new(),
+            timeout,
+            key,
+            metrics,
+            wake: Mutex::new(None),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Accepts standbys on `listen` for as long as the process runs; the
+    /// newest authenticated one replaces any other.
+    pub fn listen(self: &Arc<Self>, listen: SocketAddr) -> io::Result<SocketAddr> {
+        let listener = TcpListener::bind(listen)?;
+        let bound = listener.local_addr()?;
+        let me = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("lease-stream-accept".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    let Some(me) = me.upgrade() else { return };
+                    let Ok(mut s) = conn else { continue };
+                    let peer = s.peer_addr().ok();
+                    let _ = s.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
+                    let _ = s.set_write_timeout(Some(HANDSHAKE_TIMEOUT));
+                    match accept_handshake(&mut s, &me.key) {
+                        Ok(()) => {
+                            let _ = s.set_read_timeout(None);
+                            let _ = s.set_nodelay(true);
+                            tracing::info!(standby = ?peer, "standby joined the lease stream");
+                            me.replace(Link::Pending(s));
+                            me.poke();
+                        }
+                        Err(e) => {
+                            if let Some(m) = &me.metrics {
+                                m.handshakes_refused.inc();
+                            }
+                            tracing::warn!(from = ?peer, error = %e, "lease stream connection refused");
+                        }
+                    }
+                }
+            })?;
+        Ok(bound)
+    }
+
+    /// The store's writer: an empty job wakes it to send a snapshot.
+    pub(crate) fn set_wake(&self, wake: Option<Box<dyn Fn() + Send>>) {
+        *self.wake.lock().unwrap_or_else(|p| p.into_inner()) = wake;
+    }
+
+    fn poke(&self) {
+        if let Some(wake) = self.wake.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            wake();
+        }
+    }
+
+    fn replace(&self, link: Link) {
+        let mut st = self.lock();
+        if let Link::Open { socket, .. } = &st.link {
+            let _ = socket.shutdown(NetShutdown::Both);
+        }
+        st.link = link;
+        st.outstanding.clear();
+        self.show(&st);
+        self.confirmed.notify_all();
+    }
+
+    fn show(&self, st: &State) {
+        if let Some(m) = &self.metrics {
+            m.standby.set(match &st.link {
+                Link::None | Link::Pending(_) => 0,
+                Link::Open { in_sync: false, .. } => 1,
+                Link::Open { in_sync: true, .. } => 2,
+            });
+            let (records, bytes) = st
+                .outstanding
+                .iter()
+                .fold((0, 0), |(r, b), (_, nr, nb)| (r + nr, b + nb));
+            m.lag_records.set(records as i64);
+            m.lag_bytes.set(bytes as i64);
+        }
+    }
+
+    /// Whether a standby is in sync (ACKs wait for it).
+    pub fn standby_in_sync(&self) -> bool {
+        matches!(self.lock().link, Link::Open { in_sync: true, .. })
+    }
+
+    /// Called by the writer between batches: a standby waiting for its
+    /// snapshot gets the file as it stands now (`read` returns its bytes).
+    pub(crate) fn start_pending(self: &Arc<Self>, read: impl FnOnce() -> io::Result<Vec<u8>>) {
+        let mut st = self.lock();
+        let socket = match std::mem::replace(&mut st.link, Link::None) {
+            Link::Pending(socket) => socket,
+            other => {
+                st.link = other;
+                return;
+            }
+        };
+        let bytes = match read() {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the lease file for a standby's snapshot");
+                let _ = socket.shutdown(NetShutdown::Both);
+                return;
+            }
+        };
+        let (Ok(writer), Ok(reader)) = (socket.try_clone(), socket.try_clone()) else {
+            let _ = socket.shutdown(NetShutdown::Both);
+            return;
+        };
+        let id = st.next_id;
+        st.next_id += 1;
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        let (tx, rx) = mpsc::channel::<Frame>();
+        let size = bytes.len() as u64;
+        let _ = tx.send(Frame {
+            kind: SNAPSHOT,
+            seq,
+            bytes,
+        });
+        st.outstanding.push_back((seq, 0, size));
+        st.link = Link::Open {
+            id,
+            frames: tx,
+            socket,
+            snapshot_seq: seq,
+            in_sync: false,
+        };
+        if let Some(m) = &self.metrics {
+            m.snapshots_sent.inc();
+        }
+        self.show(&st);
+        drop(st);
+        let timeout = self.timeout;
+        let _ = std::thread::Builder::new()
+            .name("lease-stream-send".into())
+            .spawn(move || send_frames(writer, rx, timeout));
+        let me = self.clone();
+        let _ = std::thread::Builder::new()
+            .name("lease-stream-acks".into())
+            .spawn(move || me.read_acks(id, reader));
+    }
+
+    fn read_acks(self: Arc<Self>, id: u64, mut socket: TcpStream) {
+        let mut buf = [0u8; 8];
+        loop {
+            if socket.read_exact(&mut buf).is_err() {
+                break;
+            }
+            let seq = u64::from_be_bytes(buf);
+            let mut st = self.lock();
+            match &mut st.link {
+                Link::Open {
+                    id: open,
+                    snapshot_seq,
+                    in_sync,
+                    ..
+                } if *open == id => {
+                    if seq >= *snapshot_seq && !*in_sync {
+                        *in_sync = true;
+                        tracing::info!("standby in sync: ACKs now wait for it");
+                    }
+                }
+                _ => return,
+            }
+            st.acked = st.acked.max(seq);
+            while st.outstanding.front().is_some_and(|(s, _, _)| *s <= seq) {
+                st.outstanding.pop_front();
+            }
+            self.show(&st);
+            self.confirmed.notify_all();
+        }
+        let mut st = self.lock();
+        if matches!(&st.link, Link::Open { id: open, .. } if *open == id) {
+            tracing::warn!("standby left the lease stream; serving alone until it returns");
+            if let Some(m) = &self.metrics {
+                m.batches.with_label_values(&["lost"]).inc();
+            }
+            st.link = Link::None;
+            st.outstanding.clear();
+            self.show(&st);
+        }
+        self.confirmed.notify_all();
+    }
+
+    /// Sends a batch; the ticket says whether its ACKs must wait.
+    pub(crate) fn send(&self, lines: &[u8], records: u64) -> Ticket {
+        let mut st = self.lock();
+        let seq = st.next_seq;
+        let (sent, in_sync) = match &st.link {
+            Link::Open {
+                frames, in_sync, ..
+            } => (
+                frames
+                    .send(Frame {
+                        kind: BATCH,
+                        seq,
+                        bytes: lines.to_vec(),
+                    })
+                    .is_ok(),
+                *in_sync,
+            ),
+            _ => return Ticket(None),
+        };
+        if !sent {
+            return Ticket(None);
+        }
+        st.next_seq += 1;
+        st.outstanding.push_back((seq, records, lines.len() as u64));
+        self.show(&st);
+        Ticket(in_sync.then_some(seq))
+    }
+
+    /// Waits until the standby confirmed the ticket's batch, the stream
+    /// broke, or the timeout passed (then the standby is dropped).
+    pub(crate) fn wait(&self, ticket: Ticket) {
+        let Ticket(Some(seq)) = ticket else { return };
+        let started = Instant::now();
+        let deadline = started + self.timeout;
+        let mut st = self.lock();
+        loop {
+            let still_open = matches!(st.link, Link::Open { .. });
+            if st.acked >= seq {
+                if let Some(m) = &self.metrics {
+                    m.batches.with_label_values(&["confirmed"]).inc();
+                    m.wait_seconds.observe(started.elapsed().as_secs_f64());
+                }
+                return;
+            }
+            if !still_open {
+                return;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                tracing::warn!(
+                    timeout_ms = self.timeout.as_millis() as u64,
+                    "the standby did not confirm a lease batch in time; serving alone until it joins again"
+                );
+                if let Some(m) = &self.metrics {
+                    m.batches.with_label_values(&["timeout"]).inc();
+                }
+                if let Link::Open { socket, .. } = &st.link {
+                    let _ = socket.shutdown(NetShutdown::Both);
+                }
+                st.link = Link::None;
+                st.outstanding.clear();
+                self.show(&st);
+                return;
+            }
+            st = self
+                .confirmed
+                .wait_timeout(st, deadline - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+}
+
+fn send_frames(mut socket: TcpStream, frames: mpsc::Receiver<Frame>, timeout: Duration) {
+    let _ = socket.set_write_timeout(Some(timeout.max(Duration::from_secs(1))));
+    let mut out = Vec::with_capacity(64 * 1024);
+    while let Ok(first) = frames.recv() {
+        out.clear();
+        let mut next = Some(first);
+        // Everything queued goes in one write.
+        while let Some(f) = next {
+            out.extend_from_slice(&frame_header(f.kind, f.seq, f.bytes.len()));
+            out.extend_from_slice(&f.bytes);
+            next = frames.try_recv().ok();
+        }
+        if socket.write_all(&out).is_err() {
+            let _ = socket.shutdown(NetShutdown::Both);
+            return;
+        }
+    }
+}
+
+/// The standby's side: connects to the active, takes its snapshot and
+/// stream into the local lease file, and confirms each frame once durable.
+pub struct LeaseReceiver {
+    stop: Arc<AtomicBool>,
+    socket: Arc<Mutex<Option<TcpStream>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl LeaseReceiver {
+    pub fn start(
+        path: PathBuf,
+        active: String,
+        key: Arc<AdvertKey>,
+        metrics: Option<ReplicationMetrics>,
+        in_sync: Arc<AtomicBool>,
+    ) -> io::Result<LeaseReceiver> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let socket = Arc::new(Mutex::new(None));
+        let thread = {
+            let (stop, socket) = (stop.clone(), socket.clone());
+            std::thread::Builder::new()
+                .name("lease-stream-recv".into())
+                .spawn(move || {
+                    let mut store: Option<LeaseStore> = None;
+                    let received = AtomicU64::new(0);
+                    while !stop.load(Ordering::Relaxed) {
+                        in_sync.store(false, Ordering::Relaxed);
+                        match follow(&path, &active, &key, &socket, &mut store, &metrics, &in_sync, &received) {
+                            Ok(()) => tracing::info!(active = %active, "the active closed the lease stream"),
+                            Err(e) if !stop.load(Ordering::Relaxed) => {
+                                tracing::debug!(active = %active, error = %e, "lease stream not followed; retrying")
+                            }
+                            Err(_) => {}
+                        }
+                        if !stop.load(Ordering::Relaxed) {
+                            std::thread::sleep(RETRY);
+                        }
+                    }
+                    in_sync.store(false, Ordering::Relaxed);
+                    if let Some(mut s) = store.take() {
+                        s.close();
+                    }
+                })?
+        };
+        Ok(LeaseReceiver {
+            stop,
+            socket,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops following and closes the lease file (everything confirmed is
+    /// durable in it), so the server may open it.
+    pub fn stop(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(s) = self
+            .socket
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            let _ = s.shutdown(NetShutdown::Both);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for LeaseReceiver {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn follow(
+    path: &Path,
+    active: &str,
+    key: &AdvertKey,
+    slot: &Mutex<Option<TcpStream>>,
+    store: &mut Option<LeaseStore>,
+    metrics: &Option<ReplicationMetrics>,
+    in_sync: &AtomicBool,
+    received: &AtomicU64,
+) -> Result<(), StreamError> {
+    let addr = active
+        .to_socket_addrs()?
+        .find(|a| a.is_ipv4())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no IPv4 address"))?;
+    let mut s = TcpStream::connect_timeout(&addr, HANDSHAKE_TIMEOUT)?;
+    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    s.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    connect_handshake(&mut s, key)?;
+    s.set_read_timeout(None)?;
+    s.set_nodelay(true)?;
+    *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(s.try_clone()?);
+    tracing::info!(active, "following the active's lease stream");
+    let mut reader = io::BufReader::with_capacity(256 * 1024, s.try_clone()?);
+    loop {
+        let Some((kind, seq, len)) = read_header(&mut reader)? else {
+            return Ok(());
+        };
+        let mut bytes = vec![0u8; len as usize];
+        reader.read_exact(&mut bytes)?;
+        match kind {
+            SNAPSHOT => {
+                if let Some(mut old) = store.take() {
+                    old.close();
+                }
+                install_snapshot(path, &bytes)?;
+                let (opened, recovery) = LeaseStore::open(path, None, None)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                *store = Some(opened);
+                in_sync.store(true, Ordering::Relaxed);
+                if let Some(m) = metrics {
+                    m.snapshots_received.inc();
+                }
+                tracing::info!(
+                    records = recovery.records.len(),
+                    bytes = bytes.len(),
+                    "standby took the active's snapshot"
+                );
+            }
+            _ => {
+                let Some(st) = store.as_ref() else {
+                    return Err(StreamError::Frame { kind, len });
+                };
+                let parsed = parse_log(&bytes);
+                let n = parsed.records.len() as u64;
+                for record in parsed.records {
+                    st.append(record, Box::new(|_| {}));
+                }
+                // One sync for the frame: the durable point the ack names.
+                st.flush();
+                received.fetch_add(n, Ordering::Relaxed);
+                if let Some(m) = metrics {
+                    m.received_records.inc_by(n);
+                }
+            }
+        }
+        s.write_all(&seq.to_be_bytes())?;
+    }
+}
+
+/// Replaces the lease file with the snapshot, durably: a crash leaves the
+/// old file or the new one, never a mix.
+fn install_snapshot(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("snapshot");
+    {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, path)?;
+    let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(d) => d.to_path_buf(),
+        None => PathBuf::from("."),
+    };
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::{LeaseRecord, LeaseState};
+    use crate::store::read_log;
+    use std::net::Ipv4Addr;
+
+    fn record(i: u32) -> LeaseRecord {
+        LeaseRecord {
+            ip: Ipv4Addr::from(0x0a00_0000 + i),
+            client: format!("01:00:00:00:{:02x}:{:02x}", i >> 8 & 0xff, i & 0xff),
+            hw: "00:00:00:00:00:01".into(),
+            state: LeaseState::Active,
+            expires: 1000 + u64::from(i),
+            hostname: None,
+        }
+    }
+
+    /// Appends and returns once every record's completion ran (its ACK
+    /// would have left).
+    fn append_acked(store: &LeaseStore, from: u32, to: u32) {
+        let (tx, rx) = mpsc::channel();
+        for i in from..to {
+            let tx = tx.clone();
+            store.append(record(i), Box::new(move |r| tx.send(r).unwrap_or(())));
+        }
+        for _ in from..to {
+            assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(Ok(())));
+        }
+    }
+
+    fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn a_joining_standby_gets_the_snapshot_then_every_acknowledged_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = Arc::new(AdvertKey::new(b"0123456789abcdef"));
+        let replicator = Replicator::new(key.clone(), Duration::from_secs(2), None);
+        let addr = replicator.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let active_path = dir.path().join("active.jsonl");
+        let (store, _) =
+            LeaseStore::open_replicated(&active_path, None, None, Some(replicator.clone()))
+                .unwrap();
+        // Before the standby: only in the active's file.
+        append_acked(&store, 0, 100);
+        let standby_path = dir.path().join("standby.jsonl");
+        let in_sync = Arc::new(AtomicBool::new(false));
+        let receiver = LeaseReceiver::start(
+            standby_path.clone(),
+            addr.to_string(),
+            key,
+            None,
+            in_sync.clone(),
+        )
+        .unwrap();
+        wait_for("the standby in sync", || replicator.standby_in_sync());
+        assert!(in_sync.load(Ordering::Relaxed));
+        // Every ACK from here waited for the standby.
+        append_acked(&store, 100, 1100);
+        receiver.stop();
+        let got = read_log(&standby_path).unwrap();
+        let mut ips: Vec<_> = got.records.iter().map(|r| r.ip).collect();
+        ips.sort_unstable();
+        ips.dedup();
+        assert_eq!(
+            ips.len(),
+            1100,
+            "the standby holds every acknowledged lease"
+        );
+        assert_eq!(got.corrupt_lines, 0);
+    }
+
+    #[test]
+    fn a_standby_without_the_key_is_refused_and_the_active_serves_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let replicator = Replicator::new(
+            Arc::new(AdvertKey::new(b"0123456789abcdef")),
+            Duration::from_secs(2),
+            None,
+        );
+        let addr = replicator.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let (store, _) = LeaseStore::open_replicated(
+            &dir.path().join("a.jsonl"),
+            None,
+            None,
+            Some(replicator.clone()),
+        )
+        .unwrap();
+        let mut s = TcpStream::connect(addr).unwrap();
+        let wrong = AdvertKey::new(b"fedcba9876543210");
+        assert!(matches!(
+            connect_handshake(&mut s, &wrong),
+            Err(StreamError::Refused) | Err(StreamError::Io(_))
+        ));
+        append_acked(&store, 0, 10);
+        assert!(!replicator.standby_in_sync());
+    }
+
+    #[test]
+    fn a_standby_that_stops_confirming_is_dropped_after_the_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = AdvertKey::new(b"0123456789abcdef");
+        let replicator = Replicator::new(
+            Arc::new(AdvertKey::new(b"0123456789abcdef")),
+            Duration::from_millis(300),
+            None,
+        );
+        let addr = replicator.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let (store, _) = LeaseStore::open_replicated(
+            &dir.path().join("a.jsonl"),
+            None,
+            None,
+            Some(replicator.clone()),
+        )
+        .unwrap();
+        // A standby that confirms the snapshot, then nothing.
+        let mut s = TcpStream::connect(addr).unwrap();
+        connect_handshake(&mut s, &key).unwrap();
+        let (_, seq, len) = read_header(&mut s).unwrap().unwrap();
+        let mut skip = vec![0u8; len as usize];
+        s.read_exact(&mut skip).unwrap();
+        s.write_all(&seq.to_be_bytes()).unwrap();
+        wait_for("the standby in sync", || replicator.standby_in_sync());
+        let started = Instant::now();
+        append_acked(&store, 0, 5);
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(300),
+            "the ACKs did not wait for the standby ({waited:?})"
+        );
+        assert!(!replicator.standby_in_sync());
+        // Alone now: no more waiting.
+        let started = Instant::now();
+        append_acked(&store, 5, 10);
+        assert!(started.elapsed() < Duration::from_millis(300));
+    }
+
+    #[test]
+    fn bad_frames_are_errors_not_panics() {
+        let mut bad_kind = &frame_header(9, 1, 0)[..];
+        assert!(matches!(
+            read_header(&mut bad_kind),
+            Err(StreamError::Frame { kind: 9, .. })
+        ));
+        let mut huge = [0u8; HEADER];
+        huge[0] = BATCH;
+        huge[9..13].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(matches!(
+            read_header(&mut &huge[..]),
+            Err(StreamError::Frame { .. })
+        ));
+        assert!(matches!(read_header(&mut &[][..]), Ok(None)));
+    }
+}
