@@ -252,6 +252,15 @@ fn bind_error(addr: SocketAddr, e: &io::Error) -> DnsError {
     DnsError::Bind { addr, reason }
 }
 
+/// A service address that moves between HA replicas may be bound before
+/// this replica holds it: queries reach the socket once it does.
+fn floating_bind(socket: &Socket, addr: SocketAddr) -> io::Result<()> {
+    if causeway_runtime::ha::is_floating(addr.ip()) {
+        socket.set_freebind(true)?;
+    }
+    Ok(())
+}
+
 /// One socket of the address's SO_REUSEPORT group, steered to `cpu`.
 fn udp_socket(addr: SocketAddr, cpu: Option<usize>) -> Result<std::net::UdpSocket, DnsError> {
     let fail = |e: io::Error| bind_error(addr, &e);
@@ -270,6 +279,7 @@ fn udp_socket(addr: SocketAddr, cpu: Option<usize>) -> Result<std::net::UdpSocke
     if addr.is_ipv6() {
         let _ = socket.set_only_v6(true);
     }
+    floating_bind(&socket, addr).map_err(fail)?;
     socket.bind(&addr.into()).map_err(fail)?;
     Ok(socket.into())
 }
@@ -283,6 +293,7 @@ fn tcp_listener(addr: SocketAddr) -> Result<TcpListener, DnsError> {
     if addr.is_ipv6() {
         let _ = socket.set_only_v6(true);
     }
+    floating_bind(&socket, addr).map_err(fail)?;
     socket.bind(&addr.into()).map_err(fail)?;
     socket.listen(1024).map_err(fail)?;
     TcpListener::from_std(socket.into()).map_err(fail)

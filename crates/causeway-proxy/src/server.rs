@@ -64,6 +64,11 @@ pub(crate) fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ProxyError
     s.set_nonblocking(true).map_err(fail)?;
     crate::relay::keepalive(socket2::SockRef::from(&s)).map_err(fail)?;
     s.set_nodelay(true).map_err(fail)?;
+    // A service address that moves between HA replicas is bound before this
+    // replica holds it; connections arrive once it does.
+    if causeway_runtime::ha::is_floating(addr.ip()) {
+        s.set_freebind(true).map_err(fail)?;
+    }
     s.bind(&addr.into()).map_err(fail)?;
     s.listen(1024).map_err(fail)?;
     Ok(s.into())

@@ -181,7 +181,52 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
         }
         None => None,
     };
-    let dhcp = match &cfg.dhcp {
+    let ha = match &cfg.ha {
+        Some(ha_cfg) => Some(
+            crate::ha::start(ha_cfg, &registry)
+                .await
+                .context("high availability failed to start")?,
+        ),
+        None => None,
+    };
+    if let Some(ha) = &ha {
+        admin = admin.json(
+            "/ha",
+            Arc::new({
+                let status = ha.leadership.status_source();
+                move || serde_json::to_value(status()).unwrap_or_default()
+            }),
+        );
+    }
+    // Under HA, DHCP runs as the role says: the server on the active, the
+    // lease stream's follower on the standby.
+    let ha_dhcp = match (&cfg.dhcp, &ha) {
+        (Some(dhcp_cfg), Some(ha)) => {
+            let ready = readiness.register("dhcp");
+            let metrics = DhcpMetrics::new(&registry).context("registering DHCP metrics")?;
+            let observer =
+                dhcp_names(&cfg, &names, &registry).context("registering the DHCP name metrics")?;
+            let server = crate::ha::HaDhcp::start(
+                dhcp_cfg,
+                ha,
+                crate::ha::HaDhcpParts {
+                    metrics,
+                    observer,
+                    ready,
+                },
+                &registry,
+                stop.clone(),
+            )?;
+            let leases = server.lease_source();
+            admin = admin.json(
+                "/leases",
+                Arc::new(move || serde_json::to_value(leases()).unwrap_or_default()),
+            );
+            Some(server)
+        }
+        _ => None,
+    };
+    let dhcp = match cfg.dhcp.as_ref().filter(|_| ha.is_none()) {
         Some(dhcp_cfg) => {
             let ready = readiness.register("dhcp");
             let metrics = DhcpMetrics::new(&registry).context("registering DHCP metrics")?;
@@ -266,7 +311,11 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
                     Ok((next, _)) => {
                         reloads_done.with_label_values(&["applied"]).inc();
                         service::reload(routing.as_ref(), next.routing.as_ref()).await;
-                        service::reload(dhcp.as_ref(), next.dhcp.as_ref()).await;
+                        if ha_dhcp.is_some() {
+                            service::reload(ha_dhcp.as_ref(), next.dhcp.as_ref()).await;
+                        } else {
+                            service::reload(dhcp.as_ref(), next.dhcp.as_ref()).await;
+                        }
                         service::reload(dns.as_ref(), next.dns.as_ref()).await;
                         service::reload(proxy.as_ref(), next.proxy.as_ref()).await;
                         warn_restart_only(&running, &next);
@@ -283,6 +332,14 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
         }
     }
     stop.cancel();
+    // Under HA: DHCP's lease log first (so the standby's stream is whole),
+    // then the addresses go to the peer at once rather than after its dead
+    // interval; connections to them cannot outlive the move.
+    service::stop(ha_dhcp, DRAIN_DEADLINE).await;
+    if let Some(ha) = ha {
+        ha.leadership.stop().await;
+        tracing::info!("service addresses handed to the peer");
+    }
     // Clients' connections first (up to the deadline), then what is
     // durable: DHCP last, so every lease queued reaches the disk.
     service::stop(proxy, DRAIN_DEADLINE).await;
@@ -301,6 +358,11 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
 /// other file and forget every lease acknowledged meanwhile.
 fn restart_only_changes(running: &Config, next: &Config) -> Vec<String> {
     let mut out = Vec::new();
+    if running.ha != next.ha {
+        out.push(
+            "the ha section changed: a replica's election, addresses and lease stream are set at start; restart the replicas one at a time".to_string(),
+        );
+    }
     if let (Some(a), Some(b)) = (&running.dhcp, &next.dhcp) {
         if a.lease_file != b.lease_file {
             out.push(format!(

@@ -6,10 +6,12 @@
 //! validation and reconcilers live in the library crates.
 
 mod appliance;
+mod ha;
 mod leases;
 mod operator;
 mod out;
 mod route;
+mod witness;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
