@@ -102,7 +102,7 @@ pub async fn start(cfg: &HaConfig, registry: &prometheus::Registry) -> anyhow::R
             dead_after,
             api_timeout,
             renew_interval,
-            degraded_renew: (dead_after * 3).max(Duration::from_secs(1)),
+            degraded_renew: Duration::from_secs(5),
         },
         key: key.clone(),
     };

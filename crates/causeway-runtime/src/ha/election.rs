@@ -9,16 +9,15 @@
 //!
 //! Lease mode adds a witness, a compare-and-swap object (a Kubernetes
 //! Lease) that only one replica can win:
-//! - A standby that stops hearing the active reads the witness, waits a
-//!   grace period, then claims it at the version it read. An active that is
-//!   alive but cut off from its peer writes the witness as soon as it
-//!   notices, which changes the version, so the standby's claim fails.
 //! - An active that cannot hear its peer (or whose peer says it cannot hear
-//!   it) must renew the witness; a renewal that fails or times out means
-//!   another replica may be taking over, so it gives the addresses up at
-//!   once (self-fencing).
-//! - A standby that won the claim still waits `fence_delay` before taking
-//!   the addresses: by then any active that lost has noticed and let go.
+//!   it) renews the witness at once and then often (every two adverts for
+//!   the first seconds); a renewal that fails or times out means another
+//!   replica may be taking over, so it gives the addresses up at once
+//!   (self-fencing).
+//! - A standby that stops hearing the active reads the witness, waits
+//!   [`Timers::claim_wait`], then claims it at the version it read. A live
+//!   active has by then either renewed (the version moved, the claim fails)
+//!   or failed to and let go; a dead one did neither, and the claim wins.
 //!
 //! While both replicas hear each other the witness is written only every
 //! `renew_interval`, so a healthy pair costs the API server almost nothing.
@@ -66,28 +65,42 @@ pub struct Timers {
     pub api_timeout: Duration,
     /// Lease mode: how often a healthy active renews the witness.
     pub renew_interval: Duration,
-    /// Lease mode: how often an active that cannot hear its peer renews.
+    /// Lease mode: how often an active that cannot hear its peer renews,
+    /// once [`Timers::DEGRADED_FAST_FOR`] has passed (before that, every
+    /// [`Timers::degraded_fast`]).
     pub degraded_renew: Duration,
 }
 
 impl Timers {
-    /// How long a standby waits, after first reading the witness, before it
-    /// claims it: long enough for a live active to have written it.
-    pub fn grace(&self) -> Duration {
+    /// For this long after it stops hearing its peer, an active renews the
+    /// witness every [`Timers::degraded_fast`]: the window in which a
+    /// standby decides whether it is alive.
+    pub const DEGRADED_FAST_FOR: Duration = Duration::from_secs(5);
+
+    pub fn degraded_fast(&self) -> Duration {
         self.advert * 2
     }
 
-    /// How long a standby that won the witness waits before taking the
-    /// addresses: an active that lost learns it from a renewal it started
-    /// no later than the standby's claim, within one API timeout.
-    pub fn fence_delay(&self) -> Duration {
-        self.api_timeout + self.advert
+    /// How long a standby waits between reading the witness and claiming
+    /// it at the version read. A live active that cannot hear its peer
+    /// starts a renewal within one advert of the standby's read and then
+    /// every [`Timers::degraded_fast`]; each succeeds (the version moves, the
+    /// claim fails) or fails within the API timeout (and the active lets
+    /// go at once). So by the claim, a live active either moved the version
+    /// or has let go.
+    pub fn claim_wait(&self, first: bool) -> Duration {
+        let every = if first {
+            self.degraded_fast()
+        } else {
+            self.degraded_renew
+        };
+        every + self.api_timeout + self.advert
     }
 
-    /// A holder that has not renewed for this long, while it could not hear
-    /// its peer, is gone.
-    pub fn holder_silent(&self) -> Duration {
-        self.degraded_renew * 3
+    /// After winning the witness, before taking the addresses: margin for
+    /// the loser's release to reach the kernel.
+    pub fn fence_delay(&self) -> Duration {
+        self.advert
     }
 }
 
@@ -194,9 +207,9 @@ pub struct Election {
     renewing: bool,
     renewed: Instant,
     was_degraded: bool,
-    /// Lease mode, standby: claims tried since the peer fell silent. After
-    /// the first, a claim waits for the holder to have been silent for
-    /// [`Timers::holder_silent`], since a live holder renews within it.
+    degraded_since: Option<Instant>,
+    /// Lease mode, standby: claims tried since the peer fell silent; after
+    /// the first, a claim waits out the holder's slow renewal period.
     attempts: u32,
     last_change: Option<(Role, Reason)>,
 }
@@ -227,6 +240,7 @@ impl Election {
             renewing: false,
             renewed: now,
             was_degraded: false,
+            degraded_since: None,
             attempts: 0,
             last_change: None,
         }
@@ -384,6 +398,7 @@ impl Election {
                 // The claim was a write: the next renewal counts from it.
                 self.renewed = now;
                 self.was_degraded = self.degraded(now);
+                self.degraded_since = self.was_degraded.then_some(now);
                 self.become_(Role::Active, reason, out);
             }
             _ => {}
@@ -397,10 +412,17 @@ impl Election {
         let degraded = self.degraded(now);
         let newly = degraded && !self.was_degraded;
         self.was_degraded = degraded;
-        let every = if degraded {
-            self.timers.degraded_renew
-        } else {
-            self.timers.renew_interval
+        if newly {
+            self.degraded_since = Some(now);
+        } else if !degraded {
+            self.degraded_since = None;
+        }
+        let every = match self.degraded_since {
+            Some(since) if now.saturating_duration_since(since) < Timers::DEGRADED_FAST_FOR => {
+                self.timers.degraded_fast()
+            }
+            Some(_) => self.timers.degraded_renew,
+            None => self.timers.renew_interval,
         };
         if newly || now.saturating_duration_since(self.renewed) >= every {
             self.renewing = true;
@@ -443,14 +465,14 @@ impl Election {
             }
             Role::Standby => match (self.claim.clone(), result) {
                 (Claim::Reading, WitnessResult::Read(view)) => {
-                    let wait = if view.holder.as_deref() == Some(self.name.as_str())
-                        || view.holder.is_none()
-                    {
-                        self.timers.grace()
-                    } else if self.attempts == 0 {
-                        self.timers.grace()
+                    // No holder, or this replica: the peer holds nothing to
+                    // let go of, and a claim races only the peer's claim.
+                    let unheld =
+                        view.holder.is_none() || view.holder.as_deref() == Some(self.name.as_str());
+                    let wait = if unheld {
+                        Duration::ZERO
                     } else {
-                        self.timers.holder_silent()
+                        self.timers.claim_wait(self.attempts == 0)
                     };
                     self.attempts += 1;
                     self.claim = Claim::Waiting {
@@ -599,8 +621,9 @@ mod tests {
                 match action {
                     Action::Take => return now,
                     Action::Witness(WitnessRequest::Read) => {
+                        // Held by the replica that fell silent.
                         let view = WitnessView {
-                            holder: Some("a".into()),
+                            holder: Some(e.peer_name.clone()),
                             version: "7".into(),
                         };
                         assert!(e
@@ -625,7 +648,7 @@ mod tests {
         e.on_advert(ms(t0, 0), advert(true, 100));
         let took = lease_takeover(&mut e, t0, 0);
         let t = timers();
-        let least = (t.dead_after + t.grace() + t.fence_delay()).as_millis() as u64;
+        let least = (t.dead_after + t.claim_wait(true) + t.fence_delay()).as_millis() as u64;
         assert!(took >= least, "took over at {took} ms, before {least} ms");
         assert!(
             took <= least + 30,
@@ -648,21 +671,23 @@ mod tests {
             version: "7".into(),
         };
         e.on_witness(ms(t0, 600), WitnessResult::Read(view.clone()));
-        let claim = e.on_tick(ms(t0, 1000));
+        assert!(e.on_tick(ms(t0, 600 + 1599)).is_empty());
+        let claim = e.on_tick(ms(t0, 600 + 1600));
         assert_eq!(
             claim,
             vec![Action::Witness(WitnessRequest::Claim {
                 version: "7".into()
             })]
         );
-        assert!(e.on_witness(ms(t0, 1010), WitnessResult::Lost).is_empty());
-        // The next look waits for the holder to fall silent, not the grace.
+        assert!(e.on_witness(ms(t0, 2210), WitnessResult::Lost).is_empty());
+        // The next look waits a slow renewal period, not the fast one.
         assert_eq!(
-            e.on_tick(ms(t0, 1300)),
+            e.on_tick(ms(t0, 2410)),
             vec![Action::Witness(WitnessRequest::Read)]
         );
-        e.on_witness(ms(t0, 1300), WitnessResult::Read(view));
-        assert!(e.on_tick(ms(t0, 1300 + 5_999)).is_empty());
+        e.on_witness(ms(t0, 2410), WitnessResult::Read(view));
+        let slow = timers().claim_wait(false).as_millis() as u64;
+        assert!(e.on_tick(ms(t0, 2410 + slow - 1)).is_empty());
         assert_eq!(e.role(), Role::Standby);
     }
 
@@ -672,9 +697,9 @@ mod tests {
         let mut e = Election::new(Mode::Lease, timers(), "a", "b", 100, false, t0);
         let took = lease_takeover(&mut e, t0, 0);
         assert_eq!(e.role(), Role::Active);
-        // Alone, the active renews every degraded_renew.
-        assert!(e.on_tick(ms(t0, took + 1999)).is_empty());
-        let now = ms(t0, took + 2000);
+        // Alone, the active renews every degraded_fast at first.
+        assert!(e.on_tick(ms(t0, took + 399)).is_empty());
+        let now = ms(t0, took + 400);
         assert_eq!(e.on_tick(now), vec![Action::Witness(WitnessRequest::Renew)]);
         assert_eq!(
             e.on_witness(now, WitnessResult::Failed),
@@ -716,6 +741,66 @@ mod tests {
         assert_eq!(
             e.on_witness(later, WitnessResult::Lost),
             vec![Action::Release]
+        );
+    }
+
+    #[test]
+    fn lease_mode_an_unheld_witness_is_claimed_at_once() {
+        let t0 = Instant::now();
+        let mut e = Election::new(Mode::Lease, timers(), "a", "b", 100, false, t0);
+        assert_eq!(
+            e.on_tick(ms(t0, 600)),
+            vec![Action::Witness(WitnessRequest::Read)]
+        );
+        let view = WitnessView {
+            holder: None,
+            version: "1".into(),
+        };
+        assert_eq!(
+            e.on_witness(ms(t0, 610), WitnessResult::Read(view)),
+            vec![Action::Witness(WitnessRequest::Claim {
+                version: "1".into()
+            })]
+        );
+    }
+
+    /// The partition race: the standby reads the witness after the cut-off
+    /// active's first renewal. The active keeps renewing every
+    /// degraded_fast, so the version moves before the standby's claim.
+    #[test]
+    fn lease_mode_a_cut_off_active_renews_within_the_standbys_claim_wait() {
+        let t0 = Instant::now();
+        let t = timers();
+        let mut active = Election::new(Mode::Lease, t.clone(), "a", "b", 100, false, t0);
+        lease_takeover(&mut active, t0, 0);
+        let took = 2_400;
+        // The peer is heard until 10 s, then the link is cut.
+        let mut now = took;
+        while now < 10_000 {
+            now += 200;
+            active.on_advert(ms(t0, now), advert(false, 100));
+        }
+        let cut = now;
+        let mut renewals = Vec::new();
+        while now < cut + 5_000 {
+            now += 10;
+            for a in active.on_tick(ms(t0, now)) {
+                assert_eq!(a, Action::Witness(WitnessRequest::Renew));
+                renewals.push(now);
+                assert!(active
+                    .on_witness(ms(t0, now), WitnessResult::Held)
+                    .is_empty());
+            }
+        }
+        // The standby notices at cut + dead_after at the earliest and
+        // claims claim_wait after its read: a renewal must fall between.
+        let read = cut + t.dead_after.as_millis() as u64;
+        let claim = read + t.claim_wait(true).as_millis() as u64;
+        assert!(
+            renewals
+                .iter()
+                .any(|r| *r > read && *r + t.api_timeout.as_millis() as u64 <= claim),
+            "no renewal between the read at {read} and the claim at {claim}: {renewals:?}"
         );
     }
 }
