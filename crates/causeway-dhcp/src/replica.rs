@@ -299,7 +299,7 @@ impl Replicator {
         *self.wake.lock().unwrap_or_else(|p| p.into_inner()) = wake;
     }
 
-    fn poke(&self) {
+    pub(crate) fn poke(&self) {
         if let Some(wake) = self.wake.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             wake();
         }

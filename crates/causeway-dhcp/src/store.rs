@@ -241,6 +241,9 @@ impl LeaseStore {
                     done: Box::new(|_| {}),
                 });
             })));
+            // A standby may have joined before this store opened (while
+            // this replica still stood by): its snapshot goes out now.
+            r.poke();
         }
         Ok((
             LeaseStore {
