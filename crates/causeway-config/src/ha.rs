@@ -126,7 +126,7 @@ pub const DEFAULT_DEAD_ADVERTS: u32 = 3;
 pub const DEFAULT_REPLICATION_TIMEOUT: Duration = Duration::from_secs(1);
 pub const DEFAULT_PRIORITY: u8 = 100;
 pub const DEFAULT_LEASE_RENEW: Duration = Duration::from_secs(60);
-pub const DEFAULT_API_TIMEOUT: Duration = Duration::from_secs(1);
+pub const DEFAULT_API_TIMEOUT: Duration = Duration::from_millis(500);
 
 impl HaConfig {
     /// How long the peer may be silent before it counts as gone.

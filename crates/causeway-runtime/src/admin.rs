@@ -107,5 +107,5 @@ async fn ready(State(s): State<AdminState>) -> Response {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (status, axum::Json(s.readiness.snapshot())).into_response()
+    (status, axum::Json(s.readiness.report())).into_response()
 }

@@ -3,9 +3,14 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+/// A detail shown beside the services in `/readyz`, which does not decide
+/// readiness (the HA role and whether the standby is in sync).
+pub type Detail = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
+
 #[derive(Clone, Default)]
 pub struct Readiness {
     components: Arc<Mutex<BTreeMap<String, bool>>>,
+    details: Arc<Mutex<BTreeMap<String, Detail>>>,
 }
 
 /// A service's own switch in the readiness board.
@@ -37,6 +42,34 @@ impl Readiness {
 
     pub fn snapshot(&self) -> BTreeMap<String, bool> {
         self.lock().clone()
+    }
+
+    pub fn detail(&self, name: &str, detail: Detail) {
+        self.details
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_string(), detail);
+    }
+
+    /// `/readyz`'s body: each service's readiness, and each detail under
+    /// its own name.
+    pub fn report(&self) -> serde_json::Value {
+        let mut out: serde_json::Map<String, serde_json::Value> = self
+            .snapshot()
+            .into_iter()
+            .map(|(k, v)| (k, serde_json::Value::Bool(v)))
+            .collect();
+        let details: Vec<(String, Detail)> = self
+            .details
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (name, detail) in details {
+            out.insert(name, detail());
+        }
+        serde_json::Value::Object(out)
     }
 }
 

@@ -190,13 +190,12 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
         None => None,
     };
     if let Some(ha) = &ha {
-        admin = admin.json(
-            "/ha",
-            Arc::new({
-                let status = ha.leadership.status_source();
-                move || serde_json::to_value(status()).unwrap_or_default()
-            }),
-        );
+        let status: causeway_runtime::readiness::Detail = Arc::new({
+            let status = ha.leadership.status_source();
+            move || serde_json::to_value(status()).unwrap_or_default()
+        });
+        readiness.detail("ha", status.clone());
+        admin = admin.json("/ha", status);
     }
     // Under HA, DHCP runs as the role says: the server on the active, the
     // lease stream's follower on the standby.

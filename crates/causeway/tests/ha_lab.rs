@@ -182,7 +182,7 @@ struct Lab {
 fn config_text(dir: &Path, me: &str, mode: Mode, lease_namespace: Option<&str>) -> String {
     let lease = match (mode, lease_namespace) {
         (Mode::Lease, Some(ns)) => {
-            format!("  mode: lease\n  lease: {{name: ha-lab, namespace: {ns}, apiTimeout: 1s}}\n")
+            format!("  mode: lease\n  lease: {{name: ha-lab, namespace: {ns}}}\n")
         }
         _ => String::new(),
     };
@@ -644,6 +644,96 @@ fn kill_cycles(mode: Mode, cluster: Option<&kube_cluster::SharedCluster>) {
             .then_some(())
     })
     .unwrap_or_else(|| panic!("dhclient got no lease\n{}", worker.describe()));
+
+    let acks_now = || support::complete_lines(&acks).len();
+
+    // Steady state: how many times the pair writes its witness (lease
+    // mode) while both hear each other, under load.
+    let writes = |lab: &Lab| -> f64 {
+        (0..2)
+            .map(|i| {
+                ["claim", "renew"]
+                    .iter()
+                    .flat_map(|req| ["held", "lost", "failed"].map(move |res| (req, res)))
+                    .map(|(req, res)| {
+                        lab.metric(
+                            i,
+                            &format!(
+                                "causeway_ha_witness_requests_total{{request=\"{req}\",result=\"{res}\"}}"
+                            ),
+                        )
+                        .unwrap_or(0.0)
+                    })
+                    .sum::<f64>()
+            })
+            .sum()
+    };
+    if mode == Mode::Lease {
+        let (w0, a0, t0) = (writes(&lab), acks_now(), Instant::now());
+        poll_until(Duration::from_secs(30), || {
+            (t0.elapsed() >= Duration::from_secs(10) && acks_now() >= a0 + 500).then_some(())
+        })
+        .expect("500 ACKs in the steady-state window");
+        let (w1, window) = (writes(&lab), t0.elapsed());
+        eprintln!(
+            "Lease: steady state under load, both replicas: {} witness writes in {window:?} ({} ACKs)",
+            w1 - w0,
+            acks_now() - a0
+        );
+        assert!(
+            w1 - w0 <= 1.0,
+            "{} witness writes in {window:?} of steady state; the active renews once a minute",
+            w1 - w0
+        );
+    }
+
+    // The standby goes away: the active serves alone and says so, then
+    // the standby returns, takes a snapshot while the load goes on, and is
+    // in sync again (the kills below fail over to it and check its leases).
+    {
+        let standby = 1 - active;
+        lab.replicas[standby].proc.as_mut().unwrap().kill9();
+        let alone = poll_until(Duration::from_secs(10), || {
+            let (code, body) = lab.admin(active).get("/readyz")?;
+            let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+            (code == 200
+                && v["ha"]["degraded"].as_bool()?
+                && lab.metric(active, "causeway_ha_degraded")? == 1.0)
+                .then_some(())
+        });
+        assert!(
+            alone.is_some(),
+            "the active did not report itself degraded (ready, ha.degraded) with its standby gone: {:?}",
+            lab.admin(active).get("/readyz")
+        );
+        let a0 = acks_now();
+        poll_until(Duration::from_secs(20), || {
+            (acks_now() >= a0 + 200).then_some(())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "the active alone ACKed fewer than 200 in 20 s\n{}",
+                lab.describe()
+            )
+        });
+        let snapshots_before = lab
+            .metric(active, "causeway_dhcp_replication_snapshots_sent_total")
+            .unwrap_or(0.0);
+        lab.start(standby);
+        let back = lab.wait_pair(Duration::from_secs(30));
+        assert_eq!(back, active, "the returning standby took the address");
+        assert!(
+            lab.metric(active, "causeway_dhcp_replication_snapshots_sent_total")
+                .unwrap_or(0.0)
+                > snapshots_before,
+            "the returning standby got no snapshot"
+        );
+        assert_eq!(lab.metric(active, "causeway_ha_degraded"), Some(0.0));
+        eprintln!(
+            "{mode:?}: standby killed and back in sync while {} ACKs were served alone",
+            acks_now() - a0
+        );
+    }
 
     let mut takeovers = Vec::new();
     let mut last_kill_ms = 0;

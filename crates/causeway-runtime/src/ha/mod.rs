@@ -78,6 +78,7 @@ pub struct HaMetrics {
     peer_heard: IntGauge,
     peer_active: IntGauge,
     in_sync: IntGauge,
+    degraded: IntGauge,
     adverts_refused: IntCounterVec,
     witness: IntCounterVec,
     address_errors: IntCounterVec,
@@ -112,6 +113,10 @@ impl HaMetrics {
                 "causeway_ha_in_sync",
                 "1 while this replica's lease log is complete (a standby that received the active's snapshot and follows its stream, or a replica without DHCP)",
             )?,
+            degraded: IntGauge::new(
+                "causeway_ha_degraded",
+                "1 while this replica is active with no standby to fail over to (the peer is not heard, or its lease log is behind)",
+            )?,
             adverts_refused: IntCounterVec::new(
                 Opts::new(
                     "causeway_ha_adverts_refused_total",
@@ -139,6 +144,7 @@ impl HaMetrics {
         registry.register(Box::new(m.peer_heard.clone()))?;
         registry.register(Box::new(m.peer_active.clone()))?;
         registry.register(Box::new(m.in_sync.clone()))?;
+        registry.register(Box::new(m.degraded.clone()))?;
         registry.register(Box::new(m.adverts_refused.clone()))?;
         registry.register(Box::new(m.witness.clone()))?;
         registry.register(Box::new(m.address_errors.clone()))?;
@@ -178,6 +184,9 @@ pub struct HaStatus {
     pub peer_active: bool,
     pub peer_in_sync: bool,
     pub in_sync: bool,
+    /// Active without a standby it can fail over to: the peer is not heard,
+    /// or its lease log is behind.
+    pub degraded: bool,
 }
 
 pub struct Leadership {
@@ -524,7 +533,11 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
             .set(i64::from(peer.is_some_and(|p| p.active)));
         let in_sync = self.in_sync.load(Ordering::Relaxed);
         self.metrics.in_sync.set(i64::from(in_sync));
+        let degraded = self.election.role() == Role::Active
+            && !peer.is_some_and(|p| p.in_sync && p.hears_peer);
+        self.metrics.degraded.set(i64::from(degraded));
         let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        s.degraded = degraded;
         s.role = self.election.role().label().into();
         s.peer_heard = heard;
         s.peer_active = peer.is_some_and(|p| p.active);
