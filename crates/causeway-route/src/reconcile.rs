@@ -411,8 +411,20 @@ impl PolicyRouting {
         metrics: Option<RouteMetrics>,
         shutdown: Shutdown,
     ) -> Result<(Self, Report), RouteError> {
+        PolicyRouting::start_with(cfg, metrics, shutdown, true).await
+    }
+
+    /// As [`PolicyRouting::start`]; with `strict` false, an interface
+    /// without its address is reported and routed once the address comes
+    /// (an HA service address, held only by the active replica).
+    pub async fn start_with(
+        cfg: RoutingConfig,
+        metrics: Option<RouteMetrics>,
+        shutdown: Shutdown,
+        strict: bool,
+    ) -> Result<(Self, Report), RouteError> {
         let reconciler = Arc::new(Reconciler::new(cfg, metrics)?);
-        let report = reconciler.reconcile(true).await?;
+        let report = reconciler.reconcile(strict).await?;
         let task = tokio::spawn(reconciler.clone().run(shutdown));
         Ok((PolicyRouting { reconciler, task }, report))
     }

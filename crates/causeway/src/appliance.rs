@@ -164,10 +164,22 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
         Some(routing_cfg) => {
             let ready = readiness.register("routing");
             let metrics = RouteMetrics::new(&registry).context("registering routing metrics")?;
-            let (routing, report) =
-                PolicyRouting::start(routing_cfg.clone(), Some(metrics), stop.clone())
-                    .await
-                    .context("policy routing failed to start")?;
+            // A service address that moves between HA replicas is routed
+            // once this replica holds it, not required at start.
+            let floating = cfg.ha.as_ref().is_some_and(|ha| {
+                routing_cfg
+                    .interfaces
+                    .iter()
+                    .any(|i| ha.addresses.iter().any(|n| n.addr() == i.address))
+            });
+            let (routing, report) = PolicyRouting::start_with(
+                routing_cfg.clone(),
+                Some(metrics),
+                stop.clone(),
+                !floating,
+            )
+            .await
+            .context("policy routing failed to start")?;
             for (interface, status) in &report.interfaces {
                 tracing::info!(
                     interface,

@@ -195,6 +195,7 @@ network:
   cidr: 192.168.50.0/24
   gateway: 192.168.50.1
   address: {SERVICE_IP}
+routing: {{}}
 dhcp:
   leaseFile: {leases}
   leaseTime: 20s
@@ -728,7 +729,14 @@ fn kill_cycles(mode: Mode, cluster: Option<&kube_cluster::SharedCluster>) {
                 > snapshots_before,
             "the returning standby got no snapshot"
         );
-        assert_eq!(lab.metric(active, "causeway_ha_degraded"), Some(0.0));
+        // The standby's next advert says it is in sync.
+        assert!(
+            poll_until(Duration::from_secs(5), || {
+                (lab.metric(active, "causeway_ha_degraded")? == 0.0).then_some(())
+            })
+            .is_some(),
+            "the active still reports itself degraded with its standby in sync"
+        );
         eprintln!(
             "{mode:?}: standby killed and back in sync while {} ACKs were served alone",
             acks_now() - a0
