@@ -287,6 +287,7 @@ fn check(path: &std::path::Path) -> ExitCode {
                 cfg.dns.as_ref().map(|_| "dns"),
                 cfg.proxy.as_ref().map(|_| "proxy"),
                 cfg.routing.as_ref().map(|_| "routing"),
+                cfg.ha.as_ref().map(|_| "ha"),
             ]
             .into_iter()
             .flatten()
@@ -301,6 +302,13 @@ fn check(path: &std::path::Path) -> ExitCode {
                     services.join(", ")
                 }
             );
+            // The key is read at start; a file not there yet (copied to the
+            // VM later) is said, not refused.
+            if let Some(ha) = &cfg.ha {
+                if let Err(e) = ha::read_key(ha) {
+                    let _ = out::outln!("{}: warning: {e:#}", path.display());
+                }
+            }
             // Valid, and still serving nobody somewhere: said, not refused.
             for note in cfg
                 .dhcp

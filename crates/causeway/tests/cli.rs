@@ -21,6 +21,10 @@ fn check_accepts_the_examples() {
         ("examples/local.yaml", "dhcp, dns"),
         ("examples/vlan.yaml", "dhcp, dns, proxy"),
         ("examples/appliance.yaml", "dhcp, dns, proxy, routing"),
+        (
+            "examples/appliance-ha.yaml",
+            "dhcp, dns, proxy, routing, ha",
+        ),
     ] {
         let out = causeway()
             .args(["check", "--config"])
@@ -222,4 +226,37 @@ fn check_names_a_subnet_no_client_can_reach() {
         "{stdout}"
     );
     assert!(!stdout.contains("subnets[0]"), "{stdout}");
+}
+
+#[test]
+fn check_warns_of_an_ha_key_it_cannot_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let example = std::fs::read_to_string(repo_file("examples/appliance-ha.yaml")).unwrap();
+    let key = dir.path().join("ha.key");
+    let path = dir.path().join("ha.yaml");
+    std::fs::write(
+        &path,
+        example.replace("/etc/causeway/ha.key", key.to_str().unwrap()),
+    )
+    .unwrap();
+    let run = || {
+        let out = causeway()
+            .args(["check", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(
+        run().contains("warning: ha.keyFile"),
+        "a missing key is named"
+    );
+    std::fs::write(&key, "short\n").unwrap();
+    assert!(
+        run().contains("5 bytes; the shared key needs at least 16"),
+        "a short key is named"
+    );
+    std::fs::write(&key, "0123456789abcdef0123\n").unwrap();
+    assert!(!run().contains("warning"), "a good key passes quietly");
 }
