@@ -53,19 +53,38 @@ pub fn check(wall: u64, last_write: Option<u64>, tolerance: Duration) -> ClockCh
 /// The engine's clock: unset until the gate lets the server serve.
 #[derive(Debug, Default)]
 pub struct LeaseClock {
-    anchor: OnceLock<(u64, Instant)>,
+    anchor: OnceLock<(Duration, Instant)>,
+}
+
+/// The clock's reading `elapsed` after it was anchored at `base` (since the
+/// epoch). The fraction of the anchor second counts: dropping it, and then
+/// the fraction of the elapsed time, would read up to two seconds behind
+/// the wall clock, and a lease would end that much earlier on the server
+/// than for the client it was acknowledged to.
+pub fn reading(base: Duration, elapsed: Duration) -> u64 {
+    (base + elapsed).as_secs()
 }
 
 impl LeaseClock {
-    /// Starts counting from `unix` seconds now; a second call changes nothing.
+    /// Starts counting from `unix` seconds now; a second call changes
+    /// nothing. When `unix` is the wall clock's current second, its
+    /// fraction is kept.
     pub fn start(&self, unix: u64) {
-        let _ = self.anchor.set((unix, Instant::now()));
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let base = if wall.as_secs() == unix {
+            wall
+        } else {
+            Duration::from_secs(unix)
+        };
+        let _ = self.anchor.set((base, Instant::now()));
     }
 
     /// The engine's unix seconds, or `None` before the gate opened.
     pub fn now(&self) -> Option<u64> {
-        let (unix, at) = self.anchor.get()?;
-        Some(unix + at.elapsed().as_secs())
+        let (base, at) = self.anchor.get()?;
+        Some(reading(*base, at.elapsed()))
     }
 
     /// How far the wall clock has stepped away from the engine's clock
@@ -78,6 +97,16 @@ impl LeaseClock {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_anchor_seconds_fraction_is_kept() {
+        use std::time::Duration;
+        let base = Duration::from_millis(100_900);
+        // 0.2 s after 100.9 s is 101.1 s: second 101, not 100.
+        assert_eq!(super::reading(base, Duration::from_millis(200)), 101);
+        assert_eq!(super::reading(base, Duration::from_millis(50)), 100);
+        assert_eq!(super::reading(base, Duration::from_millis(1_150)), 102);
+    }
+
     use super::*;
 
     const TOLERANCE: Duration = Duration::from_secs(60);

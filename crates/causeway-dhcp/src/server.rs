@@ -303,18 +303,55 @@ fn bind(listen: &DhcpListen) -> Result<(UdpSocket, std::net::UdpSocket, Ingress)
     Ok((socket, sender, ingress))
 }
 
+/// Sends from `source` (the reply's server identifier) where the host holds
+/// it: a socket on an interface otherwise sends from the interface's first
+/// address, and under HA the server identifier is the service address the
+/// active holds beside its own.
+fn send_from(
+    sender: &std::net::UdpSocket,
+    bytes: &[u8],
+    to: SocketAddrV4,
+    source: Ipv4Addr,
+) -> io::Result<usize> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrIn};
+    use std::os::fd::AsRawFd;
+    let info = libc::in_pktinfo {
+        ipi_ifindex: 0,
+        ipi_spec_dst: libc::in_addr {
+            s_addr: u32::from(source).to_be(),
+        },
+        ipi_addr: libc::in_addr { s_addr: 0 },
+    };
+    let dest = SockaddrIn::from(to);
+    sendmsg(
+        sender.as_raw_fd(),
+        &[io::IoSlice::new(bytes)],
+        &[ControlMessage::Ipv4PacketInfo(&info)],
+        MsgFlags::empty(),
+        Some(&dest),
+    )
+    .map_err(io::Error::from)
+}
+
 fn send(
     sender: &std::net::UdpSocket,
     metrics: &DhcpMetrics,
     bytes: &[u8],
     dest: Destination,
+    source: Option<Ipv4Addr>,
     kind: &'static str,
 ) {
     let to = match dest {
         Destination::Unicast(a) => a,
         Destination::Broadcast => SocketAddrV4::new(Ipv4Addr::BROADCAST, CLIENT_PORT),
     };
-    match sender.send_to(bytes, to) {
+    // An address not (yet) on the host cannot be the source: the kernel's
+    // choice is then the best there is.
+    let sent = match source {
+        Some(src) => send_from(sender, bytes, to, src).or_else(|_| sender.send_to(bytes, to)),
+        None => sender.send_to(bytes, to),
+    };
+    match sent {
         Ok(_) => metrics.sent.with_label_values(&[kind]).inc(),
         Err(e) => {
             metrics.dropped.with_label_values(&["send_failed"]).inc();
@@ -406,6 +443,14 @@ fn handle_packet(
             vacated,
         } => {
             let kind = message_type_label(reply.message_type());
+            let source = match reply
+                .message
+                .opts()
+                .get(dhcproto::v4::OptionCode::ServerIdentifier)
+            {
+                Some(dhcproto::v4::DhcpOption::ServerIdentifier(ip)) => Some(*ip),
+                _ => None,
+            };
             let bytes = match wire::encode(&reply.message) {
                 Ok(b) => b,
                 Err(e) => {
@@ -426,7 +471,7 @@ fn handle_packet(
             match commit {
                 None => {
                     drop(engine);
-                    send(sender, m, &bytes, reply.destination, kind);
+                    send(sender, m, &bytes, reply.destination, source, kind);
                 }
                 Some(record) => {
                     let sender = sender.clone();
@@ -435,7 +480,7 @@ fn handle_packet(
                         shared,
                         record,
                         Some(Box::new(move |m: &DhcpMetrics| {
-                            send(&sender, m, &bytes, dest, kind)
+                            send(&sender, m, &bytes, dest, source, kind)
                         })),
                     );
                 }

@@ -10,18 +10,19 @@
 use std::sync::OnceLock;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-static ANCHOR: OnceLock<(u64, Instant)> = OnceLock::new();
+static ANCHOR: OnceLock<(std::time::Duration, Instant)> = OnceLock::new();
 
 /// The process's unix seconds: the wall clock at the first call, plus the
-/// monotonic time since.
+/// monotonic time since (both to the nanosecond, so the reading is never a
+/// second behind the wall clock for the fractions it dropped).
 pub fn unix_now() -> u64 {
-    let (unix, at) = ANCHOR.get_or_init(|| {
-        let unix = SystemTime::now()
+    let (wall, at) = ANCHOR.get_or_init(|| {
+        let wall = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        (unix, Instant::now())
+            .unwrap_or_default();
+        (wall, Instant::now())
     });
-    unix + at.elapsed().as_secs()
+    (*wall + at.elapsed()).as_secs()
 }
 
 #[cfg(test)]

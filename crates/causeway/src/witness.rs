@@ -13,6 +13,9 @@ pub struct LeaseWitness {
     api: Api<Lease>,
     name: String,
     me: String,
+    /// The object as last read: a claim writes it back at the version read,
+    /// without a second read.
+    last_read: std::sync::Mutex<Option<Lease>>,
     /// Shown in the Lease for people; takeovers never wait for it.
     duration_seconds: i32,
 }
@@ -29,6 +32,7 @@ impl LeaseWitness {
             api: Api::namespaced(client, &namespace),
             name: cfg.name.clone(),
             me: me.to_string(),
+            last_read: std::sync::Mutex::new(None),
             duration_seconds: i32::try_from(cfg.renew_interval.as_secs() * 2).unwrap_or(i32::MAX),
         })
     }
@@ -68,14 +72,18 @@ impl LeaseWitness {
 impl Witness for LeaseWitness {
     async fn read(&self) -> Result<WitnessView, String> {
         match self.api.get_opt(&self.name).await {
-            Ok(Some(lease)) => Ok(WitnessView {
-                holder: lease
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.holder_identity.clone())
-                    .filter(|h| !h.is_empty()),
-                version: lease.metadata.resource_version.unwrap_or_default(),
-            }),
+            Ok(Some(lease)) => {
+                let view = WitnessView {
+                    holder: lease
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.holder_identity.clone())
+                        .filter(|h| !h.is_empty()),
+                    version: lease.metadata.resource_version.clone().unwrap_or_default(),
+                };
+                *self.last_read.lock().unwrap_or_else(|p| p.into_inner()) = Some(lease);
+                Ok(view)
+            }
             // Not made yet: a claim creates it.
             Ok(None) => Ok(WitnessView {
                 holder: None,
@@ -100,26 +108,18 @@ impl Witness for LeaseWitness {
                 Err(e) => Err(e.to_string()),
             };
         }
-        let mut lease = Lease {
-            metadata: ObjectMeta {
-                name: Some(self.name.clone()),
-                ..ObjectMeta::default()
-            },
-            spec: None,
-        };
-        // The version read, not the newest: a write since makes this 409.
-        match self.api.get_opt(&self.name).await {
-            Ok(Some(current)) => {
-                lease.metadata = current.metadata;
-                lease.spec = current.spec;
-            }
-            Ok(None) => return Ok(false),
-            Err(e) => return Err(e.to_string()),
+        // The object at the version read, not the newest: a write since
+        // makes the replace fail with 409.
+        let read = self
+            .last_read
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .filter(|l| l.metadata.resource_version.as_deref() == Some(version.as_str()));
+        match read {
+            Some(lease) => self.write(lease).await,
+            None => Ok(false),
         }
-        if lease.metadata.resource_version.as_deref() != Some(version.as_str()) {
-            return Ok(false);
-        }
-        self.write(lease).await
     }
 
     async fn renew(&self) -> Result<bool, String> {

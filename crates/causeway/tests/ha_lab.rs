@@ -54,6 +54,12 @@ use support::{
 };
 
 const SERVICE_IP: &str = "192.168.50.2";
+/// The tests measure takeovers in fractions of a second: one at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
 const ADMIN_PORT: u16 = 9090;
 const HA_PORT: u16 = 7946;
 const ECHO_PORT: u16 = 7443;
@@ -563,6 +569,7 @@ struct Takeover {
 }
 
 fn kill_cycles(mode: Mode, cluster: Option<&kube_cluster::SharedCluster>) {
+    let _serial = one_at_a_time();
     let mut lab = Lab::new(mode, cluster);
     lab.start(0);
     lab.start(1);
@@ -892,6 +899,14 @@ fn kill_cycles(mode: Mode, cluster: Option<&kube_cluster::SharedCluster>) {
         overlaps.len(),
         &overlaps[..overlaps.len().min(5)]
     );
+    // Every reply came from the service address, not a replica's own.
+    let said = worker.output();
+    assert!(
+        said.contains(&format!("from {SERVICE_IP}"))
+            && !said.contains("from 192.168.50.11")
+            && !said.contains("from 192.168.50.12"),
+        "dhclient saw replies from a replica's own address:\n{said}"
+    );
     worker.signal("TERM");
 }
 
@@ -944,6 +959,7 @@ fn lease_mode_an_active_cut_off_from_its_peer_and_the_api_lets_go_before_the_oth
     let Some(cluster) = kube_cluster::cluster(test) else {
         return;
     };
+    let _serial = one_at_a_time();
     let mut lab = Lab::new(Mode::Lease, Some(cluster));
     lab.start(0);
     lab.start(1);

@@ -10,8 +10,8 @@
 //! Lease mode adds a witness, a compare-and-swap object (a Kubernetes
 //! Lease) that only one replica can win:
 //! - An active that cannot hear its peer (or whose peer says it cannot hear
-//!   it) renews the witness at once and then often (every two adverts for
-//!   the first seconds); a renewal that fails or times out means another
+//!   it) renews the witness at once and then often (every advert interval
+//!   for the first seconds); a renewal that fails or times out means another
 //!   replica may be taking over, so it gives the addresses up at once
 //!   (self-fencing).
 //! - A standby that stops hearing the active reads the witness, waits
@@ -78,7 +78,7 @@ impl Timers {
     pub const DEGRADED_FAST_FOR: Duration = Duration::from_secs(5);
 
     pub fn degraded_fast(&self) -> Duration {
-        self.advert * 2
+        self.advert
     }
 
     /// How long a standby waits between reading the witness and claiming
@@ -671,23 +671,26 @@ mod tests {
             version: "7".into(),
         };
         e.on_witness(ms(t0, 600), WitnessResult::Read(view.clone()));
-        assert!(e.on_tick(ms(t0, 600 + 1599)).is_empty());
-        let claim = e.on_tick(ms(t0, 600 + 1600));
+        let cw = timers().claim_wait(true).as_millis() as u64;
+        assert!(e.on_tick(ms(t0, 600 + cw - 1)).is_empty());
+        let claim = e.on_tick(ms(t0, 600 + cw));
         assert_eq!(
             claim,
             vec![Action::Witness(WitnessRequest::Claim {
                 version: "7".into()
             })]
         );
-        assert!(e.on_witness(ms(t0, 2210), WitnessResult::Lost).is_empty());
+        assert!(e
+            .on_witness(ms(t0, 610 + cw), WitnessResult::Lost)
+            .is_empty());
         // The next look waits a slow renewal period, not the fast one.
         assert_eq!(
-            e.on_tick(ms(t0, 2410)),
+            e.on_tick(ms(t0, 810 + cw)),
             vec![Action::Witness(WitnessRequest::Read)]
         );
-        e.on_witness(ms(t0, 2410), WitnessResult::Read(view));
+        e.on_witness(ms(t0, 810 + cw), WitnessResult::Read(view));
         let slow = timers().claim_wait(false).as_millis() as u64;
-        assert!(e.on_tick(ms(t0, 2410 + slow - 1)).is_empty());
+        assert!(e.on_tick(ms(t0, 810 + cw + slow - 1)).is_empty());
         assert_eq!(e.role(), Role::Standby);
     }
 
@@ -698,8 +701,8 @@ mod tests {
         let took = lease_takeover(&mut e, t0, 0);
         assert_eq!(e.role(), Role::Active);
         // Alone, the active renews every degraded_fast at first.
-        assert!(e.on_tick(ms(t0, took + 399)).is_empty());
-        let now = ms(t0, took + 400);
+        assert!(e.on_tick(ms(t0, took + 199)).is_empty());
+        let now = ms(t0, took + 200);
         assert_eq!(e.on_tick(now), vec![Action::Witness(WitnessRequest::Renew)]);
         assert_eq!(
             e.on_witness(now, WitnessResult::Failed),
