@@ -558,3 +558,47 @@ fn apps_resolve_to_the_proxy_only_with_an_ingress_target() {
         causeway_config::RecordData::A("192.168.100.10".parse().unwrap())
     );
 }
+
+/// Every object the reference sample renders, as JSON, in a fixed order.
+fn rendered_json(r: &Rendered) -> serde_json::Value {
+    let mut objects = vec![serde_json::to_value(&r.service_account).unwrap()];
+    for c in &r.components {
+        objects.push(serde_json::to_value(&c.config).unwrap());
+        objects.push(match &c.workload {
+            Workload::StatefulSet(s) => serde_json::to_value(s).unwrap(),
+            Workload::Deployment(d) => serde_json::to_value(d).unwrap(),
+        });
+        if let Some(s) = &c.service {
+            objects.push(serde_json::to_value(s).unwrap());
+        }
+    }
+    objects.push(serde_json::to_value(&r.admin_policy).unwrap());
+    if let Some(p) = &r.control_plane_policy {
+        objects.push(serde_json::to_value(p).unwrap());
+    }
+    serde_json::Value::Array(objects)
+}
+
+/// A manifest written for the Go operator renders exactly the objects it
+/// rendered before causeway's additions (two replicas and what comes with
+/// them): the fixture was taken from the rendering before they existed.
+/// Regenerate only for a deliberate change, with
+/// `UPDATE_RENDER_FIXTURES=1 cargo test -p causeway-operator --test render`.
+#[test]
+fn the_reference_sample_renders_exactly_the_objects_it_always_did() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/reference-rendered.json"
+    );
+    let got = rendered_json(&rendered(&reference()));
+    if std::env::var_os("UPDATE_RENDER_FIXTURES").is_some() {
+        std::fs::write(path, serde_json::to_string_pretty(&got).unwrap() + "\n").unwrap();
+    }
+    let want: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert!(
+        got == want,
+        "the reference sample renders differently from {path}:\n{}",
+        serde_json::to_string_pretty(&got).unwrap()
+    );
+}
