@@ -72,6 +72,11 @@ pub struct Object {
 pub struct Meta {
     #[serde(default)]
     pub namespace: Option<String>,
+    /// An Infra's objects and pods are named after it.
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub generate_name: Option<String>,
 }
 
 impl Request {
@@ -245,7 +250,23 @@ fn infra(req: &Request, object: &Object, allowed: AdmissionResponse) -> Admissio
     });
     let services =
         |_: &str, _: &str| ServiceAddress::ClusterIp(std::net::Ipv4Addr::new(192, 0, 2, 1));
-    match validate::validate(&i, &ns, stand_in.as_ref(), &services) {
+    // A generated name is not known yet: its prefix and five characters,
+    // as the API server makes it, are as long.
+    let name = object
+        .metadata
+        .name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .or_else(|| (!req.name.is_empty()).then(|| req.name.clone()))
+        .or_else(|| {
+            object
+                .metadata
+                .generate_name
+                .as_ref()
+                .map(|p| format!("{p}xxxxx"))
+        })
+        .unwrap_or_default();
+    match validate::validate(&i, &name, &ns, stand_in.as_ref(), &services) {
         Ok(_) => allowed,
         Err(errors) => allowed.deny(errors.join("; ")),
     }
