@@ -391,9 +391,11 @@ async fn apply_rendered(
         }
         Ok::<(), Error>(())
     };
+    // Boxed: each is a deep future, and three side by side inline would
+    // outgrow a worker thread's stack in a debug build.
     let component = |c: Component| {
         let objects = components.iter().find(|o| o.component == c).cloned();
-        component_state(ctx, owner, c, objects)
+        Box::pin(component_state(ctx, owner, c, objects))
     };
     // The objects of different components do not depend on each other:
     // applied side by side, a reconcile takes a few round trips, not ten.
@@ -441,7 +443,7 @@ async fn component_state(
                 .remove::<Service>(&s.services, ns, &name)
                 .await?;
         }
-        remove_ha(ctx, owner, component).await?;
+        Box::pin(remove_ha(ctx, owner, component)).await?;
         return Ok((ComponentState::Disabled, None));
     };
 
@@ -488,8 +490,8 @@ async fn component_state(
     }
     let replicated = objects.ha.is_some();
     match objects.ha {
-        Some(ha) => ensure_ha(ctx, owner, component, ha).await?,
-        None => remove_ha(ctx, owner, component).await?,
+        Some(ha) => Box::pin(ensure_ha(ctx, owner, component, ha)).await?,
+        None => Box::pin(remove_ha(ctx, owner, component)).await?,
     }
     let facts = match objects.workload {
         Workload::StatefulSet(set) => {
