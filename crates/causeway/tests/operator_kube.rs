@@ -1496,6 +1496,38 @@ async fn two_replicas_render_anti_affinity_a_pdb_and_the_lease_rbac() {
     .await;
     assert_eq!((seen.replicas, seen.ready_replicas), (2, 2));
 
+    // Steady state with two replicas: a reconcile writes nothing (the key
+    // is not asked for again while both replicas are ready).
+    let metrics_before = admin_get(&op, "/metrics");
+    let writes_before = metric(&metrics_before, "causeway_operator_api_writes_total");
+    let reconciles_before = metric(&metrics_before, "causeway_operator_reconciles_total");
+    sas.patch(
+        &format!("{name}-causeway"),
+        &PatchParams::apply("someone-else"),
+        &Patch::Apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": format!("{name}-causeway"), "annotations": {"team": "net"}}})),
+    )
+    .await
+    .unwrap();
+    eventually(
+        "a reconcile after the foreign annotation",
+        WAIT,
+        Some(&op),
+        || async {
+            let m = admin_get(&op, "/metrics");
+            (metric(&m, "causeway_operator_reconciles_total") > reconciles_before).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        metric(
+            &admin_get(&op, "/metrics"),
+            "causeway_operator_api_writes_total"
+        ),
+        writes_before,
+        "a reconcile with nothing to change wrote to the API"
+    );
+
     // One pod not ready: the component serves, degraded, without a standby.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
@@ -1623,5 +1655,85 @@ async fn two_replicas_render_anti_affinity_a_pdb_and_the_lease_rbac() {
         .unwrap()
         .dns
         .is_none());
+
+    // DHCP from one replica to two: a StatefulSet whose immutable fields
+    // change is replaced, pods first; the first replica keeps the lease
+    // volume of the single pod.
+    let dhcp = format!("{name}-dhcp");
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), &ns);
+    let claim = eventually("the DHCP lease volume", WAIT, Some(&op), || async {
+        claims.get_opt(&format!("leases-{dhcp}-0")).await.ok()?
+    })
+    .await;
+    let single_uid = sets.get(&dhcp).await.unwrap().metadata.uid;
+    infras
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"infraComponents": {"dhcp": {"replicas": 2}}}})),
+        )
+        .await
+        .unwrap();
+    let replaced = eventually("two DHCP replicas", WAIT, Some(&op), || async {
+        make_pods_ready(&client, &ns, &name).await;
+        let set = sets.get_opt(&dhcp).await.ok()??;
+        (set.metadata.uid != single_uid).then_some(set)
+    })
+    .await;
+    let spec = replaced.spec.unwrap();
+    assert_eq!(
+        (spec.replicas, spec.pod_management_policy.as_deref()),
+        (Some(2), Some("Parallel"))
+    );
+    assert_eq!(
+        claims
+            .get(&format!("leases-{dhcp}-0"))
+            .await
+            .unwrap()
+            .metadata
+            .uid,
+        claim.metadata.uid,
+        "the first replica lost the lease volume"
+    );
+    let ready = drive_to_ready(&client, &ns, &name, &op).await;
+    assert_eq!(
+        ready
+            .status
+            .unwrap()
+            .component_status
+            .unwrap()
+            .dhcp
+            .unwrap()
+            .ready_replicas,
+        2
+    );
+
+    // Deleting the Infra: the garbage collector takes everything of the
+    // two replicas too, key included.
+    infras
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let selector = format!("app.kubernetes.io/instance={name}");
+    eventually(
+        "every object of two replicas garbage-collected",
+        Duration::from_secs(90),
+        Some(&op),
+        || async {
+            make_pods_ready(&client, &ns, &name).await;
+            let lp = ListParams::default().labels(&selector);
+            let left = count::<StatefulSet>(&client, &ns, &lp).await?
+                + count::<Lease>(&client, &ns, &lp).await?
+                + count::<Role>(&client, &ns, &lp).await?
+                + count::<RoleBinding>(&client, &ns, &lp).await?
+                + count::<Secret>(&client, &ns, &lp).await?
+                + count::<Service>(&client, &ns, &lp).await?
+                + count::<ServiceAccount>(&client, &ns, &lp).await?
+                + disruption_budgets(&client, &ns).await.len();
+            (left == 0).then_some(())
+        },
+    )
+    .await;
     assert!(!op.log_text().contains("panicked"), "{}", op.log_text());
 }
