@@ -468,6 +468,64 @@ mod tests {
         );
     }
 
+    #[test]
+    fn replicas_are_checked_and_named_after_the_infra() {
+        let infra = |meta: Value, replicas: i64| {
+            json!({
+                "apiVersion": "hostedcluster.densityops.com/v1alpha1", "kind": "Infra",
+                "metadata": meta,
+                "spec": {
+                    "networkConfig": {"cidr": "192.168.100.0/24", "gateway": "192.168.100.1", "networkAttachmentDefinition": "vlan"},
+                    "infraComponents": {"dns": {"serverIP": "192.168.100.3", "clusterName": "c", "baseDomain": "example.com", "replicas": replicas}},
+                },
+            })
+        };
+        let admit = |object: Value| {
+            answer(
+                &review("Infra", "CREATE", object, None),
+                &ImageCheck::NotAsked,
+            )
+        };
+        let ok = admit(infra(json!({"name": "x", "namespace": "ns"}), 2));
+        assert!(ok.allowed, "{:?}", ok.result);
+        let three = admit(infra(json!({"name": "x", "namespace": "ns"}), 3));
+        assert!(
+            !three.allowed
+                && three
+                    .result
+                    .message
+                    .contains("infraComponents.dns.replicas: 3"),
+            "{}",
+            three.result.message
+        );
+        // A generated name not made yet is judged at the length it will
+        // have.
+        let mut unnamed: Value = serde_json::from_slice(&review(
+            "Infra",
+            "CREATE",
+            infra(
+                json!({"generateName": format!("{}-", "g".repeat(44)), "namespace": "ns"}),
+                2,
+            ),
+            None,
+        ))
+        .unwrap();
+        unnamed["request"]["name"] = "".into();
+        let long = answer(
+            &serde_json::to_vec(&unnamed).unwrap(),
+            &ImageCheck::NotAsked,
+        );
+        assert!(
+            !long.allowed
+                && long
+                    .result
+                    .message
+                    .contains("too long for two dns replicas"),
+            "{}",
+            long.result.message
+        );
+    }
+
     /// `object` with `metadata` fields set: finalizers, deletionTimestamp.
     fn with_meta(mut object: Value, meta: Value) -> Value {
         for (k, v) in meta.as_object().unwrap() {
