@@ -267,6 +267,11 @@ async fn cleanup(infra: &Infra, ctx: &Context) -> Result<Action, Error> {
             .gone_from(&api, "NetworkPolicy", &policy.name_any())
             .await?;
     }
+    if let Ok(mut keys) = ctx.ha_keys.lock() {
+        for c in Component::ALL {
+            keys.remove(&(owner.namespace.clone(), render::ha_key_name(&owner, c)));
+        }
+    }
     tracing::info!(infra = %owner.name, namespace = %owner.namespace, "cleaned up; owned objects go by garbage collection");
     Ok(Action::await_change())
 }

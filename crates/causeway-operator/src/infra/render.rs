@@ -131,8 +131,8 @@ pub fn service_account_name(owner: &Owner) -> String {
     format!("{}-causeway", owner.name)
 }
 
-/// The objects that only two replicas of `component` have, by kind and name,
-/// so the controller can remove them when the component goes back to one.
+/// The names of what only two replicas have: the controller finds them by
+/// these to remove them when the component goes back to one.
 pub fn peers_name(owner: &Owner, component: Component) -> String {
     names::peers(&owner.name, component)
 }

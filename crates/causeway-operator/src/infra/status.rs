@@ -119,7 +119,11 @@ pub fn conditions(
                 t,
                 true,
                 "Ready",
-                format!("the {} pod is ready", component.name()),
+                if observed.replicas.iter().any(|(c, _)| c == component) {
+                    format!("both {} replicas are ready", component.name())
+                } else {
+                    format!("the {} pod is ready", component.name())
+                },
                 generation,
                 now,
             ),
@@ -281,8 +285,19 @@ mod tests {
         );
         // Back to two: Ready again, and the transition time kept.
         let later = at("2026-11-22T10:05:00Z");
-        let c = conditions(&c, &observed(ComponentState::Ready), Some(4), &later);
+        let mut both = observed(ComponentState::Ready);
+        both.replicas = vec![(
+            Component::Dns,
+            ReplicaStatus {
+                replicas: 2,
+                ready_replicas: 2,
+                active_replica: Some("x-dns-0".into()),
+            },
+        )];
+        let c = conditions(&c, &both, Some(4), &later);
         assert_eq!(find(&c, READY).reason, "Ready");
+        assert_eq!(find(&c, "DNSReady").message, "both dns replicas are ready");
+        assert_eq!(find(&c, "DHCPReady").message, "the dhcp pod is ready");
         assert_eq!(find(&c, READY).last_transition_time, now);
         // A component down outweighs one degraded.
         let mut obs = observed(ComponentState::Degraded("x".into()));
