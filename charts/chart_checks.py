@@ -433,11 +433,23 @@ def case_default(docs):
     ], role["rules"]
     cr = one(docs, "ClusterRole", "causeway")
     granted = {(g, r) for rule in cr["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
-    for forbidden in [("", "secrets"), ("", "*"), ("*", "*"), ("rbac.authorization.k8s.io", "roles"),
-                      ("rbac.authorization.k8s.io", "rolebindings"), ("coordination.k8s.io", "leases")]:
+    for forbidden in [("", "*"), ("*", "*"), ("rbac.authorization.k8s.io", "clusterroles"),
+                      ("rbac.authorization.k8s.io", "clusterrolebindings")]:
         assert forbidden not in granted, f"ClusterRole grants {forbidden}"
     for rule in cr["rules"]:
         assert "*" not in rule["verbs"], rule
+        # Granting a Role is limited to what the operator holds; never
+        # around that limit.
+        assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
+    verbs = {(g, r): set(rule["verbs"]) for rule in cr["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    # Two replicas per component: their Lease, their Role and binding, a
+    # disruption budget, and their key, which the operator makes and
+    # deletes but never reads.
+    assert verbs[("", "secrets")] == {"create", "delete"}, verbs[("", "secrets")]
+    assert verbs[("coordination.k8s.io", "leases")] == {"get", "list", "watch", "create", "update", "patch", "delete"}
+    for kind in [("rbac.authorization.k8s.io", "roles"), ("rbac.authorization.k8s.io", "rolebindings"),
+                 ("policy", "poddisruptionbudgets")]:
+        assert verbs[kind] == {"get", "list", "watch", "create", "patch", "delete"}, (kind, verbs[kind])
     assert ("hostedcluster.densityops.com", "infras/status") in granted
     crb = one(docs, "ClusterRoleBinding", "causeway")
     assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "causeway", "namespace": "causeway-system"}]

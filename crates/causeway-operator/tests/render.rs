@@ -7,7 +7,7 @@
 
 use causeway_operator::infra::crd::Infra;
 use causeway_operator::infra::plan::{Component, Owner, Plan, Settings};
-use causeway_operator::infra::render::{render, Rendered, Workload};
+use causeway_operator::infra::render::{render, ComponentObjects, Rendered, Workload};
 use causeway_operator::infra::validate::{validate, HostedClusterFacts, ServiceAddress};
 
 const REFERENCE: &str = include_str!("fixtures/reference-infra.yaml");
@@ -43,7 +43,7 @@ fn settings() -> Settings {
 }
 
 fn plan_of(infra: &Infra) -> Plan {
-    validate(&infra.spec, "clusters", None, &no_services).unwrap()
+    validate(&infra.spec, "example-infra", "clusters", None, &no_services).unwrap()
 }
 
 fn rendered(infra: &Infra) -> Rendered {
@@ -352,7 +352,14 @@ fn a_hosted_cluster_ref_fills_name_domain_and_namespace() {
         namespace: "clusters".into(),
         base_domain: Some("corp.example".into()),
     };
-    let plan = validate(&infra.spec, "clusters", Some(&hc), &no_services).unwrap();
+    let plan = validate(
+        &infra.spec,
+        "example-infra",
+        "clusters",
+        Some(&hc),
+        &no_services,
+    )
+    .unwrap();
     let dns = plan_config(&plan, Component::Dns);
     let cluster = dns.cluster.unwrap();
     assert_eq!(
@@ -456,11 +463,22 @@ fn every_bad_spec_gets_its_precise_message() {
             |i| i.spec.network_config.dns_servers = vec!["dns.google".into()],
             vec!["networkConfig.dnsServers[0]: dns.google is not an address or address:port"],
         ),
+        (
+            "three replicas",
+            |i| i.spec.infra_components.dns.as_mut().unwrap().replicas = Some(3),
+            vec!["infraComponents.dns.replicas: 3 is not 1 or 2 (two replicas are one active and one standing by)"],
+        ),
+        (
+            "no replicas",
+            |i| i.spec.infra_components.dhcp.as_mut().unwrap().replicas = Some(0),
+            vec!["infraComponents.dhcp.replicas: 0 is not 1 or 2 (two replicas are one active and one standing by)"],
+        ),
     ];
     for (what, change, want) in table {
         let mut infra = reference();
         change(&mut infra);
-        let got = validate(&infra.spec, "clusters", None, &no_services).expect_err(what);
+        let got =
+            validate(&infra.spec, "example-infra", "clusters", None, &no_services).expect_err(what);
         assert_eq!(got, want, "{what}");
     }
 }
@@ -557,4 +575,378 @@ fn apps_resolve_to_the_proxy_only_with_an_ingress_target() {
         records[0].data,
         causeway_config::RecordData::A("192.168.100.10".parse().unwrap())
     );
+}
+
+/// Every object the reference sample renders, as JSON, in a fixed order.
+fn rendered_json(r: &Rendered) -> serde_json::Value {
+    let mut objects = vec![serde_json::to_value(&r.service_account).unwrap()];
+    for c in &r.components {
+        objects.push(serde_json::to_value(&c.config).unwrap());
+        objects.push(match &c.workload {
+            Workload::StatefulSet(s) => serde_json::to_value(s).unwrap(),
+            Workload::Deployment(d) => serde_json::to_value(d).unwrap(),
+        });
+        if let Some(s) = &c.service {
+            objects.push(serde_json::to_value(s).unwrap());
+        }
+    }
+    objects.push(serde_json::to_value(&r.admin_policy).unwrap());
+    if let Some(p) = &r.control_plane_policy {
+        objects.push(serde_json::to_value(p).unwrap());
+    }
+    serde_json::Value::Array(objects)
+}
+
+/// A manifest written for the Go operator renders exactly the objects it
+/// rendered before causeway's additions (two replicas and what comes with
+/// them): the fixture was taken from the rendering before they existed.
+/// Regenerate only for a deliberate change, with
+/// `UPDATE_RENDER_FIXTURES=1 cargo test -p causeway-operator --test render`.
+#[test]
+fn the_reference_sample_renders_exactly_the_objects_it_always_did() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/reference-rendered.json"
+    );
+    let got = rendered_json(&rendered(&reference()));
+    if std::env::var_os("UPDATE_RENDER_FIXTURES").is_some() {
+        std::fs::write(path, serde_json::to_string_pretty(&got).unwrap() + "\n").unwrap();
+    }
+    let want: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert!(
+        got == want,
+        "the reference sample renders differently from {path}:\n{}",
+        serde_json::to_string_pretty(&got).unwrap()
+    );
+}
+
+/// The reference sample with two replicas of `component`.
+fn two_of(component: Component) -> Infra {
+    let mut infra = reference();
+    let c = &mut infra.spec.infra_components;
+    match component {
+        Component::Dhcp => c.dhcp.as_mut().unwrap().replicas = Some(2),
+        Component::Dns => c.dns.as_mut().unwrap().replicas = Some(2),
+        Component::Proxy => c.proxy.as_mut().unwrap().replicas = Some(2),
+    }
+    infra
+}
+
+fn objects_of(r: &Rendered, component: Component) -> &ComponentObjects {
+    r.components
+        .iter()
+        .find(|c| c.component == component)
+        .unwrap()
+}
+
+#[test]
+fn two_replicas_are_a_statefulset_of_two_apart_without_a_static_address() {
+    for component in Component::ALL {
+        let r = rendered(&two_of(component));
+        let name = format!("example-infra-{}", component.name());
+        let Workload::StatefulSet(set) = &objects_of(&r, component).workload else {
+            panic!("{name}: two replicas need a StatefulSet for their stable names");
+        };
+        assert_eq!(set.metadata.name.as_deref(), Some(name.as_str()));
+        let spec = set.spec.as_ref().unwrap();
+        assert_eq!(spec.replicas, Some(2));
+        assert_eq!(spec.pod_management_policy.as_deref(), Some("Parallel"));
+        assert_eq!(
+            spec.service_name.as_deref(),
+            Some(format!("{name}-peers").as_str())
+        );
+        // DHCP keeps a lease log per replica; the others have no volume.
+        assert_eq!(
+            spec.volume_claim_templates.is_some(),
+            component == Component::Dhcp,
+            "{name}"
+        );
+        let pod = spec.template.spec.as_ref().unwrap();
+        let term = &pod
+            .affinity
+            .as_ref()
+            .unwrap()
+            .pod_anti_affinity
+            .as_ref()
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .as_ref()
+            .unwrap()[0];
+        assert_eq!(term.topology_key, "kubernetes.io/hostname");
+        assert_eq!(
+            term.label_selector.as_ref().unwrap().match_labels,
+            spec.selector.match_labels,
+            "{name}: apart from each other, by the component's own selector"
+        );
+        // No static address: the active replica adds it.
+        let annotations = spec
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .annotations
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            annotations["k8s.v1.cni.cncf.io/networks"],
+            r#"[{"interface":"net1","name":"vlan100","namespace":"default"}]"#
+        );
+        assert_eq!(
+            pod.service_account_name.as_deref(),
+            Some(format!("{name}-ha").as_str())
+        );
+        assert_eq!(pod.automount_service_account_token, Some(true));
+        let container = &pod.containers[0];
+        let env = container.env.as_ref().unwrap();
+        assert_eq!(env[0].name, "CAUSEWAY_HA_NODE");
+        assert_eq!(
+            env[0]
+                .value_from
+                .as_ref()
+                .unwrap()
+                .field_ref
+                .as_ref()
+                .unwrap()
+                .field_path,
+            "metadata.name"
+        );
+        let mount = container
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|m| m.name == "ha-key")
+            .unwrap();
+        assert_eq!(
+            (mount.mount_path.as_str(), mount.read_only),
+            ("/etc/causeway/ha", Some(true))
+        );
+        let volume = pod
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|v| v.name == "ha-key")
+            .unwrap();
+        assert_eq!(
+            volume.secret.as_ref().unwrap().secret_name.as_deref(),
+            Some(format!("{name}-ha-key").as_str())
+        );
+        let ports: Vec<(i32, &str)> = container
+            .ports
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter(|p| p.name.as_deref().is_some_and(|n| n.starts_with("ha-")))
+            .map(|p| (p.container_port, p.protocol.as_deref().unwrap()))
+            .collect();
+        assert_eq!(ports, [(7946, "UDP"), (7946, "TCP")]);
+    }
+}
+
+#[test]
+fn two_replicas_come_with_peers_a_budget_a_lease_and_a_role_for_that_lease_only() {
+    let r = rendered(&two_of(Component::Dns));
+    let ha = objects_of(&r, Component::Dns).ha.as_ref().unwrap();
+    let selector = causeway_operator::infra::render::selector_labels(&owner(), Component::Dns);
+
+    let peers = ha.peers.spec.as_ref().unwrap();
+    assert_eq!(
+        ha.peers.metadata.name.as_deref(),
+        Some("example-infra-dns-peers")
+    );
+    assert_eq!(peers.cluster_ip.as_deref(), Some("None"));
+    assert_eq!(peers.publish_not_ready_addresses, Some(true));
+    assert_eq!(peers.selector.as_ref(), Some(&selector));
+    let ports: Vec<(&str, i32, &str)> = peers
+        .ports
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p.name.as_deref().unwrap(),
+                p.port,
+                p.protocol.as_deref().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ports,
+        [("ha-advert", 7946, "UDP"), ("ha-stream", 7946, "TCP")]
+    );
+
+    let budget = ha.disruption_budget.spec.as_ref().unwrap();
+    assert_eq!(
+        budget.max_unavailable,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
+    );
+    assert_eq!(
+        budget.selector.as_ref().unwrap().match_labels.as_ref(),
+        Some(&selector)
+    );
+
+    // The Lease is made with metadata only: its spec is the replicas'.
+    assert_eq!(ha.lease.metadata.name.as_deref(), Some("example-infra-dns"));
+    assert!(ha.lease.spec.is_none());
+
+    let rules = ha.role.rules.as_ref().unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(
+        rules[0].api_groups.as_deref(),
+        Some(&["coordination.k8s.io".to_string()][..])
+    );
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&["leases".to_string()][..])
+    );
+    assert_eq!(
+        rules[0].resource_names.as_deref(),
+        Some(&["example-infra-dns".to_string()][..])
+    );
+    assert_eq!(rules[0].verbs, ["get", "list", "watch", "update", "patch"]);
+    assert_eq!(ha.role_binding.role_ref.kind, "Role");
+    assert_eq!(ha.role_binding.role_ref.name, "example-infra-dns-ha");
+    let subjects = ha.role_binding.subjects.as_ref().unwrap();
+    assert_eq!(
+        (
+            subjects[0].kind.as_str(),
+            subjects[0].name.as_str(),
+            subjects[0].namespace.as_deref()
+        ),
+        ("ServiceAccount", "example-infra-dns-ha", Some("clusters"))
+    );
+    assert_eq!(
+        ha.service_account.metadata.name.as_deref(),
+        Some("example-infra-dns-ha")
+    );
+    // Owned by the Infra, like everything else.
+    for meta in [
+        &ha.peers.metadata,
+        &ha.disruption_budget.metadata,
+        &ha.lease.metadata,
+        &ha.service_account.metadata,
+        &ha.role.metadata,
+        &ha.role_binding.metadata,
+    ] {
+        let refs = meta.owner_references.as_ref().unwrap();
+        assert_eq!(
+            (refs[0].kind.as_str(), refs[0].uid.as_str()),
+            ("Infra", owner().uid.as_str())
+        );
+        assert_eq!(
+            meta.labels.as_ref().unwrap()["app.kubernetes.io/managed-by"],
+            "causeway-operator"
+        );
+    }
+
+    // The key: 32 bytes as given, never rewritten.
+    let key = causeway_operator::infra::render::ha_key(&owner(), Component::Dns, [7; 32]);
+    assert_eq!(
+        key.metadata.name.as_deref(),
+        Some("example-infra-dns-ha-key")
+    );
+    assert_eq!(key.immutable, Some(true));
+    assert_eq!(key.data.as_ref().unwrap()["key"].0, vec![7u8; 32]);
+}
+
+#[test]
+fn the_config_of_two_replicas_has_an_ha_section_the_appliance_accepts() {
+    let plan = plan_of(&two_of(Component::Dhcp));
+    let text = &plan.component(Component::Dhcp).unwrap().config_text;
+    let cfg = causeway_config::Config::from_yaml(text)
+        .unwrap_or_else(|e| panic!("rejected:\n{e}\n{text}"));
+    let ha = cfg.ha.unwrap();
+    assert_eq!(ha.mode, causeway_config::HaMode::Lease);
+    assert_eq!(
+        ha.node, None,
+        "each pod names itself through CAUSEWAY_HA_NODE"
+    );
+    let replicas: Vec<(&str, &str)> = ha
+        .replicas
+        .iter()
+        .map(|r| (r.name.as_str(), r.address.as_str()))
+        .collect();
+    assert_eq!(
+        replicas,
+        [
+            (
+                "example-infra-dhcp-0",
+                "example-infra-dhcp-0.example-infra-dhcp-peers.clusters.svc:7946"
+            ),
+            (
+                "example-infra-dhcp-1",
+                "example-infra-dhcp-1.example-infra-dhcp-peers.clusters.svc:7946"
+            ),
+        ]
+    );
+    assert_eq!(ha.key_file, std::path::Path::new("/etc/causeway/ha/key"));
+    assert_eq!(ha.interface, "net1");
+    assert_eq!(
+        ha.addresses,
+        ["192.168.100.2/24".parse::<ipnet::Ipv4Net>().unwrap()]
+    );
+    let lease = ha.lease.unwrap();
+    assert_eq!(lease.name, "example-infra-dhcp");
+    assert_eq!(lease.namespace, None, "the pod's own namespace");
+    // The other components run as before: no ha section.
+    for other in [Component::Dns, Component::Proxy] {
+        assert!(plan_config(&plan, other).ha.is_none());
+    }
+}
+
+#[test]
+fn one_component_with_two_replicas_leaves_the_others_as_they_were() {
+    let one = rendered(&reference());
+    let two = rendered(&two_of(Component::Proxy));
+    for component in [Component::Dhcp, Component::Dns] {
+        assert_eq!(
+            objects_of(&one, component),
+            objects_of(&two, component),
+            "{}",
+            component.name()
+        );
+    }
+    assert_eq!(one.service_account, two.service_account);
+    // The pods of the Infra admit each other on the HA port, and only then.
+    let rules = |r: &Rendered| {
+        r.admin_policy
+            .spec
+            .as_ref()
+            .unwrap()
+            .ingress
+            .clone()
+            .unwrap()
+    };
+    assert_eq!(rules(&one).len(), 2);
+    let two_rules = rules(&two);
+    assert_eq!(two_rules[..2], rules(&one)[..]);
+    let ha_rule = serde_json::to_value(&two_rules[2]).unwrap();
+    assert_eq!(
+        ha_rule,
+        serde_json::json!({
+            "from": [{"podSelector": {"matchLabels": {
+                "app.kubernetes.io/instance": "example-infra",
+                "app.kubernetes.io/name": "causeway"}}}],
+            "ports": [{"port": 7946, "protocol": "UDP"}, {"port": 7946, "protocol": "TCP"}]
+        })
+    );
+}
+
+#[test]
+fn an_infra_name_too_long_for_two_replicas_is_refused() {
+    let infra = two_of(Component::Dns);
+    // 48 + "-dns" is 52: the longest that fits.
+    validate(&infra.spec, &"a".repeat(48), "clusters", None, &no_services).unwrap();
+    let long = "a".repeat(49);
+    let got = validate(&infra.spec, &long, "clusters", None, &no_services).unwrap_err();
+    assert_eq!(
+        got,
+        [format!(
+            "metadata.name: \"{long}\" is too long for two dns replicas: their StatefulSet {long}-dns would be over 52 characters, the most its pods' labels allow"
+        )]
+    );
+    // The same name with one replica is as fine as it always was.
+    validate(&reference().spec, &long, "clusters", None, &no_services).unwrap();
 }

@@ -17,10 +17,14 @@ use std::time::{Duration, Instant};
 
 use causeway_operator::infra::crd::Infra;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use kube_cluster::{
     admin, admin_get, apply_yaml, eventually, metric, wait_established, Operator, SharedCluster,
@@ -235,6 +239,65 @@ async fn lease_holder(leases: &Api<Lease>) -> Option<String> {
         .flatten()
         .and_then(|l| l.spec?.holder_identity)
         .filter(|h| !h.is_empty())
+}
+
+/// The PodDisruptionBudgets in `ns`, read in whichever `policy` version the
+/// API server serves (v1beta1 only, on 1.20).
+async fn disruption_budgets(client: &Client, ns: &str) -> Vec<DynamicObject> {
+    for version in ["v1", "v1beta1"] {
+        let resource = kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("policy", version, "PodDisruptionBudget"),
+            "poddisruptionbudgets",
+        );
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
+        match api.list(&ListParams::default()).await {
+            Ok(list) => return list.items,
+            Err(kube::Error::Api(s)) if s.code == 404 => continue,
+            Err(e) => panic!("listing PodDisruptionBudgets: {e}"),
+        }
+    }
+    panic!("no policy API serves PodDisruptionBudgets")
+}
+
+/// Whether the ServiceAccount `ns/sa` may `verb` the Lease `name` (or every
+/// Lease, with `None`), as the API server's authorizer answers for it.
+async fn service_account_may(
+    client: &Client,
+    ns: &str,
+    sa: &str,
+    verb: &str,
+    name: Option<&str>,
+) -> bool {
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(format!("system:serviceaccount:{ns}:{sa}")),
+            groups: Some(vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{ns}"),
+                "system:authenticated".into(),
+            ]),
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(ns.into()),
+                verb: Some(verb.into()),
+                group: Some("coordination.k8s.io".into()),
+                resource: Some("leases".into()),
+                name: name.map(str::to_string),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    let api: Api<SubjectAccessReview> = Api::all(client.clone());
+    api.create(&PostParams::default(), &review)
+        .await
+        .unwrap()
+        .status
+        .is_some_and(|s| s.allowed)
+}
+
+fn forbidden<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> bool {
+    matches!(r, Err(kube::Error::Api(s)) if s.code == 403)
 }
 
 // ----------------------------------------------------------------- scenarios
@@ -767,6 +830,40 @@ spec:
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let dns = config_text(&cms.get("compat-dns-config").await.unwrap());
     assert!(dns.contains("10.96.200.10"), "{dns}");
+    // No replicas field: one pod per component, as before, and nothing of
+    // two replicas (no StatefulSet, budget, Lease, peers, key or Role).
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    for component in ["dns", "proxy"] {
+        let name = format!("compat-{component}");
+        let d = deploys.get(&name).await.unwrap();
+        assert_eq!(d.spec.unwrap().replicas, Some(1), "{name}");
+        assert!(sets.get_opt(&name).await.unwrap().is_none(), "{name}");
+    }
+    assert!(!dns.contains("ha:"), "{dns}");
+    let ours = ListParams::default().labels("app.kubernetes.io/instance=compat");
+    assert_eq!(disruption_budgets(&client, &ns).await.len(), 0);
+    assert_eq!(count::<Lease>(&client, &ns, &ours).await, Some(0));
+    assert_eq!(count::<Role>(&client, &ns, &ours).await, Some(0));
+    assert_eq!(count::<RoleBinding>(&client, &ns, &ours).await, Some(0));
+    assert_eq!(count::<Secret>(&client, &ns, &ours).await, Some(0));
+    let services: Vec<String> = svcs
+        .list(&ours)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|s| s.name_any())
+        .collect();
+    assert_eq!(services, ["compat-dns"]);
+    let accounts: Vec<String> = Api::<ServiceAccount>::namespaced(client.clone(), &ns)
+        .list(&ours)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|s| s.name_any())
+        .collect();
+    assert_eq!(accounts, ["compat-causeway"]);
 
     svcs.delete("internal-proxy", &DeleteParams::default())
         .await
@@ -1167,4 +1264,476 @@ async fn sigterm_ends_the_operator_in_time_with_or_without_its_api_server() {
         second.log_text()
     );
     eprintln!("SIGTERM with the API server gone: exit after {took:?} ({status:?})");
+}
+
+/// Two replicas of DNS: a StatefulSet of two kept apart, its peers Service,
+/// a disruption budget, the Lease (made, never written past its metadata),
+/// a key made once, a Role that lets the replicas' own ServiceAccount
+/// touch that Lease and no other, status naming the active replica and a
+/// degraded component; back to one replica, all of it goes and the
+/// Deployment comes back only once the replicas are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_render_anti_affinity_a_pdb_and_the_lease_rbac() {
+    let test = "two_replicas_render_anti_affinity_a_pdb_and_the_lease_rbac";
+    let Some(c) = kube_cluster::cluster(test) else {
+        return;
+    };
+    let client = admin(c).await;
+    let ns = kube_cluster::test_namespace(&client, "replicas").await;
+    network_attachments(&client, &["default"]).await;
+    let op = start_operator(c, &ns);
+    let mut infra = reference_in(&ns);
+    infra.spec.infra_components.dns.as_mut().unwrap().replicas = Some(2);
+    let infra = create_infra(&client, &infra).await;
+    let name = infra.name_any();
+    let workload = format!("{name}-dns");
+    let identity = format!("{workload}-ha");
+    wait_condition(&client, &ns, &name, "Valid", "True", &op).await;
+
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let svcs: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let roles: Api<Role> = Api::namespaced(client.clone(), &ns);
+    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), &ns);
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let infras: Api<Infra> = Api::namespaced(client.clone(), &ns);
+
+    // The workload: a StatefulSet of two, started side by side, apart.
+    let set = eventually("the DNS StatefulSet", WAIT, Some(&op), || async {
+        sets.get_opt(&workload).await.ok()?
+    })
+    .await;
+    assert!(deploys.get_opt(&workload).await.unwrap().is_none());
+    let spec = set.spec.clone().unwrap();
+    assert_eq!(spec.replicas, Some(2));
+    assert_eq!(spec.pod_management_policy.as_deref(), Some("Parallel"));
+    assert_eq!(
+        spec.service_name.as_deref(),
+        Some(format!("{workload}-peers").as_str())
+    );
+    let pod = spec.template.spec.clone().unwrap();
+    let anti = serde_json::to_value(pod.affinity.unwrap().pod_anti_affinity.unwrap()).unwrap();
+    assert_eq!(
+        anti["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"],
+        "kubernetes.io/hostname"
+    );
+    assert_eq!(
+        anti["requiredDuringSchedulingIgnoredDuringExecution"][0]["labelSelector"]["matchLabels"],
+        serde_json::to_value(&spec.selector.match_labels).unwrap()
+    );
+    assert_eq!(pod.service_account_name.as_deref(), Some(identity.as_str()));
+    assert_eq!(pod.automount_service_account_token, Some(true));
+    let networks = &spec
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .annotations
+        .as_ref()
+        .unwrap()["k8s.v1.cni.cncf.io/networks"];
+    assert!(!networks.contains("ips"), "{networks}");
+    // The other components are as they always were.
+    let proxy = deploys.get(&format!("{name}-proxy")).await.unwrap();
+    assert_eq!(proxy.spec.unwrap().replicas, Some(1));
+
+    // The peers Service, the budget, the Lease, the identity and its Role.
+    let peers = svcs.get(&format!("{workload}-peers")).await.unwrap();
+    let peers_spec = peers.spec.clone().unwrap();
+    assert_eq!(peers_spec.cluster_ip.as_deref(), Some("None"));
+    assert_eq!(peers_spec.publish_not_ready_addresses, Some(true));
+    let budgets = disruption_budgets(&client, &ns).await;
+    assert_eq!(budgets.len(), 1);
+    assert_eq!(budgets[0].name_any(), workload);
+    assert_eq!(budgets[0].data["spec"]["maxUnavailable"], 1);
+    let lease = leases.get(&workload).await.unwrap();
+    assert!(
+        lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_ref())
+            .is_none(),
+        "the operator set a holder: {lease:?}"
+    );
+    let role = roles.get(&identity).await.unwrap();
+    let rules = serde_json::to_value(role.rules.as_ref().unwrap()).unwrap();
+    assert_eq!(
+        rules,
+        json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                "resourceNames": [workload], "verbs": ["get", "list", "watch", "update", "patch"]}])
+    );
+    let binding = bindings.get(&identity).await.unwrap();
+    assert_eq!(binding.role_ref.name, identity);
+    let subjects = serde_json::to_value(binding.subjects.as_ref().unwrap()).unwrap();
+    assert_eq!(
+        subjects,
+        json!([{"kind": "ServiceAccount", "name": identity, "namespace": ns}])
+    );
+    assert!(sas.get_opt(&identity).await.unwrap().is_some());
+    let key = secrets.get(&format!("{workload}-ha-key")).await.unwrap();
+    let key_bytes = key.data.clone().unwrap()["key"].0.clone();
+    assert_eq!(key_bytes.len(), 32);
+    let metas = [
+        &peers.metadata,
+        &lease.metadata,
+        &role.metadata,
+        &binding.metadata,
+        &key.metadata,
+        &set.metadata,
+        &budgets[0].metadata,
+    ];
+    for m in metas {
+        assert!(owned_by(m, &infra), "{:?} not owned by the Infra", m.name);
+    }
+    for m in [
+        &peers.metadata,
+        &lease.metadata,
+        &role.metadata,
+        &binding.metadata,
+    ] {
+        assert!(
+            managed_by_us_with_apply(m),
+            "{:?} not applied by causeway-operator",
+            m.name
+        );
+    }
+
+    // The config the pods run: an ha section the appliance accepts.
+    let text = config_text(&cms.get(&format!("{name}-dns-config")).await.unwrap());
+    let config = causeway_config::Config::from_yaml(&text)
+        .unwrap_or_else(|e| panic!("the DNS config is rejected:\n{e}\n{text}"));
+    let ha = config.ha.expect("an ha section");
+    assert_eq!(ha.lease.unwrap().name, workload);
+    assert_eq!(
+        ha.replicas[1].address,
+        format!("{workload}-1.{workload}-peers.{ns}.svc:7946")
+    );
+
+    // The replicas' identity may read and write its own Lease, and nothing
+    // else: as the authorizer answers, and as requests with its token go.
+    for verb in ["get", "list", "watch", "update", "patch"] {
+        assert!(
+            service_account_may(&client, &ns, &identity, verb, Some(&workload)).await,
+            "{identity} may not {verb} its Lease"
+        );
+    }
+    for verb in ["create", "delete"] {
+        assert!(!service_account_may(&client, &ns, &identity, verb, Some(&workload)).await);
+    }
+    for verb in ["get", "update", "patch"] {
+        assert!(
+            !service_account_may(&client, &ns, &identity, verb, Some("causeway-operator")).await,
+            "{identity} may {verb} another Lease"
+        );
+    }
+    assert!(!service_account_may(&client, &ns, &identity, "list", None).await);
+    assert!(
+        !service_account_may(
+            &client,
+            &ns,
+            "example-infra-causeway",
+            "get",
+            Some(&workload)
+        )
+        .await,
+        "the one-replica pods' account may read the Lease"
+    );
+    let token = kube_cluster::token_for(&client, &ns, &identity).await;
+    let as_replica = kube_cluster::client_with_token(c, &token).await;
+    let replica_leases: Api<Lease> = Api::namespaced(as_replica.clone(), &ns);
+    let by_name = ListParams::default().fields(&format!("metadata.name={workload}"));
+    assert_eq!(replica_leases.list(&by_name).await.unwrap().items.len(), 1);
+    assert!(
+        forbidden(replica_leases.list(&ListParams::default()).await),
+        "listing every Lease is allowed"
+    );
+    assert!(forbidden(
+        replica_leases
+            .list(&ListParams::default().fields("metadata.name=causeway-operator"))
+            .await
+    ));
+    {
+        use futures::StreamExt;
+        let params = kube::api::WatchParams::default()
+            .fields(&format!("metadata.name={workload}"))
+            .timeout(1);
+        let mut stream = replica_leases.watch(&params, "0").await.unwrap().boxed();
+        while let Some(event) = stream.next().await {
+            assert!(
+                !matches!(event, Ok(kube::api::WatchEvent::Error(_)) | Err(_)),
+                "{event:?}"
+            );
+        }
+    }
+    // Taking the Lease as the data plane does: its spec only.
+    let holder = format!("{workload}-1");
+    // A MicroTime, as the API server wants it: six decimals.
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    replica_leases
+        .patch(
+            &workload,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"holderIdentity": holder,
+                "leaseDurationSeconds": 15, "acquireTime": now, "renewTime": now}})),
+        )
+        .await
+        .unwrap();
+    let other: Api<Lease> = Api::namespaced(as_replica, kube_cluster::RELEASE_NAMESPACE);
+    assert!(forbidden(other.get("causeway-operator").await));
+
+    // Both pods ready: Ready, and the holder shows as the active replica.
+    let ready = drive_to_ready(&client, &ns, &name, &op).await;
+    assert_eq!(condition(&ready, "DNSReady").unwrap().1, "Ready");
+    let seen = eventually("the active replica in status", WAIT, Some(&op), || async {
+        let i = infras.get(&name).await.ok()?;
+        let dns = i.status?.component_status?.dns?;
+        (dns.active_replica.as_deref() == Some(holder.as_str())).then_some(dns)
+    })
+    .await;
+    assert_eq!((seen.replicas, seen.ready_replicas), (2, 2));
+
+    // Steady state with two replicas: a reconcile writes nothing (the key
+    // is not asked for again while both replicas are ready).
+    let metrics_before = admin_get(&op, "/metrics");
+    let writes_before = metric(&metrics_before, "causeway_operator_api_writes_total");
+    let reconciles_before = metric(&metrics_before, "causeway_operator_reconciles_total");
+    sas.patch(
+        &format!("{name}-causeway"),
+        &PatchParams::apply("someone-else"),
+        &Patch::Apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": format!("{name}-causeway"), "annotations": {"team": "net"}}})),
+    )
+    .await
+    .unwrap();
+    eventually(
+        "a reconcile after the foreign annotation",
+        WAIT,
+        Some(&op),
+        || async {
+            let m = admin_get(&op, "/metrics");
+            (metric(&m, "causeway_operator_reconciles_total") > reconciles_before).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        metric(
+            &admin_get(&op, "/metrics"),
+            "causeway_operator_api_writes_total"
+        ),
+        writes_before,
+        "a reconcile with nothing to change wrote to the API"
+    );
+
+    // One pod not ready: the component serves, degraded, without a standby.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    pods.patch_status(
+        &format!("{workload}-0"),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"conditions": [
+            {"type": "Ready", "status": "False", "lastTransitionTime": now},
+            {"type": "ContainersReady", "status": "False", "lastTransitionTime": now},
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now}]}})),
+    )
+    .await
+    .unwrap();
+    let degraded = eventually("DNS degraded", WAIT, Some(&op), || async {
+        let i = infras.get(&name).await.ok()?;
+        (condition(&i, "DNSReady")?.1 == "Degraded").then_some(i)
+    })
+    .await;
+    assert_eq!(condition(&degraded, "DNSReady").unwrap().0, "True");
+    let (status, reason, message) = condition(&degraded, "Ready").unwrap();
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "Degraded"),
+        "{message}"
+    );
+    let dns_status = degraded.status.unwrap().component_status.unwrap();
+    assert!(dns_status.dns_ready);
+    assert_eq!(dns_status.dns.unwrap().ready_replicas, 1);
+
+    // Another reconcile (a spec change): the key is the same Secret with
+    // the same bytes, and the replicas' Lease fields are theirs still.
+    infras
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"infraComponents": {"dhcp": {"leaseTime": "2h"}}}})),
+        )
+        .await
+        .unwrap();
+    eventually("the DHCP config with 2h", WAIT, Some(&op), || async {
+        let cm = cms.get(&format!("{name}-dhcp-config")).await.ok()?;
+        (lease_time(&cm) == Some(Duration::from_secs(2 * 3600))).then_some(())
+    })
+    .await;
+    wait_condition(&client, &ns, &name, "Valid", "True", &op).await;
+    let again = secrets.get(&format!("{workload}-ha-key")).await.unwrap();
+    assert_eq!(again.metadata.uid, key.metadata.uid);
+    assert_eq!(
+        again.metadata.resource_version,
+        key.metadata.resource_version
+    );
+    assert_eq!(again.data.unwrap()["key"].0, key_bytes);
+    let lease = leases.get(&workload).await.unwrap();
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some(holder.as_str()),
+        "the operator overwrote the replicas' Lease"
+    );
+
+    // Back to one replica: the StatefulSet and its pods go first, then the
+    // Deployment comes; everything of two replicas is removed.
+    infras
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"infraComponents": {"dns": {"replicas": 1}}}})),
+        )
+        .await
+        .unwrap();
+    let deployment = eventually("the DNS Deployment is back", WAIT, Some(&op), || async {
+        make_pods_ready(&client, &ns, &name).await;
+        let d = deploys.get_opt(&workload).await.ok()??;
+        // Checked as soon as it is seen: never beside the replicas.
+        let replicas_left = sets.get_opt(&workload).await.ok()?.is_some();
+        Some((d, replicas_left))
+    })
+    .await;
+    assert!(
+        !deployment.1,
+        "the Deployment was made while the StatefulSet of two still existed"
+    );
+    let single = deployment.0.spec.unwrap();
+    assert_eq!(single.replicas, Some(1));
+    let networks = &single
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .annotations
+        .as_ref()
+        .unwrap()["k8s.v1.cni.cncf.io/networks"];
+    assert!(networks.contains("192.168.100.3/24"), "{networks}");
+    eventually(
+        "everything of two replicas removed",
+        WAIT,
+        Some(&op),
+        || async {
+            let left = [
+                svcs.get_opt(&format!("{workload}-peers"))
+                    .await
+                    .ok()?
+                    .is_some(),
+                leases.get_opt(&workload).await.ok()?.is_some(),
+                secrets
+                    .get_opt(&format!("{workload}-ha-key"))
+                    .await
+                    .ok()?
+                    .is_some(),
+                roles.get_opt(&identity).await.ok()?.is_some(),
+                bindings.get_opt(&identity).await.ok()?.is_some(),
+                sas.get_opt(&identity).await.ok()?.is_some(),
+                !disruption_budgets(&client, &ns).await.is_empty(),
+            ];
+            (!left.contains(&true)).then_some(())
+        },
+    )
+    .await;
+    let text = config_text(&cms.get(&format!("{name}-dns-config")).await.unwrap());
+    assert!(!text.contains("ha:"), "{text}");
+    let ready = drive_to_ready(&client, &ns, &name, &op).await;
+    assert!(ready
+        .status
+        .unwrap()
+        .component_status
+        .unwrap()
+        .dns
+        .is_none());
+
+    // DHCP from one replica to two: a StatefulSet whose immutable fields
+    // change is replaced, pods first; the first replica keeps the lease
+    // volume of the single pod.
+    let dhcp = format!("{name}-dhcp");
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), &ns);
+    let claim = eventually("the DHCP lease volume", WAIT, Some(&op), || async {
+        claims.get_opt(&format!("leases-{dhcp}-0")).await.ok()?
+    })
+    .await;
+    let single_uid = sets.get(&dhcp).await.unwrap().metadata.uid;
+    infras
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"infraComponents": {"dhcp": {"replicas": 2}}}})),
+        )
+        .await
+        .unwrap();
+    let replaced = eventually("two DHCP replicas", WAIT, Some(&op), || async {
+        make_pods_ready(&client, &ns, &name).await;
+        let set = sets.get_opt(&dhcp).await.ok()??;
+        (set.metadata.uid != single_uid).then_some(set)
+    })
+    .await;
+    let spec = replaced.spec.unwrap();
+    assert_eq!(
+        (spec.replicas, spec.pod_management_policy.as_deref()),
+        (Some(2), Some("Parallel"))
+    );
+    assert_eq!(
+        claims
+            .get(&format!("leases-{dhcp}-0"))
+            .await
+            .unwrap()
+            .metadata
+            .uid,
+        claim.metadata.uid,
+        "the first replica lost the lease volume"
+    );
+    let ready = drive_to_ready(&client, &ns, &name, &op).await;
+    assert_eq!(
+        ready
+            .status
+            .unwrap()
+            .component_status
+            .unwrap()
+            .dhcp
+            .unwrap()
+            .ready_replicas,
+        2
+    );
+
+    // Deleting the Infra: the garbage collector takes everything of the
+    // two replicas too, key included.
+    infras
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let selector = format!("app.kubernetes.io/instance={name}");
+    eventually(
+        "every object of two replicas garbage-collected",
+        Duration::from_secs(90),
+        Some(&op),
+        || async {
+            make_pods_ready(&client, &ns, &name).await;
+            let lp = ListParams::default().labels(&selector);
+            let left = count::<StatefulSet>(&client, &ns, &lp).await?
+                + count::<Lease>(&client, &ns, &lp).await?
+                + count::<Role>(&client, &ns, &lp).await?
+                + count::<RoleBinding>(&client, &ns, &lp).await?
+                + count::<Secret>(&client, &ns, &lp).await?
+                + count::<Service>(&client, &ns, &lp).await?
+                + count::<ServiceAccount>(&client, &ns, &lp).await?
+                + disruption_budgets(&client, &ns).await.len();
+            (left == 0).then_some(())
+        },
+    )
+    .await;
+    assert!(!op.log_text().contains("panicked"), "{}", op.log_text());
 }

@@ -12,16 +12,24 @@
 //!
 //! A finalizer removes what owner references cannot reach: the
 //! NetworkPolicy in the control-plane namespace.
+//!
+//! A component whose workload changes kind or shape (one replica to two and
+//! back) has its old workload deleted first, pods before it, and nothing
+//! else of it changed until that is done: the old pods never run the new
+//! config, and the serverIP is never held by an old pod and a new one.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DynamicObject};
+use kube::core::ApiResource;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::finalizer::{finalizer, Event as Finalize};
@@ -29,9 +37,9 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
 
-use super::crd::{ComponentStatus, Infra, InfraStatus};
-use super::plan::{Component, Owner, Settings};
-use super::render::{self, ComponentObjects, Rendered, Workload};
+use super::crd::{ComponentStatus, Infra, InfraStatus, ReplicaStatus};
+use super::plan::{Component, Owner, Settings, MAX_REPLICAS};
+use super::render::{self, ComponentObjects, HaObjects, Rendered, Workload};
 use super::status::{self, ComponentState, Observed};
 use super::validate::{self, HostedClusterFacts, InternalProxyTarget, ServiceAddress};
 use crate::error::Error;
@@ -39,10 +47,10 @@ use crate::k8s::apply::{api_message, not_found, Applier, Noise, OnMissing};
 use crate::k8s::conditions;
 use crate::k8s::events::publish_about;
 use crate::k8s::finalizer as finalizers;
-use crate::k8s::index::{Index, WorkloadFacts};
+use crate::k8s::index::{Index, Owned, WorkloadFacts};
 use crate::k8s::metrics::{OperatorMetrics, ReconcileTimer};
-use crate::k8s::resources::{hosted_cluster_resource, nad_resource};
-use crate::k8s::watch::{cached, owned, Scope};
+use crate::k8s::resources::{hosted_cluster_resource, nad_resource, resource};
+use crate::k8s::watch::{cached, owned, owned_dynamic, Scope};
 
 /// Removes the control-plane NetworkPolicy before the Infra goes.
 pub const FINALIZER: &str = "causeway.io/cleanup";
@@ -60,6 +68,10 @@ pub struct Indexes {
     pub service_accounts: Index,
     pub services: Index,
     pub network_policies: Index,
+    pub leases: Index,
+    pub disruption_budgets: Index,
+    pub roles: Index,
+    pub role_bindings: Index,
 }
 
 impl Indexes {
@@ -73,6 +85,10 @@ impl Indexes {
             &self.service_accounts,
             &self.services,
             &self.network_policies,
+            &self.leases,
+            &self.disruption_budgets,
+            &self.roles,
+            &self.role_bindings,
         ]
         .iter()
         .all(|i| i.ready())
@@ -86,6 +102,11 @@ pub struct Context {
     pub indexes: Indexes,
     pub recorder: Option<Recorder>,
     pub metrics: Option<OperatorMetrics>,
+    /// PodDisruptionBudgets in the version the API server serves.
+    pub disruption_budget: ApiResource,
+    /// The replicas' key Secrets known to exist: the operator may create
+    /// and delete Secrets but not read them, so it remembers.
+    pub ha_keys: Mutex<HashSet<(String, String)>>,
 }
 
 /// What a referenced HostedCluster says, or why it could not be read. A
@@ -163,6 +184,28 @@ fn workload_state(w: Option<WorkloadFacts>, component: Component) -> ComponentSt
     }
 }
 
+/// Two replicas: ready when both are ready on the latest template; while
+/// one is, the component serves without a standby (degraded, not down),
+/// whatever the workload controller is doing.
+pub fn replicated_state(w: Option<WorkloadFacts>, component: Component) -> ComponentState {
+    let pods = component.name();
+    match w {
+        Some(f)
+            if f.observed_generation >= f.generation
+                && f.updated
+                && f.ready_replicas >= MAX_REPLICAS =>
+        {
+            ComponentState::Ready
+        }
+        Some(f) if f.ready_replicas >= 1 => ComponentState::Degraded(format!(
+            "{pods} serves from one replica: the other is not ready or not up to date, so there is no standby"
+        )),
+        _ => ComponentState::NotReady(format!(
+            "0 of {MAX_REPLICAS} {pods} pods ready and up to date"
+        )),
+    }
+}
+
 /// One pass over one Infra, wrapped in the finalizer.
 pub async fn reconcile(infra: Arc<Infra>, ctx: Arc<Context>) -> Result<Action, Error> {
     let timer = ReconcileTimer::start(ctx.metrics.as_ref(), CONTROLLER);
@@ -224,6 +267,11 @@ async fn cleanup(infra: &Infra, ctx: &Context) -> Result<Action, Error> {
             .gone_from(&api, "NetworkPolicy", &policy.name_any())
             .await?;
     }
+    if let Ok(mut keys) = ctx.ha_keys.lock() {
+        for c in Component::ALL {
+            keys.remove(&(owner.namespace.clone(), render::ha_key_name(&owner, c)));
+        }
+    }
     tracing::info!(infra = %owner.name, namespace = %owner.namespace, "cleaned up; owned objects go by garbage collection");
     Ok(Action::await_change())
 }
@@ -258,7 +306,7 @@ async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Err
             .unwrap_or(ServiceAddress::Missing)
     };
     let plan = match hc {
-        Ok(facts) => validate::validate(&infra.spec, &ns, facts.as_ref(), &lookup),
+        Ok(facts) => validate::validate(&infra.spec, &owner.name, &ns, facts.as_ref(), &lookup),
         Err(why) => Err(vec![why]),
     };
     let plan = match plan {
@@ -273,6 +321,7 @@ async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Err
                 network_attachment: None,
                 warnings: Vec::new(),
                 components: Vec::new(),
+                replicas: Vec::new(),
             };
             write_status(ctx, infra, &observed).await?;
             return Ok((Action::requeue(Duration::from_secs(60)), false));
@@ -285,6 +334,7 @@ async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Err
             network_attachment: Some(Err(why)),
             warnings: plan.warnings.clone(),
             components: Vec::new(),
+            replicas: Vec::new(),
         };
         write_status(ctx, infra, &observed).await?;
         return Ok((Action::requeue(Duration::from_secs(30)), true));
@@ -298,7 +348,11 @@ async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Err
         valid: Ok(()),
         network_attachment: Some(Ok(())),
         warnings: plan.warnings.clone(),
-        components: states,
+        replicas: states
+            .iter()
+            .filter_map(|(c, _, r)| r.clone().map(|r| (*c, r)))
+            .collect(),
+        components: states.into_iter().map(|(c, s, _)| (c, s)).collect(),
     };
     write_status(ctx, infra, &observed).await?;
     // Owned objects are watched, so changes come as events; this is the
@@ -306,11 +360,14 @@ async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Err
     Ok((Action::requeue(Duration::from_secs(300)), true))
 }
 
+/// Each component's state, and for two replicas what its status shows.
+type ComponentOutcome = (Component, ComponentState, Option<ReplicaStatus>);
+
 async fn apply_rendered(
     ctx: &Context,
     owner: &Owner,
     rendered: Rendered,
-) -> Result<Vec<(Component, ComponentState)>, Error> {
+) -> Result<Vec<ComponentOutcome>, Error> {
     let s = &ctx.indexes;
     let Rendered {
         service_account,
@@ -339,9 +396,11 @@ async fn apply_rendered(
         }
         Ok::<(), Error>(())
     };
+    // Boxed: each is a deep future, and three side by side inline would
+    // outgrow a worker thread's stack in a debug build.
     let component = |c: Component| {
         let objects = components.iter().find(|o| o.component == c).cloned();
-        component_state(ctx, owner, c, objects)
+        Box::pin(component_state(ctx, owner, c, objects))
     };
     // The objects of different components do not depend on each other:
     // applied side by side, a reconcile takes a few round trips, not ten.
@@ -352,9 +411,9 @@ async fn apply_rendered(
         component(Component::Proxy),
     )?;
     Ok(vec![
-        (Component::Dhcp, dhcp),
-        (Component::Dns, dns),
-        (Component::Proxy, proxy),
+        (Component::Dhcp, dhcp.0, dhcp.1),
+        (Component::Dns, dns.0, dns.1),
+        (Component::Proxy, proxy.0, proxy.1),
     ])
 }
 
@@ -365,7 +424,7 @@ async fn component_state(
     owner: &Owner,
     component: Component,
     objects: Option<ComponentObjects>,
-) -> Result<ComponentState, Error> {
+) -> Result<(ComponentState, Option<ReplicaStatus>), Error> {
     let s = &ctx.indexes;
     let ns = owner.namespace.as_str();
     let name = render::object_name(owner, component);
@@ -377,30 +436,67 @@ async fn component_state(
                 &render::config_map_name(owner, component),
             )
             .await?;
-        match component {
-            Component::Dhcp => {
-                ctx.applier
-                    .remove::<StatefulSet>(&s.stateful_sets, ns, &name)
-                    .await?
-            }
-            _ => {
-                ctx.applier
-                    .remove::<Deployment>(&s.deployments, ns, &name)
-                    .await?
-            }
-        }
+        // Either kind: DNS and the proxy are StatefulSets with two replicas.
+        ctx.applier
+            .remove::<StatefulSet>(&s.stateful_sets, ns, &name)
+            .await?;
+        ctx.applier
+            .remove::<Deployment>(&s.deployments, ns, &name)
+            .await?;
         if component == Component::Dns {
             ctx.applier
                 .remove::<Service>(&s.services, ns, &name)
                 .await?;
         }
-        return Ok(ComponentState::Disabled);
+        Box::pin(remove_ha(ctx, owner, component)).await?;
+        return Ok((ComponentState::Disabled, None));
     };
+
+    // A workload of another kind or shape goes first, with its pods;
+    // until it has, nothing of the component changes.
+    let replacing = match &objects.workload {
+        Workload::StatefulSet(set) => {
+            let stale_shape = s
+                .stateful_sets
+                .get(ns, &name)
+                .is_some_and(|seen| seen.shape != set.shape());
+            if stale_shape {
+                ctx.applier
+                    .remove_foreground::<StatefulSet>(&s.stateful_sets, ns, &name)
+                    .await?;
+            }
+            ctx.applier
+                .remove_foreground::<Deployment>(&s.deployments, ns, &name)
+                .await?;
+            stale_shape || s.deployments.get(ns, &name).is_some()
+        }
+        Workload::Deployment(_) => {
+            ctx.applier
+                .remove_foreground::<StatefulSet>(&s.stateful_sets, ns, &name)
+                .await?;
+            s.stateful_sets.get(ns, &name).is_some()
+        }
+    };
+    if replacing {
+        return Ok((
+            ComponentState::NotReady(format!(
+                "replacing the {} workload: its old pods go before the new ones start",
+                component.name()
+            )),
+            None,
+        ));
+    }
+
     ctx.applier
         .ensure_indexed(&s.config_maps, objects.config)
         .await?;
     if let Some(service) = objects.service {
         ctx.applier.ensure_indexed(&s.services, service).await?;
+    }
+    let replicated = objects.ha.is_some();
+    match objects.ha {
+        Some(ha) => Box::pin(ensure_ha(ctx, owner, component, ha)).await?,
+        None => Box::pin(remove_ha(ctx, owner, component)).await?,
     }
     let facts = match objects.workload {
         Workload::StatefulSet(set) => {
@@ -412,7 +508,165 @@ async fn component_state(
             s.deployments.get(ns, &name).and_then(|w| w.workload)
         }
     };
-    Ok(workload_state(facts, component))
+    if !replicated {
+        return Ok((workload_state(facts, component), None));
+    }
+    let replicas = ReplicaStatus {
+        replicas: MAX_REPLICAS,
+        ready_replicas: facts.map_or(0, |f| f.ready_replicas),
+        active_replica: s
+            .leases
+            .get(ns, &render::lease_name(owner, component))
+            .and_then(|l| l.holder),
+    };
+    Ok((replicated_state(facts, component), Some(replicas)))
+}
+
+/// What two replicas need beside their workload, the identity before what
+/// it is granted. The key is made once: asked for again only while the
+/// replicas are not both ready, as a key Secret deleted by hand keeps new
+/// pods from starting.
+async fn ensure_ha(
+    ctx: &Context,
+    owner: &Owner,
+    component: Component,
+    ha: HaObjects,
+) -> Result<(), Error> {
+    let s = &ctx.indexes;
+    let ns = owner.namespace.as_str();
+    let HaObjects {
+        peers,
+        disruption_budget,
+        lease,
+        service_account,
+        role,
+        role_binding,
+    } = ha;
+    ctx.applier
+        .ensure_indexed(&s.service_accounts, service_account)
+        .await?;
+    ctx.applier.ensure_indexed(&s.leases, lease).await?;
+    ctx.applier.ensure_indexed(&s.roles, role).await?;
+    ctx.applier
+        .ensure_indexed(&s.role_bindings, role_binding)
+        .await?;
+    ctx.applier.ensure_indexed(&s.services, peers).await?;
+    let budget = disruption_budget_object(&ctx.disruption_budget, &disruption_budget)?;
+    ctx.applier
+        .ensure_indexed_dynamic(&s.disruption_budgets, &ctx.disruption_budget, budget)
+        .await?;
+
+    let key = (ns.to_string(), render::ha_key_name(owner, component));
+    let both_ready = s
+        .stateful_sets
+        .get(ns, &render::object_name(owner, component))
+        .and_then(|w| w.workload)
+        .is_some_and(|f| f.ready_replicas >= MAX_REPLICAS);
+    if both_ready && known_key(ctx, &key) {
+        return Ok(());
+    }
+    ctx.applier
+        .create_absent(&render::ha_key(owner, component, rand::random()))
+        .await?;
+    if let Ok(mut keys) = ctx.ha_keys.lock() {
+        keys.insert(key);
+    }
+    Ok(())
+}
+
+fn known_key(ctx: &Context, key: &(String, String)) -> bool {
+    ctx.ha_keys.lock().is_ok_and(|keys| keys.contains(key))
+}
+
+/// The budget as the version the API server serves: v1 and v1beta1 have
+/// the same fields for what is set here.
+fn disruption_budget_object(
+    resource: &ApiResource,
+    budget: &k8s_openapi::api::policy::v1::PodDisruptionBudget,
+) -> Result<DynamicObject, Error> {
+    let mut value = serde_json::to_value(budget).map_err(|e| Error::Render(e.to_string()))?;
+    value["apiVersion"] = resource.api_version.clone().into();
+    value["kind"] = resource.kind.clone().into();
+    serde_json::from_value(value).map_err(|e| Error::Render(e.to_string()))
+}
+
+/// Removes what only two replicas have, once they are gone: the key first
+/// (the operator cannot see it; the others say whether there is anything
+/// to remove) and the Lease last, so an interrupted removal is taken up
+/// again.
+async fn remove_ha(ctx: &Context, owner: &Owner, component: Component) -> Result<(), Error> {
+    let s = &ctx.indexes;
+    let ns = owner.namespace.as_str();
+    let identity = render::ha_identity_name(owner, component);
+    let peers = render::peers_name(owner, component);
+    let workload = render::object_name(owner, component);
+    let lease = render::lease_name(owner, component);
+    let any = s.leases.get(ns, &lease).is_some()
+        || s.roles.get(ns, &identity).is_some()
+        || s.role_bindings.get(ns, &identity).is_some()
+        || s.service_accounts.get(ns, &identity).is_some()
+        || s.services.get(ns, &peers).is_some()
+        || s.disruption_budgets.get(ns, &workload).is_some();
+    if !any {
+        return Ok(());
+    }
+    let key = render::ha_key_name(owner, component);
+    ctx.applier.remove_unindexed::<Secret>(ns, &key).await?;
+    if let Ok(mut keys) = ctx.ha_keys.lock() {
+        keys.remove(&(ns.to_string(), key));
+    }
+    ctx.applier
+        .remove_dynamic(&s.disruption_budgets, &ctx.disruption_budget, ns, &workload)
+        .await?;
+    ctx.applier
+        .remove::<Service>(&s.services, ns, &peers)
+        .await?;
+    ctx.applier
+        .remove::<RoleBinding>(&s.role_bindings, ns, &identity)
+        .await?;
+    ctx.applier.remove::<Role>(&s.roles, ns, &identity).await?;
+    ctx.applier
+        .remove::<ServiceAccount>(&s.service_accounts, ns, &identity)
+        .await?;
+    ctx.applier.remove::<Lease>(&s.leases, ns, &lease).await?;
+    Ok(())
+}
+
+/// The PodDisruptionBudget API the server serves: policy/v1 from 1.21,
+/// policy/v1beta1 before (1.20, which the operator still supports). Asked
+/// until the server answers.
+async fn disruption_budget_resource(client: &Client) -> ApiResource {
+    let v1 = resource(
+        "policy",
+        "v1",
+        "PodDisruptionBudget",
+        "poddisruptionbudgets",
+    );
+    loop {
+        match client.list_api_group_resources("policy/v1").await {
+            Ok(list)
+                if list
+                    .resources
+                    .iter()
+                    .any(|r| r.name == "poddisruptionbudgets") =>
+            {
+                return v1
+            }
+            Ok(_) => break,
+            Err(e) if not_found(&e) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, "asking which PodDisruptionBudget API is served; again in 5 s");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        }
+    }
+    tracing::info!("no policy/v1 PodDisruptionBudgets: using policy/v1beta1");
+    resource(
+        "policy",
+        "v1beta1",
+        "PodDisruptionBudget",
+        "poddisruptionbudgets",
+    )
 }
 
 async fn write_status(ctx: &Context, infra: &Infra, observed: &Observed) -> Result<(), Error> {
@@ -424,11 +678,18 @@ async fn write_status(ctx: &Context, infra: &Infra, observed: &Observed) -> Resu
         infra.metadata.generation,
         &conditions::now(),
     );
+    // A component without a standby still serves.
     let ready = |c: Component| {
+        observed.components.iter().any(|(k, s)| {
+            *k == c && matches!(s, ComponentState::Ready | ComponentState::Degraded(_))
+        })
+    };
+    let replicas = |c: Component| {
         observed
-            .components
+            .replicas
             .iter()
-            .any(|(k, s)| *k == c && *s == ComponentState::Ready)
+            .find(|(k, _)| *k == c)
+            .map(|(_, r)| r.clone())
     };
     let next = InfraStatus {
         conditions,
@@ -437,6 +698,9 @@ async fn write_status(ctx: &Context, infra: &Infra, observed: &Observed) -> Resu
             dhcp_ready: ready(Component::Dhcp),
             dns_ready: ready(Component::Dns),
             proxy_ready: ready(Component::Proxy),
+            dhcp: replicas(Component::Dhcp),
+            dns: replicas(Component::Dns),
+            proxy: replicas(Component::Proxy),
         }),
     };
     let api: Api<Infra> = Api::namespaced(ctx.client.clone(), &ns);
@@ -510,12 +774,20 @@ pub async fn run(
     metrics: Option<OperatorMetrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
+    let disruption_budget = disruption_budget_resource(&client).await;
     let (config_maps, cm_stream) = owned(scope.api::<ConfigMap>(&client));
     let (deployments, deploy_stream) = owned(scope.api::<Deployment>(&client));
     let (stateful_sets, sts_stream) = owned(scope.api::<StatefulSet>(&client));
     let (service_accounts, sa_stream) = owned(scope.api::<ServiceAccount>(&client));
     let (services, svc_stream) = owned(scope.api::<Service>(&client));
     let (network_policies, np_stream) = owned(scope.api::<NetworkPolicy>(&client));
+    let (leases, lease_stream) = owned(scope.api::<Lease>(&client));
+    let (roles, role_stream) = owned(scope.api::<Role>(&client));
+    let (role_bindings, binding_stream) = owned(scope.api::<RoleBinding>(&client));
+    let (disruption_budgets, pdb_stream) = owned_dynamic(
+        scope.api_with::<DynamicObject>(&client, &disruption_budget),
+        disruption_budget.clone(),
+    );
     let ctx = Arc::new(Context {
         client: client.clone(),
         applier: Applier::new(client.clone(), metrics.clone(), Noise::Debug),
@@ -527,9 +799,15 @@ pub async fn run(
             service_accounts,
             services,
             network_policies,
+            leases,
+            disruption_budgets,
+            roles,
+            role_bindings,
         },
         recorder,
         metrics,
+        disruption_budget: disruption_budget.clone(),
+        ha_keys: Mutex::new(HashSet::new()),
     });
     let (infras, infra_stream) = cached(scope.api::<Infra>(&client), watcher::Config::default());
     let controller = Controller::for_stream(infra_stream, infras.clone());
@@ -545,6 +823,10 @@ pub async fn run(
         .owns_stream(sa_stream)
         .owns_stream(svc_stream)
         .owns_stream(np_stream)
+        .owns_stream(lease_stream)
+        .owns_stream(role_stream)
+        .owns_stream(binding_stream)
+        .owns_stream_with(pdb_stream, disruption_budget)
         .watches_stream(named_services, move |svc: Service| {
             let ns = svc.namespace().unwrap_or_default();
             let name = svc.name_any();
@@ -572,4 +854,59 @@ pub async fn run(
             }
         })
         .await;
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn facts(ready: i32, updated: bool, observed: i64) -> Option<WorkloadFacts> {
+        Some(WorkloadFacts {
+            generation: 3,
+            observed_generation: observed,
+            ready_replicas: ready,
+            updated,
+        })
+    }
+
+    #[test]
+    fn two_replicas_are_ready_degraded_or_down() {
+        let c = Component::Dhcp;
+        assert_eq!(
+            replicated_state(facts(2, true, 3), c),
+            ComponentState::Ready
+        );
+        // One left, or a rollout replacing one: it still serves.
+        for f in [facts(1, true, 3), facts(2, false, 3), facts(1, false, 2)] {
+            assert!(
+                matches!(replicated_state(f, c), ComponentState::Degraded(_)),
+                "{f:?}"
+            );
+        }
+        for f in [facts(0, true, 3), None] {
+            assert_eq!(
+                replicated_state(f, c),
+                ComponentState::NotReady("0 of 2 dhcp pods ready and up to date".into())
+            );
+        }
+    }
+
+    #[test]
+    fn the_budget_is_applied_in_the_version_served() {
+        use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+        let mut budget = PodDisruptionBudget::default();
+        budget.metadata.name = Some("x-dns".into());
+        let v1beta1 = resource(
+            "policy",
+            "v1beta1",
+            "PodDisruptionBudget",
+            "poddisruptionbudgets",
+        );
+        let obj = disruption_budget_object(&v1beta1, &budget).unwrap();
+        let value = serde_json::to_value(&obj).unwrap();
+        assert_eq!(value["apiVersion"], "policy/v1beta1");
+        assert_eq!(value["kind"], "PodDisruptionBudget");
+        assert_eq!(value["metadata"]["name"], "x-dns");
+    }
 }

@@ -124,6 +124,11 @@ pub struct DhcpSpec {
     /// VLAN's prefix length (`192.168.100.2/24`).
     #[serde(rename = "serverIP", default, skip_serializing_if = "Option::is_none")]
     pub server_ip: Option<String>,
+    /// 1 (the default) or 2, a causeway addition: two pods run the
+    /// component, one active holding serverIP and one standing by; a
+    /// coordination.k8s.io Lease settles which.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub range_start: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -145,6 +150,7 @@ impl Default for DhcpSpec {
         DhcpSpec {
             enabled: true,
             server_ip: None,
+            replicas: None,
             range_start: None,
             range_end: None,
             lease_time: None,
@@ -172,6 +178,11 @@ pub struct DnsSpec {
     /// VLAN's prefix length); the DNS server DHCP hands out.
     #[serde(rename = "serverIP", default, skip_serializing_if = "Option::is_none")]
     pub server_ip: Option<String>,
+    /// 1 (the default) or 2, a causeway addition: two pods run the
+    /// component, one active holding serverIP and one standing by; a
+    /// coordination.k8s.io Lease settles which.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_domain: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -189,6 +200,7 @@ impl Default for DnsSpec {
         DnsSpec {
             enabled: true,
             server_ip: None,
+            replicas: None,
             base_domain: None,
             cluster_name: None,
             image: None,
@@ -217,6 +229,11 @@ pub struct ProxySpec {
     /// and, with an ingress target, *.apps resolve to it on the VLAN.
     #[serde(rename = "serverIP", default, skip_serializing_if = "Option::is_none")]
     pub server_ip: Option<String>,
+    /// 1 (the default) or 2, a causeway addition: two pods run the
+    /// component, one active holding serverIP and one standing by; a
+    /// coordination.k8s.io Lease settles which.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
     /// Where clients off the VLAN (the default DNS view) reach the control
     /// plane: an IP address, or a Service as `name` (in the Infra's
     /// namespace) or `name.namespace`, whose ClusterIP is used and followed
@@ -256,6 +273,7 @@ impl Default for ProxySpec {
         ProxySpec {
             enabled: true,
             server_ip: None,
+            replicas: None,
             internal_proxy_service: None,
             control_plane_namespace: None,
             api_server_service: None,
@@ -322,6 +340,27 @@ pub struct ComponentStatus {
     pub dns_ready: bool,
     #[serde(default)]
     pub proxy_ready: bool,
+    /// A causeway addition, for a component with two replicas: which one
+    /// is active and how many are ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhcp: Option<ReplicaStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<ReplicaStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<ReplicaStatus>,
+}
+
+/// A component with two replicas, as its workload and its Lease show it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaStatus {
+    pub replicas: i32,
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// The pod holding the component's Lease, so its serverIP; absent
+    /// while nobody does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_replica: Option<String>,
 }
 
 /// The CRD as YAML, exactly as `charts/causeway/templates/crd-infra.yaml`

@@ -18,6 +18,71 @@ pub const LEASE_DIR: &str = "/var/lib/causeway";
 pub const VLAN_INTERFACE: &str = "net1";
 pub const NETWORKS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/networks";
 
+/// Where the two replicas of a component send each other adverts (UDP)
+/// and the DHCP lease stream (TCP), on the pod network.
+pub const HA_PORT: i32 = 7946;
+/// The shared key of two replicas, from their Secret.
+pub const HA_DIR: &str = "/etc/causeway/ha";
+pub const HA_KEY: &str = "key";
+/// The pod's own name, which is its replica name in the `ha` section.
+pub const HA_NODE_ENV: &str = "CAUSEWAY_HA_NODE";
+/// The most replicas a component runs: one active, one standing by.
+pub const MAX_REPLICAS: i32 = 2;
+
+/// The names of one component's objects, from the Infra's name. Shared by
+/// validation (the `ha` section names the pods, their peers Service and
+/// the Lease) and rendering.
+pub mod names {
+    use super::Component;
+
+    /// The workload: a StatefulSet, or a Deployment for DNS and the proxy
+    /// at one replica.
+    pub fn workload(infra: &str, component: Component) -> String {
+        format!("{infra}-{}", component.name())
+    }
+
+    /// The headless Service that gives two replicas stable names.
+    pub fn peers(infra: &str, component: Component) -> String {
+        format!("{}-peers", workload(infra, component))
+    }
+
+    /// The Lease that settles which replica is active.
+    pub fn lease(infra: &str, component: Component) -> String {
+        workload(infra, component)
+    }
+
+    /// The ServiceAccount, Role and RoleBinding of two replicas: their
+    /// token may touch their own Lease and nothing else.
+    pub fn ha_identity(infra: &str, component: Component) -> String {
+        format!("{}-ha", workload(infra, component))
+    }
+
+    /// The Secret holding the replicas' shared key.
+    pub fn ha_key(infra: &str, component: Component) -> String {
+        format!("{}-ha-key", workload(infra, component))
+    }
+
+    /// Replica `ordinal`'s pod, as its StatefulSet names it.
+    pub fn replica(infra: &str, component: Component, ordinal: u8) -> String {
+        format!("{}-{ordinal}", workload(infra, component))
+    }
+
+    /// Where a replica's peer reaches it: its name under the peers Service.
+    pub fn replica_address(
+        infra: &str,
+        namespace: &str,
+        component: Component,
+        ordinal: u8,
+    ) -> String {
+        format!(
+            "{}.{}.{namespace}.svc:{}",
+            replica(infra, component, ordinal),
+            peers(infra, component),
+            super::HA_PORT
+        )
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Component {
     Dhcp,
@@ -53,6 +118,8 @@ pub struct Settings {
 pub struct ComponentPlan {
     pub component: Component,
     pub server_ip: Ipv4Addr,
+    /// 1, or 2 for an active and a standby replica.
+    pub replicas: i32,
     /// The config as the ConfigMap holds it (YAML), already validated.
     pub config_text: String,
 }
@@ -73,5 +140,10 @@ pub struct Plan {
 impl Plan {
     pub fn component(&self, c: Component) -> Option<&ComponentPlan> {
         self.components.iter().find(|p| p.component == c)
+    }
+
+    /// Whether `c` runs as two replicas.
+    pub fn replicated(&self, c: Component) -> bool {
+        self.component(c).is_some_and(|p| p.replicas > 1)
     }
 }

@@ -7,29 +7,41 @@
 //! StatefulSet of one (its rolling update deletes the pod before creating
 //! the next, and the lease volume follows it), DNS and the proxy are
 //! Deployments with the Recreate strategy.
+//!
+//! A component with two replicas is a StatefulSet of two on separate nodes
+//! (stable names, which the `ha` section of its config lists), whose pods
+//! get no static address: the active one adds the serverIP itself. With it
+//! come the peers Service that resolves those names, a disruption budget,
+//! the Lease that settles which replica is active, the key the two share,
+//! and the one identity allowed to touch that Lease ([`HaObjects`]).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, StatefulSet, StatefulSetSpec,
 };
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction,
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, SeccompProfile, SecurityContext, Service, ServiceAccount, ServicePort,
-    ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+    Affinity, Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar,
+    EnvVarSource, HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Service,
+    ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
     NetworkPolicySpec,
 };
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::ByteString;
 
 use super::plan::{
-    Component, Owner, Plan, Settings, ADMIN_PORT, CONFIG_DIR, LEASE_DIR, NETWORKS_ANNOTATION,
-    VLAN_INTERFACE,
+    names, Component, Owner, Plan, Settings, ADMIN_PORT, CONFIG_DIR, HA_DIR, HA_KEY, HA_NODE_ENV,
+    HA_PORT, LEASE_DIR, NETWORKS_ANNOTATION, VLAN_INTERFACE,
 };
 
 /// One component's objects.
@@ -41,6 +53,31 @@ pub struct ComponentObjects {
     /// DNS only: a ClusterIP Service, so the pod network reaches the
     /// default view.
     pub service: Option<Service>,
+    /// With two replicas: what they need beyond the workload.
+    pub ha: Option<HaObjects>,
+}
+
+/// What two replicas of one component need besides their StatefulSet. The
+/// Secret with their shared key is not here: it is random, so not a
+/// rendering ([`ha_key`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HaObjects {
+    /// Headless, publishing pods before they are ready: the StatefulSet's
+    /// governing Service, through which each replica finds the other
+    /// (`<pod>.<workload>-peers.<namespace>.svc`).
+    pub peers: Service,
+    /// At most one of the two replicas voluntarily evicted at a time
+    /// (policy/v1; the controller applies it as policy/v1beta1 where the
+    /// API server has no v1, as 1.20 does).
+    pub disruption_budget: PodDisruptionBudget,
+    /// Made by the operator with metadata only: the replicas write its
+    /// spec (holder, renewals), which the operator never sets.
+    pub lease: Lease,
+    /// The replicas' own identity, whose token they mount.
+    pub service_account: ServiceAccount,
+    /// That identity may read, watch and write this one Lease, nothing else.
+    pub role: Role,
+    pub role_binding: RoleBinding,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -73,7 +110,7 @@ pub const INFRA_NAME_LABEL: &str = "causeway.io/infra-name";
 pub const INFRA_NAMESPACE_LABEL: &str = "causeway.io/infra-namespace";
 
 pub fn object_name(owner: &Owner, component: Component) -> String {
-    format!("{}-{}", owner.name, component.name())
+    names::workload(&owner.name, component)
 }
 
 pub fn config_map_name(owner: &Owner, component: Component) -> String {
@@ -92,6 +129,24 @@ pub fn control_plane_policy_name(owner: &Owner) -> String {
 
 pub fn service_account_name(owner: &Owner) -> String {
     format!("{}-causeway", owner.name)
+}
+
+/// The names of what only two replicas have: the controller finds them by
+/// these to remove them when the component goes back to one.
+pub fn peers_name(owner: &Owner, component: Component) -> String {
+    names::peers(&owner.name, component)
+}
+
+pub fn lease_name(owner: &Owner, component: Component) -> String {
+    names::lease(&owner.name, component)
+}
+
+pub fn ha_identity_name(owner: &Owner, component: Component) -> String {
+    names::ha_identity(&owner.name, component)
+}
+
+pub fn ha_key_name(owner: &Owner, component: Component) -> String {
+    names::ha_key(&owner.name, component)
 }
 
 /// Labels that select one component's pods.
@@ -157,6 +212,18 @@ pub fn networks_annotation(plan: &Plan, address: std::net::Ipv4Addr) -> String {
     .to_string()
 }
 
+/// The Multus annotation of a replica: the VLAN attachment without a
+/// static address. Static IPAM cannot give one address to two pods; the
+/// active replica adds the serverIP to `net1` itself.
+pub fn replica_networks_annotation(plan: &Plan) -> String {
+    serde_json::json!([{
+        "name": plan.nad_name,
+        "namespace": plan.nad_namespace,
+        "interface": VLAN_INTERFACE,
+    }])
+    .to_string()
+}
+
 /// What each component may do beyond an unprivileged process: its ports
 /// below 1024, routing rules and routes, and for DHCP raw replies.
 pub fn capabilities(component: Component) -> Vec<String> {
@@ -167,7 +234,11 @@ pub fn capabilities(component: Component) -> Vec<String> {
     caps
 }
 
-fn ports(component: Component) -> Vec<ContainerPort> {
+/// The ports between two replicas: adverts over UDP, the DHCP lease stream
+/// over TCP, on one number.
+const HA_PORTS: [(&str, &str); 2] = [("ha-advert", "UDP"), ("ha-stream", "TCP")];
+
+fn ports(component: Component, replicated: bool) -> Vec<ContainerPort> {
     let mut p = vec![ContainerPort {
         name: Some("admin".into()),
         container_port: ADMIN_PORT,
@@ -179,7 +250,12 @@ fn ports(component: Component) -> Vec<ContainerPort> {
         Component::Dns => &[("dns", 53, "UDP"), ("dns-tcp", 53, "TCP")],
         Component::Proxy => &[("api", 6443, "TCP"), ("https", 443, "TCP")],
     };
-    for (name, port, proto) in service {
+    let ha: Vec<(&str, i32, &str)> = HA_PORTS
+        .iter()
+        .filter(|_| replicated)
+        .map(|(name, proto)| (*name, HA_PORT, *proto))
+        .collect();
+    for (name, port, proto) in service.iter().chain(ha.iter()) {
         p.push(ContainerPort {
             name: Some((*name).into()),
             container_port: *port,
@@ -211,6 +287,7 @@ fn pod_template(
     resources: Option<&ResourceRequirements>,
 ) -> PodTemplateSpec {
     let address = server_ip(plan, component).unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
+    let replicated = plan.replicated(component);
     let mut mounts = vec![VolumeMount {
         name: "config".into(),
         mount_path: CONFIG_DIR.into(),
@@ -224,6 +301,47 @@ fn pod_template(
             ..VolumeMount::default()
         });
     }
+    let mut volumes = vec![Volume {
+        name: "config".into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: config_map_name(owner, component),
+            ..ConfigMapVolumeSource::default()
+        }),
+        ..Volume::default()
+    }];
+    if replicated {
+        // Beneath the config volume: the kubelet makes the mount point
+        // inside a read-only API-data volume itself (since 1.10).
+        mounts.push(VolumeMount {
+            name: "ha-key".into(),
+            mount_path: HA_DIR.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+        volumes.push(Volume {
+            name: "ha-key".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(ha_key_name(owner, component)),
+                // Read by the container's root user only.
+                default_mode: Some(0o400),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+    }
+    let env = replicated.then(|| {
+        vec![EnvVar {
+            name: HA_NODE_ENV.into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.name".into(),
+                    ..ObjectFieldSelector::default()
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        }]
+    });
     let container = Container {
         name: "causeway".into(),
         image: Some(image.into()),
@@ -232,7 +350,8 @@ fn pod_template(
             "--config".into(),
             format!("{CONFIG_DIR}/config.yaml"),
         ]),
-        ports: Some(ports(component)),
+        ports: Some(ports(component, replicated)),
+        env,
         readiness_probe: Some(probe("/readyz", 5)),
         liveness_probe: Some(probe("/healthz", 10)),
         resources: resources.cloned(),
@@ -258,30 +377,77 @@ fn pod_template(
     };
     let mut labels = labels(owner, Some(component));
     labels.extend(selector_labels(owner, component));
+    let networks = if replicated {
+        replica_networks_annotation(plan)
+    } else {
+        networks_annotation(plan, address)
+    };
     PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(labels),
             annotations: Some(BTreeMap::from([(
                 NETWORKS_ANNOTATION.to_string(),
-                networks_annotation(plan, address),
+                networks,
             )])),
             ..ObjectMeta::default()
         }),
         spec: Some(PodSpec {
-            service_account_name: Some(service_account_name(owner)),
-            automount_service_account_token: Some(false),
+            service_account_name: Some(if replicated {
+                ha_identity_name(owner, component)
+            } else {
+                service_account_name(owner)
+            }),
+            // Only replicas talk to the API server, and only about their
+            // Lease.
+            automount_service_account_token: Some(replicated),
             containers: vec![container],
-            volumes: Some(vec![Volume {
-                name: "config".into(),
-                config_map: Some(ConfigMapVolumeSource {
-                    name: config_map_name(owner, component),
-                    ..ConfigMapVolumeSource::default()
-                }),
-                ..Volume::default()
-            }]),
+            volumes: Some(volumes),
+            affinity: replicated.then(|| apart(owner, component)),
             termination_grace_period_seconds: Some(45),
             ..PodSpec::default()
         }),
+    }
+}
+
+/// Two replicas never on one node: a node lost takes one of them, not both.
+/// Required, so with a single schedulable node the second waits rather
+/// than share it.
+fn apart(owner: &Owner, component: Component) -> Affinity {
+    Affinity {
+        pod_anti_affinity: Some(PodAntiAffinity {
+            required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
+                label_selector: Some(LabelSelector {
+                    match_labels: Some(selector_labels(owner, component)),
+                    ..LabelSelector::default()
+                }),
+                topology_key: "kubernetes.io/hostname".into(),
+                ..PodAffinityTerm::default()
+            }]),
+            ..PodAntiAffinity::default()
+        }),
+        ..Affinity::default()
+    }
+}
+
+/// The DHCP lease log's volume, one per pod.
+fn lease_volume() -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some("leases".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_string(),
+                    Quantity("1Gi".into()),
+                )])),
+                ..VolumeResourceRequirements::default()
+            }),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        ..PersistentVolumeClaim::default()
     }
 }
 
@@ -309,7 +475,25 @@ pub fn render(plan: &Plan, owner: &Owner, settings: &Settings) -> Rendered {
         };
         let template = pod_template(plan, owner, component, image, resources);
         let name = object_name(owner, component);
+        let replicated = plan.replicated(component);
         let workload = match component {
+            // Two replicas need stable names, which only a StatefulSet
+            // gives; they start side by side (neither waits for the other
+            // to be ready, as the standby is not until it has synced).
+            _ if replicated => Workload::StatefulSet(StatefulSet {
+                metadata: meta(owner, name.clone(), Some(component)),
+                spec: Some(StatefulSetSpec {
+                    replicas: Some(2),
+                    service_name: Some(peers_name(owner, component)),
+                    pod_management_policy: Some("Parallel".into()),
+                    selector: selector.clone(),
+                    template,
+                    volume_claim_templates: (component == Component::Dhcp)
+                        .then(|| vec![lease_volume()]),
+                    ..StatefulSetSpec::default()
+                }),
+                ..StatefulSet::default()
+            }),
             Component::Dhcp => Workload::StatefulSet(StatefulSet {
                 metadata: meta(owner, name.clone(), Some(component)),
                 spec: Some(StatefulSetSpec {
@@ -317,24 +501,7 @@ pub fn render(plan: &Plan, owner: &Owner, settings: &Settings) -> Rendered {
                     service_name: Some(name),
                     selector,
                     template,
-                    volume_claim_templates: Some(vec![PersistentVolumeClaim {
-                        metadata: ObjectMeta {
-                            name: Some("leases".into()),
-                            ..ObjectMeta::default()
-                        },
-                        spec: Some(PersistentVolumeClaimSpec {
-                            access_modes: Some(vec!["ReadWriteOnce".into()]),
-                            resources: Some(VolumeResourceRequirements {
-                                requests: Some(BTreeMap::from([(
-                                    "storage".to_string(),
-                                    Quantity("1Gi".into()),
-                                )])),
-                                ..VolumeResourceRequirements::default()
-                            }),
-                            ..PersistentVolumeClaimSpec::default()
-                        }),
-                        ..PersistentVolumeClaim::default()
-                    }]),
+                    volume_claim_templates: Some(vec![lease_volume()]),
                     ..StatefulSetSpec::default()
                 }),
                 ..StatefulSet::default()
@@ -355,13 +522,16 @@ pub fn render(plan: &Plan, owner: &Owner, settings: &Settings) -> Rendered {
             }),
         };
         let service = (component == Component::Dns).then(|| dns_service(owner));
+        let ha = replicated.then(|| ha_objects(owner, component));
         components.push(ComponentObjects {
             component,
             config,
             workload,
             service,
+            ha,
         });
     }
+    let replicated = components.iter().any(|c| c.ha.is_some());
     Rendered {
         service_account: ServiceAccount {
             metadata: meta(owner, service_account_name(owner), None),
@@ -369,12 +539,116 @@ pub fn render(plan: &Plan, owner: &Owner, settings: &Settings) -> Rendered {
             ..ServiceAccount::default()
         },
         components,
-        admin_policy: admin_policy(owner, &settings.operator_namespace),
+        admin_policy: admin_policy(owner, &settings.operator_namespace, replicated),
         control_plane_policy: plan
             .control_plane_namespace
             .as_deref()
             .filter(|ns| !ns.is_empty())
             .map(|ns| control_plane_policy(owner, ns)),
+    }
+}
+
+fn ha_objects(owner: &Owner, component: Component) -> HaObjects {
+    let identity = ha_identity_name(owner, component);
+    let lease = lease_name(owner, component);
+    let selector = LabelSelector {
+        match_labels: Some(selector_labels(owner, component)),
+        ..LabelSelector::default()
+    };
+    HaObjects {
+        peers: Service {
+            metadata: meta(owner, peers_name(owner, component), Some(component)),
+            spec: Some(ServiceSpec {
+                cluster_ip: Some("None".into()),
+                // A replica must reach its peer while neither is ready:
+                // the standby is not ready before it has synced from the
+                // active.
+                publish_not_ready_addresses: Some(true),
+                selector: Some(selector_labels(owner, component)),
+                ports: Some(
+                    HA_PORTS
+                        .iter()
+                        .map(|(name, protocol)| ServicePort {
+                            name: Some((*name).into()),
+                            port: HA_PORT,
+                            protocol: Some((*protocol).into()),
+                            target_port: Some(IntOrString::Int(HA_PORT)),
+                            ..ServicePort::default()
+                        })
+                        .collect(),
+                ),
+                ..ServiceSpec::default()
+            }),
+            ..Service::default()
+        },
+        disruption_budget: PodDisruptionBudget {
+            metadata: meta(owner, object_name(owner, component), Some(component)),
+            spec: Some(PodDisruptionBudgetSpec {
+                max_unavailable: Some(IntOrString::Int(1)),
+                selector: Some(selector),
+                ..PodDisruptionBudgetSpec::default()
+            }),
+            ..PodDisruptionBudget::default()
+        },
+        lease: Lease {
+            metadata: meta(owner, lease.clone(), Some(component)),
+            spec: None,
+        },
+        service_account: ServiceAccount {
+            metadata: meta(owner, identity.clone(), Some(component)),
+            // The pods ask for the token themselves; nothing else using
+            // this account gets one.
+            automount_service_account_token: Some(false),
+            ..ServiceAccount::default()
+        },
+        role: Role {
+            metadata: meta(owner, identity.clone(), Some(component)),
+            rules: Some(vec![PolicyRule {
+                api_groups: Some(vec!["coordination.k8s.io".into()]),
+                resources: Some(vec!["leases".into()]),
+                resource_names: Some(vec![lease]),
+                // The replicas read their Lease (get, and list and watch
+                // with the fieldSelector metadata.name=<lease>, which the
+                // API server authorizes by that name) and write it (update
+                // to take it over or renew, patch). No create: the
+                // operator makes it. No delete.
+                verbs: ["get", "list", "watch", "update", "patch"]
+                    .into_iter()
+                    .map(String::from)
+                    .collect(),
+                ..PolicyRule::default()
+            }]),
+        },
+        role_binding: RoleBinding {
+            metadata: meta(owner, identity.clone(), Some(component)),
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "Role".into(),
+                name: identity.clone(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: identity,
+                namespace: Some(owner.namespace.clone()),
+                ..Subject::default()
+            }]),
+        },
+    }
+}
+
+/// The key two replicas of `component` share: `key` random bytes, made
+/// once and never rewritten (a new key while both run would have each
+/// refuse the other's adverts). Immutable, so nobody rewrites it either.
+pub fn ha_key(owner: &Owner, component: Component, key: [u8; 32]) -> Secret {
+    Secret {
+        metadata: meta(owner, ha_key_name(owner, component), Some(component)),
+        type_: Some("Opaque".into()),
+        immutable: Some(true),
+        data: Some(BTreeMap::from([(
+            HA_KEY.to_string(),
+            ByteString(key.to_vec()),
+        )])),
+        ..Secret::default()
     }
 }
 
@@ -422,8 +696,9 @@ fn namespace_peer(labels: BTreeMap<String, String>) -> NetworkPolicyPeer {
 
 /// Every pod of the Infra admits its service ports from anywhere on the pod
 /// network (the VLAN side is not subject to pod-network policy), and its
-/// admin port only from the operator's namespace and monitoring.
-fn admin_policy(owner: &Owner, operator_namespace: &str) -> NetworkPolicy {
+/// admin port only from the operator's namespace and monitoring. With two
+/// replicas anywhere, the Infra's pods admit each other on the HA port.
+fn admin_policy(owner: &Owner, operator_namespace: &str, replicated: bool) -> NetworkPolicy {
     let service_ports = [
         (53, "UDP"),
         (53, "TCP"),
@@ -440,36 +715,56 @@ fn admin_policy(owner: &Owner, operator_namespace: &str) -> NetworkPolicy {
     })
     .collect();
     let (monitoring_key, monitoring_value) = MONITORING_NAMESPACE_LABEL;
+    let infra_pods = LabelSelector {
+        match_labels: Some(BTreeMap::from([
+            ("app.kubernetes.io/name".to_string(), "causeway".to_string()),
+            ("app.kubernetes.io/instance".into(), owner.name.clone()),
+        ])),
+        ..LabelSelector::default()
+    };
+    let mut ingress = vec![
+        NetworkPolicyIngressRule {
+            ports: Some(service_ports),
+            from: None,
+        },
+        NetworkPolicyIngressRule {
+            ports: Some(vec![tcp_port(ADMIN_PORT)]),
+            from: Some(vec![
+                namespace_peer(BTreeMap::from([(
+                    NAMESPACE_NAME_LABEL.to_string(),
+                    operator_namespace.to_string(),
+                )])),
+                namespace_peer(BTreeMap::from([(
+                    monitoring_key.to_string(),
+                    monitoring_value.to_string(),
+                )])),
+            ]),
+        },
+    ];
+    if replicated {
+        ingress.push(NetworkPolicyIngressRule {
+            ports: Some(
+                HA_PORTS
+                    .iter()
+                    .map(|(_, protocol)| NetworkPolicyPort {
+                        port: Some(IntOrString::Int(HA_PORT)),
+                        protocol: Some((*protocol).into()),
+                        ..NetworkPolicyPort::default()
+                    })
+                    .collect(),
+            ),
+            from: Some(vec![NetworkPolicyPeer {
+                pod_selector: Some(infra_pods.clone()),
+                ..NetworkPolicyPeer::default()
+            }]),
+        });
+    }
     NetworkPolicy {
         metadata: meta(owner, admin_policy_name(owner), None),
         spec: Some(NetworkPolicySpec {
-            pod_selector: Some(LabelSelector {
-                match_labels: Some(BTreeMap::from([
-                    ("app.kubernetes.io/name".to_string(), "causeway".to_string()),
-                    ("app.kubernetes.io/instance".into(), owner.name.clone()),
-                ])),
-                ..LabelSelector::default()
-            }),
+            pod_selector: Some(infra_pods),
             policy_types: Some(vec!["Ingress".into()]),
-            ingress: Some(vec![
-                NetworkPolicyIngressRule {
-                    ports: Some(service_ports),
-                    from: None,
-                },
-                NetworkPolicyIngressRule {
-                    ports: Some(vec![tcp_port(ADMIN_PORT)]),
-                    from: Some(vec![
-                        namespace_peer(BTreeMap::from([(
-                            NAMESPACE_NAME_LABEL.to_string(),
-                            operator_namespace.to_string(),
-                        )])),
-                        namespace_peer(BTreeMap::from([(
-                            monitoring_key.to_string(),
-                            monitoring_value.to_string(),
-                        )])),
-                    ]),
-                },
-            ]),
+            ingress: Some(ingress),
             ..NetworkPolicySpec::default()
         }),
     }

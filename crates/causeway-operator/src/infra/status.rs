@@ -4,6 +4,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
+use super::crd::ReplicaStatus;
 use super::plan::Component;
 use crate::k8s::conditions::condition;
 
@@ -12,6 +13,9 @@ use crate::k8s::conditions::condition;
 pub enum ComponentState {
     Disabled,
     Ready,
+    /// Two replicas, one of them serving and no standby: ready, as the
+    /// service answers, but a fault away from down.
+    Degraded(String),
     /// Why not, for the condition's message.
     NotReady(String),
 }
@@ -26,12 +30,17 @@ pub struct Observed {
     pub network_attachment: Option<Result<(), String>>,
     pub warnings: Vec<String>,
     pub components: Vec<(Component, ComponentState)>,
+    /// Components with two replicas: for `status.componentStatus`.
+    pub replicas: Vec<(Component, ReplicaStatus)>,
 }
 
 pub const READY: &str = "Ready";
 pub const VALID: &str = "Valid";
 pub const NETWORK_ATTACHMENT: &str = "NetworkAttachment";
 pub const IGNORED_FIELDS: &str = "IgnoredFields";
+/// The reason of a component condition, and of `Ready`, while a component
+/// with two replicas serves from one.
+pub const DEGRADED: &str = "Degraded";
 
 pub fn condition_type(component: Component) -> &'static str {
     match component {
@@ -92,6 +101,7 @@ pub fn conditions(
     }
     let attachment_missing = matches!(observed.network_attachment, Some(Err(_)));
     let mut not_ready = Vec::new();
+    let mut degraded = Vec::new();
     for (component, state) in &observed.components {
         let t = condition_type(*component);
         out.push(match state {
@@ -109,10 +119,18 @@ pub fn conditions(
                 t,
                 true,
                 "Ready",
-                format!("the {} pod is ready", component.name()),
+                if observed.replicas.iter().any(|(c, _)| c == component) {
+                    format!("both {} replicas are ready", component.name())
+                } else {
+                    format!("the {} pod is ready", component.name())
+                },
                 generation,
                 now,
             ),
+            ComponentState::Degraded(why) => {
+                degraded.push(component.name());
+                condition(prev, t, true, DEGRADED, why.clone(), generation, now)
+            }
             ComponentState::NotReady(why) => {
                 not_ready.push(component.name());
                 condition(prev, t, false, "NotReady", why.clone(), generation, now)
@@ -140,13 +158,26 @@ pub fn conditions(
             generation,
             now,
         )
-    } else if not_ready.is_empty() {
+    } else if not_ready.is_empty() && degraded.is_empty() {
         condition(
             prev,
             READY,
             true,
             "Ready",
             "every enabled component is ready".into(),
+            generation,
+            now,
+        )
+    } else if not_ready.is_empty() {
+        condition(
+            prev,
+            READY,
+            true,
+            DEGRADED,
+            format!(
+                "every enabled component serves; without a standby: {}",
+                degraded.join(", ")
+            ),
             generation,
             now,
         )
@@ -194,6 +225,7 @@ mod tests {
                 (Component::Dns, dns),
                 (Component::Proxy, ComponentState::Disabled),
             ],
+            replicas: vec![],
         }
     }
 
@@ -223,6 +255,58 @@ mod tests {
     }
 
     #[test]
+    fn a_component_without_its_standby_is_degraded_not_down() {
+        let now = at("2026-11-22T10:00:00Z");
+        let c = conditions(
+            &[],
+            &observed(ComponentState::Degraded(
+                "dns serves from one replica".into(),
+            )),
+            Some(4),
+            &now,
+        );
+        let dns = find(&c, "DNSReady");
+        assert_eq!(
+            (dns.status.as_str(), dns.reason.as_str()),
+            ("True", DEGRADED)
+        );
+        let ready = find(&c, READY);
+        assert_eq!(
+            (
+                ready.status.as_str(),
+                ready.reason.as_str(),
+                ready.message.as_str()
+            ),
+            (
+                "True",
+                DEGRADED,
+                "every enabled component serves; without a standby: dns"
+            )
+        );
+        // Back to two: Ready again, and the transition time kept.
+        let later = at("2026-11-22T10:05:00Z");
+        let mut both = observed(ComponentState::Ready);
+        both.replicas = vec![(
+            Component::Dns,
+            ReplicaStatus {
+                replicas: 2,
+                ready_replicas: 2,
+                active_replica: Some("x-dns-0".into()),
+            },
+        )];
+        let c = conditions(&c, &both, Some(4), &later);
+        assert_eq!(find(&c, READY).reason, "Ready");
+        assert_eq!(find(&c, "DNSReady").message, "both dns replicas are ready");
+        assert_eq!(find(&c, "DHCPReady").message, "the dhcp pod is ready");
+        assert_eq!(find(&c, READY).last_transition_time, now);
+        // A component down outweighs one degraded.
+        let mut obs = observed(ComponentState::Degraded("x".into()));
+        obs.components[0].1 = ComponentState::NotReady("0 of 1".into());
+        let c = conditions(&[], &obs, Some(4), &now);
+        assert_eq!(find(&c, READY).reason, "ComponentsNotReady");
+    }
+
+    #[test]
     fn transition_time_moves_only_with_the_status() {
         let t0 = at("2026-11-22T10:00:00Z");
         let t1 = at("2026-11-22T10:05:00Z");
@@ -249,6 +333,7 @@ mod tests {
             network_attachment: None,
             warnings: vec!["x is ignored".into()],
             components: vec![],
+            replicas: vec![],
         };
         let c = conditions(&[], &obs, None, &now);
         assert_eq!(find(&c, VALID).message, "a: bad; b: worse");
@@ -267,6 +352,7 @@ mod tests {
             )),
             warnings: vec![],
             components: vec![],
+            replicas: vec![],
         };
         let c = conditions(&[], &obs, Some(1), &now);
         assert_eq!(find(&c, VALID).status, "True");

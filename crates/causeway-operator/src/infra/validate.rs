@@ -13,14 +13,17 @@ use std::net::Ipv4Addr;
 
 use causeway_config::{
     Config, FileAdmin, FileCluster, FileConfig, FileDhcp, FileDhcpListen, FileDns, FileDuration,
-    FileLog, FileNetwork, FileProxy, FileRange, FileRecord, FileReservation, FileRouting,
-    FileSubnet, FileView,
+    FileHa, FileHaLease, FileLog, FileNetwork, FileProxy, FileRange, FileRecord, FileReplica,
+    FileReservation, FileRouting, FileSubnet, FileView, HaMode,
 };
 use ipnet::Ipv4Net;
 use serde_json::Value;
 
 use super::crd::{InfraSpec, ProxySpec};
-use super::plan::{Component, ComponentPlan, Plan, ADMIN_PORT, LEASE_DIR, VLAN_INTERFACE};
+use super::plan::{
+    names, Component, ComponentPlan, Plan, ADMIN_PORT, HA_DIR, HA_KEY, LEASE_DIR, MAX_REPLICAS,
+    VLAN_INTERFACE,
+};
 
 /// What the operator learned from a referenced HostedCluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,6 +154,59 @@ fn server_address(
     }
 }
 
+/// `replicas` of one component: 1 when left out.
+fn replicas(e: &mut Errors, path: &str, given: Option<i32>) -> i32 {
+    match given.unwrap_or(1) {
+        n @ 1..=MAX_REPLICAS => n,
+        n => {
+            e.fail(format!(
+                "{path}: {n} is not 1 or 2 (two replicas are one active and one standing by)"
+            ));
+            1
+        }
+    }
+}
+
+/// The `ha` section of a component with two replicas: the StatefulSet's
+/// two pods, each reached under the peers Service, the Lease as witness,
+/// and `address` (the serverIP) moving between them on the VLAN.
+fn ha_section(
+    infra_name: &str,
+    infra_namespace: &str,
+    component: Component,
+    address: String,
+) -> FileHa {
+    FileHa {
+        enabled: true,
+        mode: HaMode::Lease,
+        // Each pod learns its own name from CAUSEWAY_HA_NODE: one config
+        // serves both.
+        node: None,
+        replicas: (0..2)
+            .map(|i| FileReplica {
+                name: names::replica(infra_name, component, i),
+                address: names::replica_address(infra_name, infra_namespace, component, i),
+                priority: None,
+            })
+            .collect(),
+        listen: None,
+        key_file: format!("{HA_DIR}/{HA_KEY}").into(),
+        interface: VLAN_INTERFACE.into(),
+        addresses: vec![address],
+        preempt: false,
+        advert_interval: None,
+        dead_adverts: None,
+        replication_timeout: None,
+        lease: Some(FileHaLease {
+            // The pod's own namespace, where the operator made the Lease.
+            namespace: None,
+            name: names::lease(infra_name, component),
+            renew_interval: None,
+            api_timeout: None,
+        }),
+    }
+}
+
 /// Where each rendered config path came from in the Infra.
 struct Origins {
     /// (config path prefix, Infra path), longest prefix first.
@@ -228,11 +284,13 @@ pub fn config_yaml(file: &FileConfig) -> String {
     format!("# Rendered by causeway-operator; edits are overwritten.\n{body}")
 }
 
-/// Validates `spec`. `hosted_cluster` is what the referenced HostedCluster
-/// says, when there is a reference and it was read; `services` answers for
-/// the Service `internalProxyService` may name.
+/// Validates `spec` of the Infra `infra_name` (its objects' names, and with
+/// two replicas the pods' names, derive from it). `hosted_cluster` is what
+/// the referenced HostedCluster says, when there is a reference and it was
+/// read; `services` answers for the Service `internalProxyService` may name.
 pub fn validate(
     spec: &InfraSpec,
+    infra_name: &str,
     infra_namespace: &str,
     hosted_cluster: Option<&HostedClusterFacts>,
     services: &dyn Fn(&str, &str) -> ServiceAddress,
@@ -270,24 +328,49 @@ pub fn validate(
         }
     }
 
-    // Each enabled component's address.
+    // Each enabled component's address, and how many replicas it runs.
     let mut servers: Vec<(Component, &'static str, String)> = Vec::new();
+    let mut replica_counts: Vec<(Component, i32)> = Vec::new();
     if let Some(d) = comps.dhcp_enabled() {
         let path = "infraComponents.dhcp.serverIP";
         if let Some(a) = server_address(&mut e, path, d.server_ip.as_deref(), cidr) {
             servers.push((Component::Dhcp, path, a));
         }
+        let n = replicas(&mut e, "infraComponents.dhcp.replicas", d.replicas);
+        replica_counts.push((Component::Dhcp, n));
     }
     if let Some(d) = dns_spec {
         let path = "infraComponents.dns.serverIP";
         if let Some(a) = server_address(&mut e, path, d.server_ip.as_deref(), cidr) {
             servers.push((Component::Dns, path, a));
         }
+        let n = replicas(&mut e, "infraComponents.dns.replicas", d.replicas);
+        replica_counts.push((Component::Dns, n));
     }
     if let Some(p) = proxy_spec {
         let path = "infraComponents.proxy.serverIP";
         if let Some(a) = server_address(&mut e, path, p.server_ip.as_deref(), cidr) {
             servers.push((Component::Proxy, path, a));
+        }
+        let n = replicas(&mut e, "infraComponents.proxy.replicas", p.replicas);
+        replica_counts.push((Component::Proxy, n));
+    }
+    let replicas_of = |c: Component| {
+        replica_counts
+            .iter()
+            .find(|(k, _)| *k == c)
+            .map_or(1, |(_, n)| *n)
+    };
+    for (component, n) in &replica_counts {
+        let workload = names::workload(infra_name, *component);
+        // A StatefulSet labels its pods `<name>-<10-character hash>`, at
+        // most 63 characters; its peers Service (`<name>-peers`, one DNS
+        // label) fits then too.
+        if *n > 1 && workload.len() > 52 {
+            e.fail(format!(
+                "metadata.name: {infra_name:?} is too long for two {} replicas: their StatefulSet {workload} would be over 52 characters, the most its pods' labels allow",
+                component.name()
+            ));
         }
     }
     let address_of = |c: Component| {
@@ -537,6 +620,22 @@ pub fn validate(
                 });
             }
         }
+        let replicas = replicas_of(*component);
+        if replicas > 1 {
+            if let Some(net) = cidr {
+                origins.add("ha.addresses", *own_path);
+                origins.add(
+                    "ha",
+                    format!("infraComponents.{}.replicas", component.name()),
+                );
+                file.ha = Some(ha_section(
+                    infra_name,
+                    infra_namespace,
+                    *component,
+                    format!("{address}/{}", net.prefix_len()),
+                ));
+            }
+        }
         // The pod loads exactly this text: check it the way the pod will.
         let text = config_yaml(&file);
         match Config::from_yaml(&text) {
@@ -545,6 +644,7 @@ pub fn validate(
                     components.push(ComponentPlan {
                         component: *component,
                         server_ip,
+                        replicas,
                         config_text: text,
                     });
                 }

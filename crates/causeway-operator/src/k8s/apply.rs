@@ -3,7 +3,7 @@
 //! ([`drift`](super::drift)), each write counted. Also how API errors are
 //! told apart (gone, not installed, refused for good).
 
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, NamespaceResourceScope};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -121,13 +121,40 @@ impl Applier {
 
     /// Applies `desired` unless the index shows the object is already it;
     /// an object the index cannot vouch for is read once and compared.
-    pub async fn ensure_indexed<K>(&self, index: &Index, mut desired: K) -> Result<(), Error>
+    pub async fn ensure_indexed<K>(&self, index: &Index, desired: K) -> Result<(), Error>
     where
         K: Owned
-            + Resource<Scope = NamespaceResourceScope>
+            + Resource<DynamicType = (), Scope = NamespaceResourceScope>
             + Clone
             + DeserializeOwned
             + std::fmt::Debug,
+    {
+        let ns = desired.meta().namespace.clone().ok_or(Error::NoNamespace)?;
+        let api: Api<K> = Api::namespaced(self.client.clone(), &ns);
+        self.ensure_in(index, &api, &K::kind(&()), desired).await
+    }
+
+    /// [`Applier::ensure_indexed`] for a kind chosen at run time.
+    pub async fn ensure_indexed_dynamic(
+        &self,
+        index: &Index,
+        resource: &ApiResource,
+        desired: DynamicObject,
+    ) -> Result<(), Error> {
+        let ns = desired.meta().namespace.clone().ok_or(Error::NoNamespace)?;
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &ns, resource);
+        self.ensure_in(index, &api, &resource.kind, desired).await
+    }
+
+    async fn ensure_in<K>(
+        &self,
+        index: &Index,
+        api: &Api<K>,
+        kind: &str,
+        mut desired: K,
+    ) -> Result<(), Error>
+    where
+        K: Owned + Clone + DeserializeOwned + std::fmt::Debug,
     {
         drift::stamp(&mut desired);
         let ns = desired.meta().namespace.clone().ok_or(Error::NoNamespace)?;
@@ -136,7 +163,6 @@ impl Applier {
         if index.is_current(&ns, &name, &wanted) {
             return Ok(());
         }
-        let api: Api<K> = Api::namespaced(self.client.clone(), &ns);
         let must_apply = match index.get(&ns, &name) {
             None => true,
             Some(seen) if seen.desired.as_deref() != Some(wanted.as_str()) => true,
@@ -157,10 +183,39 @@ impl Applier {
             .patch(&name, &apply_params(), &Patch::Apply(&desired))
             .await?;
         index.verified(&applied, &wanted);
-        let kind = K::kind(&());
-        self.counted(&kind, "apply");
-        self.log_applied(&kind, &ns, &name);
+        self.counted(kind, "apply");
+        self.log_applied(kind, &ns, &name);
         Ok(())
+    }
+
+    /// Creates `obj` unless an object of its name exists, which is left
+    /// exactly as it is (a key that must never change once made). Needs
+    /// only `create`: an existing object answers 409, so nothing is read.
+    /// `true` when it created.
+    pub async fn create_absent<K>(&self, obj: &K) -> Result<bool, Error>
+    where
+        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+            + Clone
+            + Serialize
+            + DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let ns = obj.meta().namespace.clone().ok_or(Error::NoNamespace)?;
+        let api: Api<K> = Api::namespaced(self.client.clone(), &ns);
+        let params = PostParams {
+            field_manager: Some(MANAGER.into()),
+            ..PostParams::default()
+        };
+        match api.create(&params, obj).await {
+            Ok(_) => {
+                let kind = K::kind(&());
+                self.counted(&kind, "create");
+                self.log_applied(&kind, &ns, &obj.meta().name.clone().unwrap_or_default());
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Applies `desired` unless the live object, read now, already is it:
@@ -214,6 +269,73 @@ impl Applier {
         Ok(applied)
     }
 
+    /// Deletes an object of ours the index still shows, its dependents
+    /// (a workload's pods) first: it stays, being deleted, until they are
+    /// gone, and the index shows it until then. Asked once.
+    pub async fn remove_foreground<K>(
+        &self,
+        index: &Index,
+        ns: &str,
+        name: &str,
+    ) -> Result<(), Error>
+    where
+        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug,
+    {
+        match index.get(ns, name) {
+            Some(seen) if !seen.deleting => {}
+            _ => return Ok(()),
+        }
+        let api: Api<K> = Api::namespaced(self.client.clone(), ns);
+        match api.delete(name, &DeleteParams::foreground()).await {
+            Ok(_) => {
+                let kind = K::kind(&());
+                self.counted(&kind, "delete");
+                tracing::info!(%kind, namespace = %ns, %name, "deleting, its pods first: it is replaced");
+                Ok(())
+            }
+            Err(e) if not_found(&e) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// [`Applier::remove`] for a kind chosen at run time.
+    pub async fn remove_dynamic(
+        &self,
+        index: &Index,
+        resource: &ApiResource,
+        ns: &str,
+        name: &str,
+    ) -> Result<(), Error> {
+        if index.get(ns, name).is_none() {
+            return Ok(());
+        }
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, resource);
+        if self.gone_from(&api, &resource.kind, name).await? {
+            return Ok(());
+        }
+        tracing::info!(kind = %resource.kind, namespace = %ns, %name, "deleted: no longer rendered");
+        Ok(())
+    }
+
+    /// Deletes an object of ours whether or not an index shows it (a kind
+    /// the operator may create and delete but not read).
+    pub async fn remove_unindexed<K>(&self, ns: &str, name: &str) -> Result<(), Error>
+    where
+        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::namespaced(self.client.clone(), ns);
+        if !self.gone_from(&api, &K::kind(&()), name).await? {
+            tracing::info!(kind = %K::kind(&()), namespace = %ns, %name, "deleted: no longer rendered");
+        }
+        Ok(())
+    }
+
     /// Deletes an object of ours the index still shows.
     pub async fn remove<K>(&self, index: &Index, ns: &str, name: &str) -> Result<(), Error>
     where
@@ -229,7 +351,7 @@ impl Applier {
         if self.gone_from(&api, &K::kind(&()), name).await? {
             return Ok(());
         }
-        tracing::info!(kind = %K::kind(&()), namespace = %ns, %name, "deleted: its component is disabled");
+        tracing::info!(kind = %K::kind(&()), namespace = %ns, %name, "deleted: no longer rendered");
         Ok(())
     }
 

@@ -10,14 +10,21 @@
 //! the API server and compared field by field ([`crate::drift`]); only a
 //! real difference is applied. The verified hash is recorded after an apply
 //! and after a comparison that found nothing to do.
+//!
+//! A watch event that leaves what the index holds unchanged (a status
+//! field readiness does not read, a Lease renewed by its holder) triggers
+//! no reconcile: nothing a reconcile reads has moved.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, RwLock};
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::DynamicObject;
 use kube::runtime::watcher;
 use kube::Resource;
 use serde::Serialize;
@@ -41,12 +48,36 @@ pub struct Seen {
     pub content: u64,
     pub desired: Option<String>,
     pub workload: Option<WorkloadFacts>,
+    /// A Lease's holder.
+    pub holder: Option<String>,
+    /// What a workload cannot change in place (see [`Owned::shape`]).
+    pub shape: Option<String>,
+    /// Deletion has begun (foreground: its dependents go first).
+    pub deleting: bool,
 }
 
 /// A kind the operator owns: how to read its readiness, if it has any.
-pub trait Owned: Resource<DynamicType = ()> + Serialize {
+pub trait Owned: Resource + Serialize {
     fn workload(&self) -> Option<WorkloadFacts> {
         None
+    }
+
+    /// Who holds it, for a Lease.
+    fn holder(&self) -> Option<String> {
+        None
+    }
+
+    /// The fields the API server refuses to change once the object exists
+    /// (a StatefulSet's serviceName and podManagementPolicy), as one
+    /// string: when the rendering's differs, the object must be replaced.
+    fn shape(&self) -> Option<String> {
+        None
+    }
+
+    /// The hash of what the operator sets or could see changed; see
+    /// [`content_hash`].
+    fn hashed(&self) -> u64 {
+        content_hash(self)
     }
 }
 
@@ -54,6 +85,28 @@ impl Owned for ConfigMap {}
 impl Owned for ServiceAccount {}
 impl Owned for Service {}
 impl Owned for NetworkPolicy {}
+impl Owned for Role {}
+impl Owned for RoleBinding {}
+/// A PodDisruptionBudget, in whichever `policy` version the API server
+/// serves.
+impl Owned for DynamicObject {}
+
+impl Owned for Lease {
+    fn holder(&self) -> Option<String> {
+        self.spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.clone())
+            .filter(|h| !h.is_empty())
+    }
+
+    // The spec is the replicas' to write (renewals every minute); the
+    // operator sets only metadata, and reads the holder on its own.
+    fn hashed(&self) -> u64 {
+        let mut meta_only = self.clone();
+        meta_only.spec = None;
+        content_hash(&meta_only)
+    }
+}
 
 impl Owned for Deployment {
     fn workload(&self) -> Option<WorkloadFacts> {
@@ -81,11 +134,24 @@ impl Owned for StatefulSet {
             }),
         })
     }
+
+    fn shape(&self) -> Option<String> {
+        let spec = self.spec.as_ref()?;
+        Some(format!(
+            "{}/{}",
+            spec.service_name.as_deref().unwrap_or_default(),
+            // The API server's default, so a rendering that leaves it out
+            // matches what it stored.
+            spec.pod_management_policy
+                .as_deref()
+                .unwrap_or("OrderedReady")
+        ))
+    }
 }
 
 /// A hash of what another writer could change in `obj`: all of it but its
 /// status and the metadata the API server maintains.
-pub fn content_hash<K: Serialize>(obj: &K) -> u64 {
+pub fn content_hash<K: Serialize + ?Sized>(obj: &K) -> u64 {
     let mut value = serde_json::to_value(obj).unwrap_or(Value::Null);
     if let Some(map) = value.as_object_mut() {
         map.remove("status");
@@ -109,7 +175,7 @@ pub fn content_hash<K: Serialize>(obj: &K) -> u64 {
 
 pub fn seen<K: Owned>(obj: &K) -> Seen {
     Seen {
-        content: content_hash(obj),
+        content: obj.hashed(),
         desired: obj
             .meta()
             .annotations
@@ -117,6 +183,9 @@ pub fn seen<K: Owned>(obj: &K) -> Seen {
             .and_then(|a| a.get(DESIRED_HASH_ANNOTATION))
             .cloned(),
         workload: obj.workload(),
+        holder: obj.holder(),
+        shape: obj.shape(),
+        deleting: obj.meta().deletion_timestamp.is_some(),
     }
 }
 
@@ -157,12 +226,15 @@ impl Index {
         self.inner.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes one watch event in.
-    pub fn observe<K: Owned>(&self, event: &watcher::Event<K>) {
+    /// Takes one watch event in; `false` when it changed nothing the
+    /// index holds (an object seen again as it was).
+    pub fn observe<K: Owned>(&self, event: &watcher::Event<K>) -> bool {
         let mut inner = self.write();
         match event {
             watcher::Event::Apply(obj) => {
-                inner.live.insert(key_of(obj), seen(obj));
+                let entry = seen(obj);
+                let before = inner.live.insert(key_of(obj), entry.clone());
+                return before.as_ref() != Some(&entry);
             }
             watcher::Event::Delete(obj) => {
                 let key = key_of(obj);
@@ -184,6 +256,7 @@ impl Index {
                 inner.ready = true;
             }
         }
+        true
     }
 
     /// Whether the first list has been taken in.
@@ -218,7 +291,7 @@ impl Index {
         let mut inner = self.write();
         inner
             .verified
-            .insert(key_of(obj), (content_hash(obj), desired.to_string()));
+            .insert(key_of(obj), (obj.hashed(), desired.to_string()));
     }
 }
 
@@ -261,6 +334,67 @@ mod tests {
         assert!(!index.is_current("ns", "x", "d1"));
         index.observe(&watcher::Event::Delete(obj));
         assert!(index.get("ns", "x").is_none());
+    }
+
+    #[test]
+    fn an_event_that_changes_nothing_held_is_told_apart() {
+        let index = Index::default();
+        assert!(index.observe(&watcher::Event::Apply(cm("x", "v", "1", "d"))));
+        // The same content at a later resourceVersion: nothing to do.
+        assert!(!index.observe(&watcher::Event::Apply(cm("x", "v", "2", "d"))));
+        assert!(index.observe(&watcher::Event::Apply(cm("x", "w", "3", "d"))));
+    }
+
+    #[test]
+    fn a_lease_renewal_is_no_change_and_a_new_holder_is() {
+        use k8s_openapi::api::coordination::v1::LeaseSpec;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        let lease = |holder: &str, renewed: &str| {
+            let mut l = Lease::default();
+            l.metadata.name = Some("infra-dhcp".into());
+            l.metadata.namespace = Some("ns".into());
+            l.spec = Some(LeaseSpec {
+                holder_identity: Some(holder.into()),
+                renew_time: Some(MicroTime(renewed.parse().unwrap())),
+                ..LeaseSpec::default()
+            });
+            l
+        };
+        let index = Index::default();
+        assert!(index.observe(&watcher::Event::Apply(lease("a-0", "2026-11-27T10:00:00Z"))));
+        assert!(!index.observe(&watcher::Event::Apply(lease("a-0", "2026-11-27T10:01:00Z"))));
+        assert!(index.observe(&watcher::Event::Apply(lease("a-1", "2026-11-27T10:01:03Z"))));
+        assert_eq!(
+            index.get("ns", "infra-dhcp").unwrap().holder.as_deref(),
+            Some("a-1")
+        );
+        // Verified once, a renewal keeps it current: no read, no write.
+        index.verified(&lease("a-1", "2026-11-27T10:01:03Z"), "d");
+        let mut stamped = lease("a-1", "2026-11-27T10:02:03Z");
+        stamped.metadata.annotations =
+            Some([(DESIRED_HASH_ANNOTATION.to_string(), "d".to_string())].into());
+        index.observe(&watcher::Event::Apply(stamped.clone()));
+        index.verified(&stamped, "d");
+        stamped.spec.as_mut().unwrap().renew_time =
+            Some(MicroTime("2026-11-27T10:03:03Z".parse().unwrap()));
+        index.observe(&watcher::Event::Apply(stamped));
+        assert!(index.is_current("ns", "infra-dhcp", "d"));
+    }
+
+    #[test]
+    fn a_statefulsets_shape_names_what_cannot_change_in_place() {
+        use k8s_openapi::api::apps::v1::StatefulSetSpec;
+        let mut set = StatefulSet {
+            spec: Some(StatefulSetSpec {
+                service_name: Some("infra-dhcp".into()),
+                ..StatefulSetSpec::default()
+            }),
+            ..StatefulSet::default()
+        };
+        assert_eq!(set.shape().as_deref(), Some("infra-dhcp/OrderedReady"));
+        set.spec.as_mut().unwrap().pod_management_policy = Some("Parallel".into());
+        set.spec.as_mut().unwrap().service_name = Some("infra-dhcp-peers".into());
+        assert_eq!(set.shape().as_deref(), Some("infra-dhcp-peers/Parallel"));
     }
 
     #[test]

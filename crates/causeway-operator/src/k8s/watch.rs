@@ -3,8 +3,8 @@
 //! [`Index`].
 
 use futures::{Stream, TryStreamExt};
-use kube::api::Api;
-use kube::core::{DynamicResourceScope, NamespaceResourceScope};
+use kube::api::{Api, DynamicObject};
+use kube::core::{ApiResource, DynamicResourceScope, NamespaceResourceScope};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource};
@@ -57,7 +57,7 @@ pub fn scopes(namespaces: &[String]) -> Vec<Scope> {
 
 /// A watch over our objects of one kind: the index it feeds, and the
 /// stream of slimmed objects (names and owners only) that triggers the
-/// owners' reconciles.
+/// owners' reconciles, for the events that changed what the index holds.
 pub fn owned<K>(
     api: Api<K>,
 ) -> (
@@ -67,13 +67,39 @@ pub fn owned<K>(
 where
     K: Owned + Clone + Default + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
+    indexed(api, K::default)
+}
+
+/// The same for a kind chosen at run time (the `policy` version of
+/// PodDisruptionBudgets).
+pub fn owned_dynamic(
+    api: Api<DynamicObject>,
+    resource: ApiResource,
+) -> (
+    Index,
+    impl Stream<Item = Result<DynamicObject, watcher::Error>> + Send + 'static,
+) {
+    indexed(api, move || DynamicObject::new("", &resource))
+}
+
+fn indexed<K>(
+    api: Api<K>,
+    empty: impl Fn() -> K + Send + 'static,
+) -> (
+    Index,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Owned + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
     let config = watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
     let index = Index::default();
     let feed = index.clone();
     let stream = watcher(api, config)
-        .map_ok(move |event| {
-            feed.observe(&event);
-            event.modify(|obj| *obj = slim(obj))
+        .try_filter_map(move |event| {
+            let changed = feed.observe(&event);
+            let event = changed.then(|| event.modify(|obj| *obj = slim(obj, empty())));
+            futures::future::ready(Ok(event))
         })
         .default_backoff()
         .touched_objects();
@@ -81,8 +107,7 @@ where
 }
 
 /// Only what the controller needs to map an object to its owner.
-fn slim<K: Resource + Default>(obj: &K) -> K {
-    let mut out = K::default();
+fn slim<K: Resource>(obj: &K, mut out: K) -> K {
     let meta = out.meta_mut();
     meta.name = obj.meta().name.clone();
     meta.namespace = obj.meta().namespace.clone();

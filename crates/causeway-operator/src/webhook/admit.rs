@@ -72,6 +72,11 @@ pub struct Object {
 pub struct Meta {
     #[serde(default)]
     pub namespace: Option<String>,
+    /// An Infra's objects and pods are named after it.
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub generate_name: Option<String>,
 }
 
 impl Request {
@@ -245,7 +250,23 @@ fn infra(req: &Request, object: &Object, allowed: AdmissionResponse) -> Admissio
     });
     let services =
         |_: &str, _: &str| ServiceAddress::ClusterIp(std::net::Ipv4Addr::new(192, 0, 2, 1));
-    match validate::validate(&i, &ns, stand_in.as_ref(), &services) {
+    // A generated name is not known yet: its prefix and five characters,
+    // as the API server makes it, are as long.
+    let name = object
+        .metadata
+        .name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .or_else(|| (!req.name.is_empty()).then(|| req.name.clone()))
+        .or_else(|| {
+            object
+                .metadata
+                .generate_name
+                .as_ref()
+                .map(|p| format!("{p}xxxxx"))
+        })
+        .unwrap_or_default();
+    match validate::validate(&i, &name, &ns, stand_in.as_ref(), &services) {
         Ok(_) => allowed,
         Err(errors) => allowed.deny(errors.join("; ")),
     }
@@ -444,6 +465,64 @@ mod tests {
             !bad.allowed && bad.result.message.contains("rangeStart"),
             "{}",
             bad.result.message
+        );
+    }
+
+    #[test]
+    fn replicas_are_checked_and_named_after_the_infra() {
+        let infra = |meta: Value, replicas: i64| {
+            json!({
+                "apiVersion": "hostedcluster.densityops.com/v1alpha1", "kind": "Infra",
+                "metadata": meta,
+                "spec": {
+                    "networkConfig": {"cidr": "192.168.100.0/24", "gateway": "192.168.100.1", "networkAttachmentDefinition": "vlan"},
+                    "infraComponents": {"dns": {"serverIP": "192.168.100.3", "clusterName": "c", "baseDomain": "example.com", "replicas": replicas}},
+                },
+            })
+        };
+        let admit = |object: Value| {
+            answer(
+                &review("Infra", "CREATE", object, None),
+                &ImageCheck::NotAsked,
+            )
+        };
+        let ok = admit(infra(json!({"name": "x", "namespace": "ns"}), 2));
+        assert!(ok.allowed, "{:?}", ok.result);
+        let three = admit(infra(json!({"name": "x", "namespace": "ns"}), 3));
+        assert!(
+            !three.allowed
+                && three
+                    .result
+                    .message
+                    .contains("infraComponents.dns.replicas: 3"),
+            "{}",
+            three.result.message
+        );
+        // A generated name not made yet is judged at the length it will
+        // have.
+        let mut unnamed: Value = serde_json::from_slice(&review(
+            "Infra",
+            "CREATE",
+            infra(
+                json!({"generateName": format!("{}-", "g".repeat(44)), "namespace": "ns"}),
+                2,
+            ),
+            None,
+        ))
+        .unwrap();
+        unnamed["request"]["name"] = "".into();
+        let long = answer(
+            &serde_json::to_vec(&unnamed).unwrap(),
+            &ImageCheck::NotAsked,
+        );
+        assert!(
+            !long.allowed
+                && long
+                    .result
+                    .message
+                    .contains("too long for two dns replicas"),
+            "{}",
+            long.result.message
         );
     }
 
