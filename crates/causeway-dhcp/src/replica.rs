@@ -543,6 +543,7 @@ impl LeaseReceiver {
         key: Arc<AdvertKey>,
         metrics: Option<ReplicationMetrics>,
         in_sync: Arc<AtomicBool>,
+        observer: Option<crate::LeaseObserver>,
     ) -> io::Result<LeaseReceiver> {
         let stop = Arc::new(AtomicBool::new(false));
         let socket = Arc::new(Mutex::new(None));
@@ -555,7 +556,17 @@ impl LeaseReceiver {
                     let received = AtomicU64::new(0);
                     while !stop.load(Ordering::Relaxed) {
                         in_sync.store(false, Ordering::Relaxed);
-                        match follow(&path, &active, &key, &socket, &mut store, &metrics, &in_sync, &received) {
+                        let follower = Follower {
+                            path: &path,
+                            active: &active,
+                            key: &key,
+                            slot: &socket,
+                            metrics: &metrics,
+                            in_sync: &in_sync,
+                            received: &received,
+                            observer: observer.as_ref(),
+                        };
+                        match follower.follow(&mut store) {
                             Ok(()) => tracing::info!(active = %active, "the active closed the lease stream"),
                             Err(e) if !stop.load(Ordering::Relaxed) => {
                                 tracing::debug!(active = %active, error = %e, "lease stream not followed; retrying")
@@ -607,73 +618,97 @@ impl Drop for LeaseReceiver {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn follow(
-    path: &Path,
-    active: &str,
-    key: &AdvertKey,
-    slot: &Mutex<Option<TcpStream>>,
-    store: &mut Option<LeaseStore>,
-    metrics: &Option<ReplicationMetrics>,
-    in_sync: &AtomicBool,
-    received: &AtomicU64,
-) -> Result<(), StreamError> {
-    let addr = active
-        .to_socket_addrs()?
-        .find(|a| a.is_ipv4())
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no IPv4 address"))?;
-    let mut s = TcpStream::connect_timeout(&addr, HANDSHAKE_TIMEOUT)?;
-    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    s.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    connect_handshake(&mut s, key)?;
-    s.set_read_timeout(None)?;
-    s.set_nodelay(true)?;
-    *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(s.try_clone()?);
-    tracing::info!(active, "following the active's lease stream");
-    let mut reader = io::BufReader::with_capacity(256 * 1024, s.try_clone()?);
-    loop {
-        let Some((kind, seq, len)) = read_header(&mut reader)? else {
-            return Ok(());
-        };
-        let mut bytes = vec![0u8; len as usize];
-        reader.read_exact(&mut bytes)?;
-        match kind {
-            SNAPSHOT => {
-                if let Some(mut old) = store.take() {
-                    old.close();
+/// What following one connection to the active needs.
+struct Follower<'a> {
+    path: &'a Path,
+    active: &'a str,
+    key: &'a AdvertKey,
+    slot: &'a Mutex<Option<TcpStream>>,
+    metrics: &'a Option<ReplicationMetrics>,
+    in_sync: &'a AtomicBool,
+    received: &'a AtomicU64,
+    /// Told of every record, as the server tells it of each durable lease
+    /// change: the standby's DNS answers the names DHCP clients gave too.
+    observer: Option<&'a crate::LeaseObserver>,
+}
+
+impl Follower<'_> {
+    fn follow(&self, store: &mut Option<LeaseStore>) -> Result<(), StreamError> {
+        let Follower {
+            path,
+            active,
+            key,
+            slot,
+            metrics,
+            in_sync,
+            received,
+            observer,
+        } = *self;
+        let addr = active
+            .to_socket_addrs()?
+            .find(|a| a.is_ipv4())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no IPv4 address"))?;
+        let mut s = TcpStream::connect_timeout(&addr, HANDSHAKE_TIMEOUT)?;
+        s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+        s.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
+        connect_handshake(&mut s, key)?;
+        s.set_read_timeout(None)?;
+        s.set_nodelay(true)?;
+        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(s.try_clone()?);
+        tracing::info!(active, "following the active's lease stream");
+        let mut reader = io::BufReader::with_capacity(256 * 1024, s.try_clone()?);
+        loop {
+            let Some((kind, seq, len)) = read_header(&mut reader)? else {
+                return Ok(());
+            };
+            let mut bytes = vec![0u8; len as usize];
+            reader.read_exact(&mut bytes)?;
+            match kind {
+                SNAPSHOT => {
+                    if let Some(mut old) = store.take() {
+                        old.close();
+                    }
+                    install_snapshot(path, &bytes)?;
+                    let (opened, recovery) = LeaseStore::open(path, None, None)
+                        .map_err(|e| io::Error::other(e.to_string()))?;
+                    *store = Some(opened);
+                    if let Some(observe) = observer {
+                        for record in &recovery.records {
+                            observe(record);
+                        }
+                    }
+                    in_sync.store(true, Ordering::Relaxed);
+                    if let Some(m) = metrics {
+                        m.snapshots_received.inc();
+                    }
+                    tracing::info!(
+                        records = recovery.records.len(),
+                        bytes = bytes.len(),
+                        "standby took the active's snapshot"
+                    );
                 }
-                install_snapshot(path, &bytes)?;
-                let (opened, recovery) = LeaseStore::open(path, None, None)
-                    .map_err(|e| io::Error::other(e.to_string()))?;
-                *store = Some(opened);
-                in_sync.store(true, Ordering::Relaxed);
-                if let Some(m) = metrics {
-                    m.snapshots_received.inc();
+                _ => {
+                    let Some(st) = store.as_ref() else {
+                        return Err(StreamError::Frame { kind, len });
+                    };
+                    let parsed = parse_log(&bytes);
+                    let n = parsed.records.len() as u64;
+                    for record in parsed.records {
+                        if let Some(observe) = observer {
+                            observe(&record);
+                        }
+                        st.append(record, Box::new(|_| {}));
+                    }
+                    // One sync for the frame: the durable point the ack names.
+                    st.flush();
+                    received.fetch_add(n, Ordering::Relaxed);
+                    if let Some(m) = metrics {
+                        m.received_records.inc_by(n);
+                    }
                 }
-                tracing::info!(
-                    records = recovery.records.len(),
-                    bytes = bytes.len(),
-                    "standby took the active's snapshot"
-                );
             }
-            _ => {
-                let Some(st) = store.as_ref() else {
-                    return Err(StreamError::Frame { kind, len });
-                };
-                let parsed = parse_log(&bytes);
-                let n = parsed.records.len() as u64;
-                for record in parsed.records {
-                    st.append(record, Box::new(|_| {}));
-                }
-                // One sync for the frame: the durable point the ack names.
-                st.flush();
-                received.fetch_add(n, Ordering::Relaxed);
-                if let Some(m) = metrics {
-                    m.received_records.inc_by(n);
-                }
-            }
+            s.write_all(&seq.to_be_bytes())?;
         }
-        s.write_all(&seq.to_be_bytes())?;
     }
 }
 
@@ -756,6 +791,7 @@ mod tests {
             key,
             None,
             in_sync.clone(),
+            None,
         )
         .unwrap();
         wait_for("the standby in sync", || replicator.standby_in_sync());

@@ -309,6 +309,7 @@ impl Switch {
                     self.key.clone(),
                     Some(self.replication.clone()),
                     self.in_sync.clone(),
+                    self.parts.observer.clone(),
                 ) {
                     Ok(r) => {
                         tracing::info!(active = %self.peer, "DHCP standing by, following the active's lease stream");
