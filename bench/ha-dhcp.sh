@@ -146,6 +146,7 @@ measure() { # TARGET ROUND
     rate=$(python3 -c "print(round($acked / $secs_run))")
     log "$target round $2: $acked ACKs of $started in ${secs_run}s = $rate/s"
     res "$target" acks_per_s "$rate"
+    res "$target" acks "$acked"
     if [[ $target == on ]]; then
         local waited
         waited=$(admin_get "$NS_A" /metrics | awk '/^causeway_dhcp_replication_batches_total\{result="confirmed"\}/ {print $2}')
@@ -178,5 +179,11 @@ print("|---|---:|---|")
 print(f"| one server, no replication | {mo:,.0f} | {', '.join(f'{v:,.0f}' for v in off)} |")
 print(f"| HA pair, every batch confirmed by the standby before its ACKs | {mn:,.0f} | {', '.join(f'{v:,.0f}' for v in on)} |")
 print(f"| **ratio on/off** | **{mn / mo:.2f}×** | goal ≥ 0.70× (Kea HA hot-standby: 0.48×) |")
+batches = values("on", "confirmed_batches")
+acked = values("on", "acks")
+print()
+print(f"With replication on, the standby confirmed {statistics.median(batches):,.0f} batches per run (median), "
+      f"about {statistics.median(a / b for a, b in zip(acked, batches)):,.0f} leases each: "
+      "the group commit spans both replicas, one round trip per batch, not per lease.")
 PY
 show_report "$REPORT" ha-dhcp
