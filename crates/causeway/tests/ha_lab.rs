@@ -770,6 +770,12 @@ fn kill_cycles(mode: Mode, cluster: Option<&kube_cluster::SharedCluster>) {
         let killed_at = Instant::now();
         last_kill_ms = unix_ms();
         lab.replicas[active].proc.as_mut().unwrap().kill9();
+        // The standby's lease file as the kill left it, before it takes over
+        // (600 ms later at the earliest) and renewals add to it: exactly
+        // what replication delivered.
+        let standby_file = d.join(lab.replicas[standby].name).join("leases.jsonl");
+        let at_kill = d.join(format!("standby-at-kill-{cycle}.jsonl"));
+        fs::copy(&standby_file, &at_kill).unwrap();
         let limit = DHCP_LIMIT * 2;
         let (dns, proxy, dhcp) = std::thread::scope(|s| {
             let dns = s.spawn(|| first_success(killed_at, limit, || dns_ok(&lab)));
@@ -796,6 +802,33 @@ fn kill_cycles(mode: Mode, cluster: Option<&kube_cluster::SharedCluster>) {
             dig_ok(&lab),
             "{mode:?} cycle {cycle}: dig got no answer after the takeover"
         );
+        // Every ACK the bench had received before the kill was in the
+        // standby's lease file at the kill.
+        {
+            let config_at_kill = d.join(format!("standby-at-kill-{cycle}.yaml"));
+            let text = fs::read_to_string(&lab.replicas[standby].config).unwrap();
+            fs::write(
+                &config_at_kill,
+                text.replace(standby_file.to_str().unwrap(), at_kill.to_str().unwrap()),
+            )
+            .unwrap();
+            let all = ack_log(&acks);
+            let before = support::AckLog {
+                acks: all
+                    .acks
+                    .into_iter()
+                    .filter(|a| a.at_ms < last_kill_ms)
+                    .collect(),
+                releases: all.releases,
+            };
+            let missing = before.missing_from(&leases(&config_at_kill), last_kill_ms);
+            assert!(
+                missing.is_empty(),
+                "{mode:?} cycle {cycle}: {} leases ACKed before the kill were not in the standby's lease file at the kill, the first: {:?}",
+                missing.len(),
+                &missing[..missing.len().min(3)]
+            );
+        }
         assert_eq!(
             lab.role(standby).as_deref(),
             Some("active"),
