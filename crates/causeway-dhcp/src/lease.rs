@@ -74,3 +74,7 @@ pub struct LeaseRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,
 }
+
+/// Told of every lease change once it is durable (the server), or as the
+/// lease stream delivers it (a standby): how DNS learns DHCP names.
+pub type LeaseObserver = std::sync::Arc<dyn Fn(&LeaseRecord) + Send + Sync>;

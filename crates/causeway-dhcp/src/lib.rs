@@ -16,6 +16,7 @@
 pub mod client;
 pub mod clock;
 pub mod engine;
+pub mod follower;
 mod index;
 pub mod lease;
 pub mod limits;
@@ -29,9 +30,9 @@ pub mod wire;
 
 pub use client::ClientKey;
 pub use engine::{Destination, Engine, Ignored, Ingress, Outcome, PoolStats, Reply};
-pub use lease::{Lease, LeaseRecord, LeaseState};
+pub use lease::{Lease, LeaseObserver, LeaseRecord, LeaseState};
 pub use metrics::DhcpMetrics;
-pub use server::{unix_now, DhcpError, DhcpServer, LeaseObserver};
+pub use server::{unix_now, DhcpError, DhcpServer};
 pub use store::{parse_log, read_log, LeaseStore, Recovery, StoreError};
 
 /// Feeds arbitrary bytes through decode and the engine, as a fuzz target and

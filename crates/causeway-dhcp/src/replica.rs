@@ -17,23 +17,17 @@
 //! (4) | bytes`, answered by `seq (8)` once durable. Kinds: 1 snapshot (the
 //! whole file), 2 batch (lines to append).
 
-use std::fs::{self, File};
 use std::io::{self, Read, Write};
-use std::net::{Shutdown as NetShutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::net::{Shutdown as NetShutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use causeway_runtime::ha::advert::AdvertKey;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
-use crate::store::{parse_log, LeaseStore};
-
-const SNAPSHOT: u8 = 1;
-const BATCH: u8 = 2;
-const HEADER: usize = 13;
+pub(crate) const SNAPSHOT: u8 = 1;
+pub(crate) const BATCH: u8 = 2;
+pub(crate) const HEADER: usize = 13;
 /// A frame longer than this is refused: a snapshot of a million leases is
 /// about 200 MB, far above any pool causeway serves.
 const MAX_FRAME: u32 = 256 * 1024 * 1024;
@@ -41,9 +35,9 @@ const CHALLENGE: usize = 32;
 const TO_ACTIVE: &[u8] = b"causeway-lease-stream/standby:";
 const TO_STANDBY: &[u8] = b"causeway-lease-stream/active:";
 /// How long a handshake or a connect may take.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A standby retries a refused or broken stream this often.
-const RETRY: Duration = Duration::from_millis(200);
+pub(crate) const RETRY: Duration = Duration::from_millis(200);
 
 #[derive(Clone)]
 pub struct ReplicationMetrics {
@@ -130,7 +124,7 @@ pub enum StreamError {
     Frame { kind: u8, len: u32 },
 }
 
-fn frame_header(kind: u8, seq: u64, len: usize) -> [u8; HEADER] {
+pub(crate) fn frame_header(kind: u8, seq: u64, len: usize) -> [u8; HEADER] {
     let mut h = [0u8; HEADER];
     h[0] = kind;
     h[1..9].copy_from_slice(&seq.to_be_bytes());
@@ -139,7 +133,7 @@ fn frame_header(kind: u8, seq: u64, len: usize) -> [u8; HEADER] {
 }
 
 /// Reads one frame's header; `None` at a clean end of stream.
-fn read_header(r: &mut impl Read) -> Result<Option<(u8, u64, u32)>, StreamError> {
+pub(crate) fn read_header(r: &mut impl Read) -> Result<Option<(u8, u64, u32)>, StreamError> {
     let mut h = [0u8; HEADER];
     match r.read_exact(&mut h) {
         Ok(()) => {}
@@ -177,7 +171,7 @@ fn accept_handshake(s: &mut TcpStream, key: &AdvertKey) -> Result<(), StreamErro
 }
 
 /// The standby's half of the handshake.
-fn connect_handshake(s: &mut TcpStream, key: &AdvertKey) -> Result<(), StreamError> {
+pub(crate) fn connect_handshake(s: &mut TcpStream, key: &AdvertKey) -> Result<(), StreamError> {
     let mut theirs = [0u8; CHALLENGE];
     s.read_exact(&mut theirs)?;
     let mine: [u8; CHALLENGE] = rand::random();
@@ -525,371 +519,5 @@ fn send_frames(mut socket: TcpStream, frames: mpsc::Receiver<Frame>, timeout: Du
             let _ = socket.shutdown(NetShutdown::Both);
             return;
         }
-    }
-}
-
-/// The standby's side: connects to the active, takes its snapshot and
-/// stream into the local lease file, and confirms each frame once durable.
-pub struct LeaseReceiver {
-    stop: Arc<AtomicBool>,
-    socket: Arc<Mutex<Option<TcpStream>>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl LeaseReceiver {
-    pub fn start(
-        path: PathBuf,
-        active: String,
-        key: Arc<AdvertKey>,
-        metrics: Option<ReplicationMetrics>,
-        in_sync: Arc<AtomicBool>,
-        observer: Option<crate::LeaseObserver>,
-    ) -> io::Result<LeaseReceiver> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let socket = Arc::new(Mutex::new(None));
-        let thread = {
-            let (stop, socket) = (stop.clone(), socket.clone());
-            std::thread::Builder::new()
-                .name("lease-stream-recv".into())
-                .spawn(move || {
-                    let mut store: Option<LeaseStore> = None;
-                    let received = AtomicU64::new(0);
-                    while !stop.load(Ordering::Relaxed) {
-                        in_sync.store(false, Ordering::Relaxed);
-                        let follower = Follower {
-                            path: &path,
-                            active: &active,
-                            key: &key,
-                            slot: &socket,
-                            metrics: &metrics,
-                            in_sync: &in_sync,
-                            received: &received,
-                            observer: observer.as_ref(),
-                        };
-                        match follower.follow(&mut store) {
-                            Ok(()) => tracing::info!(active = %active, "the active closed the lease stream"),
-                            Err(e) if !stop.load(Ordering::Relaxed) => {
-                                tracing::debug!(active = %active, error = %e, "lease stream not followed; retrying")
-                            }
-                            Err(_) => {}
-                        }
-                        if !stop.load(Ordering::Relaxed) {
-                            std::thread::sleep(RETRY);
-                        }
-                    }
-                    in_sync.store(false, Ordering::Relaxed);
-                    if let Some(mut s) = store.take() {
-                        s.close();
-                    }
-                })?
-        };
-        Ok(LeaseReceiver {
-            stop,
-            socket,
-            thread: Some(thread),
-        })
-    }
-
-    /// Stops following and closes the lease file (everything confirmed is
-    /// durable in it), so the server may open it.
-    pub fn stop(mut self) {
-        self.halt();
-    }
-
-    fn halt(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(s) = self
-            .socket
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
-            let _ = s.shutdown(NetShutdown::Both);
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for LeaseReceiver {
-    fn drop(&mut self) {
-        self.halt();
-    }
-}
-
-/// What following one connection to the active needs.
-struct Follower<'a> {
-    path: &'a Path,
-    active: &'a str,
-    key: &'a AdvertKey,
-    slot: &'a Mutex<Option<TcpStream>>,
-    metrics: &'a Option<ReplicationMetrics>,
-    in_sync: &'a AtomicBool,
-    received: &'a AtomicU64,
-    /// Told of every record, as the server tells it of each durable lease
-    /// change: the standby's DNS answers the names DHCP clients gave too.
-    observer: Option<&'a crate::LeaseObserver>,
-}
-
-impl Follower<'_> {
-    fn follow(&self, store: &mut Option<LeaseStore>) -> Result<(), StreamError> {
-        let Follower {
-            path,
-            active,
-            key,
-            slot,
-            metrics,
-            in_sync,
-            received,
-            observer,
-        } = *self;
-        let addr = active
-            .to_socket_addrs()?
-            .find(|a| a.is_ipv4())
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no IPv4 address"))?;
-        let mut s = TcpStream::connect_timeout(&addr, HANDSHAKE_TIMEOUT)?;
-        s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-        s.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
-        connect_handshake(&mut s, key)?;
-        s.set_read_timeout(None)?;
-        s.set_nodelay(true)?;
-        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(s.try_clone()?);
-        tracing::info!(active, "following the active's lease stream");
-        let mut reader = io::BufReader::with_capacity(256 * 1024, s.try_clone()?);
-        loop {
-            let Some((kind, seq, len)) = read_header(&mut reader)? else {
-                return Ok(());
-            };
-            let mut bytes = vec![0u8; len as usize];
-            reader.read_exact(&mut bytes)?;
-            match kind {
-                SNAPSHOT => {
-                    if let Some(mut old) = store.take() {
-                        old.close();
-                    }
-                    install_snapshot(path, &bytes)?;
-                    let (opened, recovery) = LeaseStore::open(path, None, None)
-                        .map_err(|e| io::Error::other(e.to_string()))?;
-                    *store = Some(opened);
-                    if let Some(observe) = observer {
-                        for record in &recovery.records {
-                            observe(record);
-                        }
-                    }
-                    in_sync.store(true, Ordering::Relaxed);
-                    if let Some(m) = metrics {
-                        m.snapshots_received.inc();
-                    }
-                    tracing::info!(
-                        records = recovery.records.len(),
-                        bytes = bytes.len(),
-                        "standby took the active's snapshot"
-                    );
-                }
-                _ => {
-                    let Some(st) = store.as_ref() else {
-                        return Err(StreamError::Frame { kind, len });
-                    };
-                    let parsed = parse_log(&bytes);
-                    let n = parsed.records.len() as u64;
-                    for record in parsed.records {
-                        if let Some(observe) = observer {
-                            observe(&record);
-                        }
-                        st.append(record, Box::new(|_| {}));
-                    }
-                    // One sync for the frame: the durable point the ack names.
-                    st.flush();
-                    received.fetch_add(n, Ordering::Relaxed);
-                    if let Some(m) = metrics {
-                        m.received_records.inc_by(n);
-                    }
-                }
-            }
-            s.write_all(&seq.to_be_bytes())?;
-        }
-    }
-}
-
-/// Replaces the lease file with the snapshot, durably: a crash leaves the
-/// old file or the new one, never a mix.
-fn install_snapshot(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        fs::create_dir_all(dir)?;
-    }
-    let tmp = path.with_extension("snapshot");
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    fs::rename(&tmp, path)?;
-    let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        Some(d) => d.to_path_buf(),
-        None => PathBuf::from("."),
-    };
-    File::open(dir)?.sync_all()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::lease::{LeaseRecord, LeaseState};
-    use crate::store::read_log;
-    use std::net::Ipv4Addr;
-
-    fn record(i: u32) -> LeaseRecord {
-        LeaseRecord {
-            ip: Ipv4Addr::from(0x0a00_0000 + i),
-            client: format!("01:00:00:00:{:02x}:{:02x}", i >> 8 & 0xff, i & 0xff),
-            hw: "00:00:00:00:00:01".into(),
-            state: LeaseState::Active,
-            expires: 1000 + u64::from(i),
-            hostname: None,
-        }
-    }
-
-    /// Appends and returns once every record's completion ran (its ACK
-    /// would have left).
-    fn append_acked(store: &LeaseStore, from: u32, to: u32) {
-        let (tx, rx) = mpsc::channel();
-        for i in from..to {
-            let tx = tx.clone();
-            store.append(record(i), Box::new(move |r| tx.send(r).unwrap_or(())));
-        }
-        for _ in from..to {
-            assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(Ok(())));
-        }
-    }
-
-    fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !done() {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    #[test]
-    fn a_joining_standby_gets_the_snapshot_then_every_acknowledged_batch() {
-        let dir = tempfile::tempdir().unwrap();
-        let key = Arc::new(AdvertKey::new(b"0123456789abcdef"));
-        let replicator = Replicator::new(key.clone(), Duration::from_secs(2), None);
-        let addr = replicator.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-        let active_path = dir.path().join("active.jsonl");
-        let (store, _) =
-            LeaseStore::open_replicated(&active_path, None, None, Some(replicator.clone()))
-                .unwrap();
-        // Before the standby: only in the active's file.
-        append_acked(&store, 0, 100);
-        let standby_path = dir.path().join("standby.jsonl");
-        let in_sync = Arc::new(AtomicBool::new(false));
-        let receiver = LeaseReceiver::start(
-            standby_path.clone(),
-            addr.to_string(),
-            key,
-            None,
-            in_sync.clone(),
-            None,
-        )
-        .unwrap();
-        wait_for("the standby in sync", || replicator.standby_in_sync());
-        assert!(in_sync.load(Ordering::Relaxed));
-        // Every ACK from here waited for the standby.
-        append_acked(&store, 100, 1100);
-        receiver.stop();
-        let got = read_log(&standby_path).unwrap();
-        let mut ips: Vec<_> = got.records.iter().map(|r| r.ip).collect();
-        ips.sort_unstable();
-        ips.dedup();
-        assert_eq!(
-            ips.len(),
-            1100,
-            "the standby holds every acknowledged lease"
-        );
-        assert_eq!(got.corrupt_lines, 0);
-    }
-
-    #[test]
-    fn a_standby_without_the_key_is_refused_and_the_active_serves_alone() {
-        let dir = tempfile::tempdir().unwrap();
-        let replicator = Replicator::new(
-            Arc::new(AdvertKey::new(b"0123456789abcdef")),
-            Duration::from_secs(2),
-            None,
-        );
-        let addr = replicator.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-        let (store, _) = LeaseStore::open_replicated(
-            &dir.path().join("a.jsonl"),
-            None,
-            None,
-            Some(replicator.clone()),
-        )
-        .unwrap();
-        let mut s = TcpStream::connect(addr).unwrap();
-        let wrong = AdvertKey::new(b"fedcba9876543210");
-        assert!(matches!(
-            connect_handshake(&mut s, &wrong),
-            Err(StreamError::Refused) | Err(StreamError::Io(_))
-        ));
-        append_acked(&store, 0, 10);
-        assert!(!replicator.standby_in_sync());
-    }
-
-    #[test]
-    fn a_standby_that_stops_confirming_is_dropped_after_the_timeout() {
-        let dir = tempfile::tempdir().unwrap();
-        let key = AdvertKey::new(b"0123456789abcdef");
-        let replicator = Replicator::new(
-            Arc::new(AdvertKey::new(b"0123456789abcdef")),
-            Duration::from_millis(300),
-            None,
-        );
-        let addr = replicator.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-        let (store, _) = LeaseStore::open_replicated(
-            &dir.path().join("a.jsonl"),
-            None,
-            None,
-            Some(replicator.clone()),
-        )
-        .unwrap();
-        // A standby that confirms the snapshot, then nothing.
-        let mut s = TcpStream::connect(addr).unwrap();
-        connect_handshake(&mut s, &key).unwrap();
-        let (_, seq, len) = read_header(&mut s).unwrap().unwrap();
-        let mut skip = vec![0u8; len as usize];
-        s.read_exact(&mut skip).unwrap();
-        s.write_all(&seq.to_be_bytes()).unwrap();
-        wait_for("the standby in sync", || replicator.standby_in_sync());
-        let started = Instant::now();
-        append_acked(&store, 0, 5);
-        let waited = started.elapsed();
-        assert!(
-            waited >= Duration::from_millis(300),
-            "the ACKs did not wait for the standby ({waited:?})"
-        );
-        assert!(!replicator.standby_in_sync());
-        // Alone now: no more waiting.
-        let started = Instant::now();
-        append_acked(&store, 5, 10);
-        assert!(started.elapsed() < Duration::from_millis(300));
-    }
-
-    #[test]
-    fn bad_frames_are_errors_not_panics() {
-        let mut bad_kind = &frame_header(9, 1, 0)[..];
-        assert!(matches!(
-            read_header(&mut bad_kind),
-            Err(StreamError::Frame { kind: 9, .. })
-        ));
-        let mut huge = [0u8; HEADER];
-        huge[0] = BATCH;
-        huge[9..13].copy_from_slice(&u32::MAX.to_be_bytes());
-        assert!(matches!(
-            read_header(&mut &huge[..]),
-            Err(StreamError::Frame { .. })
-        ));
-        assert!(matches!(read_header(&mut &[][..]), Ok(None)));
     }
 }

@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 
 use crate::clock::{self, unix_secs, ClockCheck, LeaseClock};
 use crate::engine::{Destination, Engine, Ignored, Ingress, Outcome, CLIENT_PORT, SERVER_PORT};
+use crate::lease::LeaseObserver;
 use crate::lease::{Lease, LeaseRecord};
 use crate::metrics::{message_type_label, DhcpMetrics};
 use crate::store::{HealthObserver, LeaseStore, StoreError};
@@ -29,10 +30,6 @@ pub enum DhcpError {
     #[error("DHCP listen {what}: {reason}")]
     Bind { what: String, reason: String },
 }
-
-/// Told of every lease change once it is durable, and of every lease
-/// recovered at start (the DNS server registers hostnames through it).
-pub type LeaseObserver = Arc<dyn Fn(&LeaseRecord) + Send + Sync>;
 
 /// Everything the receive tasks and the store's completions share.
 struct Shared {

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use causeway_config::{DhcpConfig, HaConfig, HaMode};
-use causeway_dhcp::replica::{LeaseReceiver, ReplicationMetrics, Replicator};
+use causeway_dhcp::follower::LeaseReceiver;
+use causeway_dhcp::replica::{ReplicationMetrics, Replicator};
 use causeway_dhcp::{DhcpError, DhcpMetrics, DhcpServer, LeaseObserver, LeaseRecord};
 use causeway_route::FloatingAddresses;
 use causeway_runtime::ha::advert::AdvertKey;
