@@ -679,6 +679,21 @@ fn two_replicas_are_a_statefulset_of_two_apart_without_a_static_address() {
             spec.selector.match_labels,
             "{name}: apart from each other, by the component's own selector"
         );
+        // Every replica may take the address and announce it: NET_ADMIN
+        // to add it, NET_RAW for the gratuitous ARP.
+        let caps = pod.containers[0]
+            .security_context
+            .as_ref()
+            .unwrap()
+            .capabilities
+            .as_ref()
+            .unwrap()
+            .add
+            .clone()
+            .unwrap();
+        for cap in ["NET_ADMIN", "NET_RAW"] {
+            assert!(caps.contains(&cap.to_string()), "{name}: {caps:?}");
+        }
         // No static address: the active replica adds it.
         let annotations = spec
             .template

@@ -225,10 +225,12 @@ pub fn replica_networks_annotation(plan: &Plan) -> String {
 }
 
 /// What each component may do beyond an unprivileged process: its ports
-/// below 1024, routing rules and routes, and for DHCP raw replies.
-pub fn capabilities(component: Component) -> Vec<String> {
+/// below 1024, routing rules and routes (and, for two replicas, adding the
+/// service address), and raw packets for DHCP's replies and for the
+/// gratuitous ARP a replica sends when it takes the service address.
+pub fn capabilities(component: Component, replicated: bool) -> Vec<String> {
     let mut caps = vec!["NET_ADMIN".to_string(), "NET_BIND_SERVICE".to_string()];
-    if component == Component::Dhcp {
+    if component == Component::Dhcp || replicated {
         caps.push("NET_RAW".into());
     }
     caps
@@ -363,7 +365,7 @@ fn pod_template(
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),
             capabilities: Some(Capabilities {
-                add: Some(capabilities(component)),
+                add: Some(capabilities(component, replicated)),
                 drop: Some(vec!["ALL".into()]),
             }),
             seccomp_profile: Some(SeccompProfile {
