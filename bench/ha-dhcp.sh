@@ -94,6 +94,7 @@ ha:
   replicas:
     - {name: a, address: "10.99.0.1:7946", priority: 200}
     - {name: b, address: "10.99.0.2:7946", priority: 100}
+  listenInterface: peer0
   keyFile: $TMP/ha.key
   interface: net1
   addresses: ["10.250.0.2/16"]

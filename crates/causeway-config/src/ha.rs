@@ -47,6 +47,9 @@ pub struct FileHa {
     /// Where adverts (UDP) and the lease stream (TCP) are received. Left
     /// out: every address, on the port of this replica's entry.
     pub listen: Option<String>,
+    /// Receive adverts and the lease stream on this interface only (the
+    /// peer link or the pod network), never on the VLAN the clients share.
+    pub listen_interface: Option<String>,
     /// A file holding the secret both replicas share; adverts and the lease
     /// stream are authenticated with it. At least 16 bytes.
     pub key_file: PathBuf,
@@ -111,6 +114,7 @@ pub struct HaConfig {
     pub node: Option<String>,
     pub replicas: [Replica; 2],
     pub listen: Option<std::net::SocketAddr>,
+    pub listen_interface: Option<String>,
     pub key_file: PathBuf,
     pub interface: String,
     pub addresses: Vec<Ipv4Net>,
@@ -222,6 +226,15 @@ pub(crate) fn validate(c: &mut Collector, h: FileHa) -> Option<HaConfig> {
             None
         }
     });
+    if h.listen_interface
+        .as_deref()
+        .is_some_and(|i| i.trim().is_empty() || i == h.interface)
+    {
+        c.push(
+            "ha.listenInterface",
+            "names no interface, or the VLAN interface the clients share; use the peer link or the pod network",
+        );
+    }
     if h.key_file.as_os_str().is_empty() {
         c.push("ha.keyFile", "names no file");
     }
@@ -322,6 +335,7 @@ pub(crate) fn validate(c: &mut Collector, h: FileHa) -> Option<HaConfig> {
         node: h.node,
         replicas: [a, b],
         listen,
+        listen_interface: h.listen_interface,
         key_file: h.key_file,
         interface: h.interface,
         addresses,

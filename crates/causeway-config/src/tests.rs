@@ -697,3 +697,14 @@ ha:
         assert!(one.contains(needle), "missing {needle:?} in:\n{one}");
     }
 }
+
+#[test]
+fn ha_listen_interface_is_never_the_vlan() {
+    let cfg = Config::from_yaml(&format!("{HA}  listenInterface: peer0\n")).unwrap();
+    assert_eq!(cfg.ha.unwrap().listen_interface.as_deref(), Some("peer0"));
+    let errs = errors(&format!("{HA}  listenInterface: net1\n")).join("\n");
+    assert!(
+        errs.contains("ha.listenInterface: names no interface, or the VLAN interface"),
+        "{errs}"
+    );
+}

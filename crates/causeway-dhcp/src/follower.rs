@@ -270,7 +270,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let key = Arc::new(AdvertKey::new(b"0123456789abcdef"));
         let replicator = Replicator::new(key.clone(), Duration::from_secs(2), None);
-        let addr = replicator.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = replicator
+            .listen("127.0.0.1:0".parse().unwrap(), None)
+            .unwrap();
         let active_path = dir.path().join("active.jsonl");
         let (store, _) =
             LeaseStore::open_replicated(&active_path, None, None, Some(replicator.clone()))
@@ -313,7 +315,9 @@ mod tests {
             Duration::from_secs(2),
             None,
         );
-        let addr = replicator.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = replicator
+            .listen("127.0.0.1:0".parse().unwrap(), None)
+            .unwrap();
         let (store, _) = LeaseStore::open_replicated(
             &dir.path().join("a.jsonl"),
             None,
@@ -340,7 +344,9 @@ mod tests {
             Duration::from_millis(300),
             None,
         );
-        let addr = replicator.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = replicator
+            .listen("127.0.0.1:0".parse().unwrap(), None)
+            .unwrap();
         let (store, _) = LeaseStore::open_replicated(
             &dir.path().join("a.jsonl"),
             None,

@@ -255,8 +255,23 @@ impl Replicator {
 
     /// Accepts standbys on `listen` for as long as the process runs; the
     /// newest authenticated one replaces any other.
-    pub fn listen(self: &Arc<Self>, listen: SocketAddr) -> io::Result<SocketAddr> {
-        let listener = TcpListener::bind(listen)?;
+    pub fn listen(
+        self: &Arc<Self>,
+        listen: SocketAddr,
+        interface: Option<&str>,
+    ) -> io::Result<SocketAddr> {
+        let socket = socket2::Socket::new(
+            socket2::Domain::for_address(listen),
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )?;
+        socket.set_reuse_address(true)?;
+        if let Some(name) = interface {
+            socket.bind_device(Some(name.as_bytes()))?;
+        }
+        socket.bind(&listen.into())?;
+        socket.listen(16)?;
+        let listener: TcpListener = socket.into();
         let bound = listener.local_addr()?;
         let me = Arc::downgrade(self);
         std::thread::Builder::new()

@@ -27,6 +27,7 @@ pub struct HaRuntime {
     /// The peer's `host:port`: adverts (UDP) and the lease stream (TCP).
     pub peer_address: String,
     pub listen: SocketAddr,
+    pub listen_interface: Option<String>,
     pub replication_timeout: Duration,
 }
 
@@ -96,6 +97,7 @@ pub async fn start(cfg: &HaConfig, registry: &prometheus::Registry) -> anyhow::R
         peer_name: peer.name.clone(),
         peer_address: peer.address.clone(),
         listen,
+        listen_interface: cfg.listen_interface.clone(),
         priority: me.priority,
         preempt: cfg.preempt,
         timers: Timers {
@@ -137,6 +139,7 @@ pub async fn start(cfg: &HaConfig, registry: &prometheus::Registry) -> anyhow::R
         key: Arc::new(AdvertKey::new(&key)),
         peer_address: peer.address.clone(),
         listen,
+        listen_interface: cfg.listen_interface.clone(),
         replication_timeout: cfg.replication_timeout,
     })
 }
@@ -187,7 +190,7 @@ impl HaDhcp {
             Some(replication.clone()),
         );
         replicator
-            .listen(ha.listen)
+            .listen(ha.listen, ha.listen_interface.as_deref())
             .with_context(|| format!("binding the lease stream on {}", ha.listen))?;
         let slot = Arc::new(tokio::sync::Mutex::new(DhcpSlot {
             role: DhcpRole::Idle,

@@ -220,6 +220,7 @@ ha:
   replicas:
     - {{name: a, address: "10.99.0.1:{HA_PORT}", priority: 200}}
     - {{name: b, address: "10.99.0.2:{HA_PORT}", priority: 100}}
+  listenInterface: peer0
   keyFile: {key}
   interface: net1
   addresses: ["{SERVICE_IP}/24"]
@@ -575,6 +576,24 @@ fn kill_cycles(mode: Mode, cluster: Option<&kube_cluster::SharedCluster>) {
     lab.start(1);
     let mut active = lab.wait_pair(Duration::from_secs(30));
     let d = lab.dir.path().to_path_buf();
+    // The lease stream's port is open on the peer link only: a client on
+    // the VLAN cannot reach it at the replicas' own addresses.
+    for own in ["192.168.50.11", "192.168.50.12"] {
+        let reached = client_cmd(&lab, "timeout")
+            .stderr(Stdio::null())
+            .args([
+                "1",
+                "bash",
+                "-c",
+                &format!("exec 3<>/dev/tcp/{own}/{HA_PORT}"),
+            ])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            !reached,
+            "a VLAN client connected to the lease stream at {own}:{HA_PORT}"
+        );
+    }
 
     // Load for the whole run: DHCP from the bench (relayed, renewing, every
     // ACK logged) and dhclient; DNS and proxied connections.

@@ -190,6 +190,9 @@ fn ha_section(
             })
             .collect(),
         listen: None,
+        // The peers reach each other over the pod network; adverts and the
+        // lease stream are never received on the VLAN.
+        listen_interface: Some("eth0".into()),
         key_file: format!("{HA_DIR}/{HA_KEY}").into(),
         interface: VLAN_INTERFACE.into(),
         addresses: vec![address],

@@ -167,6 +167,8 @@ pub struct HaSettings {
     /// `host:port`, resolved again every second.
     pub peer_address: String,
     pub listen: SocketAddr,
+    /// Bind the advert socket to this interface (SO_BINDTODEVICE).
+    pub listen_interface: Option<String>,
     pub priority: u8,
     pub preempt: bool,
     pub timers: Timers,
@@ -189,6 +191,20 @@ pub struct HaStatus {
     pub degraded: bool,
 }
 
+fn advert_socket(listen: SocketAddr, interface: Option<&str>) -> std::io::Result<UdpSocket> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(listen),
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )?;
+    if let Some(name) = interface {
+        socket.bind_device(Some(name.as_bytes()))?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&listen.into())?;
+    UdpSocket::from_std(socket.into())
+}
+
 pub struct Leadership {
     role: watch::Receiver<Role>,
     in_sync: Arc<AtomicBool>,
@@ -207,7 +223,7 @@ impl Leadership {
         witness: Option<Arc<W>>,
         metrics: HaMetrics,
     ) -> std::io::Result<Leadership> {
-        let socket = UdpSocket::bind(settings.listen).await?;
+        let socket = advert_socket(settings.listen, settings.listen_interface.as_deref())?;
         if let Err(e) = addresses.release().await {
             metrics.address_errors.with_label_values(&["release"]).inc();
             tracing::warn!(error = %e, "cannot clear the service addresses at start");
