@@ -18,7 +18,7 @@
 # --quick). The report gives the median of the rounds and the ratio on/off.
 set -euo pipefail
 
-NAME=ha-dhcp
+NAME="ha-dhcp"
 # shellcheck source=bench/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
