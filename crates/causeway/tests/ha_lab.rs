@@ -869,6 +869,57 @@ fn kill_cycles(mode: Mode, cluster: Option<&kube_cluster::SharedCluster>) {
         );
     }
 
+    // Peer mode: the active's whole namespace loses its links (the VLAN and
+    // the peer link). The other takes over; when the links return, the
+    // replica cut off gives way to the later takeover, whatever its
+    // priority, and resynchronises from it.
+    if mode == Mode::Peer {
+        let cut = active;
+        let other = 1 - cut;
+        let cut_at = Instant::now();
+        for link in ["net1", "peer0"] {
+            lab.replicas[cut].ns.ip(&["link", "set", link, "down"]);
+        }
+        let limit = DHCP_LIMIT * 2;
+        let (dns, proxy, dhcp) = std::thread::scope(|s| {
+            let dns = s.spawn(|| first_success(cut_at, limit, || dns_ok(&lab)));
+            let proxy = s.spawn(|| first_success(cut_at, limit, || proxy_ok(&lab)));
+            let dhcp = s.spawn(|| first_success(cut_at, limit, || dhcp_ok(&lab)));
+            (
+                dns.join().unwrap(),
+                proxy.join().unwrap(),
+                dhcp.join().unwrap(),
+            )
+        });
+        eprintln!(
+            "{mode:?} links of {} down: DNS back after {dns:?}, proxy {proxy:?}, DHCP {dhcp:?}",
+            lab.replicas[cut].name
+        );
+        assert!(
+            dns.is_some_and(|t| t <= DNS_PROXY_LIMIT)
+                && proxy.is_some_and(|t| t <= DNS_PROXY_LIMIT)
+                && dhcp.is_some_and(|t| t <= DHCP_LIMIT),
+            "with the active's links down: DNS {dns:?}, proxy {proxy:?}, DHCP {dhcp:?}\n{}",
+            lab.describe()
+        );
+        for link in ["net1", "peer0"] {
+            lab.replicas[cut].ns.ip(&["link", "set", link, "up"]);
+        }
+        let healed = lab.wait_pair(Duration::from_secs(30));
+        assert_eq!(
+            healed,
+            other,
+            "after the links returned, the replica that was cut off kept the address\n{}",
+            lab.describe()
+        );
+        assert!(
+            !lab.holds(cut),
+            "the replica cut off still holds {SERVICE_IP}"
+        );
+        last_kill_ms = unix_ms();
+        active = healed;
+    }
+
     // dhclient renews (every 10 s with 20 s leases) with whichever replica
     // is active: one renewal after the last kill shows its lease survived.
     let renewed = poll_until(Duration::from_secs(30), || {

@@ -23,6 +23,8 @@ pub struct Advert {
     pub active: bool,
     pub hears_peer: bool,
     pub in_sync: bool,
+    /// The takeover the sender holds (or last held) the addresses by.
+    pub term: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -109,6 +111,7 @@ mod tests {
             active: true,
             hears_peer: true,
             in_sync: true,
+            term: 1,
         }
     }
 

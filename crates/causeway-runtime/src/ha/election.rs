@@ -49,6 +49,9 @@ pub struct PeerState {
     /// The peer's DHCP lease log is complete (or it runs no DHCP).
     pub in_sync: bool,
     pub priority: u8,
+    /// When the peer took the addresses: unix milliseconds at its takeover,
+    /// or one more than the highest term it had seen if that is later.
+    pub term: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,6 +215,9 @@ pub struct Election {
     /// the first, a claim waits out the holder's slow renewal period.
     attempts: u32,
     last_change: Option<(Role, Reason)>,
+    term: u64,
+    /// Unix milliseconds, set by the driver before each event.
+    wall_ms: u64,
 }
 
 impl Election {
@@ -243,6 +249,8 @@ impl Election {
             degraded_since: None,
             attempts: 0,
             last_change: None,
+            term: 0,
+            wall_ms: 0,
         }
     }
 
@@ -322,9 +330,24 @@ impl Election {
 
     /// The active should let go: the peer is active too and outranks it
     /// (both active after a partition, or a preemption).
+    /// When both are active (a partition healed), the later takeover
+    /// wins: the other was cut off while it served, so its lease log is the
+    /// stale one (and, cut off from the clients too, it served nobody).
+    /// Priority decides only between equal terms.
     fn should_yield(&self, now: Instant) -> bool {
-        self.peer_alive(now)
-            .is_some_and(|p| p.active && self.peer_outranks(p))
+        self.peer_alive(now).is_some_and(|p| {
+            p.active && (p.term > self.term || (p.term == self.term && self.peer_outranks(p)))
+        })
+    }
+
+    /// This replica's term: the takeover it holds the addresses by.
+    pub fn term(&self) -> u64 {
+        self.term
+    }
+
+    /// The wall clock in unix milliseconds, for the next takeover's term.
+    pub fn set_wall_ms(&mut self, ms: u64) {
+        self.wall_ms = ms;
     }
 
     /// An active whose peer cannot vouch for it: it must prove to the
@@ -342,6 +365,13 @@ impl Election {
         }
         self.role = role;
         self.last_change = Some((role, reason));
+        if role == Role::Active {
+            // The wall clock, so that a replica that restarted (and
+            // remembers no term) and never heard its peer still outranks
+            // a takeover that came before its own.
+            let seen = self.peer.as_ref().map_or(0, |p| p.term);
+            self.term = (self.term.max(seen) + 1).max(self.wall_ms);
+        }
         out.push(match role {
             Role::Active => Action::Take,
             Role::Standby => Action::Release,
@@ -531,6 +561,7 @@ mod tests {
             hears_peer: true,
             in_sync: true,
             priority,
+            term: 1,
         }
     }
 
@@ -805,5 +836,46 @@ mod tests {
                 .any(|r| *r > read && *r + t.api_timeout.as_millis() as u64 <= claim),
             "no renewal between the read at {read} and the claim at {claim}: {renewals:?}"
         );
+    }
+
+    #[test]
+    fn after_a_partition_the_later_takeover_keeps_the_addresses_whatever_the_priorities() {
+        let t0 = Instant::now();
+        // "a" (priority 200) was active at term 1 and got cut off; "b"
+        // (priority 100) took over at term 2.
+        let mut a = Election::new(Mode::Peer, timers(), "a", "b", 200, false, t0);
+        a.on_tick(ms(t0, 600));
+        assert_eq!((a.role(), a.term()), (Role::Active, 1));
+        let newer = PeerState {
+            term: 2,
+            ..advert(true, 100)
+        };
+        assert_eq!(a.on_advert(ms(t0, 5_000), newer), vec![Action::Release]);
+        assert_eq!(
+            a.take_change(),
+            Some((Role::Standby, Reason::HigherPeerActive))
+        );
+        // And "b", hearing the older term, stays.
+        let mut b = Election::new(Mode::Peer, timers(), "b", "a", 100, false, t0);
+        b.on_advert(ms(t0, 100), advert(true, 200));
+        assert_eq!(b.on_tick(ms(t0, 800)), vec![Action::Take]);
+        assert_eq!(b.term(), 2, "one more than the highest term seen");
+        let older = PeerState {
+            term: 1,
+            ..advert(true, 200)
+        };
+        assert!(b.on_advert(ms(t0, 5_000), older).is_empty());
+        assert_eq!(b.role(), Role::Active);
+        // A replica that restarted and never heard its peer takes a term
+        // from the wall clock, later than the cut-off one's older takeover.
+        let mut fresh = Election::new(Mode::Peer, timers(), "a", "b", 100, false, t0);
+        fresh.set_wall_ms(1_700_000_005_000);
+        assert_eq!(fresh.on_tick(ms(t0, 600)), vec![Action::Take]);
+        let cut_off = PeerState {
+            term: 1_700_000_000_000,
+            ..advert(true, 200)
+        };
+        assert!(fresh.on_advert(ms(t0, 700), cut_off).is_empty());
+        assert_eq!(fresh.role(), Role::Active);
     }
 }

@@ -335,6 +335,7 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
         let (witness_tx, mut witness_rx) = mpsc::channel::<WitnessResult>(4);
         let mut buf = vec![0u8; MAX_ADVERT + 1];
         loop {
+            self.election.set_wall_ms(wall_ms());
             let actions = tokio::select! {
                 _ = resign.recv() => break,
                 _ = tick.tick() => {
@@ -411,6 +412,7 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
                 hears_peer: advert.hears_peer,
                 in_sync: advert.in_sync,
                 priority: advert.priority,
+                term: advert.term,
             },
         )
     }
@@ -449,6 +451,7 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
             active: self.election.role() == Role::Active,
             hears_peer: self.election.hears_peer(now),
             in_sync: self.in_sync.load(Ordering::Relaxed),
+            term: self.election.term(),
         };
         let sealed = self.key.seal(&advert);
         if let Err(e) = self.socket.send_to(&sealed, to).await {
@@ -560,6 +563,12 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
         s.peer_in_sync = peer.is_some_and(|p| p.in_sync);
         s.in_sync = in_sync;
     }
+}
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn held(result: Result<Result<bool, String>, tokio::time::error::Elapsed>) -> WitnessResult {
