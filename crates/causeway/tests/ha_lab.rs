@@ -920,6 +920,40 @@ fn kill_cycles(mode: Mode, cluster: Option<&kube_cluster::SharedCluster>) {
         active = healed;
     }
 
+    // SIGTERM (an upgrade, `systemctl stop`): the active hands the address
+    // over, and the standby takes it because the peer said it let go, not
+    // because the peer fell silent.
+    if mode == Mode::Peer {
+        let standby = 1 - active;
+        let said = "causeway_ha_role_changes_total{reason=\"peer_not_active\",role=\"active\"}";
+        let before = lab.metric(standby, said).unwrap_or(0.0);
+        let stopped_at = Instant::now();
+        let proc = lab.replicas[active].proc.as_mut().unwrap();
+        proc.signal("TERM");
+        let status = proc.wait_exit(Duration::from_secs(30));
+        assert!(
+            status.success(),
+            "the active did not stop cleanly: {status}"
+        );
+        let back = first_success(stopped_at, DHCP_LIMIT, || dns_ok(&lab));
+        assert!(
+            back.is_some(),
+            "DNS did not come back after the active's SIGTERM\n{}",
+            lab.describe()
+        );
+        assert_eq!(
+            lab.metric(standby, said),
+            Some(before + 1.0),
+            "the standby did not take over on the active's word: {:?}",
+            lab.ha(standby)
+        );
+        eprintln!("{mode:?} SIGTERM of the active: DNS back after {back:?}");
+        last_kill_ms = unix_ms();
+        lab.start(active);
+        active = lab.wait_pair(Duration::from_secs(30));
+        assert_eq!(active, standby);
+    }
+
     // dhclient renews (every 10 s with 20 s leases) with whichever replica
     // is active: one renewal after the last kill shows its lease survived.
     let renewed = poll_until(Duration::from_secs(30), || {
