@@ -1696,18 +1696,18 @@ async fn two_replicas_render_anti_affinity_a_pdb_and_the_lease_rbac() {
         claim.metadata.uid,
         "the first replica lost the lease volume"
     );
-    let ready = drive_to_ready(&client, &ns, &name, &op).await;
-    assert_eq!(
-        ready
-            .status
-            .unwrap()
-            .component_status
-            .unwrap()
-            .dhcp
-            .unwrap()
-            .ready_replicas,
-        2
-    );
+    drive_to_ready(&client, &ns, &name, &op).await;
+    // Ready comes with one replica ready (degraded, still serving); both
+    // once the StatefulSet controller has made the second pod and the
+    // test has played its kubelet.
+    let infras_api: Api<Infra> = Api::namespaced(client.clone(), &ns);
+    eventually("both DHCP replicas ready", WAIT, Some(&op), || async {
+        make_pods_ready(&client, &ns, &name).await;
+        let i = infras_api.get(&name).await.ok()?;
+        let dhcp = i.status?.component_status?.dhcp?;
+        (dhcp.ready_replicas == 2).then_some(())
+    })
+    .await;
 
     // Deleting the Infra: the garbage collector takes everything of the
     // two replicas too, key included.
