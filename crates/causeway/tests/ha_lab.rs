@@ -506,6 +506,25 @@ fn dhcp_ok(lab: &Lab) -> bool {
         })
 }
 
+/// When DNS, the proxy and DHCP each first answered through the service
+/// address after `from`, probed side by side until `limit`.
+fn answers_after(
+    lab: &Lab,
+    from: Instant,
+    limit: Duration,
+) -> (Option<Duration>, Option<Duration>, Option<Duration>) {
+    std::thread::scope(|s| {
+        let dns = s.spawn(|| first_success(from, limit, || dns_ok(lab)));
+        let proxy = s.spawn(|| first_success(from, limit, || proxy_ok(lab)));
+        let dhcp = s.spawn(|| first_success(from, limit, || dhcp_ok(lab)));
+        (
+            dns.join().unwrap(),
+            proxy.join().unwrap(),
+            dhcp.join().unwrap(),
+        )
+    })
+}
+
 /// How long after `from` each probe first succeeded (probing until
 /// `limit`); `None` when it never did.
 fn first_success(from: Instant, limit: Duration, probe: impl Fn() -> bool) -> Option<Duration> {
@@ -796,16 +815,7 @@ fn kill_cycles(mode: Mode, cluster: Option<&kube_cluster::SharedCluster>) {
         let at_kill = d.join(format!("standby-at-kill-{cycle}.jsonl"));
         fs::copy(&standby_file, &at_kill).unwrap();
         let limit = DHCP_LIMIT * 2;
-        let (dns, proxy, dhcp) = std::thread::scope(|s| {
-            let dns = s.spawn(|| first_success(killed_at, limit, || dns_ok(&lab)));
-            let proxy = s.spawn(|| first_success(killed_at, limit, || proxy_ok(&lab)));
-            let dhcp = s.spawn(|| first_success(killed_at, limit, || dhcp_ok(&lab)));
-            (
-                dns.join().unwrap(),
-                proxy.join().unwrap(),
-                dhcp.join().unwrap(),
-            )
-        });
+        let (dns, proxy, dhcp) = answers_after(&lab, killed_at, limit);
         let fail = |what: &str| -> ! {
             panic!(
                 "{mode:?} cycle {cycle}: {what} did not answer through {SERVICE_IP} within {limit:?} of the kill\n{}",
@@ -881,16 +891,7 @@ fn kill_cycles(mode: Mode, cluster: Option<&kube_cluster::SharedCluster>) {
             lab.replicas[cut].ns.ip(&["link", "set", link, "down"]);
         }
         let limit = DHCP_LIMIT * 2;
-        let (dns, proxy, dhcp) = std::thread::scope(|s| {
-            let dns = s.spawn(|| first_success(cut_at, limit, || dns_ok(&lab)));
-            let proxy = s.spawn(|| first_success(cut_at, limit, || proxy_ok(&lab)));
-            let dhcp = s.spawn(|| first_success(cut_at, limit, || dhcp_ok(&lab)));
-            (
-                dns.join().unwrap(),
-                proxy.join().unwrap(),
-                dhcp.join().unwrap(),
-            )
-        });
+        let (dns, proxy, dhcp) = answers_after(&lab, cut_at, limit);
         eprintln!(
             "{mode:?} links of {} down: DNS back after {dns:?}, proxy {proxy:?}, DHCP {dhcp:?}",
             lab.replicas[cut].name
