@@ -17,6 +17,10 @@ pub struct FileConfig {
     #[serde(default)]
     pub admin: FileAdmin,
     pub cluster: Option<FileCluster>,
+    /// Several hosted clusters sharing the VLAN's services, instead of
+    /// `cluster`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clusters: Vec<crate::clusters::FileServedCluster>,
     pub network: Option<FileNetwork>,
     pub dhcp: Option<FileDhcp>,
     pub dns: Option<crate::dns::FileDns>,
@@ -29,7 +33,11 @@ pub struct FileConfig {
 pub struct Config {
     pub log: LogConfig,
     pub admin: AdminConfig,
+    /// The first (or only) served cluster: DHCP's domain and the zone of
+    /// DHCP-registered names.
     pub cluster: Option<Cluster>,
+    /// Every hosted cluster DNS and the proxy serve, `cluster` first.
+    pub clusters: Vec<crate::clusters::ServedCluster>,
     pub network: Option<Network>,
     pub dhcp: Option<DhcpConfig>,
     pub dns: Option<crate::dns::DnsConfig>,
@@ -43,10 +51,18 @@ pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
 
     let log = crate::admin::validate_log(&mut c, file.log);
     let admin = crate::admin::validate_admin(&mut c, file.admin);
-    let cluster = file
+    let single = file
         .cluster
         .map(|cl| crate::network::validate_cluster(&mut c, cl));
     let network = file.network.and_then(|n| validate_network(&mut c, n));
+    let clusters = crate::clusters::validate(
+        &mut c,
+        single.as_ref(),
+        &file.clusters,
+        file.proxy.as_ref(),
+        network.as_ref(),
+    );
+    let cluster = clusters.first().map(|cl| cl.cluster.clone()).or(single);
 
     let dhcp = match file.dhcp {
         Some(d) if d.enabled => {
@@ -54,24 +70,26 @@ pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
         }
         _ => None,
     };
-    let apps_via_proxy = file
-        .proxy
-        .as_ref()
-        .is_some_and(|p| p.enabled && (p.ingress_https.is_some() || p.ingress_http.is_some()));
+    // Only a running proxy routes the apps: without it, *.apps resolves to
+    // a load balancer or not at all.
+    let proxy_runs = file.proxy.as_ref().is_some_and(|p| p.enabled);
+    let dns_clusters: Vec<crate::clusters::ServedCluster> = clusters
+        .iter()
+        .cloned()
+        .map(|mut cl| {
+            if !proxy_runs {
+                cl.ingress_https = None;
+                cl.ingress_http = None;
+            }
+            cl
+        })
+        .collect();
     let dns = match file.dns {
-        Some(d) if d.enabled => crate::dns::validate(
-            &mut c,
-            d,
-            network.as_ref(),
-            cluster.as_ref(),
-            apps_via_proxy,
-        ),
+        Some(d) if d.enabled => crate::dns::validate(&mut c, d, network.as_ref(), &dns_clusters),
         _ => None,
     };
     let proxy = match file.proxy {
-        Some(p) if p.enabled => {
-            crate::proxy::validate(&mut c, p, network.as_ref(), cluster.as_ref())
-        }
+        Some(p) if p.enabled => crate::proxy::validate(&mut c, p, network.as_ref(), &clusters),
         _ => None,
     };
     let routing = match file.routing {
@@ -89,6 +107,7 @@ pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
             log,
             admin,
             cluster,
+            clusters,
             network,
             dhcp,
             dns,

@@ -7,9 +7,10 @@ use std::time::Duration;
 use ipnet::{IpNet, Ipv4Net};
 use serde::{Deserialize, Serialize};
 
+use crate::clusters::{ServedCluster, KUBERNETES_ALIASES};
 use crate::collector::{yes, Collector, FileDuration};
 use crate::name::{self, NameRules};
-use crate::network::{Cluster, Network};
+use crate::network::Network;
 
 pub const DEFAULT_DNS_TTL: u32 = 30;
 pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
@@ -115,8 +116,12 @@ pub struct CacheConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct DnsConfig {
     pub listen: Vec<SocketAddr>,
-    /// `<cluster>.<baseDomain>.`, when the cluster is known.
+    /// `<cluster>.<baseDomain>.`, when the cluster is known: the first
+    /// served cluster's, where DHCP names are registered and relative
+    /// record names live.
     pub zone: Option<String>,
+    /// The other served clusters' zones, answered with the same authority.
+    pub other_zones: Vec<String>,
     /// The VLAN, whose reverse names this server answers.
     pub reverse: Option<Ipv4Net>,
     /// Views in order; the first whose clients match wins. The last one is
@@ -356,59 +361,77 @@ fn merge(base: &[DnsRecord], overrides: Vec<DnsRecord>) -> Vec<DnsRecord> {
 struct Addresses {
     proxy: Option<Ipv4Addr>,
     proxy_v6: Option<Ipv6Addr>,
+    /// `ingressAddress`: where the first cluster's `*.apps` resolves,
+    /// whatever else is set.
     ingress: Option<Ipv4Addr>,
-    /// The same config's proxy routes `*.apps` (it has an ingress): then
-    /// `*.apps` may resolve to the proxy; otherwise only to `ingress`, as a
-    /// proxy without an ingress would refuse those connections.
-    apps_via_proxy: bool,
+    /// The view reaches the VLAN (it has no proxy address of its own):
+    /// clusters' `appsAddress` and the `kubernetes` aliases are answered
+    /// in it, as only the VLAN reaches those addresses and has workers.
+    on_vlan: bool,
 }
 
 fn derived(
-    zone: Option<&str>,
+    clusters: &[ServedCluster],
     a: &Addresses,
     appliance: Option<Ipv4Addr>,
     ttl: u32,
 ) -> Vec<DnsRecord> {
-    let Some(zone) = zone else { return Vec::new() };
     let mut out = Vec::new();
-    for name in PROXIED_NAMES {
-        if let Some(ip) = a.proxy {
-            out.push(DnsRecord {
-                name: format!("{name}.{zone}"),
-                ttl,
-                data: RecordData::A(ip),
-            });
+    let a_record = |name: String, ip: Ipv4Addr| DnsRecord {
+        name,
+        ttl,
+        data: RecordData::A(ip),
+    };
+    for (i, cl) in clusters.iter().enumerate() {
+        let zone = format!("{}.", cl.domain().to_ascii_lowercase());
+        for name in PROXIED_NAMES {
+            if let Some(ip) = a.proxy {
+                out.push(a_record(format!("{name}.{zone}"), ip));
+            }
+            if let Some(ip) = a.proxy_v6 {
+                out.push(DnsRecord {
+                    name: format!("{name}.{zone}"),
+                    ttl,
+                    data: RecordData::Aaaa(ip),
+                });
+            }
         }
-        if let Some(ip) = a.proxy_v6 {
+        // *.apps resolves only where something answers it: a load
+        // balancer on the VLAN, or the proxy when it routes the apps (a
+        // proxy without an ingress would refuse those connections).
+        let apps = a
+            .ingress
+            .filter(|_| i == 0)
+            .or(cl.apps_address.filter(|_| a.on_vlan))
+            .or(a.proxy.filter(|_| cl.apps_via_proxy()));
+        if let Some(ip) = apps {
+            out.push(a_record(format!("*.apps.{zone}"), ip));
+        }
+        if let Some(ip) = a.proxy_v6.filter(|_| cl.apps_via_proxy()) {
             out.push(DnsRecord {
-                name: format!("{name}.{zone}"),
+                name: format!("*.apps.{zone}"),
                 ttl,
                 data: RecordData::Aaaa(ip),
             });
         }
     }
-    if let Some(ip) = a.ingress.or(a.proxy.filter(|_| a.apps_via_proxy)) {
-        out.push(DnsRecord {
-            name: format!("*.apps.{zone}"),
-            ttl,
-            data: RecordData::A(ip),
-        });
+    // The in-cluster names of the API name no cluster: the proxy tells the
+    // clusters apart by the worker's address.
+    if a.on_vlan && clusters.iter().any(|cl| !cl.workers.is_empty()) {
+        if let Some(ip) = a.proxy {
+            for alias in KUBERNETES_ALIASES {
+                out.push(a_record(format!("{alias}."), ip));
+            }
+        }
     }
-    if let Some(ip) = a.proxy_v6.filter(|_| a.apps_via_proxy) {
-        out.push(DnsRecord {
-            name: format!("*.apps.{zone}"),
-            ttl,
-            data: RecordData::Aaaa(ip),
-        });
-    }
+    let Some(primary) = clusters.first() else {
+        return out;
+    };
+    let zone = format!("{}.", primary.domain().to_ascii_lowercase());
     // The appliance names itself, forward and reverse, so tools like
     // traceroute show something meaningful.
     if let Some(ip) = appliance {
-        out.push(DnsRecord {
-            name: format!("causeway.{zone}"),
-            ttl,
-            data: RecordData::A(ip),
-        });
+        out.push(a_record(format!("causeway.{zone}"), ip));
         out.push(DnsRecord {
             name: reverse_name(IpAddr::V4(ip)),
             ttl,
@@ -463,10 +486,13 @@ pub(crate) fn validate(
     c: &mut Collector,
     d: FileDns,
     network: Option<&Network>,
-    cluster: Option<&Cluster>,
-    apps_via_proxy: bool,
+    clusters: &[ServedCluster],
 ) -> Option<DnsConfig> {
-    let zone = cluster.map(|cl| format!("{}.", cl.domain().to_ascii_lowercase()));
+    let mut zones = clusters
+        .iter()
+        .map(|cl| format!("{}.", cl.domain().to_ascii_lowercase()));
+    let zone = zones.next();
+    let other_zones: Vec<String> = zones.collect();
     let zone = zone.as_deref();
     let ttl = d.ttl.unwrap_or(DEFAULT_DNS_TTL);
     let appliance = network.and_then(|n| n.address);
@@ -498,7 +524,7 @@ pub(crate) fn validate(
         proxy: opt_ipv4(c, "dns.proxyAddress", &d.proxy_address).or(appliance),
         proxy_v6: opt_ipv6(c, "dns.proxyAddressV6", &d.proxy_address_v6),
         ingress: opt_ipv4(c, "dns.ingressAddress", &d.ingress_address),
-        apps_via_proxy,
+        on_vlan: true,
     };
     let explicit: Vec<DnsRecord> = d
         .records
@@ -506,7 +532,7 @@ pub(crate) fn validate(
         .enumerate()
         .filter_map(|(i, r)| record(c, &format!("dns.records[{i}]"), r, zone, ttl))
         .collect();
-    let base = merge(&derived(zone, &top, appliance, ttl), explicit.clone());
+    let base = merge(&derived(clusters, &top, appliance, ttl), explicit.clone());
 
     let mut views = Vec::new();
     for (i, v) in d.views.iter().enumerate() {
@@ -527,13 +553,14 @@ pub(crate) fn validate(
             );
         }
         let clients = ip_nets(c, &format!("{path}.clients"), &v.clients);
+        let own_proxy = opt_ipv4(c, &format!("{path}.proxyAddress"), &v.proxy_address);
         let addrs = Addresses {
-            proxy: opt_ipv4(c, &format!("{path}.proxyAddress"), &v.proxy_address).or(top.proxy),
+            on_vlan: own_proxy.is_none(),
+            proxy: own_proxy.or(top.proxy),
             proxy_v6: opt_ipv6(c, &format!("{path}.proxyAddressV6"), &v.proxy_address_v6)
                 .or(top.proxy_v6),
             ingress: opt_ipv4(c, &format!("{path}.ingressAddress"), &v.ingress_address)
                 .or(top.ingress),
-            apps_via_proxy,
         };
         let own: Vec<DnsRecord> = v
             .records
@@ -543,7 +570,7 @@ pub(crate) fn validate(
             .collect();
         // A view starts from the derived records for its own addresses and
         // the shared explicit records, then applies its own.
-        let shared = merge(&derived(zone, &addrs, appliance, ttl), explicit.clone());
+        let shared = merge(&derived(clusters, &addrs, appliance, ttl), explicit.clone());
         views.push(DnsView {
             name: v.name.clone(),
             clients,
@@ -647,6 +674,7 @@ pub(crate) fn validate(
     Some(DnsConfig {
         listen,
         zone: zone.map(str::to_string),
+        other_zones,
         reverse: network.map(|n| n.cidr),
         views,
         upstreams,

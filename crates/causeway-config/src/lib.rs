@@ -10,6 +10,7 @@
 //! it is given, and it knows nothing of how services use the values.
 
 mod admin;
+mod clusters;
 mod collector;
 mod config;
 mod dhcp;
@@ -22,6 +23,7 @@ mod proxy;
 mod routing;
 
 pub use admin::{AdminConfig, FileAdmin, FileLog, LogConfig, LogFormat, DEFAULT_ADMIN_LISTEN};
+pub use clusters::{FileServedCluster, ServedCluster, KUBERNETES_ALIASES, MAX_CLUSTERS};
 pub use collector::{parse_duration, parse_hex, parse_mac, FileDuration};
 pub use config::{validate, Config, FileConfig};
 pub use dhcp::{
@@ -42,8 +44,8 @@ pub use ha::{
 pub use name::{valid_label, valid_name, NameRules};
 pub use network::{Cluster, FileCluster, FileNetwork, Network};
 pub use proxy::{
-    Balance, FileListener, FileProxy, HealthCheck, Listener, ListenerKind, ProxyConfig, Upstream,
-    DEFAULT_MAX_CONNECTIONS_PER_SOURCE,
+    Balance, FileListener, FileProxy, FileRoute as FileProxyRoute, HealthCheck, Listener,
+    ListenerKind, ProxyConfig, Route, Upstream, DEFAULT_MAX_CONNECTIONS_PER_SOURCE,
 };
 pub use routing::{FileRouting, RoutedInterface, RoutingConfig, DEFAULT_PRIORITY, DEFAULT_TABLE};
 

@@ -4,11 +4,13 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
+use crate::clusters::{ServedCluster, KUBERNETES_ALIASES};
 use crate::collector::{yes, Collector, FileDuration};
 use crate::name::{valid_name, NameRules};
-use crate::network::{Cluster, Network};
+use crate::network::Network;
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -62,10 +64,18 @@ pub struct FileListener {
     pub default: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+/// A route of an SNI listener: by the name the ClientHello carries, by the
+/// client's address, or by both.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileRoute {
-    pub sni: String,
+    /// A host name or `*.` wildcard; left out, the route takes what no
+    /// named route took (no name, a name no route has, or not TLS), from
+    /// `sources` only.
+    pub sni: Option<String>,
+    /// Client addresses or CIDRs this route is for; empty means any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<String>,
     pub upstream: String,
 }
 
@@ -103,13 +113,55 @@ impl std::fmt::Display for Upstream {
     }
 }
 
+/// One route of an SNI listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// Lowercase host name or `*.` wildcard; None for a route by source
+    /// alone.
+    pub sni: Option<String>,
+    /// Empty: any client.
+    pub sources: Vec<IpNet>,
+    pub upstream: Upstream,
+    /// What its metric series say: the name, or the sources.
+    pub label: String,
+}
+
+impl Route {
+    /// A route by name, for any client.
+    pub fn named(sni: impl Into<String>, upstream: Upstream) -> Self {
+        let sni = sni.into();
+        Route {
+            label: sni.clone(),
+            sni: Some(sni),
+            sources: Vec::new(),
+            upstream,
+        }
+    }
+}
+
+/// The label of a route: its name, with its sources when it has them
+/// (`kubernetes from 10.0.0.5/32+3`).
+fn route_label(sni: Option<&str>, sources: &[IpNet]) -> String {
+    let from = match sources {
+        [] => String::new(),
+        [one] => one.to_string(),
+        [first, rest @ ..] => format!("{first}+{}", rest.len()),
+    };
+    match (sni, from.is_empty()) {
+        (Some(n), true) => n.to_string(),
+        (Some(n), false) => format!("{n} from {from}"),
+        (None, _) => format!("from {from}"),
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ListenerKind {
     /// Every connection to one upstream.
     Plain(Upstream),
-    /// By the ClientHello's server name; `default` takes the rest.
+    /// By the ClientHello's server name, then by the client's address;
+    /// `default` takes the rest.
     Sni {
-        routes: Vec<(String, Upstream)>,
+        routes: Vec<Route>,
         default: Option<Upstream>,
     },
 }
@@ -162,7 +214,7 @@ pub struct ProxyConfig {
     pub health_check: Option<HealthCheck>,
 }
 
-fn upstream(c: &mut Collector, path: &str, text: &str) -> Option<Upstream> {
+pub(crate) fn upstream(c: &mut Collector, path: &str, text: &str) -> Option<Upstream> {
     let t = text.trim();
     if t.contains(',') {
         let addrs: Result<Vec<SocketAddr>, _> = t
@@ -211,41 +263,105 @@ fn upstream(c: &mut Collector, path: &str, text: &str) -> Option<Upstream> {
     parsed
 }
 
-/// The routes HyperShift's control plane needs, for `zone` and namespace `ns`.
-fn derived(
-    zone: &str,
-    ns: &str,
-    api_server_service: &str,
-    https: Option<&Upstream>,
-    http: Option<&Upstream>,
-) -> Vec<(u16, ListenerKind)> {
-    let svc = |name: &str, port: u16| Upstream::named(format!("{name}.{ns}.svc"), port);
-    let mut routes = vec![
-        (format!("oauth.{zone}"), svc("oauth-openshift", 6443)),
-        (
-            format!("ignition.{zone}"),
-            svc("ignition-server-proxy", 443),
-        ),
-        (
-            format!("konnectivity.{zone}"),
-            svc("konnectivity-server", 8091),
-        ),
-    ];
-    if let Some(i) = https {
-        routes.push((format!("*.apps.{zone}"), i.clone()));
+/// The listeners HyperShift's control planes need, for every served
+/// cluster. One cluster whose workers are not listed keeps a plain 6443,
+/// as every client of it means that cluster; otherwise 6443 routes by name
+/// (`api`, `api-int`) and then by the worker's address, for clients that
+/// name no cluster (the in-cluster Service path dials an address).
+fn derived(clusters: &[ServedCluster]) -> Vec<(u16, ListenerKind)> {
+    let svc = |cl: &ServedCluster, name: &str, port: u16| {
+        Upstream::named(format!("{name}.{}.svc", cl.control_plane_namespace), port)
+    };
+    let api = |cl: &ServedCluster| svc(cl, &cl.api_server_service, 6443);
+    let by_source = |cl: &ServedCluster, sni: Option<String>, upstream: Upstream| {
+        let sources: Vec<IpNet> = cl.workers.iter().copied().map(IpNet::V4).collect();
+        Route {
+            label: route_label(sni.as_deref(), &sources),
+            sni,
+            sources,
+            upstream,
+        }
+    };
+    let mut out = Vec::new();
+    match clusters {
+        [one] if one.workers.is_empty() => out.push((6443, ListenerKind::Plain(api(one)))),
+        _ => {
+            let mut routes = Vec::new();
+            for cl in clusters {
+                let zone = cl.domain();
+                routes.push(Route::named(format!("api.{zone}"), api(cl)));
+                routes.push(Route::named(format!("api-int.{zone}"), api(cl)));
+            }
+            for cl in clusters.iter().filter(|cl| !cl.workers.is_empty()) {
+                routes.push(by_source(cl, None, api(cl)));
+            }
+            out.push((
+                6443,
+                ListenerKind::Sni {
+                    routes,
+                    default: None,
+                },
+            ));
+        }
     }
-    let mut out = vec![
-        (6443, ListenerKind::Plain(svc(api_server_service, 6443))),
-        (
-            443,
-            ListenerKind::Sni {
-                routes,
-                default: None,
-            },
-        ),
-    ];
-    if let Some(i) = http {
-        out.push((80, ListenerKind::Plain(i.clone())));
+    let mut routes = Vec::new();
+    for cl in clusters {
+        let zone = cl.domain();
+        routes.push(Route::named(
+            format!("oauth.{zone}"),
+            svc(cl, "oauth-openshift", 6443),
+        ));
+        routes.push(Route::named(
+            format!("ignition.{zone}"),
+            svc(cl, "ignition-server-proxy", 443),
+        ));
+        routes.push(Route::named(
+            format!("konnectivity.{zone}"),
+            svc(cl, "konnectivity-server", 8091),
+        ));
+        if let Some(i) = &cl.ingress_https {
+            routes.push(Route::named(format!("*.apps.{zone}"), i.clone()));
+        }
+    }
+    for cl in clusters.iter().filter(|cl| !cl.workers.is_empty()) {
+        for alias in KUBERNETES_ALIASES {
+            routes.push(by_source(cl, Some(alias.to_string()), api(cl)));
+        }
+    }
+    out.push((
+        443,
+        ListenerKind::Sni {
+            routes,
+            default: None,
+        },
+    ));
+    let http: Vec<&ServedCluster> = clusters
+        .iter()
+        .filter(|cl| cl.ingress_http.is_some())
+        .collect();
+    match http.as_slice() {
+        [] => {}
+        // Plain HTTP names no cluster in its first bytes: one cluster's
+        // ingress takes port 80 whole, several share it by worker address.
+        [one] if clusters.len() == 1 || one.workers.is_empty() => {
+            if let Some(i) = &one.ingress_http {
+                out.push((80, ListenerKind::Plain(i.clone())));
+            }
+        }
+        several => {
+            let routes = several
+                .iter()
+                .filter(|cl| !cl.workers.is_empty())
+                .filter_map(|cl| cl.ingress_http.clone().map(|i| by_source(cl, None, i)))
+                .collect();
+            out.push((
+                80,
+                ListenerKind::Sni {
+                    routes,
+                    default: None,
+                },
+            ));
+        }
     }
     out
 }
@@ -277,14 +393,11 @@ fn parse_listeners(
         let kind = match (&l.upstream, l.routes.is_empty()) {
             (Some(u), true) => upstream(c, &format!("{path}.upstream"), u).map(ListenerKind::Plain),
             (None, false) => {
-                let routes: Vec<(String, Upstream)> = l
+                let routes: Vec<Route> = l
                     .routes
                     .iter()
                     .enumerate()
-                    .filter_map(|(j, r)| {
-                        upstream(c, &format!("{path}.routes[{j}].upstream"), &r.upstream)
-                            .map(|u| (r.sni.trim().to_ascii_lowercase(), u))
-                    })
+                    .filter_map(|(j, r)| route(c, &format!("{path}.routes[{j}]"), r))
                     .collect();
                 let default = l
                     .default
@@ -307,11 +420,48 @@ fn parse_listeners(
     listeners
 }
 
+fn route(c: &mut Collector, path: &str, r: &FileRoute) -> Option<Route> {
+    let sni = r
+        .sni
+        .as_deref()
+        .map(|s| s.trim().trim_end_matches('.').to_ascii_lowercase())
+        .filter(|s| !s.is_empty());
+    let mut sources = Vec::new();
+    for (k, text) in r.sources.iter().enumerate() {
+        let t = text.trim();
+        match t
+            .parse::<IpNet>()
+            .ok()
+            .or_else(|| t.parse::<IpAddr>().ok().map(IpNet::from))
+        {
+            Some(n) => sources.push(n.trunc()),
+            None => c.push(
+                format!("{path}.sources[{k}]"),
+                format!("{t} is not an address or CIDR"),
+            ),
+        }
+    }
+    if sni.is_none() && r.sources.is_empty() {
+        c.push(
+            path,
+            "give sni, sources or both (a route for everything else is the listener's default)",
+        );
+        return None;
+    }
+    let upstream = upstream(c, &format!("{path}.upstream"), &r.upstream)?;
+    Some(Route {
+        label: route_label(sni.as_deref(), &sources),
+        sni,
+        sources,
+        upstream,
+    })
+}
+
 pub(crate) fn validate(
     c: &mut Collector,
     p: FileProxy,
     network: Option<&Network>,
-    cluster: Option<&Cluster>,
+    clusters: &[ServedCluster],
 ) -> Option<ProxyConfig> {
     let listen_ip: IpAddr = match &p.listen_address {
         Some(t) => match t.trim().parse() {
@@ -332,33 +482,18 @@ pub(crate) fn validate(
             }
         },
     };
-    let https = p
-        .ingress_https
-        .as_deref()
-        .and_then(|t| upstream(c, "proxy.ingressHttps", t));
-    let http = p
-        .ingress_http
-        .as_deref()
-        .and_then(|t| upstream(c, "proxy.ingressHttp", t));
     let mut listeners = parse_listeners(c, "proxy.listeners", &p.listeners, &[]);
     if p.listeners.is_empty() {
-        match cluster {
-            Some(cl) => {
-                let ns = p
-                    .control_plane_namespace
-                    .clone()
-                    .unwrap_or_else(|| format!("clusters-{}", cl.name));
-                let api = p.api_server_service.as_deref().unwrap_or("kube-apiserver");
-                listeners = derived(&cl.domain(), &ns, api, https.as_ref(), http.as_ref())
-                    .into_iter()
-                    .map(|(port, kind)| (port, kind, false))
-                    .collect();
-            }
-            None => c.push(
+        if clusters.is_empty() {
+            c.push(
                 "proxy.listeners",
                 "none listed, and no cluster to derive them from",
-            ),
+            );
         }
+        listeners = derived(clusters)
+            .into_iter()
+            .map(|(port, kind)| (port, kind, false))
+            .collect();
     }
     let taken: Vec<u16> = listeners.iter().map(|(port, _, _)| *port).collect();
     listeners.extend(parse_listeners(

@@ -389,7 +389,7 @@ fn proxy_routes_are_derived_from_the_cluster() {
         panic!("443 routes by SNI")
     };
     assert_eq!(default, &None);
-    let names: Vec<&str> = routes.iter().map(|(n, _)| n.as_str()).collect();
+    let names: Vec<&str> = routes.iter().filter_map(|r| r.sni.as_deref()).collect();
     assert_eq!(
         names,
         vec![
@@ -400,7 +400,7 @@ fn proxy_routes_are_derived_from_the_cluster() {
         ]
     );
     assert_eq!(
-        routes[0].1.to_string(),
+        routes[0].upstream.to_string(),
         "oauth-openshift.clusters-hc1.svc:6443"
     );
 }
@@ -706,5 +706,158 @@ fn ha_listen_interface_is_never_the_vlan() {
     assert!(
         errs.contains("ha.listenInterface: names no interface, or the VLAN interface"),
         "{errs}"
+    );
+}
+
+const TWO_CLUSTERS: &str = r#"
+clusters:
+  - name: hc1
+    baseDomain: example.com
+    controlPlaneNamespace: clusters-hc1
+    ingressHttps: 192.168.100.200:443
+    appsAddress: 192.168.100.200
+    workers: [192.168.100.20, 192.168.100.21]
+  - name: hc2
+    baseDomain: Example.org.
+    workers: [192.168.100.32/30]
+network:
+  cidr: 192.168.100.0/24
+  gateway: 192.168.100.1
+  address: 192.168.100.2
+dns:
+  views:
+    - {name: vlan, clients: [192.168.100.0/24]}
+    - {name: pods, clients: [0.0.0.0/0], proxyAddress: 172.30.0.10}
+proxy: {}
+"#;
+
+fn a_lines(view: &DnsView) -> Vec<String> {
+    let mut out: Vec<String> = view
+        .records
+        .iter()
+        .filter_map(|r| match r.data {
+            RecordData::A(ip) => Some(format!("{} {ip}", r.name)),
+            _ => None,
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn several_clusters_share_dns_each_with_its_zone_apps_and_the_workers_aliases() {
+    let cfg = Config::from_yaml(TWO_CLUSTERS).unwrap();
+    assert_eq!(cfg.cluster.as_ref().unwrap().domain(), "hc1.example.com");
+    assert_eq!(cfg.clusters.len(), 2);
+    assert_eq!(cfg.clusters[1].control_plane_namespace, "clusters-hc2");
+    let dns = cfg.dns.unwrap();
+    assert_eq!(dns.zone.as_deref(), Some("hc1.example.com."));
+    assert_eq!(dns.other_zones, vec!["hc2.example.org.".to_string()]);
+    let vlan = a_lines(&dns.views[0]);
+    for name in ["api", "api-int", "oauth", "ignition", "konnectivity"] {
+        assert!(vlan.contains(&format!("{name}.hc1.example.com. 192.168.100.2")));
+        assert!(vlan.contains(&format!("{name}.hc2.example.org. 192.168.100.2")));
+    }
+    // The VLAN reaches hc1's load balancer directly; hc2 routes no apps.
+    assert!(vlan.contains(&"*.apps.hc1.example.com. 192.168.100.200".to_string()));
+    assert!(!vlan.iter().any(|r| r.starts_with("*.apps.hc2")));
+    for alias in KUBERNETES_ALIASES {
+        assert!(vlan.contains(&format!("{alias}. 192.168.100.2")), "{alias}");
+    }
+    // The pod network has no workers and reaches hc1's apps through its
+    // own proxy address.
+    let pods = a_lines(&dns.views[1]);
+    assert!(pods.contains(&"*.apps.hc1.example.com. 172.30.0.10".to_string()));
+    assert!(pods.contains(&"api.hc2.example.org. 172.30.0.10".to_string()));
+    assert!(!pods.iter().any(|r| r.starts_with("kubernetes")));
+}
+
+#[test]
+fn several_clusters_share_the_proxy_by_name_then_by_worker_address() {
+    let cfg = Config::from_yaml(TWO_CLUSTERS).unwrap();
+    let p = cfg.proxy.unwrap();
+    let ListenerKind::Sni { routes, default } = &p.listeners[0].kind else {
+        panic!("6443 routes by name when clusters share it")
+    };
+    assert_eq!(p.listeners[0].listen.port(), 6443);
+    assert_eq!(default, &None);
+    let shown: Vec<String> = routes
+        .iter()
+        .map(|r| format!("{} -> {}", r.label, r.upstream))
+        .collect();
+    assert_eq!(
+        shown,
+        vec![
+            "api.hc1.example.com -> kube-apiserver.clusters-hc1.svc:6443",
+            "api-int.hc1.example.com -> kube-apiserver.clusters-hc1.svc:6443",
+            "api.hc2.example.org -> kube-apiserver.clusters-hc2.svc:6443",
+            "api-int.hc2.example.org -> kube-apiserver.clusters-hc2.svc:6443",
+            "from 192.168.100.20/32+1 -> kube-apiserver.clusters-hc1.svc:6443",
+            "from 192.168.100.32/30 -> kube-apiserver.clusters-hc2.svc:6443",
+        ]
+    );
+    assert_eq!(routes[4].sni, None);
+    assert_eq!(routes[4].sources.len(), 2);
+    let ListenerKind::Sni { routes, .. } = &p.listeners[1].kind else {
+        panic!("443 routes by name")
+    };
+    let labels: Vec<&str> = routes.iter().map(|r| r.label.as_str()).collect();
+    assert!(labels.contains(&"*.apps.hc1.example.com"));
+    assert!(labels.contains(&"oauth.hc2.example.org"));
+    assert!(labels.contains(&"kubernetes.default.svc from 192.168.100.32/30"));
+    assert_eq!(p.listeners.len(), 2, "no cluster has an HTTP ingress");
+}
+
+#[test]
+fn one_cluster_without_workers_keeps_a_plain_api_port() {
+    let p = Config::from_yaml(&format!("{VLAN}proxy: {{}}\n"))
+        .unwrap()
+        .proxy
+        .unwrap();
+    assert!(matches!(p.listeners[0].kind, ListenerKind::Plain(_)));
+}
+
+#[test]
+fn cluster_list_errors_name_their_paths() {
+    let e = errors(
+        r#"
+cluster: {name: hc0, baseDomain: example.com}
+clusters:
+  - {name: hc1, baseDomain: example.com, workers: [192.168.100.20, 10.0.0.1, nonsense]}
+  - {name: HC1, baseDomain: example.com.}
+  - {name: hc3, baseDomain: example.com, workers: [192.168.100.16/28], appsAddress: x}
+  - {name: "a.b", baseDomain: "-bad-", controlPlaneNamespace: "Not_A_Namespace"}
+network: {cidr: 192.168.100.0/24, address: 192.168.100.2}
+proxy: {controlPlaneNamespace: clusters-hc1}
+"#,
+    );
+    assert_eq!(
+        e,
+        vec![
+            "clusters: set either cluster (one hosted cluster) or clusters (several), not both",
+            "proxy.controlPlaneNamespace: with clusters listed, set controlPlaneNamespace on each entry of clusters",
+            "clusters[0].workers[1]: 10.0.0.1/32 is outside network.cidr 192.168.100.0/24",
+            "clusters[0].workers[2]: nonsense is not an IPv4 address or CIDR (IPv6 workers are not routed yet)",
+            "clusters[1].name: hc1.example.com is also clusters[0]'s domain",
+            "clusters[2].appsAddress: x is not an IPv4 address",
+            "clusters[2].workers[0]: 192.168.100.16/28 overlaps 192.168.100.20/32, a worker of clusters[0]",
+            "clusters[3].name: \"a.b\" is not a DNS label",
+            "clusters[3].baseDomain: \"-bad-\" is not a DNS name",
+            "clusters[3].controlPlaneNamespace: \"Not_A_Namespace\" is not a namespace name",
+        ]
+    );
+}
+
+#[test]
+fn proxy_routes_by_source_are_checked() {
+    let e = errors(&format!(
+        "{VLAN}proxy:\n  listeners:\n    - port: 6443\n      routes:\n        - {{upstream: '10.0.0.1:6443'}}\n        - {{sources: [bad], upstream: '10.0.0.1:6443'}}\n"
+    ));
+    assert_eq!(
+        e,
+        vec![
+            "proxy.listeners[0].routes[0]: give sni, sources or both (a route for everything else is the listener's default)",
+            "proxy.listeners[0].routes[1].sources[0]: bad is not an address or CIDR",
+        ]
     );
 }

@@ -310,6 +310,16 @@ impl Authority {
                 soa: soa(z, Some(z), cfg.ttl, serial),
             });
         }
+        // The other hosted clusters sharing this server: each its own
+        // zone, so names under it that no record has are NXDOMAIN here
+        // rather than asked upstream.
+        for text in &cfg.other_zones {
+            let z = name(text)?;
+            zones.push(Zone {
+                apex: LowerName::from(&z),
+                soa: soa(&z, Some(&z), cfg.ttl, serial),
+            });
+        }
         if let Some(net) = cfg.reverse {
             for apex in reverse_zones(net) {
                 zones.push(Zone {

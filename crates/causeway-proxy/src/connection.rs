@@ -116,7 +116,12 @@ async fn serve(
                 }
                 Peek::NeedMore => {}
             }
-            match routes.choose(&p) {
+            let from = client
+                .peer_addr()
+                .map_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), |a| {
+                    a.ip()
+                });
+            match routes.choose(&p, from) {
                 Some(u) => u,
                 None => {
                     metrics

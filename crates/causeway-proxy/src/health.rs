@@ -20,7 +20,7 @@ fn upstreams_of(cfg: &ProxyConfig) -> Vec<Upstream> {
         match &l.kind {
             ListenerKind::Plain(u) => all.push(u.clone()),
             ListenerKind::Sni { routes, default } => {
-                all.extend(routes.iter().map(|(_, u)| u.clone()));
+                all.extend(routes.iter().map(|r| r.upstream.clone()));
                 all.extend(default.iter().cloned());
             }
         }

@@ -107,9 +107,13 @@ pub(crate) fn routing_of(l: &Listener, metrics: &ProxyMetrics) -> Result<Routing
         ListenerKind::Plain(u) => Routing::Plain(target(&u.to_string(), u)),
         ListenerKind::Sni { routes, default } => Routing::Sni(
             SniRoutes::new(
-                routes
-                    .iter()
-                    .map(|(pattern, u)| (pattern.clone(), target(pattern, u))),
+                routes.iter().map(|r| {
+                    (
+                        r.sni.clone(),
+                        r.sources.clone(),
+                        target(&r.label, &r.upstream),
+                    )
+                }),
                 default.as_ref().map(|u| target("default", u)),
             )
             .map_err(|source| ProxyError::Routes {
