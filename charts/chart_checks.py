@@ -181,22 +181,25 @@ def kinds(docs):
 
 
 def check_crd(docs):
-    """The generated Infra CRD, if there, is the one the chart's RBAC names."""
-    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition" and "densityops" in d["metadata"]["name"]]
+    """The generated Infra and InfraClusterAttachment CRDs, if there, are the ones the chart's RBAC names."""
+    crds = {d["metadata"]["name"]: d for d in docs if d["kind"] == "CustomResourceDefinition" and "densityops" in d["metadata"]["name"]}
     if not crds:
         return
-    assert len(crds) == 1, f"expected one CRD, found {len(crds)}"
-    crd = crds[0]
-    spec = crd["spec"]
-    assert crd["metadata"]["name"] == "infras.hostedcluster.densityops.com", crd["metadata"]["name"]
-    assert spec["group"] == "hostedcluster.densityops.com", spec["group"]
-    assert spec["scope"] == "Namespaced", spec["scope"]
-    names = spec["names"]
-    assert (names["kind"], names["plural"], names.get("singular")) == ("Infra", "infras", "infra"), names
-    served = [v for v in spec["versions"] if v["name"] == "v1alpha1"]
-    assert served and served[0]["served"] and served[0]["storage"], spec["versions"]
-    assert "status" in served[0].get("subresources", {}), "the operator patches infras/status: enable the subresource"
-    assert "openAPIV3Schema" in served[0].get("schema", {}), "v1alpha1 needs schema.openAPIV3Schema"
+    expected = {
+        "infras.hostedcluster.densityops.com": ("Infra", "infras", "infra"),
+        "infraclusterattachments.hostedcluster.densityops.com": ("InfraClusterAttachment", "infraclusterattachments", "infraclusterattachment"),
+    }
+    assert sorted(crds) == sorted(expected), sorted(crds)
+    for name, want in expected.items():
+        spec = crds[name]["spec"]
+        assert spec["group"] == "hostedcluster.densityops.com", spec["group"]
+        assert spec["scope"] == "Namespaced", spec["scope"]
+        names = spec["names"]
+        assert (names["kind"], names["plural"], names.get("singular")) == want, names
+        served = [v for v in spec["versions"] if v["name"] == "v1alpha1"]
+        assert served and served[0]["served"] and served[0]["storage"], spec["versions"]
+        assert "status" in served[0].get("subresources", {}), f"the operator patches {want[1]}/status: enable the subresource"
+        assert "openAPIV3Schema" in served[0].get("schema", {}), "v1alpha1 needs schema.openAPIV3Schema"
 
 
 def container(docs):
@@ -451,6 +454,7 @@ def case_default(docs):
                  ("policy", "poddisruptionbudgets")]:
         assert verbs[kind] == {"get", "list", "watch", "create", "patch", "delete"}, (kind, verbs[kind])
     assert ("hostedcluster.densityops.com", "infras/status") in granted
+    assert ("hostedcluster.densityops.com", "infraclusterattachments/status") in granted
     crb = one(docs, "ClusterRoleBinding", "causeway")
     assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "causeway", "namespace": "causeway-system"}]
 

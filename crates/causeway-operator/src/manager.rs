@@ -127,6 +127,14 @@ pub async fn run(
             stopped(),
         );
         spawn(&mut tasks, "Infra controller", infra);
+        tracing::info!(?scope, "InfraClusterAttachment controller starting");
+        let attachments = crate::infra::attachments::run(
+            client.clone(),
+            scope.clone(),
+            Some(metrics.clone()),
+            stopped(),
+        );
+        spawn(&mut tasks, "InfraClusterAttachment controller", attachments);
         if options.dpf {
             tracing::info!(?scope, "DPF bridge starting");
             let bridge = crate::dpf::controller::run(

@@ -9,8 +9,11 @@ fn the_chart_crd_matches_the_generated_one() {
         env!("CARGO_MANIFEST_DIR"),
         "/../../charts/causeway/templates/crd-infra.yaml"
     );
-    let in_chart = std::fs::read_to_string(path).unwrap();
     let generated = causeway_operator::infra::crd::crd_yaml().unwrap();
+    if std::env::var_os("UPDATE_CHART_CRDS").is_some() {
+        std::fs::write(path, &generated).unwrap();
+    }
+    let in_chart = std::fs::read_to_string(path).unwrap();
     assert!(
         in_chart == generated,
         "{path} is stale: regenerate it with `causeway operator crd > charts/causeway/templates/crd-infra.yaml`"
@@ -44,6 +47,50 @@ fn the_crd_has_the_names_and_subresource_the_chart_and_users_expect() {
     assert_eq!(columns, ["Ready", "DHCP", "DNS", "Proxy", "Age"]);
     let annotations = crd.metadata.annotations.unwrap();
     assert_eq!(annotations["helm.sh/resource-policy"], "keep");
+}
+
+/// Regenerate with `UPDATE_CHART_CRDS=1 cargo test -p causeway-operator --test crd`, or
+/// `causeway operator crd infraclusterattachment > charts/causeway/templates/crd-infraclusterattachment.yaml`.
+#[test]
+fn the_chart_attachment_crd_matches_the_generated_one() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../charts/causeway/templates/crd-infraclusterattachment.yaml"
+    );
+    let generated = causeway_operator::infra::attachment::crd_yaml().unwrap();
+    if std::env::var_os("UPDATE_CHART_CRDS").is_some() {
+        std::fs::write(path, &generated).unwrap();
+    }
+    let in_chart = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(in_chart == generated, "{path} is stale");
+}
+
+#[test]
+fn the_attachment_crd_has_the_go_operators_names_and_columns() {
+    use kube::CustomResourceExt;
+    let crd = causeway_operator::infra::attachment::InfraClusterAttachment::crd();
+    assert_eq!(
+        crd.metadata.name.as_deref(),
+        Some("infraclusterattachments.hostedcluster.densityops.com")
+    );
+    assert_eq!(crd.spec.scope, "Namespaced");
+    assert_eq!(
+        crd.spec.names.short_names.as_deref(),
+        Some(&["infraattachment".to_string(), "ica".to_string()][..])
+    );
+    let v = &crd.spec.versions[0];
+    assert!(v.subresources.as_ref().unwrap().status.is_some());
+    let columns: Vec<&str> = v
+        .additional_printer_columns
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(
+        columns,
+        ["Infra", "HostedCluster", "Domain", "Ready", "Age"]
+    );
 }
 
 /// Regenerate with `UPDATE_CHART_CRDS=1 cargo test -p causeway-operator --test crd`.

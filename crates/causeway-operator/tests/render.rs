@@ -43,7 +43,15 @@ fn settings() -> Settings {
 }
 
 fn plan_of(infra: &Infra) -> Plan {
-    validate(&infra.spec, "example-infra", "clusters", None, &no_services).unwrap()
+    validate(
+        &infra.spec,
+        "example-infra",
+        "clusters",
+        None,
+        &no_services,
+        &[],
+    )
+    .unwrap()
 }
 
 fn rendered(infra: &Infra) -> Rendered {
@@ -69,8 +77,8 @@ fn the_reference_example_is_accepted_as_written() {
     let dns = plan_config(&plan, Component::Dns);
     assert_eq!(dns.cluster.unwrap().name, "my-cluster");
     assert_eq!(
-        plan.control_plane_namespace.as_deref(),
-        Some("clusters-my-cluster")
+        plan.control_plane_namespaces,
+        vec!["clusters-my-cluster".to_string()]
     );
     assert!(plan.warnings.is_empty());
 }
@@ -358,6 +366,7 @@ fn a_hosted_cluster_ref_fills_name_domain_and_namespace() {
         "clusters",
         Some(&hc),
         &no_services,
+        &[],
     )
     .unwrap();
     let dns = plan_config(&plan, Component::Dns);
@@ -367,8 +376,8 @@ fn a_hosted_cluster_ref_fills_name_domain_and_namespace() {
         ("hc7", "corp.example")
     );
     assert_eq!(
-        plan.control_plane_namespace.as_deref(),
-        Some("clusters-hc7")
+        plan.control_plane_namespaces,
+        vec!["clusters-hc7".to_string()]
     );
 }
 
@@ -477,8 +486,15 @@ fn every_bad_spec_gets_its_precise_message() {
     for (what, change, want) in table {
         let mut infra = reference();
         change(&mut infra);
-        let got =
-            validate(&infra.spec, "example-infra", "clusters", None, &no_services).expect_err(what);
+        let got = validate(
+            &infra.spec,
+            "example-infra",
+            "clusters",
+            None,
+            &no_services,
+            &[],
+        )
+        .expect_err(what);
         assert_eq!(got, want, "{what}");
     }
 }
@@ -591,7 +607,7 @@ fn rendered_json(r: &Rendered) -> serde_json::Value {
         }
     }
     objects.push(serde_json::to_value(&r.admin_policy).unwrap());
-    if let Some(p) = &r.control_plane_policy {
+    for p in &r.control_plane_policies {
         objects.push(serde_json::to_value(p).unwrap());
     }
     serde_json::Value::Array(objects)
@@ -953,9 +969,17 @@ fn one_component_with_two_replicas_leaves_the_others_as_they_were() {
 fn an_infra_name_too_long_for_two_replicas_is_refused() {
     let infra = two_of(Component::Dns);
     // 48 + "-dns" is 52: the longest that fits.
-    validate(&infra.spec, &"a".repeat(48), "clusters", None, &no_services).unwrap();
+    validate(
+        &infra.spec,
+        &"a".repeat(48),
+        "clusters",
+        None,
+        &no_services,
+        &[],
+    )
+    .unwrap();
     let long = "a".repeat(49);
-    let got = validate(&infra.spec, &long, "clusters", None, &no_services).unwrap_err();
+    let got = validate(&infra.spec, &long, "clusters", None, &no_services, &[]).unwrap_err();
     assert_eq!(
         got,
         [format!(
@@ -963,5 +987,13 @@ fn an_infra_name_too_long_for_two_replicas_is_refused() {
         )]
     );
     // The same name with one replica is as fine as it always was.
-    validate(&reference().spec, &long, "clusters", None, &no_services).unwrap();
+    validate(
+        &reference().spec,
+        &long,
+        "clusters",
+        None,
+        &no_services,
+        &[],
+    )
+    .unwrap();
 }

@@ -62,6 +62,7 @@ impl From<HostedApiserver> for HostedEndpoint {
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum CrdKind {
     Infra,
+    Infraclusterattachment,
     Dpfhcpprovisioner,
     Dpfhcpprovisionerconfig,
 }
@@ -70,6 +71,7 @@ pub fn print_crd(kind: CrdKind) -> anyhow::Result<()> {
     let (provisioner, config) = causeway_operator::dpf::crd::crd_yaml()?;
     let text = match kind {
         CrdKind::Infra => causeway_operator::infra::crd::crd_yaml()?,
+        CrdKind::Infraclusterattachment => causeway_operator::infra::attachment::crd_yaml()?,
         CrdKind::Dpfhcpprovisioner => provisioner,
         CrdKind::Dpfhcpprovisionerconfig => config,
     };

@@ -40,8 +40,9 @@ const RELEASE: &str = "dpf-hcp-provisioner-operator";
 /// The release's full name (the release name lacks "causeway").
 const FULLNAME: &str = "dpf-hcp-provisioner-operator-causeway";
 const CONFIG_CRD: &str = "dpfhcpprovisionerconfigs.provisioning.dpu.hcp.io";
-const CRDS: [&str; 3] = [
+const CRDS: [&str; 4] = [
     "infras.hostedcluster.densityops.com",
+    "infraclusterattachments.hostedcluster.densityops.com",
     "dpfhcpprovisioners.provisioning.dpu.hcp.io",
     CONFIG_CRD,
 ];

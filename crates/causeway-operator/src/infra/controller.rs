@@ -33,14 +33,15 @@ use kube::core::ApiResource;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::finalizer::{finalizer, Event as Finalize};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
 
-use super::crd::{ComponentStatus, Infra, InfraStatus, ReplicaStatus};
+use super::attachment::{self, Aggregate, InfraClusterAttachment};
+use super::crd::{AttachmentCounts, ComponentStatus, Infra, InfraStatus, ReplicaStatus};
 use super::plan::{Component, Owner, Settings, MAX_REPLICAS};
 use super::render::{self, ComponentObjects, HaObjects, Rendered, Workload};
-use super::status::{self, ComponentState, Observed};
+use super::status::{self, AttachmentsSeen, ComponentState, Observed};
 use super::validate::{self, HostedClusterFacts, InternalProxyTarget, ServiceAddress};
 use crate::error::Error;
 use crate::k8s::apply::{api_message, not_found, Applier, Noise, OnMissing};
@@ -107,6 +108,37 @@ pub struct Context {
     /// The replicas' key Secrets known to exist: the operator may create
     /// and delete Secrets but not read them, so it remembers.
     pub ha_keys: Mutex<HashSet<(String, String)>>,
+    /// Every InfraClusterAttachment in scope.
+    pub attachments: Store<InfraClusterAttachment>,
+}
+
+/// The attachments naming `infra`, not being deleted, decided over.
+pub fn attachments_of(store: &Store<InfraClusterAttachment>, infra: &Infra) -> Aggregate {
+    let ns = infra.namespace().unwrap_or_default();
+    let name = infra.name_any();
+    let cidr = infra
+        .spec
+        .network_config
+        .cidr
+        .trim()
+        .parse::<ipnet::Ipv4Net>()
+        .ok()
+        .map(|n| n.trunc());
+    let mine = store
+        .state()
+        .into_iter()
+        .filter(|a| {
+            a.namespace().as_deref() == Some(ns.as_str())
+                && a.spec.infra_ref.name == name
+                && a.metadata.deletion_timestamp.is_none()
+        })
+        .map(|a| {
+            let n = a.name_any();
+            let c = attachment::candidate(&n, &a.spec, cidr);
+            (n, c)
+        })
+        .collect();
+    attachment::aggregate(mine)
 }
 
 /// What a referenced HostedCluster says, or why it could not be read. A
@@ -278,7 +310,12 @@ async fn cleanup(infra: &Infra, ctx: &Context) -> Result<Action, Error> {
 
 /// The action, and whether the spec was valid.
 async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Error> {
-    if !ctx.indexes.ready() {
+    if !ctx.indexes.ready()
+        || !matches!(
+            futures::FutureExt::now_or_never(ctx.attachments.wait_until_ready()),
+            Some(Ok(()))
+        )
+    {
         // Right after start: an object not listed yet would be applied
         // again for nothing.
         return Ok((Action::requeue(Duration::from_secs(1)), true));
@@ -305,8 +342,23 @@ async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Err
             .copied()
             .unwrap_or(ServiceAddress::Missing)
     };
+    let attached = attachments_of(&ctx.attachments, infra);
+    let attachments = AttachmentsSeen::of(&attached);
+    // With attachments, the Infra's own HostedCluster reference is ignored.
+    let hc = if attached.verdicts.is_empty() {
+        hc
+    } else {
+        Ok(None)
+    };
     let plan = match hc {
-        Ok(facts) => validate::validate(&infra.spec, &owner.name, &ns, facts.as_ref(), &lookup),
+        Ok(facts) => validate::validate(
+            &infra.spec,
+            &owner.name,
+            &ns,
+            facts.as_ref(),
+            &lookup,
+            &attached.served,
+        ),
         Err(why) => Err(vec![why]),
     };
     let plan = match plan {
@@ -322,6 +374,7 @@ async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Err
                 warnings: Vec::new(),
                 components: Vec::new(),
                 replicas: Vec::new(),
+                attachments: attachments.clone(),
             };
             write_status(ctx, infra, &observed).await?;
             return Ok((Action::requeue(Duration::from_secs(60)), false));
@@ -335,6 +388,7 @@ async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Err
             warnings: plan.warnings.clone(),
             components: Vec::new(),
             replicas: Vec::new(),
+            attachments: attachments.clone(),
         };
         write_status(ctx, infra, &observed).await?;
         return Ok((Action::requeue(Duration::from_secs(30)), true));
@@ -342,7 +396,7 @@ async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Err
 
     // Render, and apply what differs.
     let rendered = render::render(&plan, &owner, &ctx.settings);
-    let states = apply_rendered(ctx, &owner, rendered).await?;
+    let states = apply_rendered(ctx, &owner, rendered, &plan.waiting).await?;
 
     let observed = Observed {
         valid: Ok(()),
@@ -353,6 +407,7 @@ async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Err
             .filter_map(|(c, _, r)| r.clone().map(|r| (*c, r)))
             .collect(),
         components: states.into_iter().map(|(c, s, _)| (c, s)).collect(),
+        attachments,
     };
     write_status(ctx, infra, &observed).await?;
     // Owned objects are watched, so changes come as events; this is the
@@ -367,13 +422,14 @@ async fn apply_rendered(
     ctx: &Context,
     owner: &Owner,
     rendered: Rendered,
+    waiting: &[(Component, String)],
 ) -> Result<Vec<ComponentOutcome>, Error> {
     let s = &ctx.indexes;
     let Rendered {
         service_account,
         components,
         admin_policy,
-        control_plane_policy,
+        control_plane_policies,
     } = rendered;
     let shared = async {
         ctx.applier
@@ -382,7 +438,23 @@ async fn apply_rendered(
         ctx.applier
             .ensure_indexed(&s.network_policies, admin_policy)
             .await?;
-        if let Some(policy) = control_plane_policy {
+        // A control-plane namespace no longer served (its attachment went,
+        // or lost a conflict) loses its policy. Seen only where the
+        // operator watches that namespace; an attachment's finalizer
+        // removes it otherwise.
+        let policy_name = render::control_plane_policy_name(owner);
+        let keep: Vec<String> = control_plane_policies
+            .iter()
+            .filter_map(|p| p.metadata.namespace.clone())
+            .collect();
+        for ns in s.network_policies.namespaces_of(&policy_name) {
+            if ns != owner.namespace && !keep.contains(&ns) {
+                ctx.applier
+                    .remove::<NetworkPolicy>(&s.network_policies, &ns, &policy_name)
+                    .await?;
+            }
+        }
+        for policy in control_plane_policies {
             let target = policy.metadata.namespace.clone().unwrap_or_default();
             match ctx.applier.ensure_live(policy).await {
                 // HyperShift makes the control-plane namespace; until it
@@ -400,7 +472,18 @@ async fn apply_rendered(
     // outgrow a worker thread's stack in a debug build.
     let component = |c: Component| {
         let objects = components.iter().find(|o| o.component == c).cloned();
-        Box::pin(component_state(ctx, owner, c, objects))
+        let wait = waiting
+            .iter()
+            .find(|(k, _)| *k == c)
+            .map(|(_, why)| why.clone());
+        Box::pin(async move {
+            match wait {
+                // Left as it is: nothing to run it with yet, and what runs
+                // of it may still serve.
+                Some(why) => Ok((ComponentState::NotReady(why), None)),
+                None => component_state(ctx, owner, c, objects).await,
+            }
+        })
     };
     // The objects of different components do not depend on each other:
     // applied side by side, a reconcile takes a few round trips, not ten.
@@ -694,6 +777,10 @@ async fn write_status(ctx: &Context, infra: &Infra, observed: &Observed) -> Resu
     let next = InfraStatus {
         conditions,
         observed_generation: infra.metadata.generation,
+        attachments: (observed.attachments.total > 0).then(|| AttachmentCounts {
+            total: observed.attachments.total,
+            ready: observed.attachments.served,
+        }),
         component_status: Some(ComponentStatus {
             dhcp_ready: ready(Component::Dhcp),
             dns_ready: ready(Component::Dns),
@@ -775,6 +862,10 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let disruption_budget = disruption_budget_resource(&client).await;
+    let (attachments, attachment_stream) = cached(
+        scope.api::<InfraClusterAttachment>(&client),
+        watcher::Config::default(),
+    );
     let (config_maps, cm_stream) = owned(scope.api::<ConfigMap>(&client));
     let (deployments, deploy_stream) = owned(scope.api::<Deployment>(&client));
     let (stateful_sets, sts_stream) = owned(scope.api::<StatefulSet>(&client));
@@ -808,6 +899,7 @@ pub async fn run(
         metrics,
         disruption_budget: disruption_budget.clone(),
         ha_keys: Mutex::new(HashSet::new()),
+        attachments,
     });
     let (infras, infra_stream) = cached(scope.api::<Infra>(&client), watcher::Config::default());
     let controller = Controller::for_stream(infra_stream, infras.clone());
@@ -827,6 +919,12 @@ pub async fn run(
         .owns_stream(role_stream)
         .owns_stream(binding_stream)
         .owns_stream_with(pdb_stream, disruption_budget)
+        // An attachment names its Infra; that Infra renders it. (One that
+        // moves to another Infra leaves the old one to its resync.)
+        .watches_stream(attachment_stream, |a: InfraClusterAttachment| {
+            a.namespace()
+                .map(|ns| ObjectRef::new(&a.spec.infra_ref.name).within(&ns))
+        })
         .watches_stream(named_services, move |svc: Service| {
             let ns = svc.namespace().unwrap_or_default();
             let name = svc.name_any();

@@ -329,6 +329,18 @@ pub struct InfraStatus {
     /// Readiness per component, as in the Go operator's status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub component_status: Option<ComponentStatus>,
+    /// The InfraClusterAttachments naming this Infra, and how many are
+    /// served; absent when there are none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attachments: Option<AttachmentCounts>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachmentCounts {
+    pub total: i32,
+    /// Served: valid and in no conflict over a HostedCluster or domain.
+    pub ready: i32,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -4,6 +4,8 @@
 //! [`status`]), and applies through [`crate::k8s::apply`]
 //! ([`controller`]). [`hosted`] makes Infras for annotated HostedClusters.
 
+pub mod attachment;
+pub mod attachments;
 pub mod controller;
 pub mod crd;
 pub mod hosted;

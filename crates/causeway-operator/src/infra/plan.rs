@@ -131,8 +131,12 @@ pub struct Plan {
     pub nad_name: String,
     pub nad_namespace: String,
     pub components: Vec<ComponentPlan>,
-    /// Where the proxy's upstreams live, when the proxy runs.
-    pub control_plane_namespace: Option<String>,
+    /// Where the proxy's upstreams live, when the proxy runs: one
+    /// namespace per served cluster.
+    pub control_plane_namespaces: Vec<String>,
+    /// Enabled components that cannot run yet, with why: the proxy with no
+    /// cluster to route to. What runs of them is left as it is.
+    pub waiting: Vec<(Component, String)>,
     /// Accepted but ignored fields, for a warning condition.
     pub warnings: Vec<String>,
 }

@@ -96,7 +96,7 @@ pub struct Rendered {
     /// In the control-plane namespace (so not owned: owner references do
     /// not cross namespaces; the Infra's finalizer removes it): lets the
     /// proxy pods through HyperShift's default-deny policies.
-    pub control_plane_policy: Option<NetworkPolicy>,
+    pub control_plane_policies: Vec<NetworkPolicy>,
 }
 
 /// Namespaces whose pods may scrape the admin port: OpenShift's cluster
@@ -542,11 +542,12 @@ pub fn render(plan: &Plan, owner: &Owner, settings: &Settings) -> Rendered {
         },
         components,
         admin_policy: admin_policy(owner, &settings.operator_namespace, replicated),
-        control_plane_policy: plan
-            .control_plane_namespace
-            .as_deref()
+        control_plane_policies: plan
+            .control_plane_namespaces
+            .iter()
             .filter(|ns| !ns.is_empty())
-            .map(|ns| control_plane_policy(owner, ns)),
+            .map(|ns| control_plane_policy(owner, ns))
+            .collect(),
     }
 }
 

@@ -32,12 +32,35 @@ pub struct Observed {
     pub components: Vec<(Component, ComponentState)>,
     /// Components with two replicas: for `status.componentStatus`.
     pub replicas: Vec<(Component, ReplicaStatus)>,
+    pub attachments: AttachmentsSeen,
+}
+
+/// What the Infra's status says of its attachments.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AttachmentsSeen {
+    pub total: i32,
+    pub served: i32,
+    /// (reason, message) per conflict, sorted.
+    pub conflicts: Vec<(&'static str, String)>,
+}
+
+impl AttachmentsSeen {
+    pub fn of(a: &super::attachment::Aggregate) -> Self {
+        AttachmentsSeen {
+            total: i32::try_from(a.verdicts.len()).unwrap_or(i32::MAX),
+            served: i32::try_from(a.served.len()).unwrap_or(i32::MAX),
+            conflicts: a.conflicts(),
+        }
+    }
 }
 
 pub const READY: &str = "Ready";
 pub const VALID: &str = "Valid";
 pub const NETWORK_ATTACHMENT: &str = "NetworkAttachment";
 pub const IGNORED_FIELDS: &str = "IgnoredFields";
+/// Whether every InfraClusterAttachment naming the Infra is served; only
+/// while there are any.
+pub const ATTACHMENTS: &str = "Attachments";
 /// The reason of a component condition, and of `Ready`, while a component
 /// with two replicas serves from one.
 pub const DEGRADED: &str = "Degraded";
@@ -192,6 +215,40 @@ pub fn conditions(
             now,
         )
     });
+    let seen = &observed.attachments;
+    if seen.total > 0 {
+        // Its own condition, not Ready's: a conflict between two
+        // attachments leaves the stack serving every other one.
+        out.push(match seen.conflicts.first() {
+            None => condition(
+                prev,
+                ATTACHMENTS,
+                true,
+                "Served",
+                format!("{} of {} attachments served", seen.served, seen.total),
+                generation,
+                now,
+            ),
+            Some((reason, _)) => condition(
+                prev,
+                ATTACHMENTS,
+                false,
+                reason,
+                format!(
+                    "{} of {} attachments served; {}",
+                    seen.served,
+                    seen.total,
+                    seen.conflicts
+                        .iter()
+                        .map(|(_, m)| m.as_str())
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ),
+                generation,
+                now,
+            ),
+        });
+    }
     if !observed.warnings.is_empty() {
         out.push(condition(
             prev,
@@ -226,6 +283,7 @@ mod tests {
                 (Component::Proxy, ComponentState::Disabled),
             ],
             replicas: vec![],
+            attachments: AttachmentsSeen::default(),
         }
     }
 
@@ -334,6 +392,7 @@ mod tests {
             warnings: vec!["x is ignored".into()],
             components: vec![],
             replicas: vec![],
+            attachments: AttachmentsSeen::default(),
         };
         let c = conditions(&[], &obs, None, &now);
         assert_eq!(find(&c, VALID).message, "a: bad; b: worse");
@@ -353,6 +412,7 @@ mod tests {
             warnings: vec![],
             components: vec![],
             replicas: vec![],
+            attachments: AttachmentsSeen::default(),
         };
         let c = conditions(&[], &obs, Some(1), &now);
         assert_eq!(find(&c, VALID).status, "True");

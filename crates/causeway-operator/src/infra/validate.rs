@@ -14,11 +14,12 @@ use std::net::Ipv4Addr;
 use causeway_config::{
     Config, FileAdmin, FileCluster, FileConfig, FileDhcp, FileDhcpListen, FileDns, FileDuration,
     FileHa, FileHaLease, FileLog, FileNetwork, FileProxy, FileRange, FileRecord, FileReplica,
-    FileReservation, FileRouting, FileSubnet, FileView, HaMode,
+    FileReservation, FileRouting, FileServedCluster, FileSubnet, FileView, HaMode,
 };
 use ipnet::Ipv4Net;
 use serde_json::Value;
 
+use super::attachment::Candidate;
 use super::crd::{InfraSpec, ProxySpec};
 use super::plan::{
     names, Component, ComponentPlan, Plan, ADMIN_PORT, HA_DIR, HA_KEY, LEASE_DIR, MAX_REPLICAS,
@@ -291,12 +292,17 @@ pub fn config_yaml(file: &FileConfig) -> String {
 /// two replicas the pods' names, derive from it). `hosted_cluster` is what
 /// the referenced HostedCluster says, when there is a reference and it was
 /// read; `services` answers for the Service `internalProxyService` may name.
+/// `attached` are the clusters its InfraClusterAttachments bring, conflicts
+/// already settled ([`super::attachment::aggregate`]); when there are any,
+/// they are the clusters served, and the Infra's own cluster fields (the
+/// older, single-cluster form) are ignored.
 pub fn validate(
     spec: &InfraSpec,
     infra_name: &str,
     infra_namespace: &str,
     hosted_cluster: Option<&HostedClusterFacts>,
     services: &dyn Fn(&str, &str) -> ServiceAddress,
+    attached: &[Candidate],
 ) -> Result<Plan, Vec<String>> {
     let mut e = Errors::default();
     let net = &spec.network_config;
@@ -322,13 +328,30 @@ pub fn validate(
         .or_else(|| hosted_cluster.and_then(|h| h.base_domain.clone()));
     let dns_spec = comps.dns_enabled();
     let proxy_spec = comps.proxy_enabled();
-    if dns_spec.is_some() || proxy_spec.is_some() {
+    let mut warnings = Vec::new();
+    // The single-cluster form names its cluster on the Infra; with
+    // attachments those fields are ignored, and without either the Infra
+    // waits for an attachment (DNS forwards meanwhile).
+    let legacy_named = cluster_name.is_some() || base_domain.is_some();
+    if !attached.is_empty() {
+        if legacy_named || spec.hosted_cluster_ref.is_some() {
+            warnings.push("infraComponents.dns.clusterName, dns.baseDomain, proxy.controlPlaneNamespace, proxy.apiServerService and hostedClusterRef are ignored: the Infra's InfraClusterAttachments name its clusters".to_string());
+        }
+    } else if (dns_spec.is_some() || proxy_spec.is_some()) && legacy_named {
         if cluster_name.is_none() {
             e.fail("infraComponents.dns.clusterName: required for DNS and the proxy (or set hostedClusterRef)");
         }
         if base_domain.is_none() {
             e.fail("infraComponents.dns.baseDomain: required for DNS and the proxy (or set hostedClusterRef to a HostedCluster with spec.dns.baseDomain)");
         }
+    }
+    let single_cluster = attached.is_empty() && cluster_name.is_some() && base_domain.is_some();
+    let mut waiting = Vec::new();
+    if proxy_spec.is_some() && attached.is_empty() && !legacy_named {
+        waiting.push((
+            Component::Proxy,
+            "no hosted cluster to route to: create an InfraClusterAttachment for this Infra (or set dns.clusterName and dns.baseDomain)".to_string(),
+        ));
     }
 
     // Each enabled component's address, and how many replicas it runs.
@@ -404,19 +427,53 @@ pub fn validate(
             }
         },
     };
-    let control_plane_namespace =
-        proxy_spec.map(|_| control_plane_namespace(spec, infra_namespace).unwrap_or_default());
-    let ingress = proxy_spec.is_some_and(|p| p.ingress_https.is_some() || p.ingress_http.is_some());
+    let control_plane_namespaces: Vec<String> = match proxy_spec {
+        None => Vec::new(),
+        Some(_) if !attached.is_empty() => {
+            let mut all: Vec<String> = attached
+                .iter()
+                .map(|a| a.control_plane_namespace.clone())
+                .collect();
+            all.sort();
+            all.dedup();
+            all
+        }
+        Some(_) if single_cluster => {
+            vec![control_plane_namespace(spec, infra_namespace).unwrap_or_default()]
+        }
+        Some(_) => Vec::new(),
+    };
+    let control_plane_namespace = control_plane_namespaces
+        .first()
+        .cloned()
+        .filter(|_| single_cluster);
+    let ingress = single_cluster
+        && proxy_spec.is_some_and(|p| p.ingress_https.is_some() || p.ingress_http.is_some());
+    if !attached.is_empty()
+        && proxy_spec.is_some_and(|p| p.ingress_https.is_some() || p.ingress_http.is_some())
+    {
+        warnings.push("infraComponents.proxy.ingressHttps and ingressHttp are ignored: with InfraClusterAttachments each cluster's apps are its attachment's".to_string());
+    }
+    let proxy_spec_for_config = proxy_spec.filter(|_| waiting.is_empty());
 
     let routing = spec.routing.clone().unwrap_or_default();
     let mut components = Vec::new();
     let mut unplaced = Vec::new();
     for (component, own_path, address) in &servers {
+        if *component == Component::Proxy && proxy_spec_for_config.is_none() {
+            continue;
+        }
         let mut origins = Origins::new();
         origins.add("network.cidr", "networkConfig.cidr");
         origins.add("network.gateway", "networkConfig.gateway");
         origins.add("network.address", *own_path);
         origins.add("cluster.name", "infraComponents.dns.clusterName");
+        for (i, a) in attached.iter().enumerate() {
+            origins.add(
+                format!("clusters[{i}]"),
+                format!("InfraClusterAttachment {}", a.name),
+            );
+        }
         origins.add("cluster.baseDomain", "infraComponents.dns.baseDomain");
         origins.add("routing.table", "routing.table");
         origins.add("routing.priority", "routing.priority");
@@ -437,12 +494,23 @@ pub fn validate(
                 interface: Some("eth0".into()),
             },
             cluster: match (&cluster_name, &base_domain) {
-                (Some(name), Some(domain)) => Some(FileCluster {
+                (Some(name), Some(domain)) if single_cluster => Some(FileCluster {
                     name: name.clone(),
                     base_domain: domain.clone(),
                 }),
                 _ => None,
             },
+            clusters: attached
+                .iter()
+                .map(|a| FileServedCluster {
+                    name: a.cluster_name.clone(),
+                    base_domain: a.base_domain.clone(),
+                    control_plane_namespace: Some(a.control_plane_namespace.clone()),
+                    api_server_service: a.api_server_service.clone(),
+                    workers: a.workers.iter().map(ToString::to_string).collect(),
+                    ..FileServedCluster::default()
+                })
+                .collect(),
             network: Some(FileNetwork {
                 interface: Some(VLAN_INTERFACE.into()),
                 cidr: net.cidr.trim().to_string(),
@@ -668,7 +736,6 @@ pub fn validate(
         }
     }
 
-    let mut warnings = Vec::new();
     let proxy_set = |f: fn(&ProxySpec) -> bool| comps.proxy.as_ref().is_some_and(f);
     for (path, set) in [
         (
@@ -719,7 +786,8 @@ pub fn validate(
             .filter(|s| !s.trim().is_empty())
             .unwrap_or_else(|| infra_namespace.to_string()),
         components,
-        control_plane_namespace,
+        control_plane_namespaces,
+        waiting,
         warnings,
     })
 }

@@ -266,7 +266,7 @@ fn infra(req: &Request, object: &Object, allowed: AdmissionResponse) -> Admissio
                 .map(|p| format!("{p}xxxxx"))
         })
         .unwrap_or_default();
-    match validate::validate(&i, &name, &ns, stand_in.as_ref(), &services) {
+    match validate::validate(&i, &name, &ns, stand_in.as_ref(), &services, &[]) {
         Ok(_) => allowed,
         Err(errors) => allowed.deny(errors.join("; ")),
     }

@@ -1,0 +1,303 @@
+//! The InfraClusterAttachment controller: it reports, on each attachment,
+//! whether its Infra serves it and why not ([`attachment::aggregate`], the
+//! decision the Infra controller renders from), and its finalizer removes
+//! what the attachment caused outside its Infra's namespace: the policy in
+//! its control-plane namespace that lets the proxy in.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::Api;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::finalizer::{finalizer, Event as Finalize};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, ResourceExt};
+
+use super::attachment::{
+    self, InfraClusterAttachment, InfraClusterAttachmentStatus, Verdict, INFRA_NOT_FOUND,
+    INVALID_CONFIGURATION,
+};
+use super::controller::attachments_of;
+use super::crd::Infra;
+use super::plan::Owner;
+use super::render;
+use crate::error::Error;
+use crate::k8s::apply::{Applier, Noise, OnMissing};
+use crate::k8s::conditions::{self, condition};
+use crate::k8s::finalizer as finalizers;
+use crate::k8s::metrics::{OperatorMetrics, ReconcileTimer};
+use crate::k8s::watch::{cached, Scope};
+
+/// Removes the attachment's control-plane policy before it goes.
+pub const FINALIZER: &str = "causeway.io/attachment-cleanup";
+const CONTROLLER: &str = "infraclusterattachment";
+pub const READY: &str = "Ready";
+/// Whether every worker address it lists is routed by source.
+pub const WORKERS_ROUTED: &str = "WorkersRouted";
+
+pub struct Context {
+    pub client: Client,
+    pub applier: Applier,
+    pub metrics: Option<OperatorMetrics>,
+    pub attachments: Store<InfraClusterAttachment>,
+    pub infras: Store<Infra>,
+}
+
+fn ready(store_ready: impl std::future::Future<Output = Result<(), impl std::fmt::Debug>>) -> bool {
+    matches!(store_ready.now_or_never(), Some(Ok(())))
+}
+
+pub async fn reconcile(
+    att: Arc<InfraClusterAttachment>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let timer = ReconcileTimer::start(ctx.metrics.as_ref(), CONTROLLER);
+    let ns = att.namespace().ok_or(Error::NoNamespace)?;
+    let api: Api<InfraClusterAttachment> = Api::namespaced(ctx.client.clone(), &ns);
+    let result = finalizer(&api, FINALIZER, att, |event| async {
+        match event {
+            Finalize::Apply(att) => report(&att, &ctx).await,
+            Finalize::Cleanup(att) => cleanup(&att, &ctx).await,
+        }
+    })
+    .await
+    .map_err(finalizers::from_kube);
+    timer.finish(&result, true);
+    result
+}
+
+fn infra_of(ctx: &Context, att: &InfraClusterAttachment) -> Option<Arc<Infra>> {
+    let ns = att.namespace()?;
+    ctx.infras
+        .get(&ObjectRef::new(&att.spec.infra_ref.name).within(&ns))
+}
+
+/// The status the attachment's verdict gives.
+pub fn status_of(
+    att: &InfraClusterAttachment,
+    infra: Option<&Infra>,
+    verdict: Option<&Verdict>,
+    served: Option<&attachment::Candidate>,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> InfraClusterAttachmentStatus {
+    let prev = att
+        .status
+        .as_ref()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let generation = att.metadata.generation;
+    let cidr = infra.and_then(|i| i.spec.network_config.cidr.trim().parse().ok());
+    let read = attachment::candidate(&att.name_any(), &att.spec, cidr);
+    let (ok, reason, message) = match (infra, verdict) {
+        (None, _) => (
+            false,
+            INFRA_NOT_FOUND,
+            format!(
+                "Infra {:?} not found in this namespace",
+                att.spec.infra_ref.name
+            ),
+        ),
+        (Some(_), Some(Verdict::Served { .. })) => (
+            true,
+            "ReconciliationSucceeded",
+            "served by the Infra's shared DHCP, DNS and proxy".to_string(),
+        ),
+        (Some(_), Some(Verdict::Excluded { reason, message })) => (false, *reason, message.clone()),
+        (Some(_), Some(Verdict::Invalid(errors))) => {
+            (false, INVALID_CONFIGURATION, errors.join("; "))
+        }
+        (Some(_), None) => (
+            false,
+            "Pending",
+            "not yet seen by the Infra's aggregation".to_string(),
+        ),
+    };
+    let mut out = vec![condition(
+        &prev, READY, ok, reason, message, generation, now,
+    )];
+    if let Some(Verdict::Served { dropped }) = verdict {
+        out.push(if dropped.is_empty() {
+            condition(
+                &prev,
+                WORKERS_ROUTED,
+                true,
+                "Routed",
+                "every worker address is routed to this cluster".into(),
+                generation,
+                now,
+            )
+        } else {
+            condition(
+                &prev,
+                WORKERS_ROUTED,
+                false,
+                attachment::DUPLICATE_SOURCE_IP,
+                dropped
+                    .iter()
+                    .map(|(net, other)| {
+                        format!("worker {net} is claimed by attachment {other:?} too, so routed for neither")
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                generation,
+                now,
+            )
+        });
+    }
+    InfraClusterAttachmentStatus {
+        conditions: out,
+        observed_generation: generation,
+        domain: read.as_ref().ok().map(|c| c.domain()),
+        control_plane_namespace: read
+            .as_ref()
+            .ok()
+            .map(|c| c.control_plane_namespace.clone()),
+        routed_workers: served
+            .map(|c| c.workers.iter().map(ToString::to_string).collect())
+            .unwrap_or_default(),
+    }
+}
+
+async fn report(att: &InfraClusterAttachment, ctx: &Context) -> Result<Action, Error> {
+    if !ready(ctx.attachments.wait_until_ready()) || !ready(ctx.infras.wait_until_ready()) {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    let name = att.name_any();
+    let infra = infra_of(ctx, att);
+    let aggregate = infra
+        .as_deref()
+        .map(|i| attachments_of(&ctx.attachments, i));
+    let verdict = aggregate.as_ref().and_then(|a| a.verdicts.get(&name));
+    let served = aggregate
+        .as_ref()
+        .and_then(|a| a.served.iter().find(|c| c.name == name));
+    let previous = att.status.clone().unwrap_or_default();
+    let mut next = status_of(att, infra.as_deref(), verdict, served, &conditions::now());
+    // The transition times come from the previous conditions; a status
+    // otherwise the same is not written again.
+    if next.conditions.len() == previous.conditions.len() {
+        for (n, p) in next.conditions.iter_mut().zip(&previous.conditions) {
+            if n.type_ == p.type_ && n.status == p.status {
+                n.last_transition_time = p.last_transition_time.clone();
+            }
+        }
+    }
+    let ns = att.namespace().ok_or(Error::NoNamespace)?;
+    let api: Api<InfraClusterAttachment> = Api::namespaced(ctx.client.clone(), &ns);
+    ctx.applier
+        .apply_status(&api, &name, &previous, &next, &next, OnMissing::Skip)
+        .await?;
+    Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// Removes the proxy's policy from the attachment's control-plane
+/// namespace, unless another attachment the same Infra serves still needs
+/// it there.
+async fn cleanup(att: &InfraClusterAttachment, ctx: &Context) -> Result<Action, Error> {
+    let name = att.name_any();
+    let ns = att.namespace().ok_or(Error::NoNamespace)?;
+    let Ok(own) = attachment::candidate(&name, &att.spec, None) else {
+        return Ok(Action::await_change());
+    };
+    let infra_name = &att.spec.infra_ref.name;
+    let still_needed = infra_of(ctx, att).is_some_and(|infra| {
+        attachments_of(&ctx.attachments, &infra)
+            .served
+            .iter()
+            .any(|c| c.name != name && c.control_plane_namespace == own.control_plane_namespace)
+    });
+    if !still_needed {
+        let owner = Owner {
+            name: infra_name.clone(),
+            namespace: ns.clone(),
+            uid: String::new(),
+        };
+        let policies: Api<NetworkPolicy> =
+            Api::namespaced(ctx.client.clone(), &own.control_plane_namespace);
+        ctx.applier
+            .gone_from(
+                &policies,
+                "NetworkPolicy",
+                &render::control_plane_policy_name(&owner),
+            )
+            .await?;
+    }
+    tracing::info!(attachment = %name, namespace = %ns, "attachment cleaned up");
+    Ok(Action::await_change())
+}
+
+fn error_policy(att: Arc<InfraClusterAttachment>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(attachment = %att.name_any(), namespace = ?att.namespace(), %error, "reconcile failed; retrying in 15 s");
+    Action::requeue(Duration::from_secs(15))
+}
+
+/// Runs the attachment controller over `scope` until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    scope: Scope,
+    metrics: Option<OperatorMetrics>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let (attachments, att_stream) = cached(
+        scope.api::<InfraClusterAttachment>(&client),
+        watcher::Config::default(),
+    );
+    let (infras, infra_stream) = cached(scope.api::<Infra>(&client), watcher::Config::default());
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        applier: Applier::new(client.clone(), metrics.clone(), Noise::Debug),
+        metrics,
+        attachments: attachments.clone(),
+        infras,
+    });
+    let siblings = attachments.clone();
+    let of_infra = attachments.clone();
+    // A sibling's change (a conflict made or settled) changes this one's
+    // verdict: every attachment of the same Infra is looked at again.
+    let sibling_events = watcher(
+        scope.api::<InfraClusterAttachment>(&client),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .touched_objects();
+    Controller::for_stream(att_stream, attachments)
+        .watches_stream(sibling_events, move |changed: InfraClusterAttachment| {
+            let ns = changed.namespace().unwrap_or_default();
+            let infra = changed.spec.infra_ref.name.clone();
+            siblings
+                .state()
+                .into_iter()
+                .filter(|a| {
+                    a.namespace().as_deref() == Some(ns.as_str())
+                        && a.spec.infra_ref.name == infra
+                        && a.name_any() != changed.name_any()
+                })
+                .map(|a| ObjectRef::from_obj(&*a))
+                .collect::<Vec<_>>()
+        })
+        // An Infra coming, going or changing its CIDR changes every
+        // verdict over its attachments.
+        .watches_stream(infra_stream, move |infra: Infra| {
+            let ns = infra.namespace().unwrap_or_default();
+            let name = infra.name_any();
+            of_infra
+                .state()
+                .into_iter()
+                .filter(|a| {
+                    a.namespace().as_deref() == Some(ns.as_str()) && a.spec.infra_ref.name == name
+                })
+                .map(|a| ObjectRef::from_obj(&*a))
+                .collect::<Vec<_>>()
+        })
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "attachment controller");
+            }
+        })
+        .await;
+}
