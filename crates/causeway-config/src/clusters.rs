@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::collector::Collector;
 use crate::name::{valid_label, valid_name, NameRules};
 use crate::network::{Cluster, Network};
-use crate::proxy::{upstream, FileProxy, Upstream};
+use crate::upstream::{upstream, Upstream};
 
 /// One entry of `clusters:`.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -76,16 +76,25 @@ pub const KUBERNETES_ALIASES: &[&str] = &[
 /// a VLAN with more hosted clusters than this is better split.
 pub const MAX_CLUSTERS: usize = 64;
 
+/// What `proxy:` says of the one cluster of `cluster:`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SingleClusterProxy {
+    pub(crate) control_plane_namespace: Option<String>,
+    pub(crate) api_server_service: Option<String>,
+    pub(crate) ingress_https: Option<String>,
+    pub(crate) ingress_http: Option<String>,
+}
+
 /// The served clusters from `cluster:` or `clusters:` (never both), with
-/// the proxy's single-cluster fields folded into the one of `cluster:`.
+/// the running proxy's single-cluster fields folded into the one of
+/// `cluster:`.
 pub(crate) fn validate(
     c: &mut Collector,
     single: Option<&Cluster>,
     list: &[FileServedCluster],
-    proxy: Option<&FileProxy>,
+    proxy: Option<&SingleClusterProxy>,
     network: Option<&Network>,
 ) -> Vec<ServedCluster> {
-    let proxy = proxy.filter(|p| p.enabled);
     if !list.is_empty() {
         if single.is_some() {
             c.push(

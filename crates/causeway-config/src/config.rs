@@ -55,11 +55,21 @@ pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
         .cluster
         .map(|cl| crate::network::validate_cluster(&mut c, cl));
     let network = file.network.and_then(|n| validate_network(&mut c, n));
+    let single_proxy =
+        file.proxy
+            .as_ref()
+            .filter(|p| p.enabled)
+            .map(|p| crate::clusters::SingleClusterProxy {
+                control_plane_namespace: p.control_plane_namespace.clone(),
+                api_server_service: p.api_server_service.clone(),
+                ingress_https: p.ingress_https.clone(),
+                ingress_http: p.ingress_http.clone(),
+            });
     let clusters = crate::clusters::validate(
         &mut c,
         single.as_ref(),
         &file.clusters,
-        file.proxy.as_ref(),
+        single_proxy.as_ref(),
         network.as_ref(),
     );
     let cluster = clusters.first().map(|cl| cl.cluster.clone()).or(single);

@@ -21,6 +21,7 @@ mod name;
 mod network;
 mod proxy;
 mod routing;
+mod upstream;
 
 pub use admin::{AdminConfig, FileAdmin, FileLog, LogConfig, LogFormat, DEFAULT_ADMIN_LISTEN};
 pub use clusters::{FileServedCluster, ServedCluster, KUBERNETES_ALIASES, MAX_CLUSTERS};

@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::clusters::{ServedCluster, KUBERNETES_ALIASES};
 use crate::collector::{yes, Collector, FileDuration};
-use crate::name::{valid_name, NameRules};
 use crate::network::Network;
+use crate::upstream::upstream;
+pub use crate::upstream::Upstream;
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -77,40 +78,6 @@ pub struct FileRoute {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sources: Vec<String>,
     pub upstream: String,
-}
-
-/// `host:port`, where host is a DNS name (resolved, and re-resolved, at
-/// connect time) or an address; or several `address:port`s separated by
-/// commas, tried in turn.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Upstream {
-    pub host: String,
-    pub port: u16,
-    /// Static addresses, when the upstream was given as a list of them.
-    pub addresses: Vec<SocketAddr>,
-}
-
-impl Upstream {
-    pub fn named(host: impl Into<String>, port: u16) -> Self {
-        Upstream {
-            host: host.into(),
-            port,
-            addresses: Vec::new(),
-        }
-    }
-}
-
-impl std::fmt::Display for Upstream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.addresses.len() > 1 {
-            let all: Vec<String> = self.addresses.iter().map(ToString::to_string).collect();
-            return write!(f, "{}", all.join(","));
-        }
-        match self.host.parse::<IpAddr>() {
-            Ok(IpAddr::V6(_)) => write!(f, "[{}]:{}", self.host, self.port),
-            _ => write!(f, "{}:{}", self.host, self.port),
-        }
-    }
 }
 
 /// One route of an SNI listener.
@@ -212,55 +179,6 @@ pub struct ProxyConfig {
     pub balance: Balance,
     /// None: only passive ejection on failed connects.
     pub health_check: Option<HealthCheck>,
-}
-
-pub(crate) fn upstream(c: &mut Collector, path: &str, text: &str) -> Option<Upstream> {
-    let t = text.trim();
-    if t.contains(',') {
-        let addrs: Result<Vec<SocketAddr>, _> = t
-            .split(',')
-            .map(|a| a.trim().parse::<SocketAddr>())
-            .collect();
-        return match addrs {
-            Ok(addrs) => Some(Upstream {
-                host: addrs[0].ip().to_string(),
-                port: addrs[0].port(),
-                addresses: addrs,
-            }),
-            Err(_) => {
-                c.push(
-                    path,
-                    format!("{text} is not a list of address:port separated by commas"),
-                );
-                None
-            }
-        };
-    }
-    if let Ok(addr) = t.parse::<SocketAddr>() {
-        return Some(Upstream {
-            host: addr.ip().to_string(),
-            port: addr.port(),
-            addresses: vec![addr],
-        });
-    }
-    let parsed = t.rsplit_once(':').and_then(|(h, p)| {
-        let port: u16 = p.parse().ok().filter(|p| *p > 0)?;
-        // Letters, digits and hyphens anywhere, of any length.
-        let rules = NameRules {
-            underscore: false,
-            lengths: false,
-            ..NameRules::DNS
-        };
-        let ok = valid_name(h, rules);
-        ok.then(|| Upstream::named(h.to_ascii_lowercase(), port))
-    });
-    if parsed.is_none() {
-        c.push(
-            path,
-            format!("{text} is not host:port, such as kube-apiserver.clusters-hc1.svc:6443"),
-        );
-    }
-    parsed
 }
 
 /// The listeners HyperShift's control planes need, for every served

@@ -375,6 +375,7 @@ async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Err
                 components: Vec::new(),
                 replicas: Vec::new(),
                 attachments: attachments.clone(),
+                control_plane_namespaces: kept_namespaces(infra),
             };
             write_status(ctx, infra, &observed).await?;
             return Ok((Action::requeue(Duration::from_secs(60)), false));
@@ -389,6 +390,7 @@ async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Err
             components: Vec::new(),
             replicas: Vec::new(),
             attachments: attachments.clone(),
+            control_plane_namespaces: kept_namespaces(infra),
         };
         write_status(ctx, infra, &observed).await?;
         return Ok((Action::requeue(Duration::from_secs(30)), true));
@@ -396,7 +398,12 @@ async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Err
 
     // Render, and apply what differs.
     let rendered = render::render(&plan, &owner, &ctx.settings);
-    let states = apply_rendered(ctx, &owner, rendered, &plan.waiting).await?;
+    let previous_namespaces = infra
+        .status
+        .as_ref()
+        .map(|s| s.control_plane_namespaces.clone())
+        .unwrap_or_default();
+    let states = apply_rendered(ctx, &owner, rendered, &plan.waiting, &previous_namespaces).await?;
 
     let observed = Observed {
         valid: Ok(()),
@@ -408,11 +415,21 @@ async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Err
             .collect(),
         components: states.into_iter().map(|(c, s, _)| (c, s)).collect(),
         attachments,
+        control_plane_namespaces: plan.control_plane_namespaces.clone(),
     };
     write_status(ctx, infra, &observed).await?;
     // Owned objects are watched, so changes come as events; this is the
     // backstop for anything missed, and it writes nothing when all is well.
     Ok((Action::requeue(Duration::from_secs(300)), true))
+}
+
+/// Where the policies are while a pass changes nothing: where they were.
+fn kept_namespaces(infra: &Infra) -> Vec<String> {
+    infra
+        .status
+        .as_ref()
+        .map(|s| s.control_plane_namespaces.clone())
+        .unwrap_or_default()
 }
 
 /// Each component's state, and for two replicas what its status shows.
@@ -423,6 +440,7 @@ async fn apply_rendered(
     owner: &Owner,
     rendered: Rendered,
     waiting: &[(Component, String)],
+    previous_namespaces: &[String],
 ) -> Result<Vec<ComponentOutcome>, Error> {
     let s = &ctx.indexes;
     let Rendered {
@@ -439,20 +457,18 @@ async fn apply_rendered(
             .ensure_indexed(&s.network_policies, admin_policy)
             .await?;
         // A control-plane namespace no longer served (its attachment went,
-        // or lost a conflict) loses its policy. Seen only where the
-        // operator watches that namespace; an attachment's finalizer
-        // removes it otherwise.
+        // or lost a conflict) loses its policy: the status says where the
+        // last pass put them, wherever the operator may watch.
         let policy_name = render::control_plane_policy_name(owner);
         let keep: Vec<String> = control_plane_policies
             .iter()
             .filter_map(|p| p.metadata.namespace.clone())
             .collect();
-        for ns in s.network_policies.namespaces_of(&policy_name) {
-            if ns != owner.namespace && !keep.contains(&ns) {
-                ctx.applier
-                    .remove::<NetworkPolicy>(&s.network_policies, &ns, &policy_name)
-                    .await?;
-            }
+        for ns in previous_namespaces.iter().filter(|ns| !keep.contains(ns)) {
+            let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), ns);
+            ctx.applier
+                .gone_from(&api, "NetworkPolicy", &policy_name)
+                .await?;
         }
         for policy in control_plane_policies {
             let target = policy.metadata.namespace.clone().unwrap_or_default();
@@ -777,7 +793,8 @@ async fn write_status(ctx: &Context, infra: &Infra, observed: &Observed) -> Resu
     let next = InfraStatus {
         conditions,
         observed_generation: infra.metadata.generation,
-        attachments: (observed.attachments.total > 0).then(|| AttachmentCounts {
+        control_plane_namespaces: observed.control_plane_namespaces.clone(),
+        attachments: (observed.attachments.total > 0).then_some(AttachmentCounts {
             total: observed.attachments.total,
             ready: observed.attachments.served,
         }),

@@ -333,6 +333,11 @@ pub struct InfraStatus {
     /// served; absent when there are none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attachments: Option<AttachmentCounts>,
+    /// A causeway addition: the control-plane namespaces holding the
+    /// policy that lets the proxy in, so one no longer served is cleaned
+    /// up.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub control_plane_namespaces: Vec<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]

@@ -33,6 +33,8 @@ pub struct Observed {
     /// Components with two replicas: for `status.componentStatus`.
     pub replicas: Vec<(Component, ReplicaStatus)>,
     pub attachments: AttachmentsSeen,
+    /// Where the proxy's control-plane policies are now.
+    pub control_plane_namespaces: Vec<String>,
 }
 
 /// What the Infra's status says of its attachments.
@@ -284,6 +286,7 @@ mod tests {
             ],
             replicas: vec![],
             attachments: AttachmentsSeen::default(),
+            control_plane_namespaces: vec![],
         }
     }
 
@@ -393,6 +396,7 @@ mod tests {
             components: vec![],
             replicas: vec![],
             attachments: AttachmentsSeen::default(),
+            control_plane_namespaces: vec![],
         };
         let c = conditions(&[], &obs, None, &now);
         assert_eq!(find(&c, VALID).message, "a: bad; b: worse");
@@ -413,6 +417,7 @@ mod tests {
             components: vec![],
             replicas: vec![],
             attachments: AttachmentsSeen::default(),
+            control_plane_namespaces: vec![],
         };
         let c = conditions(&[], &obs, Some(1), &now);
         assert_eq!(find(&c, VALID).status, "True");

@@ -271,16 +271,6 @@ impl Index {
             .cloned()
     }
 
-    /// The namespaces holding an object named `name`.
-    pub fn namespaces_of(&self, name: &str) -> Vec<String> {
-        self.read()
-            .live
-            .keys()
-            .filter(|(_, n)| n == name)
-            .map(|(ns, _)| ns.clone())
-            .collect()
-    }
-
     /// Whether the object is there and known to be right for `desired`.
     pub fn is_current(&self, ns: &str, name: &str, desired: &str) -> bool {
         let inner = self.read();

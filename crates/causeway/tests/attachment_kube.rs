@@ -1,0 +1,452 @@
+//! InfraClusterAttachments against a real API server (tests/kube), with
+//! the chart's CRDs and RBAC and the real `causeway operator` binary: one
+//! Infra's DHCP, DNS and proxy serving two hosted clusters, each conflict
+//! kind reported on both sides and settled when one side goes, worker
+//! addresses claimed twice routed for neither, and an attachment's
+//! finalizer cleaning up its control-plane namespace.
+//!
+//! The rendered configs are read back as the pods read them
+//! (`causeway_config::Config::from_yaml`), so what is asserted is what the
+//! data plane would serve; the data plane itself serving two clusters is
+//! `clusters_lab`'s.
+//!
+//! Needs root (the API server binaries are built into /var/cache by
+//! tests/run.sh); without them the test prints SKIP.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod kube_cluster;
+
+use std::time::Duration;
+
+use causeway_config::{Config, ListenerKind};
+use causeway_operator::infra::attachment::InfraClusterAttachment;
+use causeway_operator::infra::crd::Infra;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::Client;
+use kube_cluster::{admin, apply_yaml, eventually, wait_established, Operator};
+
+const NAD_CRD: &str = include_str!("../../../tests/kube/crds/network-attachment-definition.yaml");
+const WAIT: Duration = Duration::from_secs(60);
+const NS: &str = "tenants";
+const INFRA: &str = "vlan100";
+const POLICY: &str = "causeway-proxy-tenants-vlan100";
+
+/// An Infra of the newer form: no cluster named on it.
+const SHARED_INFRA: &str = r#"
+apiVersion: hostedcluster.densityops.com/v1alpha1
+kind: Infra
+metadata: {name: vlan100, namespace: tenants}
+spec:
+  networkConfig:
+    cidr: 192.168.100.0/24
+    gateway: 192.168.100.1
+    networkAttachmentDefinition: vlan100
+    dnsServers: [192.0.2.53]
+  infraComponents:
+    dhcp: {serverIP: 192.168.100.2, rangeStart: 192.168.100.100, rangeEnd: 192.168.100.199}
+    dns: {serverIP: 192.168.100.3}
+    proxy: {serverIP: 192.168.100.4}
+"#;
+
+fn attachment(name: &str, hc: &str, cluster: &str, domain: &str, workers: &[&str]) -> String {
+    let workers: Vec<String> = workers.iter().map(|w| format!("\"{w}\"")).collect();
+    format!(
+        "apiVersion: hostedcluster.densityops.com/v1alpha1\nkind: InfraClusterAttachment\nmetadata: {{name: {name}, namespace: {NS}}}\nspec:\n  infraRef: {{name: {INFRA}}}\n  hostedClusterRef: {{name: {hc}, namespace: clusters}}\n  dns: {{clusterName: {cluster}, baseDomain: {domain}}}\n  workers: [{}]\n",
+        workers.join(", ")
+    )
+}
+
+fn config_of(cm: &ConfigMap) -> Config {
+    let text = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get("config.yaml"))
+        .cloned()
+        .unwrap_or_default();
+    Config::from_yaml(&text).unwrap_or_else(|e| panic!("rendered config invalid: {e}\n{text}"))
+}
+
+/// The proxy's routes on `port`, as "label -> upstream".
+fn routes(cfg: &Config, port: u16) -> Vec<String> {
+    let Some(p) = &cfg.proxy else {
+        return Vec::new();
+    };
+    p.listeners
+        .iter()
+        .filter(|l| l.listen.port() == port)
+        .flat_map(|l| match &l.kind {
+            ListenerKind::Plain(u) => vec![format!("* -> {u}")],
+            ListenerKind::Sni { routes, .. } => routes
+                .iter()
+                .map(|r| format!("{} -> {}", r.label, r.upstream))
+                .collect(),
+        })
+        .collect()
+}
+
+/// Waits until the proxy's rendered config satisfies `want`.
+async fn proxy_config(
+    client: &Client,
+    op: &Operator,
+    what: &str,
+    want: impl Fn(&Config) -> bool,
+) -> Config {
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    eventually(what, WAIT, Some(op), || async {
+        let cfg = config_of(&cms.get_opt("vlan100-proxy-config").await.ok()??);
+        want(&cfg).then_some(cfg)
+    })
+    .await
+}
+
+/// (status, reason, message) of an attachment's condition.
+async fn attachment_condition(
+    client: &Client,
+    name: &str,
+    type_: &str,
+) -> Option<(String, String, String)> {
+    let api: Api<InfraClusterAttachment> = Api::namespaced(client.clone(), NS);
+    let a = api.get_opt(name).await.ok()??;
+    let status = a.status?;
+    if status.observed_generation != a.metadata.generation {
+        return None;
+    }
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+async fn wait_attachment(
+    client: &Client,
+    op: &Operator,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: &str,
+) -> String {
+    eventually(
+        &format!("attachment {name}: {type_}={status} ({reason})"),
+        WAIT,
+        Some(op),
+        || async {
+            let (s, r, m) = attachment_condition(client, name, type_).await?;
+            (s == status && r == reason).then_some(m)
+        },
+    )
+    .await
+}
+
+async fn policy_in(client: &Client, ns: &str) -> bool {
+    Api::<NetworkPolicy>::namespaced(client.clone(), ns)
+        .get_opt(POLICY)
+        .await
+        .unwrap()
+        .is_some()
+}
+
+async fn wait_policy(client: &Client, op: &Operator, ns: &str, present: bool) {
+    eventually(
+        &format!("policy {ns}/{POLICY} present={present}"),
+        WAIT,
+        Some(op),
+        || async { (policy_in(client, ns).await == present).then_some(()) },
+    )
+    .await;
+}
+
+async fn infra_condition(client: &Client, type_: &str) -> Option<(String, String, String)> {
+    let api: Api<Infra> = Api::namespaced(client.clone(), NS);
+    let i = api.get(INFRA).await.ok()?;
+    let status = i.status?;
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_infra_serves_two_clusters_and_reports_and_settles_every_conflict() {
+    let Some(c) = kube_cluster::cluster(
+        "one_infra_serves_two_clusters_and_reports_and_settles_every_conflict",
+    ) else {
+        return;
+    };
+    let client = admin(c).await;
+    for ns in [NS, "clusters-hc1", "clusters-hc2"] {
+        kube_cluster::ensure_namespace(&client, ns).await;
+    }
+    apply_yaml(&client, NAD_CRD, "default").await.unwrap();
+    wait_established(&client, "network-attachment-definitions.k8s.cni.cncf.io").await;
+    apply_yaml(
+        &client,
+        &format!("apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata: {{name: vlan100, namespace: {NS}}}\nspec:\n  config: '{{\"cniVersion\":\"0.3.1\",\"type\":\"macvlan\",\"master\":\"eth1\",\"ipam\":{{\"type\":\"static\"}}}}'\n"),
+        NS,
+    )
+    .await
+    .unwrap();
+    // The control-plane namespaces are watched too, so a policy left in
+    // one by a change of what is served is seen and removed.
+    let op = Operator::start(
+        c,
+        &[NS, "clusters-hc1", "clusters-hc2"],
+        &["--leader-election=false"],
+        "attachments",
+    );
+    apply_yaml(&client, SHARED_INFRA, NS).await.unwrap();
+
+    // No cluster yet: DNS forwards, the proxy waits and says why.
+    let (status, _, message) = eventually("ProxyReady=False", WAIT, Some(&op), || async {
+        infra_condition(&client, "ProxyReady")
+            .await
+            .filter(|(s, _, _)| s == "False")
+    })
+    .await;
+    assert_eq!(status, "False");
+    assert!(
+        message.contains("InfraClusterAttachment"),
+        "the proxy's condition does not say what it waits for: {message}"
+    );
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    let dns = eventually("the DNS config", WAIT, Some(&op), || async {
+        cms.get_opt("vlan100-dns-config").await.ok()?
+    })
+    .await;
+    let dns = config_of(&dns).dns.unwrap();
+    assert_eq!(dns.zone, None);
+    assert_eq!(dns.upstreams, vec!["192.0.2.53:53".parse().unwrap()]);
+    assert!(cms.get_opt("vlan100-proxy-config").await.unwrap().is_none());
+
+    // Two attachments: one stack serves both, each cluster routed to its
+    // own control-plane namespace, each namespace letting the proxy in.
+    apply_yaml(
+        &client,
+        &attachment("a", "hc1", "hc1", "example.com", &["192.168.100.20"]),
+        NS,
+    )
+    .await
+    .unwrap();
+    apply_yaml(
+        &client,
+        &attachment("b", "hc2", "hc2", "example.org", &["192.168.100.30"]),
+        NS,
+    )
+    .await
+    .unwrap();
+    let cfg = proxy_config(&client, &op, "both clusters routed", |cfg| {
+        cfg.clusters.len() == 2
+    })
+    .await;
+    let api = routes(&cfg, 6443);
+    for want in [
+        "api.hc1.example.com -> kube-apiserver.clusters-hc1.svc:6443",
+        "api-int.hc1.example.com -> kube-apiserver.clusters-hc1.svc:6443",
+        "api.hc2.example.org -> kube-apiserver.clusters-hc2.svc:6443",
+        "from 192.168.100.20/32 -> kube-apiserver.clusters-hc1.svc:6443",
+        "from 192.168.100.30/32 -> kube-apiserver.clusters-hc2.svc:6443",
+    ] {
+        assert!(api.contains(&want.to_string()), "{want} not in {api:?}");
+    }
+    let tls = routes(&cfg, 443);
+    for want in [
+        "oauth.hc1.example.com -> oauth-openshift.clusters-hc1.svc:6443",
+        "ignition.hc2.example.org -> ignition-server-proxy.clusters-hc2.svc:443",
+        "kubernetes.default.svc from 192.168.100.30/32 -> kube-apiserver.clusters-hc2.svc:6443",
+    ] {
+        assert!(tls.contains(&want.to_string()), "{want} not in {tls:?}");
+    }
+    let dns = eventually("DNS answers both zones", WAIT, Some(&op), || async {
+        let d = config_of(&cms.get_opt("vlan100-dns-config").await.ok()??).dns?;
+        (d.zone.is_some() && !d.other_zones.is_empty()).then_some(d)
+    })
+    .await;
+    assert_eq!(dns.zone.as_deref(), Some("hc1.example.com."));
+    assert_eq!(dns.other_zones, vec!["hc2.example.org.".to_string()]);
+    wait_policy(&client, &op, "clusters-hc1", true).await;
+    wait_policy(&client, &op, "clusters-hc2", true).await;
+    for name in ["a", "b"] {
+        wait_attachment(
+            &client,
+            &op,
+            name,
+            "Ready",
+            "True",
+            "ReconciliationSucceeded",
+        )
+        .await;
+    }
+    let a: InfraClusterAttachment = Api::namespaced(client.clone(), NS).get("a").await.unwrap();
+    let status = a.status.unwrap();
+    assert_eq!(status.domain.as_deref(), Some("hc1.example.com"));
+    assert_eq!(
+        status.control_plane_namespace.as_deref(),
+        Some("clusters-hc1")
+    );
+    assert_eq!(status.routed_workers, vec!["192.168.100.20/32".to_string()]);
+    assert!(a
+        .metadata
+        .finalizers
+        .unwrap_or_default()
+        .contains(&"causeway.io/attachment-cleanup".to_string()));
+    let infra: Infra = Api::namespaced(client.clone(), NS)
+        .get(INFRA)
+        .await
+        .unwrap();
+    let counts = infra.status.unwrap().attachments.unwrap();
+    assert_eq!((counts.total, counts.ready), (2, 2));
+
+    // A second attachment for hc2's HostedCluster: both sides leave, both
+    // named; hc1 is untouched.
+    apply_yaml(
+        &client,
+        &attachment("c", "hc2", "other", "example.org", &[]),
+        NS,
+    )
+    .await
+    .unwrap();
+    for name in ["b", "c"] {
+        let m = wait_attachment(
+            &client,
+            &op,
+            name,
+            "Ready",
+            "False",
+            "DuplicateHostedCluster",
+        )
+        .await;
+        assert_eq!(
+            m,
+            "attachments \"b\" and \"c\" declare HostedCluster clusters/hc2"
+        );
+    }
+    let cfg = proxy_config(&client, &op, "only hc1 routed", |cfg| {
+        cfg.clusters.len() == 1
+    })
+    .await;
+    assert_eq!(cfg.clusters[0].domain(), "hc1.example.com");
+    wait_policy(&client, &op, "clusters-hc2", false).await;
+    let (s, reason, message) = infra_condition(&client, "Attachments").await.unwrap();
+    assert_eq!(
+        (s.as_str(), reason.as_str()),
+        ("False", "DuplicateHostedCluster")
+    );
+    assert!(
+        message.starts_with("1 of 3 attachments served"),
+        "{message}"
+    );
+
+    // The other side goes: b is served again.
+    let attachments: Api<InfraClusterAttachment> = Api::namespaced(client.clone(), NS);
+    attachments
+        .delete("c", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_attachment(
+        &client,
+        &op,
+        "b",
+        "Ready",
+        "True",
+        "ReconciliationSucceeded",
+    )
+    .await;
+    proxy_config(&client, &op, "hc2 routed again", |cfg| {
+        cfg.clusters.len() == 2
+    })
+    .await;
+    wait_policy(&client, &op, "clusters-hc2", true).await;
+
+    // One domain twice.
+    apply_yaml(
+        &client,
+        &attachment("d", "hc4", "hc1", "example.com", &[]),
+        NS,
+    )
+    .await
+    .unwrap();
+    let m = wait_attachment(&client, &op, "d", "Ready", "False", "DuplicateHostname").await;
+    assert_eq!(
+        m,
+        "attachments \"a\" and \"d\" declare domain hc1.example.com"
+    );
+    wait_attachment(&client, &op, "a", "Ready", "False", "DuplicateHostname").await;
+    attachments
+        .delete("d", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_attachment(
+        &client,
+        &op,
+        "a",
+        "Ready",
+        "True",
+        "ReconciliationSucceeded",
+    )
+    .await;
+
+    // One worker address in both lists: routed for neither, both clusters
+    // still served by name.
+    attachments
+        .patch(
+            "a",
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(serde_json::json!({
+                "apiVersion": "hostedcluster.densityops.com/v1alpha1",
+                "kind": "InfraClusterAttachment",
+                "spec": {"infraRef": {"name": INFRA},
+                    "hostedClusterRef": {"name": "hc1", "namespace": "clusters"},
+                    "dns": {"clusterName": "hc1", "baseDomain": "example.com"},
+                    "workers": ["192.168.100.20", "192.168.100.30"]}})),
+        )
+        .await
+        .unwrap();
+    for (name, other) in [("a", "b"), ("b", "a")] {
+        let m = wait_attachment(
+            &client,
+            &op,
+            name,
+            "WorkersRouted",
+            "False",
+            "DuplicateSourceIP",
+        )
+        .await;
+        assert_eq!(
+            m,
+            format!("worker 192.168.100.30/32 is claimed by attachment \"{other}\" too, so routed for neither")
+        );
+    }
+    let cfg = proxy_config(&client, &op, "the shared worker unrouted", |cfg| {
+        !routes(cfg, 6443)
+            .iter()
+            .any(|r| r.contains("192.168.100.30"))
+    })
+    .await;
+    assert!(routes(&cfg, 6443)
+        .contains(&"from 192.168.100.20/32 -> kube-apiserver.clusters-hc1.svc:6443".to_string()));
+    assert_eq!(cfg.clusters.len(), 2);
+
+    // An attachment deleted: its finalizer removes its namespace's policy,
+    // and the Infra stops routing its cluster.
+    attachments
+        .delete("a", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_policy(&client, &op, "clusters-hc1", false).await;
+    eventually("attachment a gone", WAIT, Some(&op), || async {
+        attachments
+            .get_opt("a")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let cfg = proxy_config(&client, &op, "only hc2 left", |cfg| cfg.clusters.len() == 1).await;
+    assert_eq!(cfg.clusters[0].domain(), "hc2.example.org");
+    assert!(policy_in(&client, "clusters-hc2").await);
+}
