@@ -26,6 +26,14 @@ pub const DEFAULT_CACHE_ENTRY_BYTES: usize = 8 << 10;
 /// The hosted-cluster names that point at the proxy.
 pub const PROXIED_NAMES: &[&str] = &["api", "api-int", "oauth", "ignition", "konnectivity"];
 
+/// The most upstreams `dns.upstreams` may list: queries go to them in turn
+/// within one client's timeout, so past a handful more only add waiting.
+/// CoreDNS's `forward` takes the same number.
+pub const MAX_UPSTREAMS: usize = 15;
+/// The `dns.upstreams` entry that stands for the host's own resolvers, the
+/// `nameserver` lines of /etc/resolv.conf (a pod's are its cluster DNS).
+pub const SYSTEM_UPSTREAMS: &str = "resolv.conf";
+
 /// TCP connections one client address may hold, by default.
 pub const DEFAULT_TCP_PER_SOURCE: usize = 64;
 
@@ -128,6 +136,9 @@ pub struct DnsConfig {
     /// the default and matches every client.
     pub views: Vec<DnsView>,
     pub upstreams: Vec<SocketAddr>,
+    /// Ask the host's resolvers (/etc/resolv.conf) too, after `upstreams`;
+    /// also what an empty list means.
+    pub system_upstreams: bool,
     pub upstream_policy: UpstreamPolicy,
     pub upstream_timeout: Duration,
     pub max_upstream_in_flight: usize,
@@ -584,8 +595,22 @@ pub(crate) fn validate(
     });
 
     let mut upstreams = Vec::new();
+    let mut system_upstreams = false;
+    if d.upstreams.len() > MAX_UPSTREAMS {
+        c.push(
+            "dns.upstreams",
+            format!(
+                "{} listed; at most {MAX_UPSTREAMS} (each is tried in turn within one client's timeout)",
+                d.upstreams.len()
+            ),
+        );
+    }
     for (i, text) in d.upstreams.iter().enumerate() {
         let t = text.trim();
+        if t == SYSTEM_UPSTREAMS || t == "/etc/resolv.conf" {
+            system_upstreams = true;
+            continue;
+        }
         let parsed = t
             .parse::<SocketAddr>()
             .ok()
@@ -678,6 +703,7 @@ pub(crate) fn validate(
         reverse: network.map(|n| n.cidr),
         views,
         upstreams,
+        system_upstreams,
         upstream_policy,
         upstream_timeout,
         max_upstream_in_flight: d.max_upstream_in_flight.unwrap_or(1024).max(1),

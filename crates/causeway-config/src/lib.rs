@@ -35,7 +35,7 @@ pub use dhcp::{
 };
 pub use dns::{
     reverse_name, CacheConfig, DnsConfig, DnsRecord, DnsView, FileCache, FileDns, FileRecord,
-    FileView, RecordData, UpstreamPolicy, PROXIED_NAMES,
+    FileView, RecordData, UpstreamPolicy, MAX_UPSTREAMS, PROXIED_NAMES, SYSTEM_UPSTREAMS,
 };
 pub use error::{ConfigErrors, FieldError, LoadError};
 pub use ha::{

@@ -56,11 +56,14 @@ impl DnsServer {
         shutdown: Shutdown,
     ) -> Result<Self, DnsError> {
         let authority = Authority::new(cfg, dynamic.clone(), serial())?;
-        let upstreams = if cfg.upstreams.is_empty() {
-            system_resolvers()
-        } else {
-            cfg.upstreams.clone()
-        };
+        let mut upstreams = cfg.upstreams.clone();
+        if upstreams.is_empty() || cfg.system_upstreams {
+            for a in system_resolvers() {
+                if !upstreams.contains(&a) {
+                    upstreams.push(a);
+                }
+            }
+        }
         let forwarder = if upstreams.is_empty() {
             tracing::warn!("no DNS upstreams configured or found in /etc/resolv.conf: names outside our zones get SERVFAIL");
             None

@@ -473,6 +473,23 @@ fn every_bad_spec_gets_its_precise_message() {
             vec!["networkConfig.dnsServers[0]: dns.google is not an address or address:port"],
         ),
         (
+            "200 upstreams",
+            |i| {
+                i.spec.network_config.dns_servers =
+                    (0..200).map(|n| format!("10.0.{}.{}", n / 250, n % 250 + 1)).collect()
+            },
+            vec!["networkConfig.dnsServers: 200 listed; at most 15 (each is tried in turn within one client's timeout)"],
+        ),
+        (
+            "resolv.conf without DNS",
+            |i| {
+                i.spec.network_config.dns_servers = vec!["resolv.conf".into()];
+                i.spec.infra_components.dns.as_mut().unwrap().enabled = false;
+                i.spec.infra_components.proxy = None;
+            },
+            vec!["networkConfig.dnsServers: \"resolv.conf\" means the DNS pod's own resolvers; with DNS disabled, DHCP hands these servers to clients and needs addresses"],
+        ),
+        (
             "three replicas",
             |i| i.spec.infra_components.dns.as_mut().unwrap().replicas = Some(3),
             vec!["infraComponents.dns.replicas: 3 is not 1 or 2 (two replicas are one active and one standing by)"],
@@ -996,4 +1013,25 @@ fn an_infra_name_too_long_for_two_replicas_is_refused() {
         &[],
     )
     .unwrap();
+}
+
+/// `dnsServers: ["resolv.conf"]`, as the Go operator's users write it: the
+/// DNS pod forwards to its own resolvers (its cluster's DNS).
+#[test]
+fn resolv_conf_forwards_to_the_pods_own_resolvers() {
+    let mut infra = reference();
+    infra.spec.network_config.dns_servers = vec!["resolv.conf".into(), "192.0.2.53".into()];
+    let plan = plan_of(&infra);
+    let dns = plan_config(&plan, Component::Dns).dns.unwrap();
+    assert!(dns.system_upstreams);
+    assert_eq!(dns.upstreams, vec!["192.0.2.53:53".parse().unwrap()]);
+}
+
+/// Fifteen upstreams are the most, and all fifteen are rendered.
+#[test]
+fn fifteen_upstreams_are_all_rendered() {
+    let mut infra = reference();
+    infra.spec.network_config.dns_servers = (1..=15).map(|n| format!("192.0.2.{n}")).collect();
+    let dns = plan_config(&plan_of(&infra), Component::Dns).dns.unwrap();
+    assert_eq!(dns.upstreams.len(), 15);
 }

@@ -318,6 +318,21 @@ pub fn validate(
     if net.network_attachment_definition.trim().is_empty() {
         e.fail("networkConfig.networkAttachmentDefinition: required");
     }
+    // Worded as the DNS config's own check, so the two say it once.
+    if net.dns_servers.len() > causeway_config::MAX_UPSTREAMS {
+        e.fail(format!(
+            "networkConfig.dnsServers: {} listed; at most {} (each is tried in turn within one client's timeout)",
+            net.dns_servers.len(),
+            causeway_config::MAX_UPSTREAMS
+        ));
+    }
+    let system_resolvers = net
+        .dns_servers
+        .iter()
+        .any(|d| d.trim() == causeway_config::SYSTEM_UPSTREAMS);
+    if system_resolvers && comps.dns_enabled().is_none() && comps.dhcp_enabled().is_some() {
+        e.fail("networkConfig.dnsServers: \"resolv.conf\" means the DNS pod's own resolvers; with DNS disabled, DHCP hands these servers to clients and needs addresses");
+    }
 
     // Names come from the dns object even when DNS itself is disabled, as
     // the proxy's routes need them too.
@@ -561,7 +576,12 @@ pub fn validate(
                     }
                     None => {
                         origins.add("dhcp.subnets[0].dnsServers", "networkConfig.dnsServers");
-                        net.dns_servers.clone()
+                        // "resolv.conf" is refused above: not said twice.
+                        net.dns_servers
+                            .iter()
+                            .filter(|d| d.trim() != causeway_config::SYSTEM_UPSTREAMS)
+                            .cloned()
+                            .collect()
                     }
                 };
                 file.dhcp = Some(FileDhcp {
