@@ -17,7 +17,7 @@ fn repo_file(rel: &str) -> std::path::PathBuf {
 
 #[test]
 fn check_accepts_the_examples() {
-    for (example, services) in [
+    let examples = [
         ("examples/local.yaml", "dhcp, dns"),
         ("examples/vlan.yaml", "dhcp, dns, proxy"),
         ("examples/appliance.yaml", "dhcp, dns, proxy, routing"),
@@ -25,7 +25,24 @@ fn check_accepts_the_examples() {
             "examples/appliance-ha.yaml",
             "dhcp, dns, proxy, routing, ha",
         ),
-    ] {
+        (
+            "examples/appliance-clusters.yaml",
+            "dhcp, dns, proxy, routing",
+        ),
+    ];
+    // Every example on disk is checked: one added without a line above
+    // would otherwise ship unvalidated.
+    for entry in std::fs::read_dir(repo_file("examples")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name.ends_with(".yaml") {
+            let rel = format!("examples/{name}");
+            assert!(
+                examples.iter().any(|(e, _)| *e == rel),
+                "{rel} is not in check_accepts_the_examples's list"
+            );
+        }
+    }
+    for (example, services) in examples {
         let out = causeway()
             .args(["check", "--config"])
             .arg(repo_file(example))
@@ -68,6 +85,43 @@ fn check_reports_every_error_with_its_path_and_exits_1() {
         "{stderr}"
     );
     assert!(stderr.contains("2 error(s)"), "{stderr}");
+}
+
+/// `clusters:` holds at most 64 hosted clusters (MAX_CLUSTERS): 64
+/// validate, 65 are refused with the count.
+#[test]
+fn check_refuses_more_than_64_clusters() {
+    let dir = tempfile::tempdir().unwrap();
+    for (count, valid) in [(64, true), (65, false)] {
+        let mut text = String::from(
+            "network: {cidr: 192.168.0.0/16, address: 192.168.0.2}\nproxy: {}\nclusters:\n",
+        );
+        for i in 0..count {
+            // One worker each, none overlapping, so the count is the only
+            // thing wrong.
+            text.push_str(&format!(
+                "  - {{name: hc{i}, baseDomain: example.com, workers: [192.168.1.{i}]}}\n"
+            ));
+        }
+        let path = dir.path().join(format!("clusters-{count}.yaml"));
+        std::fs::write(&path, text).unwrap();
+        let out = causeway()
+            .args(["check", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if valid {
+            assert!(out.status.success(), "{count} clusters: {stderr}");
+        } else {
+            assert_eq!(out.status.code(), Some(1), "{count} clusters: {stderr}");
+            assert!(
+                stderr.contains("clusters: 65 clusters listed; at most 64 share one VLAN"),
+                "{stderr}"
+            );
+            assert!(stderr.contains("1 error(s)"), "{stderr}");
+        }
+    }
 }
 
 #[test]
