@@ -465,7 +465,10 @@ fn every_bad_spec_gets_its_precise_message() {
         (
             "no NAD",
             |i| i.spec.network_config.network_attachment_definition = " ".into(),
-            vec!["networkConfig.networkAttachmentDefinition: required"],
+            vec![
+                "networkConfig.networkAttachmentNamespace: only with networkAttachmentDefinition",
+                "networkConfig: set attachment (with topology, role, exposure and ipam) or networkAttachmentDefinition",
+            ],
         ),
         (
             "bad upstream",

@@ -450,3 +450,109 @@ async fn one_infra_serves_two_clusters_and_reports_and_settles_every_conflict() 
     assert_eq!(cfg.clusters[0].domain(), "hc2.example.org");
     assert!(policy_in(&client, "clusters-hc2").await);
 }
+
+/// The structured `networkConfig` forms through the real API server (the
+/// CRD's schema) and operator: a secondary ClusterUserDefinedNetwork runs,
+/// its pods given the NetworkAttachmentDefinition OVN-Kubernetes generates
+/// in the attachment's namespace; a rule broken is reported by field and
+/// makes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn structured_network_forms_run_or_are_refused_by_field() {
+    let Some(c) = kube_cluster::cluster("structured_network_forms_run_or_are_refused_by_field")
+    else {
+        return;
+    };
+    let client = admin(c).await;
+    let ns = "structured";
+    for n in [ns, "vlan-ns"] {
+        kube_cluster::ensure_namespace(&client, n).await;
+    }
+    apply_yaml(&client, NAD_CRD, "default").await.unwrap();
+    wait_established(&client, "network-attachment-definitions.k8s.cni.cncf.io").await;
+    // What OVN-Kubernetes generates for a ClusterUserDefinedNetwork in each
+    // namespace it selects: a NAD of the network's name.
+    apply_yaml(
+        &client,
+        "apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata: {name: tenant-vlan-200, namespace: vlan-ns}\nspec:\n  config: '{\"cniVersion\":\"0.3.1\",\"type\":\"ovn-k8s-cni-overlay\",\"topology\":\"localnet\"}'\n",
+        "vlan-ns",
+    )
+    .await
+    .unwrap();
+    let op = Operator::start(c, &[ns], &["--leader-election=false"], "structured");
+    let infra = |name: &str, network: &str| {
+        format!(
+            "apiVersion: hostedcluster.densityops.com/v1alpha1\nkind: Infra\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  networkConfig:\n    cidr: 192.168.100.0/24\n    gateway: 192.168.100.1\n{network}  infraComponents:\n    dhcp: {{serverIP: 192.168.100.2, rangeStart: 192.168.100.100, rangeEnd: 192.168.100.199}}\n"
+        )
+    };
+    apply_yaml(
+        &client,
+        &infra(
+            "cudn",
+            "    attachment: {kind: ClusterUserDefinedNetwork, name: tenant-vlan-200, namespace: vlan-ns}\n    topology: Localnet\n    role: Secondary\n    exposure: Layer2\n    ipam: DHCP\n",
+        ),
+        ns,
+    )
+    .await
+    .unwrap();
+    let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> = Api::namespaced(client.clone(), ns);
+    let set = eventually("the DHCP StatefulSet", WAIT, Some(&op), || async {
+        sets.get_opt("cudn-dhcp").await.ok()?
+    })
+    .await;
+    let networks = set
+        .spec
+        .and_then(|s| s.template.metadata)
+        .and_then(|m| m.annotations)
+        .and_then(|a| a.get("k8s.v1.cni.cncf.io/networks").cloned())
+        .unwrap_or_default();
+    let networks: serde_json::Value = serde_json::from_str(&networks).unwrap();
+    assert_eq!(
+        (
+            networks[0]["namespace"].as_str(),
+            networks[0]["name"].as_str()
+        ),
+        (Some("vlan-ns"), Some("tenant-vlan-200")),
+        "pods not given the generated NAD: {networks}"
+    );
+
+    // A rule broken: Valid=False naming the field, nothing made.
+    apply_yaml(
+        &client,
+        &infra(
+            "layer3",
+            "    attachment: {kind: NetworkAttachmentDefinition, name: tenant-vlan-200, namespace: vlan-ns}\n    topology: Layer3\n    role: Secondary\n    exposure: Layer2\n    ipam: DHCP\n",
+        ),
+        ns,
+    )
+    .await
+    .unwrap();
+    let api: Api<Infra> = Api::namespaced(client.clone(), ns);
+    let message = eventually("layer3: Valid=False", WAIT, Some(&op), || async {
+        let i = api.get("layer3").await.ok()?;
+        let c = i
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Valid" && c.status == "False")?;
+        Some(c.message)
+    })
+    .await;
+    assert!(
+        message.contains("networkConfig.topology: Layer3 is not supported"),
+        "{message}"
+    );
+    assert!(sets.get_opt("layer3-dhcp").await.unwrap().is_none());
+    // The schema refuses what is no value of its enums before the operator
+    // sees it.
+    let refused = apply_yaml(
+        &client,
+        &infra(
+            "bogus",
+            "    attachment: {kind: Bridge, name: x}\n    topology: Localnet\n    role: Secondary\n    exposure: Layer2\n    ipam: DHCP\n",
+        ),
+        ns,
+    )
+    .await
+    .unwrap_err();
+    assert!(refused.contains("Unsupported value"), "{refused}");
+}

@@ -11,6 +11,28 @@ fn yes() -> bool {
     true
 }
 
+/// An optional string enum as API servers take it: `nullable` rather than
+/// a `null` among the values, which 1.20's structural schema check refuses.
+fn string_enum(values: &[&str]) -> schemars::Schema {
+    schemars::json_schema!({"type": "string", "enum": values, "nullable": true})
+}
+
+fn optional_topology(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    string_enum(&["Localnet", "Layer2", "Layer3"])
+}
+
+fn optional_role(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    string_enum(&["Secondary", "Primary"])
+}
+
+fn optional_exposure(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    string_enum(&["Layer2", "BGP"])
+}
+
+fn optional_ipam(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    string_enum(&["DHCP", "External", "OVNKubernetes"])
+}
+
 /// The isolated VLAN and its hosted cluster's infrastructure services.
 // The printer columns repeat `type_ = "string"` by nature.
 #[allow(clippy::duplicated_attributes)]
@@ -76,15 +98,95 @@ pub struct NetworkConfig {
     /// The VLAN's IPv4 network, such as 192.168.100.0/24.
     pub cidr: String,
     /// The VLAN's gateway; the default route the DHCP server hands out.
+    /// Required for a Secondary network with DHCP or External IPAM.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub gateway: String,
-    /// The Multus NetworkAttachmentDefinition of the VLAN.
+    /// The Multus NetworkAttachmentDefinition of the VLAN (the older form;
+    /// or `attachment` with the fields below).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub network_attachment_definition: String,
     /// Its namespace; by default the Infra's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_attachment_namespace: Option<String>,
-    /// Upstream resolvers for names outside the hosted cluster's zone.
+    /// Upstream resolvers for names outside the hosted cluster's zone, at
+    /// most 15; `resolv.conf` stands for the DNS pod's own resolvers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dns_servers: Vec<String>,
+    /// The structured form: what the VLAN is attached through. With it,
+    /// topology, role, exposure and ipam are all required.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attachment: Option<NetworkAttachmentRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "optional_topology")]
+    pub topology: Option<Topology>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "optional_role")]
+    pub role: Option<NetworkRole>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "optional_exposure")]
+    pub exposure: Option<Exposure>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "optional_ipam")]
+    pub ipam: Option<Ipam>,
+    /// The RouteAdvertisements (cluster-scoped) of a BGP-exposed network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route_advertisements_ref: Option<NamedRef>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkAttachmentRef {
+    pub kind: AttachmentKind,
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// A NetworkAttachmentDefinition's namespace (by default the Infra's),
+    /// or for a ClusterUserDefinedNetwork the namespace whose generated
+    /// NetworkAttachmentDefinition the pods use (required).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum AttachmentKind {
+    #[default]
+    NetworkAttachmentDefinition,
+    ClusterUserDefinedNetwork,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Topology {
+    Localnet,
+    Layer2,
+    Layer3,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum NetworkRole {
+    Secondary,
+    Primary,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Exposure {
+    Layer2,
+    #[serde(rename = "BGP")]
+    Bgp,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Ipam {
+    #[serde(rename = "DHCP")]
+    Dhcp,
+    External,
+    #[serde(rename = "OVNKubernetes")]
+    OvnKubernetes,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NamedRef {
+    #[schemars(length(min = 1))]
+    pub name: String,
 }
 
 /// The components to run. As with the Go operator, a component whose

@@ -9,6 +9,7 @@ pub mod attachments;
 pub mod controller;
 pub mod crd;
 pub mod hosted;
+pub mod network;
 pub mod plan;
 pub mod render;
 pub mod status;

@@ -314,10 +314,14 @@ pub fn validate(
             net.cidr
         )]);
     };
-    let cidr = Some(cidr);
-    if net.network_attachment_definition.trim().is_empty() {
-        e.fail("networkConfig.networkAttachmentDefinition: required");
+    let network =
+        super::network::normalize(net, infra_namespace, comps.dhcp_enabled().is_some(), cidr);
+    if let Err(errors) = &network {
+        for err in errors {
+            e.fail(err.clone());
+        }
     }
+    let cidr = Some(cidr);
     // Worded as the DNS config's own check, so the two say it once.
     if net.dns_servers.len() > causeway_config::MAX_UPSTREAMS {
         e.fail(format!(
@@ -529,7 +533,7 @@ pub fn validate(
             network: Some(FileNetwork {
                 interface: Some(VLAN_INTERFACE.into()),
                 cidr: net.cidr.trim().to_string(),
-                gateway: Some(net.gateway.trim().to_string()),
+                gateway: Some(net.gateway.trim().to_string()).filter(|g| !g.is_empty()),
                 address: Some(address.clone()),
                 static_addresses: others.iter().map(|(_, _, a)| a.clone()).collect(),
             }),
@@ -794,17 +798,14 @@ pub fn validate(
     let Some(cidr) = cidr else {
         return Err(e.0);
     };
-    if !e.0.is_empty() {
-        return Err(e.0);
-    }
+    let network = match network {
+        Ok(n) if e.0.is_empty() => n,
+        _ => return Err(e.0),
+    };
     Ok(Plan {
         cidr,
-        nad_name: net.network_attachment_definition.trim().to_string(),
-        nad_namespace: net
-            .network_attachment_namespace
-            .clone()
-            .filter(|s| !s.trim().is_empty())
-            .unwrap_or_else(|| infra_namespace.to_string()),
+        nad_name: network.nad_name,
+        nad_namespace: network.nad_namespace,
         components,
         control_plane_namespaces,
         waiting,
