@@ -121,6 +121,7 @@ pub async fn run(
         let infra = controller::run(
             client.clone(),
             scope.clone(),
+            scopes(&options.namespaces),
             options.settings.clone(),
             Some(recorder.clone()),
             Some(metrics.clone()),
@@ -131,6 +132,7 @@ pub async fn run(
         let attachments = crate::infra::attachments::run(
             client.clone(),
             scope.clone(),
+            scopes(&options.namespaces),
             Some(metrics.clone()),
             stopped(),
         );

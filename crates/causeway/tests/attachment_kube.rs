@@ -556,3 +556,128 @@ async fn structured_network_forms_run_or_are_refused_by_field() {
     .unwrap_err();
     assert!(refused.contains("Unsupported value"), "{refused}");
 }
+
+const MACHINE_CRD: &str = include_str!("../../../tests/kube/crds/capi-machine.yaml");
+
+/// Sets a Machine's addresses as the Cluster API provider would.
+async fn machine_addresses(client: &Client, ns: &str, name: &str, addresses: &[&str]) {
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        ns,
+        &causeway_operator::k8s::resources::machine_resource(),
+    );
+    let list: Vec<serde_json::Value> = addresses
+        .iter()
+        .map(|a| serde_json::json!({"type": "InternalIP", "address": a}))
+        .collect();
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"status": {"addresses": list}})),
+    )
+    .await
+    .unwrap();
+}
+
+/// Worker addresses from the hosted cluster's Cluster API Machines: those
+/// inside the Infra's CIDR are routed by source, and follow a worker whose
+/// address changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machine_addresses_become_routed_workers_and_follow_changes() {
+    let Some(c) =
+        kube_cluster::cluster("machine_addresses_become_routed_workers_and_follow_changes")
+    else {
+        return;
+    };
+    let client = admin(c).await;
+    let ns = "machines";
+    let cp = "clusters-hc5";
+    for n in [ns, cp] {
+        kube_cluster::ensure_namespace(&client, n).await;
+    }
+    apply_yaml(&client, NAD_CRD, "default").await.unwrap();
+    apply_yaml(&client, MACHINE_CRD, "default").await.unwrap();
+    wait_established(&client, "network-attachment-definitions.k8s.cni.cncf.io").await;
+    wait_established(&client, "machines.cluster.x-k8s.io").await;
+    apply_yaml(
+        &client,
+        &format!("apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata: {{name: vlan100, namespace: {ns}}}\nspec:\n  config: '{{}}'\n"),
+        ns,
+    )
+    .await
+    .unwrap();
+    let op = Operator::start(c, &[ns, cp], &["--leader-election=false"], "machines");
+    apply_yaml(
+        &client,
+        &SHARED_INFRA.replace("namespace: tenants", &format!("namespace: {ns}")),
+        ns,
+    )
+    .await
+    .unwrap();
+    apply_yaml(
+        &client,
+        &attachment("e", "hc5", "hc5", "example.net", &[])
+            .replace("namespace: tenants", &format!("namespace: {ns}")),
+        ns,
+    )
+    .await
+    .unwrap();
+    for (name, address) in [
+        ("hc5-worker-a", "192.168.100.50"),
+        ("hc5-worker-b", "10.128.0.5"),
+    ] {
+        apply_yaml(
+            &client,
+            &format!("apiVersion: cluster.x-k8s.io/v1beta1\nkind: Machine\nmetadata: {{name: {name}, namespace: {cp}, annotations: {{hypershift.openshift.io/nodePool: clusters/hc5}}}}\nspec: {{clusterName: hc5}}\n"),
+            cp,
+        )
+        .await
+        .unwrap();
+        machine_addresses(&client, cp, name, &[address, "fe80::1"]).await;
+    }
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let routed = |cfg: &Config, who: &str| {
+        routes(cfg, 6443).contains(&format!(
+            "from {who}/32 -> kube-apiserver.clusters-hc5.svc:6443"
+        ))
+    };
+    let watch = |want: &'static str| {
+        let cms = cms.clone();
+        let op = &op;
+        async move {
+            eventually(
+                &format!("{want} routed as hc5's worker"),
+                WAIT,
+                Some(op),
+                || async {
+                    let cfg = config_of(&cms.get_opt("vlan100-proxy-config").await.ok()??);
+                    routed(&cfg, want).then_some(cfg)
+                },
+            )
+            .await
+        }
+    };
+    let cfg = watch("192.168.100.50").await;
+    // Only the address inside the VLAN: the pod-network one is not a
+    // source the VLAN proxy sees.
+    assert!(!routes(&cfg, 6443).iter().any(|r| r.contains("10.128.0.5")));
+    let attachments: Api<InfraClusterAttachment> = Api::namespaced(client.clone(), ns);
+    eventually(
+        "routedWorkers in the attachment's status",
+        WAIT,
+        Some(&op),
+        || async {
+            let a = attachments.get("e").await.ok()?;
+            (a.status?.routed_workers == vec!["192.168.100.50/32".to_string()]).then_some(())
+        },
+    )
+    .await;
+
+    // The worker's address changes: the route follows.
+    machine_addresses(&client, cp, "hc5-worker-a", &["192.168.100.51"]).await;
+    let cfg = watch("192.168.100.51").await;
+    assert!(
+        !routed(&cfg, "192.168.100.50"),
+        "the old address is still routed"
+    );
+}

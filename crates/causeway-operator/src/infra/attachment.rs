@@ -225,6 +225,35 @@ pub fn candidate(
     })
 }
 
+/// The most worker addresses one attachment routes by: past it the list
+/// is cut (and logged), as the proxy's route tables stay small.
+pub const MAX_WORKERS: usize = 256;
+
+/// Adds to `c` the worker addresses its cluster's Machines report inside
+/// `cidr`, each as a /32, after those written in its spec; at most
+/// [`MAX_WORKERS`] in all. `machine_addresses` are every address of every
+/// Machine in the control-plane namespace.
+pub fn add_discovered<'a>(
+    c: &mut Candidate,
+    machine_addresses: impl IntoIterator<Item = &'a str>,
+    cidr: Option<Ipv4Net>,
+) {
+    let mut found: Vec<Ipv4Net> = machine_addresses
+        .into_iter()
+        .filter_map(|a| a.trim().parse::<Ipv4Addr>().ok())
+        .filter(|ip| cidr.is_some_and(|n| n.contains(ip)))
+        .map(Ipv4Net::from)
+        .filter(|n| !c.workers.iter().any(|w| w.contains(&n.network())))
+        .collect();
+    found.sort();
+    found.dedup();
+    c.workers.extend(found);
+    if c.workers.len() > MAX_WORKERS {
+        tracing::warn!(attachment = %c.name, found = c.workers.len(), "more worker addresses than routed: the first {MAX_WORKERS} are");
+        c.workers.truncate(MAX_WORKERS);
+    }
+}
+
 /// What the aggregation decided for one attachment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -493,6 +522,45 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn machines_add_their_in_vlan_addresses_once_each() {
+        let mut c = candidate(
+            "a",
+            &spec("hc1", "example.com", "hc1", &["192.168.100.20"]),
+            cidr(),
+        )
+        .unwrap();
+        add_discovered(
+            &mut c,
+            [
+                "192.168.100.31",
+                "10.128.0.7",
+                "192.168.100.20",
+                "fe80::1",
+                "192.168.100.31",
+                "hc1-worker-0",
+            ],
+            cidr(),
+        );
+        let shown: Vec<String> = c.workers.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, vec!["192.168.100.20/32", "192.168.100.31/32"]);
+        let many: Vec<String> = (0..300)
+            .map(|i| format!("192.168.{}.{}", 100 + i / 250, i % 250 + 1))
+            .collect();
+        let mut c = candidate(
+            "b",
+            &spec("hc2", "example.com", "hc2", &[]),
+            Some("192.168.0.0/16".parse().unwrap()),
+        )
+        .unwrap();
+        add_discovered(
+            &mut c,
+            many.iter().map(String::as_str),
+            Some("192.168.0.0/16".parse().unwrap()),
+        );
+        assert_eq!(c.workers.len(), MAX_WORKERS);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::Api;
+use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{finalizer, Event as Finalize};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -20,7 +20,7 @@ use super::attachment::{
     self, InfraClusterAttachment, InfraClusterAttachmentStatus, Verdict, INFRA_NOT_FOUND,
     INVALID_CONFIGURATION,
 };
-use super::controller::attachments_of;
+use super::controller::{attachments_of, infras_of_namespace};
 use super::crd::Infra;
 use super::plan::Owner;
 use super::render;
@@ -29,7 +29,8 @@ use crate::k8s::apply::{Applier, Noise, OnMissing};
 use crate::k8s::conditions::{self, condition};
 use crate::k8s::finalizer as finalizers;
 use crate::k8s::metrics::{OperatorMetrics, ReconcileTimer};
-use crate::k8s::watch::{cached, Scope};
+use crate::k8s::resources::machine_resource;
+use crate::k8s::watch::{cached, Everywhere, Scope};
 
 /// Removes the attachment's control-plane policy before it goes.
 pub const FINALIZER: &str = "causeway.io/attachment-cleanup";
@@ -44,6 +45,8 @@ pub struct Context {
     pub metrics: Option<OperatorMetrics>,
     pub attachments: Store<InfraClusterAttachment>,
     pub infras: Store<Infra>,
+    /// Cluster API Machines, whose addresses add to the workers.
+    pub machines: Everywhere,
 }
 
 fn ready(store_ready: impl std::future::Future<Output = Result<(), impl std::fmt::Debug>>) -> bool {
@@ -169,7 +172,7 @@ async fn report(att: &InfraClusterAttachment, ctx: &Context) -> Result<Action, E
     let infra = infra_of(ctx, att);
     let aggregate = infra
         .as_deref()
-        .map(|i| attachments_of(&ctx.attachments, i));
+        .map(|i| attachments_of(&ctx.attachments, &ctx.machines, i));
     let verdict = aggregate.as_ref().and_then(|a| a.verdicts.get(&name));
     let served = aggregate
         .as_ref()
@@ -204,7 +207,7 @@ async fn cleanup(att: &InfraClusterAttachment, ctx: &Context) -> Result<Action, 
     };
     let infra_name = &att.spec.infra_ref.name;
     let still_needed = infra_of(ctx, att).is_some_and(|infra| {
-        attachments_of(&ctx.attachments, &infra)
+        attachments_of(&ctx.attachments, &ctx.machines, &infra)
             .served
             .iter()
             .any(|c| c.name != name && c.control_plane_namespace == own.control_plane_namespace)
@@ -235,9 +238,12 @@ fn error_policy(att: Arc<InfraClusterAttachment>, error: &Error, _ctx: Arc<Conte
 }
 
 /// Runs the attachment controller over `scope` until `shutdown` resolves.
+/// `all_scopes` are every scope the operator works in: Machines are
+/// watched in all of them.
 pub async fn run(
     client: Client,
     scope: Scope,
+    all_scopes: Vec<Scope>,
     metrics: Option<OperatorMetrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
@@ -246,15 +252,18 @@ pub async fn run(
         watcher::Config::default(),
     );
     let (infras, infra_stream) = cached(scope.api::<Infra>(&client), watcher::Config::default());
+    let (machines, machine_stream) = Everywhere::watch(&client, &all_scopes, &machine_resource());
     let ctx = Arc::new(Context {
         client: client.clone(),
         applier: Applier::new(client.clone(), metrics.clone(), Noise::Debug),
         metrics,
         attachments: attachments.clone(),
         infras,
+        machines,
     });
     let siblings = attachments.clone();
     let of_infra = attachments.clone();
+    let of_namespace = attachments.clone();
     // A sibling's change (a conflict made or settled) changes this one's
     // verdict: every attachment of the same Infra is looked at again.
     let sibling_events = watcher(
@@ -292,6 +301,27 @@ pub async fn run(
                 .map(|a| ObjectRef::from_obj(&*a))
                 .collect::<Vec<_>>()
         })
+        // A Machine's addresses change the workers of the attachments whose
+        // control plane is in its namespace, and so their siblings'.
+        .watches_stream_with(
+            machine_stream,
+            move |m: DynamicObject| {
+                let ns = m.metadata.namespace.clone().unwrap_or_default();
+                let infras = infras_of_namespace(&of_namespace, &ns);
+                of_namespace
+                    .state()
+                    .into_iter()
+                    .filter(|a| {
+                        infras.iter().any(|i| {
+                            i.name == a.spec.infra_ref.name
+                                && i.namespace.as_deref() == a.namespace().as_deref()
+                        })
+                    })
+                    .map(|a| ObjectRef::from_obj(&*a))
+                    .collect::<Vec<_>>()
+            },
+            machine_resource(),
+        )
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {

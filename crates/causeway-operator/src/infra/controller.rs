@@ -50,8 +50,8 @@ use crate::k8s::events::publish_about;
 use crate::k8s::finalizer as finalizers;
 use crate::k8s::index::{Index, Owned, WorkloadFacts};
 use crate::k8s::metrics::{OperatorMetrics, ReconcileTimer};
-use crate::k8s::resources::{hosted_cluster_resource, nad_resource, resource};
-use crate::k8s::watch::{cached, owned, owned_dynamic, Scope};
+use crate::k8s::resources::{hosted_cluster_resource, machine_resource, nad_resource, resource};
+use crate::k8s::watch::{cached, owned, owned_dynamic, Everywhere, Scope};
 
 /// Removes the control-plane NetworkPolicy before the Infra goes.
 pub const FINALIZER: &str = "causeway.io/cleanup";
@@ -110,10 +110,30 @@ pub struct Context {
     pub ha_keys: Mutex<HashSet<(String, String)>>,
     /// Every InfraClusterAttachment in scope.
     pub attachments: Store<InfraClusterAttachment>,
+    /// Every Cluster API Machine in scope (empty while the kind is not
+    /// served).
+    pub machines: Everywhere,
 }
 
-/// The attachments naming `infra`, not being deleted, decided over.
-pub fn attachments_of(store: &Store<InfraClusterAttachment>, infra: &Infra) -> Aggregate {
+/// Every address of every Machine in `ns`.
+pub fn machine_addresses(machines: &Everywhere, ns: &str) -> Vec<String> {
+    machines
+        .state()
+        .iter()
+        .filter(|m| m.metadata.namespace.as_deref() == Some(ns))
+        .filter_map(|m| m.data.pointer("/status/addresses")?.as_array().cloned())
+        .flatten()
+        .filter_map(|a| a.get("address")?.as_str().map(str::to_string))
+        .collect()
+}
+
+/// The attachments naming `infra`, not being deleted, decided over; each
+/// with the worker addresses its cluster's Machines report.
+pub fn attachments_of(
+    store: &Store<InfraClusterAttachment>,
+    machines: &Everywhere,
+    infra: &Infra,
+) -> Aggregate {
     let ns = infra.namespace().unwrap_or_default();
     let name = infra.name_any();
     let cidr = infra
@@ -134,7 +154,11 @@ pub fn attachments_of(store: &Store<InfraClusterAttachment>, infra: &Infra) -> A
         })
         .map(|a| {
             let n = a.name_any();
-            let c = attachment::candidate(&n, &a.spec, cidr);
+            let c = attachment::candidate(&n, &a.spec, cidr).map(|mut c| {
+                let found = machine_addresses(machines, &c.control_plane_namespace);
+                attachment::add_discovered(&mut c, found.iter().map(String::as_str), cidr);
+                c
+            });
             (n, c)
         })
         .collect();
@@ -342,7 +366,7 @@ async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Err
             .copied()
             .unwrap_or(ServiceAddress::Missing)
     };
-    let attached = attachments_of(&ctx.attachments, infra);
+    let attached = attachments_of(&ctx.attachments, &ctx.machines, infra);
     let attachments = AttachmentsSeen::of(&attached);
     // With attachments, the Infra's own HostedCluster reference is ignored.
     let hc = if attached.verdicts.is_empty() {
@@ -421,6 +445,28 @@ async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Err
     // Owned objects are watched, so changes come as events; this is the
     // backstop for anything missed, and it writes nothing when all is well.
     Ok((Action::requeue(Duration::from_secs(300)), true))
+}
+
+/// The Infras whose attachments put their control plane in `ns`.
+pub fn infras_of_namespace(
+    attachments: &Store<InfraClusterAttachment>,
+    ns: &str,
+) -> Vec<ObjectRef<Infra>> {
+    let mut out: Vec<ObjectRef<Infra>> = attachments
+        .state()
+        .iter()
+        .filter(|a| {
+            attachment::candidate(&a.name_any(), &a.spec, None)
+                .is_ok_and(|c| c.control_plane_namespace == ns)
+        })
+        .filter_map(|a| {
+            a.namespace()
+                .map(|own| ObjectRef::new(&a.spec.infra_ref.name).within(&own))
+        })
+        .collect();
+    out.sort_by_key(|r| (r.namespace.clone(), r.name.clone()));
+    out.dedup();
+    out
 }
 
 /// Where the policies are while a pass changes nothing: where they were.
@@ -870,15 +916,19 @@ fn names_service(infra: &Infra, svc_ns: &str, svc_name: &str) -> bool {
 }
 
 /// Runs the Infra controller over `scope` until `shutdown` resolves.
+/// `all_scopes` are every scope the operator works in: Machines are
+/// watched in all of them.
 pub async fn run(
     client: Client,
     scope: Scope,
+    all_scopes: Vec<Scope>,
     settings: Settings,
     recorder: Option<Recorder>,
     metrics: Option<OperatorMetrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let disruption_budget = disruption_budget_resource(&client).await;
+    let (machines, machine_stream) = Everywhere::watch(&client, &all_scopes, &machine_resource());
     let (attachments, attachment_stream) = cached(
         scope.api::<InfraClusterAttachment>(&client),
         watcher::Config::default(),
@@ -916,7 +966,8 @@ pub async fn run(
         metrics,
         disruption_budget: disruption_budget.clone(),
         ha_keys: Mutex::new(HashSet::new()),
-        attachments,
+        attachments: attachments.clone(),
+        machines,
     });
     let (infras, infra_stream) = cached(scope.api::<Infra>(&client), watcher::Config::default());
     let controller = Controller::for_stream(infra_stream, infras.clone());
@@ -938,6 +989,16 @@ pub async fn run(
         .owns_stream_with(pdb_stream, disruption_budget)
         // An attachment names its Infra; that Infra renders it. (One that
         // moves to another Infra leaves the old one to its resync.)
+        // A Machine's addresses are its cluster's workers: the Infras whose
+        // attachments have that control-plane namespace render them.
+        .watches_stream_with(
+            machine_stream,
+            move |m: DynamicObject| {
+                let ns = m.metadata.namespace.clone().unwrap_or_default();
+                infras_of_namespace(&attachments, &ns)
+            },
+            machine_resource(),
+        )
         .watches_stream(attachment_stream, |a: InfraClusterAttachment| {
             a.namespace()
                 .map(|ns| ObjectRef::new(&a.spec.infra_ref.name).within(&ns))

@@ -35,6 +35,12 @@ pub fn node_pool_resource() -> ApiResource {
     )
 }
 
+/// Cluster API Machines: HyperShift's NodePools make them in the hosted
+/// cluster's control-plane namespace, with the addresses their workers got.
+pub fn machine_resource() -> ApiResource {
+    resource("cluster.x-k8s.io", "v1beta1", "Machine", "machines")
+}
+
 pub fn dpu_deployment_resource() -> ApiResource {
     resource(
         "svc.dpu.nvidia.com",

@@ -142,3 +142,62 @@ where
         .touched_objects();
     (reader, stream)
 }
+
+/// [`cached`] for a kind known only at run time (a foreign CRD that may
+/// not be installed: the watch retries with backoff until it is, and the
+/// store stays empty meanwhile).
+pub fn cached_dynamic(
+    api: Api<DynamicObject>,
+    resource: ApiResource,
+    config: watcher::Config,
+) -> (
+    Store<DynamicObject>,
+    impl Stream<Item = Result<DynamicObject, watcher::Error>> + Send + 'static,
+) {
+    let writer = reflector::store::Writer::new(resource);
+    let reader = writer.as_reader();
+    let stream = watcher(api, config)
+        .modify(|obj: &mut DynamicObject| obj.metadata.managed_fields = None)
+        .reflect(writer)
+        .default_backoff()
+        .touched_objects();
+    (reader, stream)
+}
+
+/// One foreign kind watched in every scope the operator works in, whichever
+/// scope's controller reads it: an Infra's attachments put their control
+/// planes in namespaces other than the Infra's.
+#[derive(Clone, Default)]
+pub struct Everywhere {
+    stores: Vec<Store<DynamicObject>>,
+}
+
+impl Everywhere {
+    /// The stores and one stream of every change, for `scopes`.
+    pub fn watch(
+        client: &Client,
+        scopes: &[Scope],
+        resource: &ApiResource,
+    ) -> (
+        Everywhere,
+        impl Stream<Item = Result<DynamicObject, watcher::Error>> + Send + 'static,
+    ) {
+        let mut stores = Vec::new();
+        let mut streams = Vec::new();
+        for scope in scopes {
+            let (store, stream) = cached_dynamic(
+                scope.api_with::<DynamicObject>(client, resource),
+                resource.clone(),
+                watcher::Config::default(),
+            );
+            stores.push(store);
+            streams.push(Box::pin(stream));
+        }
+        (Everywhere { stores }, futures::stream::select_all(streams))
+    }
+
+    /// Every object held, in any scope.
+    pub fn state(&self) -> Vec<std::sync::Arc<DynamicObject>> {
+        self.stores.iter().flat_map(Store::state).collect()
+    }
+}
