@@ -38,6 +38,10 @@ pub struct FileProxy {
     pub max_connections_per_source: Option<usize>,
     #[serde(default)]
     pub resolvers: Vec<String>,
+    /// A port on every address (`0.0.0.0`) taking the routes of port 443,
+    /// so a load balancer on another network reaches them (OAuth from
+    /// outside) without the VLAN address.
+    pub external_port: Option<u16>,
     /// `roundRobin` (the default) or `leastConnections`.
     pub balance: Option<String>,
     pub health_check: Option<FileHealthCheck>,
@@ -495,17 +499,36 @@ pub(crate) fn validate(
             healthy_threshold: threshold(c, "healthyThreshold", h.healthy_threshold, 1),
         }
     });
+    let mut listeners: Vec<Listener> = listeners
+        .into_iter()
+        .map(|(port, kind, proxy_protocol)| Listener {
+            listen: SocketAddr::new(listen_ip, port),
+            kind,
+            proxy_protocol,
+        })
+        .collect();
+    if let Some(port) = p.external_port {
+        let https = listeners.iter().find(|l| l.listen.port() == 443).cloned();
+        match https {
+            _ if port == 0 => c.push("proxy.externalPort", "must be a port from 1 to 65535"),
+            _ if listeners.iter().any(|l| l.listen.port() == port) => c.push(
+                "proxy.externalPort",
+                format!("port {port} is already a proxy listener"),
+            ),
+            None => c.push(
+                "proxy.externalPort",
+                "there is no listener on 443 whose routes it would take",
+            ),
+            Some(l) => listeners.push(Listener {
+                listen: SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), port),
+                ..l
+            }),
+        }
+    }
     Some(ProxyConfig {
         balance,
         health_check,
-        listeners: listeners
-            .into_iter()
-            .map(|(port, kind, proxy_protocol)| Listener {
-                listen: SocketAddr::new(listen_ip, port),
-                kind,
-                proxy_protocol,
-            })
-            .collect(),
+        listeners,
         connect_timeout,
         hello_timeout,
         idle_timeout,

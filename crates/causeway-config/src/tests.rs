@@ -861,3 +861,31 @@ fn proxy_routes_by_source_are_checked() {
         ]
     );
 }
+
+#[test]
+fn the_external_port_takes_the_routes_of_443_on_every_address() {
+    let p = Config::from_yaml(&format!("{VLAN}proxy: {{externalPort: 8443}}\n"))
+        .unwrap()
+        .proxy
+        .unwrap();
+    let https = p.listeners.iter().find(|l| l.listen.port() == 443).unwrap();
+    let external = p
+        .listeners
+        .iter()
+        .find(|l| l.listen.port() == 8443)
+        .unwrap();
+    assert_eq!(external.listen.to_string(), "0.0.0.0:8443");
+    assert_eq!(external.kind, https.kind);
+    let e = errors(&format!("{VLAN}proxy: {{externalPort: 6443}}\n"));
+    assert_eq!(
+        e,
+        vec!["proxy.externalPort: port 6443 is already a proxy listener"]
+    );
+    let e = errors(&format!(
+        "{VLAN}proxy: {{externalPort: 8443, listeners: [{{port: 6443, upstream: '10.0.0.1:6443'}}]}}\n"
+    ));
+    assert_eq!(
+        e,
+        vec!["proxy.externalPort: there is no listener on 443 whose routes it would take"]
+    );
+}

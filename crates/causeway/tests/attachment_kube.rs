@@ -430,6 +430,102 @@ async fn one_infra_serves_two_clusters_and_reports_and_settles_every_conflict() 
         .contains(&"from 192.168.100.20/32 -> kube-apiserver.clusters-hc1.svc:6443".to_string()));
     assert_eq!(cfg.clusters.len(), 2);
 
+    // An external Service for b: a LoadBalancer exposing 443 alone, to the
+    // port where the proxy takes 443's routes on the pod network.
+    attachments
+        .patch(
+            "b",
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(serde_json::json!({
+                "apiVersion": "hostedcluster.densityops.com/v1alpha1",
+                "kind": "InfraClusterAttachment",
+                "spec": {"infraRef": {"name": INFRA},
+                    "hostedClusterRef": {"name": "hc2", "namespace": "clusters"},
+                    "dns": {"clusterName": "hc2", "baseDomain": "example.org"},
+                    "workers": ["192.168.100.30"],
+                    "externalService": {"enabled": true, "addressPoolName": "public",
+                        "labels": {"external-dns.example.com/publish": "yes"},
+                        "annotations": {"external-dns.alpha.kubernetes.io/hostname": "oauth.hc2.example.org."}}}})),
+        )
+        .await
+        .unwrap();
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client.clone(), NS);
+    let svc = eventually("b's external Service", WAIT, Some(&op), || async {
+        services.get_opt("b-proxy-external").await.ok()?
+    })
+    .await;
+    let spec = svc.spec.clone().unwrap();
+    assert_eq!(spec.type_.as_deref(), Some("LoadBalancer"));
+    let ports: Vec<(i32, String)> = spec
+        .ports
+        .unwrap()
+        .iter()
+        .map(|p| (p.port, format!("{:?}", p.target_port)))
+        .collect();
+    assert_eq!(ports, vec![(443, "Some(Int(8443))".to_string())]);
+    assert_eq!(
+        spec.selector
+            .unwrap()
+            .get("app.kubernetes.io/component")
+            .map(String::as_str),
+        Some("proxy")
+    );
+    let annotations = svc.metadata.annotations.clone().unwrap();
+    assert_eq!(annotations["metallb.universe.tf/address-pool"], "public");
+    assert_eq!(
+        annotations["external-dns.alpha.kubernetes.io/hostname"],
+        "oauth.hc2.example.org."
+    );
+    assert_eq!(
+        svc.metadata.labels.clone().unwrap()["external-dns.example.com/publish"],
+        "yes"
+    );
+    assert_eq!(svc.metadata.owner_references.unwrap()[0].name, "b");
+    let cfg = proxy_config(&client, &op, "the proxy on the pod network's 8443", |cfg| {
+        cfg.proxy.as_ref().is_some_and(|p| {
+            p.listeners
+                .iter()
+                .any(|l| l.listen.to_string() == "0.0.0.0:8443")
+        })
+    })
+    .await;
+    assert_eq!(
+        routes(&cfg, 8443),
+        routes(&cfg, 443),
+        "8443 takes 443's routes"
+    );
+    // Disabled: the Service goes, and the port with it.
+    attachments
+        .patch(
+            "b",
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(serde_json::json!({
+                "apiVersion": "hostedcluster.densityops.com/v1alpha1",
+                "kind": "InfraClusterAttachment",
+                "spec": {"infraRef": {"name": INFRA},
+                    "hostedClusterRef": {"name": "hc2", "namespace": "clusters"},
+                    "dns": {"clusterName": "hc2", "baseDomain": "example.org"},
+                    "workers": ["192.168.100.30"],
+                    "externalService": {"enabled": false, "addressPoolName": "public",
+                        "labels": {"external-dns.example.com/publish": "yes"},
+                        "annotations": {"external-dns.alpha.kubernetes.io/hostname": "oauth.hc2.example.org."}}}})),
+        )
+        .await
+        .unwrap();
+    eventually("b's external Service gone", WAIT, Some(&op), || async {
+        services
+            .get_opt("b-proxy-external")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    proxy_config(&client, &op, "no 8443 without an external Service", |cfg| {
+        routes(cfg, 8443).is_empty()
+    })
+    .await;
+
     // An attachment deleted: its finalizer removes its namespace's policy,
     // and the Infra stops routing its cluster.
     attachments

@@ -126,7 +126,7 @@ struct Lab {
     stranger: Netns,
     // Kept for their Drop: namespaces go, processes stop.
     _vlan: Netns,
-    _pod: Netns,
+    pod: Netns,
     _servers: Vec<Proc>,
     certs: HashMap<&'static str, PathBuf>,
 }
@@ -267,7 +267,7 @@ impl Lab {
             worker2,
             stranger,
             _vlan: vlan,
-            _pod: pod,
+            pod,
             _servers: servers,
             certs,
         }
@@ -305,6 +305,9 @@ dns:
   upstreams: ["10.0.0.1"]
 proxy:
   resolvers: ["10.0.0.1"]
+  # 443's routes on every address, as a LoadBalancer from off the VLAN
+  # reaches them.
+  externalPort: 9443
   # Routes by address written in the file, with and without a name.
   extraListeners:
     - port: {EXTRA_PORT}
@@ -583,6 +586,20 @@ fn two_hosted_clusters_share_one_vlan() {
             let ip = resolve(ns, who, &name);
             reaches(&lab, ns, who, (&ip, 443), Some(&name), oauth);
         }
+    }
+
+    // --- The external port: 443's routes on the pod network's address,
+    // where a LoadBalancer Service sends OAuth from outside.
+    for (zone, oauth) in [(HC1, "hc1-oauth"), (HC2, "hc2-oauth")] {
+        let name = format!("oauth.{zone}");
+        reaches(
+            &lab,
+            &lab.pod,
+            "the pod network",
+            ("10.0.0.2", 9443),
+            Some(&name),
+            oauth,
+        );
     }
 
     // --- No name on 6443 (a client dialling the API by address): the

@@ -79,6 +79,26 @@ pub struct InfraClusterAttachmentSpec {
     /// goes to this cluster's API server.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workers: Vec<String>,
+    /// A LoadBalancer Service on the management cluster exposing only the
+    /// proxy's port 443 (mainly for OAuth), with labels and annotations
+    /// for ExternalDNS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_service: Option<ExternalServiceSpec>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExternalServiceSpec {
+    #[serde(default)]
+    pub enabled: bool,
+    /// The MetalLB pool to take the address from: the
+    /// `metallb.universe.tf/address-pool` annotation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_pool_name: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -139,6 +159,9 @@ pub struct Candidate {
     pub control_plane_namespace: String,
     pub api_server_service: Option<String>,
     pub workers: Vec<Ipv4Net>,
+    /// Its external Service is enabled: the proxy takes 443's routes on
+    /// the pod network too.
+    pub external: bool,
 }
 
 impl Candidate {
@@ -222,6 +245,7 @@ pub fn candidate(
             .clone()
             .filter(|s| !s.trim().is_empty()),
         workers,
+        external: spec.external_service.as_ref().is_some_and(|e| e.enabled),
     })
 }
 

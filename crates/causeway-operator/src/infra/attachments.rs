@@ -16,10 +16,20 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
 
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
 use super::attachment::{
-    self, InfraClusterAttachment, InfraClusterAttachmentStatus, Verdict, INFRA_NOT_FOUND,
-    INVALID_CONFIGURATION,
+    self, ExternalServiceSpec, InfraClusterAttachment, InfraClusterAttachmentStatus, Verdict,
+    INFRA_NOT_FOUND, INVALID_CONFIGURATION,
 };
+use super::plan::{Component, EXTERNAL_PROXY_PORT};
+use crate::k8s::MANAGED_BY;
+
+/// MetalLB's annotation choosing the pool a LoadBalancer's address comes
+/// from.
+pub const METALLB_POOL_ANNOTATION: &str = "metallb.universe.tf/address-pool";
 use super::controller::{attachments_of, infras_of_namespace};
 use super::crd::Infra;
 use super::plan::Owner;
@@ -164,6 +174,96 @@ pub fn status_of(
     }
 }
 
+/// The name of an attachment's external Service.
+pub fn external_service_name(attachment: &str) -> String {
+    format!("{attachment}-proxy-external")
+}
+
+/// An attachment's external Service: a LoadBalancer in the Infra's
+/// namespace, owned by the attachment, selecting the Infra's proxy pods and
+/// exposing their port 443 routes (on the pod network's
+/// [`EXTERNAL_PROXY_PORT`]) and nothing else.
+pub fn external_service(
+    att: &InfraClusterAttachment,
+    spec: &ExternalServiceSpec,
+) -> Result<Service, Error> {
+    let ns = att.namespace().ok_or(Error::NoNamespace)?;
+    let infra = Owner {
+        name: att.spec.infra_ref.name.clone(),
+        namespace: ns.clone(),
+        uid: String::new(),
+    };
+    let own = Owner::of(att)?;
+    let mut labels = spec.labels.clone();
+    labels.insert(MANAGED_BY.0.into(), MANAGED_BY.1.into());
+    labels.insert("app.kubernetes.io/name".into(), "causeway".into());
+    labels.insert("app.kubernetes.io/instance".into(), infra.name.clone());
+    let mut annotations = spec.annotations.clone();
+    // Set last: the pool named in the spec is the one used.
+    if let Some(pool) = spec
+        .address_pool_name
+        .as_deref()
+        .filter(|p| !p.trim().is_empty())
+    {
+        annotations.insert(METALLB_POOL_ANNOTATION.into(), pool.trim().into());
+    }
+    Ok(Service {
+        metadata: ObjectMeta {
+            name: Some(external_service_name(&own.name)),
+            namespace: Some(ns),
+            labels: Some(labels),
+            annotations: (!annotations.is_empty()).then_some(annotations),
+            owner_references: Some(vec![own.controller_reference(
+                "hostedcluster.densityops.com/v1alpha1",
+                "InfraClusterAttachment",
+            )]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            selector: Some(render::selector_labels(&infra, Component::Proxy)),
+            ports: Some(vec![ServicePort {
+                name: Some("https".into()),
+                port: 443,
+                target_port: Some(IntOrString::Int(EXTERNAL_PROXY_PORT)),
+                protocol: Some("TCP".into()),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    })
+}
+
+/// Makes or removes the attachment's external Service: there while the
+/// attachment is served, asks for one, and its Infra runs a proxy.
+async fn reconcile_external_service(
+    ctx: &Context,
+    att: &InfraClusterAttachment,
+    infra: Option<&Infra>,
+    served: bool,
+) -> Result<(), Error> {
+    let ns = att.namespace().ok_or(Error::NoNamespace)?;
+    let wanted = att
+        .spec
+        .external_service
+        .as_ref()
+        .filter(|e| e.enabled)
+        .filter(|_| served)
+        .filter(|_| infra.is_some_and(|i| i.spec.infra_components.proxy_enabled().is_some()));
+    match wanted {
+        Some(spec) => ctx.applier.ensure_live(external_service(att, spec)?).await,
+        None => {
+            let api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+            let name = external_service_name(&att.name_any());
+            if api.get_opt(&name).await?.is_some() {
+                ctx.applier.gone_from(&api, "Service", &name).await?;
+            }
+            Ok(())
+        }
+    }
+}
+
 async fn report(att: &InfraClusterAttachment, ctx: &Context) -> Result<Action, Error> {
     if !ready(ctx.attachments.wait_until_ready()) || !ready(ctx.infras.wait_until_ready()) {
         return Ok(Action::requeue(Duration::from_secs(1)));
@@ -188,6 +288,7 @@ async fn report(att: &InfraClusterAttachment, ctx: &Context) -> Result<Action, E
             }
         }
     }
+    reconcile_external_service(ctx, att, infra.as_deref(), served.is_some()).await?;
     let ns = att.namespace().ok_or(Error::NoNamespace)?;
     let api: Api<InfraClusterAttachment> = Api::namespaced(ctx.client.clone(), &ns);
     ctx.applier

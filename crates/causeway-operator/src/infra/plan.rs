@@ -24,6 +24,9 @@ pub const HA_PORT: i32 = 7946;
 /// The shared key of two replicas, from their Secret.
 pub const HA_DIR: &str = "/etc/causeway/ha";
 pub const HA_KEY: &str = "key";
+/// The proxy's port on the pod network taking port 443's routes, where an
+/// attachment's external LoadBalancer Service sends 443.
+pub const EXTERNAL_PROXY_PORT: i32 = 8443;
 /// The pod's own name, which is its replica name in the `ha` section.
 pub const HA_NODE_ENV: &str = "CAUSEWAY_HA_NODE";
 /// The most replicas a component runs: one active, one standing by.
@@ -139,6 +142,8 @@ pub struct Plan {
     pub waiting: Vec<(Component, String)>,
     /// Accepted but ignored fields, for a warning condition.
     pub warnings: Vec<String>,
+    /// The proxy also listens on the pod network ([`EXTERNAL_PROXY_PORT`]).
+    pub external_proxy: bool,
 }
 
 impl Plan {

@@ -541,7 +541,12 @@ pub fn render(plan: &Plan, owner: &Owner, settings: &Settings) -> Rendered {
             ..ServiceAccount::default()
         },
         components,
-        admin_policy: admin_policy(owner, &settings.operator_namespace, replicated),
+        admin_policy: admin_policy(
+            owner,
+            &settings.operator_namespace,
+            replicated,
+            plan.external_proxy,
+        ),
         control_plane_policies: plan
             .control_plane_namespaces
             .iter()
@@ -701,22 +706,32 @@ fn namespace_peer(labels: BTreeMap<String, String>) -> NetworkPolicyPeer {
 /// network (the VLAN side is not subject to pod-network policy), and its
 /// admin port only from the operator's namespace and monitoring. With two
 /// replicas anywhere, the Infra's pods admit each other on the HA port.
-fn admin_policy(owner: &Owner, operator_namespace: &str, replicated: bool) -> NetworkPolicy {
-    let service_ports = [
+fn admin_policy(
+    owner: &Owner,
+    operator_namespace: &str,
+    replicated: bool,
+    external_proxy: bool,
+) -> NetworkPolicy {
+    let mut service_ports = vec![
         (53, "UDP"),
         (53, "TCP"),
         (67, "UDP"),
         (80, "TCP"),
         (443, "TCP"),
         (6443, "TCP"),
-    ]
-    .into_iter()
-    .map(|(port, protocol)| NetworkPolicyPort {
-        port: Some(IntOrString::Int(port)),
-        protocol: Some(protocol.into()),
-        ..NetworkPolicyPort::default()
-    })
-    .collect();
+    ];
+    // Where an external LoadBalancer sends 443, from outside the cluster.
+    if external_proxy {
+        service_ports.push((super::plan::EXTERNAL_PROXY_PORT, "TCP"));
+    }
+    let service_ports = service_ports
+        .into_iter()
+        .map(|(port, protocol)| NetworkPolicyPort {
+            port: Some(IntOrString::Int(port)),
+            protocol: Some(protocol.into()),
+            ..NetworkPolicyPort::default()
+        })
+        .collect();
     let (monitoring_key, monitoring_value) = MONITORING_NAMESPACE_LABEL;
     let infra_pods = LabelSelector {
         match_labels: Some(BTreeMap::from([

@@ -474,6 +474,7 @@ pub fn validate(
         warnings.push("infraComponents.proxy.ingressHttps and ingressHttp are ignored: with InfraClusterAttachments each cluster's apps are its attachment's".to_string());
     }
     let proxy_spec_for_config = proxy_spec.filter(|_| waiting.is_empty());
+    let external_proxy = proxy_spec_for_config.is_some() && attached.iter().any(|a| a.external);
 
     let routing = spec.routing.clone().unwrap_or_default();
     let mut components = Vec::new();
@@ -702,6 +703,8 @@ pub fn validate(
                     api_server_service: p.api_server_service.clone(),
                     ingress_https: p.ingress_https.clone(),
                     ingress_http: p.ingress_http.clone(),
+                    external_port: external_proxy
+                        .then_some(super::plan::EXTERNAL_PROXY_PORT as u16),
                     extra_listeners: p
                         .extra_routes
                         .iter()
@@ -810,5 +813,6 @@ pub fn validate(
         control_plane_namespaces,
         waiting,
         warnings,
+        external_proxy,
     })
 }
