@@ -87,6 +87,33 @@ fn routes(cfg: &Config, port: u16) -> Vec<String> {
         .collect()
 }
 
+/// Applies `spec` to attachment `name` as its owner would.
+async fn set_spec(attachments: &Api<InfraClusterAttachment>, name: &str, spec: serde_json::Value) {
+    attachments
+        .patch(
+            name,
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(serde_json::json!({
+                "apiVersion": "hostedcluster.densityops.com/v1alpha1",
+                "kind": "InfraClusterAttachment",
+                "spec": spec,
+            })),
+        )
+        .await
+        .unwrap();
+}
+
+/// b's spec, with `external` as its externalService switch.
+fn b_spec(external: bool) -> serde_json::Value {
+    serde_json::json!({"infraRef": {"name": INFRA},
+        "hostedClusterRef": {"name": "hc2", "namespace": "clusters"},
+        "dns": {"clusterName": "hc2", "baseDomain": "example.org"},
+        "workers": ["192.168.100.30"],
+        "externalService": {"enabled": external, "addressPoolName": "public",
+            "labels": {"external-dns.example.com/publish": "yes"},
+            "annotations": {"external-dns.alpha.kubernetes.io/hostname": "oauth.hc2.example.org."}}})
+}
+
 /// Waits until the proxy's rendered config satisfies `want`.
 async fn proxy_config(
     client: &Client,
@@ -391,20 +418,15 @@ async fn one_infra_serves_two_clusters_and_reports_and_settles_every_conflict() 
 
     // One worker address in both lists: routed for neither, both clusters
     // still served by name.
-    attachments
-        .patch(
-            "a",
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(serde_json::json!({
-                "apiVersion": "hostedcluster.densityops.com/v1alpha1",
-                "kind": "InfraClusterAttachment",
-                "spec": {"infraRef": {"name": INFRA},
-                    "hostedClusterRef": {"name": "hc1", "namespace": "clusters"},
-                    "dns": {"clusterName": "hc1", "baseDomain": "example.com"},
-                    "workers": ["192.168.100.20", "192.168.100.30"]}})),
-        )
-        .await
-        .unwrap();
+    set_spec(
+        &attachments,
+        "a",
+        serde_json::json!({"infraRef": {"name": INFRA},
+            "hostedClusterRef": {"name": "hc1", "namespace": "clusters"},
+            "dns": {"clusterName": "hc1", "baseDomain": "example.com"},
+            "workers": ["192.168.100.20", "192.168.100.30"]}),
+    )
+    .await;
     for (name, other) in [("a", "b"), ("b", "a")] {
         let m = wait_attachment(
             &client,
@@ -432,23 +454,7 @@ async fn one_infra_serves_two_clusters_and_reports_and_settles_every_conflict() 
 
     // An external Service for b: a LoadBalancer exposing 443 alone, to the
     // port where the proxy takes 443's routes on the pod network.
-    attachments
-        .patch(
-            "b",
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(serde_json::json!({
-                "apiVersion": "hostedcluster.densityops.com/v1alpha1",
-                "kind": "InfraClusterAttachment",
-                "spec": {"infraRef": {"name": INFRA},
-                    "hostedClusterRef": {"name": "hc2", "namespace": "clusters"},
-                    "dns": {"clusterName": "hc2", "baseDomain": "example.org"},
-                    "workers": ["192.168.100.30"],
-                    "externalService": {"enabled": true, "addressPoolName": "public",
-                        "labels": {"external-dns.example.com/publish": "yes"},
-                        "annotations": {"external-dns.alpha.kubernetes.io/hostname": "oauth.hc2.example.org."}}}})),
-        )
-        .await
-        .unwrap();
+    set_spec(&attachments, "b", b_spec(true)).await;
     let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client.clone(), NS);
     let svc = eventually("b's external Service", WAIT, Some(&op), || async {
         services.get_opt("b-proxy-external").await.ok()?
@@ -495,23 +501,7 @@ async fn one_infra_serves_two_clusters_and_reports_and_settles_every_conflict() 
         "8443 takes 443's routes"
     );
     // Disabled: the Service goes, and the port with it.
-    attachments
-        .patch(
-            "b",
-            &PatchParams::apply("test").force(),
-            &Patch::Apply(serde_json::json!({
-                "apiVersion": "hostedcluster.densityops.com/v1alpha1",
-                "kind": "InfraClusterAttachment",
-                "spec": {"infraRef": {"name": INFRA},
-                    "hostedClusterRef": {"name": "hc2", "namespace": "clusters"},
-                    "dns": {"clusterName": "hc2", "baseDomain": "example.org"},
-                    "workers": ["192.168.100.30"],
-                    "externalService": {"enabled": false, "addressPoolName": "public",
-                        "labels": {"external-dns.example.com/publish": "yes"},
-                        "annotations": {"external-dns.alpha.kubernetes.io/hostname": "oauth.hc2.example.org."}}}})),
-        )
-        .await
-        .unwrap();
+    set_spec(&attachments, "b", b_spec(false)).await;
     eventually("b's external Service gone", WAIT, Some(&op), || async {
         services
             .get_opt("b-proxy-external")

@@ -94,17 +94,6 @@ fn sysctl(ns: &Netns, setting: &str) {
     assert!(ok, "sysctl -w {setting} in {}", ns.name());
 }
 
-/// `true` once something accepts TCP connections at `addr` in `ns`.
-fn tcp_open(ns: &Netns, addr: &str) -> bool {
-    let (host, port) = addr.rsplit_once(':').unwrap();
-    ns.command("bash")
-        .args(["-c", &format!("exec 3<>/dev/tcp/{host}/{port}")])
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 impl Lab {
     fn up() -> Lab {
         let dir = tempfile::Builder::new()
@@ -189,7 +178,7 @@ impl Lab {
             wait_for(
                 &format!("the {file} stand-in on {listen}"),
                 DEADLINE,
-                || tcp_open(&pod, listen).then_some(()),
+                || pod.tcp_open(listen).then_some(()),
                 String::new,
             );
         }

@@ -329,6 +329,19 @@ pub struct Netns {
 }
 
 impl Netns {
+    /// `true` once something accepts TCP connections at `addr` here.
+    pub fn tcp_open(&self, addr: &str) -> bool {
+        let Some((host, port)) = addr.rsplit_once(':') else {
+            return false;
+        };
+        self.command("bash")
+            .args(["-c", &format!("exec 3<>/dev/tcp/{host}/{port}")])
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
     pub fn new(role: &str) -> Netns {
         SWEEP.call_once(sweep_stale_namespaces);
         let n = NEXT_NS.fetch_add(1, Ordering::Relaxed);
