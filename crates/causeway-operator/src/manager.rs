@@ -35,6 +35,9 @@ pub struct Options {
     pub infra_for_hosted_clusters: bool,
     /// Run the DPF bridge (DPFHCPProvisioner objects).
     pub dpf: bool,
+    /// How hosted clusters' API servers are reached (apps ingress, and the
+    /// CSR approver's own setting).
+    pub hosted_endpoint: crate::dpf::hosted_access::HostedEndpoint,
     /// With the DPF bridge: approve DPU kubelet CSRs in hosted clusters.
     pub csr_approver: Option<crate::dpf::approver::ApproverOptions>,
     /// `Some(identity)`: elect a leader through the Lease in
@@ -133,6 +136,7 @@ pub async fn run(
             client.clone(),
             scope.clone(),
             scopes(&options.namespaces),
+            options.hosted_endpoint,
             Some(metrics.clone()),
             stopped(),
         );

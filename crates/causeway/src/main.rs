@@ -245,6 +245,7 @@ fn main() -> ExitCode {
                 .filter(|r| !r.is_empty())
                 .collect(),
             bluefield_allow_loopback_registries,
+            hosted_endpoint: hosted_apiserver.into(),
             csr_approver: csr_approver.then_some(ApproverOptions {
                 endpoint: hosted_apiserver.into(),
                 max_expiration_seconds: csr_max_expiration_seconds,

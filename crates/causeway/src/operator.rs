@@ -26,6 +26,8 @@ pub struct Options {
     /// Tests only: a registry on loopback may be asked.
     pub bluefield_allow_loopback_registries: bool,
     pub csr_approver: Option<ApproverOptions>,
+    /// How hosted clusters' API servers are reached.
+    pub hosted_endpoint: HostedEndpoint,
     pub webhook: Option<WebhookOptions>,
 }
 
@@ -147,6 +149,7 @@ async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
         infra_for_hosted_clusters: opts.infra_for_hosted_clusters,
         dpf: opts.dpf,
         csr_approver: opts.csr_approver,
+        hosted_endpoint: opts.hosted_endpoint,
         leader_identity: opts.leader_election.then(identity),
         settings: Settings {
             image,

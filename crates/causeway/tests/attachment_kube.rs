@@ -121,7 +121,18 @@ async fn proxy_config(
     what: &str,
     want: impl Fn(&Config) -> bool,
 ) -> Config {
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    proxy_config_in(client, NS, op, what, want).await
+}
+
+/// The same in namespace `ns`.
+async fn proxy_config_in(
+    client: &Client,
+    ns: &str,
+    op: &Operator,
+    what: &str,
+    want: impl Fn(&Config) -> bool,
+) -> Config {
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     eventually(what, WAIT, Some(op), || async {
         let cfg = config_of(&cms.get_opt("vlan100-proxy-config").await.ok()??);
         want(&cfg).then_some(cfg)
@@ -766,4 +777,288 @@ async fn machine_addresses_become_routed_workers_and_follow_changes() {
         !routed(&cfg, "192.168.100.50"),
         "the old address is still routed"
     );
+}
+
+const METALLB_CRDS: &str = include_str!("../../../tests/kube/crds/metallb.yaml");
+const HC_CRD: &str = include_str!("../../../tests/kube/crds/hostedcluster.yaml");
+
+/// Waits until attachment `name` (of `attachments`' namespace) is Ready
+/// `status` with `reason`, for its current generation.
+async fn wait_ready_in(
+    attachments: &Api<InfraClusterAttachment>,
+    op: &Operator,
+    name: &str,
+    status: &str,
+    reason: &str,
+) {
+    eventually(
+        &format!("attachment {name}: Ready={status} ({reason})"),
+        WAIT,
+        Some(op),
+        || async {
+            let a = attachments.get(name).await.ok()?;
+            let st = a.status?;
+            (st.observed_generation == a.metadata.generation
+                && st
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == status && c.reason == reason))
+            .then_some(())
+        },
+    )
+    .await;
+}
+
+/// The apps ingress reason an attachment reports, once it is `want`.
+async fn wait_apps(
+    attachments: &Api<InfraClusterAttachment>,
+    op: &Operator,
+    name: &str,
+    want: &str,
+) -> causeway_operator::infra::attachment::AppsIngressStatus {
+    eventually(
+        &format!("apps ingress of {name}: {want}"),
+        WAIT,
+        Some(op),
+        || async {
+            let a = attachments.get(name).await.ok()?;
+            let s = a.status?.apps_ingress_status?;
+            (s.reason == want).then_some(s)
+        },
+    )
+    .await
+}
+
+/// Apps ingress with the hosted cluster played by the same API server
+/// (HyperShift's admin kubeconfig Secret pointing at it): waiting for a
+/// Ready Node, then for MetalLB, then for the router's load balancer
+/// address, which the test writes as MetalLB would; `*.apps` in DNS and
+/// the proxy follows it; turning it off removes what was made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apps_ingress_follows_the_routers_load_balancer_on_the_vlan() {
+    let Some(c) =
+        kube_cluster::cluster("apps_ingress_follows_the_routers_load_balancer_on_the_vlan")
+    else {
+        return;
+    };
+    let client = admin(c).await;
+    // The chart with apps ingress on: the operator may read the admin
+    // kubeconfig Secret.
+    kube_cluster::install_release(
+        &client,
+        &c.helm,
+        kube_cluster::RELEASE,
+        &["appsIngress.enabled=true"],
+    )
+    .await
+    .unwrap();
+    let ns = "apps";
+    for n in [
+        ns,
+        "clusters",
+        "clusters-hc7",
+        "metallb-system",
+        "openshift-ingress",
+    ] {
+        kube_cluster::ensure_namespace(&client, n).await;
+    }
+    apply_yaml(&client, NAD_CRD, "default").await.unwrap();
+    apply_yaml(&client, HC_CRD, "default").await.unwrap();
+    wait_established(&client, "network-attachment-definitions.k8s.cni.cncf.io").await;
+    wait_established(&client, "hostedclusters.hypershift.openshift.io").await;
+    apply_yaml(
+        &client,
+        &format!("apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata: {{name: vlan100, namespace: {ns}}}\nspec:\n  config: '{{}}'\n"),
+        ns,
+    )
+    .await
+    .unwrap();
+    let kubeconfig =
+        causeway_operator::k8s::manifest::token_kubeconfig(&c.server, &c.ca, &c.admin_token);
+    let secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "hc7-admin-kubeconfig", "namespace": "clusters"},
+        "data": {"kubeconfig": k8s_openapi::ByteString(kubeconfig.into_bytes())}});
+    apply_yaml(
+        &client,
+        &serde_json::to_string(&secret).unwrap(),
+        "clusters",
+    )
+    .await
+    .unwrap();
+    let op = Operator::start(
+        c,
+        &[ns, "clusters-hc7"],
+        &["--leader-election=false", "--hosted-apiserver=kubeconfig"],
+        "apps",
+    );
+    apply_yaml(
+        &client,
+        &SHARED_INFRA.replace("namespace: tenants", &format!("namespace: {ns}")),
+        ns,
+    )
+    .await
+    .unwrap();
+    let attachments: Api<InfraClusterAttachment> = Api::namespaced(client.clone(), ns);
+    let spec = |enabled: bool| {
+        serde_json::json!({"infraRef": {"name": INFRA},
+            "hostedClusterRef": {"name": "hc7", "namespace": "clusters"},
+            "dns": {"clusterName": "hc7", "baseDomain": "example.net"},
+            "appsIngress": {"enabled": enabled,
+                "metallb": {"addressPoolName": "hc7-apps", "ipAddressPoolRange": "192.168.100.200-192.168.100.209"}}})
+    };
+    apply_yaml(
+        &client,
+        &serde_json::to_string(&serde_json::json!({
+            "apiVersion": "hostedcluster.densityops.com/v1alpha1", "kind": "InfraClusterAttachment",
+            "metadata": {"name": "g", "namespace": ns}, "spec": spec(true)}))
+        .unwrap(),
+        ns,
+    )
+    .await
+    .unwrap();
+
+    // No Ready Node: nothing is made, and the attachment says why.
+    wait_apps(&attachments, &op, "g", "WaitingForHostedClusterNodes").await;
+    wait_ready_in(
+        &attachments,
+        &op,
+        "g",
+        "False",
+        "WaitingForHostedClusterNodes",
+    )
+    .await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    apply_yaml(
+        &client,
+        "apiVersion: v1\nkind: Node\nmetadata: {name: hc7-worker-0}\n",
+        "default",
+    )
+    .await
+    .unwrap();
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    nodes
+        .patch_status(
+            "hc7-worker-0",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"conditions": [
+                {"type": "Ready", "status": "True", "lastHeartbeatTime": now, "lastTransitionTime": now,
+                 "reason": "KubeletReady", "message": "ready"}]}})),
+        )
+        .await
+        .unwrap();
+
+    // A Ready Node, no MetalLB: the owner's MetalLB is waited for, not
+    // installed (install is off).
+    let s = wait_apps(&attachments, &op, "g", "WaitingForMetalLBCRDs").await;
+    assert!(s.message.contains("install MetalLB there"), "{}", s.message);
+    apply_yaml(&client, METALLB_CRDS, "default").await.unwrap();
+    wait_established(&client, "ipaddresspools.metallb.io").await;
+    wait_established(&client, "l2advertisements.metallb.io").await;
+
+    // MetalLB there: the pool, its advertisement and the router's Service
+    // are made, and the load balancer's address is waited for.
+    wait_apps(&attachments, &op, "g", "WaitingForExternalIP").await;
+    let pools: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        "metallb-system",
+        &causeway_operator::k8s::resources::ip_address_pool_resource(),
+    );
+    let pool = pools.get("hc7-apps").await.unwrap();
+    assert_eq!(
+        pool.data["spec"]["addresses"][0],
+        "192.168.100.200-192.168.100.209"
+    );
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(client.clone(), "openshift-ingress");
+    let svc = services.get("causeway-apps").await.unwrap();
+    assert_eq!(
+        svc.spec.as_ref().unwrap().type_.as_deref(),
+        Some("LoadBalancer")
+    );
+    assert_eq!(
+        svc.metadata.annotations.as_ref().unwrap()["metallb.universe.tf/address-pool"],
+        "hc7-apps"
+    );
+    // Made under causeway's own identity there, not the admin's.
+    let managers: Vec<String> = svc
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|f| f.manager.clone())
+        .collect();
+    assert!(
+        managers.contains(&"causeway-apps-ingress".to_string()),
+        "{managers:?}"
+    );
+
+    // MetalLB gives the router an address on the VLAN: *.apps follows it,
+    // woken by the hosted watch (the resync is minutes away).
+    services
+        .patch_status(
+            "causeway-apps",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": "192.168.100.201"}]}}})),
+        )
+        .await
+        .unwrap();
+    let s = wait_apps(&attachments, &op, "g", "ReconciliationSucceeded").await;
+    assert_eq!(s.external_ip.as_deref(), Some("192.168.100.201"));
+    wait_ready_in(&attachments, &op, "g", "True", "ReconciliationSucceeded").await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let dns = eventually("*.apps in the VLAN view", WAIT, Some(&op), || async {
+        let d = config_of(&cms.get_opt("vlan100-dns-config").await.ok()??).dns?;
+        d.views
+            .first()?
+            .records
+            .iter()
+            .any(|r| {
+                r.name == "*.apps.hc7.example.net."
+                    && format!("{:?}", r.data) == "A(192.168.100.201)"
+            })
+            .then_some(d)
+    })
+    .await;
+    assert!(!dns.views.is_empty());
+    let cfg = proxy_config_in(
+        &client,
+        ns,
+        &op,
+        "*.apps routed to the load balancer",
+        |cfg| {
+            routes(cfg, 443).contains(&"*.apps.hc7.example.net -> 192.168.100.201:443".to_string())
+        },
+    )
+    .await;
+    assert!(
+        routes(&cfg, 80)
+            .iter()
+            .any(|r| r.contains("192.168.100.201:80")),
+        "{:?}",
+        routes(&cfg, 80)
+    );
+
+    // Turned off: what was made in the hosted cluster goes, and *.apps
+    // with it.
+    set_spec(&attachments, "g", spec(false)).await;
+    eventually(
+        "the router's Service and the pool gone",
+        WAIT,
+        Some(&op),
+        || async {
+            let svc_gone = services.get_opt("causeway-apps").await.ok()?.is_none();
+            let pool_gone = pools.get_opt("hc7-apps").await.ok()?.is_none();
+            (svc_gone && pool_gone).then_some(())
+        },
+    )
+    .await;
+    proxy_config_in(&client, ns, &op, "*.apps no longer routed", |cfg| {
+        !routes(cfg, 443).iter().any(|r| r.starts_with("*.apps.hc7"))
+    })
+    .await;
+    eventually("apps ingress status cleared", WAIT, Some(&op), || async {
+        let a = attachments.get("g").await.ok()?;
+        a.status?.apps_ingress_status.is_none().then_some(())
+    })
+    .await;
 }

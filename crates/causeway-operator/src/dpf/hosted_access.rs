@@ -39,7 +39,7 @@ pub enum HostedEndpoint {
 }
 
 /// Why the hosted cluster cannot be reached as its admin.
-pub(super) enum Unavailable {
+pub(crate) enum Unavailable {
     /// HyperShift's admin kubeconfig is missing or unreadable.
     NoKubeconfig(String),
     /// A client could not be built from it.
@@ -47,7 +47,7 @@ pub(super) enum Unavailable {
 }
 
 /// The hosted cluster's admin client, from HyperShift's admin kubeconfig.
-pub(super) async fn admin_client(
+pub(crate) async fn admin_client(
     client: &Client,
     endpoint: HostedEndpoint,
     namespace: &str,

@@ -16,7 +16,7 @@ pub mod csr;
 pub mod events;
 #[cfg(any(test, feature = "test-support"))]
 pub mod forged_csr;
-mod hosted_access;
+pub(crate) mod hosted_access;
 pub mod ignition;
 mod observe;
 mod provision;

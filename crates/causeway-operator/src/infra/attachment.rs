@@ -84,6 +84,109 @@ pub struct InfraClusterAttachmentSpec {
     /// for ExternalDNS.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external_service: Option<ExternalServiceSpec>,
+    /// `*.apps` on the VLAN: the hosted cluster's router gets a MetalLB
+    /// address on the VLAN, which DNS and the proxy point `*.apps` at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apps_ingress: Option<AppsIngressSpec>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AppsIngressSpec {
+    #[serde(default)]
+    pub enabled: bool,
+    #[serde(default)]
+    pub metallb: AppsMetalLb,
+    #[serde(default)]
+    pub service: AppsService,
+    #[serde(default)]
+    pub ports: AppsPorts,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AppsMetalLb {
+    /// The IPAddressPool made in the hosted cluster; required when enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_pool_name: Option<String>,
+    /// Its addresses on the VLAN, a range (`192.0.2.200-192.0.2.209`) or a
+    /// CIDR, inside the Infra's CIDR; required when enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip_address_pool_range: Option<String>,
+    /// By default `advertise-<addressPoolName>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l2_advertisement_name: Option<String>,
+    /// Where MetalLB's pools live in the hosted cluster; by default
+    /// `metallb-system`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// A causeway addition: install MetalLB (an OLM Subscription and the
+    /// MetalLB resource) when it is not there. Off by default: MetalLB in
+    /// a hosted cluster is its owner's, and is used when present.
+    #[serde(default)]
+    pub install: bool,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AppsService {
+    /// By default `causeway-apps`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// By default `openshift-ingress`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AppsPorts {
+    /// By default 80.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<i32>,
+    /// By default 443.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub https: Option<i32>,
+}
+
+/// Where apps ingress stands.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AppsIngressStatus {
+    /// `Pending`, `Ready` or `Degraded`.
+    pub phase: String,
+    pub reason: String,
+    pub message: String,
+    #[serde(
+        rename = "externalIP",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub external_ip: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_hostname: Option<String>,
+    /// What was made in the hosted cluster, so a rename, a disable or a
+    /// deletion removes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied: Option<AppliedApps>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AppliedApps {
+    pub service_name: String,
+    pub service_namespace: String,
+    pub address_pool_name: String,
+    pub l2_advertisement_name: String,
+    #[serde(rename = "metalLBNamespace")]
+    pub metallb_namespace: String,
+    /// MetalLB was installed by causeway (and goes with it).
+    #[serde(default)]
+    pub installed_metallb: bool,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -139,6 +242,8 @@ pub struct InfraClusterAttachmentStatus {
     /// The worker addresses the proxy routes by, after conflicts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routed_workers: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apps_ingress_status: Option<AppsIngressStatus>,
 }
 
 /// Condition reasons, as the Go operator names them.
@@ -162,6 +267,16 @@ pub struct Candidate {
     /// Its external Service is enabled: the proxy takes 443's routes on
     /// the pod network too.
     pub external: bool,
+    /// Its apps' load balancer on the VLAN, once apps ingress is ready.
+    pub apps: Option<AppsEndpoint>,
+}
+
+/// The hosted cluster's router on the VLAN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppsEndpoint {
+    pub address: Ipv4Addr,
+    pub http: u16,
+    pub https: u16,
 }
 
 impl Candidate {
@@ -246,6 +361,7 @@ pub fn candidate(
             .filter(|s| !s.trim().is_empty()),
         workers,
         external: spec.external_service.as_ref().is_some_and(|e| e.enabled),
+        apps: None,
     })
 }
 

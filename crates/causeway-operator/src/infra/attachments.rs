@@ -20,11 +20,13 @@ use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::apps_ingress::{self, HostedClients};
 use super::attachment::{
     self, ExternalServiceSpec, InfraClusterAttachment, InfraClusterAttachmentStatus, Verdict,
     INFRA_NOT_FOUND, INVALID_CONFIGURATION,
 };
 use super::plan::{Component, EXTERNAL_PROXY_PORT};
+use crate::dpf::hosted_access::HostedEndpoint;
 use crate::k8s::MANAGED_BY;
 
 /// MetalLB's annotation choosing the pool a LoadBalancer's address comes
@@ -57,7 +59,18 @@ pub struct Context {
     pub infras: Store<Infra>,
     /// Cluster API Machines, whose addresses add to the workers.
     pub machines: Everywhere,
+    /// How hosted clusters' API servers are reached, for apps ingress.
+    pub endpoint: HostedEndpoint,
+    pub hosted: HostedClients,
+    /// Wakes an attachment when its hosted cluster's objects change.
+    pub wake: futures::channel::mpsc::UnboundedSender<ObjectRef<InfraClusterAttachment>>,
 }
+
+/// How long a deleted attachment waits for an unreachable hosted cluster
+/// before its hosted objects are left behind (and said so).
+pub const HOSTED_CLEANUP_TIMEOUT: Duration = Duration::from_secs(600);
+/// The condition saying a deletion waits for the hosted cluster.
+pub const HOSTED_CLEANUP: &str = "HostedCleanup";
 
 fn ready(store_ready: impl std::future::Future<Output = Result<(), impl std::fmt::Debug>>) -> bool {
     matches!(store_ready.now_or_never(), Some(Ok(())))
@@ -171,6 +184,7 @@ pub fn status_of(
         routed_workers: served
             .map(|c| c.workers.iter().map(ToString::to_string).collect())
             .unwrap_or_default(),
+        apps_ingress_status: None,
     }
 }
 
@@ -289,12 +303,86 @@ async fn report(att: &InfraClusterAttachment, ctx: &Context) -> Result<Action, E
         }
     }
     reconcile_external_service(ctx, att, infra.as_deref(), served.is_some()).await?;
+    let apps = reconcile_apps(ctx, att, served.is_some()).await;
+    if let Some(a) = apps.as_ref().filter(|a| a.phase != apps_ingress::READY) {
+        // Apps ingress not there yet: the attachment is not ready, as
+        // *.apps does not work, whatever else is served.
+        if let Some(ready) = next.conditions.iter_mut().find(|c| c.type_ == READY) {
+            if ready.status == "True" {
+                *ready = condition(
+                    &previous.conditions,
+                    READY,
+                    false,
+                    &a.reason,
+                    a.message.clone(),
+                    att.metadata.generation,
+                    &conditions::now(),
+                );
+            }
+        }
+    }
+    // MetalLB's kinds appearing, or a failure clearing, are not watched
+    // in the hosted cluster (that would take reading its CRDs): looked at
+    // again soon. Nodes and the router Service wake it as they change.
+    let again = match apps.as_ref().map(|a| a.reason.as_str()) {
+        None | Some("ReconciliationSucceeded") => Duration::from_secs(300),
+        Some("WaitingForHostedClusterNodes" | "WaitingForExternalIP") => Duration::from_secs(300),
+        Some(_) => Duration::from_secs(10),
+    };
+    next.apps_ingress_status = apps;
     let ns = att.namespace().ok_or(Error::NoNamespace)?;
     let api: Api<InfraClusterAttachment> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut previous = previous;
+    if previous.apps_ingress_status.is_some() && next.apps_ingress_status.is_none() {
+        // An apply leaving the field out does not clear every part of it
+        // (the API server refused the remains as incomplete): cleared
+        // explicitly.
+        api.patch_status(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"status": {"appsIngressStatus": null}})),
+        )
+        .await?;
+        previous.apps_ingress_status = None;
+    }
     ctx.applier
         .apply_status(&api, &name, &previous, &next, &next, OnMissing::Skip)
         .await?;
-    Ok(Action::requeue(Duration::from_secs(300)))
+    Ok(Action::requeue(again))
+}
+
+/// Apps ingress for a served attachment that enables it; for one that no
+/// longer does, what it made in the hosted cluster is removed (kept in the
+/// status until it is).
+async fn reconcile_apps(
+    ctx: &Context,
+    att: &InfraClusterAttachment,
+    served: bool,
+) -> Option<attachment::AppsIngressStatus> {
+    let h = apps_ingress::Hosted {
+        management: &ctx.client,
+        endpoint: ctx.endpoint,
+        clients: &ctx.hosted,
+        wake: ctx.wake.clone(),
+    };
+    let spec = att.spec.apps_ingress.as_ref().filter(|a| a.enabled);
+    if let (Some(spec), true) = (spec, served) {
+        return Some(apps_ingress::reconcile(&h, att, spec).await);
+    }
+    let applied = att
+        .status
+        .as_ref()
+        .and_then(|s| s.apps_ingress_status.as_ref())
+        .and_then(|s| s.applied.clone())?;
+    match apps_ingress::cleanup(&h, att, &applied).await {
+        apps_ingress::Cleanup::Done | apps_ingress::Cleanup::ClusterGone => None,
+        apps_ingress::Cleanup::Blocked(why) => Some(apps_ingress::status(
+            apps_ingress::DEGRADED,
+            "CleanupBlocked",
+            format!("apps ingress is off, but what it made in the hosted cluster could not be removed yet: {why}"),
+            Some(applied),
+        )),
+    }
 }
 
 /// Removes the proxy's policy from the attachment's control-plane
@@ -303,6 +391,58 @@ async fn report(att: &InfraClusterAttachment, ctx: &Context) -> Result<Action, E
 async fn cleanup(att: &InfraClusterAttachment, ctx: &Context) -> Result<Action, Error> {
     let name = att.name_any();
     let ns = att.namespace().ok_or(Error::NoNamespace)?;
+    // The hosted cluster first: while it cannot be reached, the deletion
+    // waits (and says so), up to a timeout after which what is there is
+    // left behind, with a warning naming it.
+    if let Some(applied) = att
+        .status
+        .as_ref()
+        .and_then(|s| s.apps_ingress_status.as_ref())
+        .and_then(|s| s.applied.clone())
+    {
+        let h = apps_ingress::Hosted {
+            management: &ctx.client,
+            endpoint: ctx.endpoint,
+            clients: &ctx.hosted,
+            wake: ctx.wake.clone(),
+        };
+        if let apps_ingress::Cleanup::Blocked(why) = apps_ingress::cleanup(&h, att, &applied).await
+        {
+            let waited = att
+                .metadata
+                .deletion_timestamp
+                .as_ref()
+                .map(|t| {
+                    let now = k8s_openapi::jiff::Timestamp::now();
+                    Duration::from_secs(
+                        now.as_second().saturating_sub(t.0.as_second()).max(0) as u64
+                    )
+                })
+                .unwrap_or_default();
+            if waited < HOSTED_CLEANUP_TIMEOUT {
+                let previous = att.status.clone().unwrap_or_default();
+                let mut next = previous.clone();
+                next.conditions.retain(|c| c.type_ != HOSTED_CLEANUP);
+                next.conditions.push(condition(
+                    &previous.conditions,
+                    HOSTED_CLEANUP,
+                    false,
+                    "HostedClusterUnreachable",
+                    format!("waiting up to {} s for the hosted cluster to remove the apps ingress objects: {why}", HOSTED_CLEANUP_TIMEOUT.as_secs()),
+                    att.metadata.generation,
+                    &conditions::now(),
+                ));
+                let api: Api<InfraClusterAttachment> = Api::namespaced(ctx.client.clone(), &ns);
+                ctx.applier
+                    .apply_status(&api, &name, &previous, &next, &next, OnMissing::Skip)
+                    .await?;
+                return Err(Error::Input(format!(
+                    "attachment {ns}/{name}: hosted cleanup blocked: {why}"
+                )));
+            }
+            tracing::warn!(attachment = %name, namespace = %ns, service = %applied.service_name, pool = %applied.address_pool_name, %why, "hosted cluster unreachable past the cleanup timeout: its apps ingress objects are left behind");
+        }
+    }
     let Ok(own) = attachment::candidate(&name, &att.spec, None) else {
         return Ok(Action::await_change());
     };
@@ -345,6 +485,7 @@ pub async fn run(
     client: Client,
     scope: Scope,
     all_scopes: Vec<Scope>,
+    endpoint: HostedEndpoint,
     metrics: Option<OperatorMetrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
@@ -354,6 +495,7 @@ pub async fn run(
     );
     let (infras, infra_stream) = cached(scope.api::<Infra>(&client), watcher::Config::default());
     let (machines, machine_stream) = Everywhere::watch(&client, &all_scopes, &machine_resource());
+    let (wake, woken) = futures::channel::mpsc::unbounded();
     let ctx = Arc::new(Context {
         client: client.clone(),
         applier: Applier::new(client.clone(), metrics.clone(), Noise::Debug),
@@ -361,6 +503,9 @@ pub async fn run(
         attachments: attachments.clone(),
         infras,
         machines,
+        endpoint,
+        hosted: HostedClients::default(),
+        wake,
     });
     let siblings = attachments.clone();
     let of_infra = attachments.clone();
@@ -423,6 +568,8 @@ pub async fn run(
             },
             machine_resource(),
         )
+        // A hosted cluster's Node or router Service changed.
+        .reconcile_on(woken)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {

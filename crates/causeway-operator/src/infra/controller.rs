@@ -157,6 +157,12 @@ pub fn attachments_of(
             let c = attachment::candidate(&n, &a.spec, cidr).map(|mut c| {
                 let found = machine_addresses(machines, &c.control_plane_namespace);
                 attachment::add_discovered(&mut c, found.iter().map(String::as_str), cidr);
+                c.apps = super::apps_ingress::ready_endpoint(
+                    a.spec.apps_ingress.as_ref(),
+                    a.status
+                        .as_ref()
+                        .and_then(|s| s.apps_ingress_status.as_ref()),
+                );
                 c
             });
             (n, c)

@@ -4,6 +4,7 @@
 //! [`status`]), and applies through [`crate::k8s::apply`]
 //! ([`controller`]). [`hosted`] makes Infras for annotated HostedClusters.
 
+pub mod apps_ingress;
 pub mod attachment;
 pub mod attachments;
 pub mod controller;

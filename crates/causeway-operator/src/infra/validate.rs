@@ -528,7 +528,11 @@ pub fn validate(
                     control_plane_namespace: Some(a.control_plane_namespace.clone()),
                     api_server_service: a.api_server_service.clone(),
                     workers: a.workers.iter().map(ToString::to_string).collect(),
-                    ..FileServedCluster::default()
+                    // The router's load balancer: answered directly on the
+                    // VLAN, reached through the proxy from elsewhere.
+                    apps_address: a.apps.map(|e| e.address.to_string()),
+                    ingress_https: a.apps.map(|e| format!("{}:{}", e.address, e.https)),
+                    ingress_http: a.apps.map(|e| format!("{}:{}", e.address, e.http)),
                 })
                 .collect(),
             network: Some(FileNetwork {

@@ -1,0 +1,791 @@
+//! `*.apps` on an isolated VLAN: the hosted cluster's default router gets a
+//! LoadBalancer Service whose address MetalLB (in the hosted cluster)
+//! takes from a pool on the VLAN; DNS answers `*.apps` with it on the VLAN
+//! and the proxy routes `*.apps` to it for everyone else.
+//!
+//! The objects and the status are pure ([`plan`], [`objects`],
+//! [`endpoint`]); [`reconcile`] reaches the hosted cluster under an
+//! identity of its own (made once with HyperShift's admin kubeconfig, then
+//! a short-lived token of it), watches its Nodes and the router Service
+//! rather than polling them, and [`cleanup`] removes what it made.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Service};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, Config, ResourceExt};
+use serde_json::{json, Value};
+
+use super::attachment::{
+    AppliedApps, AppsEndpoint, AppsIngressSpec, AppsIngressStatus, InfraClusterAttachment,
+};
+use crate::dpf::hosted_access::{admin_client, HostedEndpoint, Unavailable};
+use crate::error::Error;
+use crate::k8s::apply::{apply_params_as, installed, not_found};
+use crate::k8s::resources::{ip_address_pool_resource, l2_advertisement_resource, resource};
+
+/// The field manager of what is made in the hosted cluster.
+pub const MANAGER: &str = "causeway-apps-ingress";
+/// Its identity there.
+pub const HOSTED_NAMESPACE: &str = "kube-system";
+pub const HOSTED_ACCOUNT: &str = "causeway-apps-ingress";
+pub const HOSTED_ROLE: &str = "causeway:apps-ingress";
+/// Its token's life; the client is made again before it ends.
+const TOKEN_SECONDS: i64 = 3600;
+const CLIENT_LIFE: Duration = Duration::from_secs(50 * 60);
+/// The selector of OpenShift's default router pods.
+const ROUTER_SELECTOR: (&str, &str) = (
+    "ingresscontroller.operator.openshift.io/deployment-ingresscontroller",
+    "default",
+);
+pub const POOL_ANNOTATION: &str = "metallb.universe.tf/address-pool";
+
+pub const PENDING: &str = "Pending";
+pub const READY: &str = "Ready";
+pub const DEGRADED: &str = "Degraded";
+
+/// Apps ingress of one attachment, defaults filled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppsPlan {
+    pub pool: String,
+    pub range: String,
+    pub l2_advertisement: String,
+    pub metallb_namespace: String,
+    pub install: bool,
+    pub service: String,
+    pub service_namespace: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub http: u16,
+    pub https: u16,
+}
+
+impl AppsPlan {
+    pub fn applied(&self, installed_metallb: bool) -> AppliedApps {
+        AppliedApps {
+            service_name: self.service.clone(),
+            service_namespace: self.service_namespace.clone(),
+            address_pool_name: self.pool.clone(),
+            l2_advertisement_name: self.l2_advertisement.clone(),
+            metallb_namespace: self.metallb_namespace.clone(),
+            installed_metallb,
+        }
+    }
+}
+
+fn given(s: &Option<String>) -> Option<String> {
+    s.as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+}
+
+/// The plan of an enabled spec; `Err` lists what is missing or wrong.
+pub fn plan(spec: &AppsIngressSpec) -> Result<AppsPlan, Vec<String>> {
+    let mut errors = Vec::new();
+    let pool = given(&spec.metallb.address_pool_name);
+    if pool.is_none() {
+        errors.push("appsIngress.metallb.addressPoolName: required when enabled".to_string());
+    }
+    let range = given(&spec.metallb.ip_address_pool_range);
+    if range.is_none() {
+        errors.push("appsIngress.metallb.ipAddressPoolRange: required when enabled".to_string());
+    }
+    let port = |path: &str, p: Option<i32>, default: u16, errors: &mut Vec<String>| match p {
+        None => default,
+        Some(n) => u16::try_from(n).ok().filter(|n| *n > 0).unwrap_or_else(|| {
+            errors.push(format!(
+                "appsIngress.ports.{path}: {n} is not a port from 1 to 65535"
+            ));
+            default
+        }),
+    };
+    let http = port("http", spec.ports.http, 80, &mut errors);
+    let https = port("https", spec.ports.https, 443, &mut errors);
+    let (Some(pool), Some(range)) = (pool, range) else {
+        return Err(errors);
+    };
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    Ok(AppsPlan {
+        l2_advertisement: given(&spec.metallb.l2_advertisement_name)
+            .unwrap_or_else(|| format!("advertise-{pool}")),
+        metallb_namespace: given(&spec.metallb.namespace)
+            .unwrap_or_else(|| "metallb-system".into()),
+        install: spec.metallb.install,
+        service: given(&spec.service.name).unwrap_or_else(|| "causeway-apps".into()),
+        service_namespace: given(&spec.service.namespace)
+            .unwrap_or_else(|| "openshift-ingress".into()),
+        labels: spec.service.labels.clone(),
+        annotations: spec.service.annotations.clone(),
+        pool,
+        range,
+        http,
+        https,
+    })
+}
+
+/// The IPAddressPool, the L2Advertisement and the router's Service.
+pub fn objects(p: &AppsPlan) -> (Value, Value, Value) {
+    let pool = json!({
+        "apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool",
+        "metadata": {"name": p.pool, "namespace": p.metallb_namespace},
+        "spec": {"addresses": [p.range], "autoAssign": true},
+    });
+    let l2 = json!({
+        "apiVersion": "metallb.io/v1beta1", "kind": "L2Advertisement",
+        "metadata": {"name": p.l2_advertisement, "namespace": p.metallb_namespace},
+        "spec": {"ipAddressPools": [p.pool]},
+    });
+    let mut annotations = p.annotations.clone();
+    // Set last: the pool is the one this attachment made.
+    annotations.insert(POOL_ANNOTATION.into(), p.pool.clone());
+    let service = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": p.service, "namespace": p.service_namespace,
+            "labels": p.labels, "annotations": annotations},
+        "spec": {"type": "LoadBalancer",
+            "selector": {ROUTER_SELECTOR.0: ROUTER_SELECTOR.1},
+            "ports": [
+                {"name": "http", "port": p.http, "targetPort": p.http, "protocol": "TCP"},
+                {"name": "https", "port": p.https, "targetPort": p.https, "protocol": "TCP"},
+            ]},
+    });
+    (pool, l2, service)
+}
+
+/// What the router Service's load balancer says: an address, or a host
+/// name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    Address(Ipv4Addr),
+    Hostname(String),
+}
+
+pub fn endpoint(service: &Service) -> Option<Endpoint> {
+    let first = service
+        .status
+        .as_ref()?
+        .load_balancer
+        .as_ref()?
+        .ingress
+        .as_ref()?
+        .first()?
+        .clone();
+    if let Some(ip) = first.ip.as_deref().and_then(|i| i.parse().ok()) {
+        return Some(Endpoint::Address(ip));
+    }
+    first
+        .hostname
+        .filter(|h| !h.is_empty())
+        .map(Endpoint::Hostname)
+}
+
+/// The endpoint the Infra renders, from a Ready status.
+pub fn ready_endpoint(
+    spec: Option<&AppsIngressSpec>,
+    status: Option<&AppsIngressStatus>,
+) -> Option<AppsEndpoint> {
+    let spec = spec.filter(|s| s.enabled)?;
+    let status = status.filter(|s| s.phase == READY)?;
+    let address = status.external_ip.as_deref()?.parse().ok()?;
+    let p = plan(spec).ok()?;
+    Some(AppsEndpoint {
+        address,
+        http: p.http,
+        https: p.https,
+    })
+}
+
+pub fn status(
+    phase: &str,
+    reason: &str,
+    message: impl Into<String>,
+    applied: Option<AppliedApps>,
+) -> AppsIngressStatus {
+    AppsIngressStatus {
+        phase: phase.into(),
+        reason: reason.into(),
+        message: message.into(),
+        external_ip: None,
+        external_hostname: None,
+        applied,
+    }
+}
+
+/// The hosted-cluster role: read Nodes, manage the one Service's
+/// namespace's Services and MetalLB's pools there, and (only to install
+/// MetalLB) OLM Subscriptions and the MetalLB resource.
+fn hosted_role(install: bool) -> Value {
+    let mut rules = vec![
+        json!({"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}),
+        json!({"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]}),
+        json!({"apiGroups": ["metallb.io"], "resources": ["ipaddresspools", "l2advertisements"], "verbs": ["get", "list", "create", "patch", "delete"]}),
+    ];
+    if install {
+        rules.push(json!({"apiGroups": ["operators.coreos.com"], "resources": ["subscriptions"], "verbs": ["get", "list", "create", "patch", "delete"]}));
+        rules.push(json!({"apiGroups": ["metallb.io"], "resources": ["metallbs"], "verbs": ["get", "list", "create", "patch", "delete"]}));
+    }
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": HOSTED_ROLE}, "rules": rules,
+    })
+}
+
+/// A client of the hosted cluster under its own identity.
+async fn least_privilege(
+    admin: &Client,
+    config: &Config,
+    install: bool,
+) -> Result<Client, kube::Error> {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let pp = apply_params_as(MANAGER);
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), HOSTED_NAMESPACE);
+    accounts
+        .patch(
+            HOSTED_ACCOUNT,
+            &pp,
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": HOSTED_ACCOUNT, "namespace": HOSTED_NAMESPACE},
+            })),
+        )
+        .await?;
+    Api::<ClusterRole>::all(admin.clone())
+        .patch(HOSTED_ROLE, &pp, &Patch::Apply(hosted_role(install)))
+        .await?;
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .patch(HOSTED_ROLE, &pp, &Patch::Apply(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": HOSTED_ROLE},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": HOSTED_ROLE},
+            "subjects": [{"kind": "ServiceAccount", "name": HOSTED_ACCOUNT, "namespace": HOSTED_NAMESPACE}],
+        })))
+        .await?;
+    let token = accounts
+        .create_token_request(
+            HOSTED_ACCOUNT,
+            &kube::api::PostParams::default(),
+            &TokenRequest {
+                spec: TokenRequestSpec {
+                    expiration_seconds: Some(TOKEN_SECONDS),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await?
+        .status
+        .map(|s| s.token)
+        .unwrap_or_default();
+    if token.is_empty() {
+        return Err(kube::Error::Service(Box::new(std::io::Error::other(
+            "the TokenRequest returned no token",
+        ))));
+    }
+    let mut config = config.clone();
+    config.auth_info = serde_json::from_value(json!({ "token": token }))
+        .map_err(|e| kube::Error::Service(Box::new(e)))?;
+    Client::try_from(config)
+}
+
+/// Hosted clients by attachment, with when they were made and the watch
+/// that wakes the attachment on the hosted cluster's changes.
+#[derive(Default)]
+pub struct HostedClients {
+    inner:
+        std::sync::Mutex<BTreeMap<(String, String), (Client, Instant, tokio::task::AbortHandle)>>,
+}
+
+impl HostedClients {
+    fn get(&self, key: &(String, String)) -> Option<Client> {
+        let inner = self.inner.lock().ok()?;
+        inner
+            .get(key)
+            .filter(|(_, made, _)| made.elapsed() < CLIENT_LIFE)
+            .map(|(c, _, _)| c.clone())
+    }
+
+    fn put(&self, key: (String, String), client: Client, watch: tokio::task::AbortHandle) {
+        if let Ok(mut inner) = self.inner.lock() {
+            if let Some((_, _, old)) = inner.insert(key, (client, Instant::now(), watch)) {
+                old.abort();
+            }
+        }
+    }
+
+    /// Forgets an attachment's client and stops its watch.
+    pub fn forget(&self, key: &(String, String)) {
+        if let Ok(mut inner) = self.inner.lock() {
+            if let Some((_, _, watch)) = inner.remove(key) {
+                watch.abort();
+            }
+        }
+    }
+}
+
+/// What [`reconcile`] needs from the controller.
+pub struct Hosted<'a> {
+    pub management: &'a Client,
+    pub endpoint: HostedEndpoint,
+    pub clients: &'a HostedClients,
+    /// Wakes an attachment when its hosted objects change.
+    pub wake: futures::channel::mpsc::UnboundedSender<ObjectRef<InfraClusterAttachment>>,
+}
+
+fn key(att: &InfraClusterAttachment) -> (String, String) {
+    (att.namespace().unwrap_or_default(), att.name_any())
+}
+
+/// The hosted client, made (with its watch) when there is none.
+async fn client(
+    h: &Hosted<'_>,
+    att: &InfraClusterAttachment,
+    p: &AppsPlan,
+) -> Result<Client, AppsIngressStatus> {
+    let k = key(att);
+    if let Some(c) = h.clients.get(&k) {
+        return Ok(c);
+    }
+    let hc = &att.spec.hosted_cluster_ref;
+    let (config, admin) = admin_client(h.management, h.endpoint, &hc.namespace, &hc.name)
+        .await
+        .map_err(|u| {
+            let why = match u {
+                Unavailable::NoKubeconfig(w) | Unavailable::Unreachable(w) => w,
+            };
+            status(DEGRADED, "HostedClusterAccessFailed", why, None)
+        })?;
+    let c = least_privilege(&admin, &config, p.install)
+        .await
+        .map_err(|e| {
+            status(
+                DEGRADED,
+                "HostedClusterAccessFailed",
+                format!("making causeway's identity in the hosted cluster: {e}"),
+                None,
+            )
+        })?;
+    let watch = spawn_watch(c.clone(), p, ObjectRef::from_obj(att), h.wake.clone());
+    h.clients.put(k, c.clone(), watch);
+    Ok(c)
+}
+
+/// Wakes the attachment on any change to the hosted cluster's Nodes or to
+/// the router Service.
+fn spawn_watch(
+    client: Client,
+    p: &AppsPlan,
+    who: ObjectRef<InfraClusterAttachment>,
+    wake: futures::channel::mpsc::UnboundedSender<ObjectRef<InfraClusterAttachment>>,
+) -> tokio::task::AbortHandle {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let services: Api<Service> = Api::namespaced(client, &p.service_namespace);
+    let by_name = watcher::Config::default().fields(&format!("metadata.name={}", p.service));
+    let node_events = watcher(nodes, watcher::Config::default())
+        .default_backoff()
+        .touched_objects()
+        .map(|_| ());
+    let service_events = watcher(services, by_name)
+        .default_backoff()
+        .touched_objects()
+        .map(|_| ());
+    let task = tokio::spawn(async move {
+        let mut both = std::pin::pin!(futures::stream::select(node_events, service_events));
+        while both.next().await.is_some() {
+            if wake.unbounded_send(who.clone()).is_err() {
+                return;
+            }
+        }
+    });
+    task.abort_handle()
+}
+
+fn ready_node(n: &Node) -> bool {
+    n.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+async fn apply(
+    client: &Client,
+    resource: &kube::core::ApiResource,
+    ns: &str,
+    obj: &Value,
+) -> Result<(), kube::Error> {
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, resource);
+    api.patch(name, &apply_params_as(MANAGER).force(), &Patch::Apply(obj))
+        .await
+        .map(|_| ())
+}
+
+/// One pass of apps ingress for `att`, whose spec enables it: the status
+/// to report (with what was applied).
+pub async fn reconcile(
+    h: &Hosted<'_>,
+    att: &InfraClusterAttachment,
+    spec: &AppsIngressSpec,
+) -> AppsIngressStatus {
+    let previous = att
+        .status
+        .as_ref()
+        .and_then(|s| s.apps_ingress_status.as_ref())
+        .and_then(|s| s.applied.clone());
+    let p = match plan(spec) {
+        Ok(p) => p,
+        Err(errors) => {
+            return status(
+                DEGRADED,
+                "InvalidConfiguration",
+                errors.join("; "),
+                previous,
+            )
+        }
+    };
+    let c = match client(h, att, &p).await {
+        Ok(c) => c,
+        Err(mut s) => {
+            s.applied = previous;
+            return s;
+        }
+    };
+    let nodes: Api<Node> = Api::all(c.clone());
+    match nodes.list(&Default::default()).await {
+        Ok(list) if list.items.iter().any(ready_node) => {}
+        Ok(_) => {
+            return status(
+                PENDING,
+                "WaitingForHostedClusterNodes",
+                "no Ready Node in the hosted cluster yet",
+                previous,
+            )
+        }
+        Err(e) => {
+            return status(
+                DEGRADED,
+                "HostedClusterNodeListFailed",
+                e.to_string(),
+                previous,
+            )
+        }
+    }
+    let pool_res = ip_address_pool_resource();
+    let l2_res = l2_advertisement_resource();
+    let served = async {
+        Ok::<bool, Error>(
+            installed(&c, &p.metallb_namespace, &pool_res).await?
+                && installed(&c, &p.metallb_namespace, &l2_res).await?,
+        )
+    };
+    let installed_metallb = previous.as_ref().is_some_and(|a| a.installed_metallb);
+    match served.await {
+        Ok(true) => {}
+        Ok(false) if p.install => {
+            if let Err(e) = install_metallb(&c).await {
+                return status(DEGRADED, "MetalLBInstallFailed", e, previous);
+            }
+            let mut s = status(PENDING, "WaitingForMetalLBCRDs", "MetalLB is being installed in the hosted cluster", previous);
+            if let Some(a) = s.applied.as_mut() {
+                a.installed_metallb = true;
+            } else {
+                s.applied = Some(AppliedApps {
+                    installed_metallb: true,
+                    ..p.applied(true)
+                });
+            }
+            return s;
+        }
+        Ok(false) => return status(PENDING, "WaitingForMetalLBCRDs", "MetalLB's IPAddressPool and L2Advertisement kinds are not served in the hosted cluster: install MetalLB there, or set appsIngress.metallb.install", previous),
+        Err(e) => return status(DEGRADED, "MetalLBInstallFailed", e.to_string(), previous),
+    }
+    // What an earlier pass made under other names goes first.
+    if let Some(old) = previous
+        .as_ref()
+        .filter(|a| **a != p.applied(a.installed_metallb))
+    {
+        if let Err(e) = remove(&c, old, false).await {
+            return status(
+                DEGRADED,
+                "MetalLBInstallFailed",
+                format!("removing what was renamed: {e}"),
+                previous,
+            );
+        }
+    }
+    let applied = Some(p.applied(installed_metallb));
+    let (pool, l2, service) = objects(&p);
+    for (res, obj) in [(&pool_res, &pool), (&l2_res, &l2)] {
+        if let Err(e) = apply(&c, res, &p.metallb_namespace, obj).await {
+            return status(
+                DEGRADED,
+                "MetalLBInstallFailed",
+                format!(
+                    "{} {}/{}: {e}",
+                    res.kind, p.metallb_namespace, obj["metadata"]["name"]
+                ),
+                applied,
+            );
+        }
+    }
+    let services: Api<Service> = Api::namespaced(c.clone(), &p.service_namespace);
+    if let Err(e) = services
+        .patch(
+            &p.service,
+            &apply_params_as(MANAGER).force(),
+            &Patch::Apply(&service),
+        )
+        .await
+    {
+        return status(
+            DEGRADED,
+            "IngressServiceFailed",
+            format!("Service {}/{}: {e}", p.service_namespace, p.service),
+            applied,
+        );
+    }
+    let live = match services.get(&p.service).await {
+        Ok(s) => s,
+        Err(e) => {
+            return status(
+                DEGRADED,
+                "ExternalIPDiscoveryFailed",
+                e.to_string(),
+                applied,
+            )
+        }
+    };
+    match endpoint(&live) {
+        None => status(PENDING, "WaitingForExternalIP", format!("Service {}/{} has no load balancer address yet", p.service_namespace, p.service), applied),
+        Some(Endpoint::Address(ip)) => AppsIngressStatus {
+            external_ip: Some(ip.to_string()),
+            ..status(READY, "ReconciliationSucceeded", format!("Apps ingress ready at endpoint {ip}"), applied)
+        },
+        Some(Endpoint::Hostname(name)) => AppsIngressStatus {
+            external_hostname: Some(name.clone()),
+            ..status(READY, "ReconciliationSucceeded", format!("Apps ingress ready at endpoint {name} (a host name: no A record on the VLAN, the proxy routes by it)"), applied)
+        },
+    }
+}
+
+async fn install_metallb(c: &Client) -> Result<(), String> {
+    let sub = resource(
+        "operators.coreos.com",
+        "v1alpha1",
+        "Subscription",
+        "subscriptions",
+    );
+    let metallb = resource("metallb.io", "v1beta1", "MetalLB", "metallbs");
+    let ns = "openshift-operators";
+    if !installed(c, ns, &sub).await.map_err(|e| e.to_string())? {
+        return Err("OLM's Subscription kind is not served in the hosted cluster: MetalLB cannot be installed from here".into());
+    }
+    apply(
+        c,
+        &sub,
+        ns,
+        &json!({
+            "apiVersion": "operators.coreos.com/v1alpha1", "kind": "Subscription",
+            "metadata": {"name": "metallb-operator", "namespace": ns},
+            "spec": {"channel": "stable", "name": "metallb-operator", "source": "redhat-operators",
+                "sourceNamespace": "openshift-marketplace", "installPlanApproval": "Automatic"},
+        }),
+    )
+    .await
+    .map_err(|e| format!("Subscription {ns}/metallb-operator: {e}"))?;
+    if installed(c, ns, &metallb)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        apply(
+            c,
+            &metallb,
+            ns,
+            &json!({
+                "apiVersion": "metallb.io/v1beta1", "kind": "MetalLB",
+                "metadata": {"name": "metallb", "namespace": ns}, "spec": {},
+            }),
+        )
+        .await
+        .map_err(|e| format!("MetalLB {ns}/metallb: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Deletes what `applied` names; a kind not served or an object gone is
+/// fine. `all` also removes MetalLB when causeway installed it.
+async fn remove(c: &Client, applied: &AppliedApps, all: bool) -> Result<(), kube::Error> {
+    let gone = |r: Result<_, kube::Error>| match r {
+        Ok(_) => Ok(()),
+        Err(e) if not_found(&e) => Ok(()),
+        Err(e) => Err(e),
+    };
+    let services: Api<Service> = Api::namespaced(c.clone(), &applied.service_namespace);
+    gone(
+        services
+            .delete(&applied.service_name, &DeleteParams::default())
+            .await
+            .map(|_| ()),
+    )?;
+    for (res, name) in [
+        (l2_advertisement_resource(), &applied.l2_advertisement_name),
+        (ip_address_pool_resource(), &applied.address_pool_name),
+    ] {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(c.clone(), &applied.metallb_namespace, &res);
+        gone(api.delete(name, &DeleteParams::default()).await.map(|_| ()))?;
+    }
+    if all && applied.installed_metallb {
+        let ns = "openshift-operators";
+        for (res, name) in [
+            (
+                resource("metallb.io", "v1beta1", "MetalLB", "metallbs"),
+                "metallb",
+            ),
+            (
+                resource(
+                    "operators.coreos.com",
+                    "v1alpha1",
+                    "Subscription",
+                    "subscriptions",
+                ),
+                "metallb-operator",
+            ),
+        ] {
+            let api: Api<DynamicObject> = Api::namespaced_with(c.clone(), ns, &res);
+            gone(api.delete(name, &DeleteParams::default()).await.map(|_| ()))?;
+        }
+    }
+    Ok(())
+}
+
+/// How a cleanup of the hosted objects ended.
+pub enum Cleanup {
+    Done,
+    /// The hosted cluster is gone (no HostedCluster or kubeconfig): there
+    /// is nothing left to clean.
+    ClusterGone,
+    /// It could not be reached: why.
+    Blocked(String),
+}
+
+/// Removes everything `applied` names from the hosted cluster.
+pub async fn cleanup(
+    h: &Hosted<'_>,
+    att: &InfraClusterAttachment,
+    applied: &AppliedApps,
+) -> Cleanup {
+    let k = key(att);
+    let c = match h.clients.get(&k) {
+        Some(c) => c,
+        None => {
+            let hc = &att.spec.hosted_cluster_ref;
+            match admin_client(h.management, h.endpoint, &hc.namespace, &hc.name).await {
+                Ok((config, admin)) => {
+                    match least_privilege(&admin, &config, applied.installed_metallb).await {
+                        Ok(c) => c,
+                        Err(e) => {
+                            return Cleanup::Blocked(format!("reaching the hosted cluster: {e}"))
+                        }
+                    }
+                }
+                Err(Unavailable::NoKubeconfig(_)) => return Cleanup::ClusterGone,
+                Err(Unavailable::Unreachable(w)) => return Cleanup::Blocked(w),
+            }
+        }
+    };
+    let result = remove(&c, applied, true).await;
+    h.clients.forget(&k);
+    match result {
+        Ok(()) => Cleanup::Done,
+        Err(e) => Cleanup::Blocked(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::infra::attachment::{AppsMetalLb, AppsPorts};
+
+    fn spec() -> AppsIngressSpec {
+        AppsIngressSpec {
+            enabled: true,
+            metallb: AppsMetalLb {
+                address_pool_name: Some("hc1-apps".into()),
+                ip_address_pool_range: Some("192.168.100.200-192.168.100.209".into()),
+                ..AppsMetalLb::default()
+            },
+            ..AppsIngressSpec::default()
+        }
+    }
+
+    #[test]
+    fn defaults_and_objects() {
+        let p = plan(&spec()).unwrap();
+        assert_eq!(p.l2_advertisement, "advertise-hc1-apps");
+        assert_eq!(
+            (p.service.as_str(), p.service_namespace.as_str()),
+            ("causeway-apps", "openshift-ingress")
+        );
+        let (pool, l2, svc) = objects(&p);
+        assert_eq!(
+            pool["spec"]["addresses"][0],
+            "192.168.100.200-192.168.100.209"
+        );
+        assert_eq!(l2["spec"]["ipAddressPools"][0], "hc1-apps");
+        assert_eq!(svc["metadata"]["annotations"][POOL_ANNOTATION], "hc1-apps");
+        assert_eq!(svc["spec"]["selector"][ROUTER_SELECTOR.0], "default");
+        assert_eq!(svc["spec"]["ports"][1]["port"], 443);
+    }
+
+    #[test]
+    fn missing_and_bad_fields_are_named() {
+        let mut s = spec();
+        s.metallb.address_pool_name = None;
+        s.ports = AppsPorts {
+            http: Some(0),
+            https: Some(70000),
+        };
+        assert_eq!(
+            plan(&s).unwrap_err(),
+            vec![
+                "appsIngress.metallb.addressPoolName: required when enabled",
+                "appsIngress.ports.http: 0 is not a port from 1 to 65535",
+                "appsIngress.ports.https: 70000 is not a port from 1 to 65535",
+            ]
+        );
+    }
+
+    #[test]
+    fn only_a_ready_address_is_rendered() {
+        let s = spec();
+        let ready = AppsIngressStatus {
+            external_ip: Some("192.168.100.200".into()),
+            ..status(READY, "ReconciliationSucceeded", "", None)
+        };
+        assert_eq!(
+            ready_endpoint(Some(&s), Some(&ready))
+                .unwrap()
+                .address
+                .to_string(),
+            "192.168.100.200"
+        );
+        let pending = status(PENDING, "WaitingForExternalIP", "", None);
+        assert!(ready_endpoint(Some(&s), Some(&pending)).is_none());
+        let off = AppsIngressSpec {
+            enabled: false,
+            ..spec()
+        };
+        assert!(ready_endpoint(Some(&off), Some(&ready)).is_none());
+    }
+}
