@@ -297,12 +297,14 @@ async fn least_privilege(
     Client::try_from(config)
 }
 
-/// Hosted clients by attachment, with when they were made and the watch
-/// that wakes the attachment on the hosted cluster's changes.
+/// One attachment's hosted client, when it was made, and the watch that
+/// wakes the attachment on the hosted cluster's changes.
+type HostedClient = (Client, Instant, tokio::task::AbortHandle);
+
+/// Hosted clients by attachment (namespace, name).
 #[derive(Default)]
 pub struct HostedClients {
-    inner:
-        std::sync::Mutex<BTreeMap<(String, String), (Client, Instant, tokio::task::AbortHandle)>>,
+    inner: std::sync::Mutex<BTreeMap<(String, String), HostedClient>>,
 }
 
 impl HostedClients {
