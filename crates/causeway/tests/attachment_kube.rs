@@ -873,11 +873,11 @@ async fn apps_ingress_follows_the_routers_load_balancer_on_the_vlan() {
     )
     .await
     .unwrap();
-    let kubeconfig =
+    let kubeconfig_text =
         causeway_operator::k8s::manifest::token_kubeconfig(&c.server, &c.ca, &c.admin_token);
     let secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "hc7-admin-kubeconfig", "namespace": "clusters"},
-        "data": {"kubeconfig": k8s_openapi::ByteString(kubeconfig.into_bytes())}});
+        "data": {"kubeconfig": k8s_openapi::ByteString(kubeconfig_text.clone().into_bytes())}});
     apply_yaml(
         &client,
         &serde_json::to_string(&secret).unwrap(),
@@ -1061,4 +1061,75 @@ async fn apps_ingress_follows_the_routers_load_balancer_on_the_vlan() {
         a.status?.apps_ingress_status.is_none().then_some(())
     })
     .await;
+
+    // On again, then deleted while the hosted cluster cannot be reached
+    // (a new operator, with no client kept, and a kubeconfig naming a dead
+    // server): the deletion waits and says why, and goes through once the
+    // cluster is back.
+    set_spec(&attachments, "g", spec(true)).await;
+    wait_apps(&attachments, &op, "g", "WaitingForExternalIP").await;
+    drop(op);
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("https://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let unreachable =
+        causeway_operator::k8s::manifest::token_kubeconfig(&dead, &c.ca, &c.admin_token);
+    let put_secret = |text: String| {
+        let client = client.clone();
+        async move {
+            let secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "hc7-admin-kubeconfig", "namespace": "clusters"},
+                "data": {"kubeconfig": k8s_openapi::ByteString(text.into_bytes())}});
+            apply_yaml(
+                &client,
+                &serde_json::to_string(&secret).unwrap(),
+                "clusters",
+            )
+            .await
+            .unwrap();
+        }
+    };
+    put_secret(unreachable).await;
+    let op = Operator::start(
+        c,
+        &[ns, "clusters-hc7"],
+        &["--leader-election=false", "--hosted-apiserver=kubeconfig"],
+        "apps-again",
+    );
+    attachments
+        .delete("g", &DeleteParams::default())
+        .await
+        .unwrap();
+    let message = eventually(
+        "the deletion waits and says why",
+        WAIT,
+        Some(&op),
+        || async {
+            let a = attachments.get_opt("g").await.ok()??;
+            a.status?
+                .conditions
+                .into_iter()
+                .find(|c| {
+                    c.type_ == "HostedCleanup"
+                        && c.status == "False"
+                        && c.reason == "HostedClusterUnreachable"
+                })
+                .map(|c| c.message)
+        },
+    )
+    .await;
+    assert!(message.contains("waiting up to 600 s"), "{message}");
+    assert!(services.get_opt("causeway-apps").await.unwrap().is_some());
+    put_secret(kubeconfig_text).await;
+    eventually(
+        "the attachment gone once the hosted cluster is back",
+        WAIT,
+        Some(&op),
+        || async { attachments.get_opt("g").await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+    assert!(
+        services.get_opt("causeway-apps").await.unwrap().is_none(),
+        "the router Service outlived its attachment"
+    );
 }
