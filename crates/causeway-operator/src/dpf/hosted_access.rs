@@ -146,13 +146,24 @@ pub(super) async fn least_privilege(
             })),
         )
         .await?;
+    client_as(&accounts, HOSTED_ACCOUNT, config, TOKEN_SECONDS).await
+}
+
+/// A client of `config`'s cluster under a short-lived token of the
+/// ServiceAccount `account` (of `accounts`' namespace).
+pub(crate) async fn client_as(
+    accounts: &Api<ServiceAccount>,
+    account: &str,
+    config: &Config,
+    seconds: i64,
+) -> Result<Client, kube::Error> {
     let token = accounts
         .create_token_request(
-            HOSTED_ACCOUNT,
+            account,
             &PostParams::default(),
             &TokenRequest {
                 spec: TokenRequestSpec {
-                    expiration_seconds: Some(TOKEN_SECONDS),
+                    expiration_seconds: Some(seconds),
                     ..Default::default()
                 },
                 ..Default::default()

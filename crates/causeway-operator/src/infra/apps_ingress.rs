@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 use super::attachment::{
     AppliedApps, AppsEndpoint, AppsIngressSpec, AppsIngressStatus, InfraClusterAttachment,
 };
-use crate::dpf::hosted_access::{admin_client, HostedEndpoint, Unavailable};
+use crate::dpf::hosted_access::{admin_client, client_as, HostedEndpoint, Unavailable};
 use crate::error::Error;
 use crate::k8s::apply::{apply_params_as, installed, not_found};
 use crate::k8s::resources::{ip_address_pool_resource, l2_advertisement_resource, resource};
@@ -244,7 +244,6 @@ async fn least_privilege(
     config: &Config,
     install: bool,
 ) -> Result<Client, kube::Error> {
-    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
     use k8s_openapi::api::core::v1::ServiceAccount;
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     let pp = apply_params_as(MANAGER);
@@ -270,31 +269,7 @@ async fn least_privilege(
             "subjects": [{"kind": "ServiceAccount", "name": HOSTED_ACCOUNT, "namespace": HOSTED_NAMESPACE}],
         })))
         .await?;
-    let token = accounts
-        .create_token_request(
-            HOSTED_ACCOUNT,
-            &kube::api::PostParams::default(),
-            &TokenRequest {
-                spec: TokenRequestSpec {
-                    expiration_seconds: Some(TOKEN_SECONDS),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .await?
-        .status
-        .map(|s| s.token)
-        .unwrap_or_default();
-    if token.is_empty() {
-        return Err(kube::Error::Service(Box::new(std::io::Error::other(
-            "the TokenRequest returned no token",
-        ))));
-    }
-    let mut config = config.clone();
-    config.auth_info = serde_json::from_value(json!({ "token": token }))
-        .map_err(|e| kube::Error::Service(Box::new(e)))?;
-    Client::try_from(config)
+    client_as(&accounts, HOSTED_ACCOUNT, config, TOKEN_SECONDS).await
 }
 
 /// One attachment's hosted client, when it was made, and the watch that
