@@ -22,6 +22,14 @@ command -v kubectl >/dev/null || PACKAGES+=(kubernetes-client)
 
 section() { printf '\n==> %s\n' "$*"; }
 
+# A one-shot run gains nothing from incremental compilation, whose caches
+# are about a third of a clean build's target/.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+# The disk is the first thing to read when a link fails with a bus error.
+disk() { df -h --output=avail,size,target "${CARGO_TARGET_DIR:-target}" 2>/dev/null | tail -n 1 || true; }
+mkdir -p "${CARGO_TARGET_DIR:-target}"
+echo "disk free at start (avail, size, mount): $(disk)"
+
 section "system packages"
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -104,6 +112,7 @@ cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
 # One closing line for the whole run (cargo prints one per test binary,
 # the last of which is often an empty doc-test run). Tests that returned
 # early for want of root said "SKIP ..." and count as skipped, not passed.
+echo "disk free at end (avail, size, mount): $(disk)"
 awk '/^test result:/ { p += $4; f += $6; s += $8 }
      /^SKIP / { k += 1 }
      END { printf "tests: %d passed, %d failed, %d skipped\n", p - k, f, s + k }' "$log"
