@@ -17,8 +17,19 @@ Used by charts/test.sh; needs only PyYAML.
   chart_checks.py drop-kinds KIND[,KIND...] < IN > OUT
       copies a multi-document YAML stream, without the documents of those
       kinds (for schemas kubernetes-validate does not ship).
+  chart_checks.py rule-spec < IN > OUT
+      the spec of the one PrometheusRule of a rendering: a Prometheus rules
+      file, for promtool.
+  chart_checks.py dashboards DIR
+      every dashboard of DIR is JSON that OpenShift's console can show:
+      panels of the kinds it draws, each with its queries.
+  chart_checks.py metric-names CRATES FILE...
+      every causeway_ metric the FILEs name is defined in the sources under
+      CRATES (a histogram's with _bucket, _sum or _count).
 """
 
+import json
+import os
 import re
 import sys
 
@@ -285,7 +296,7 @@ def case_dpf_settings(docs):
     assert config["disableMetalLB"] is True and config["metalLBNamespace"] == "metallb-system", config
     assert config["hostedClusterDeletionTimeoutSeconds"] == 600, config
     c = container(docs)
-    assert c["args"] == ["operator", "--admin-listen", "0.0.0.0:8081"], c["args"]
+    assert c["args"] == ["operator", "--admin-listen", "0.0.0.0:8081", "--pod-monitors=true"], c["args"]
     assert c["ports"][0]["containerPort"] == 8081
     assert (c["livenessProbe"]["initialDelaySeconds"], c["livenessProbe"]["periodSeconds"]) == (15, 20)
     assert (c["readinessProbe"]["initialDelaySeconds"], c["readinessProbe"]["periodSeconds"]) == (5, 10)
@@ -295,6 +306,10 @@ def case_dpf_settings(docs):
             continue
         assert meta.get("labels", {}).get("team") == "edge", f"{d['kind']} {meta['name']} lacks commonLabels"
         assert meta.get("annotations", {}).get("owner") == "dpu-team", f"{d['kind']} {meta['name']} lacks commonAnnotations"
+    # With common annotations the Deployment's own label stays a label.
+    deployment = one(docs, "Deployment")["metadata"]
+    assert deployment["labels"].get("app.kubernetes.io/component") == "operator", deployment
+    assert "app.kubernetes.io/component" not in deployment["annotations"], deployment
     assert one(docs, "ServiceAccount")["metadata"]["annotations"]["extra"] == "kept"
     assert one(docs, "DPFHCPProvisionerConfig")["metadata"]["annotations"]["helm.sh/hook"]
     e = env(docs)
@@ -401,7 +416,7 @@ def case_default(docs):
     assert template["annotations"] == {"kubectl.kubernetes.io/default-container": "manager"}, template
     assert "control-plane" not in dep["spec"]["selector"]["matchLabels"], "a Deployment's selector is immutable"
     assert c["image"] == "causeway:0.1.0", c["image"]
-    assert c["command"] == ["/causeway"] and c["args"] == ["operator", "--admin-listen", "0.0.0.0:8080"], c
+    assert c["command"] == ["/causeway"] and c["args"] == ["operator", "--admin-listen", "0.0.0.0:8080", "--pod-monitors=true"], c
     e = env(docs)
     assert e["CAUSEWAY_IMAGE"] == "causeway:0.1.0", e
     assert e["CAUSEWAY_LEADER_ELECTION"] == "true", e
@@ -451,7 +466,7 @@ def case_default(docs):
     assert verbs[("", "secrets")] == {"create", "delete"}, verbs[("", "secrets")]
     assert verbs[("coordination.k8s.io", "leases")] == {"get", "list", "watch", "create", "update", "patch", "delete"}
     for kind in [("rbac.authorization.k8s.io", "roles"), ("rbac.authorization.k8s.io", "rolebindings"),
-                 ("policy", "poddisruptionbudgets")]:
+                 ("policy", "poddisruptionbudgets"), ("monitoring.coreos.com", "podmonitors")]:
         assert verbs[kind] == {"get", "list", "watch", "create", "patch", "delete"}, (kind, verbs[kind])
     assert ("hostedcluster.densityops.com", "infras/status") in granted
     assert ("hostedcluster.densityops.com", "infraclusterattachments/status") in granted
@@ -612,6 +627,244 @@ def case_provisioner_file(docs):
     assert node_terms(docs) == [[(CP, "Exists")], [(MASTER, "Exists")]], node_terms(docs)
 
 
+# --- monitoring ----------------------------------------------------------------
+
+MONITORING_KINDS = ["PrometheusRule", "ServiceMonitor"]
+# Each alert, and what its description must name: the Infra of a data-plane
+# series, the object of an operator status series, the provisioner of a CSR
+# series, or (the operator's own) nothing in particular.
+DATAPLANE = "{{ $labels.namespace }}/{{ $labels.infra }}"
+OBJECT = "{{ $labels.kind }} {{ $labels.object_namespace }}/{{ $labels.name }}"
+PROVISIONER = "{{ $labels.provisioner }}"
+ALERTS = {
+    "CausewayLeaseStoreNotDurable": [DATAPLANE],
+    "CausewayDHCPPoolNearlyFull": [DATAPLANE],
+    "CausewayDHCPRequestsDropped": [DATAPLANE],
+    "CausewayDNSUpstreamsFailing": [DATAPLANE],
+    "CausewayProxyRouteNoUpstream": [DATAPLANE],
+    "CausewayProxyConnectionCap": [DATAPLANE],
+    "CausewayDNSConnectionCap": [DATAPLANE],
+    "CausewayDescriptorBudgetExhausted": [DATAPLANE],
+    "CausewayHADegraded": [DATAPLANE],
+    "CausewayCSRAutoApprovalInactive": [OBJECT, PROVISIONER],
+    "CausewayCSRApprovalHalted": [PROVISIONER],
+    "CausewayNotReady": [OBJECT],
+    "CausewayDeletionStuck": [OBJECT],
+    "CausewayWebhookCertificateExpiring": [],
+    "CausewayOperatorNoLeader": [],
+    "CausewayReconcileErrors": [],
+}
+RUNBOOK = "docs/operations.md"
+# The panel kinds OpenShift's console draws; it skips any other.
+CONSOLE_PANELS = {"graph", "singlestat", "gauge", "table", "grafana-piechart-panel"}
+
+
+def github_anchors(path):
+    """The anchors GitHub makes of a Markdown file's headings."""
+    anchors = set()
+    with open(path, encoding="utf-8") as f:
+        fenced = False
+        for line in f:
+            if line.startswith("```"):
+                fenced = not fenced
+            m = re.match(r"^#{1,6}\s+(.*?)\s*$", line)
+            if m and not fenced:
+                text = re.sub(r"[^\w\- ]", "", m.group(1).replace("`", "").lower())
+                anchors.add(text.replace(" ", "-"))
+    return anchors
+
+
+def check_rules(rule, base=RUNBOOK):
+    """The PrometheusRule: every alert of ALERTS, each with a severity,
+    a summary, a description naming what it is about, and a runbook_url
+    whose section docs/operations.md has."""
+    groups = rule["spec"]["groups"]
+    assert groups and all(g["name"].startswith("causeway-") for g in groups), [g["name"] for g in groups]
+    anchors = github_anchors(RUNBOOK)
+    seen = set()
+    for g in groups:
+        for r in g["rules"]:
+            name = r.get("alert")
+            assert name in ALERTS, f"{name}: not an alert the runbook knows (ALERTS)"
+            seen.add(name)
+            assert set(r) <= {"alert", "expr", "for", "labels", "annotations"}, (name, sorted(r))
+            assert set(r["labels"]) == {"severity"} and r["labels"]["severity"] in ("critical", "warning"), (name, r["labels"])
+            a = r["annotations"]
+            assert set(a) == {"summary", "description", "runbook_url"}, (name, sorted(a))
+            for needed in ALERTS[name]:
+                assert needed in a["description"], f"{name}: the description does not name {needed}: {a['description']}"
+            assert a["runbook_url"] == f"{base}#{name.lower()}", (name, a["runbook_url"])
+            assert name.lower() in anchors, f"{name}: {RUNBOOK} has no section #{name.lower()}"
+            assert "{{`" not in a["description"], f"{name}: a Helm raw string left in the description"
+    assert seen == set(ALERTS), f"alerts missing: {sorted(set(ALERTS) - seen)}"
+
+
+def check_dashboard_maps(docs, namespace="openshift-config-managed", directory="charts/causeway/files/dashboards"):
+    """One ConfigMap per dashboard file, holding it unchanged, where and as
+    the console looks for them."""
+    files = sorted(f for f in os.listdir(directory) if f.endswith(".json"))
+    maps = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"].get("labels", {}).get("console.openshift.io/dashboard") == "true"]
+    assert sorted(k for m in maps for k in m["data"]) == files, [m["data"].keys() for m in maps]
+    for m in maps:
+        assert m["metadata"]["namespace"] == namespace, m["metadata"]
+        assert len(m["data"]) == 1, m["metadata"]["name"]
+        (key, body), = m["data"].items()
+        assert m["metadata"]["name"] == "causeway-dashboard-" + key.removesuffix(".json").removeprefix("causeway-"), m["metadata"]["name"]
+        with open(os.path.join(directory, key), encoding="utf-8") as f:
+            assert json.loads(body) == json.load(f), f"{key}: the ConfigMap does not hold the file"
+
+
+def case_monitoring(docs):
+    """ci/monitoring/values.yaml, where the API server serves the Prometheus
+    Operator's kinds: the ServiceMonitor and its Service, the rule, the
+    dashboards, the PodMonitor flag and RBAC."""
+    assert kinds(docs) == sorted(BASE_KINDS + MONITORING_KINDS + ["Service"] + ["ConfigMap"] * 4), kinds(docs)
+    svc = one(docs, "Service", "causeway-metrics")
+    webhook = one(docs, "Service", "causeway-webhook")
+    sm = one(docs, "ServiceMonitor")
+    assert sm["metadata"]["namespace"] == "causeway-system"
+    assert sm["metadata"]["labels"]["monitoring"] == "causeway", sm["metadata"]["labels"]
+    selector = sm["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= svc["metadata"]["labels"].items(), (selector, svc["metadata"]["labels"])
+    assert not selector.items() <= webhook["metadata"]["labels"].items(), "the ServiceMonitor selects the webhook's Service too"
+    assert "namespaceSelector" not in sm["spec"], "the Service is in the ServiceMonitor's own namespace"
+    assert sm["spec"]["endpoints"] == [{"port": svc["spec"]["ports"][0]["name"], "path": "/metrics", "scheme": "http", "interval": "30s"}], sm["spec"]
+    assert svc["spec"]["ports"][0]["targetPort"] == "admin"
+    rule = one(docs, "PrometheusRule")
+    assert rule["metadata"]["namespace"] == "causeway-system"
+    assert rule["metadata"]["labels"]["role"] == "alert-rules", rule["metadata"]["labels"]
+    check_rules(rule)
+    check_dashboard_maps(docs)
+    assert "--pod-monitors=true" in container(docs)["args"]
+
+
+def case_monitoring_thresholds(docs):
+    """The thresholds and runbook base of values.yaml reach the rules."""
+    rule = one(docs, "PrometheusRule")
+    check_rules(rule, base="https://docs.example.com/causeway/operations.html")
+    rules = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert "> 80\n" in rules["CausewayDHCPPoolNearlyFull"]["expr"], rules["CausewayDHCPPoolNearlyFull"]["expr"]
+    assert "> 1800\n" in rules["CausewayDeletionStuck"]["expr"], rules["CausewayDeletionStuck"]["expr"]
+    assert "< 30 * 86400\n" in rules["CausewayWebhookCertificateExpiring"]["expr"], rules["CausewayWebhookCertificateExpiring"]["expr"]
+    assert rules["CausewayNotReady"]["for"] == "1h" and rules["CausewayCSRAutoApprovalInactive"]["for"] == "1h", rules["CausewayNotReady"]
+    assert "80%" in rules["CausewayDHCPPoolNearlyFull"]["annotations"]["description"]
+    check_dashboard_maps(docs, namespace="dashboards")
+
+
+def case_monitoring_no_crds(docs):
+    """The same values where the API server serves no Prometheus Operator
+    kinds: no ServiceMonitor or PrometheusRule, the rest as asked."""
+    assert kinds(docs) == sorted(BASE_KINDS + ["Service"] + ["ConfigMap"] * 4), kinds(docs)
+    one(docs, "Service", "causeway-metrics")
+    check_dashboard_maps(docs)
+
+
+def case_pod_monitors_off(docs):
+    assert container(docs)["args"][-1] == "--pod-monitors=false", container(docs)["args"]
+    rules = one(docs, "ClusterRole", "causeway")["rules"]
+    assert not any("monitoring.coreos.com" in r["apiGroups"] for r in rules), rules
+    assert kinds(docs) == BASE_KINDS, kinds(docs)
+
+
+def rule_spec():
+    rules = [d for d in yaml.safe_load_all(sys.stdin) if d and d.get("kind") == "PrometheusRule"]
+    if len(rules) != 1:
+        print(f"expected one PrometheusRule, found {len(rules)}", file=sys.stderr)
+        return 1
+    yaml.safe_dump(rules[0]["spec"], sys.stdout, sort_keys=False)
+    return 0
+
+
+def dashboards(directory):
+    """Each dashboard: JSON with a title and a unique uid; every panel (rows'
+    too) of a kind the console draws, with at least one query; every $name
+    its queries use is one of its variables."""
+    errors = []
+    uids = set()
+    files = sorted(f for f in os.listdir(directory) if f.endswith(".json"))
+    if not files:
+        errors.append(f"{directory}: no dashboard")
+    for name in files:
+        path = os.path.join(directory, name)
+        try:
+            with open(path, encoding="utf-8") as f:
+                board = json.load(f)
+        except ValueError as e:
+            errors.append(f"{path}: not JSON: {e}")
+            continue
+        if not board.get("title") or not board.get("uid"):
+            errors.append(f"{path}: no title or uid")
+        if board.get("uid") in uids:
+            errors.append(f"{path}: uid {board.get('uid')} is another dashboard's")
+        uids.add(board.get("uid"))
+        variables = {v["name"]: v for v in board.get("templating", {}).get("list", [])}
+        known = set(variables) | {"__interval", "__rate_interval", "__range"}
+        for v in variables.values():
+            if v["type"] == "query":
+                # The console turns label_values(SELECTOR, LABEL) into a query
+                # by this pattern, and shows only variables with hide 0.
+                if not re.fullmatch(r"label_values\((.*), (.*)\)", v["query"]):
+                    errors.append(f"{path}: variable {v['name']}: the console reads only label_values(SELECTOR, LABEL): {v['query']}")
+                if v.get("hide") != 0:
+                    errors.append(f"{path}: variable {v['name']}: hide must be 0 for the console to show it")
+        panels = []
+        for p in board.get("panels", []):
+            panels.extend(p.get("panels", []) if p.get("type") == "row" else [p])
+        if not panels:
+            errors.append(f"{path}: no panel")
+        for p in panels:
+            where = f"{path}: panel {p.get('id')} {p.get('title')!r}"
+            if p.get("type") not in CONSOLE_PANELS:
+                errors.append(f"{where}: type {p.get('type')} is not one the console draws")
+            targets = p.get("targets") or []
+            if not targets:
+                errors.append(f"{where}: no targets")
+            for t in targets:
+                expr = t.get("expr")
+                if not isinstance(expr, str) or not expr.strip():
+                    errors.append(f"{where}: a target without expr")
+                    continue
+                if not t.get("refId"):
+                    errors.append(f"{where}: a target without refId")
+                for var in re.findall(r"\$(\w+)", expr):
+                    if var not in known:
+                        errors.append(f"{where}: ${var} is no variable of the dashboard")
+            if p.get("type") == "table" and not p.get("styles"):
+                errors.append(f"{where}: a table needs styles (the console shows its columns by them)")
+            if p.get("type") == "graph" and not p.get("yaxes"):
+                errors.append(f"{where}: a graph needs yaxes (the console takes its unit from the first)")
+    for e in errors:
+        print(e)
+    if not errors:
+        print(f"{len(files)} dashboards: JSON, every panel drawn by the console, each with its queries")
+    return 1 if errors else 0
+
+
+def metric_names(crates, paths):
+    """Each causeway_ token of the files is a metric the crates define."""
+    defined, histograms = set(), set()
+    for root, _, names in os.walk(crates):
+        for n in names:
+            if not n.endswith(".rs"):
+                continue
+            with open(os.path.join(root, n), encoding="utf-8") as f:
+                text = f.read()
+            defined.update(re.findall(r'"(causeway_[a-z0-9_]+)"', text))
+            histograms.update(re.findall(r'HistogramOpts::new\(\s*"(causeway_[a-z0-9_]+)"', text))
+    errors = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for token in sorted(set(re.findall(r"causeway_[a-z0-9_]+", f.read()))):
+                base = re.sub(r"_(bucket|sum|count)$", "", token)
+                if token not in defined and not (base != token and base in histograms):
+                    errors.append(f"{path}: {token} is no metric defined under {crates}")
+    for e in errors:
+        print(e)
+    if not errors:
+        print(f"every metric named in {len(paths)} files is defined under {crates}")
+    return 1 if errors else 0
+
+
 CASES = {
     "provisioner-file": case_provisioner_file,
     "provisioner-values": case_provisioner_values,
@@ -635,6 +888,10 @@ CASES = {
     "webhook-off": case_webhook_off,
     "webhook-policy": case_webhook_policy,
     "webhook-no-policy": case_webhook_no_policy,
+    "monitoring": case_monitoring,
+    "monitoring-thresholds": case_monitoring_thresholds,
+    "monitoring-no-crds": case_monitoring_no_crds,
+    "pod-monitors-off": case_pod_monitors_off,
 }
 
 
@@ -665,6 +922,12 @@ def main(argv):
         return values_schema(argv[2], argv[3])
     if len(argv) == 3 and argv[1] == "drop-kinds":
         return drop_kinds(argv[2])
+    if len(argv) == 2 and argv[1] == "rule-spec":
+        return rule_spec()
+    if len(argv) == 3 and argv[1] == "dashboards":
+        return dashboards(argv[2])
+    if len(argv) >= 4 and argv[1] == "metric-names":
+        return metric_names(argv[2], argv[3:])
     print(__doc__, file=sys.stderr)
     return 2
 

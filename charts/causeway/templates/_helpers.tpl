@@ -48,6 +48,15 @@ app.kubernetes.io/part-of: causeway
 {{- end -}}
 
 {{/*
+The labels of every object (causeway.labels) with more of the object's own,
+which win on a clash: (dict "root" $ "extra" MAP), rendered as YAML.
+*/}}
+{{- define "causeway.labelsWith" -}}
+{{- $base := include "causeway.labels" .root | fromYaml -}}
+{{- toYaml (merge (deepCopy (.extra | default dict)) $base) -}}
+{{- end -}}
+
+{{/*
 commonAnnotations, as a whole `annotations:` block (nothing when empty), at
 the indentation of metadata's fields. Objects with annotations of their own
 merge them in.

@@ -1,16 +1,18 @@
 //! The DHCP server's Prometheus metrics.
 
 use prometheus::{
-    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 
-use crate::engine::PoolStats;
+use crate::engine::{Ignored, PoolStats};
 
 #[derive(Clone)]
 pub struct DhcpMetrics {
     pub received: IntCounterVec,
     pub sent: IntCounterVec,
     pub dropped: IntCounterVec,
+    pub reply_seconds: HistogramVec,
     pub pool_addresses: IntGaugeVec,
     pub leases: IntGauge,
     pub in_flight: IntGauge,
@@ -27,6 +29,16 @@ pub struct DhcpMetrics {
     pub changes_undone: IntCounter,
 }
 
+/// Drops an operator is alerted to (docs/operations.md).
+const ALERTED_DROPS: [Ignored; 6] = [
+    Ignored::RateLimited,
+    Ignored::RateLimitedRelay,
+    Ignored::RateLimitedSubnet,
+    Ignored::RateLimitedGlobal,
+    Ignored::UnknownRelay,
+    Ignored::PoolExhausted,
+];
+
 impl DhcpMetrics {
     pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
         let m = DhcpMetrics {
@@ -41,6 +53,14 @@ impl DhcpMetrics {
             dropped: IntCounterVec::new(
                 Opts::new("causeway_dhcp_dropped_total", "DHCP messages dropped or left unanswered, by reason"),
                 &["reason"],
+            )?,
+            reply_seconds: HistogramVec::new(
+                HistogramOpts::new(
+                    "causeway_dhcp_reply_seconds",
+                    "From a request's arrival to its reply's send, by reply type; an ACK or OFFER that leases waits for its lease to be on disk",
+                )
+                .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]),
+                &["type"],
             )?,
             pool_addresses: IntGaugeVec::new(
                 Opts::new(
@@ -75,6 +95,7 @@ impl DhcpMetrics {
         registry.register(Box::new(m.received.clone()))?;
         registry.register(Box::new(m.sent.clone()))?;
         registry.register(Box::new(m.dropped.clone()))?;
+        registry.register(Box::new(m.reply_seconds.clone()))?;
         registry.register(Box::new(m.pool_addresses.clone()))?;
         registry.register(Box::new(m.leases.clone()))?;
         registry.register(Box::new(m.in_flight.clone()))?;
@@ -89,6 +110,18 @@ impl DhcpMetrics {
         registry.register(Box::new(m.clock_behind.clone()))?;
         registry.register(Box::new(m.clock_wall_offset.clone()))?;
         registry.register(Box::new(m.changes_undone.clone()))?;
+        // The series alerts and dashboards read exist from the start, at
+        // zero: a rate over a series that appears only with its first
+        // event misses that event, and an absent series looks like health.
+        for reason in ALERTED_DROPS {
+            m.dropped.with_label_values(&[reason.label()]);
+        }
+        for kind in ["offer", "ack", "nak"] {
+            m.reply_seconds.with_label_values(&[kind]);
+        }
+        for cause in crate::store::FAILURE_CAUSES {
+            m.store_failures.with_label_values(&[cause]);
+        }
         Ok(m)
     }
 

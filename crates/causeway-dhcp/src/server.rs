@@ -6,7 +6,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use causeway_config::{DhcpConfig, DhcpListen};
 use causeway_runtime::readiness::ReadyHandle;
@@ -337,6 +337,7 @@ fn send(
     dest: Destination,
     source: Option<Ipv4Addr>,
     kind: &'static str,
+    received: Instant,
 ) {
     let to = match dest {
         Destination::Unicast(a) => a,
@@ -349,7 +350,13 @@ fn send(
         None => sender.send_to(bytes, to),
     };
     match sent {
-        Ok(_) => metrics.sent.with_label_values(&[kind]).inc(),
+        Ok(_) => {
+            metrics.sent.with_label_values(&[kind]).inc();
+            metrics
+                .reply_seconds
+                .with_label_values(&[kind])
+                .observe(received.elapsed().as_secs_f64());
+        }
         Err(e) => {
             metrics.dropped.with_label_values(&["send_failed"]).inc();
             tracing::debug!(to = %to, error = %e, "reply not sent");
@@ -408,6 +415,7 @@ fn handle_packet(
     bytes: &[u8],
     from: SocketAddrV4,
 ) {
+    let received = Instant::now();
     let m = &shared.metrics;
     let msg = match wire::decode(bytes) {
         Ok(msg) => msg,
@@ -468,7 +476,7 @@ fn handle_packet(
             match commit {
                 None => {
                     drop(engine);
-                    send(sender, m, &bytes, reply.destination, source, kind);
+                    send(sender, m, &bytes, reply.destination, source, kind, received);
                 }
                 Some(record) => {
                     let sender = sender.clone();
@@ -477,7 +485,7 @@ fn handle_packet(
                         shared,
                         record,
                         Some(Box::new(move |m: &DhcpMetrics| {
-                            send(&sender, m, &bytes, dest, source, kind)
+                            send(&sender, m, &bytes, dest, source, kind, received)
                         })),
                     );
                 }

@@ -702,6 +702,10 @@ impl Writer {
     }
 }
 
+/// Every value [`error_label`] gives: the `error` label of
+/// `causeway_dhcp_store_failures_total`.
+pub(crate) const FAILURE_CAUSES: [&str; 5] = ["no_space", "io", "too_many_files", "quota", "other"];
+
 fn error_label(e: &io::Error) -> &'static str {
     match e.raw_os_error() {
         // ENOSPC, EIO, EMFILE/ENFILE, EDQUOT

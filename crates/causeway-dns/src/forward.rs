@@ -215,6 +215,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Forwarder {
     pub fn new(cfg: &DnsConfig, upstreams: Vec<SocketAddr>, metrics: DnsMetrics) -> Arc<Self> {
+        // Each upstream's latency series exists from the start, empty: a
+        // dashboard then lists an upstream that has never answered.
+        for addr in &upstreams {
+            metrics
+                .upstream_seconds
+                .with_label_values(&[addr.to_string().as_str()]);
+        }
         Arc::new(Forwarder {
             upstreams: upstreams
                 .into_iter()

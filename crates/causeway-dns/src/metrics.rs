@@ -127,6 +127,10 @@ impl DnsMetrics {
         registry.register(Box::new(m.forward_failures.clone()))?;
         registry.register(Box::new(m.tcp_connections.clone()))?;
         registry.register(Box::new(m.tcp_refused.clone()))?;
+        // At zero from the start, so the first refusal shows as an increase.
+        for reason in ["name_full", "byte_budget"] {
+            m.coalesce_refused.with_label_values(&[reason]);
+        }
         Ok(m)
     }
 }

@@ -24,6 +24,21 @@ pub enum Error {
 }
 
 impl Error {
+    /// Every value [`Error::metric_label`] gives.
+    pub const METRIC_LABELS: [&'static str; 11] = [
+        "conflict",
+        "forbidden",
+        "not_found",
+        "invalid",
+        "api",
+        "transport",
+        "finalizer",
+        "render",
+        "no_namespace",
+        "input",
+        "registry",
+    ];
+
     /// The `error` label of `causeway_operator_reconcile_errors_total`.
     pub fn metric_label(&self) -> &'static str {
         match self {
@@ -69,21 +84,6 @@ mod tests {
         .iter()
         .map(Error::metric_label)
         .collect();
-        assert_eq!(
-            labels,
-            [
-                "conflict",
-                "forbidden",
-                "not_found",
-                "invalid",
-                "api",
-                "transport",
-                "finalizer",
-                "render",
-                "no_namespace",
-                "input",
-                "registry"
-            ]
-        );
+        assert_eq!(labels, Error::METRIC_LABELS);
     }
 }

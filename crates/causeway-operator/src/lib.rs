@@ -7,6 +7,7 @@
 //! - [`webhook`]: the validating admission webhook for both kinds.
 //! - [`k8s`]: the Kubernetes plumbing they share, which knows none of them.
 //! - [`manager`]: leader election and the controllers' lifecycle.
+//! - [`status_metrics`]: the reconciled objects' conditions as metrics.
 //!
 //! Each controller observes, renders with pure functions, and applies by
 //! server-side apply. Not here: the data plane itself (the DHCP, DNS,
@@ -18,4 +19,5 @@ pub mod error;
 pub mod infra;
 pub mod k8s;
 pub mod manager;
+pub mod status_metrics;
 pub mod webhook;

@@ -106,6 +106,15 @@ pub async fn run(
         },
     );
     let mut tasks = Tasks::default();
+    metrics.set_leader(true);
+    let status = crate::status_metrics::run(
+        client.clone(),
+        scopes(&options.namespaces),
+        options.dpf,
+        metrics.clone(),
+        stopped(),
+    );
+    spawn(&mut tasks, "status metrics", status);
     if options.dpf {
         // One for every scope: a namespace's templates are kept or pruned
         // on what all the provisioners say.
@@ -182,6 +191,7 @@ pub async fn run(
         _ = lost => Stopped::LostLeadership,
     };
     let _ = stop_tx.send(true);
+    metrics.set_leader(false);
     if why == Stopped::LostLeadership {
         // Another replica may take over once the lease expires: no
         // reconcile of ours may still be running by then, so the tasks are

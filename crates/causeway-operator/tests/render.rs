@@ -39,6 +39,7 @@ fn settings() -> Settings {
         image: IMAGE.into(),
         operator_namespace: "causeway-system".into(),
         resources: None,
+        pod_monitors: true,
     }
 }
 
@@ -1037,4 +1038,56 @@ fn fifteen_upstreams_are_all_rendered() {
     infra.spec.network_config.dns_servers = (1..=15).map(|n| format!("192.0.2.{n}")).collect();
     let dns = plan_config(&plan_of(&infra), Component::Dns).dns.unwrap();
     assert_eq!(dns.upstreams.len(), 15);
+}
+
+#[test]
+fn the_pod_monitor_selects_every_component_pod_and_its_admin_port() {
+    let r = rendered(&reference());
+    let monitor = causeway_operator::infra::render::pod_monitor(&owner());
+    assert_eq!(monitor["kind"], "PodMonitor");
+    assert_eq!(monitor["metadata"]["namespace"], "clusters");
+    assert_eq!(
+        monitor["metadata"]["ownerReferences"][0]["kind"], "Infra",
+        "owned, so it goes with the Infra"
+    );
+    let selector = monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap();
+    let endpoint = &monitor["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(endpoint["port"], "admin");
+    assert_eq!(endpoint["path"], "/metrics");
+    assert_eq!(r.components.len(), 3);
+    for c in &r.components {
+        let template = match &c.workload {
+            Workload::StatefulSet(s) => &s.spec.as_ref().unwrap().template,
+            Workload::Deployment(d) => &d.spec.as_ref().unwrap().template,
+        };
+        let labels = template.metadata.as_ref().unwrap().labels.as_ref().unwrap();
+        for (k, v) in selector {
+            assert_eq!(
+                labels.get(k).map(String::as_str),
+                v.as_str(),
+                "{}: pod label {k}",
+                c.component.name()
+            );
+        }
+        // The relabeling reads the component from this pod label.
+        assert_eq!(
+            labels
+                .get("app.kubernetes.io/component")
+                .map(String::as_str),
+            Some(c.component.name())
+        );
+        let ports = template.spec.as_ref().unwrap().containers[0]
+            .ports
+            .as_ref()
+            .unwrap();
+        assert!(ports.iter().any(|p| p.name.as_deref() == Some("admin")));
+    }
+    let relabel = endpoint["relabelings"].as_array().unwrap();
+    assert!(relabel
+        .iter()
+        .any(|r| r["targetLabel"] == "infra" && r["replacement"] == "example-infra"));
+    assert!(relabel.iter().any(|r| r["targetLabel"] == "component"
+        && r["sourceLabels"][0] == "__meta_kubernetes_pod_label_app_kubernetes_io_component"));
 }

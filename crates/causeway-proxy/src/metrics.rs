@@ -17,6 +17,7 @@ pub struct ProxyMetrics {
     pub upstream_open: IntGaugeVec,
     pub health_checks: IntCounterVec,
     pub upstream_down: IntGaugeVec,
+    pub route_upstreams: IntGaugeVec,
 }
 
 impl ProxyMetrics {
@@ -116,7 +117,15 @@ impl ProxyMetrics {
                 ),
                 &["address"],
             )?,
+            route_upstreams: IntGaugeVec::new(
+                Opts::new(
+                    "causeway_proxy_route_upstream_addresses",
+                    "A route's upstream addresses by state: available, or unavailable (ejected after connect failures, or down by health checks); none while its name has never resolved",
+                ),
+                &["listener", "route", "state"],
+            )?,
         };
+        registry.register(Box::new(m.route_upstreams.clone()))?;
         registry.register(Box::new(m.upstream_open.clone()))?;
         registry.register(Box::new(m.health_checks.clone()))?;
         registry.register(Box::new(m.upstream_down.clone()))?;

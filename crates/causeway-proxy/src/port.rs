@@ -10,9 +10,12 @@ use std::sync::{Arc, Mutex, RwLock};
 use causeway_config::{Listener, ListenerKind, Upstream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::admission::Refusal;
 use crate::error::ProxyError;
+use crate::hello::NotTls;
 use crate::metrics::ProxyMetrics;
 use crate::route::SniRoutes;
+use crate::upstream::ConnectFailure;
 
 /// Where a listener sends a connection.
 pub(crate) enum Routing {
@@ -80,7 +83,42 @@ pub(crate) struct ListenerCounters {
 }
 
 impl ListenerCounters {
-    pub(crate) fn new(m: &ProxyMetrics, label: &str) -> Self {
+    /// `sni`: the listener routes by TLS server name.
+    pub(crate) fn new(m: &ProxyMetrics, label: &str, sni: bool) -> Self {
+        // The failure series exist at zero from the start: the first
+        // failure then shows as an increase, which alerts and dashboards
+        // read, and an absent series is not mistaken for health.
+        for refusal in [Refusal::Listener, Refusal::Total, Refusal::Source] {
+            m.refused.with_label_values(&[label, refusal.label()]);
+        }
+        m.ejections.with_label_values(&[label]);
+        let failures = [
+            ConnectFailure::LocalResources,
+            ConnectFailure::Refused,
+            ConnectFailure::AddressUnavailable,
+            ConnectFailure::Other,
+        ];
+        for reason in ["accept", "resolve", "timeout"]
+            .into_iter()
+            .chain(failures.map(ConnectFailure::label))
+        {
+            m.connect_errors.with_label_values(&[label, reason]);
+        }
+        if sni {
+            let not_tls = [
+                NotTls::NotHandshake,
+                NotTls::NotClientHello,
+                NotTls::Malformed,
+                NotTls::TooLarge,
+                NotTls::BadName,
+            ];
+            for reason in ["hello_timeout"]
+                .into_iter()
+                .chain(not_tls.map(NotTls::label))
+            {
+                m.sni_failures.with_label_values(&[label, reason]);
+            }
+        }
         ListenerCounters {
             accepted: m.accepted.with_label_values(&[label]),
             active: m.active.with_label_values(&[label]),

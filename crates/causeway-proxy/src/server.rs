@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 use crate::admission::Admission;
 use crate::balance::{Health, OpenCounts};
 use crate::error::ProxyError;
-use crate::health::health_loop;
+use crate::health::{availability_loop, health_loop};
 use crate::listener::accept_loop;
 use crate::metrics::ProxyMetrics;
 use crate::port::{routing_of, ConnectionLimit, ListenerCounters, Port};
@@ -128,7 +128,11 @@ impl ProxyServer {
             let label = l.listen.port().to_string();
             let state = Arc::new(Port {
                 listen: l.listen,
-                counters: ListenerCounters::new(&shared.metrics, &label),
+                counters: ListenerCounters::new(
+                    &shared.metrics,
+                    &label,
+                    matches!(l.kind, causeway_config::ListenerKind::Sni { .. }),
+                ),
                 label,
                 routing: RwLock::new(Arc::new(routing)),
                 proxy_protocol: l.proxy_protocol,
@@ -156,7 +160,13 @@ impl ProxyServer {
                 })?;
             workers.push(worker);
         }
-        let health = tokio::spawn(health_loop(shared.clone(), shutdown));
+        let (checked, counted) = (shared.clone(), shared.clone());
+        let health = tokio::spawn(async move {
+            tokio::join!(
+                health_loop(checked, shutdown.clone()),
+                availability_loop(counted, shutdown)
+            );
+        });
         Ok(ProxyServer {
             shared,
             listeners,

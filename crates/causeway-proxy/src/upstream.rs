@@ -165,6 +165,18 @@ impl Resolver {
         Ok(entry.addrs.clone())
     }
 
+    /// The addresses `up` had at its last good lookup (or its fixed ones),
+    /// without asking: `None` while its name has never resolved.
+    pub(crate) fn known_addresses(&self, up: &Upstream) -> Option<Vec<SocketAddr>> {
+        if !up.addresses.is_empty() {
+            return Some(up.addresses.clone());
+        }
+        self.known()
+            .get(&up.to_string())
+            .map(|k| k.addrs.clone())
+            .filter(|a| !a.is_empty())
+    }
+
     /// Within [`RETRY_AFTER`] of a failed lookup: the last good answer, or
     /// the failure at once when there is none.
     fn held(&self, key: &str, up: &Upstream) -> Option<io::Result<Vec<SocketAddr>>> {

@@ -114,6 +114,13 @@ impl BudgetMetrics {
             )
             .ok()?,
         })
+        .inspect(|m| {
+            // At zero from the start, so the first refusal shows as an
+            // increase (alerts read it).
+            for h in HOLDERS {
+                m.refused.with_label_values(&[h.label()]);
+            }
+        })
     }
 }
 

@@ -151,6 +151,11 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
     registry
         .register(Box::new(reloads_done.clone()))
         .context("registering the reload metric")?;
+    // At zero from the start: the first refused reload then shows as an
+    // increase.
+    for result in ["applied", "invalid", "refused"] {
+        reloads_done.with_label_values(&[result]);
+    }
     let readiness = Readiness::default();
     let stop = Shutdown::new();
     let mut stop_signals = signals().context("installing the SIGTERM and SIGINT handlers")?;

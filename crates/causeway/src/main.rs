@@ -78,6 +78,10 @@ enum Command {
         /// NET_ADMIN pods.
         #[arg(long, env = "CAUSEWAY_INFRA_FOR_HOSTED_CLUSTERS", default_value_t = false, action = clap::ArgAction::Set)]
         infra_for_hosted_clusters: bool,
+        /// Render a PodMonitor (monitoring.coreos.com/v1) per Infra, so
+        /// Prometheus scrapes its pods, where the API server serves the kind.
+        #[arg(long, env = "CAUSEWAY_POD_MONITORS", default_value_t = true, action = clap::ArgAction::Set)]
+        pod_monitors: bool,
         /// Run the DPF bridge: DPFHCPProvisioner objects become HyperShift
         /// hosted clusters for DPF DPUClusters.
         #[arg(long, env = "CAUSEWAY_DPF", default_value_t = true, action = clap::ArgAction::Set)]
@@ -217,6 +221,7 @@ fn main() -> ExitCode {
             log_level,
             namespaces,
             infra_for_hosted_clusters,
+            pod_monitors,
             dpf,
             bluefield_allowed_registries,
             bluefield_allow_loopback_registries,
@@ -238,6 +243,7 @@ fn main() -> ExitCode {
             log_level,
             namespaces: namespaces.into_iter().filter(|n| !n.is_empty()).collect(),
             infra_for_hosted_clusters,
+            pod_monitors,
             dpf,
             bluefield_allowed_registries: bluefield_allowed_registries
                 .into_iter()

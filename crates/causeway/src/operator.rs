@@ -20,6 +20,7 @@ pub struct Options {
     pub log_level: String,
     pub namespaces: Vec<String>,
     pub infra_for_hosted_clusters: bool,
+    pub pod_monitors: bool,
     pub dpf: bool,
     /// The BlueField lookup's registry allowlist; empty: any public one.
     pub bluefield_allowed_registries: Vec<String>,
@@ -125,7 +126,7 @@ async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
     let readiness = Readiness::default();
     let ready = readiness.register("controller");
     let stop = Shutdown::new();
-    let (admin_addr, admin_task) = Admin::new(registry, readiness)
+    let (admin_addr, admin_task) = Admin::new(registry.clone(), readiness)
         .bind(opts.admin_listen, None, stop.clone())
         .await
         .with_context(|| format!("admin server on {}", opts.admin_listen))?;
@@ -141,7 +142,7 @@ async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
         tracing::info!("{name}: shutting down");
     };
     if let Some(w) = &opts.webhook {
-        start_webhook(w, &client, &operator_namespace, stop.clone()).await?;
+        start_webhook(w, &client, &operator_namespace, &registry, stop.clone()).await?;
     }
     ready.set(true);
     let options = manager::Options {
@@ -155,6 +156,7 @@ async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
             image,
             operator_namespace,
             resources: None,
+            pod_monitors: opts.pod_monitors,
         },
     };
     let stopped = manager::run(client, options, metrics, stop_signal).await;
@@ -173,9 +175,18 @@ async fn start_webhook(
     w: &WebhookOptions,
     client: &kube::Client,
     namespace: &str,
+    registry: &prometheus::Registry,
     stop: Shutdown,
 ) -> anyhow::Result<()> {
     use causeway_operator::webhook::{selfsigned, server};
+    let expiry = prometheus::IntGauge::new(
+        "causeway_operator_webhook_certificate_expiry_timestamp_seconds",
+        "The notAfter (Unix seconds) of the certificate the admission webhook serves",
+    )
+    .context("the webhook certificate's metric")?;
+    registry
+        .register(Box::new(expiry.clone()))
+        .context("registering the webhook certificate's metric")?;
     if let Some(secret) = &w.self_signed_secret {
         std::fs::create_dir_all(&w.cert_dir)
             .with_context(|| format!("creating {}", w.cert_dir.display()))?;
@@ -206,6 +217,7 @@ async fn start_webhook(
         &w.cert_dir,
         client.clone(),
         namespace.to_string(),
+        Some(expiry),
         async move { stop.cancelled().await },
     )
     .await

@@ -15,6 +15,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod kube_cluster;
+mod monitored;
 
 use std::time::Duration;
 
@@ -898,6 +899,12 @@ subjects:
     wait_approval_condition(&client, &op, "True", "Active").await;
     wait_verdict(&client, &op, &joining, "Approved", "AutoApproved").await;
     wait_signed(&client, &op, &joining).await;
+
+    println!("every CSR metric the chart's alerts and dashboards read is exported");
+    monitored::assert_exported(
+        monitored::Source::CsrApprover,
+        &[&admin_get(&op, "/metrics")],
+    );
 
     println!("the signer was never asked to sign an attacker's CSR");
     for name in &attacks {

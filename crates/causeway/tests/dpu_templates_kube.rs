@@ -19,6 +19,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod kube_cluster;
+mod monitored;
 #[path = "../../causeway-operator/tests/registry/mod.rs"]
 mod registry;
 
@@ -433,6 +434,7 @@ async fn dpu_service_templates_follow_the_flag_dpf_the_ovn_rollout_and_the_provi
         outcome_count(&metrics, "hbn", "skipped_unmanaged") >= 1.0,
         "{metrics}"
     );
+    monitored::assert_exported(monitored::Source::DpuTemplates, &[&metrics]);
 
     println!("scenario: DPF reports a version with no values: an error, the templates untouched");
     let before: Vec<Value> = futures::future::join_all(

@@ -37,6 +37,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod kube_cluster;
+mod monitored;
 mod support;
 
 use std::fs;
@@ -213,8 +214,11 @@ dns:
   records:
     - {{name: registry, type: A, value: 192.168.50.30}}
 proxy:
+  healthCheck: {{interval: 1s, timeout: 500ms}}
   listeners:
     - {{port: 6443, upstream: "127.0.0.1:{ECHO_PORT}"}}
+    - port: 443
+      routes: [{{sni: oauth.hc1.example.com, upstream: "127.0.0.1:{ECHO_PORT}"}}]
 ha:
   node: {me}
   replicas:
@@ -1046,6 +1050,71 @@ fn kill_cycles(mode: Mode, cluster: Option<&kube_cluster::SharedCluster>) {
         "dhclient saw replies from a replica's own address:\n{said}"
     );
     worker.signal("TERM");
+}
+
+/// Every metric the chart's alerts and dashboards read of the appliance is
+/// exported by one running every service with HA, once each service has
+/// served (docs/operations.md).
+#[test]
+fn every_metric_the_alerts_and_dashboards_read_is_exported() {
+    if !root_or_skip("every_metric_the_alerts_and_dashboards_read_is_exported") {
+        return;
+    }
+    let _serial = one_at_a_time();
+    let mut lab = Lab::new(Mode::Peer, None);
+    lab.start(0);
+    lab.start(1);
+    let active = lab.wait_pair(Duration::from_secs(30));
+    assert!(
+        poll_until(Duration::from_secs(10), || dhcp_ok(&lab).then_some(())).is_some(),
+        "no DHCP ACK through the service address"
+    );
+    assert!(dig_ok(&lab), "no DNS answer through the service address");
+    assert!(proxy_ok(&lab), "no proxied connection");
+    // A forwarded name: the only upstream cannot be reached from the lab,
+    // so the forward fails, and says so in its metrics.
+    let forwarded = client_cmd(&lab, tool("dig", "bind9-dnsutils"))
+        .args([
+            &format!("@{SERVICE_IP}"),
+            "www.example.org",
+            "A",
+            "+tries=1",
+            "+time=5",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&forwarded.stdout).contains("SERVFAIL"),
+        "a forward to an unreachable upstream did not fail: {}",
+        String::from_utf8_lossy(&forwarded.stdout)
+    );
+    // A packet that is no DNS message, dropped and counted by reason.
+    let sent = client_cmd(&lab, "bash")
+        .args([
+            "-c",
+            &format!("printf 'not dns' > /dev/udp/{SERVICE_IP}/53"),
+        ])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let dropped = poll_until(Duration::from_secs(5), || {
+        let (_, body) = lab.admin(active).get("/metrics")?;
+        body.contains("causeway_dns_dropped_total{").then_some(())
+    });
+    assert!(
+        dropped.is_some(),
+        "the malformed DNS packet was not counted"
+    );
+    let scrapes: Vec<String> = (0..2)
+        .map(|i| {
+            lab.admin(i)
+                .get("/metrics")
+                .map(|(_, body)| body)
+                .unwrap_or_else(|| panic!("replica {i}: no /metrics\n{}", lab.describe()))
+        })
+        .collect();
+    let scrapes: Vec<&str> = scrapes.iter().map(String::as_str).collect();
+    monitored::assert_exported(monitored::Source::Appliance, &scrapes);
 }
 
 #[test]

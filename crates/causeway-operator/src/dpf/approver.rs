@@ -222,6 +222,9 @@ async fn supervise(ctx: Arc<Context>, key: ObjectRef<DPFHCPProvisioner>) {
     let Some(namespace) = key.namespace.clone() else {
         return;
     };
+    if let Some(m) = &ctx.metrics {
+        m.approver_started(&namespace, &key.name);
+    }
     let mut delay = BACKOFF_MIN;
     let mut last_reason = "";
     loop {

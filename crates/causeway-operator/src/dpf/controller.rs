@@ -103,6 +103,9 @@ pub async fn run(
     metrics: Option<OperatorMetrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
+    if let Some(m) = &metrics {
+        m.controller_started(CONTROLLER);
+    }
     let (provisioners, provisioner_stream) = cached(
         scope.api::<DPFHCPProvisioner>(&client),
         watcher::Config::default(),

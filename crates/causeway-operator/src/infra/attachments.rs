@@ -489,6 +489,9 @@ pub async fn run(
     metrics: Option<OperatorMetrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
+    if let Some(m) = &metrics {
+        m.controller_started(CONTROLLER);
+    }
     let (attachments, att_stream) = cached(
         scope.api::<InfraClusterAttachment>(&client),
         watcher::Config::default(),

@@ -105,6 +105,8 @@ pub struct Context {
     pub metrics: Option<OperatorMetrics>,
     /// PodDisruptionBudgets in the version the API server serves.
     pub disruption_budget: ApiResource,
+    /// PodMonitors, when they are asked for and the API server serves them.
+    pub pod_monitor: Option<ApiResource>,
     /// The replicas' key Secrets known to exist: the operator may create
     /// and delete Secrets but not read them, so it remembers.
     pub ha_keys: Mutex<HashSet<(String, String)>>,
@@ -522,6 +524,9 @@ async fn apply_rendered(
                 .gone_from(&api, "NetworkPolicy", &policy_name)
                 .await?;
         }
+        if let Some(resource) = &ctx.pod_monitor {
+            ensure_pod_monitor(ctx, owner, resource).await?;
+        }
         for policy in control_plane_policies {
             let target = policy.metadata.namespace.clone().unwrap_or_default();
             match ctx.applier.ensure_live(policy).await {
@@ -729,6 +734,52 @@ fn known_key(ctx: &Context, key: &(String, String)) -> bool {
     ctx.ha_keys.lock().is_ok_and(|keys| keys.contains(key))
 }
 
+/// The Infra's PodMonitor, read first so an unchanged one is not applied
+/// again. Owned by the Infra: garbage collection removes it.
+async fn ensure_pod_monitor(
+    ctx: &Context,
+    owner: &Owner,
+    resource: &ApiResource,
+) -> Result<(), Error> {
+    let desired: DynamicObject = serde_json::from_value(render::pod_monitor(owner))
+        .map_err(|e| Error::Render(e.to_string()))?;
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), &owner.namespace, resource);
+    let live = api.get_opt(&render::pod_monitor_name(owner)).await?;
+    ctx.applier.ensure_dynamic(resource, desired, live).await?;
+    Ok(())
+}
+
+/// Whether the API server serves PodMonitors (the Prometheus Operator's
+/// CRDs, as OpenShift's monitoring has): asked once at start, until the
+/// server answers. Installed later, they are used from the next start.
+async fn pod_monitor_resource(client: &Client) -> Option<ApiResource> {
+    loop {
+        match client
+            .list_api_group_resources("monitoring.coreos.com/v1")
+            .await
+        {
+            Ok(list) if list.resources.iter().any(|r| r.name == "podmonitors") => {
+                tracing::info!("PodMonitors are served: one per Infra scrapes its pods");
+                return Some(resource(
+                    "monitoring.coreos.com",
+                    "v1",
+                    "PodMonitor",
+                    "podmonitors",
+                ));
+            }
+            Ok(_) => break,
+            Err(e) if not_found(&e) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, "asking whether PodMonitors are served; again in 5 s");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        }
+    }
+    tracing::info!("no monitoring.coreos.com/v1 PodMonitors: the Infras' pods get none");
+    None
+}
+
 /// The budget as the version the API server serves: v1 and v1beta1 have
 /// the same fields for what is set here.
 fn disruption_budget_object(
@@ -933,7 +984,14 @@ pub async fn run(
     metrics: Option<OperatorMetrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
+    if let Some(m) = &metrics {
+        m.controller_started(CONTROLLER);
+    }
     let disruption_budget = disruption_budget_resource(&client).await;
+    let pod_monitor = match settings.pod_monitors {
+        true => pod_monitor_resource(&client).await,
+        false => None,
+    };
     let (machines, machine_stream) = Everywhere::watch(&client, &all_scopes, &machine_resource());
     let (attachments, attachment_stream) = cached(
         scope.api::<InfraClusterAttachment>(&client),
@@ -971,6 +1029,7 @@ pub async fn run(
         recorder,
         metrics,
         disruption_budget: disruption_budget.clone(),
+        pod_monitor,
         ha_keys: Mutex::new(HashSet::new()),
         attachments: attachments.clone(),
         machines,

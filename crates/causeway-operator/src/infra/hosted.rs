@@ -122,6 +122,9 @@ pub async fn run(
     metrics: Option<OperatorMetrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
+    if let Some(m) = &metrics {
+        m.controller_started(CONTROLLER);
+    }
     let ar = hosted_cluster_resource();
     let api: Api<DynamicObject> = scope.api_with(&client, &ar);
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));

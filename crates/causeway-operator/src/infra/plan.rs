@@ -114,6 +114,8 @@ pub struct Settings {
     pub operator_namespace: String,
     /// Resources for every data-plane container.
     pub resources: Option<ResourceRequirements>,
+    /// Render a PodMonitor per Infra where the API server serves the kind.
+    pub pod_monitors: bool,
 }
 
 /// One component's pod: its VLAN address and the config it runs.

@@ -127,6 +127,40 @@ pub fn control_plane_policy_name(owner: &Owner) -> String {
     format!("causeway-proxy-{}-{}", owner.namespace, owner.name)
 }
 
+pub fn pod_monitor_name(owner: &Owner) -> String {
+    format!("{}-causeway", owner.name)
+}
+
+/// The PodMonitor (monitoring.coreos.com/v1) that has Prometheus scrape
+/// every data-plane pod of the Infra on its admin port, from the pod
+/// network (the admin port is never on the VLAN). Each series gains the
+/// labels `infra` (the Infra's name) and `component` (dhcp, dns, proxy),
+/// which the alerts name; the target's namespace and pod come from
+/// discovery.
+pub fn pod_monitor(owner: &Owner) -> serde_json::Value {
+    let selector = labels(owner, None);
+    let component_label = format!(
+        "__meta_kubernetes_pod_label_{}",
+        "app.kubernetes.io/component".replace(['.', '/'], "_")
+    );
+    serde_json::json!({
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": meta(owner, pod_monitor_name(owner), None),
+        "spec": {
+            "selector": {"matchLabels": selector},
+            "podMetricsEndpoints": [{
+                "port": "admin",
+                "path": "/metrics",
+                "relabelings": [
+                    {"action": "replace", "targetLabel": "infra", "replacement": owner.name},
+                    {"action": "replace", "sourceLabels": [component_label], "targetLabel": "component"},
+                ],
+            }],
+        },
+    })
+}
+
 pub fn service_account_name(owner: &Owner) -> String {
     format!("{}-causeway", owner.name)
 }

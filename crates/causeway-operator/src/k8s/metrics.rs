@@ -3,7 +3,9 @@
 
 use std::time::Instant;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 use crate::error::Error;
 
@@ -18,6 +20,29 @@ pub struct OperatorMetrics {
     csr_max_pending: IntGaugeVec,
     csr_not_running: IntCounterVec,
     template_outcomes: IntCounterVec,
+    leader: IntGauge,
+    conditions: IntGaugeVec,
+    deletions: IntGaugeVec,
+}
+
+/// Why a hosted cluster's CSR approver could not run: the `reason` label
+/// of `causeway_operator_csr_approver_not_running_total`.
+pub const APPROVER_NOT_RUNNING: [&str; 3] = [
+    "KubeconfigNotAvailable",
+    "HostedClusterNotReachable",
+    "LeastPrivilegeUnavailable",
+];
+
+/// What the status metrics say of one object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectState {
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+    /// Each condition's type and whether its status is True.
+    pub conditions: Vec<(String, bool)>,
+    /// The deletionTimestamp, in Unix seconds, while the object is going.
+    pub deleting_since: Option<i64>,
 }
 
 impl OperatorMetrics {
@@ -89,7 +114,28 @@ impl OperatorMetrics {
                 ),
                 &["template", "outcome"],
             )?,
+            leader: IntGauge::new(
+                "causeway_operator_leader",
+                "1 while this replica runs the controllers (it holds the Lease, or election is off); 0 while it waits",
+            )?,
+            conditions: IntGaugeVec::new(
+                Opts::new(
+                    "causeway_operator_condition",
+                    "Status conditions of the objects the operator reconciles: 1 when True, 0 when False or Unknown",
+                ),
+                &["kind", "object_namespace", "name", "type"],
+            )?,
+            deletions: IntGaugeVec::new(
+                Opts::new(
+                    "causeway_operator_deletion_timestamp_seconds",
+                    "The deletionTimestamp (Unix seconds) of an object whose deletion waits on its finalizer",
+                ),
+                &["kind", "object_namespace", "name"],
+            )?,
         };
+        registry.register(Box::new(m.leader.clone()))?;
+        registry.register(Box::new(m.conditions.clone()))?;
+        registry.register(Box::new(m.deletions.clone()))?;
         registry.register(Box::new(m.template_outcomes.clone()))?;
         registry.register(Box::new(m.csr_decisions.clone()))?;
         registry.register(Box::new(m.csr_not_running.clone()))?;
@@ -100,6 +146,41 @@ impl OperatorMetrics {
         registry.register(Box::new(m.writes.clone()))?;
         registry.register(Box::new(m.seconds.clone()))?;
         Ok(m)
+    }
+
+    /// Makes `controller`'s reconcile series, at zero, before its first
+    /// reconcile: an alert's rate over a series that appears only with its
+    /// first error misses that error, and an absent series looks healthy.
+    pub fn controller_started(&self, controller: &str) {
+        for result in ["ok", "invalid", "error"] {
+            self.reconciles.with_label_values(&[controller, result]);
+        }
+        for kind in Error::METRIC_LABELS {
+            self.errors.with_label_values(&[controller, kind]);
+        }
+    }
+
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    /// Replaces every object's status series with `objects`: a series of
+    /// an object or condition no longer there goes with it.
+    pub fn object_states(&self, objects: &[ObjectState]) {
+        self.conditions.reset();
+        self.deletions.reset();
+        for o in objects {
+            for (type_, true_) in &o.conditions {
+                self.conditions
+                    .with_label_values(&[o.kind, o.namespace.as_str(), o.name.as_str(), type_])
+                    .set(i64::from(*true_));
+            }
+            if let Some(at) = o.deleting_since {
+                self.deletions
+                    .with_label_values(&[o.kind, o.namespace.as_str(), o.name.as_str()])
+                    .set(at);
+            }
+        }
     }
 
     pub fn write(&self, kind: &str, verb: &str) {
@@ -117,6 +198,15 @@ impl OperatorMetrics {
         self.csr_decisions
             .with_label_values(&[kind, verdict, reason])
             .inc();
+    }
+
+    /// Makes a hosted cluster's not-running series, at zero, as its
+    /// approver starts: the first failure then shows as an increase.
+    pub fn approver_started(&self, namespace: &str, provisioner: &str) {
+        for reason in APPROVER_NOT_RUNNING {
+            self.csr_not_running
+                .with_label_values(&[namespace, provisioner, reason]);
+        }
     }
 
     pub fn csr_not_running(&self, namespace: &str, provisioner: &str, reason: &str) {
@@ -140,6 +230,11 @@ impl OperatorMetrics {
             None => {
                 let _ = self.csr_pending.remove_label_values(&labels);
                 let _ = self.csr_max_pending.remove_label_values(&labels);
+                for reason in APPROVER_NOT_RUNNING {
+                    let _ =
+                        self.csr_not_running
+                            .remove_label_values(&[namespace, provisioner, reason]);
+                }
             }
         }
     }

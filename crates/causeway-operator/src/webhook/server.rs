@@ -136,15 +136,17 @@ impl Drop for Held<'_> {
 }
 
 /// Binds `listen` and serves until `shutdown`. The certificate must load
-/// now; later changes to its files are picked up as they come.
+/// now; later changes to its files are picked up as they come, and
+/// `expiry` follows the served one's notAfter.
 pub async fn run(
     listen: SocketAddr,
     cert_dir: &Path,
     client: Client,
     operator_namespace: String,
+    expiry: Option<prometheus::IntGauge>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<SocketAddr, WebhookError> {
-    let cert = Arc::new(ReloadingCert::new(cert_dir)?);
+    let cert = Arc::new(ReloadingCert::with_expiry(cert_dir, expiry)?);
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cert.server_config()));
     let listener = tokio::net::TcpListener::bind(listen)
         .await

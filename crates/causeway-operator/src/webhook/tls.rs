@@ -31,6 +31,15 @@ pub struct ReloadingCert {
     cert: PathBuf,
     key: PathBuf,
     current: Mutex<(Fingerprint, Arc<CertifiedKey>)>,
+    /// Set to the served certificate's notAfter (Unix seconds) at each load.
+    expiry: Option<prometheus::IntGauge>,
+}
+
+/// The notAfter of a chain's first certificate, in Unix seconds.
+fn not_after(pair: &CertifiedKey) -> Option<i64> {
+    let leaf = pair.cert.first()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+    Some(cert.validity().not_after.timestamp())
 }
 
 fn fingerprint(cert: &Path, key: &Path) -> Fingerprint {
@@ -71,14 +80,32 @@ impl ReloadingCert {
     /// Reads `dir/tls.crt` and `dir/tls.key`; an error if they do not load
     /// now, so a bad mount is seen at start.
     pub fn new(dir: &Path) -> Result<ReloadingCert, CertError> {
+        Self::with_expiry(dir, None)
+    }
+
+    /// [`ReloadingCert::new`], keeping `expiry` at the served
+    /// certificate's notAfter.
+    pub fn with_expiry(
+        dir: &Path,
+        expiry: Option<prometheus::IntGauge>,
+    ) -> Result<ReloadingCert, CertError> {
         let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
         let print = fingerprint(&cert, &key);
         let loaded = load(&cert, &key)?;
-        Ok(ReloadingCert {
+        let reloading = ReloadingCert {
             cert,
             key,
-            current: Mutex::new((print, loaded)),
-        })
+            current: Mutex::new((print, loaded.clone())),
+            expiry,
+        };
+        reloading.served(&loaded);
+        Ok(reloading)
+    }
+
+    fn served(&self, pair: &CertifiedKey) {
+        if let (Some(gauge), Some(at)) = (&self.expiry, not_after(pair)) {
+            gauge.set(at);
+        }
     }
 
     fn refreshed(&self) -> Option<Arc<CertifiedKey>> {
@@ -88,6 +115,7 @@ impl ReloadingCert {
             match load(&self.cert, &self.key) {
                 Ok(k) => {
                     tracing::info!(cert = %self.cert.display(), "webhook certificate reloaded");
+                    self.served(&k);
                     *current = (now, k);
                 }
                 // Half-written, or a bad pair: keep serving the old one,

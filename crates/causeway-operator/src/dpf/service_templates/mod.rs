@@ -464,6 +464,9 @@ pub async fn run(
     metrics: Option<OperatorMetrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
+    if let Some(m) = &metrics {
+        m.controller_started(CONTROLLER);
+    }
     let mut wakes: Vec<BoxStream<'static, Wake>> = Vec::new();
     for scope in &scopes {
         let api: Api<DPFHCPProvisioner> = scope.api(&client);
