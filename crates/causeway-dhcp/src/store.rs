@@ -702,10 +702,6 @@ impl Writer {
     }
 }
 
-/// Every value [`error_label`] gives: the `error` label of
-/// `causeway_dhcp_store_failures_total`.
-pub(crate) const FAILURE_CAUSES: [&str; 5] = ["no_space", "io", "too_many_files", "quota", "other"];
-
 fn error_label(e: &io::Error) -> &'static str {
     match e.raw_os_error() {
         // ENOSPC, EIO, EMFILE/ENFILE, EDQUOT
@@ -813,6 +809,17 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     static FAULTS: Mutex<Vec<(PathBuf, Fault)>> = Mutex::new(Vec::new());
+
+    #[test]
+    fn every_failure_cause_has_its_series_from_the_start() {
+        for errno in [28, 5, 24, 23, 122, 13] {
+            let cause = error_label(&io::Error::from_raw_os_error(errno));
+            assert!(
+                crate::metrics::STORE_FAILURE_CAUSES.contains(&cause),
+                "{cause}"
+            );
+        }
+    }
 
     pub(super) fn armed(path: &Path, at: Fault) -> bool {
         let faults = FAULTS.lock().unwrap_or_else(|p| p.into_inner());

@@ -37,6 +37,8 @@ pub(crate) enum Refusal {
 }
 
 impl Refusal {
+    pub(crate) const ALL: [Refusal; 3] = [Refusal::Listener, Refusal::Total, Refusal::Source];
+
     pub(crate) fn label(self) -> &'static str {
         match self {
             Refusal::Listener => "listener",

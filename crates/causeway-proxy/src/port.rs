@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex, RwLock};
 use causeway_config::{Listener, ListenerKind, Upstream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::admission::Refusal;
 use crate::error::ProxyError;
 use crate::hello::NotTls;
 use crate::metrics::ProxyMetrics;
@@ -83,14 +82,12 @@ pub(crate) struct ListenerCounters {
 }
 
 impl ListenerCounters {
-    /// `sni`: the listener routes by TLS server name.
+    /// `sni`: the listener routes by TLS server name. (Its refusal series
+    /// are made where admission is known: `server`.)
     pub(crate) fn new(m: &ProxyMetrics, label: &str, sni: bool) -> Self {
         // The failure series exist at zero from the start: the first
         // failure then shows as an increase, which alerts and dashboards
         // read, and an absent series is not mistaken for health.
-        for refusal in [Refusal::Listener, Refusal::Total, Refusal::Source] {
-            m.refused.with_label_values(&[label, refusal.label()]);
-        }
         m.ejections.with_label_values(&[label]);
         let failures = [
             ConnectFailure::LocalResources,

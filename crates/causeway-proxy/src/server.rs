@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
-use crate::admission::Admission;
+use crate::admission::{Admission, Refusal};
 use crate::balance::{Health, OpenCounts};
 use crate::error::ProxyError;
 use crate::health::{availability_loop, health_loop};
@@ -126,6 +126,14 @@ impl ProxyServer {
         for l in &cfg.listeners {
             let routing = routing_of(l, &shared.metrics)?;
             let label = l.listen.port().to_string();
+            // At zero from the start, so the first refusal shows as an
+            // increase (alerts read it).
+            for refusal in Refusal::ALL {
+                shared
+                    .metrics
+                    .refused
+                    .with_label_values(&[label.as_str(), refusal.label()]);
+            }
             let state = Arc::new(Port {
                 listen: l.listen,
                 counters: ListenerCounters::new(
