@@ -36,6 +36,52 @@ const NAD_CRD: &str = include_str!("../../../tests/kube/crds/network-attachment-
 const HC_CRD: &str = include_str!("../../../tests/kube/crds/hostedcluster.yaml");
 const WAIT: Duration = Duration::from_secs(60);
 
+/// A reconcile with nothing to change writes nothing. A resync is forced by
+/// a change to an object that is not the Infra's (an annotation on its
+/// ServiceAccount `sa`, which we do not own), and no write series may move
+/// while the reconciles counter does. A reconcile already under way when
+/// the counters are read (pods and Leases settling just before) may still
+/// write once; one that writes on every pass writes in each of three
+/// tries. Returns the annotation's last value.
+async fn assert_steady(op: &Operator, sas: &Api<ServiceAccount>, sa: &str) -> String {
+    let mut changed = Vec::new();
+    for attempt in 0..3 {
+        let metrics_before = admin_get(op, "/metrics");
+        let writes_before = write_series(&metrics_before);
+        let reconciles_before = metric(&metrics_before, "causeway_operator_reconciles_total");
+        let team = format!("net-{attempt}");
+        sas.patch(
+            sa,
+            &PatchParams::apply("someone-else"),
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": sa, "annotations": {"team": team}}})),
+        )
+        .await
+        .unwrap();
+        eventually(
+            "a reconcile after the foreign annotation",
+            WAIT,
+            Some(op),
+            || async {
+                let m = admin_get(op, "/metrics");
+                (metric(&m, "causeway_operator_reconciles_total") > reconciles_before).then_some(())
+            },
+        )
+        .await;
+        let writes_after = write_series(&admin_get(op, "/metrics"));
+        changed = writes_after
+            .iter()
+            .filter(|(k, v)| writes_before.get(*k) != Some(v))
+            .map(|(k, v)| format!("{k}: {:?} -> {v}", writes_before.get(k)))
+            .collect();
+        if changed.is_empty() {
+            return team;
+        }
+        println!("attempt {attempt}: a reconcile wrote: {changed:?}");
+    }
+    panic!("a reconcile with nothing to change wrote to the API: {changed:?}");
+}
+
 /// Each series of `causeway_operator_api_writes_total` (by kind and verb).
 fn write_series(scrape: &str) -> std::collections::BTreeMap<String, f64> {
     scrape
@@ -414,39 +460,11 @@ async fn the_reference_sample_is_applied_owned_and_ready_only_when_its_pods_are(
     // change to an object that is not the Infra's (an annotation on the
     // ServiceAccount, which we do not own), and the write counter must not
     // move while the reconciles counter does.
-    let metrics_before = admin_get(&op, "/metrics");
-    let writes_before = metric(&metrics_before, "causeway_operator_api_writes_total");
-    let reconciles_before = metric(&metrics_before, "causeway_operator_reconciles_total");
-    sas.patch(
-        "example-infra-causeway",
-        &PatchParams::apply("someone-else"),
-        &Patch::Apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": "example-infra-causeway", "annotations": {"team": "net"}}})),
-    )
-    .await
-    .unwrap();
-    eventually(
-        "a reconcile after the foreign annotation",
-        WAIT,
-        Some(&op),
-        || async {
-            let m = admin_get(&op, "/metrics");
-            (metric(&m, "causeway_operator_reconciles_total") > reconciles_before).then_some(())
-        },
-    )
-    .await;
-    let writes_after = metric(
-        &admin_get(&op, "/metrics"),
-        "causeway_operator_api_writes_total",
-    );
-    assert_eq!(
-        writes_after, writes_before,
-        "a reconcile with nothing to change wrote to the API"
-    );
+    let team = assert_steady(&op, &sas, "example-infra-causeway").await;
     let sa = sas.get("example-infra-causeway").await.unwrap();
     assert_eq!(
-        sa.annotations().get("team").map(String::as_str),
-        Some("net"),
+        sa.annotations().get("team"),
+        Some(&team),
         "a field we do not own was removed"
     );
 }
@@ -1509,48 +1527,8 @@ async fn two_replicas_render_anti_affinity_a_pdb_and_the_lease_rbac() {
     assert_eq!((seen.replicas, seen.ready_replicas), (2, 2));
 
     // Steady state with two replicas: a reconcile writes nothing (the key
-    // is not asked for again while both replicas are ready). A reconcile
-    // already under way when the counters are read (the replicas' pods and
-    // Lease settle just before) may still write once; one that writes on
-    // every pass writes in each of three tries.
-    let mut changed = Vec::new();
-    for attempt in 0..3 {
-        let metrics_before = admin_get(&op, "/metrics");
-        let writes_before = write_series(&metrics_before);
-        let reconciles_before = metric(&metrics_before, "causeway_operator_reconciles_total");
-        sas.patch(
-            &format!("{name}-causeway"),
-            &PatchParams::apply("someone-else"),
-            &Patch::Apply(json!({"apiVersion": "v1", "kind": "ServiceAccount",
-                "metadata": {"name": format!("{name}-causeway"), "annotations": {"team": format!("net-{attempt}")}}})),
-        )
-        .await
-        .unwrap();
-        eventually(
-            "a reconcile after the foreign annotation",
-            WAIT,
-            Some(&op),
-            || async {
-                let m = admin_get(&op, "/metrics");
-                (metric(&m, "causeway_operator_reconciles_total") > reconciles_before).then_some(())
-            },
-        )
-        .await;
-        let writes_after = write_series(&admin_get(&op, "/metrics"));
-        changed = writes_after
-            .iter()
-            .filter(|(k, v)| writes_before.get(*k) != Some(v))
-            .map(|(k, v)| format!("{k}: {:?} -> {v}", writes_before.get(k)))
-            .collect();
-        if changed.is_empty() {
-            break;
-        }
-        println!("attempt {attempt}: a reconcile wrote: {changed:?}");
-    }
-    assert!(
-        changed.is_empty(),
-        "a reconcile with nothing to change wrote to the API: {changed:?}"
-    );
+    // is not asked for again while both replicas are ready).
+    assert_steady(&op, &sas, &format!("{name}-causeway")).await;
 
     // One pod not ready: the component serves, degraded, without a standby.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);

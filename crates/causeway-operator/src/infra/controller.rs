@@ -750,34 +750,37 @@ async fn ensure_pod_monitor(
     Ok(())
 }
 
-/// Whether the API server serves PodMonitors (the Prometheus Operator's
-/// CRDs, as OpenShift's monitoring has): asked once at start, until the
-/// server answers. Installed later, they are used from the next start.
-async fn pod_monitor_resource(client: &Client) -> Option<ApiResource> {
+/// Whether the API server serves `plural` in `group_version`: asked until
+/// it answers (a group it does not serve at all answers 404).
+async fn served(client: &Client, group_version: &str, plural: &str) -> bool {
     loop {
-        match client
-            .list_api_group_resources("monitoring.coreos.com/v1")
-            .await
-        {
-            Ok(list) if list.resources.iter().any(|r| r.name == "podmonitors") => {
-                tracing::info!("PodMonitors are served: one per Infra scrapes its pods");
-                return Some(resource(
-                    "monitoring.coreos.com",
-                    "v1",
-                    "PodMonitor",
-                    "podmonitors",
-                ));
-            }
-            Ok(_) => break,
-            Err(e) if not_found(&e) => break,
+        match client.list_api_group_resources(group_version).await {
+            Ok(list) => return list.resources.iter().any(|r| r.name == plural),
+            Err(e) if not_found(&e) => return false,
             Err(e) => {
-                tracing::warn!(error = %e, "asking whether PodMonitors are served; again in 5 s");
+                tracing::warn!(error = %e, group_version, plural, "asking whether the API server serves a kind; again in 5 s");
                 tokio::time::sleep(Duration::from_secs(5)).await;
             }
         }
     }
-    tracing::info!("no monitoring.coreos.com/v1 PodMonitors: the Infras' pods get none");
-    None
+}
+
+/// PodMonitors (the Prometheus Operator's CRDs, as OpenShift's monitoring
+/// has), if the API server serves them: asked once at start. Installed
+/// later, they are used from the next start.
+async fn pod_monitor_resource(client: &Client) -> Option<ApiResource> {
+    if served(client, "monitoring.coreos.com/v1", "podmonitors").await {
+        tracing::info!("PodMonitors are served: one per Infra scrapes its pods");
+        Some(resource(
+            "monitoring.coreos.com",
+            "v1",
+            "PodMonitor",
+            "podmonitors",
+        ))
+    } else {
+        tracing::info!("no monitoring.coreos.com/v1 PodMonitors: the Infras' pods get none");
+        None
+    }
 }
 
 /// The budget as the version the API server serves: v1 and v1beta1 have
@@ -835,32 +838,15 @@ async fn remove_ha(ctx: &Context, owner: &Owner, component: Component) -> Result
 }
 
 /// The PodDisruptionBudget API the server serves: policy/v1 from 1.21,
-/// policy/v1beta1 before (1.20, which the operator still supports). Asked
-/// until the server answers.
+/// policy/v1beta1 before (1.20, which the operator still supports).
 async fn disruption_budget_resource(client: &Client) -> ApiResource {
-    let v1 = resource(
-        "policy",
-        "v1",
-        "PodDisruptionBudget",
-        "poddisruptionbudgets",
-    );
-    loop {
-        match client.list_api_group_resources("policy/v1").await {
-            Ok(list)
-                if list
-                    .resources
-                    .iter()
-                    .any(|r| r.name == "poddisruptionbudgets") =>
-            {
-                return v1
-            }
-            Ok(_) => break,
-            Err(e) if not_found(&e) => break,
-            Err(e) => {
-                tracing::warn!(error = %e, "asking which PodDisruptionBudget API is served; again in 5 s");
-                tokio::time::sleep(Duration::from_secs(5)).await;
-            }
-        }
+    if served(client, "policy/v1", "poddisruptionbudgets").await {
+        return resource(
+            "policy",
+            "v1",
+            "PodDisruptionBudget",
+            "poddisruptionbudgets",
+        );
     }
     tracing::info!("no policy/v1 PodDisruptionBudgets: using policy/v1beta1");
     resource(
