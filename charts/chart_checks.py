@@ -466,8 +466,10 @@ def case_default(docs):
     assert verbs[("", "secrets")] == {"create", "delete"}, verbs[("", "secrets")]
     assert verbs[("coordination.k8s.io", "leases")] == {"get", "list", "watch", "create", "update", "patch", "delete"}
     for kind in [("rbac.authorization.k8s.io", "roles"), ("rbac.authorization.k8s.io", "rolebindings"),
-                 ("policy", "poddisruptionbudgets"), ("monitoring.coreos.com", "podmonitors")]:
+                 ("policy", "poddisruptionbudgets")]:
         assert verbs[kind] == {"get", "list", "watch", "create", "patch", "delete"}, (kind, verbs[kind])
+    # A PodMonitor is read, then applied; garbage collection removes it.
+    assert verbs[("monitoring.coreos.com", "podmonitors")] == {"get", "create", "patch"}
     assert ("hostedcluster.densityops.com", "infras/status") in granted
     assert ("hostedcluster.densityops.com", "infraclusterattachments/status") in granted
     crb = one(docs, "ClusterRoleBinding", "causeway")
@@ -766,6 +768,41 @@ def case_pod_monitors_off(docs):
     assert kinds(docs) == BASE_KINDS, kinds(docs)
 
 
+def case_metrics_secured(docs):
+    """metrics.tls and metrics.authorization: the service CA's certificate
+    on the admin port, the probes over HTTPS, the ServiceMonitor checking
+    it and sending the reader's token, and the RBAC of both sides."""
+    c = container(docs)
+    assert "--admin-tls-dir=/etc/causeway/metrics-tls" in c["args"], c["args"]
+    assert "--admin-metrics-auth=true" in c["args"], c["args"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"]["scheme"] == "HTTPS", c[probe]
+    mount = [m for m in c["volumeMounts"] if m["name"] == "metrics-cert"]
+    assert mount == [{"name": "metrics-cert", "mountPath": "/etc/causeway/metrics-tls", "readOnly": True}], mount
+    volumes = {v["name"]: v for v in pod(docs)["volumes"]}
+    assert volumes["metrics-cert"]["secret"]["secretName"] == "causeway-metrics-tls", volumes
+    assert "webhook-cert" in volumes, "the webhook keeps its certificate"
+    svc = one(docs, "Service", "causeway-metrics")
+    assert svc["metadata"]["annotations"]["service.beta.openshift.io/serving-cert-secret-name"] == "causeway-metrics-tls"
+    endpoint = one(docs, "ServiceMonitor")["spec"]["endpoints"][0]
+    assert endpoint["scheme"] == "https", endpoint
+    assert endpoint["tlsConfig"] == {"ca": {"configMap": {"name": "openshift-service-ca.crt", "key": "service-ca.crt"}},
+                                     "serverName": "causeway-metrics.causeway-system.svc"}, endpoint
+    assert endpoint["authorization"] == {"type": "Bearer", "credentials": {"name": "causeway-metrics-reader-token", "key": "token"}}
+    auth = one(docs, "ClusterRole", "causeway-metrics-auth")["rules"]
+    assert auth == [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+                    {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}], auth
+    assert one(docs, "ClusterRoleBinding", "causeway-metrics-auth")["subjects"] == [
+        {"kind": "ServiceAccount", "name": "causeway", "namespace": "causeway-system"}]
+    reader = one(docs, "ClusterRole", "causeway-metrics-reader")["rules"]
+    assert reader == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}], reader
+    assert one(docs, "ClusterRoleBinding", "causeway-metrics-reader")["subjects"] == [
+        {"kind": "ServiceAccount", "name": "causeway-metrics-reader", "namespace": "causeway-system"}]
+    token = one(docs, "Secret", "causeway-metrics-reader-token")
+    assert token["type"] == "kubernetes.io/service-account-token"
+    assert token["metadata"]["annotations"]["kubernetes.io/service-account.name"] == "causeway-metrics-reader"
+
+
 def rule_spec():
     rules = [d for d in yaml.safe_load_all(sys.stdin) if d and d.get("kind") == "PrometheusRule"]
     if len(rules) != 1:
@@ -892,6 +929,7 @@ CASES = {
     "monitoring-thresholds": case_monitoring_thresholds,
     "monitoring-no-crds": case_monitoring_no_crds,
     "pod-monitors-off": case_pod_monitors_off,
+    "metrics-secured": case_metrics_secured,
 }
 
 

@@ -407,6 +407,8 @@ check "monitoring thresholds and runbook base" render_case monitoring-thresholds
   --set monitoring.prometheusRule.runbookBaseURL=https://docs.example.com/causeway/operations.html \
   --set monitoring.dashboards.namespace=dashboards
 check "pod monitors off" render_case pod-monitors-off --set monitoring.podMonitors.enabled=false
+check "metrics over TLS with token authorization" render_case metrics-secured -f "$MONITORING_VALUES" "${MONITORING_APIS[@]}" \
+  --set metrics.tls.enabled=true --set metrics.authorization.enabled=true
 if [ -n "$PROMTOOL" ]; then
   check "promtool check rules, promtool test rules (ci/monitoring/rules-test.yaml)" promtool_rules "$WORK/case-monitoring.yaml"
 fi

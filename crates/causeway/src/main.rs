@@ -59,6 +59,15 @@ enum Command {
         /// The admin server: /metrics, /healthz, /readyz.
         #[arg(long, default_value = "0.0.0.0:8080")]
         admin_listen: std::net::SocketAddr,
+        /// Serve the admin port over TLS with `tls.crt` and `tls.key` from
+        /// this directory (read again when they change); plain HTTP without.
+        #[arg(long, env = "CAUSEWAY_ADMIN_TLS_DIR")]
+        admin_tls_dir: Option<std::path::PathBuf>,
+        /// Answer /metrics only to a bearer token whose user may `get` the
+        /// non-resource URL /metrics (TokenReview, SubjectAccessReview);
+        /// /healthz and /readyz stay open for the kubelet.
+        #[arg(long, env = "CAUSEWAY_ADMIN_METRICS_AUTH", default_value_t = false, action = clap::ArgAction::Set)]
+        admin_metrics_auth: bool,
         /// Take a coordination.k8s.io Lease before reconciling, so several
         /// replicas are safe (env CAUSEWAY_LEADER_ELECTION=false turns it off).
         #[arg(long, env = "CAUSEWAY_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
@@ -217,6 +226,8 @@ fn main() -> ExitCode {
         Command::Operator {
             what: None,
             admin_listen,
+            admin_tls_dir,
+            admin_metrics_auth,
             leader_election,
             log_level,
             namespaces,
@@ -239,6 +250,8 @@ fn main() -> ExitCode {
             webhook_self_signed_extra_sans,
         } => operator::run(operator::Options {
             admin_listen,
+            admin_tls_dir,
+            admin_metrics_auth,
             leader_election,
             log_level,
             namespaces: namespaces.into_iter().filter(|n| !n.is_empty()).collect(),

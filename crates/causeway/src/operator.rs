@@ -10,12 +10,18 @@ use anyhow::Context;
 use causeway_operator::dpf::approver::{ApproverOptions, HostedEndpoint};
 use causeway_operator::infra::plan::Settings;
 use causeway_operator::k8s::metrics::OperatorMetrics;
+use causeway_operator::k8s::metrics_auth::MetricsAuth;
 use causeway_operator::manager::{self, Stopped};
+use causeway_operator::webhook::tls::ReloadingCert;
 use causeway_runtime::admin::Admin;
 use causeway_runtime::{readiness::Readiness, signals, telemetry, Shutdown};
 
 pub struct Options {
     pub admin_listen: SocketAddr,
+    /// Serve the admin port over TLS with `tls.crt` and `tls.key` from here.
+    pub admin_tls_dir: Option<std::path::PathBuf>,
+    /// Answer `/metrics` only to a bearer token whose user may `get` it.
+    pub admin_metrics_auth: bool,
     pub leader_election: bool,
     pub log_level: String,
     pub namespaces: Vec<String>,
@@ -126,15 +132,29 @@ async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
     let readiness = Readiness::default();
     let ready = readiness.register("controller");
     let stop = Shutdown::new();
-    let (admin_addr, admin_task) = Admin::new(registry.clone(), readiness)
-        .bind(opts.admin_listen, None, stop.clone())
-        .await
-        .with_context(|| format!("admin server on {}", opts.admin_listen))?;
     let client = causeway_operator::k8s::client::connect()
         .await
         .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    let mut admin = Admin::new(registry.clone(), readiness);
+    if opts.admin_metrics_auth {
+        let auth = std::sync::Arc::new(MetricsAuth::new(client.clone()));
+        admin = admin.guard_metrics(std::sync::Arc::new(move |token| {
+            let auth = auth.clone();
+            Box::pin(async move { auth.check(token).await })
+        }));
+    }
+    let (admin_addr, admin_task) = match &opts.admin_tls_dir {
+        None => admin.bind(opts.admin_listen, None, stop.clone()).await,
+        Some(dir) => {
+            let cert = ReloadingCert::new(dir)
+                .with_context(|| format!("the admin port's certificate in {}", dir.display()))?;
+            let tls = std::sync::Arc::new(std::sync::Arc::new(cert).server_config());
+            admin.bind_tls(opts.admin_listen, tls, stop.clone()).await
+        }
+    }
+    .with_context(|| format!("admin server on {}", opts.admin_listen))?;
     let operator_namespace = std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "default".into());
-    tracing::info!(admin = %admin_addr, image, namespaces = ?opts.namespaces, "causeway operator starting");
+    tracing::info!(admin = %admin_addr, admin_tls = opts.admin_tls_dir.is_some(), metrics_auth = opts.admin_metrics_auth, image, namespaces = ?opts.namespaces, "causeway operator starting");
 
     let mut stop_signals = signals().context("installing the SIGTERM and SIGINT handlers")?;
     let stop_signal = async move {

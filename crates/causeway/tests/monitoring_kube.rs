@@ -16,8 +16,8 @@ use kube::core::{ApiResource, GroupVersionKind};
 
 use causeway_operator::infra::crd::Infra;
 use kube_cluster::{
-    admin_get, apply_yaml, cluster, eventually, install_fixture_crds, test_namespace, FixtureCrd,
-    Operator,
+    admin_get, apply_yaml, cluster, eventually, install_fixture_crds, install_release,
+    test_namespace, token_for, FixtureCrd, Operator, RELEASE,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -52,6 +52,7 @@ fn sample(scrape: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
 fn write_certificate(dir: &std::path::Path) {
     let key = rcgen::KeyPair::generate().unwrap();
     let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    params.subject_alt_names = vec![rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap())];
     params.not_before = rcgen::date_time_ymd(2025, 1, 1);
     params.not_after = rcgen::date_time_ymd(2030, 1, 1);
     let cert = params.self_signed(&key).unwrap();
@@ -274,4 +275,147 @@ spec:
         },
     )
     .await;
+}
+
+/// `curl` of `https://<admin>/<path>` trusting `ca`, with `token` as the
+/// bearer: the HTTP status, or 0 when no HTTP answer came.
+fn curl_status(
+    admin: std::net::SocketAddr,
+    path: &str,
+    ca: &std::path::Path,
+    token: Option<&str>,
+) -> u16 {
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args([
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "--max-time",
+        "10",
+        "--cacert",
+    ])
+    .arg(ca)
+    .arg(format!("https://{admin}{path}"));
+    if let Some(t) = token {
+        cmd.arg("-H").arg(format!("Authorization: Bearer {t}"));
+    }
+    let out = cmd.output().expect("curl");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+/// metrics.tls and metrics.authorization: the admin port over TLS, the
+/// probes open, and /metrics only for a token whose user the chart's
+/// reader role (or any role granting get on /metrics) lets in, checked by
+/// the operator through the API server under the chart's RBAC.
+#[tokio::test]
+async fn the_admin_port_over_tls_lets_only_an_authorized_token_read_the_metrics() {
+    let Some(c) = cluster("the_admin_port_over_tls_lets_only_an_authorized_token_read_the_metrics")
+    else {
+        return;
+    };
+    let client = kube_cluster::admin(c).await;
+    // The chart's RBAC with metrics.authorization on: the operator may ask
+    // TokenReviews and SubjectAccessReviews, and the reader role exists.
+    install_release(
+        &client,
+        &c.helm,
+        RELEASE,
+        &["metrics.authorization.enabled=true"],
+    )
+    .await
+    .unwrap();
+    let ns = test_namespace(&client, "metrics-auth").await;
+    let reader_role = format!("{RELEASE}-metrics-reader");
+    for sa in ["scraper", "nobody"] {
+        apply_yaml(
+            &client,
+            &format!(
+                "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {sa}, namespace: {ns}}}\n"
+            ),
+            &ns,
+        )
+        .await
+        .unwrap();
+    }
+    apply_yaml(
+        &client,
+        &format!(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {{name: {ns}-scraper}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {reader_role}}}\nsubjects: [{{kind: ServiceAccount, name: scraper, namespace: {ns}}}]\n"
+        ),
+        &ns,
+    )
+    .await
+    .unwrap();
+    let scraper = token_for(&client, &ns, "scraper").await;
+    let nobody = token_for(&client, &ns, "nobody").await;
+
+    let dir = tempfile::tempdir().unwrap();
+    write_certificate(dir.path());
+    let ca = dir.path().join("tls.crt");
+    let op = Operator::start(
+        c,
+        &[&ns],
+        &[
+            "--leader-election=false",
+            "--admin-tls-dir",
+            dir.path().to_str().unwrap(),
+            "--admin-metrics-auth=true",
+        ],
+        "metrics-auth",
+    );
+    eventually("the admin port over TLS", WAIT, Some(&op), || async {
+        (curl_status(op.admin, "/healthz", &ca, None) == 200).then_some(())
+    })
+    .await;
+    // The kubelet's probes send no token.
+    assert_eq!(curl_status(op.admin, "/readyz", &ca, None), 200);
+    assert_eq!(
+        curl_status(op.admin, "/metrics", &ca, None),
+        401,
+        "no token"
+    );
+    assert_eq!(
+        curl_status(op.admin, "/metrics", &ca, Some("not-a-token")),
+        401,
+        "a token that does not authenticate"
+    );
+    assert_eq!(
+        curl_status(op.admin, "/metrics", &ca, Some(&nobody)),
+        403,
+        "a user without get on /metrics"
+    );
+    assert_eq!(
+        curl_status(op.admin, "/metrics", &ca, Some(&scraper)),
+        200,
+        "the reader role's user"
+    );
+    // And the body is the metrics, over TLS only: plain HTTP gets nothing.
+    let body = std::process::Command::new("curl")
+        .args(["-s", "--max-time", "10", "--cacert"])
+        .arg(&ca)
+        .arg("-H")
+        .arg(format!("Authorization: Bearer {scraper}"))
+        .arg(format!("https://{}/metrics", op.admin))
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&body.stdout).contains("causeway_operator_leader 1"));
+    let plain = std::process::Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "5",
+        ])
+        .arg(format!("http://{}/metrics", op.admin))
+        .output()
+        .unwrap();
+    assert_ne!(String::from_utf8_lossy(&plain.stdout).trim(), "200");
 }

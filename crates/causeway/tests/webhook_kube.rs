@@ -268,7 +268,7 @@ async fn the_charts_webhook_admits_good_objects_and_denies_bad_ones_with_a_reloa
         create(&client, &good).await.ok()
     })
     .await;
-    assert!(op.log_text().contains("webhook certificate reloaded"));
+    assert!(op.log_text().contains("serving certificate reloaded"));
 
     println!("scenario: an immutable field changed (1.20 has no CEL: the webhook holds it)");
     let changed = provisioner(

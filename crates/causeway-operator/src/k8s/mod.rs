@@ -2,8 +2,9 @@
 //! ours: the [`apply`] writer (indexed, live and dynamic ensure, removal,
 //! status writes, API error classes), [`conditions`], [`events`],
 //! [`finalizer`]s, [`watch`] scopes and reflectors, the foreign
-//! [`resources`], [`metrics`], and the [`drift`], [`index`], [`leader`],
-//! [`client`] and [`manifest`] pieces.
+//! [`resources`], [`metrics`] and who may read them ([`metrics_auth`]),
+//! and the [`drift`], [`index`], [`leader`], [`client`] and [`manifest`]
+//! pieces.
 //!
 //! It imports only the operator's error type and external crates; the
 //! Infra controller, the DPF bridge and the webhook import it.
@@ -18,6 +19,7 @@ pub mod index;
 pub mod leader;
 pub mod manifest;
 pub mod metrics;
+pub mod metrics_auth;
 pub mod resources;
 pub mod watch;
 

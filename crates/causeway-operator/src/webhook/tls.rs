@@ -1,4 +1,5 @@
-//! The webhook's serving certificate, read from `tls.crt` and `tls.key` in
+//! A serving certificate (the webhook's, and the admin port's when it serves
+//! TLS), read from `tls.crt` and `tls.key` in
 //! a directory and read again whenever either file changes: checked on
 //! each TLS handshake (two stats), so a rotated Secret (an atomic symlink
 //! swap in the mounted volume) is served from the next connection on,
@@ -114,14 +115,14 @@ impl ReloadingCert {
         if now.is_some() && now != current.0 {
             match load(&self.cert, &self.key) {
                 Ok(k) => {
-                    tracing::info!(cert = %self.cert.display(), "webhook certificate reloaded");
+                    tracing::info!(cert = %self.cert.display(), "serving certificate reloaded");
                     self.served(&k);
                     *current = (now, k);
                 }
                 // Half-written, or a bad pair: keep serving the old one,
                 // and try again on the next handshake.
                 Err(e) => {
-                    tracing::warn!(error = %e, "webhook certificate changed but does not load; serving the previous one")
+                    tracing::warn!(error = %e, "serving certificate changed but does not load; serving the previous one")
                 }
             }
         }
