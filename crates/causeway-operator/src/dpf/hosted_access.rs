@@ -119,39 +119,71 @@ pub(super) async fn least_privilege(
     admin: &Client,
     config: &Config,
 ) -> Result<Client, kube::Error> {
-    let pp = apply_params_as(APPROVER_MANAGER);
-    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), HOSTED_NAMESPACE);
-    accounts
-        .patch(
-            HOSTED_ACCOUNT,
-            &pp,
-            &Patch::Apply(json!({
-                "apiVersion": "v1", "kind": "ServiceAccount",
-                "metadata": {"name": HOSTED_ACCOUNT, "namespace": HOSTED_NAMESPACE},
-            })),
-        )
-        .await?;
-    Api::<ClusterRole>::all(admin.clone())
-        .patch(HOSTED_ROLE, &pp, &Patch::Apply(hosted_role()))
-        .await?;
-    Api::<ClusterRoleBinding>::all(admin.clone())
-        .patch(
-            HOSTED_ROLE,
-            &pp,
-            &Patch::Apply(json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                "metadata": {"name": HOSTED_ROLE},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": HOSTED_ROLE},
-                "subjects": [{"kind": "ServiceAccount", "name": HOSTED_ACCOUNT, "namespace": HOSTED_NAMESPACE}],
-            })),
-        )
-        .await?;
-    client_as(&accounts, HOSTED_ACCOUNT, config, TOKEN_SECONDS).await
+    let identity = HostedIdentity {
+        manager: APPROVER_MANAGER,
+        namespace: HOSTED_NAMESPACE,
+        account: HOSTED_ACCOUNT,
+        role: HOSTED_ROLE,
+    };
+    identity
+        .client(admin, config, hosted_role(), TOKEN_SECONDS)
+        .await
+}
+
+/// An identity of causeway's own in a hosted cluster: a ServiceAccount
+/// bound to a ClusterRole of the same purpose, all applied by `manager`.
+pub(crate) struct HostedIdentity {
+    pub manager: &'static str,
+    pub namespace: &'static str,
+    pub account: &'static str,
+    pub role: &'static str,
+}
+
+impl HostedIdentity {
+    /// Applies the account, `role` (the ClusterRole, named `self.role`) and
+    /// their binding with the admin client, then returns a client of
+    /// `config`'s cluster under a token of the account valid `seconds`.
+    pub(crate) async fn client(
+        &self,
+        admin: &Client,
+        config: &Config,
+        role: serde_json::Value,
+        seconds: i64,
+    ) -> Result<Client, kube::Error> {
+        let pp = apply_params_as(self.manager);
+        let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), self.namespace);
+        accounts
+            .patch(
+                self.account,
+                &pp,
+                &Patch::Apply(json!({
+                    "apiVersion": "v1", "kind": "ServiceAccount",
+                    "metadata": {"name": self.account, "namespace": self.namespace},
+                })),
+            )
+            .await?;
+        Api::<ClusterRole>::all(admin.clone())
+            .patch(self.role, &pp, &Patch::Apply(role))
+            .await?;
+        Api::<ClusterRoleBinding>::all(admin.clone())
+            .patch(
+                self.role,
+                &pp,
+                &Patch::Apply(json!({
+                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                    "metadata": {"name": self.role},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": self.role},
+                    "subjects": [{"kind": "ServiceAccount", "name": self.account, "namespace": self.namespace}],
+                })),
+            )
+            .await?;
+        client_as(&accounts, self.account, config, seconds).await
+    }
 }
 
 /// A client of `config`'s cluster under a short-lived token of the
 /// ServiceAccount `account` (of `accounts`' namespace).
-pub(crate) async fn client_as(
+async fn client_as(
     accounts: &Api<ServiceAccount>,
     account: &str,
     config: &Config,

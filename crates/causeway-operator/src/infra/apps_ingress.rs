@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 use super::attachment::{
     AppliedApps, AppsEndpoint, AppsIngressSpec, AppsIngressStatus, InfraClusterAttachment,
 };
-use crate::dpf::hosted_access::{admin_client, client_as, HostedEndpoint, Unavailable};
+use crate::dpf::hosted_access::{admin_client, HostedEndpoint, HostedIdentity, Unavailable};
 use crate::error::Error;
 use crate::k8s::apply::{apply_params_as, installed, not_found};
 use crate::k8s::resources::{ip_address_pool_resource, l2_advertisement_resource, resource};
@@ -244,32 +244,15 @@ async fn least_privilege(
     config: &Config,
     install: bool,
 ) -> Result<Client, kube::Error> {
-    use k8s_openapi::api::core::v1::ServiceAccount;
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-    let pp = apply_params_as(MANAGER);
-    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), HOSTED_NAMESPACE);
-    accounts
-        .patch(
-            HOSTED_ACCOUNT,
-            &pp,
-            &Patch::Apply(json!({
-                "apiVersion": "v1", "kind": "ServiceAccount",
-                "metadata": {"name": HOSTED_ACCOUNT, "namespace": HOSTED_NAMESPACE},
-            })),
-        )
-        .await?;
-    Api::<ClusterRole>::all(admin.clone())
-        .patch(HOSTED_ROLE, &pp, &Patch::Apply(hosted_role(install)))
-        .await?;
-    Api::<ClusterRoleBinding>::all(admin.clone())
-        .patch(HOSTED_ROLE, &pp, &Patch::Apply(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": HOSTED_ROLE},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": HOSTED_ROLE},
-            "subjects": [{"kind": "ServiceAccount", "name": HOSTED_ACCOUNT, "namespace": HOSTED_NAMESPACE}],
-        })))
-        .await?;
-    client_as(&accounts, HOSTED_ACCOUNT, config, TOKEN_SECONDS).await
+    let identity = HostedIdentity {
+        manager: MANAGER,
+        namespace: HOSTED_NAMESPACE,
+        account: HOSTED_ACCOUNT,
+        role: HOSTED_ROLE,
+    };
+    identity
+        .client(admin, config, hosted_role(install), TOKEN_SECONDS)
+        .await
 }
 
 /// One attachment's hosted client, when it was made, and the watch that

@@ -28,16 +28,42 @@ const REMEMBERED: usize = 256;
 
 pub struct MetricsAuth {
     client: Client,
-    /// Keyed by a hash of the token, never the token itself.
-    seen: Mutex<HashMap<u64, (Access, Instant)>>,
+    remembered: Mutex<Remembered>,
     hasher: RandomState,
+}
+
+/// The answers given lately, by a hash of the token (never the token).
+#[derive(Default)]
+struct Remembered {
+    answers: HashMap<u64, (Access, Instant)>,
+}
+
+impl Remembered {
+    fn get(&self, key: u64, now: Instant) -> Option<Access> {
+        self.answers
+            .get(&key)
+            .filter(|(_, until)| now < *until)
+            .map(|(access, _)| *access)
+    }
+
+    fn put(&mut self, key: u64, access: Access, now: Instant) {
+        let keep = if access == Access::Allowed {
+            ALLOWED_FOR
+        } else {
+            REFUSED_FOR
+        };
+        if self.answers.len() >= REMEMBERED {
+            self.answers.clear();
+        }
+        self.answers.insert(key, (access, now + keep));
+    }
 }
 
 impl MetricsAuth {
     pub fn new(client: Client) -> Self {
         MetricsAuth {
             client,
-            seen: Mutex::new(HashMap::new()),
+            remembered: Mutex::new(Remembered::default()),
             hasher: RandomState::new(),
         }
     }
@@ -48,10 +74,8 @@ impl MetricsAuth {
         };
         let key = self.hasher.hash_one(&token);
         let now = Instant::now();
-        if let Some((access, until)) = self.seen.lock().ok().and_then(|s| s.get(&key).copied()) {
-            if now < until {
-                return access;
-            }
+        if let Some(access) = self.remembered.lock().ok().and_then(|r| r.get(key, now)) {
+            return access;
         }
         let access = match self.review(token).await {
             Ok(a) => a,
@@ -61,16 +85,8 @@ impl MetricsAuth {
                 return Access::Unauthenticated;
             }
         };
-        let keep = if access == Access::Allowed {
-            ALLOWED_FOR
-        } else {
-            REFUSED_FOR
-        };
-        if let Ok(mut seen) = self.seen.lock() {
-            if seen.len() >= REMEMBERED {
-                seen.clear();
-            }
-            seen.insert(key, (access, now + keep));
+        if let Ok(mut remembered) = self.remembered.lock() {
+            remembered.put(key, access, now);
         }
         access
     }
@@ -117,5 +133,39 @@ impl MetricsAuth {
             Some(s) if s.allowed => Access::Allowed,
             _ => Access::Forbidden,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_allowed_token_is_remembered_a_minute_and_a_refused_one_ten_seconds() {
+        let t0 = Instant::now();
+        let mut r = Remembered::default();
+        r.put(1, Access::Allowed, t0);
+        r.put(2, Access::Forbidden, t0);
+        r.put(3, Access::Unauthenticated, t0);
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(r.get(1, at(59)), Some(Access::Allowed));
+        assert_eq!(r.get(1, at(60)), None);
+        assert_eq!(r.get(2, at(9)), Some(Access::Forbidden));
+        assert_eq!(r.get(2, at(10)), None);
+        assert_eq!(r.get(3, at(9)), Some(Access::Unauthenticated));
+        assert_eq!(r.get(4, at(0)), None);
+    }
+
+    #[test]
+    fn the_memory_is_bounded() {
+        let t0 = Instant::now();
+        let mut r = Remembered::default();
+        for key in 0..REMEMBERED as u64 {
+            r.put(key, Access::Allowed, t0);
+        }
+        assert_eq!(r.answers.len(), REMEMBERED);
+        r.put(u64::MAX, Access::Allowed, t0);
+        assert_eq!(r.answers.len(), 1, "full: forgotten, then the new one kept");
+        assert_eq!(r.get(0, t0), None);
     }
 }
