@@ -1516,13 +1516,23 @@ async fn two_replicas_render_anti_affinity_a_pdb_and_the_lease_rbac() {
     assert!(forbidden(other.get("causeway-operator").await));
 
     // Both pods ready: Ready, and the holder shows as the active replica.
-    let ready = drive_to_ready(&client, &ns, &name, &op).await;
-    assert_eq!(condition(&ready, "DNSReady").unwrap().1, "Ready");
-    let seen = eventually("the active replica in status", WAIT, Some(&op), || async {
-        let i = infras.get(&name).await.ok()?;
-        let dns = i.status?.component_status?.dns?;
-        (dns.active_replica.as_deref() == Some(holder.as_str())).then_some(dns)
-    })
+    // Ready=True comes as soon as one replica is ready (reason Degraded),
+    // and the second pod may not exist yet then: wait for DNSReady's own
+    // reason to say both replicas serve.
+    drive_to_ready(&client, &ns, &name, &op).await;
+    let seen = eventually(
+        "DNSReady=Ready with the active replica in status",
+        WAIT,
+        Some(&op),
+        || async {
+            make_pods_ready(&client, &ns, &name).await;
+            let i = infras.get(&name).await.ok()?;
+            let (status, reason, _) = condition(&i, "DNSReady")?;
+            let both = status == "True" && reason == "Ready";
+            let dns = i.status?.component_status?.dns?;
+            (both && dns.active_replica.as_deref() == Some(holder.as_str())).then_some(dns)
+        },
+    )
     .await;
     assert_eq!((seen.replicas, seen.ready_replicas), (2, 2));
 
