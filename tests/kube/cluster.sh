@@ -9,7 +9,9 @@
 #                                        prints KEY=VALUE lines (kubeconfig, server, token)
 #                                        with a PID after DIR, the cluster is also
 #                                        stopped and DIR removed once that process
-#                                        has exited (test suites pass their own)
+#                                        has exited (test suites pass their own);
+#                                        CAUSEWAY_KUBE_SANS=DNS:a,IP:b adds names
+#                                        to the serving certificate
 #   tests/kube/cluster.sh stop DIR       stop what `start DIR` started
 #
 # The only kube-apiserver to be had on these machines is Debian bookworm's
@@ -155,12 +157,16 @@ start() {
   mkdir -p "$dir/pki" "$dir/etcd"
   local pki="$dir/pki"
 
-  # A CA, a serving certificate for 127.0.0.1, and the service-account keys.
+  # A CA, a serving certificate for 127.0.0.1 (and CAUSEWAY_KUBE_SANS),
+  # and the service-account keys.
   openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=causeway-test-ca" \
     -keyout "$pki/ca.key" -out "$pki/ca.crt" 2>/dev/null
   openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" \
     -keyout "$pki/apiserver.key" -out "$pki/apiserver.csr" 2>/dev/null
-  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' > "$pki/san.ext"
+  # CAUSEWAY_KUBE_SANS adds names (DNS:x,IP:y): a test whose API server
+  # is also a hosted cluster's, reached by its api/api-int names.
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost%s\nextendedKeyUsage=serverAuth\n' \
+    "${CAUSEWAY_KUBE_SANS:+,$CAUSEWAY_KUBE_SANS}" > "$pki/san.ext"
   openssl x509 -req -in "$pki/apiserver.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
     -days 2 -extfile "$pki/san.ext" -out "$pki/apiserver.crt" 2>/dev/null
   openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null

@@ -41,17 +41,17 @@ mod monitored;
 mod support;
 
 use std::fs;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use support::{
     ack_log, bench_bin, causeway_bin, leases, poll_until, root_or_skip, tool, unix_ms, AdminAt,
-    Netns, Proc,
+    Forward, Netns, Proc,
 };
 
 const SERVICE_IP: &str = "192.168.50.2";
@@ -75,105 +75,13 @@ enum Mode {
     Lease,
 }
 
-/// The suite's API server, reached from inside a replica's namespace on
-/// its own 127.0.0.1: the test accepts there and connects to the real
-/// server from its own namespace. `cut` closes every connection and
-/// refuses new ones, as a lost route to the API server would.
-struct ApiForward {
-    port: u16,
-    cut: Arc<AtomicBool>,
-    open: Arc<Mutex<Vec<TcpStream>>>,
-    stop: Arc<AtomicBool>,
-}
-
-impl ApiForward {
-    fn start(ns: &Netns, upstream: SocketAddr) -> ApiForward {
-        let cut = Arc::new(AtomicBool::new(false));
-        let stop = Arc::new(AtomicBool::new(false));
-        let open: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
-        let (conn_tx, conn_rx) = mpsc::channel::<TcpStream>();
-        // Connects to the API server from the test's own namespace: a
-        // thread started here, before any thread enters the replica's.
-        {
-            let (cut, open) = (cut.clone(), open.clone());
-            std::thread::spawn(move || {
-                for inbound in conn_rx {
-                    if cut.load(Ordering::Relaxed) {
-                        continue;
-                    }
-                    let Ok(outbound) = TcpStream::connect(upstream) else {
-                        continue;
-                    };
-                    {
-                        let mut o = open.lock().unwrap();
-                        o.push(inbound.try_clone().unwrap());
-                        o.push(outbound.try_clone().unwrap());
-                    }
-                    for (mut from, mut to) in [
-                        (inbound.try_clone().unwrap(), outbound.try_clone().unwrap()),
-                        (outbound, inbound),
-                    ] {
-                        std::thread::spawn(move || {
-                            let _ = std::io::copy(&mut from, &mut to);
-                            let _ = to.shutdown(std::net::Shutdown::Both);
-                        });
-                    }
-                }
-            });
-        }
-        let (port_tx, port_rx) = mpsc::channel();
-        let ns_path = format!("/run/netns/{}", ns.name());
-        {
-            let (cut, stop) = (cut.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let f = fs::File::open(&ns_path).unwrap();
-                nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-                let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-                listener.set_nonblocking(true).unwrap();
-                port_tx.send(listener.local_addr().unwrap().port()).unwrap();
-                while !stop.load(Ordering::Relaxed) {
-                    match listener.accept() {
-                        Ok((s, _)) => {
-                            s.set_nonblocking(false).unwrap();
-                            if !cut.load(Ordering::Relaxed) {
-                                let _ = conn_tx.send(s);
-                            }
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(5)),
-                    }
-                }
-            });
-        }
-        ApiForward {
-            port: port_rx.recv_timeout(Duration::from_secs(5)).unwrap(),
-            cut,
-            open,
-            stop,
-        }
-    }
-
-    fn cut(&self) {
-        self.cut.store(true, Ordering::Relaxed);
-        for s in self.open.lock().unwrap().drain(..) {
-            let _ = s.shutdown(std::net::Shutdown::Both);
-        }
-    }
-}
-
-impl Drop for ApiForward {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.cut();
-    }
-}
-
 struct Replica {
     name: &'static str,
     ns: Netns,
     config: PathBuf,
     kubeconfig: Option<PathBuf>,
     proc: Option<Proc>,
-    forward: Option<ApiForward>,
+    forward: Option<Forward>,
     _echo: Proc,
     starts: usize,
 }
@@ -299,7 +207,7 @@ impl Lab {
             );
             let (forward, kubeconfig) = match (cluster, upstream) {
                 (Some(c), Some(up)) => {
-                    let f = ApiForward::start(&ns, up);
+                    let f = Forward::start(&ns, up);
                     let path = d.join(name).join("kubeconfig");
                     fs::write(
                         &path,

@@ -88,6 +88,22 @@ pub fn cluster(test: &str) -> Option<&'static SharedCluster> {
     started(test, &CLUSTER, true)
 }
 
+/// Names the serving certificate carries besides 127.0.0.1 and localhost,
+/// in openssl's `DNS:a,IP:b` form; set before the cluster first starts.
+static EXTRA_SANS: OnceLock<String> = OnceLock::new();
+
+/// [`cluster`], whose API server certificate also names `sans` (a hosted
+/// cluster's `api` and `api-int`). One test process has one cluster: the
+/// first call decides.
+pub fn cluster_with_sans(test: &str, sans: &str) -> Option<&'static SharedCluster> {
+    let wanted = EXTRA_SANS.get_or_init(|| sans.to_string());
+    assert_eq!(
+        wanted, sans,
+        "{test}: this process's cluster has other SANs"
+    );
+    cluster(test)
+}
+
 /// A cluster without the chart: for a test process that installs the
 /// chart with helm itself. The admin kubeconfig is `dir/kubeconfig`.
 pub fn bare_cluster(test: &str) -> Option<&'static SharedCluster> {
@@ -151,6 +167,10 @@ fn start(script: &Path, helm: PathBuf, with_chart: bool) -> Result<SharedCluster
         .arg("start")
         .arg(&dir)
         .arg(std::process::id().to_string())
+        .env(
+            "CAUSEWAY_KUBE_SANS",
+            EXTRA_SANS.get().map(String::as_str).unwrap_or_default(),
+        )
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| format!("running cluster.sh: {e}"))?;

@@ -23,8 +23,9 @@ use dhcproto::{Decodable, Decoder, Encodable};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, Once};
+use std::sync::{mpsc, Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
 /// How often bounded waits re-check their condition.
@@ -433,6 +434,105 @@ impl Drop for Netns {
             ),
             Err(e) => eprintln!("warning: ip netns delete {}: {e}", self.name),
         }
+    }
+}
+
+/// A TCP service of the test's own namespace (the suite's API server),
+/// reached from inside a namespace the test made: the test accepts there
+/// and connects to the real server from its own namespace, as kube-proxy
+/// carries a Service address to its endpoint. `cut` closes every
+/// connection and refuses new ones, as a lost route would.
+pub struct Forward {
+    pub port: u16,
+    cut: Arc<AtomicBool>,
+    open: Arc<Mutex<Vec<TcpStream>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Forward {
+    /// On an unused port of `127.0.0.1` inside `ns`.
+    pub fn start(ns: &Netns, upstream: SocketAddr) -> Forward {
+        Forward::start_at(ns, "127.0.0.1:0".parse().unwrap(), upstream)
+    }
+
+    /// On `listen` inside `ns` (an address the namespace holds).
+    pub fn start_at(ns: &Netns, listen: SocketAddr, upstream: SocketAddr) -> Forward {
+        let cut = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let open: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let (conn_tx, conn_rx) = mpsc::channel::<TcpStream>();
+        // Connects to the API server from the test's own namespace: a
+        // thread started here, before any thread enters the replica's.
+        {
+            let (cut, open) = (cut.clone(), open.clone());
+            std::thread::spawn(move || {
+                for inbound in conn_rx {
+                    if cut.load(Ordering::Relaxed) {
+                        continue;
+                    }
+                    let Ok(outbound) = TcpStream::connect(upstream) else {
+                        continue;
+                    };
+                    {
+                        let mut o = open.lock().unwrap();
+                        o.push(inbound.try_clone().unwrap());
+                        o.push(outbound.try_clone().unwrap());
+                    }
+                    for (mut from, mut to) in [
+                        (inbound.try_clone().unwrap(), outbound.try_clone().unwrap()),
+                        (outbound, inbound),
+                    ] {
+                        std::thread::spawn(move || {
+                            let _ = std::io::copy(&mut from, &mut to);
+                            let _ = to.shutdown(std::net::Shutdown::Both);
+                        });
+                    }
+                }
+            });
+        }
+        let (port_tx, port_rx) = mpsc::channel();
+        let ns_path = format!("/run/netns/{}", ns.name());
+        {
+            let (cut, stop) = (cut.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let f = fs::File::open(&ns_path).unwrap();
+                nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+                let listener = TcpListener::bind(listen).unwrap();
+                listener.set_nonblocking(true).unwrap();
+                port_tx.send(listener.local_addr().unwrap().port()).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((s, _)) => {
+                            s.set_nonblocking(false).unwrap();
+                            if !cut.load(Ordering::Relaxed) {
+                                let _ = conn_tx.send(s);
+                            }
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                    }
+                }
+            });
+        }
+        Forward {
+            port: port_rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+            cut,
+            open,
+            stop,
+        }
+    }
+
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::Relaxed);
+        for s in self.open.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for Forward {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.cut();
     }
 }
 
