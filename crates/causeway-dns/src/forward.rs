@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use causeway_config::{DnsConfig, UpstreamPolicy};
@@ -195,14 +195,34 @@ impl Drop for InFlight {
 }
 
 pub struct Forwarder {
-    upstreams: Vec<Upstream>,
-    policy: UpstreamPolicy,
-    timeout: Duration,
+    /// Every upstream this forwarder has been given, at the index routes
+    /// and events carry. It only grows (by a new address, at a reload), so
+    /// an exchange begun before a reload reports on the upstream it asked.
+    known: RwLock<Vec<Arc<Upstream>>>,
+    /// What a reload may change: the upstreams asked, their order and the
+    /// time allowed.
+    asking: RwLock<Arc<Asking>>,
     coalesce: Mutex<Joined>,
     permits: Arc<Semaphore>,
     pub cache: Cache,
     metrics: DnsMetrics,
     epoch: Instant,
+}
+
+/// The upstreams in use, as indexes into [`Forwarder::known`] in config
+/// order, and how they are asked.
+struct Asking {
+    order: Vec<usize>,
+    policy: UpstreamPolicy,
+    timeout: Duration,
+}
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
 }
 
 fn gauge(n: usize) -> i64 {
@@ -215,31 +235,71 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Forwarder {
     pub fn new(cfg: &DnsConfig, upstreams: Vec<SocketAddr>, metrics: DnsMetrics) -> Arc<Self> {
-        // Each upstream's latency series exists from the start, empty: a
-        // dashboard then lists an upstream that has never answered.
-        for addr in &upstreams {
-            metrics
-                .upstream_seconds
-                .with_label_values(&[addr.to_string().as_str()]);
-        }
-        Arc::new(Forwarder {
-            upstreams: upstreams
-                .into_iter()
-                .map(|addr| Upstream {
-                    addr,
-                    label: addr.to_string(),
-                    failures: AtomicU32::new(0),
-                    skip_until: AtomicU64::new(0),
-                })
-                .collect(),
-            policy: cfg.upstream_policy,
-            timeout: cfg.upstream_timeout,
+        let forwarder = Arc::new(Forwarder {
+            known: RwLock::new(Vec::new()),
+            asking: RwLock::new(Arc::new(Asking {
+                order: Vec::new(),
+                policy: cfg.upstream_policy,
+                timeout: cfg.upstream_timeout,
+            })),
             coalesce: Mutex::new(Joined::default()),
             permits: Arc::new(Semaphore::new(cfg.max_upstream_in_flight)),
             cache: Cache::new(cfg.cache.clone()),
             metrics,
             epoch: Instant::now(),
-        })
+        });
+        forwarder.reload(cfg, &upstreams);
+        forwarder
+    }
+
+    /// Asks `upstreams` from now on, with `cfg`'s policy and timeout.
+    /// Exchanges under way finish with the upstreams they began with. An
+    /// upstream kept keeps its failure count; the cache is kept, as its
+    /// answers carry their own TTLs.
+    pub fn reload(&self, cfg: &DnsConfig, upstreams: &[SocketAddr]) {
+        let mut known = write(&self.known);
+        let mut order = Vec::with_capacity(upstreams.len());
+        for addr in upstreams {
+            let index = match known.iter().position(|u| u.addr == *addr) {
+                Some(i) => i,
+                None => {
+                    known.push(Arc::new(Upstream {
+                        addr: *addr,
+                        label: addr.to_string(),
+                        failures: AtomicU32::new(0),
+                        skip_until: AtomicU64::new(0),
+                    }));
+                    known.len() - 1
+                }
+            };
+            // Each upstream's latency series exists from the start, empty:
+            // a dashboard then lists an upstream that has never answered.
+            self.metrics
+                .upstream_seconds
+                .with_label_values(&[addr.to_string().as_str()]);
+            if !order.contains(&index) {
+                order.push(index);
+            }
+        }
+        *write(&self.asking) = Arc::new(Asking {
+            order,
+            policy: cfg.upstream_policy,
+            timeout: cfg.upstream_timeout,
+        });
+    }
+
+    /// The upstreams asked now, in config order.
+    pub fn upstreams(&self) -> Vec<SocketAddr> {
+        let known = read(&self.known);
+        read(&self.asking)
+            .order
+            .iter()
+            .filter_map(|&i| known.get(i).map(|u| u.addr))
+            .collect()
+    }
+
+    fn upstream(&self, index: usize) -> Option<Arc<Upstream>> {
+        read(&self.known).get(index).cloned()
     }
 
     /// Answers `q` (whose bytes are `request`) from the cache or upstream,
@@ -388,18 +448,23 @@ impl Forwarder {
 
     /// The upstreams to try, in order: those not being skipped first, in
     /// config order (sequential) or shuffled (random).
-    fn routes(&self) -> Vec<Route> {
+    fn routes(&self, asking: &Asking) -> Vec<Route> {
         let now = self.now_ms();
-        let mut order: Vec<usize> = (0..self.upstreams.len()).collect();
-        if self.policy == UpstreamPolicy::Random {
+        let known = read(&self.known);
+        let mut order: Vec<(usize, &Upstream)> = asking
+            .order
+            .iter()
+            .filter_map(|&i| known.get(i).map(|u| (i, &**u)))
+            .collect();
+        if asking.policy == UpstreamPolicy::Random {
             order.shuffle(&mut rand::rng());
         }
-        order.sort_by_key(|&i| self.upstreams[i].skip_until.load(Ordering::Relaxed) > now);
+        order.sort_by_key(|(_, u)| u.skip_until.load(Ordering::Relaxed) > now);
         order
             .into_iter()
-            .map(|index| Route {
+            .map(|(index, u)| Route {
                 index,
-                addr: self.upstreams[index].addr,
+                addr: u.addr,
             })
             .collect()
     }
@@ -408,13 +473,14 @@ impl Forwarder {
     /// whole upstream timeout over all of them, and for each a share that
     /// leaves time for the others if the first does not answer.
     pub(crate) fn exchange(&self, q: &ParsedQuery, request: &[u8], now: Instant) -> Exchange {
+        let asking = read(&self.asking).clone();
         let per_try =
-            (self.timeout / self.upstreams.len().max(1) as u32).max(Duration::from_millis(300));
+            (asking.timeout / asking.order.len().max(1) as u32).max(Duration::from_millis(300));
         Exchange::new(
             &crate::message::upstream_query(q, request),
             q.question_end,
-            self.routes(),
-            self.timeout,
+            self.routes(&asking),
+            asking.timeout,
             per_try,
             now,
         )
@@ -434,7 +500,7 @@ impl Forwarder {
     }
 
     fn failed(&self, index: usize, reason: &str) {
-        let Some(up) = self.upstreams.get(index) else {
+        let Some(up) = self.upstream(index) else {
             return;
         };
         self.metrics
@@ -450,7 +516,7 @@ impl Forwarder {
     }
 
     fn succeeded(&self, index: usize, took: Duration) {
-        let Some(up) = self.upstreams.get(index) else {
+        let Some(up) = self.upstream(index) else {
             return;
         };
         up.failures.store(0, Ordering::Relaxed);
@@ -630,6 +696,49 @@ mod tests {
         let metrics = DnsMetrics::new(&prometheus::Registry::new()).unwrap();
         let upstream = vec!["127.0.0.1:9".parse().unwrap()];
         (Forwarder::new(&cfg, upstream, metrics.clone()), metrics)
+    }
+
+    /// Routes of a reloaded forwarder are the new upstreams in config
+    /// order; an event of an exchange begun before the reload is counted
+    /// for the upstream that exchange asked, even where the new list holds
+    /// another at its position.
+    #[test]
+    fn a_reload_routes_to_the_new_upstreams_and_old_events_count_for_the_upstream_asked() {
+        let (fwd, metrics) = forwarder();
+        let cfg = Config::from_yaml(
+            "cluster: {name: hc1, baseDomain: example.com}\ndns:\n  listen: ['127.0.0.1:5353']\n",
+        )
+        .unwrap()
+        .dns
+        .unwrap();
+        let (a, b, c): (SocketAddr, SocketAddr, SocketAddr) = (
+            "127.0.0.1:9".parse().unwrap(),
+            "127.0.0.2:53".parse().unwrap(),
+            "127.0.0.3:53".parse().unwrap(),
+        );
+        let before = fwd.routes(&read(&fwd.asking).clone());
+        assert_eq!(before.iter().map(|r| r.addr).collect::<Vec<_>>(), [a]);
+        fwd.reload(&cfg, &[b, c]);
+        assert_eq!(fwd.upstreams(), [b, c]);
+        let after = fwd.routes(&read(&fwd.asking).clone());
+        assert_eq!(after.iter().map(|r| r.addr).collect::<Vec<_>>(), [b, c]);
+        // The exchange begun before reports its upstream failed.
+        fwd.observe(Event::Failed {
+            upstream: before[0].index,
+            reason: "timeout",
+        });
+        let errors = |u: SocketAddr| {
+            metrics
+                .upstream_errors
+                .with_label_values(&[u.to_string().as_str(), "timeout"])
+                .get()
+        };
+        assert_eq!((errors(a), errors(b)), (1, 0));
+        // Back to the first upstream: the same entry, its count kept.
+        fwd.reload(&cfg, &[a]);
+        let again = fwd.routes(&read(&fwd.asking).clone());
+        assert_eq!(again[0].index, before[0].index);
+        assert_eq!(read(&fwd.known).len(), 3);
     }
 
     #[tokio::test]

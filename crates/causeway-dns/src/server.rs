@@ -41,11 +41,13 @@ pub struct DnsServer {
     tasks: Vec<JoinHandle<()>>,
     /// One per UDP socket, each served by a thread of its own.
     udp: Vec<(Arc<Endpoint>, oneshot::Receiver<()>)>,
-    /// What only a restart changes: the addresses, and the UDP sockets and
-    /// their threads.
+    /// What only a restart changes: the addresses, the UDP sockets and
+    /// their threads, the cache's size and the bound on upstream queries.
     listen: Vec<SocketAddr>,
     udp_sockets: usize,
     pin_udp_threads: bool,
+    cache: causeway_config::CacheConfig,
+    max_upstream_in_flight: usize,
 }
 
 impl DnsServer {
@@ -56,14 +58,7 @@ impl DnsServer {
         shutdown: Shutdown,
     ) -> Result<Self, DnsError> {
         let authority = Authority::new(cfg, dynamic.clone(), serial())?;
-        let mut upstreams = cfg.upstreams.clone();
-        if upstreams.is_empty() || cfg.system_upstreams {
-            for a in system_resolvers() {
-                if !upstreams.contains(&a) {
-                    upstreams.push(a);
-                }
-            }
-        }
+        let upstreams = upstreams_of(cfg);
         let forwarder = if upstreams.is_empty() {
             tracing::warn!("no DNS upstreams configured or found in /etc/resolv.conf: names outside our zones get SERVFAIL");
             None
@@ -98,6 +93,8 @@ impl DnsServer {
             listen: cfg.listen.clone(),
             udp_sockets: cfg.udp_sockets,
             pin_udp_threads: cfg.pin_udp_threads,
+            cache: cfg.cache.clone(),
+            max_upstream_in_flight: cfg.max_upstream_in_flight,
         };
         for addr in &cfg.listen {
             for index in 0..sockets {
@@ -164,7 +161,8 @@ impl DnsServer {
         Ok(server)
     }
 
-    /// Swaps in new records and views; queries in flight finish on the old.
+    /// Swaps in new records, views and upstreams; queries in flight finish
+    /// on the old.
     pub fn reload(&self, cfg: &DnsConfig) -> Result<(), DnsError> {
         let authority = Authority::new(cfg, self.responder.dynamic.clone(), serial())?;
         *self
@@ -172,6 +170,24 @@ impl DnsServer {
             .authority
             .write()
             .unwrap_or_else(|p| p.into_inner()) = Arc::new(authority);
+        let upstreams = upstreams_of(cfg);
+        match &self.responder.forwarder {
+            Some(fwd) => {
+                if fwd.upstreams() != upstreams {
+                    tracing::info!(upstreams = ?upstreams, "DNS forwarding to new upstreams");
+                }
+                fwd.reload(cfg, &upstreams);
+            }
+            None if !upstreams.is_empty() => tracing::warn!(
+                "dns.upstreams given to a server started without any; restart to forward (records and views are applied)"
+            ),
+            None => {}
+        }
+        if cfg.cache != self.cache || cfg.max_upstream_in_flight != self.max_upstream_in_flight {
+            tracing::warn!(
+                "dns.cache or dns.maxUpstreamInFlight changed; restart to apply it (records, views and upstreams are applied)"
+            );
+        }
         self.responder.reloads.fetch_add(1, Ordering::AcqRel);
         if cfg.listen != self.listen {
             tracing::warn!(
@@ -229,6 +245,20 @@ impl Drop for DnsServer {
 /// The SOA serial: seconds since the epoch, so every reload increases it.
 fn serial() -> u32 {
     u32::try_from(unix_now()).unwrap_or(u32::MAX)
+}
+
+/// The upstreams a config asks: its own, then the host's resolvers when it
+/// names none or asks for them too.
+fn upstreams_of(cfg: &DnsConfig) -> Vec<SocketAddr> {
+    let mut upstreams = cfg.upstreams.clone();
+    if upstreams.is_empty() || cfg.system_upstreams {
+        for a in system_resolvers() {
+            if !upstreams.contains(&a) {
+                upstreams.push(a);
+            }
+        }
+    }
+    upstreams
 }
 
 /// `nameserver` lines of /etc/resolv.conf, for a server given no upstreams

@@ -309,6 +309,11 @@ struct Dnsmasq {
 
 impl Dnsmasq {
     fn start(ttl: u32) -> Dnsmasq {
+        Dnsmasq::answering(ttl, UPSTREAM_ANSWER)
+    }
+
+    /// Answers `answer` for `www.example.net` and every name under it.
+    fn answering(ttl: u32, answer: &str) -> Dnsmasq {
         let dir = tempdir();
         let ip = Ipv4Addr::new(127, 0, 0, 53);
         let addr = SocketAddr::from((ip, support::free_udp_and_tcp_port(ip)));
@@ -326,7 +331,7 @@ impl Dnsmasq {
         .arg(format!("--listen-address={ip}"))
         .arg(format!("--port={}", addr.port()))
         .arg(format!("--local-ttl={ttl}"))
-        .arg(format!("--address=/www.example.net/{UPSTREAM_ANSWER}"))
+        .arg(format!("--address=/www.example.net/{answer}"))
         .arg(format!("--pid-file={}", dir.path().join("pid").display()));
         if support::is_root() {
             cmd.arg("--user=nobody");
@@ -337,7 +342,7 @@ impl Dnsmasq {
                 return Some(false);
             }
             dig(addr, &["www.example.net", "A"])
-                .filter(|r| r.answers("A") == [UPSTREAM_ANSWER])
+                .filter(|r| r.answers("A") == [answer])
                 .map(|_| true)
         });
         assert!(
@@ -749,6 +754,48 @@ fn dnsperf_count(report: &str, label: &str) -> u64 {
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no `{label}` in dnsperf's report:\n{report}"))
+}
+
+/// A reload that names other upstreams is forwarded to them from then on,
+/// without a restart. Before, the reload swapped records and views only,
+/// reported itself applied, and kept asking the old upstream.
+#[test]
+fn a_reload_forwards_to_the_new_upstreams_without_a_restart() {
+    const OTHER_ANSWER: &str = "192.0.2.77";
+    let old = Dnsmasq::start(300);
+    let new = Dnsmasq::answering(300, OTHER_ANSWER);
+    let server = Server::dns(&format!("  upstreams: [\"{}\"]\n", old.addr));
+    let pid = server.pid();
+    let before = dig_ok(server.dns, &["www.example.net", "A"]);
+    assert_eq!(before.answers("A"), [UPSTREAM_ANSWER], "{}", before.raw);
+
+    let applied = r#"causeway_config_reloads_total{result="applied"}"#;
+    reload_with(&server, &format!("  upstreams: [\"{}\"]\n", new.addr));
+    let reloaded = poll_until(DEADLINE, || (server.sample(applied) >= 1.0).then_some(()));
+    assert!(
+        reloaded.is_some(),
+        "no reload applied\n{}",
+        server.describe()
+    );
+    // A name not cached before the reload (cached answers keep their TTL).
+    let after = dig_ok(server.dns, &["after.www.example.net", "A"]);
+    assert_eq!(
+        after.answers("A"),
+        [OTHER_ANSWER],
+        "still forwarded to the old upstream after the reload\n{}\n{}",
+        after.raw,
+        server.describe()
+    );
+    assert_eq!(server.pid(), pid, "the server restarted");
+    let asked = format!(
+        "causeway_dns_upstream_seconds_count{{upstream=\"{}\"}}",
+        new.addr
+    );
+    let counted = poll_until(Duration::from_secs(3), || {
+        (server.sample(&asked) >= 1.0).then_some(())
+    });
+    assert!(counted.is_some(), "{asked} stayed 0");
+    drop(old);
 }
 
 #[test]
