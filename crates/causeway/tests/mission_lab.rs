@@ -112,6 +112,7 @@ struct PodView {
     uid: String,
     component: String,
     ip: Ipv4Addr,
+    /// The container's process while it runs.
     pid: Option<u32>,
     /// Container starts: 1 until it was restarted.
     starts: u32,
@@ -131,11 +132,16 @@ struct Running {
     caps: String,
     config_maps: Vec<(String, PathBuf)>,
     proc: Option<Proc>,
+    /// Whether `proc` had not exited at the last look.
+    alive: bool,
     starts: u32,
     ready: bool,
     reported: Option<(bool, u32)>,
     ip: Ipv4Addr,
     node: String,
+    /// A StatefulSet pod's name under its governing Service, which the
+    /// cluster's DNS would resolve: `<hostname>.<subdomain>.<ns>.svc`.
+    peer_name: Option<String>,
 }
 
 const NODES: [&str; 2] = ["mgmt-0", "mgmt-1"];
@@ -147,6 +153,9 @@ const NODES: [&str; 2] = ["mgmt-0", "mgmt-1"];
 /// pods that are deleted. Runs on a thread of its own.
 struct Kubelet {
     views: Arc<Mutex<BTreeMap<String, PodView>>>,
+    /// Pods whose container is not restarted when it exits (a node that
+    /// went away with it), until released.
+    held: Arc<Mutex<std::collections::BTreeSet<String>>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -187,9 +196,10 @@ impl Kubelet {
         dir: PathBuf,
     ) -> Kubelet {
         let views: Arc<Mutex<BTreeMap<String, PodView>>> = Arc::default();
+        let held: Arc<Mutex<std::collections::BTreeSet<String>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (views, stop) = (views.clone(), stop.clone());
+            let (views, stop, held) = (views.clone(), stop.clone(), held.clone());
             std::thread::spawn(move || {
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
@@ -206,6 +216,7 @@ impl Kubelet {
                         pods: BTreeMap::new(),
                         next: 11,
                         heartbeat: None,
+                        held,
                     };
                     while !stop.load(Ordering::Relaxed) {
                         state.sync().await;
@@ -219,9 +230,26 @@ impl Kubelet {
         };
         Kubelet {
             views,
+            held,
             stop,
             thread: Some(thread),
         }
+    }
+
+    fn hold(&self, pod: &str) {
+        self.held.lock().unwrap().insert(pod.to_string());
+    }
+
+    fn release(&self, pod: &str) {
+        self.held.lock().unwrap().remove(pod);
+    }
+
+    /// Every pod of `component`, by name.
+    fn pods_of(&self, component: &str) -> BTreeMap<String, PodView> {
+        self.pods()
+            .into_iter()
+            .filter(|(_, v)| v.component == component)
+            .collect()
     }
 
     fn pods(&self) -> BTreeMap<String, PodView> {
@@ -260,6 +288,7 @@ struct KubeletState {
     pods: BTreeMap<String, Running>,
     next: u8,
     heartbeat: Option<Instant>,
+    held: Arc<Mutex<std::collections::BTreeSet<String>>>,
 }
 
 impl KubeletState {
@@ -273,7 +302,7 @@ impl KubeletState {
                         uid: r.uid.clone(),
                         component: r.component.clone(),
                         ip: r.ip,
-                        pid: r.proc.as_ref().map(Proc::pid),
+                        pid: r.proc.as_ref().filter(|_| r.alive).map(Proc::pid),
                         starts: r.starts,
                         ready: r.ready,
                     },
@@ -368,9 +397,30 @@ impl KubeletState {
                 }
             }
         }
+        self.write_hosts();
         let names: Vec<String> = self.pods.keys().cloned().collect();
         for name in names {
             self.keep_running(&name).await;
+        }
+    }
+
+    /// Each pod's /etc/hosts: the Services it dials, and every StatefulSet
+    /// pod under its governing Service (the cluster DNS's part). Written in
+    /// place: the pod holds a bind mount of the file itself.
+    fn write_hosts(&self) {
+        let mut text = format!(
+            "127.0.0.1 localhost\n{API_VIP} kube-apiserver.{CP_NS}.svc kube-apiserver.{CP_NS}.svc.cluster.local\n{IGNITION_VIP} ignition-server-proxy.{CP_NS}.svc ignition-server-proxy.{CP_NS}.svc.cluster.local\n"
+        );
+        for r in self.pods.values() {
+            if let Some(peer) = &r.peer_name {
+                text.push_str(&format!("{} {peer} {peer}.cluster.local\n", r.ip));
+            }
+        }
+        for r in self.pods.values() {
+            let path = r.dir.join("hosts");
+            if fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+                fs::write(&path, &text).unwrap();
+            }
         }
     }
 
@@ -523,13 +573,8 @@ impl KubeletState {
             .map(|(s, d, ro)| format!("{s} {d} {}\n", if *ro { "ro" } else { "rw" }))
             .collect();
         fs::write(dir.join("mounts"), lines.concat()).unwrap();
-        fs::write(
-            dir.join("hosts"),
-            format!(
-                "127.0.0.1 localhost\n{API_VIP} kube-apiserver.{CP_NS}.svc kube-apiserver.{CP_NS}.svc.cluster.local\n{IGNITION_VIP} ignition-server-proxy.{CP_NS}.svc ignition-server-proxy.{CP_NS}.svc.cluster.local\n"
-            ),
-        )
-        .unwrap();
+        // Filled by write_hosts before the container starts.
+        fs::write(dir.join("hosts"), "").unwrap();
         fs::write(
             dir.join("resolv.conf"),
             format!("search {INFRA_NS}.svc.cluster.local svc.cluster.local cluster.local\nnameserver {UPSTREAM_A}\noptions ndots:5\n"),
@@ -605,7 +650,13 @@ impl KubeletState {
                 &inside,
             ]);
         }
+        let peer_name = spec
+            .hostname
+            .as_ref()
+            .zip(spec.subdomain.as_ref())
+            .map(|(h, d)| format!("{h}.{d}.{INFRA_NS}.svc"));
         Ok(Running {
+            peer_name,
             name,
             uid,
             component,
@@ -617,6 +668,7 @@ impl KubeletState {
             caps,
             config_maps,
             proc: None,
+            alive: false,
             starts: 0,
             ready: false,
             reported: None,
@@ -638,7 +690,9 @@ impl KubeletState {
             }
         }
         let exited = r.proc.as_mut().is_some_and(|p| p.try_status().is_some());
-        if r.proc.is_none() || exited {
+        let held = self.held.lock().unwrap().contains(name);
+        r.alive = r.proc.is_some() && !exited;
+        if r.proc.is_none() || (exited && !held) {
             if let Some(p) = r.proc.take() {
                 eprintln!("kubelet: {name} exited; restarting\n{}", p.describe());
             }
@@ -657,6 +711,7 @@ impl KubeletState {
                 &self.dir,
                 &mut cmd,
             ));
+            r.alive = true;
         }
         // Probed as the kubelet probes: at the pod's address, from outside.
         r.ready = pod_get(&self.podnet, r.ip, "/readyz").is_some_and(|(code, _)| code == 200);
@@ -1015,7 +1070,7 @@ fn bootstrap_from_ignition(ignition: &str, ca_path: &Path) -> (String, String) {
     )
 }
 
-fn infra_yaml(lease_time: &str, upstream: &str) -> String {
+fn infra_yaml(lease_time: &str, upstream: &str, proxy_replicas: u8) -> String {
     format!(
         r#"apiVersion: hostedcluster.densityops.com/v1alpha1
 kind: Infra
@@ -1030,7 +1085,7 @@ spec:
   infraComponents:
     dhcp: {{enabled: true, serverIP: "{DHCP_IP}", rangeStart: "192.168.60.100", rangeEnd: "192.168.60.120", leaseTime: "{lease_time}"}}
     dns: {{enabled: true, serverIP: "{DNS_IP}", baseDomain: example.test, clusterName: e2e}}
-    proxy: {{enabled: true, serverIP: "{PROXY_IP}", controlPlaneNamespace: {CP_NS}}}
+    proxy: {{enabled: true, serverIP: "{PROXY_IP}", controlPlaneNamespace: {CP_NS}, replicas: {proxy_replicas}}}
 "#
     )
 }
@@ -1190,7 +1245,7 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
         &["--leader-election=false", "--hosted-apiserver=kubeconfig"],
         "mission",
     );
-    apply_yaml(&client, &infra_yaml("20s", UPSTREAM_A), INFRA_NS)
+    apply_yaml(&client, &infra_yaml("20s", UPSTREAM_A, 1), INFRA_NS)
         .await
         .unwrap();
 
@@ -1481,7 +1536,7 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
 
     println!("step: an Infra change (lease time, DNS upstream) reaches the running pods through their ConfigMaps");
     let changed = Instant::now();
-    apply_yaml(&client, &infra_yaml("30s", UPSTREAM_B), INFRA_NS)
+    apply_yaml(&client, &infra_yaml("30s", UPSTREAM_B, 1), INFRA_NS)
         .await
         .unwrap();
     let renewed = poll_until(WAIT, || {
@@ -1528,6 +1583,84 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
         assert!(applied >= 1.0, "{comp}: reloads applied {applied}");
     }
     marks.push(("Infra change in effect without a restart", began.elapsed()));
+
+    println!("step: two proxy replicas; the active one killed and kept down, the standby serves");
+    apply_yaml(&client, &infra_yaml("30s", UPSTREAM_B, 2), INFRA_NS)
+        .await
+        .unwrap();
+    let (active, standby) = eventually(
+        "two proxy replicas ready, one of them active (step: two proxy replicas)",
+        WAIT,
+        Some(&op),
+        || async {
+            let pods = kubelet.pods_of("proxy");
+            if pods.len() != 2 || !pods.values().all(|v| v.ready) {
+                return None;
+            }
+            let i = infras.get(INFRA).await.ok()?;
+            let proxy = i.status?.component_status?.proxy?;
+            let active = proxy.active_replica.filter(|a| pods.contains_key(a))?;
+            let standby = pods.keys().find(|p| **p != active)?.clone();
+            Some((active, standby))
+        },
+    )
+    .await;
+    eventually(
+        "the worker's request through the active replica (step: two proxy replicas)",
+        WAIT,
+        Some(&op),
+        || async { as_node(&own).ok().filter(|(code, _)| *code == 200) },
+    )
+    .await;
+    let down = kubelet.pods_of("proxy")[&active].clone();
+    kubelet.hold(&active);
+    let killed = Instant::now();
+    assert!(support::signal(down.pid.unwrap(), "KILL"));
+    let served = eventually(
+        "the worker's request served by the standby while the active stays down (step: proxy takeover)",
+        WAIT,
+        Some(&op),
+        || async {
+            let (code, _) = as_node(&own).ok()?;
+            (code == 200).then(|| killed.elapsed())
+        },
+    )
+    .await;
+    let killed_one = kubelet.pods_of("proxy")[&active].clone();
+    assert_eq!(
+        (killed_one.pid, killed_one.starts),
+        (None, down.starts),
+        "the killed replica must still be down: the standby served"
+    );
+    println!("active proxy replica killed and kept down: the worker's next successful request after {served:?}");
+    let taken = eventually(
+        "the standby as the Infra's active proxy replica, the other not ready",
+        WAIT,
+        Some(&op),
+        || async {
+            let i = infras.get(INFRA).await.ok()?;
+            let proxy = i.status?.component_status?.proxy?;
+            // The killed one's readiness reaches the status through its
+            // Pod and the StatefulSet.
+            (proxy.active_replica.as_deref() == Some(standby.as_str()) && proxy.ready_replicas == 1)
+                .then_some(proxy)
+        },
+    )
+    .await;
+    assert_eq!(taken.replicas, 2, "{taken:?}");
+    kubelet.release(&active);
+    eventually(
+        "the killed replica back, as the standby",
+        WAIT,
+        Some(&op),
+        || async {
+            let pods = kubelet.pods_of("proxy");
+            let back = pods.get(&active)?;
+            (back.ready && back.starts == down.starts + 1).then_some(())
+        },
+    )
+    .await;
+    marks.push(("proxy takeover by the standby", began.elapsed()));
 
     let total = began.elapsed();
     for (what, at) in &marks {
