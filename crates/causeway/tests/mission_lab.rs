@@ -111,6 +111,8 @@ fn step_failed(step: &str, detail: impl std::fmt::Display) -> ! {
 struct PodView {
     uid: String,
     component: String,
+    /// The pod's network namespace.
+    ns: String,
     ip: Ipv4Addr,
     /// The container's process while it runs.
     pid: Option<u32>,
@@ -301,6 +303,7 @@ impl KubeletState {
                     PodView {
                         uid: r.uid.clone(),
                         component: r.component.clone(),
+                        ns: r.net.name().to_string(),
                         ip: r.ip,
                         pid: r.proc.as_ref().filter(|_| r.alive).map(Proc::pid),
                         starts: r.starts,
@@ -1209,6 +1212,36 @@ fn pod_metric(podnet: &Netns, view: &PodView, series: &str) -> f64 {
     support::metric(&body, series).unwrap_or(0.0)
 }
 
+/// The demo: print where everything is and wait for Enter.
+fn hold(
+    c: &kube_cluster::SharedCluster,
+    nets: &Nets,
+    worker: &Worker,
+    kubelet: &Kubelet,
+    dir: &Path,
+    api: &str,
+) {
+    let pods: Vec<String> = kubelet
+        .pods()
+        .iter()
+        .map(|(name, v)| format!("  {:<40} {} ({}, eth0 {})", name, v.ns, v.component, v.ip))
+        .collect();
+    let w = worker.net.name();
+    eprintln!(
+        "\nThe mission lab is up.\n  pod network  {}\n  VLAN         {}\n  worker       {w}\npods (name, namespace):\n{}\nTry:\n  ip netns exec {w} dig @{DNS_IP} api.{ZONE}\n  cd {} && ip netns exec {w} curl --cacert cluster-ca.crt --cert kubelet.crt --key kubelet.key --resolve api.{ZONE}:6443:{api} https://api.{ZONE}:6443/api/v1/nodes/{WORKER}\n  KUBECONFIG={} kubectl -n {INFRA_NS} get infra,pods,configmaps\nFiles: {}\nPress Enter to tear it down.",
+        nets.podnet.name(),
+        nets.vlan.name(),
+        pods.join("\n"),
+        worker.dir.display(),
+        c.dir.join("kubeconfig").display(),
+        dir.display(),
+    );
+    let mut line = String::new();
+    if let Ok(tty) = fs::File::open("/dev/tty") {
+        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(tty), &mut line);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rendered_pods() {
     let Some(c) = kube_cluster::cluster_with_sans(TEST, &sans()) else {
@@ -1667,6 +1700,9 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
         println!("  at {:>6.1}s: {what}", at.as_secs_f64());
     }
     println!("mission lab: every step passed in {total:?}");
+    if std::env::var_os("CAUSEWAY_LAB_HOLD").is_some() {
+        hold(c, &nets, &worker, &kubelet, &d, &api_addr);
+    }
     drop(worker);
     drop(kubelet);
     drop(nets);
