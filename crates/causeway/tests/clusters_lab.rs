@@ -210,22 +210,13 @@ impl Lab {
         .map(|(name, ip)| format!("--host-record={name},{ip}"))
         .collect();
         let mut dns = pod.command(tool("dnsmasq", "dnsmasq-base"));
-        dns.args([
-            "--keep-in-foreground",
-            "--conf-file=/dev/null",
-            "--no-resolv",
-            "--no-hosts",
-            "--no-poll",
-            "--bind-interfaces",
-            "--listen-address=10.0.0.1",
-            "--log-facility=-",
-            "--user=nobody",
-        ])
-        .arg(format!(
-            "--pid-file={}",
-            dir.path().join("dnsmasq.pid").display()
-        ))
-        .args(&records);
+        dns.args(support::DNSMASQ_ALONE)
+            .args(["--listen-address=10.0.0.1", "--user=nobody"])
+            .arg(format!(
+                "--pid-file={}",
+                dir.path().join("dnsmasq.pid").display()
+            ))
+            .args(&records);
         servers.push(Proc::spawn("dnsmasq", dir.path(), &mut dns));
 
         let listening = STAND_INS

@@ -318,21 +318,13 @@ impl Dnsmasq {
         let ip = Ipv4Addr::new(127, 0, 0, 53);
         let addr = SocketAddr::from((ip, support::free_udp_and_tcp_port(ip)));
         let mut cmd = Command::new(tool("dnsmasq", "dnsmasq-base"));
-        cmd.args([
-            "--keep-in-foreground",
-            "--conf-file=/dev/null",
-            "--no-resolv",
-            "--no-hosts",
-            "--no-poll",
-            "--bind-interfaces",
-            "--log-facility=-",
-            "--log-queries",
-        ])
-        .arg(format!("--listen-address={ip}"))
-        .arg(format!("--port={}", addr.port()))
-        .arg(format!("--local-ttl={ttl}"))
-        .arg(format!("--address=/www.example.net/{answer}"))
-        .arg(format!("--pid-file={}", dir.path().join("pid").display()));
+        cmd.args(support::DNSMASQ_ALONE)
+            .arg("--log-queries")
+            .arg(format!("--listen-address={ip}"))
+            .arg(format!("--port={}", addr.port()))
+            .arg(format!("--local-ttl={ttl}"))
+            .arg(format!("--address=/www.example.net/{answer}"))
+            .arg(format!("--pid-file={}", dir.path().join("pid").display()));
         if support::is_root() {
             cmd.arg("--user=nobody");
         }

@@ -42,7 +42,6 @@ mod support;
 
 use std::fs;
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -453,17 +452,11 @@ fn dhclient(lab: &Lab) -> (Proc, PathBuf) {
     let d = lab.dir.path();
     let hook = d.join("dhclient-hook.sh");
     let hook_log = d.join("dhclient-hook.log");
-    let ip = tool("ip", "iproute2");
-    fs::write(
+    support::dhclient_hook(
         &hook,
-        format!(
-            "#!/bin/sh\n# causeway ha lab hook: sets only the leased address in the worker's own namespace and records each event; never touches resolv.conf or routes.\ncase \"$reason\" in\n  BOUND|RENEW|REBIND|REBOOT) '{ip}' addr replace \"$new_ip_address/$new_subnet_mask\" dev \"$interface\" ;;\nesac\necho \"$(date +%s%3N) $reason ip=$new_ip_address\" >> '{log}'\nexit 0\n",
-            ip = ip.display(),
-            log = hook_log.display()
-        ),
-    )
-    .unwrap();
-    fs::set_permissions(&hook, fs::Permissions::from_mode(0o755)).unwrap();
+        &hook_log,
+        "$(date +%s%3N) $reason ip=$new_ip_address",
+    );
     let conf = d.join("dhclient.conf");
     fs::write(&conf, "request subnet-mask, routers;\n").unwrap();
     let mut cmd = lab.worker.command(tool("dhclient", "isc-dhcp-client"));

@@ -470,13 +470,14 @@ impl KubeletState {
             }
         };
         let container = spec.containers.first().ok_or("no container")?.clone();
-        // The image's entrypoint is the causeway binary; the container
-        // gives only arguments.
-        assert!(
-            CONTAINERFILE.contains(r#"ENTRYPOINT ["/causeway"]"#),
-            "the image's entrypoint changed; the kubelet stand-in maps it to the causeway binary"
-        );
-        assert!(container.command.is_none(), "{:?}", container.command);
+        // The image's entrypoint (checked by the test) is the causeway
+        // binary; the container gives only arguments.
+        if container.command.is_some() {
+            return Err(format!(
+                "the container names a command ({:?}); the stand-in runs the image's entrypoint",
+                container.command
+            ));
+        }
         let program = causeway_bin();
         let args = container.args.clone().unwrap_or_default();
 
@@ -586,7 +587,9 @@ impl KubeletState {
         fs::write(dir.join("runtime.sh"), RUNTIME_SH).unwrap();
 
         let sc = container.security_context.clone().unwrap_or_default();
-        assert_eq!(sc.read_only_root_filesystem, Some(true), "{name}");
+        if sc.read_only_root_filesystem != Some(true) {
+            return Err("the container's root file system is not read-only".into());
+        }
         let added = sc
             .capabilities
             .and_then(|c| c.add)
@@ -780,16 +783,11 @@ impl Worker {
         fs::create_dir_all(&dir).unwrap();
         let hook_log = dir.join("hook.log");
         let hook = dir.join("hook.sh");
-        fs::write(
+        support::dhclient_hook(
             &hook,
-            format!(
-                "#!/bin/sh\n# causeway mission lab hook: only the leased address, in the worker's own namespace; never resolv.conf or routes.\ncase \"$reason\" in\n  BOUND|RENEW|REBIND|REBOOT) '{ip}' addr replace \"$new_ip_address/$new_subnet_mask\" dev \"$interface\" ;;\nesac\necho \"$reason ip=$new_ip_address dns=$new_domain_name_servers lease=$new_dhcp_lease_time\" >> '{log}'\nexit 0\n",
-                ip = tool("ip", "iproute2").display(),
-                log = hook_log.display()
-            ),
-        )
-        .unwrap();
-        fs::set_permissions(&hook, fs::Permissions::from_mode(0o755)).unwrap();
+            &hook_log,
+            "$reason ip=$new_ip_address dns=$new_domain_name_servers lease=$new_dhcp_lease_time",
+        );
         let conf = dir.join("dhclient.conf");
         fs::write(
             &conf,
@@ -969,16 +967,8 @@ fn nets(c: &kube_cluster::SharedCluster, dir: &Path) -> Nets {
             dir,
             podnet
                 .command(tool("dnsmasq", "dnsmasq-base"))
-                .args([
-                    "--keep-in-foreground",
-                    "--conf-file=/dev/null",
-                    "--no-resolv",
-                    "--no-hosts",
-                    "--no-poll",
-                    "--bind-interfaces",
-                    "--log-facility=-",
-                    "--user=nobody",
-                ])
+                .args(support::DNSMASQ_ALONE)
+                .arg("--user=nobody")
                 .arg(format!("--listen-address={addr}"))
                 .arg(format!(
                     "--pid-file={}",
@@ -1190,18 +1180,9 @@ subjects:
 }
 
 /// A GET to a pod's admin port at its pod-network address, from the pod
-/// network: (status, body).
+/// network, as the kubelet's probes and Prometheus reach it.
 fn pod_get(podnet: &Netns, ip: Ipv4Addr, path: &str) -> Option<(u16, String)> {
-    let out = podnet
-        .command(tool("curl", "curl"))
-        .args(["-sS", "--max-time", "3", "-o", "-", "-w", "\n%{http_code}"])
-        .arg(format!("http://{ip}:{ADMIN_PORT}{path}"))
-        .stdin(Stdio::null())
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n')?;
-    Some((code.trim().parse().ok()?, body.to_owned()))
+    podnet.http_get_at(&ip.to_string(), ADMIN_PORT, path)
 }
 
 /// The sample's value under `series` on a pod's admin port.
@@ -1282,6 +1263,12 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
         .await
         .unwrap();
 
+    // The kubelet stand-in runs the causeway binary as the image's
+    // entrypoint.
+    assert!(
+        CONTAINERFILE.contains(r#"ENTRYPOINT ["/causeway"]"#),
+        "the image's entrypoint changed; the kubelet stand-in maps it to the causeway binary"
+    );
     let nets = nets(c, &d);
     let kubelet = Kubelet::start(c, nets.podnet.clone(), nets.vlan.clone(), d.clone());
 
@@ -1396,7 +1383,11 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
     assert_eq!(code, 200, "step ignition: {ignition}");
     let cluster_ca = worker.dir.join("cluster-ca.crt");
     let (server, token) = bootstrap_from_ignition(&ignition, &cluster_ca);
-    assert_eq!(server, format!("https://api-int.{ZONE}:6443"));
+    assert_eq!(
+        server,
+        format!("https://api-int.{ZONE}:6443"),
+        "step ignition: the bootstrap kubeconfig's server"
+    );
     marks.push(("ignition fetched", began.elapsed()));
 
     println!("step: the worker asks to join: a bootstrap CSR through the proxy, verified against the API server's CA");
@@ -1468,10 +1459,14 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
         .and_then(|cs| cs.iter().find(|c| c["type"] == "Approved"))
         .cloned()
         .unwrap_or_else(|| step_failed("approval", format!("{}", issued.0)));
-    assert_eq!(approved["reason"], "AutoApproved", "{approved}");
+    assert_eq!(
+        approved["reason"], "AutoApproved",
+        "step approval: {approved}"
+    );
     assert_eq!(
         approved["message"],
-        format!("Auto-approved bootstrap CSR for DPU worker node {WORKER}")
+        format!("Auto-approved bootstrap CSR for DPU worker node {WORKER}"),
+        "step approval"
     );
     fs::write(
         worker.dir.join("kubelet.crt"),
@@ -1495,7 +1490,7 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
     );
     assert!(
         subject.contains(&format!("CN=system:node:{WORKER}")),
-        "{subject}"
+        "step signed: the certificate's subject is {subject}"
     );
     marks.push(("CSR approved and signed", began.elapsed()));
 
@@ -1513,7 +1508,10 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
     };
     let (code, body) = as_node("/api").unwrap_or_else(|e| step_failed("GET /api as the node", e));
     assert_eq!(code, 200, "step GET /api as the node: {body}");
-    assert!(body.contains("\"versions\""), "{body}");
+    assert!(
+        body.contains("\"versions\""),
+        "step GET /api as the node: {body}"
+    );
     let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": WORKER}});
     fs::write(worker.dir.join("node.json"), node.to_string()).unwrap();
     let mut register = kubelet_tls.to_vec();
@@ -1538,13 +1536,16 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
     let (code, body) = as_node(&own).unwrap_or_else(|e| step_failed("read its own Node", e));
     assert_eq!(code, 200, "step read its own Node: {body}");
     let read: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(read["metadata"]["name"], WORKER);
+    assert_eq!(read["metadata"]["name"], WORKER, "step read its own Node");
     marks.push(("Node registered and read as the node", began.elapsed()));
 
     println!("step: fault: the proxy pod's container killed mid-session");
     let (proxy_pod, before) = kubelet.ready_pod("proxy").unwrap();
     let killed = Instant::now();
-    assert!(support::signal(before.pid.unwrap(), "KILL"));
+    assert!(
+        support::signal(before.pid.unwrap(), "KILL"),
+        "step proxy restart: kill -9"
+    );
     // The kubelet restarts the container; the worker's next request
     // succeeds once the proxy is back.
     let back = eventually(
@@ -1563,7 +1564,7 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
         back.uid, before.uid,
         "the same pod, its container restarted"
     );
-    assert_ne!(back.pid, before.pid);
+    assert_ne!(back.pid, before.pid, "step proxy restart: a new process");
     println!("proxy container killed: the worker's request succeeded again after {recovered:?}");
     marks.push(("proxy restarted, request through it", began.elapsed()));
 
@@ -1584,7 +1585,11 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
             format!("{:?}", worker.events()),
         )
     });
-    assert_eq!(field(&renewed, "ip"), address.to_string(), "{renewed}");
+    assert_eq!(
+        field(&renewed, "ip"),
+        address.to_string(),
+        "step the new lease time: the same address renewed: {renewed}"
+    );
     let mut n = 0;
     let forwarded = poll_until(WAIT, || {
         n += 1;
@@ -1606,14 +1611,17 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
         assert_eq!(
             (now.uid.as_str(), now.pid, now.starts),
             (then.uid.as_str(), then.pid, 1),
-            "{comp}: the change must reach the running pod, not restart it"
+            "step Infra change: {comp} must take the change running, not restarted"
         );
         let applied = pod_metric(
             &nets.podnet,
             now,
             "causeway_config_reloads_total{result=\"applied\"}",
         );
-        assert!(applied >= 1.0, "{comp}: reloads applied {applied}");
+        assert!(
+            applied >= 1.0,
+            "step Infra change: {comp} counted {applied} applied reloads"
+        );
     }
     marks.push(("Infra change in effect without a restart", began.elapsed()));
 
@@ -1648,7 +1656,10 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
     let down = kubelet.pods_of("proxy")[&active].clone();
     kubelet.hold(&active);
     let killed = Instant::now();
-    assert!(support::signal(down.pid.unwrap(), "KILL"));
+    assert!(
+        support::signal(down.pid.unwrap(), "KILL"),
+        "step proxy takeover: kill -9 of the active"
+    );
     let served = eventually(
         "the worker's request served by the standby while the active stays down (step: proxy takeover)",
         WAIT,
@@ -1663,7 +1674,7 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
     assert_eq!(
         (killed_one.pid, killed_one.starts),
         (None, down.starts),
-        "the killed replica must still be down: the standby served"
+        "step proxy takeover: the killed replica must still be down, so the standby served"
     );
     println!("active proxy replica killed and kept down: the worker's next successful request after {served:?}");
     let taken = eventually(
@@ -1680,7 +1691,7 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
         },
     )
     .await;
-    assert_eq!(taken.replicas, 2, "{taken:?}");
+    assert_eq!(taken.replicas, 2, "step proxy takeover: {taken:?}");
     kubelet.release(&active);
     eventually(
         "the killed replica back, as the standby",

@@ -28,7 +28,6 @@ mod support;
 use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Stdio};
 use std::time::{Duration, Instant};
@@ -156,22 +155,13 @@ impl Lab {
             records.push(format!("--host-record={name},{ip}"));
         }
         let mut dns = pod.command(tool("dnsmasq", "dnsmasq-base"));
-        dns.args([
-            "--keep-in-foreground",
-            "--conf-file=/dev/null",
-            "--no-resolv",
-            "--no-hosts",
-            "--no-poll",
-            "--bind-interfaces",
-            "--listen-address=10.0.0.1",
-            "--log-facility=-",
-            "--user=nobody",
-        ])
-        .arg(format!(
-            "--pid-file={}",
-            dir.path().join("dnsmasq.pid").display()
-        ))
-        .args(&records);
+        dns.args(support::DNSMASQ_ALONE)
+            .args(["--listen-address=10.0.0.1", "--user=nobody"])
+            .arg(format!(
+                "--pid-file={}",
+                dir.path().join("dnsmasq.pid").display()
+            ))
+            .args(&records);
         servers.push(Proc::spawn("dnsmasq", dir.path(), &mut dns));
 
         for (file, _, listen) in STAND_INS {
@@ -315,26 +305,11 @@ impl Dhclient {
         fs::create_dir_all(&dir).unwrap();
         let hook_log = dir.join(format!("{name}.hook.log"));
         let hook = dir.join("hook.sh");
-        let ip = tool("ip", "iproute2");
-        fs::write(
+        support::dhclient_hook(
             &hook,
-            format!(
-                r#"#!/bin/sh
-# causeway lab hook: sets only the leased address, inside the VM's own
-# namespace, and records what dhclient was given. Never touches
-# resolv.conf, routes or the hostname.
-case "$reason" in
-  BOUND|RENEW|REBIND|REBOOT) '{ip}' addr replace "$new_ip_address/$new_subnet_mask" dev "$interface" ;;
-esac
-echo "$reason ip=$new_ip_address routers=$new_routers dns=$new_domain_name_servers domain=$new_domain_name" >> '{log}'
-exit 0
-"#,
-                ip = ip.display(),
-                log = hook_log.display()
-            ),
-        )
-        .unwrap();
-        fs::set_permissions(&hook, fs::Permissions::from_mode(0o755)).unwrap();
+            &hook_log,
+            "$reason ip=$new_ip_address routers=$new_routers dns=$new_domain_name_servers domain=$new_domain_name",
+        );
         let conf = dir.join("dhclient.conf");
         fs::write(
             &conf,

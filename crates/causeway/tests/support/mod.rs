@@ -400,14 +400,23 @@ impl Netns {
     pub fn http_get(&self, port: u16, path: &str) -> Option<(u16, String)> {
         netns_http_get(&self.name, port, path)
     }
+
+    /// A GET to `http://<host>:<port><path>` from inside the namespace.
+    pub fn http_get_at(&self, host: &str, port: u16, path: &str) -> Option<(u16, String)> {
+        netns_http_get_at(&self.name, host, port, path)
+    }
 }
 
 fn netns_http_get(ns: &str, port: u16, path: &str) -> Option<(u16, String)> {
+    netns_http_get_at(ns, "127.0.0.1", port, path)
+}
+
+fn netns_http_get_at(ns: &str, host: &str, port: u16, path: &str) -> Option<(u16, String)> {
     let out = Command::new(ip_tool())
         .args(["netns", "exec", ns])
         .arg(tool("curl", "curl"))
         .args(["-sS", "--max-time", "3", "-o", "-", "-w", "\n%{http_code}"])
-        .arg(format!("http://127.0.0.1:{port}{path}"))
+        .arg(format!("http://{host}:{port}{path}"))
         .stdin(Stdio::null())
         .output()
         .ok()?;
@@ -534,6 +543,38 @@ impl Drop for Forward {
         self.stop.store(true, Ordering::Relaxed);
         self.cut();
     }
+}
+
+/// dnsmasq reading no file, no resolv.conf and no hosts file, in the
+/// foreground, logging to its output: it serves only what its further
+/// arguments say (listen address, records).
+pub const DNSMASQ_ALONE: [&str; 7] = [
+    "--keep-in-foreground",
+    "--conf-file=/dev/null",
+    "--no-resolv",
+    "--no-hosts",
+    "--no-poll",
+    "--bind-interfaces",
+    "--log-facility=-",
+];
+
+/// A dhclient hook script (`-sf`) at `hook`: it sets only the leased
+/// address, on the interface dhclient runs on (in the namespace it runs
+/// in), and appends `record` (a shell word list such as
+/// `$reason ip=$new_ip_address`) to `log` for each event. It never touches
+/// resolv.conf, routes or the hostname.
+pub fn dhclient_hook(hook: &Path, log: &Path, record: &str) {
+    fs::write(
+        hook,
+        format!(
+            "#!/bin/sh\n# causeway test hook: only the leased address, in the client's own namespace; never resolv.conf, routes or the hostname.\ncase \"$reason\" in\n  BOUND|RENEW|REBIND|REBOOT) '{ip}' addr replace \"$new_ip_address/$new_subnet_mask\" dev \"$interface\" ;;\nesac\necho \"{record}\" >> '{log}'\nexit 0\n",
+            ip = tool("ip", "iproute2").display(),
+            log = log.display()
+        ),
+    )
+    .unwrap();
+    let executable = <fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755);
+    fs::set_permissions(hook, executable).unwrap();
 }
 
 // ---------------------------------------------------------------- processes
