@@ -1553,10 +1553,36 @@ async fn two_replicas_render_anti_affinity_a_pdb_and_the_lease_rbac() {
     )
     .await
     .unwrap();
-    let degraded = eventually("DNS degraded", WAIT, Some(&op), || async {
-        let i = infras.get(&name).await.ok()?;
-        (condition(&i, "DNSReady")?.1 == "Degraded").then_some(i)
-    })
+    // The pod's readiness reaches the Infra through the controller-manager's
+    // StatefulSet status, which a loaded machine can take long to write;
+    // what was last seen is printed if it never comes.
+    let seen = std::sync::Mutex::new(None);
+    let degraded = eventually(
+        "DNS degraded (pod 0 not ready); the last DNSReady seen is printed above",
+        2 * WAIT,
+        Some(&op),
+        || async {
+            let i = infras.get(&name).await.ok()?;
+            let dns = condition(&i, "DNSReady");
+            let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+            let ready = sets
+                .get(&workload)
+                .await
+                .ok()
+                .and_then(|s| s.status)
+                .and_then(|s| s.ready_replicas);
+            let now = (dns.clone(), ready);
+            let mut last = seen.lock().unwrap();
+            if last.as_ref() != Some(&now) {
+                println!(
+                    "DNSReady {:?}, StatefulSet readyReplicas {:?}",
+                    now.0, now.1
+                );
+                *last = Some(now);
+            }
+            (dns?.1 == "Degraded").then_some(i)
+        },
+    )
     .await;
     assert_eq!(condition(&degraded, "DNSReady").unwrap().0, "True");
     let (status, reason, message) = condition(&degraded, "Ready").unwrap();
