@@ -20,7 +20,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
@@ -106,7 +106,7 @@ pub struct Context {
     /// PodDisruptionBudgets in the version the API server serves.
     pub disruption_budget: ApiResource,
     /// PodMonitors, when they are asked for and the API server serves them.
-    pub pod_monitor: Option<ApiResource>,
+    pub pod_monitors: PodMonitors,
     /// The replicas' key Secrets known to exist: the operator may create
     /// and delete Secrets but not read them, so it remembers.
     pub ha_keys: Mutex<HashSet<(String, String)>>,
@@ -524,8 +524,13 @@ async fn apply_rendered(
                 .gone_from(&api, "NetworkPolicy", &policy_name)
                 .await?;
         }
-        if let Some(resource) = &ctx.pod_monitor {
-            ensure_pod_monitor(ctx, owner, resource).await?;
+        if let Some(resource) = ctx.pod_monitors.resource(&ctx.client).await {
+            match ensure_pod_monitor(ctx, owner, &resource).await {
+                // The namespace is there (the Infra is in it): the kind is
+                // what went away.
+                Err(Error::Kube(e)) if not_found(&e) => ctx.pod_monitors.gone(),
+                other => other?,
+            }
         }
         for policy in control_plane_policies {
             let target = policy.metadata.namespace.clone().unwrap_or_default();
@@ -765,21 +770,89 @@ async fn served(client: &Client, group_version: &str, plural: &str) -> bool {
     }
 }
 
-/// PodMonitors (the Prometheus Operator's CRDs, as OpenShift's monitoring
-/// has), if the API server serves them: asked once at start. Installed
-/// later, they are used from the next start.
-async fn pod_monitor_resource(client: &Client) -> Option<ApiResource> {
-    if served(client, "monitoring.coreos.com/v1", "podmonitors").await {
-        tracing::info!("PodMonitors are served: one per Infra scrapes its pods");
-        Some(resource(
-            "monitoring.coreos.com",
-            "v1",
-            "PodMonitor",
-            "podmonitors",
-        ))
-    } else {
-        tracing::info!("no monitoring.coreos.com/v1 PodMonitors: the Infras' pods get none");
-        None
+/// A poisoned lock still holds a coherent value: each writer sets whole
+/// fields.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How long the operator believes the API server does not serve
+/// PodMonitors before it asks again, at the next reconcile.
+const POD_MONITOR_RECHECK: Duration = Duration::from_secs(30);
+
+fn pod_monitor_kind() -> ApiResource {
+    resource("monitoring.coreos.com", "v1", "PodMonitor", "podmonitors")
+}
+
+/// Whether PodMonitors (the Prometheus Operator's CRDs, as OpenShift's
+/// monitoring has) are served. Asked at start; while they are not, asked
+/// again at a reconcile at most every [`POD_MONITOR_RECHECK`], so CRDs
+/// installed after the operator are used without a restart.
+pub struct PodMonitors {
+    wanted: bool,
+    known: Mutex<PodMonitorsSeen>,
+}
+
+struct PodMonitorsSeen {
+    served: bool,
+    asked: Instant,
+}
+
+impl PodMonitors {
+    async fn at_start(client: &Client, wanted: bool) -> PodMonitors {
+        let served = wanted && served(client, "monitoring.coreos.com/v1", "podmonitors").await;
+        if served {
+            tracing::info!("PodMonitors are served: one per Infra scrapes its pods");
+        } else if wanted {
+            tracing::info!("no monitoring.coreos.com/v1 PodMonitors yet: the Infras' pods get none until they are served");
+        }
+        PodMonitors {
+            wanted,
+            known: Mutex::new(PodMonitorsSeen {
+                served,
+                asked: Instant::now(),
+            }),
+        }
+    }
+
+    /// The kind, if it is asked for and served.
+    async fn resource(&self, client: &Client) -> Option<ApiResource> {
+        if !self.wanted {
+            return None;
+        }
+        {
+            let seen = lock(&self.known);
+            if seen.served {
+                return Some(pod_monitor_kind());
+            }
+            if seen.asked.elapsed() < POD_MONITOR_RECHECK {
+                return None;
+            }
+        }
+        // One question: an error counts as not served, asked again later.
+        let served = client
+            .list_api_group_resources("monitoring.coreos.com/v1")
+            .await
+            .is_ok_and(|list| list.resources.iter().any(|r| r.name == "podmonitors"));
+        let mut seen = lock(&self.known);
+        seen.asked = Instant::now();
+        if served && !seen.served {
+            tracing::info!("PodMonitors are served now: one per Infra scrapes its pods");
+        }
+        seen.served = served;
+        served.then(pod_monitor_kind)
+    }
+
+    /// The kind went away (its CRD deleted): asked again later.
+    fn gone(&self) {
+        let mut seen = lock(&self.known);
+        if seen.served {
+            tracing::warn!(
+                "PodMonitors are no longer served: the Infras' pods get none until they are again"
+            );
+        }
+        seen.served = false;
+        seen.asked = Instant::now();
     }
 }
 
@@ -974,10 +1047,7 @@ pub async fn run(
         m.controller_started(CONTROLLER);
     }
     let disruption_budget = disruption_budget_resource(&client).await;
-    let pod_monitor = match settings.pod_monitors {
-        true => pod_monitor_resource(&client).await,
-        false => None,
-    };
+    let pod_monitors = PodMonitors::at_start(&client, settings.pod_monitors).await;
     let (machines, machine_stream) = Everywhere::watch(&client, &all_scopes, &machine_resource());
     let (attachments, attachment_stream) = cached(
         scope.api::<InfraClusterAttachment>(&client),
@@ -1015,7 +1085,7 @@ pub async fn run(
         recorder,
         metrics,
         disruption_budget: disruption_budget.clone(),
-        pod_monitor,
+        pod_monitors,
         ha_keys: Mutex::new(HashSet::new()),
         attachments: attachments.clone(),
         machines,
