@@ -209,10 +209,10 @@ pub struct Forwarder {
     epoch: Instant,
 }
 
-/// The upstreams in use, as indexes into [`Forwarder::known`] in config
-/// order, and how they are asked.
+/// The upstreams in use, in config order, each with its index in
+/// [`Forwarder::known`], and how they are asked. A query reads only this.
 struct Asking {
-    order: Vec<usize>,
+    order: Vec<(usize, Arc<Upstream>)>,
     policy: UpstreamPolicy,
     timeout: Duration,
 }
@@ -277,8 +277,8 @@ impl Forwarder {
             self.metrics
                 .upstream_seconds
                 .with_label_values(&[addr.to_string().as_str()]);
-            if !order.contains(&index) {
-                order.push(index);
+            if !order.iter().any(|(i, _)| *i == index) {
+                order.push((index, known[index].clone()));
             }
         }
         *write(&self.asking) = Arc::new(Asking {
@@ -290,12 +290,7 @@ impl Forwarder {
 
     /// The upstreams asked now, in config order.
     pub fn upstreams(&self) -> Vec<SocketAddr> {
-        let known = read(&self.known);
-        read(&self.asking)
-            .order
-            .iter()
-            .filter_map(|&i| known.get(i).map(|u| u.addr))
-            .collect()
+        read(&self.asking).order.iter().map(|(_, u)| u.addr).collect()
     }
 
     fn upstream(&self, index: usize) -> Option<Arc<Upstream>> {
@@ -450,12 +445,8 @@ impl Forwarder {
     /// config order (sequential) or shuffled (random).
     fn routes(&self, asking: &Asking) -> Vec<Route> {
         let now = self.now_ms();
-        let known = read(&self.known);
-        let mut order: Vec<(usize, &Upstream)> = asking
-            .order
-            .iter()
-            .filter_map(|&i| known.get(i).map(|u| (i, &**u)))
-            .collect();
+        let mut order: Vec<(usize, &Upstream)> =
+            asking.order.iter().map(|(i, u)| (*i, &**u)).collect();
         if asking.policy == UpstreamPolicy::Random {
             order.shuffle(&mut rand::rng());
         }
