@@ -58,7 +58,6 @@ const TEST: &str =
     "a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rendered_pods";
 const SAMPLE: &str = include_str!("fixtures/dpfhcp-sample.yaml");
 const DPU_CRD: &str = include_str!("../../../tests/kube/crds/dpu.yaml");
-const NAD_CRD: &str = include_str!("../../../tests/kube/crds/network-attachment-definition.yaml");
 const CONTAINERFILE: &str = include_str!("../../../images/Containerfile");
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -1243,15 +1242,8 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
     for ns in [INFRA_NS, CP_NS] {
         ensure_namespace(&client, ns).await;
     }
-    apply_yaml(&client, NAD_CRD, "default").await.unwrap();
-    kube_cluster::wait_established(&client, "network-attachment-definitions.k8s.cni.cncf.io").await;
-    apply_yaml(
-        &client,
-        &format!("apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata: {{name: vlan60, namespace: {INFRA_NS}}}\nspec:\n  config: '{{\"cniVersion\":\"0.3.1\",\"type\":\"bridge\",\"bridge\":\"br0\",\"ipam\":{{\"type\":\"static\"}}}}'\n"),
-        INFRA_NS,
-    )
-    .await
-    .unwrap();
+    kube_cluster::install_fixture_crds(&client, &[kube_cluster::NAD_CRD]).await;
+    kube_cluster::network_attachment(&client, INFRA_NS, "vlan60").await;
     dpf_side(c, &client).await;
     let op = Operator::start(
         c,

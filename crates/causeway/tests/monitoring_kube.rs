@@ -17,18 +17,10 @@ use kube::core::{ApiResource, GroupVersionKind};
 use causeway_operator::infra::crd::Infra;
 use kube_cluster::{
     admin_get, apply_yaml, cluster, eventually, install_fixture_crds, install_release,
-    test_namespace, token_for, FixtureCrd, Operator, RELEASE,
+    test_namespace, token_for, Operator, NAD_CRD, POD_MONITOR_CRD, RELEASE,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
-const POD_MONITOR_CRD: FixtureCrd = (
-    include_str!("../../../tests/kube/crds/podmonitor.yaml"),
-    "podmonitors.monitoring.coreos.com",
-);
-const NAD_CRD: FixtureCrd = (
-    include_str!("../../../tests/kube/crds/network-attachment-definition.yaml"),
-    "network-attachment-definitions.k8s.cni.cncf.io",
-);
 /// The webhook certificate's notAfter: 2030-01-01T00:00:00Z.
 const NOT_AFTER: i64 = 1_893_456_000;
 const HOLD: &str = "test.causeway.io/hold";
@@ -105,8 +97,7 @@ async fn the_operator_exports_what_the_alerts_read_and_renders_pod_monitors() {
     let client = kube_cluster::admin(c).await;
     install_fixture_crds(&client, &[POD_MONITOR_CRD, NAD_CRD]).await;
     let ns = test_namespace(&client, "monitoring").await;
-    let nad = "apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata: {name: vlan100, namespace: default}\nspec:\n  config: '{\"cniVersion\":\"0.3.1\",\"type\":\"macvlan\",\"master\":\"eth1\",\"ipam\":{\"type\":\"static\"}}'\n";
-    apply_yaml(&client, nad, "default").await.unwrap();
+    kube_cluster::network_attachment(&client, "default", "vlan100").await;
     let dir = tempfile::tempdir().unwrap();
     write_certificate(dir.path());
     let webhook_port = std::net::TcpListener::bind("127.0.0.1:0")

@@ -99,15 +99,8 @@ async fn network_attachments(client: &Client, namespaces: &[&str]) {
     apply_yaml(client, NAD_CRD, "default").await.unwrap();
     wait_established(client, "network-attachment-definitions.k8s.cni.cncf.io").await;
     for ns in namespaces {
-        nad(client, ns, "vlan100").await;
+        kube_cluster::network_attachment(client, ns, "vlan100").await;
     }
-}
-
-async fn nad(client: &Client, ns: &str, name: &str) {
-    let doc = format!(
-        "apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  config: '{{\"cniVersion\":\"0.3.1\",\"type\":\"macvlan\",\"master\":\"eth1\",\"ipam\":{{\"type\":\"static\"}}}}'\n"
-    );
-    apply_yaml(client, &doc, ns).await.unwrap();
 }
 
 /// The reference sample, moved to `ns` (or as written when `ns` is its own).
@@ -789,7 +782,7 @@ async fn bad_specs_and_missing_references_are_reported_and_change_nothing() {
         0,
         "an Infra without its NAD made objects"
     );
-    nad(&client, &ns, "vlan-later").await;
+    kube_cluster::network_attachment(&client, &ns, "vlan-later").await;
     // The NAD is not watched: the Infra is retried on its own schedule (30 s).
     wait_condition(&client, &ns, "nadless", "NetworkAttachment", "True", &op).await;
     eventually(

@@ -296,6 +296,25 @@ pub const DPF_TEMPLATE_CRD_NAMES: [&str; 3] = [
 
 /// A fixture CRD (tests/kube/crds) and the name it is established under.
 pub type FixtureCrd = (&'static str, &'static str);
+/// Multus's NetworkAttachmentDefinition.
+pub const NAD_CRD: FixtureCrd = (
+    include_str!("../../../../tests/kube/crds/network-attachment-definition.yaml"),
+    "network-attachment-definitions.k8s.cni.cncf.io",
+);
+/// The Prometheus Operator's PodMonitor.
+pub const POD_MONITOR_CRD: FixtureCrd = (
+    include_str!("../../../../tests/kube/crds/podmonitor.yaml"),
+    "podmonitors.monitoring.coreos.com",
+);
+
+/// A NetworkAttachmentDefinition `ns/name`, as an Infra names one (a
+/// macvlan with static IPAM; no test runs its CNI config).
+pub async fn network_attachment(client: &Client, ns: &str, name: &str) {
+    let doc = format!(
+        "apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  config: '{{\"cniVersion\":\"0.3.1\",\"type\":\"macvlan\",\"master\":\"eth1\",\"ipam\":{{\"type\":\"static\"}}}}'\n"
+    );
+    apply_yaml(client, &doc, ns).await.unwrap();
+}
 pub const HOSTED_CLUSTER_CRD: FixtureCrd = (
     include_str!("../../../../tests/kube/crds/hostedcluster.yaml"),
     "hostedclusters.hypershift.openshift.io",
