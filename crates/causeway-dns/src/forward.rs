@@ -290,7 +290,11 @@ impl Forwarder {
 
     /// The upstreams asked now, in config order.
     pub fn upstreams(&self) -> Vec<SocketAddr> {
-        read(&self.asking).order.iter().map(|(_, u)| u.addr).collect()
+        read(&self.asking)
+            .order
+            .iter()
+            .map(|(_, u)| u.addr)
+            .collect()
     }
 
     fn upstream(&self, index: usize) -> Option<Arc<Upstream>> {

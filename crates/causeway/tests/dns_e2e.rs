@@ -762,7 +762,15 @@ fn a_reload_forwards_to_the_new_upstreams_without_a_restart() {
     assert_eq!(before.answers("A"), [UPSTREAM_ANSWER], "{}", before.raw);
 
     let applied = r#"causeway_config_reloads_total{result="applied"}"#;
-    reload_with(&server, &format!("  upstreams: [\"{}\"]\n", new.addr));
+    // maxUpstreamInFlight only a restart changes: the reload applies the
+    // rest and says so.
+    reload_with(
+        &server,
+        &format!(
+            "  upstreams: [\"{}\"]\n  maxUpstreamInFlight: 512\n",
+            new.addr
+        ),
+    );
     let reloaded = poll_until(DEADLINE, || (server.sample(applied) >= 1.0).then_some(()));
     assert!(
         reloaded.is_some(),
@@ -779,6 +787,18 @@ fn a_reload_forwards_to_the_new_upstreams_without_a_restart() {
         server.describe()
     );
     assert_eq!(server.pid(), pid, "the server restarted");
+    assert!(
+        server
+            .app
+            .proc
+            .output()
+            .contains("dns.cache or dns.maxUpstreamInFlight changed; restart to apply it"),
+        "the reload did not say maxUpstreamInFlight needs a restart\n{}",
+        server.describe()
+    );
+    // An answer cached before the reload keeps its TTL: still the old one.
+    let cached = dig_ok(server.dns, &["www.example.net", "A"]);
+    assert_eq!(cached.answers("A"), [UPSTREAM_ANSWER], "{}", cached.raw);
     let asked = format!(
         "causeway_dns_upstream_seconds_count{{upstream=\"{}\"}}",
         new.addr
