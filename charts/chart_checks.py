@@ -358,9 +358,13 @@ def check_webhook(docs, source):
         assert (e["CAUSEWAY_WEBHOOK_SERVICE"], e["CAUSEWAY_WEBHOOK_CONFIGURATION"]) == ("causeway-webhook", "causeway"), e
 
 
-def check_network_policy(docs, api_server_from=None, admin_from=None):
+OPENSHIFT_API_SERVER = [{"namespaceSelector": {"matchLabels": {"policy-group.network.openshift.io/host-network": ""}}}]
+
+
+def check_network_policy(docs, api_server_from=OPENSHIFT_API_SERVER, admin_from=None):
     """Ingress to the operator pods: the webhook port and the admin port,
-    each from its peers (any source when None)."""
+    each from its peers (any source when None); the webhook's by default
+    from OpenShift's host-network API server only."""
     policy = one(docs, "NetworkPolicy")["spec"]
     dep = one(docs, "Deployment")
     assert policy["podSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"], policy
@@ -490,10 +494,7 @@ def case_production(docs):
 
 
 def case_openshift(docs):
-    check_network_policy(
-        docs,
-        api_server_from=[{"namespaceSelector": {"matchLabels": {"policy-group.network.openshift.io/host-network": ""}}}],
-    )
+    check_network_policy(docs)
     assert kinds(docs) == sorted(BASE_KINDS + ["SecurityContextConstraints"]), kinds(docs)
     scc = one(docs, "SecurityContextConstraints")
     assert scc["apiVersion"] == "security.openshift.io/v1"
@@ -519,6 +520,10 @@ def case_webhook_policy(docs):
     )
     e = env(docs)
     assert e["CAUSEWAY_BLUEFIELD_ALLOWED_REGISTRIES"] == "quay.io,registry.example.com:5000", e
+
+
+def case_webhook_policy_any_source(docs):
+    check_network_policy(docs, api_server_from=None)
 
 
 def case_webhook_no_policy(docs):
@@ -924,6 +929,7 @@ CASES = {
     "webhook-self-signed": case_webhook_self_signed,
     "webhook-off": case_webhook_off,
     "webhook-policy": case_webhook_policy,
+    "webhook-policy-any-source": case_webhook_policy_any_source,
     "webhook-no-policy": case_webhook_no_policy,
     "monitoring": case_monitoring,
     "monitoring-thresholds": case_monitoring_thresholds,

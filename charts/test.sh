@@ -375,6 +375,9 @@ check "webhook network policy peers, registry allowlist" render_case webhook-pol
   --set 'webhook.networkPolicy.apiServerFrom[0].ipBlock.cidr=10.0.0.0/24' \
   --set 'webhook.networkPolicy.adminFrom[0].namespaceSelector.matchLabels.kubernetes\.io/metadata\.name=monitoring' \
   --set 'dpf.bluefield.allowedRegistries={quay.io,registry.example.com:5000}'
+printf 'webhook:\n  networkPolicy:\n    apiServerFrom: []\n' >"$WORK/any-source.yaml"
+check "webhook network policy widened to any source" render_case webhook-policy-any-source \
+  -f "$WORK/any-source.yaml"
 check "webhook without network policy" render_case webhook-no-policy --set webhook.networkPolicy.enabled=false
 check "scc for all namespaces" render_case openshift-all --set openshift.scc.enabled=true \
   --set openshift.scc.allNamespaces=true --set openshift.scc.name=cw-scc

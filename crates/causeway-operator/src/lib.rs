@@ -14,6 +14,8 @@
 //! proxy and routing crates), the process wiring (the `causeway` binary)
 //! and the chart.
 
+#[cfg(test)]
+mod child_process;
 pub mod dpf;
 pub mod error;
 pub mod infra;

@@ -336,6 +336,64 @@ async fn the_charts_webhook_admits_good_objects_and_denies_bad_ones_with_a_reloa
         "{answer}"
     );
 
+    println!("scenario: a fabricated review naming another namespace's Secret and a registry inside the cluster causes no Secret read and no connection, and echoes nothing");
+    // Where the review says the registry is: a listener of the test's that
+    // counts who connects (loopback registries are allowed in this test).
+    let inside = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let inside_port = inside.local_addr().unwrap().port();
+    inside.set_nonblocking(true).unwrap();
+    let mut forged: Value = serde_saphyr::from_str(SAMPLE).unwrap();
+    forged["metadata"] = json!({"name": "forged", "namespace": "kube-system"});
+    forged["spec"]["ocpReleaseImage"] = json!(format!(
+        "127.0.0.1:{inside_port}/ocp/release@sha256:{}",
+        "ab".repeat(32)
+    ));
+    forged["spec"]["pullSecretRef"] = json!({"name": "bootstrap-token-abcdef"});
+    forged["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("machineOSURL");
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "forged-1", "operation": "CREATE",
+            "kind": {"group": "provisioning.dpu.hcp.io", "version": "v1alpha1", "kind": "DPFHCPProvisioner"},
+            "resource": {"group": "provisioning.dpu.hcp.io", "version": "v1alpha1", "resource": "dpfhcpprovisioners"},
+            "name": "forged", "namespace": "kube-system",
+            "userInfo": {"username": "system:admin"},
+            "object": forged,
+        },
+    });
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--cacert"])
+        .arg(dir.path().join("ca.pem"))
+        .args(["-H", "Content-Type: application/json", "-d"])
+        .arg(review.to_string())
+        .arg(format!("https://127.0.0.1:{port}/validate"))
+        .output()
+        .unwrap();
+    let answer: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stdout)));
+    let mut connected = 0;
+    while inside.accept().is_ok() {
+        connected += 1;
+    }
+    println!("forged review answered {answer}; connections to the named registry: {connected}");
+    assert_eq!(
+        connected, 0,
+        "the webhook connected to the registry a forged review named: {answer}"
+    );
+    let said = answer.to_string();
+    for leak in [
+        "bootstrap-token",
+        "connect",
+        "refused",
+        "timed out",
+        "within",
+    ] {
+        assert!(!said.contains(leak), "the answer echoes {leak:?}: {said}");
+    }
+
     println!(
         "scenario: forty clients send 3 MiB bodies at once: the operator's memory stays bounded"
     );
@@ -418,10 +476,38 @@ async fn the_charts_webhook_admits_good_objects_and_denies_bad_ones_with_a_reloa
     assert!(op.child.try_wait().unwrap().is_none(), "the operator died");
 
     if let Some(_reg) = reg {
-        println!("scenario: no BlueField image for the release: the create is denied, naming the release and the sources");
+        println!("scenario: a release not looked up yet is admitted with a warning; once the controller has looked it up and found no BlueField image, a create of it is denied, naming the release and the sources");
+        let release = "quay.io/openshift-release-dev/ocp-release:4.20.3-x86_64";
+        create(
+            &client,
+            &provisioner("no-image", json!({"ocpReleaseImage": release, "pullSecretRef": {"name": "pull"}, "sshKeySecretRef": {"name": "ssh"}})),
+        )
+        .await
+        .expect("a release the webhook cannot know yet is admitted");
+        eventually(
+            "the controller's lookup: BlueFieldContainerImageAvailable False, VersionNotFound",
+            WAIT,
+            Some(&op),
+            || async {
+                provisioners
+                    .get("no-image")
+                    .await
+                    .ok()?
+                    .status?
+                    .conditions
+                    .into_iter()
+                    .find(|c| {
+                        c.type_ == "BlueFieldContainerImageAvailable"
+                            && c.status == "False"
+                            && c.reason == "VersionNotFound"
+                    })
+                    .map(|_| ())
+            },
+        )
+        .await;
         let e = create(
             &client,
-            &provisioner("no-image", json!({"ocpReleaseImage": "quay.io/openshift-release-dev/ocp-release:4.20.3-x86_64", "pullSecretRef": {"name": "pull"}, "sshKeySecretRef": {"name": "ssh"}})),
+            &provisioner("no-image-2", json!({"ocpReleaseImage": release, "pullSecretRef": {"name": "pull"}, "sshKeySecretRef": {"name": "ssh"}})),
         )
         .await
         .unwrap_err();
@@ -432,7 +518,19 @@ async fn the_charts_webhook_admits_good_objects_and_denies_bad_ones_with_a_reloa
         ] {
             assert!(e.contains(part), "{part}: {e}");
         }
-        assert!(provisioners.get_opt("no-image").await.unwrap().is_none());
+        assert!(provisioners.get_opt("no-image-2").await.unwrap().is_none());
+        provisioners
+            .patch(
+                "no-image",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
+            )
+            .await
+            .unwrap();
+        provisioners
+            .delete("no-image", &Default::default())
+            .await
+            .unwrap();
     }
 
     println!("scenario: a provisioner stored with a spec the webhook now refuses loses its finalizer and is deleted");

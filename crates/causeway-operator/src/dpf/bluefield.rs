@@ -37,6 +37,8 @@ use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
+use crate::k8s::json_limits::JsonLimits;
+
 pub const IMAGES_CONFIGMAP: &str = "ocp-bluefield-images";
 /// The image label a release carries its version in.
 const RELEASE_LABEL: &str = "io.openshift.release";
@@ -79,7 +81,7 @@ pub enum LookupError {
         registry: String,
         allowed: Vec<String>,
     },
-    #[error("registry {registry} resolves to {address}, a loopback, link-local or unspecified address, which the lookup never connects to")]
+    #[error("registry {registry} resolves to {address}, a loopback, link-local, unspecified or (with no allowed registries listed) private address, which the lookup does not connect to")]
     AddressRefused { registry: String, address: IpAddr },
     #[error("registry {registry} sent a token realm {realm:?}, which is refused: {why}")]
     RealmRefused {
@@ -108,6 +110,32 @@ impl LookupError {
     /// Whether asking again without a change can give another answer.
     pub fn transient(&self) -> bool {
         matches!(self, LookupError::RegistryAccess { .. })
+    }
+
+    /// Whether the references' text alone gave this answer, no registry.
+    pub fn from_text_alone(&self) -> bool {
+        matches!(
+            self,
+            LookupError::InvalidImageFormat(_) | LookupError::InvalidRepository(_)
+        )
+    }
+
+    /// What the webhook may say of this error to whoever sent the review:
+    /// nothing a registry or the network said (transport errors, resolved
+    /// addresses, token realms, whether credentials worked), which would
+    /// make the webhook an oracle for them. The controller's condition on
+    /// the provisioner, readable only by those who may read it, says all.
+    pub fn public_message(&self) -> String {
+        match self {
+            LookupError::InvalidImageFormat(_)
+            | LookupError::InvalidRepository(_)
+            | LookupError::VersionNotFound { .. }
+            | LookupError::RegistryNotAllowed { .. } => self.to_string(),
+            _ => format!(
+                "the lookup failed ({}); the provisioner's BlueFieldContainerImageAvailable condition has the detail",
+                self.reason()
+            ),
+        }
     }
 }
 
@@ -299,8 +327,14 @@ impl RegistryPolicy {
         })
     }
 
-    /// The first address the lookup must not connect to, if any.
+    /// The first address the lookup must not connect to, if any. Private
+    /// addresses (RFC 1918, the shared 100.64/10, IPv6 unique local: where
+    /// Services, pods and the cluster's own machines live) are reached only
+    /// when the operator lists the registries it may ask: whoever creates a
+    /// provisioner names the registry, and must not get a probe of the
+    /// cluster's inside out of it.
     fn refused_address(&self, addrs: &[SocketAddr]) -> Option<IpAddr> {
+        let private_refused = self.allowed.is_empty();
         addrs
             .iter()
             .map(|a| a.ip().to_canonical())
@@ -309,11 +343,15 @@ impl RegistryPolicy {
                     v4.is_unspecified()
                         || v4.is_link_local()
                         || (v4.is_loopback() && !self.allow_loopback)
+                        || (private_refused
+                            && (v4.is_private()
+                                || (v4.octets()[0] == 100 && v4.octets()[1] & 0xc0 == 64)))
                 }
                 IpAddr::V6(v6) => {
                     v6.is_unspecified()
                         || v6.is_unicast_link_local()
                         || (v6.is_loopback() && !self.allow_loopback)
+                        || (private_refused && v6.is_unique_local())
                 }
             })
     }
@@ -725,8 +763,19 @@ fn redirect_target(from: &http::Uri, location: &str) -> Option<http::Uri> {
 /// The body as JSON, read no further than [`MAX_JSON`]: a registry that
 /// streams without end is cut there, not buffered.
 async fn read_json(r: http::Response<hyper::body::Incoming>) -> Result<Value, String> {
+    // Room for a declared length at once: a buffer grown by doubling holds
+    // up to twice what it was sent.
+    let declared = r
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(0);
+    if declared > MAX_JSON {
+        return Err(format!("a JSON body over {} MiB", MAX_JSON >> 20));
+    }
     let mut body = r.into_body();
-    let mut buffer = bytes::BytesMut::new();
+    let mut buffer = bytes::BytesMut::with_capacity(declared);
     let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
     loop {
         match tokio::time::timeout_at(deadline, body.frame()).await {
@@ -743,8 +792,21 @@ async fn read_json(r: http::Response<hyper::body::Incoming>) -> Result<Value, St
             }
         }
     }
+    // The text is bounded; what parsing it takes is bounded here, before
+    // it is parsed.
+    REGISTRY_JSON
+        .measure(&buffer)
+        .map_err(|e| format!("a JSON answer refused unparsed: {e}"))?;
     serde_json::from_slice(&buffer).map_err(|e| format!("not JSON: {e}"))
 }
+
+/// What one registry answer may hold. A manifest or an index is tens to a
+/// few hundred values and an image config a few thousand (its history);
+/// 16384 values cost at most 2 MiB parsed, on top of the text's 4 MiB.
+pub const REGISTRY_JSON: JsonLimits = JsonLimits {
+    max_values: 16_384,
+    max_depth: 32,
+};
 
 /// What a lookup needs.
 #[derive(Debug, Clone)]
@@ -807,15 +869,32 @@ pub async fn resolve(registry: &Registry, l: &Lookup) -> Result<Found, LookupErr
     })
 }
 
-/// Lookups with their answers kept for five minutes, shared by the
-/// controller and the webhook. An answer that cannot be had in time is the
-/// last one known.
+/// Lookups with their answers kept for five minutes. The controller asks
+/// through it; the webhook reads what it knows ([`Resolver::known`]) and
+/// never asks a registry itself. An answer that cannot be had is the last
+/// one known.
+///
+/// What it holds is bounded whatever the objects name: at most
+/// [`MAX_ANSWERS`] answers (the oldest goes first), none for a key longer
+/// than [`MAX_KEY`] bytes, and none for a reference that does not parse,
+/// which costs no registry call to work out again. At most
+/// [`MAX_LOOKUPS`] lookups run at once in the process; a caller's lookup
+/// ends when the caller stops waiting for it.
 #[derive(Clone)]
 pub struct Resolver {
     registry: Registry,
     cache_for: Duration,
     cache: Arc<Mutex<Answers>>,
+    lookups: Arc<tokio::sync::Semaphore>,
 }
+
+/// Answers kept at most.
+pub const MAX_ANSWERS: usize = 256;
+/// The longest release and repository, together, whose answer is kept: the
+/// CRD's `maxLength` of each (512) twice.
+pub const MAX_KEY: usize = 1024;
+/// Lookups running at once; each reads one registry answer at a time.
+pub const MAX_LOOKUPS: usize = 4;
 
 /// By (release, repository, whether the ConfigMap exists): when the answer
 /// was had, and the answer.
@@ -826,6 +905,8 @@ impl Default for Resolver {
         Resolver::with_cache_for(CACHE_FOR)
     }
 }
+
+static SHARED: OnceLock<Resolver> = OnceLock::new();
 
 impl Resolver {
     /// Under the process's [`RegistryPolicy`].
@@ -838,7 +919,14 @@ impl Resolver {
             registry: Registry::with_policy(policy),
             cache_for,
             cache: Arc::default(),
+            lookups: Arc::new(tokio::sync::Semaphore::new(MAX_LOOKUPS)),
         }
+    }
+
+    /// The process's one resolver, so that what the controller learns the
+    /// webhook knows; made on first use, under the installed policy.
+    pub fn shared() -> Resolver {
+        SHARED.get_or_init(Resolver::default).clone()
     }
 
     fn key(l: &Lookup) -> (String, String, bool) {
@@ -855,10 +943,68 @@ impl Resolver {
         (!fresh_only || at.elapsed() < self.cache_for).then(|| answer.clone())
     }
 
+    fn keep(&self, l: &Lookup, answer: &Result<Found, LookupError>) {
+        // A registry down for a moment does not replace what was known, and
+        // what the text alone decides is not worth a place.
+        let worth_keeping = match answer {
+            Ok(_) => true,
+            Err(e) => !e.transient() && !e.from_text_alone(),
+        };
+        if !worth_keeping || l.release_image.len() + l.repository.len() > MAX_KEY {
+            return;
+        }
+        let Ok(mut cache) = self.cache.lock() else {
+            return;
+        };
+        cache.insert(Self::key(l), (Instant::now(), answer.clone()));
+        while cache.len() > MAX_ANSWERS {
+            let oldest = cache
+                .iter()
+                .min_by_key(|(_, (at, _))| *at)
+                .map(|(k, _)| k.clone());
+            match oldest {
+                Some(k) => cache.remove(&k),
+                None => break,
+            };
+        }
+    }
+
+    /// How many answers are kept, for tests and metrics.
+    pub fn answers_kept(&self) -> usize {
+        self.cache.lock().map(|c| c.len()).unwrap_or_default()
+    }
+
+    /// What is known without asking a registry: the ConfigMap's entry for a
+    /// release whose tag names its version, a reference that cannot be
+    /// looked up at all, or the last answer kept (however old). `None`
+    /// when only a registry could say.
+    pub fn known(&self, l: &Lookup) -> Option<Result<Found, LookupError>> {
+        match version_from_tag(&l.release_image) {
+            Err(e) => return Some(Err(e)),
+            Ok(Some(v)) => {
+                if let Some(image) = l.configured.as_ref().and_then(|d| d.get(&v)) {
+                    return Some(Ok(Found {
+                        image: image.trim().to_string(),
+                        version: v,
+                        source: format!("ConfigMap {}/{IMAGES_CONFIGMAP}", l.configmap_namespace),
+                    }));
+                }
+            }
+            Ok(None) => {
+                if ImageRef::parse(&l.release_image).is_none() {
+                    return Some(Err(LookupError::InvalidImageFormat(
+                        l.release_image.clone(),
+                    )));
+                }
+            }
+        }
+        self.cached(l, false)
+    }
+
     /// The answer, from the cache while fresh. With `deadline`, a lookup
-    /// that takes longer is answered from the last known result (and
-    /// finishes in the background for next time); so is one the registry
-    /// fails for a moment. With none known, either is a transient error.
+    /// that takes longer is answered from the last known result; so is one
+    /// the registry fails for a moment. With none known, either is a
+    /// transient error. A lookup the caller stops waiting for is ended.
     pub async fn resolve(
         &self,
         l: &Lookup,
@@ -874,27 +1020,20 @@ impl Resolver {
         if let Some(answer) = self.cached(l, true) {
             return answer;
         }
-        let me = self.clone();
-        let lookup = l.clone();
-        let task = tokio::spawn(async move {
-            let answer = resolve(&me.registry, &lookup).await;
-            // Only definite answers are kept: a registry that is down for a
-            // moment does not replace what was known.
-            if !answer.as_ref().is_err_and(LookupError::transient) {
-                if let Ok(mut cache) = me.cache.lock() {
-                    cache.insert(Self::key(&lookup), (Instant::now(), answer.clone()));
-                }
-            }
-            answer
-        });
         let registry_of = || {
             ImageRef::parse(&l.repository)
                 .map(|r| r.registry)
                 .unwrap_or_default()
         };
-        let joined = match deadline {
-            Some(d) => match tokio::time::timeout(d, task).await {
-                Ok(j) => j,
+        let lookup = async {
+            let _turn = self.lookups.acquire().await;
+            let answer = resolve(&self.registry, l).await;
+            self.keep(l, &answer);
+            answer
+        };
+        let answer = match deadline {
+            Some(d) => match tokio::time::timeout(d, lookup).await {
+                Ok(answer) => answer,
                 Err(_) => {
                     return self.cached(l, false).unwrap_or_else(|| {
                         Err(LookupError::RegistryAccess {
@@ -904,14 +1043,8 @@ impl Resolver {
                     })
                 }
             },
-            None => task.await,
+            None => lookup.await,
         };
-        let answer = joined.unwrap_or_else(|e| {
-            Err(LookupError::RegistryAccess {
-                registry: registry_of(),
-                detail: format!("lookup task: {e}"),
-            })
-        });
         match answer {
             Err(e) if e.transient() => self.cached(l, false).unwrap_or(Err(e)),
             other => other,
@@ -1104,6 +1237,7 @@ mod tests {
         Challenge(String),
         Endless,
         Empty,
+        Json(Bytes),
     }
 
     impl Drop for Fake {
@@ -1154,6 +1288,13 @@ mod tests {
                         (Answer::Empty, false) => {
                             tcp.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
                                 .await
+                        }
+                        (Answer::Json(body), false) => {
+                            let head = format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+                            match tcp.write_all(head.as_bytes()).await {
+                                Ok(()) => tcp.write_all(body).await,
+                                Err(e) => Err(e),
+                            }
                         }
                         (Answer::Endless, false) => {
                             let head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
@@ -1280,5 +1421,127 @@ mod tests {
             .await
             .unwrap());
         assert_eq!(server.asked.lock().unwrap().len(), 1);
+    }
+    const REGISTRY_ATTACK: &str = "dpf::bluefield::tests::hostile_registry_answers_in_parallel_keep_the_lookups_within_their_memory_bound";
+
+    /// Issue 40, attack 1 (registry side): a registry answers every lookup
+    /// with the largest JSON the client reads, `{"manifests":[0,0,…]}`,
+    /// while 16 lookups run at once. The lookups, in a child process of
+    /// their own, keep its peak memory (VmHWM) within 48 MiB of where it
+    /// started.
+    #[test]
+    fn hostile_registry_answers_in_parallel_keep_the_lookups_within_their_memory_bound() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let lookups = 16;
+        if crate::child_process::is_child(REGISTRY_ATTACK) {
+            let port: u16 = std::env::var("CAUSEWAY_TEST_REGISTRY")
+                .unwrap()
+                .parse()
+                .unwrap();
+            rt.block_on(async {
+                let resolver = Resolver::new(Duration::ZERO, loopback());
+                println!("BASELINE {}", crate::child_process::peak_kib());
+                let mut tasks = Vec::new();
+                for i in 0..lookups {
+                    let (resolver, l) = (
+                        resolver.clone(),
+                        Lookup {
+                            release_image: format!("127.0.0.1:{port}/ocp/release@sha256:{i:064x}"),
+                            repository: format!("127.0.0.1:{port}/org/bfb"),
+                            configured: None,
+                            configmap_namespace: "ops".into(),
+                            credentials: Credentials::default(),
+                        },
+                    );
+                    tasks.push(tokio::spawn(
+                        async move { resolver.resolve(&l, None).await },
+                    ));
+                }
+                let mut outcomes = Vec::new();
+                for t in tasks {
+                    outcomes.push(match t.await.unwrap() {
+                        Ok(f) => f.image,
+                        Err(e) => e.reason().to_string(),
+                    });
+                }
+                println!("OUTCOMES {outcomes:?}");
+                println!("PEAK {}", crate::child_process::peak_kib());
+            });
+            return;
+        }
+        let mut body = b"{\"manifests\":[0".to_vec();
+        while body.len() + 4 < MAX_JSON {
+            body.extend_from_slice(b",0");
+        }
+        body.extend_from_slice(b"]}");
+        let body = Bytes::from(body);
+        let registry = rt.block_on(fake(|_| Answer::Json(body.clone())));
+        let mut child = crate::child_process::spawn(
+            REGISTRY_ATTACK,
+            &[("CAUSEWAY_TEST_REGISTRY", registry.port.to_string())],
+        );
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let baseline: u64 = crate::child_process::line(&mut out, "BASELINE")
+            .parse()
+            .unwrap();
+        let outcomes = crate::child_process::line(&mut out, "OUTCOMES");
+        let peak: u64 = crate::child_process::line(&mut out, "PEAK")
+            .parse()
+            .unwrap();
+        assert!(child.wait().unwrap().success());
+        let asked = registry.asked.lock().unwrap().len();
+        let rise = peak.saturating_sub(baseline);
+        println!(
+            "lookups' VmHWM {baseline} KiB at rest, {peak} KiB at most with {lookups} lookups of {} KiB [0,0,…] answers (+{rise} KiB); registry asked {asked} times; outcomes {outcomes}",
+            body.len() >> 10
+        );
+        assert!(asked >= lookups, "the registry was asked {asked} times");
+        assert!(
+            rise < 48 << 10,
+            "the lookups' peak memory rose {} MiB with {lookups} hostile registry answers (bound 48 MiB)",
+            rise >> 10
+        );
+    }
+
+    /// Issue 40, attack 2: references the text alone refutes are never kept,
+    /// and however many distinct references are looked up, at most
+    /// [`MAX_ANSWERS`] answers are.
+    #[tokio::test]
+    async fn the_answers_kept_are_bounded_and_invalid_references_are_not_kept() {
+        let resolver = Resolver::new(Duration::from_secs(300), RegistryPolicy::default());
+        for i in 0..64 {
+            let l = Lookup {
+                release_image: format!("not a reference {i} {}", "x".repeat(4096)),
+                repository: "quay.io/org/bfb".into(),
+                configured: None,
+                configmap_namespace: "ops".into(),
+                credentials: Credentials::default(),
+            };
+            let e = resolver.resolve(&l, None).await.unwrap_err();
+            assert_eq!(e.reason(), "InvalidImageFormat");
+        }
+        assert_eq!(resolver.answers_kept(), 0, "invalid references were kept");
+        for i in 0..(MAX_ANSWERS + 100) {
+            let l = Lookup {
+                release_image: format!("quay.io/ocp/release:4.{i}.0-x86_64"),
+                repository: "quay.io/org/bfb".into(),
+                configured: None,
+                configmap_namespace: "ops".into(),
+                credentials: Credentials::default(),
+            };
+            resolver.keep(
+                &l,
+                &Err(LookupError::VersionNotFound {
+                    release: l.release_image.clone(),
+                    version: format!("4.{i}.0"),
+                    searched: Vec::new(),
+                }),
+            );
+        }
+        assert_eq!(resolver.answers_kept(), MAX_ANSWERS);
     }
 }

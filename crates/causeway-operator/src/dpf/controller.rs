@@ -127,7 +127,7 @@ pub async fn run(
         provisioners: provisioners.clone(),
         configs,
         blue_field_images,
-        blue_field: super::bluefield::Resolver::default(),
+        blue_field: super::bluefield::Resolver::shared(),
         ignition_checked: Default::default(),
         operator_namespace,
         last_config: std::sync::Mutex::new(None),

@@ -104,7 +104,9 @@ pub struct DPFHCPProvisionerSpec {
     #[x_kube(validation = Rule::new("self == oldSelf").message("baseDomain is immutable"))]
     pub base_domain: String,
     /// The OpenShift release image. A change upgrades the control plane,
-    /// then the NodePool.
+    /// then the NodePool. At most 512 characters: it keys the BlueField
+    /// lookup's answers, and a reference is far shorter.
+    #[schemars(length(max = 512))]
     pub ocp_release_image: String,
     /// A Secret in this namespace with key `id_rsa.pub`. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -434,7 +436,7 @@ pub struct DPFHCPProvisionerConfigSpec {
         default,
         skip_serializing_if = "Option::is_none"
     )]
-    #[schemars(extend("default" = DEFAULT_BLUEFIELD_REPO))]
+    #[schemars(extend("default" = DEFAULT_BLUEFIELD_REPO), length(max = 512))]
     pub blue_field_ocp_layer_repo: Option<String>,
     /// Do not create MetalLB objects (MetalLB is managed elsewhere).
     #[serde(

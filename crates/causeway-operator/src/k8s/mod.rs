@@ -16,6 +16,7 @@ pub mod drift;
 pub mod events;
 pub mod finalizer;
 pub mod index;
+pub mod json_limits;
 pub mod leader;
 pub mod manifest;
 pub mod metrics;

@@ -24,6 +24,9 @@ use crate::infra::validate::{self, HostedClusterFacts, ServiceAddress};
 pub enum ImageCheck {
     /// Not a create of a provisioner that needs one.
     NotAsked,
+    /// Neither the ConfigMap nor an earlier lookup of the controller's
+    /// knows; the controller looks once the object is stored.
+    Unknown,
     Found(String),
     Failed(LookupError),
 }
@@ -216,14 +219,23 @@ fn provisioner(
     }
     match image {
         ImageCheck::Failed(e) if !e.transient() => allowed.deny(format!(
-            "BlueField image for release {}: {e}. Add the version to the ConfigMap ocp-bluefield-images (chart value dpf.blueFieldImages), push the image, or set spec.machineOSURL",
-            p.ocp_release_image
+            "BlueField image for release {}: {}. Add the version to the ConfigMap ocp-bluefield-images (chart value dpf.blueFieldImages), push the image, or set spec.machineOSURL",
+            p.ocp_release_image,
+            e.public_message()
         )),
         ImageCheck::Failed(e) => {
             let mut r = allowed;
             r.warnings = Some(vec![format!(
-                "the BlueField image could not be checked now ({e}); the operator keeps trying and reports BlueFieldContainerImageAvailable"
+                "the BlueField image could not be checked now ({}); the operator keeps trying and reports BlueFieldContainerImageAvailable",
+                e.public_message()
             )]);
+            r
+        }
+        ImageCheck::Unknown => {
+            let mut r = allowed;
+            r.warnings = Some(vec![
+                "the BlueField image of this release is not known yet; the operator looks it up and reports BlueFieldContainerImageAvailable".into(),
+            ]);
             r
         }
         ImageCheck::Found(_) | ImageCheck::NotAsked => allowed,

@@ -1,14 +1,15 @@
 //! The webhook's HTTPS endpoint: `POST /validate` with an AdmissionReview.
-//! Reads come from caches (the BlueField table and the bridge's settings)
-//! except the new provisioner's pull secret, one GET bounded by the
-//! lookup's deadline.
+//! Every read comes from a cache (the BlueField table, the bridge's
+//! settings, the BlueField answers the controller learned): a review makes
+//! no API call and no registry call, whoever sent it.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -17,7 +18,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -28,13 +29,11 @@ use super::admit::{self, ImageCheck};
 use super::tls::{CertError, ReloadingCert};
 use crate::dpf::bluefield::{self, Credentials, Lookup, Resolver};
 use crate::dpf::crd::{BridgeSettings, DPFHCPProvisionerConfig, DPFHCPProvisionerSpec};
+use crate::k8s::json_limits::{JsonLimits, JsonShape};
 use crate::k8s::watch::cached;
 
 /// The path the webhook configuration names.
 pub const PATH: &str = "/validate";
-/// How long the BlueField lookup may take before the last known answer is
-/// used: well inside the configuration's timeout.
-const LOOKUP_DEADLINE: Duration = Duration::from_secs(3);
 /// hyper's read buffer per connection. A review's headers are a few
 /// hundred bytes; hyper's default (about 400 KiB) times every connection
 /// slot would be 100 MiB of headers held by clients that never finish.
@@ -42,8 +41,9 @@ const READ_BUFFER: usize = 64 << 10;
 
 /// What one client, and all of them together, may hold of the webhook.
 /// Every connection that can reach the port gets a slot; these bound how
-/// long a slot is kept by a client that does not finish and how much
-/// memory request bodies take.
+/// long a slot is kept by a client that does not finish, how many slots
+/// and how much memory one source address may hold, and how much memory
+/// request bodies and their parsing take.
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub handshake: Duration,
@@ -59,13 +59,22 @@ pub struct Limits {
     /// (object and oldObject) and a small envelope, so 4 MiB admits every
     /// review the API server can send and refuses anything larger unread.
     pub max_body: usize,
-    /// Body bytes held across all connections at once. A request reserves
-    /// its declared length (or `max_body` when it declares none) before
-    /// its body is read and keeps it until answered, so parsing is inside
-    /// the bound too: 16 MiB is four of the largest reviews at once, well
-    /// inside the pod's memory limit, and thousands of real ones.
-    pub bodies_in_flight: usize,
+    /// What a review may hold: a real one of our kinds, with both objects'
+    /// managedFields, is a few thousand values.
+    pub review_json: JsonLimits,
+    /// Memory held for requests across all connections at once. When a
+    /// body's first bytes arrive, its request takes its declared length
+    /// (or `max_body`) and the most parsing that much JSON can cost
+    /// within `review_json` ([`JsonShape::parsed_bytes`]): 12 MiB for the
+    /// largest body, a few hundred KiB for a real review. It is kept until
+    /// answered. A header that declares a length holds nothing.
+    pub memory_in_flight: usize,
+    /// The share of `memory_in_flight` one source address may hold.
+    pub memory_per_source: usize,
     pub max_connections: usize,
+    /// Connections one source address may hold: the API server's calls
+    /// are spread over a few, an attacker's over as many as it can open.
+    pub connections_per_source: usize,
 }
 
 impl Default for Limits {
@@ -75,9 +84,29 @@ impl Default for Limits {
             header_read: Duration::from_secs(10),
             body_read: Duration::from_secs(10),
             max_body: 4 << 20,
-            bodies_in_flight: 16 << 20,
+            review_json: JsonLimits {
+                max_values: 65_536,
+                max_depth: 64,
+            },
+            memory_in_flight: 32 << 20,
+            memory_per_source: 16 << 20,
             max_connections: 256,
+            connections_per_source: 64,
         }
+    }
+}
+
+impl Limits {
+    /// What a body of `len` bytes is charged: itself and the most its parse
+    /// can cost, since each value after the first takes at least two bytes
+    /// of text and no more than `review_json` allows are parsed at all.
+    pub fn charge(&self, len: usize) -> usize {
+        JsonShape {
+            bytes: len,
+            values: self.review_json.max_values.min(len / 2 + 1),
+            depth: 0,
+        }
+        .parsed_bytes()
     }
 }
 
@@ -90,7 +119,6 @@ pub enum WebhookError {
 }
 
 struct Context {
-    client: Client,
     operator_namespace: String,
     images: Store<ConfigMap>,
     configs: Store<DPFHCPProvisionerConfig>,
@@ -101,23 +129,61 @@ struct Context {
 type Answer =
     Arc<dyn Fn(Bytes) -> Pin<Box<dyn std::future::Future<Output = Vec<u8>> + Send>> + Send + Sync>;
 
-/// Room for request bodies across connections, and what is held now.
-struct Bodies {
+/// Room for requests' memory across connections and per source, and what
+/// is held now.
+struct Memory {
     room: Semaphore,
-    /// Bytes read into request bodies and not yet released.
+    per_source: usize,
+    connections_per_source: usize,
+    sources: Mutex<HashMap<IpAddr, Arc<Source>>>,
+    /// Bytes held for requests (bodies and parse charges) not yet answered.
     held: AtomicUsize,
     /// The most `held` has been, for tests.
     #[cfg_attr(not(test), allow(dead_code))]
     peak: AtomicUsize,
 }
 
-impl Bodies {
-    fn new(limit: usize) -> Bodies {
-        Bodies {
-            room: Semaphore::new(limit.min(Semaphore::MAX_PERMITS)),
+/// One source address's share: its connections and its room.
+struct Source {
+    connections: AtomicUsize,
+    room: Semaphore,
+}
+
+impl Memory {
+    fn new(limits: &Limits) -> Memory {
+        Memory {
+            room: Semaphore::new(limits.memory_in_flight.min(Semaphore::MAX_PERMITS)),
+            per_source: limits.memory_per_source.min(Semaphore::MAX_PERMITS),
+            connections_per_source: limits.connections_per_source,
+            sources: Mutex::default(),
             held: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
         }
+    }
+
+    /// A connection from `ip`, or `None` when that source holds its share
+    /// of connections already. The entry goes when its last connection
+    /// does, so the table is never larger than the connections open.
+    fn connect(self: &Arc<Self>, ip: IpAddr) -> Option<Connection> {
+        let mut sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
+        let source = sources
+            .entry(ip.to_canonical())
+            .or_insert_with(|| {
+                Arc::new(Source {
+                    connections: AtomicUsize::new(0),
+                    room: Semaphore::new(self.per_source),
+                })
+            })
+            .clone();
+        if source.connections.load(Ordering::Relaxed) >= self.connections_per_source {
+            return None;
+        }
+        source.connections.fetch_add(1, Ordering::Relaxed);
+        Some(Connection {
+            memory: self.clone(),
+            ip: ip.to_canonical(),
+            source,
+        })
     }
 
     fn add(&self, n: usize) {
@@ -126,12 +192,75 @@ impl Bodies {
     }
 }
 
-/// What a body has added to [`Bodies::held`], given back when dropped.
-struct Held<'a>(&'a Bodies, usize);
+/// A connection's place in [`Memory`]: its source's share.
+struct Connection {
+    memory: Arc<Memory>,
+    ip: IpAddr,
+    source: Arc<Source>,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        let mut sources = self
+            .memory
+            .sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if self.source.connections.fetch_sub(1, Ordering::Relaxed) == 1 {
+            sources.remove(&self.ip);
+        }
+    }
+}
+
+/// What one request holds of [`Memory`], given back when dropped.
+struct Held<'a> {
+    memory: &'a Memory,
+    bytes: usize,
+    own: Option<tokio::sync::SemaphorePermit<'a>>,
+    all: Option<tokio::sync::SemaphorePermit<'a>>,
+}
+
+impl<'a> Held<'a> {
+    /// Takes `n` more bytes of room, from the source's share and from the
+    /// whole, waiting no later than `deadline`; `false` if there was none.
+    async fn take(&mut self, source: &'a Source, n: usize, deadline: tokio::time::Instant) -> bool {
+        let Ok(n32) = u32::try_from(n) else {
+            return false;
+        };
+        if n32 == 0 {
+            return true;
+        }
+        let both = async {
+            let own = source.room.acquire_many(n32).await.ok()?;
+            let all = self.memory.room.acquire_many(n32).await.ok()?;
+            Some((own, all))
+        };
+        match tokio::time::timeout_at(deadline, both).await {
+            Ok(Some((own, all))) => {
+                merge(&mut self.own, own);
+                merge(&mut self.all, all);
+                self.memory.add(n);
+                self.bytes += n;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+fn merge<'a>(
+    into: &mut Option<tokio::sync::SemaphorePermit<'a>>,
+    more: tokio::sync::SemaphorePermit<'a>,
+) {
+    match into {
+        Some(p) => p.merge(more),
+        None => *into = Some(more),
+    }
+}
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        self.0.held.fetch_sub(self.1, Ordering::Relaxed);
+        self.memory.held.fetch_sub(self.bytes, Ordering::Relaxed);
     }
 }
 
@@ -164,25 +293,24 @@ pub async fn run(
         watcher::Config::default(),
     );
     let ctx = Arc::new(Context {
-        client,
         operator_namespace,
         images,
         configs,
-        resolver: Resolver::default(),
+        resolver: Resolver::shared(),
     });
     tracing::info!(listen = %bound, cert = %cert_dir.display(), "admission webhook serving");
     let answer: Answer = Arc::new(move |body| {
         let ctx = ctx.clone();
-        Box::pin(async move { review(&ctx, &body).await })
+        Box::pin(async move { review(&ctx, &body) })
     });
     let caches = futures::stream::select(images_stream.map(|_| ()), configs_stream.map(|_| ()))
         .for_each(|()| async {});
     let limits = Limits::default();
-    let bodies = Arc::new(Bodies::new(limits.bodies_in_flight));
+    let memory = Arc::new(Memory::new(&limits));
     tokio::spawn(async move {
         tokio::select! {
             _ = shutdown => {}
-            _ = serve(listener, acceptor, limits, bodies, answer) => {}
+            _ = serve(listener, acceptor, limits, memory, answer) => {}
             _ = caches => {}
         }
     });
@@ -194,7 +322,7 @@ async fn serve(
     listener: tokio::net::TcpListener,
     acceptor: tokio_rustls::TlsAcceptor,
     limits: Limits,
-    bodies: Arc<Bodies>,
+    memory: Arc<Memory>,
     answer: Answer,
 ) {
     let limits = Arc::new(limits);
@@ -209,17 +337,18 @@ async fn serve(
                 continue;
             }
         };
+        // Closed at once, before it can take a slot of the whole.
+        let Some(connection) = memory.connect(peer.ip()) else {
+            tracing::debug!(%peer, "webhook: the source holds its share of connections");
+            continue;
+        };
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
-        let (acceptor, limits, bodies, answer) = (
-            acceptor.clone(),
-            limits.clone(),
-            bodies.clone(),
-            answer.clone(),
-        );
+        let (acceptor, limits, answer) = (acceptor.clone(), limits.clone(), answer.clone());
         tokio::spawn(async move {
             let _slot = slot;
+            let connection = Arc::new(connection);
             let tls = match tokio::time::timeout(limits.handshake, acceptor.accept(tcp)).await {
                 Ok(Ok(t)) => t,
                 Ok(Err(e)) => {
@@ -230,7 +359,7 @@ async fn serve(
             };
             let conn_limits = limits.clone();
             let service = service_fn(move |req| {
-                handle(conn_limits.clone(), bodies.clone(), answer.clone(), req)
+                handle(conn_limits.clone(), connection.clone(), answer.clone(), req)
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -268,7 +397,7 @@ fn text(status: u16, message: String) -> http::Response<Full<Bytes>> {
 
 async fn handle(
     limits: Arc<Limits>,
-    bodies: Arc<Bodies>,
+    connection: Arc<Connection>,
     answer: Answer,
     req: http::Request<Incoming>,
 ) -> Result<http::Response<Full<Bytes>>, Infallible> {
@@ -297,18 +426,17 @@ async fn handle(
         Some(n) => usize::try_from(n).unwrap_or(limits.max_body),
         None => limits.max_body,
     };
+    let charge = limits.charge(reserve);
+    let no_room = || text(503, "too many request bodies in flight; try again\n".into());
     let deadline = tokio::time::Instant::now() + limits.body_read;
-    let permits = u32::try_from(reserve).unwrap_or(u32::MAX);
-    let room = match tokio::time::timeout_at(deadline, bodies.room.acquire_many(permits)).await {
-        Ok(Ok(room)) => room,
-        _ => {
-            return Ok(text(
-                503,
-                "too many request bodies in flight; try again\n".into(),
-            ))
-        }
+    let memory = &*connection.memory;
+    let source = &*connection.source;
+    let mut held = Held {
+        memory,
+        bytes: 0,
+        own: None,
+        all: None,
     };
-    let mut held = Held(&bodies, 0);
     let mut body = req.into_body();
     let mut buffer = BytesMut::new();
     loop {
@@ -330,18 +458,30 @@ async fn handle(
             if buffer.len() + data.len() > reserve {
                 return Ok(too_big());
             }
-            bodies.add(data.len());
-            held.1 += data.len();
+            // Room is taken when the body's first bytes arrive, not when its
+            // length is declared: a client that sends headers and nothing
+            // more holds nothing. It is taken whole, for the body and its
+            // parse at once, so two requests can never each hold half of
+            // what the other waits for.
+            if held.bytes == 0 && !data.is_empty() && !held.take(source, charge, deadline).await {
+                return Ok(no_room());
+            }
             buffer.extend_from_slice(&data);
         }
     }
+    if let Err(e) = limits.review_json.measure(&buffer) {
+        return Ok(text(
+            413,
+            format!("AdmissionReview refused unparsed: {e}; a review of these kinds is never that large\n"),
+        ));
+    }
     let response = answer(buffer.freeze()).await;
-    drop((held, room));
+    drop(held);
     Ok(reply(200, "application/json", response))
 }
 
 /// The response review for a request review's body.
-async fn review(ctx: &Context, body: &[u8]) -> Vec<u8> {
+fn review(ctx: &Context, body: &[u8]) -> Vec<u8> {
     let response = match admit::parse(body) {
         Err(invalid) => {
             tracing::warn!(message = %invalid.result.message, "webhook: unreadable AdmissionReview");
@@ -349,9 +489,7 @@ async fn review(ctx: &Context, body: &[u8]) -> Vec<u8> {
         }
         Ok(request) => {
             let image = match admit::wants_image(&request) {
-                Some(spec) => {
-                    image_check(ctx, &spec, request.namespace.as_deref().unwrap_or_default()).await
-                }
+                Some(spec) => image_check(ctx, &spec),
                 None => ImageCheck::NotAsked,
             };
             let response = admit::decide(&request, &image);
@@ -364,7 +502,12 @@ async fn review(ctx: &Context, body: &[u8]) -> Vec<u8> {
     serde_json::to_vec(&response.into_review()).unwrap_or_default()
 }
 
-async fn image_check(ctx: &Context, spec: &DPFHCPProvisionerSpec, namespace: &str) -> ImageCheck {
+/// What is known of the new provisioner's BlueField image, without a
+/// Secret read or a registry call: the review's sender is not known to be
+/// the API server (anyone who reaches the port can send one), so nothing
+/// it names is read or contacted on its word. The controller, which acts
+/// only on stored objects, does the lookups; what it learned is known here.
+fn image_check(ctx: &Context, spec: &DPFHCPProvisionerSpec) -> ImageCheck {
     let settings = BridgeSettings::resolve(
         ctx.configs
             .get(&ObjectRef::new("default"))
@@ -372,22 +515,6 @@ async fn image_check(ctx: &Context, spec: &DPFHCPProvisionerSpec, namespace: &st
             .as_ref(),
         &ctx.operator_namespace,
     );
-    let pull_secret = match spec.pull_secret_ref.as_ref() {
-        Some(r) => {
-            let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-            match tokio::time::timeout(LOOKUP_DEADLINE, secrets.get_opt(&r.name)).await {
-                Ok(Ok(Some(s))) => s
-                    .data
-                    .and_then(|d| {
-                        d.get(crate::dpf::render::PULL_SECRET_KEY)
-                            .map(|b| b.0.clone())
-                    })
-                    .unwrap_or_default(),
-                _ => Vec::new(),
-            }
-        }
-        None => Vec::new(),
-    };
     let lookup = Lookup {
         release_image: spec.ocp_release_image.clone(),
         repository: settings.blue_field_repo.clone(),
@@ -396,11 +523,12 @@ async fn image_check(ctx: &Context, spec: &DPFHCPProvisionerSpec, namespace: &st
             .get(&ObjectRef::new(bluefield::IMAGES_CONFIGMAP).within(&ctx.operator_namespace))
             .map(|cm| cm.data.clone().unwrap_or_default()),
         configmap_namespace: ctx.operator_namespace.clone(),
-        credentials: Credentials::from_docker_config(&pull_secret),
+        credentials: Credentials::default(),
     };
-    match ctx.resolver.resolve(&lookup, Some(LOOKUP_DEADLINE)).await {
-        Ok(found) => ImageCheck::Found(found.image),
-        Err(e) => ImageCheck::Failed(e),
+    match ctx.resolver.known(&lookup) {
+        Some(Ok(found)) => ImageCheck::Found(found.image),
+        Some(Err(e)) => ImageCheck::Failed(e),
+        None => ImageCheck::Unknown,
     }
 }
 
@@ -416,17 +544,16 @@ mod tests {
 
     struct Server {
         addr: SocketAddr,
-        bodies: Arc<Bodies>,
+        memory: Arc<Memory>,
         tls: tokio_rustls::TlsConnector,
         _dir: tempfile::TempDir,
     }
 
     const SERVER_NAME: &str = "webhook.ns.svc";
 
-    /// The real TLS server and HTTP stack with the admission decisions of
-    /// [`admit`], without the BlueField lookup (no provisioner creates are
-    /// sent here).
-    async fn start(limits: Limits) -> Server {
+    /// A serving pair for [`SERVER_NAME`] in a directory of its own, and
+    /// a client that trusts it.
+    fn pki() -> (tempfile::TempDir, tokio_rustls::TlsConnector) {
         let pair = selfsigned::generate(&selfsigned::Names {
             namespace: "ns".into(),
             secret: "s".into(),
@@ -436,13 +563,9 @@ mod tests {
         })
         .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        for f in ["tls.crt", "tls.key"] {
+        for f in ["tls.crt", "tls.key", "ca.crt"] {
             std::fs::write(dir.path().join(f), &pair[f].0).unwrap();
         }
-        let cert = Arc::new(ReloadingCert::new(dir.path()).unwrap());
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cert.server_config()));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let mut roots = rustls::RootCertStore::empty();
         for c in rustls::pki_types::CertificateDer::pem_slice_iter(&pair["ca.crt"].0) {
             roots.add(c.unwrap()).unwrap();
@@ -455,6 +578,17 @@ mod tests {
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
+        (dir, tokio_rustls::TlsConnector::from(Arc::new(client)))
+    }
+
+    /// The real TLS server and HTTP stack, from the pair in `dir`, with the
+    /// admission decisions of [`admit`] and without the BlueField lookup
+    /// (no provisioner creates are sent here); its address.
+    async fn serve_from(dir: &std::path::Path, limits: Limits) -> (SocketAddr, Arc<Memory>) {
+        let cert = Arc::new(ReloadingCert::new(dir).unwrap());
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cert.server_config()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
         let answer: Answer = Arc::new(|body| {
             Box::pin(async move {
                 let r = match admit::parse(&body) {
@@ -464,12 +598,18 @@ mod tests {
                 serde_json::to_vec(&r.into_review()).unwrap()
             })
         });
-        let bodies = Arc::new(Bodies::new(limits.bodies_in_flight));
-        tokio::spawn(serve(listener, acceptor, limits, bodies.clone(), answer));
+        let memory = Arc::new(Memory::new(&limits));
+        tokio::spawn(serve(listener, acceptor, limits, memory.clone(), answer));
+        (addr, memory)
+    }
+
+    async fn start(limits: Limits) -> Server {
+        let (dir, tls) = pki();
+        let (addr, memory) = serve_from(dir.path(), limits).await;
         Server {
             addr,
-            bodies,
-            tls: tokio_rustls::TlsConnector::from(Arc::new(client)),
+            memory,
+            tls,
             _dir: dir,
         }
     }
@@ -610,7 +750,7 @@ mod tests {
     #[tokio::test]
     async fn an_oversized_body_is_refused_without_being_read() {
         let limits = Limits::default();
-        let max_body = limits.max_body;
+        let most = limits.charge(limits.max_body);
         let server = start(limits).await;
         // Declared: refused before a byte of it is read.
         let mut declared = server.connect().await;
@@ -624,7 +764,7 @@ mod tests {
             .await
             .expect("no answer to an 8 MiB body");
         assert!(said.starts_with("HTTP/1.1 413"), "{said}");
-        assert_eq!(server.bodies.peak.load(Ordering::Relaxed), 0);
+        assert_eq!(server.memory.peak.load(Ordering::Relaxed), 0);
         // Chunked, no length given: read up to the cap, then refused.
         let chunked = server.connect().await;
         let (mut read, mut write) = tokio::io::split(chunked);
@@ -647,20 +787,25 @@ mod tests {
             .await
             .expect("no answer to an 8 MiB chunked body");
         assert!(said.starts_with("HTTP/1.1 413"), "{said}");
-        let peak = server.bodies.peak.load(Ordering::Relaxed);
-        assert!(peak <= max_body, "{peak} bytes held for one body");
+        let peak = server.memory.peak.load(Ordering::Relaxed);
+        assert!(peak <= most, "{peak} bytes held for one body");
         writer.abort();
-        assert_eq!(server.bodies.held.load(Ordering::Relaxed), 0);
+        assert_eq!(server.memory.held.load(Ordering::Relaxed), 0);
     }
 
     #[tokio::test]
     async fn bodies_in_flight_stay_within_their_bound() {
         let limits = Limits {
             max_body: 256 << 10,
-            bodies_in_flight: 512 << 10,
+            review_json: JsonLimits {
+                max_values: 1000,
+                max_depth: 64,
+            },
+            memory_in_flight: 1 << 20,
+            memory_per_source: 1 << 20,
             ..Limits::default()
         };
-        let bound = limits.bodies_in_flight;
+        let bound = limits.memory_in_flight;
         let server = Arc::new(start(limits).await);
         let review = infra_review(200 << 10);
         let clients = 24;
@@ -696,11 +841,232 @@ mod tests {
                 &said[..said.len().min(300)]
             );
         }
-        let peak = server.bodies.peak.load(Ordering::Relaxed);
+        let peak = server.memory.peak.load(Ordering::Relaxed);
         assert!(
             peak <= bound,
             "{peak} body bytes held at once, bound {bound}"
         );
         assert!(peak >= review.len(), "{peak}: not even one body counted");
+    }
+    /// A TLS connection to `server` from `source`, a loopback address of
+    /// its own, as another pod would come from another address.
+    async fn connect_from(
+        addr: SocketAddr,
+        tls: &tokio_rustls::TlsConnector,
+        source: std::net::Ipv4Addr,
+    ) -> std::io::Result<TlsStream<TcpStream>> {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(SocketAddr::from((source, 0)))?;
+        let tcp = socket.connect(addr).await?;
+        let name = rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap();
+        tls.connect(name, tcp).await
+    }
+
+    /// An Infra review whose spec is `[0,0,…]` up to `len` bytes: two bytes
+    /// a value of text, 32 or more once parsed into JSON values.
+    fn zeros_review(len: usize) -> Vec<u8> {
+        let head = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","operation":"CREATE","kind":{"group":"hostedcluster.densityops.com","version":"v1alpha1","kind":"Infra"},"resource":{"group":"hostedcluster.densityops.com","version":"v1alpha1","resource":"infras"},"name":"x","namespace":"ns","object":{"metadata":{"name":"x"},"spec":[0"#;
+        let tail = b"]}}}";
+        let mut body = head.to_vec();
+        while body.len() + 2 + tail.len() <= len {
+            body.extend_from_slice(b",0");
+        }
+        body.extend_from_slice(tail);
+        body
+    }
+
+    const PARSE_ATTACK: &str = "webhook::server::tests::hostile_reviews_in_parallel_keep_the_webhook_within_its_memory_bound";
+
+    /// Issue 40, attack 1: concurrent largest-size reviews whose spec is
+    /// `[0,0,…]`. The webhook, in a child process of its own with the
+    /// production limits, must keep its peak memory (VmHWM) within 64 MiB
+    /// of where it started, whatever the number of such bodies.
+    #[test]
+    fn hostile_reviews_in_parallel_keep_the_webhook_within_its_memory_bound() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        if crate::child_process::is_child(PARSE_ATTACK) {
+            let dir = std::env::var("CAUSEWAY_TEST_CERTS").unwrap();
+            rt.block_on(async {
+                let (addr, _) = serve_from(std::path::Path::new(&dir), Limits::default()).await;
+                println!("LISTENING {}", addr.port());
+                println!("BASELINE {}", crate::child_process::peak_kib());
+                let mut line = String::new();
+                tokio::task::spawn_blocking(move || std::io::stdin().read_line(&mut line))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                println!("PEAK {}", crate::child_process::peak_kib());
+            });
+            return;
+        }
+        let (dir, tls) = pki();
+        let mut child = crate::child_process::spawn(
+            PARSE_ATTACK,
+            &[("CAUSEWAY_TEST_CERTS", dir.path().display().to_string())],
+        );
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let port: u16 = crate::child_process::line(&mut out, "LISTENING")
+            .parse()
+            .unwrap();
+        let baseline: u64 = crate::child_process::line(&mut out, "BASELINE")
+            .parse()
+            .unwrap();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let body = Bytes::from(zeros_review(Limits::default().max_body - 1024));
+        let clients = 16;
+        let statuses = rt.block_on(async {
+            let mut tasks = Vec::new();
+            for _ in 0..clients {
+                let (tls, body) = (tls.clone(), body.clone());
+                tasks.push(tokio::spawn(async move {
+                    let tcp = TcpStream::connect(addr).await.unwrap();
+                    let name = rustls::pki_types::ServerName::try_from(SERVER_NAME).unwrap();
+                    let mut stream = tls.connect(name, tcp).await.unwrap();
+                    let head = format!("POST {PATH} HTTP/1.1\r\nHost: {SERVER_NAME}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+                    if stream.write_all(head.as_bytes()).await.is_err()
+                        || stream.write_all(&body).await.is_err()
+                    {
+                        return "write failed".to_string();
+                    }
+                    let said = until_closed(&mut stream).await;
+                    said.lines().next().unwrap_or("closed").to_string()
+                }));
+            }
+            let mut statuses = Vec::new();
+            for t in tasks {
+                statuses.push(
+                    tokio::time::timeout(Duration::from_secs(60), t)
+                        .await
+                        .expect("a hostile client got no answer in 60 s")
+                        .unwrap(),
+                );
+            }
+            statuses
+        });
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(b"report\n").unwrap();
+        let peak: u64 = crate::child_process::line(&mut out, "PEAK")
+            .parse()
+            .unwrap();
+        assert!(child.wait().unwrap().success());
+        let rise = peak.saturating_sub(baseline);
+        println!(
+            "webhook VmHWM {baseline} KiB at rest, {peak} KiB at most under {clients} concurrent {} KiB [0,0,…] reviews (+{rise} KiB); answers {statuses:?}",
+            body.len() >> 10
+        );
+        assert!(
+            rise < 64 << 10,
+            "the webhook's peak memory rose {} MiB under {clients} concurrent hostile reviews (bound 64 MiB)",
+            rise >> 10
+        );
+    }
+
+    /// Issue 40, attack 5: a stream of connections that send a request's
+    /// headers, declaring the largest body, and nothing more, from one
+    /// address, about 28 a second. A real admission from another address
+    /// meanwhile completes in under a second.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stream_of_header_only_requests_cannot_starve_a_real_admission() {
+        let server = Arc::new(start(Limits::default()).await);
+        let attacker = {
+            let server = server.clone();
+            tokio::spawn(async move {
+                let mut held = Vec::new();
+                // Bounded: 8 s at most, 224 connections at most.
+                for _ in 0..224 {
+                    if let Ok(mut s) =
+                        connect_from(server.addr, &server.tls, [127, 0, 0, 2].into()).await
+                    {
+                        let head = format!("POST {PATH} HTTP/1.1\r\nHost: {SERVER_NAME}\r\nContent-Length: {}\r\n\r\n", 4 << 20);
+                        let _ = s.write_all(head.as_bytes()).await;
+                        held.push(s);
+                    }
+                    tokio::time::sleep(Duration::from_millis(35)).await;
+                }
+                held
+            })
+        };
+        // Let the stream build up past the body budget first.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut slowest = Duration::ZERO;
+        for _ in 0..3 {
+            let began = tokio::time::Instant::now();
+            let stream = tokio::time::timeout(
+                Duration::from_secs(15),
+                connect_from(server.addr, &server.tls, [127, 0, 0, 1].into()),
+            )
+            .await
+            .expect("no connection in 15 s")
+            .unwrap();
+            let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            let req = http::Request::post(PATH)
+                .header(http::header::HOST, SERVER_NAME)
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(Full::new(Bytes::from(infra_review(0))))
+                .unwrap();
+            let resp = tokio::time::timeout(Duration::from_secs(15), send.send_request(req))
+                .await
+                .expect("no answer in 15 s")
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            slowest = slowest.max(began.elapsed());
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        attacker.abort();
+        println!("slowest real admission during the header-only stream: {slowest:?}");
+        assert!(
+            slowest < Duration::from_secs(1),
+            "a real admission took {slowest:?} during a header-only connection stream"
+        );
+    }
+
+    /// One address opens more connections than the webhook has slots and
+    /// sends nothing on them; an admission from another address still
+    /// completes in under a second.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_source_holding_every_slot_cannot_starve_a_real_admission() {
+        let server = Arc::new(start(Limits::default()).await);
+        let mut silent = Vec::new();
+        for _ in 0..300 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(SocketAddr::from(([127, 0, 0, 3], 0))).unwrap();
+            if let Ok(tcp) = socket.connect(server.addr).await {
+                silent.push(tcp);
+            }
+        }
+        let began = tokio::time::Instant::now();
+        let stream = tokio::time::timeout(
+            Duration::from_secs(15),
+            connect_from(server.addr, &server.tls, [127, 0, 0, 1].into()),
+        )
+        .await
+        .expect("no connection in 15 s")
+        .unwrap();
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let req = http::Request::post(PATH)
+            .header(http::header::HOST, SERVER_NAME)
+            .body(Full::new(Bytes::from(infra_review(0))))
+            .unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(15), send.send_request(req))
+            .await
+            .expect("no answer in 15 s")
+            .unwrap();
+        let took = began.elapsed();
+        assert_eq!(resp.status(), 200);
+        println!("admission with 300 silent connections from one other address: {took:?}");
+        assert!(
+            took < Duration::from_secs(1),
+            "a real admission took {took:?} while one address held 300 silent connections"
+        );
     }
 }
