@@ -1422,6 +1422,33 @@ mod tests {
             .unwrap());
         assert_eq!(server.asked.lock().unwrap().len(), 1);
     }
+    /// Issue 40, attack 6: a provisioner's registry cannot point the
+    /// lookup at the cluster's inside (Services, pods, machines) unless the
+    /// operator lists the registries it may ask.
+    #[test]
+    fn private_addresses_are_refused_unless_registries_are_listed() {
+        let at = |ip: &str| [SocketAddr::new(ip.parse().unwrap(), 443)];
+        let open = RegistryPolicy::default();
+        for ip in [
+            "10.96.0.1",
+            "172.16.5.4",
+            "192.168.1.10",
+            "100.64.0.9",
+            "fd00::1",
+        ] {
+            assert!(open.refused_address(&at(ip)).is_some(), "{ip} reached");
+        }
+        for ip in ["8.8.8.8", "100.128.0.1", "2606:4700::1111"] {
+            assert!(open.refused_address(&at(ip)).is_none(), "{ip} refused");
+        }
+        let listed = RegistryPolicy {
+            allowed: vec!["mirror.internal:5000".into()],
+            allow_loopback: false,
+        };
+        assert!(listed.refused_address(&at("10.0.0.5")).is_none());
+        assert!(listed.refused_address(&at("169.254.169.254")).is_some());
+    }
+
     const REGISTRY_ATTACK: &str = "dpf::bluefield::tests::hostile_registry_answers_in_parallel_keep_the_lookups_within_their_memory_bound";
 
     /// Issue 40, attack 1 (registry side): a registry answers every lookup
