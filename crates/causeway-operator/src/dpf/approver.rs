@@ -68,6 +68,13 @@ const RECORD_ATTEMPTS: usize = 5;
 /// was too large to keep (never written to the API server).
 const OVERSIZED_BYTES: &str = "causeway.internal/oversized-request-bytes";
 const OVERSIZED_CLAIM: &str = "causeway.internal/oversized-request-node";
+/// CSRs a page of the first list (and every re-list) holds: at most about
+/// 15 MiB of the largest the API server stores, where the watcher's
+/// default of 500 would be 700 MiB.
+const CSR_PAGE: u32 = 10;
+/// Events that arrive within this of the one that started a pass join it:
+/// a burst of Node or CSR changes costs one pass, not one each.
+const DEBOUNCE: Duration = Duration::from_millis(250);
 
 #[derive(Debug, Clone)]
 pub struct ApproverOptions {
@@ -397,9 +404,12 @@ async fn session(ctx: &Context, namespace: &str, name: &str) -> Ended {
     let mut streams: Vec<BoxStream<'static, Seen>> = Vec::new();
     let mut csr_stores = Vec::new();
     for signer in &signers {
+        // Small pages: a CSR may be 1.5 MiB, and a page is held whole,
+        // parsed, before `keep_small` sees any of it.
+        let config = watcher::Config::default().page_size(CSR_PAGE);
         let config = match signer {
-            Some(s) => watcher::Config::default().fields(&format!("spec.signerName={s}")),
-            None => watcher::Config::default(),
+            Some(s) => config.fields(&format!("spec.signerName={s}")),
+            None => config,
         };
         let (reader, writer) = reflector::store();
         let index = streams.len();
@@ -474,6 +484,25 @@ async fn session(ctx: &Context, namespace: &str, name: &str) -> Ended {
             Some(Seen::Failed(e)) => return Ended::Unreachable(e),
             Some(Seen::Listed(i)) => listed[i] = true,
             Some(Seen::Changed | Seen::Tick) => {}
+        }
+        // Whatever else arrives within the window joins this pass. The
+        // window does not restart, so a steady stream still gets a pass
+        // every DEBOUNCE.
+        if listed.iter().all(|l| *l) {
+            let window = tokio::time::sleep(DEBOUNCE);
+            let mut window = pin!(window);
+            loop {
+                let more = tokio::select! {
+                    _ = &mut window => break,
+                    e = merged.next() => e,
+                };
+                match more {
+                    None => return Ended::Unreachable("the watches ended".into()),
+                    Some(Seen::Failed(e)) => return Ended::Unreachable(e),
+                    Some(Seen::Listed(i)) => listed[i] = true,
+                    Some(Seen::Changed | Seen::Tick) => {}
+                }
+            }
         }
         // Until every first list is in, a missing Node may only be one not
         // listed yet: nothing is decided.
@@ -650,11 +679,37 @@ fn undecided(c: &CertificateSigningRequest) -> bool {
             })
 }
 
+/// The undecided CSRs that count against the pending cap: made within the
+/// window (the controller-manager removes unapproved ones after a day) and
+/// able to be approved here at all ([`csr::could_be_ours`]).
+fn pending_count(
+    undecided: &[&Arc<CertificateSigningRequest>],
+    inventory: &Inventory,
+    now_seconds: i64,
+) -> usize {
+    undecided
+        .iter()
+        .filter(|c| {
+            c.metadata
+                .creation_timestamp
+                .as_ref()
+                .is_none_or(|t| now_seconds - t.0.as_second() < PENDING_WINDOW_SECONDS)
+                && csr::could_be_ours(&csr_of(c), inventory)
+        })
+        .count()
+}
+
 /// What the cache keeps of a CSR: a request over
 /// [`csr::MAX_REQUEST_BYTES`] is dropped, keeping only its size and the
 /// node it names, so a flood of large requests cannot fill memory.
 fn keep_small(c: &mut CertificateSigningRequest) {
     c.metadata.managed_fields = None;
+    // The markers are ours alone: a requester that sets them on its CSR
+    // must not pass for an oversized request, nor name its claim.
+    if let Some(notes) = c.metadata.annotations.as_mut() {
+        notes.remove(OVERSIZED_BYTES);
+        notes.remove(OVERSIZED_CLAIM);
+    }
     let bytes = c.spec.request.0.len();
     if bytes <= csr::MAX_REQUEST_BYTES {
         return;
@@ -793,15 +848,7 @@ impl Pass<'_> {
                 c.name_any(),
             )
         });
-        let recent = pending
-            .iter()
-            .filter(|c| {
-                c.metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .is_none_or(|t| now.as_second() - t.0.as_second() < PENDING_WINDOW_SECONDS)
-            })
-            .count();
+        let recent = pending_count(&pending, &inventory, now.as_second());
         let max_pending =
             inventory.dpus.len().max(inventory.nodes.len()) + self.ctx.options.pending_slack;
         let policy = policy_of(p, service_networks, &self.ctx.options, max_pending);
@@ -1048,6 +1095,48 @@ fn clamp(n: usize) -> u32 {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    fn serving_csr(node: &str) -> CertificateSigningRequest {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("csr-{node}"), "uid": format!("uid-{node}"),
+                         "creationTimestamp": k8s_openapi::jiff::Timestamp::now().to_string()},
+            "spec": {"signerName": csr::SERVING_SIGNER, "username": format!("system:node:{node}"),
+                     "groups": ["system:nodes"], "usages": ["server auth"], "request": ""},
+        }))
+        .unwrap()
+    }
+
+    /// Issue 40, a low item: pending requests for names that are no DPU's
+    /// could halt every approval, renewals included. Only those that could
+    /// be approved here count.
+    #[test]
+    fn requests_for_names_that_are_no_dpus_do_not_count_against_the_pending_cap() {
+        let mut inventory = Inventory::default();
+        inventory.dpus.insert("dpu-0".into(), csr::Dpu::default());
+        let mut csrs: Vec<Arc<CertificateSigningRequest>> = (0..100)
+            .map(|i| Arc::new(serving_csr(&format!("ghost-{i}"))))
+            .collect();
+        csrs.push(Arc::new(serving_csr("dpu-0")));
+        let undecided: Vec<&Arc<CertificateSigningRequest>> = csrs.iter().collect();
+        let now = k8s_openapi::jiff::Timestamp::now().as_second();
+        assert_eq!(pending_count(&undecided, &inventory, now), 1);
+    }
+
+    /// Issue 40, a low item: the oversize marker is the approver's own
+    /// note; a requester that sets it on a small CSR is not believed.
+    #[test]
+    fn a_requester_cannot_set_the_oversize_marker() {
+        let mut c = serving_csr("dpu-0");
+        c.metadata.annotations = Some(
+            [
+                (OVERSIZED_BYTES.to_string(), "1".to_string()),
+                (OVERSIZED_CLAIM.to_string(), "dpu-1".to_string()),
+            ]
+            .into(),
+        );
+        keep_small(&mut c);
+        assert!(csr_of(&c).oversized.is_none(), "{:?}", csr_of(&c).oversized);
+    }
 
     #[test]
     fn approvals_of_an_earlier_cycle_are_forgotten() {

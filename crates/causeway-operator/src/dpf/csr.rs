@@ -558,6 +558,16 @@ fn claimed_host(csr: &Csr, kind: Kind) -> Result<String, Decision> {
     }
 }
 
+/// Whether `csr` could ever be approved here: a kubelet signer's, from a
+/// requester the rules accept, naming a DPU of this cluster. Only these
+/// count against the pending cap, so requests for names that are no DPU's
+/// cannot halt the approvals (renewals included) of the DPUs that are.
+pub fn could_be_ours(csr: &Csr, inventory: &Inventory) -> bool {
+    kind_of(&csr.signer)
+        .and_then(|kind| claimed_host(csr, kind).ok())
+        .is_some_and(|host| inventory.dpus.contains_key(&host))
+}
+
 /// Pending bootstrap CSRs that would be approved but for each other, per
 /// host: only these count as duplicates, so a CSR that fails the identity
 /// or lifecycle checks (a squatter's) cannot hold a DPU's join up.
