@@ -134,6 +134,14 @@ enum Command {
         /// approver saw its DPU begin joining is denied as staged.
         #[arg(long, env = "CAUSEWAY_CSR_CREATION_SKEW_SECONDS", default_value_t = 10)]
         csr_creation_skew_seconds: u32,
+        /// A bootstrap CSR is approved only once this many seconds old; a
+        /// second request for the same node meanwhile gets both denied.
+        #[arg(
+            long,
+            env = "CAUSEWAY_CSR_BOOTSTRAP_HOLD_SECONDS",
+            default_value_t = 15
+        )]
+        csr_bootstrap_hold_seconds: u32,
         /// Serve the validating admission webhook (HTTPS, path /validate)
         /// on this address; off when not given.
         #[arg(long, env = "CAUSEWAY_WEBHOOK_LISTEN")]
@@ -241,6 +249,7 @@ fn main() -> ExitCode {
             csr_max_expiration_seconds,
             csr_pending_slack,
             csr_creation_skew_seconds,
+            csr_bootstrap_hold_seconds,
             webhook_listen,
             webhook_cert_dir,
             webhook_self_signed_secret,
@@ -270,6 +279,7 @@ fn main() -> ExitCode {
                 max_expiration_seconds: csr_max_expiration_seconds,
                 pending_slack: csr_pending_slack,
                 creation_skew_seconds: csr_creation_skew_seconds.into(),
+                bootstrap_hold_seconds: csr_bootstrap_hold_seconds.into(),
             }),
             webhook: webhook_listen.map(|listen| operator::WebhookOptions {
                 listen,

@@ -152,6 +152,8 @@ async fn the_charts_webhook_admits_good_objects_and_denies_bad_ones_with_a_reloa
     };
     let client = admin(c).await;
     ensure_namespace(&client, NS).await;
+    // The kinds the DPF controller reads before it looks a release up.
+    kube_cluster::dpf_management_cluster(&client, &[NS], false).await;
     for (name, key, value) in [
         ("pull", ".dockerconfigjson", br#"{"auths":{}}"#.as_slice()),
         ("ssh", "id_rsa.pub", SSH_KEY.as_bytes()),
@@ -484,33 +486,30 @@ async fn the_charts_webhook_admits_good_objects_and_denies_bad_ones_with_a_reloa
         )
         .await
         .expect("a release the webhook cannot know yet is admitted");
-        eventually(
-            "the controller's lookup: BlueFieldContainerImageAvailable False, VersionNotFound",
+        // The controller looks the release up as it reconciles the stored
+        // object; a dry-run create of the same release (nothing is
+        // stored) is denied once the webhook knows the answer.
+        let again: DPFHCPProvisioner = serde_json::from_str(&provisioner(
+            "no-image-2",
+            json!({"ocpReleaseImage": release, "pullSecretRef": {"name": "pull"}, "sshKeySecretRef": {"name": "ssh"}}),
+        ))
+        .unwrap();
+        let dry_run = kube::api::PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        let e = eventually(
+            "a create of the looked-up release denied",
             WAIT,
             Some(&op),
             || async {
-                provisioners
-                    .get("no-image")
-                    .await
-                    .ok()?
-                    .status?
-                    .conditions
-                    .into_iter()
-                    .find(|c| {
-                        c.type_ == "BlueFieldContainerImageAvailable"
-                            && c.status == "False"
-                            && c.reason == "VersionNotFound"
-                    })
-                    .map(|_| ())
+                match provisioners.create(&dry_run, &again).await {
+                    Err(kube::Error::Api(s)) => Some(s.message),
+                    _ => None,
+                }
             },
         )
         .await;
-        let e = create(
-            &client,
-            &provisioner("no-image-2", json!({"ocpReleaseImage": release, "pullSecretRef": {"name": "pull"}, "sshKeySecretRef": {"name": "ssh"}})),
-        )
-        .await
-        .unwrap_err();
         for part in [
             "ocp-release:4.20.3-x86_64",
             "ocp-bluefield-images",

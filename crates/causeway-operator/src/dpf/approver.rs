@@ -68,6 +68,10 @@ const RECORD_ATTEMPTS: usize = 5;
 /// was too large to keep (never written to the API server).
 const OVERSIZED_BYTES: &str = "causeway.internal/oversized-request-bytes";
 const OVERSIZED_CLAIM: &str = "causeway.internal/oversized-request-node";
+/// The bootstrap hold-down: a DPU's kubelet waits this much longer to
+/// join, and a requester racing it for its identity must be this much
+/// ahead of it to be more than denied.
+pub const BOOTSTRAP_HOLD_SECONDS: i64 = 15;
 /// CSRs a page of the first list (and every re-list) holds: at most about
 /// 15 MiB of the largest the API server stores, where the watcher's
 /// default of 500 would be 700 MiB.
@@ -86,6 +90,9 @@ pub struct ApproverOptions {
     /// How much earlier than the DPU was seen joining its bootstrap CSR may
     /// have been made: the hosted API server's clock is not ours.
     pub creation_skew_seconds: i64,
+    /// How old a bootstrap CSR must be before it is approved; a second
+    /// requester for the same identity meanwhile gets both denied.
+    pub bootstrap_hold_seconds: i64,
 }
 
 impl Default for ApproverOptions {
@@ -96,6 +103,7 @@ impl Default for ApproverOptions {
             max_expiration_seconds: 367 * 24 * 3600,
             pending_slack: 20,
             creation_skew_seconds: 10,
+            bootstrap_hold_seconds: BOOTSTRAP_HOLD_SECONDS,
         }
     }
 }
@@ -474,9 +482,17 @@ async fn session(ctx: &Context, namespace: &str, name: &str) -> Ended {
         identity,
         "CSR approver watching the hosted cluster"
     );
+    let mut wake_at: Option<tokio::time::Instant> = None;
     loop {
+        let held = async {
+            match wake_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         let event = tokio::select! {
             _ = &mut deadline => return Ended::Renew,
+            _ = held => Some(Seen::Tick),
             e = merged.next() => e,
         };
         match event {
@@ -521,11 +537,15 @@ async fn session(ctx: &Context, namespace: &str, name: &str) -> Ended {
             identity,
             hosted: &hosted,
         };
-        if let Err(e) = pass
+        match pass
             .run(&all, &nodes.state(), &dpus.state(), &mut seen)
             .await
         {
-            tracing::warn!(provisioner = name, namespace, error = %e, "CSR approval pass");
+            Ok(wake) => wake_at = wake.map(|w| tokio::time::Instant::now() + w),
+            Err(e) => {
+                wake_at = None;
+                tracing::warn!(provisioner = name, namespace, error = %e, "CSR approval pass");
+            }
         }
     }
 }
@@ -657,6 +677,7 @@ impl Approvals {
                 .map(|(n, s)| (n.clone(), s.sans.iter().cloned().collect()))
                 .collect(),
             pending_bootstrap: BTreeMap::new(),
+            now: None,
         }
     }
 }
@@ -786,6 +807,7 @@ fn policy_of(
         cluster_domain: CLUSTER_DOMAIN.into(),
         max_pending,
         creation_skew_seconds: options.creation_skew_seconds,
+        bootstrap_hold_seconds: options.bootstrap_hold_seconds,
     }
 }
 
@@ -796,7 +818,7 @@ impl Pass<'_> {
         nodes: &[Arc<Node>],
         dpus: &[Arc<DynamicObject>],
         seen: &mut HashMap<String, &'static str>,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<Option<Duration>, kube::Error> {
         let p = self.provisioner;
         let namespace = p.namespace().unwrap_or_default();
         let name = p.name_any();
@@ -885,7 +907,7 @@ impl Pass<'_> {
             })
             .await?
         else {
-            return Ok(());
+            return Ok(None);
         };
         if flooded {
             tracing::warn!(provisioner = %name, %namespace, pending = recent, cap = max_pending, "too many pending kubelet CSRs: approving nothing");
@@ -901,9 +923,13 @@ impl Pass<'_> {
         }
         let requests: Vec<Csr> = pending.iter().map(|c| csr_of(c)).collect();
         let mut history = approvals.history(recent);
+        history.now = Some(now.as_second());
         history.pending_bootstrap =
             csr::approvable_bootstrap(&requests, &inventory, &policy, &history);
 
+        // When the first bootstrap CSR held down comes out of it: the pass
+        // runs again then, not at the next event or resync.
+        let mut wake: Option<Duration> = None;
         let live: BTreeSet<String> = csrs.iter().filter_map(|c| c.metadata.uid.clone()).collect();
         seen.retain(|uid, _| live.contains(uid));
         for (c, request) in pending.into_iter().zip(&requests) {
@@ -915,6 +941,13 @@ impl Pass<'_> {
                 Kind::Bootstrap => "bootstrap",
                 Kind::Serving => "serving",
             };
+            if decision.reason == "HoldDown" {
+                if let Some(created) = request.created {
+                    let end = created + policy.bootstrap_hold_seconds - now.as_second();
+                    let after = Duration::from_secs(end.max(0) as u64 + 1);
+                    wake = Some(wake.map_or(after, |w: Duration| w.min(after)));
+                }
+            }
             let first = seen.insert(request.uid.clone(), decision.reason) != Some(decision.reason);
             match decision.verdict {
                 Verdict::Ignore => {
@@ -978,8 +1011,10 @@ impl Pass<'_> {
                     };
                     approvals = fresh;
                     let pending_bootstrap = std::mem::take(&mut history.pending_bootstrap);
+                    let at = history.now;
                     history = approvals.history(recent);
                     history.pending_bootstrap = pending_bootstrap;
+                    history.now = at;
                     if self.conclude(c, &decision).await? {
                         self.count(kind_label, "approve", decision.reason);
                         tracing::info!(csr = %c.name_any(), node = %node, kind = kind_label, "CSR approved");
@@ -994,7 +1029,7 @@ impl Pass<'_> {
                 }
             }
         }
-        Ok(())
+        Ok(wake)
     }
 
     fn count(&self, kind: &str, verdict: &str, reason: &str) {

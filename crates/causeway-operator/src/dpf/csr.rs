@@ -144,6 +144,10 @@ pub struct Policy {
     /// How much earlier than the joining phase was seen a bootstrap CSR
     /// may have been created: the two times come from different clocks.
     pub creation_skew_seconds: i64,
+    /// How old a bootstrap CSR must be before it is approved: a second
+    /// requester for the same DPU's identity within this window gets both
+    /// denied instead of the first one served.
+    pub bootstrap_hold_seconds: i64,
 }
 
 /// What earlier decisions left.
@@ -159,6 +163,10 @@ pub struct History {
     pub pending: usize,
     /// Per host: the SANs of its current serving certificate.
     pub serving_sans: BTreeMap<String, BTreeSet<String>>,
+    /// When the pass runs (Unix seconds, the hosted API server's clock as
+    /// far as CSR creation times go): with it, the bootstrap hold-down
+    /// applies.
+    pub now: Option<i64>,
 }
 
 /// The parts of the request the decision reads.
@@ -577,8 +585,11 @@ pub fn approvable_bootstrap(
     policy: &Policy,
     history: &History,
 ) -> BTreeMap<String, BTreeSet<String>> {
+    // A CSR still held down is approvable for this count: two requesters
+    // within the hold-down contest each other.
     let alone = History {
         pending_bootstrap: BTreeMap::new(),
+        now: None,
         ..history.clone()
     };
     let mut approvable: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
@@ -799,7 +810,19 @@ pub fn decide(csr: &Csr, inventory: &Inventory, policy: &Policy, history: &Histo
                 .get(&host)
                 .is_some_and(|p| p.iter().any(|u| *u != csr.uid))
             {
-                return ignore("DuplicatePending", format!("more than one approvable bootstrap CSR for {host} is pending; none is approved until one is removed"));
+                return deny("ContestedIdentity", format!("another bootstrap CSR that would be approved asks for {host}'s identity too: one of the requesters is not the DPU, so both are denied and the DPU's kubelet asks again"));
+            }
+            if let Some(now) = history.now {
+                let age = now - created;
+                if age < policy.bootstrap_hold_seconds {
+                    return ignore(
+                        "HoldDown",
+                        format!(
+                            "approved once {}s old if no other requester asks for {host} meanwhile ({age}s now)",
+                            policy.bootstrap_hold_seconds
+                        ),
+                    );
+                }
             }
         }
         Kind::Serving => {
@@ -995,6 +1018,7 @@ mod tests {
             cluster_domain: "cluster.local".into(),
             max_pending: 50,
             creation_skew_seconds: 10,
+            bootstrap_hold_seconds: 15,
         }
     }
 
@@ -1176,8 +1200,8 @@ mod tests {
         check(
             &bootstrap("a", &req("system:node:dpu-1")),
             &racing,
-            Verdict::Ignore,
-            "DuplicatePending",
+            Verdict::Deny,
+            "ContestedIdentity",
         );
         // A renewal adding a SAN.
         let current = History {
@@ -1487,7 +1511,66 @@ mod tests {
             ),
             ..Default::default()
         };
-        check(&real, &both, Verdict::Ignore, "DuplicatePending");
+        check(&real, &both, Verdict::Deny, "ContestedIdentity");
+    }
+
+    /// Issue 40, attack 3: a compromised DPU holding the shared bootstrap
+    /// credential asks for a victim's identity as soon as the victim's DPU
+    /// begins joining, ahead of the victim's own request. It is held down;
+    /// when the victim asks within the hold-down, both are denied; the
+    /// first requester is never served on being first.
+    #[test]
+    fn a_thief_first_in_line_for_a_joining_dpus_identity_is_not_served() {
+        let policy = policy();
+        let hold = policy.bootstrap_hold_seconds;
+        let mut thief = bootstrap("thief", &req("system:node:dpu-1"));
+        thief.created = Some(NOW);
+        let mut victim = bootstrap("victim", &req("system:node:dpu-1"));
+        victim.created = Some(NOW + hold / 2);
+        // The thief alone, at once: held down, not approved.
+        let alone = [thief.clone()];
+        let at = |now: i64, csrs: &[Csr]| History {
+            pending_bootstrap: approvable_bootstrap(
+                csrs,
+                &inventory(),
+                &policy,
+                &History::default(),
+            ),
+            now: Some(now),
+            ..Default::default()
+        };
+        let first = decide(&thief, &inventory(), &policy, &at(NOW + 1, &alone));
+        assert_eq!(
+            (first.verdict, first.reason),
+            (Verdict::Ignore, "HoldDown"),
+            "{}",
+            first.message
+        );
+        // The victim asks within the hold-down: both are denied.
+        let both = [thief.clone(), victim.clone()];
+        for c in &both {
+            let d = decide(c, &inventory(), &policy, &at(NOW + hold + 1, &both));
+            assert_eq!(
+                (d.verdict, d.reason),
+                (Verdict::Deny, "ContestedIdentity"),
+                "{}: {}",
+                c.uid,
+                d.message
+            );
+        }
+        // Alone through the hold-down, a DPU's own request is approved.
+        let d = decide(
+            &victim,
+            &inventory(),
+            &policy,
+            &at(NOW + hold / 2 + hold, &[victim.clone()]),
+        );
+        assert_eq!(
+            (d.verdict, d.reason),
+            (Verdict::Approve, "AutoApproved"),
+            "{}",
+            d.message
+        );
     }
 
     /// An RSA-PSS request, which the parser here cannot verify, by openssl.
