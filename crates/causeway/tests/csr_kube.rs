@@ -852,17 +852,42 @@ subjects:
         (None, false)
     );
 
-    println!("scenario: a flood of pending CSRs stops all approval until it is cleared");
-    // Three DPUs, one Node: the cap is 3 + SLACK; with worker-7 pending,
-    // 3 + SLACK more go over it.
-    let mut flood = Vec::new();
+    println!("scenario: a flood of pending CSRs that could be ours stops all approval until it is cleared; CSRs for names that are no DPU's do not count");
+    // Three DPUs, one Node: the cap is 3 + SLACK. worker-7 names no DPU
+    // and does not count; nor do 3 + SLACK more like it.
     for i in 0..(3 + SLACK) {
-        flood.push(
+        attacks.push(
             create_csr(
                 &bootstrapper,
-                &format!("flood-{i}"),
+                &format!("no-dpu-{i}"),
                 BOOTSTRAP,
-                &request(&format!("system:node:flood-{i}")),
+                &request(&format!("system:node:no-dpu-{i}")),
+            )
+            .await,
+        );
+    }
+    wait_counted(&op, "bootstrap", "ignore", "UnknownDPU", (4 + SLACK) as f64).await;
+    let (active, reason, _) = approval_condition(&client).await.unwrap();
+    assert_eq!(
+        (active.as_str(), reason.as_str()),
+        ("True", "Active"),
+        "requests for names that are no DPU's counted as a flood"
+    );
+    // Serving CSRs in the name of dpu-c, which has no Node yet: left
+    // pending, and each could be approved once it has one. 3 + SLACK + 1
+    // go over the cap.
+    let node_c = impersonating(c, "system:node:dpu-c", &["system:nodes"]).await;
+    let mut flood = Vec::new();
+    for i in 0..(4 + SLACK) {
+        flood.push(
+            create_csr(
+                &node_c,
+                &format!("flood-{i}"),
+                SERVING,
+                &Request {
+                    sans: vec![dns("dpu-c")],
+                    ..request("system:node:dpu-c")
+                },
             )
             .await,
         );
