@@ -53,6 +53,8 @@ struct Request {
     /// An RSA key, with `key encipherment` among the usages: the only
     /// kubelet requests the 1.20 signer signs. Others are ECDSA P-256.
     rsa: bool,
+    /// Bytes of an extension of no meaning, to make the request large.
+    pad: usize,
 }
 
 fn request(cn: &str) -> Request {
@@ -61,6 +63,7 @@ fn request(cn: &str) -> Request {
         sans: Vec::new(),
         ca: false,
         rsa: false,
+        pad: 0,
     }
 }
 
@@ -110,6 +113,14 @@ fn pem(r: &Request) -> Vec<u8> {
             .push(CustomExtension::from_oid_content(
                 &[2, 5, 29, 19],
                 vec![0x30, 0x03, 0x01, 0x01, 0xff],
+            ));
+    }
+    if r.pad > 0 {
+        params
+            .custom_extensions
+            .push(CustomExtension::from_oid_content(
+                &[1, 3, 6, 1, 4, 1, 55555, 1],
+                vec![0x41; r.pad],
             ));
     }
     params
@@ -1033,6 +1044,80 @@ subjects:
         "denied events: {}",
         count("CSRDenied")
     );
+
+    println!("scenario: a session that starts with 48 CSRs of 1.4 MiB pending lists them without holding them all at once");
+    let vm_hwm_kib = |op: &Operator| -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", op.child.id()))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    };
+    let pending_series =
+        format!("causeway_operator_csr_pending{{namespace=\"{NS}\",provisioner=\"{NAME}\"}}");
+    op.kill9();
+    op = Operator::start(c, &[NS], &args, "csr-baseline");
+    eventually("the admin port", WAIT, Some(&op), || async {
+        std::net::TcpStream::connect(op.admin).ok().map(|_| ())
+    })
+    .await;
+    eventually(
+        "the new process's first approval pass",
+        WAIT,
+        Some(&op),
+        || async {
+            admin_get(&op, "/metrics")
+                .contains(&pending_series)
+                .then_some(())
+        },
+    )
+    .await;
+    let baseline = vm_hwm_kib(&op);
+    let big_count = 48;
+    let mut big = Vec::new();
+    for i in 0..big_count {
+        big.push(
+            create_csr(
+                &bootstrapper,
+                &format!("big-{i}"),
+                BOOTSTRAP,
+                &Request {
+                    pad: 1 << 20,
+                    ..request(&format!("system:node:big-{i}"))
+                },
+            )
+            .await,
+        );
+    }
+    op.kill9();
+    op = Operator::start(c, &[NS], &args, "csr-big-list");
+    eventually("the admin port", WAIT, Some(&op), || async {
+        std::net::TcpStream::connect(op.admin).ok().map(|_| ())
+    })
+    .await;
+    let unknown = "causeway_operator_csr_decisions_total{kind=\"bootstrap\",reason=\"UnknownDPU\",verdict=\"ignore\"}";
+    eventually(
+        "every large CSR decided by the new process",
+        WAIT,
+        Some(&op),
+        || async {
+            (metric(&admin_get(&op, "/metrics"), unknown) >= big_count as f64).then_some(())
+        },
+    )
+    .await;
+    let peak = vm_hwm_kib(&op);
+    let rise = peak.saturating_sub(baseline);
+    println!("operator VmHWM {baseline} KiB after a session start with no large CSRs, {peak} KiB after one with {big_count} CSRs of 1.4 MiB pending (+{rise} KiB)");
+    assert!(
+        rise < 80 << 10,
+        "a session start with {big_count} large CSRs pending raised the operator's peak memory by {} MiB (bound 80 MiB)",
+        rise >> 10
+    );
+    let csrs: Api<CertificateSigningRequest> = Api::all(client.clone());
+    for name in &big {
+        csrs.delete(name, &DeleteParams::default()).await.unwrap();
+    }
 
     println!("scenario: the provisioner goes away and its approver stops");
     Api::<DPFHCPProvisioner>::namespaced(client.clone(), NS)
