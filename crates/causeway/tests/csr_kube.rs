@@ -475,6 +475,32 @@ subjects:
         &[("InternalIP", "10.0.0.12"), ("Hostname", "dpu-b")],
     )
     .await;
+    // What the management side assigned: the DPUs' VLAN Infra reserves
+    // each DPU's address under its name.
+    apply_yaml(
+        &client,
+        &serde_json::to_string(&json!({
+            "apiVersion": "hostedcluster.densityops.com/v1alpha1", "kind": "Infra",
+            "metadata": {"name": "dpu-vlan", "namespace": NS},
+            "spec": {
+                "networkConfig": {"cidr": "10.0.0.0/24", "gateway": "10.0.0.1", "networkAttachmentDefinition": "dpu-vlan"},
+                "infraComponents": {
+                    "dhcp": {"enabled": true, "serverIP": "10.0.0.2", "rangeStart": "10.0.0.100", "rangeEnd": "10.0.0.200",
+                        "reservations": [
+                            {"mac": "02:00:00:00:00:12", "ip": "10.0.0.12", "hostname": "dpu-b"},
+                            {"mac": "02:00:00:00:00:14", "ip": "10.0.0.14", "hostname": "dpu-b"},
+                            {"mac": "02:00:00:00:00:13", "ip": "10.0.0.13", "hostname": "dpu-c"},
+                        ]},
+                    "dns": {"enabled": false},
+                    "proxy": {"enabled": false},
+                },
+            },
+        }))
+        .unwrap(),
+        NS,
+    )
+    .await
+    .unwrap();
 
     kube_cluster::blue_field_images(
         &client,
@@ -827,7 +853,7 @@ subjects:
         "dpu-b",
         &[
             ("InternalIP", "10.0.0.12"),
-            ("ExternalIP", "10.0.0.13"),
+            ("ExternalIP", "10.0.0.14"),
             ("Hostname", "dpu-b"),
         ],
     )
@@ -840,10 +866,38 @@ subjects:
         "dpu-b-renewal-wider",
         SERVING,
         &Request {
-            sans: vec![dns("dpu-b"), ip("10.0.0.12"), ip("10.0.0.13")],
+            sans: vec![dns("dpu-b"), ip("10.0.0.12"), ip("10.0.0.14")],
             ..request("system:node:dpu-b")
         },
         "RenewalAddsSANs",
+    )
+    .await;
+
+    println!(
+        "scenario: a node that adds a sibling's address to its own Node gets no certificate for it"
+    );
+    node(
+        &client,
+        "dpu-b",
+        &[
+            ("InternalIP", "10.0.0.12"),
+            ("ExternalIP", "10.0.0.13"),
+            ("Hostname", "dpu-b"),
+        ],
+    )
+    .await;
+    denied(
+        &client,
+        &op,
+        &mut attacks,
+        &node_b,
+        "dpu-b-sibling-address",
+        SERVING,
+        &Request {
+            sans: vec![dns("dpu-b"), ip("10.0.0.13")],
+            ..request("system:node:dpu-b")
+        },
+        "SANAssignedToAnother",
     )
     .await;
 

@@ -114,9 +114,59 @@ pub fn dpu_resource() -> ApiResource {
     resource("provisioning.dpu.nvidia.com", "v1alpha1", "DPU", "dpus")
 }
 
+fn infra_resource() -> ApiResource {
+    resource(
+        "hostedcluster.densityops.com",
+        "v1alpha1",
+        "Infra",
+        "infras",
+    )
+}
+
+/// Which host each reserved address was given to, from the Infras' DHCP
+/// reservations that name a hostname. An address reserved for two hosts
+/// is nobody's (an empty name), so neither gets it signed.
+fn assigned_addresses(infras: &[Arc<DynamicObject>]) -> BTreeMap<std::net::IpAddr, String> {
+    let mut assigned: BTreeMap<std::net::IpAddr, String> = BTreeMap::new();
+    for infra in infras {
+        let Some(reservations) = infra
+            .data
+            .pointer("/spec/infraComponents/dhcp/reservations")
+            .and_then(|r| r.as_array())
+        else {
+            continue;
+        };
+        for r in reservations {
+            let (Some(ip), Some(host)) = (
+                r.get("ip")
+                    .and_then(|v| v.as_str())
+                    .and_then(|v| v.trim().parse::<std::net::IpAddr>().ok()),
+                r.get("hostname").and_then(|v| v.as_str()),
+            ) else {
+                continue;
+            };
+            let host = host.trim().trim_end_matches('.').to_ascii_lowercase();
+            match assigned.get(&ip.to_canonical()) {
+                Some(other) if *other != host => {
+                    assigned.insert(ip.to_canonical(), String::new());
+                }
+                Some(_) => {}
+                None => {
+                    assigned.insert(ip.to_canonical(), host);
+                }
+            }
+        }
+    }
+    assigned
+}
+
 struct Context {
     client: Client,
     provisioners: Store<DPFHCPProvisioner>,
+    /// The Infras (read as plain objects: the DPF bridge does not import
+    /// the Infra controller's types), whose DHCP reservations say which
+    /// address the management side gave which host.
+    infras: Store<DynamicObject>,
     options: ApproverOptions,
     recorder: Option<Recorder>,
     metrics: Option<OperatorMetrics>,
@@ -155,9 +205,31 @@ pub async fn run(
     .modify(|p: &mut DPFHCPProvisioner| p.metadata.managed_fields = None)
     .reflect(writer)
     .default_backoff();
+    let infra_writer = reflector::store::Writer::<DynamicObject>::new(infra_resource());
+    let infras = infra_writer.as_reader();
+    let infra_api = match &scope {
+        Scope::All => Api::<DynamicObject>::all_with(client.clone(), &infra_resource()),
+        Scope::Namespace(ns) => {
+            Api::<DynamicObject>::namespaced_with(client.clone(), ns, &infra_resource())
+        }
+    };
+    // Where the Infra kind is not served, the store stays empty and no IP
+    // SAN is approved: retried with backoff, never an error of the pass.
+    let infra_watch = tokio::spawn(
+        watcher(infra_api, watcher::Config::default())
+            .modify(|o: &mut DynamicObject| o.metadata.managed_fields = None)
+            .reflect(infra_writer)
+            .default_backoff()
+            .for_each(|e| async move {
+                if let Err(e) = e {
+                    tracing::debug!(error = %e, "CSR approver: watching Infras");
+                }
+            }),
+    );
     let ctx = Arc::new(Context {
         client,
         provisioners: provisioners.clone(),
+        infras,
         options,
         recorder,
         metrics,
@@ -191,6 +263,7 @@ pub async fn run(
         );
     }
     sessions.tasks.shutdown().await;
+    infra_watch.abort();
 }
 
 /// One session task per live provisioner. Every task lives in the
@@ -825,7 +898,10 @@ impl Pass<'_> {
         let namespace = p.namespace().unwrap_or_default();
         let name = p.name_any();
         let (service_networks, networks) = networks(p);
-        let mut inventory = Inventory::default();
+        let mut inventory = Inventory {
+            assigned: assigned_addresses(&self.ctx.infras.state()),
+            ..Inventory::default()
+        };
         let mut dpu_ids: DpuIds = BTreeMap::new();
         for d in dpus {
             let phase = d
@@ -1157,6 +1233,32 @@ mod tests {
         let undecided: Vec<&Arc<CertificateSigningRequest>> = csrs.iter().collect();
         let now = k8s_openapi::jiff::Timestamp::now().as_second();
         assert_eq!(pending_count(&undecided, &inventory, now), 1);
+    }
+
+    #[test]
+    fn reserved_addresses_belong_to_their_hostname_and_a_doubly_reserved_one_to_nobody() {
+        let infra = |reservations: serde_json::Value| {
+            let mut o = DynamicObject::new("vlan", &infra_resource()).within("ns");
+            o.data = json!({"spec": {"infraComponents": {"dhcp": {"reservations": reservations}}}});
+            Arc::new(o)
+        };
+        let assigned = assigned_addresses(&[
+            infra(json!([
+                {"mac": "02:00:00:00:00:12", "ip": "10.0.0.12", "hostname": "DPU-B."},
+                {"mac": "02:00:00:00:00:20", "ip": "10.0.0.20"},
+                {"mac": "02:00:00:00:00:30", "ip": "10.0.0.30", "hostname": "dpu-c"},
+            ])),
+            infra(json!([
+                {"mac": "02:00:00:00:00:31", "ip": "10.0.0.30", "hostname": "dpu-d"},
+            ])),
+        ]);
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        assert_eq!(
+            assigned.get(&ip("10.0.0.12")).map(String::as_str),
+            Some("dpu-b")
+        );
+        assert_eq!(assigned.get(&ip("10.0.0.20")), None);
+        assert_eq!(assigned.get(&ip("10.0.0.30")).map(String::as_str), Some(""));
     }
 
     /// Issue 40, a low item: the oversize marker is the approver's own

@@ -131,6 +131,10 @@ pub struct Node {
 pub struct Inventory {
     pub dpus: BTreeMap<String, Dpu>,
     pub nodes: BTreeMap<String, Node>,
+    /// Addresses the management side assigned, and to which host: the
+    /// DHCP reservations of the Infras whose `hostname` names one. A
+    /// serving certificate's IP SANs must be among its own host's.
+    pub assigned: BTreeMap<IpAddr, String>,
 }
 
 #[derive(Debug, Clone)]
@@ -878,6 +882,24 @@ pub fn decide(csr: &Csr, inventory: &Inventory, policy: &Policy, history: &Histo
                         format!("IP SAN {ip} is outside the DPU's management network"),
                     );
                 }
+                // A node writes its own Node's addresses, so they alone
+                // cannot say an address is its: the management side's
+                // assignment must.
+                match inventory.assigned.get(&ip) {
+                    Some(owner) if *owner == host => {}
+                    Some(owner) => {
+                        return deny(
+                            "SANAssignedToAnother",
+                            format!("IP SAN {ip} is assigned to {owner}, not to {host}"),
+                        )
+                    }
+                    None => {
+                        return deny(
+                            "SANNotAssigned",
+                            format!("IP SAN {ip} is not an address the management side assigned to {host}: give {host} a DHCP reservation with hostname {host:?} in its VLAN's Infra"),
+                        )
+                    }
+                }
             }
             if let Some(current) = history.serving_sans.get(&host) {
                 let asked: BTreeSet<String> = parsed
@@ -1045,6 +1067,11 @@ mod tests {
                     ],
                 },
             )]
+            .into(),
+            assigned: [
+                ("10.0.0.12".parse().unwrap(), "dpu-2".to_string()),
+                ("10.0.0.13".parse().unwrap(), "dpu-3".to_string()),
+            ]
             .into(),
         }
     }
@@ -1512,6 +1539,53 @@ mod tests {
             ..Default::default()
         };
         check(&real, &both, Verdict::Deny, "ContestedIdentity");
+    }
+
+    /// Issue 40, attack 4: a node writes its own Node's addresses. dpu-2
+    /// adds dpu-3's address (and one nobody was given) to its Node and asks
+    /// for a serving certificate with it; the management side assigned
+    /// neither to dpu-2.
+    #[test]
+    fn a_node_cannot_get_a_serving_certificate_for_an_address_it_was_not_assigned() {
+        let mut inv = inventory();
+        inv.nodes.insert(
+            "dpu-2".into(),
+            Node {
+                addresses: vec![
+                    ("Hostname".into(), "dpu-2".into()),
+                    ("InternalIP".into(), "10.0.0.12".into()),
+                    ("InternalIP".into(), "10.0.0.13".into()),
+                    ("InternalIP".into(), "10.0.0.14".into()),
+                ],
+            },
+        );
+        let history = History::default();
+        let ask = |san: &str| {
+            let mut r = req("system:node:dpu-2");
+            r.sans = vec![dns("dpu-2"), ip(san)];
+            decide(&serving("dpu-2", &r), &inv, &policy(), &history)
+        };
+        let sibling = ask("10.0.0.13");
+        assert_eq!(
+            (sibling.verdict, sibling.reason),
+            (Verdict::Deny, "SANAssignedToAnother"),
+            "{}",
+            sibling.message
+        );
+        let nobodys = ask("10.0.0.14");
+        assert_eq!(
+            (nobodys.verdict, nobodys.reason),
+            (Verdict::Deny, "SANNotAssigned"),
+            "{}",
+            nobodys.message
+        );
+        let own = ask("10.0.0.12");
+        assert_eq!(
+            (own.verdict, own.reason),
+            (Verdict::Approve, "AutoApproved"),
+            "{}",
+            own.message
+        );
     }
 
     /// Issue 40, attack 3: a compromised DPU holding the shared bootstrap
