@@ -114,6 +114,20 @@ pub fn dpu_resource() -> ApiResource {
     resource("provisioning.dpu.nvidia.com", "v1alpha1", "DPU", "dpus")
 }
 
+/// Whether a DPU in the DPUCluster's namespace belongs to that DPUCluster:
+/// its `spec.cluster` names it. A DPU that names no cluster (DPF releases
+/// without the field) is taken as the namespace's.
+fn of_cluster(dpu: &DynamicObject, cluster: &super::crd::ObjectRef) -> bool {
+    let named = |field: &str| {
+        dpu.data
+            .pointer(&format!("/spec/cluster/{field}"))
+            .and_then(|v| v.as_str())
+            .filter(|v| !v.is_empty())
+    };
+    named("name").is_none_or(|n| n == cluster.name)
+        && named("namespace").is_none_or(|n| n == cluster.namespace)
+}
+
 fn infra_resource() -> ApiResource {
     resource(
         "hostedcluster.densityops.com",
@@ -903,7 +917,10 @@ impl Pass<'_> {
             ..Inventory::default()
         };
         let mut dpu_ids: DpuIds = BTreeMap::new();
-        for d in dpus {
+        for d in dpus
+            .iter()
+            .filter(|d| of_cluster(d, &p.spec.dpu_cluster_ref))
+        {
             let phase = d
                 .data
                 .pointer("/status/phase")
@@ -1259,6 +1276,34 @@ mod tests {
         );
         assert_eq!(assigned.get(&ip("10.0.0.20")), None);
         assert_eq!(assigned.get(&ip("10.0.0.30")).map(String::as_str), Some(""));
+    }
+
+    /// Issue 40, a low item: a DPU of another DPUCluster in the same
+    /// namespace is not one of this provisioner's.
+    #[test]
+    fn only_dpus_of_the_provisioners_cluster_count() {
+        let cluster = super::super::crd::ObjectRef {
+            name: "fleet".into(),
+            namespace: "dpus".into(),
+        };
+        let dpu = |spec: serde_json::Value| {
+            let mut o = DynamicObject::new("d", &dpu_resource()).within("dpus");
+            o.data = json!({ "spec": spec });
+            o
+        };
+        assert!(of_cluster(
+            &dpu(json!({"cluster": {"name": "fleet", "namespace": "dpus"}})),
+            &cluster
+        ));
+        assert!(of_cluster(&dpu(json!({"nodeName": "host-1"})), &cluster));
+        assert!(!of_cluster(
+            &dpu(json!({"cluster": {"name": "other", "namespace": "dpus"}})),
+            &cluster
+        ));
+        assert!(!of_cluster(
+            &dpu(json!({"cluster": {"name": "fleet", "namespace": "elsewhere"}})),
+            &cluster
+        ));
     }
 
     /// Issue 40, a low item: the oversize marker is the approver's own
