@@ -159,6 +159,58 @@ mod tests {
         assert!(limits.measure(b"[[[0]]]").is_ok());
     }
 
+    fn json_value() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::Bool),
+            any::<i64>().prop_map(|n| serde_json::json!(n)),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(|f| serde_json::json!(f)),
+            // Quotes, backslashes, brackets and control characters inside
+            // strings must not be counted as structure.
+            "[\\\\\"\\[\\]{}:, a-z\\n\\t\\u{1}-\\u{1f}é]{0,12}".prop_map(serde_json::Value::String),
+        ];
+        leaf.prop_recursive(6, 128, 8, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..8).prop_map(serde_json::Value::Array),
+                proptest::collection::btree_map("[a-z\\\\\"]{0,6}", inner, 0..8)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Every value a document holds, object keys included.
+    fn count(v: &serde_json::Value) -> usize {
+        match v {
+            serde_json::Value::Array(a) => 1 + a.iter().map(count).sum::<usize>(),
+            serde_json::Value::Object(m) => 1 + m.values().map(|v| 1 + count(v)).sum::<usize>(),
+            _ => 1,
+        }
+    }
+
+    fn depth(v: &serde_json::Value) -> usize {
+        match v {
+            serde_json::Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
+            serde_json::Value::Object(m) => 1 + m.values().map(depth).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    proptest::proptest! {
+        /// The count is exact for any document serde_json writes, compact
+        /// or pretty: what is refused is what the parser would build.
+        #[test]
+        fn the_count_is_what_the_parser_builds(v in json_value()) {
+            for text in [serde_json::to_string(&v).unwrap(), serde_json::to_string_pretty(&v).unwrap()] {
+                let shape = WIDE.measure(text.as_bytes()).unwrap();
+                proptest::prop_assert_eq!(shape.values, count(&v), "{}", text);
+                proptest::prop_assert_eq!(shape.depth, depth(&v), "{}", text);
+            }
+        }
+    }
+
     /// The charge per value holds for the shapes that cost the most per
     /// byte: the allocator's own count of what a parse keeps is never over
     /// what [`JsonShape::parsed_bytes`] says.
