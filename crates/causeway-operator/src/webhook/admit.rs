@@ -164,6 +164,18 @@ pub fn decide(req: &Request, image: &ImageCheck) -> AdmissionResponse {
     let Some(object) = req.object.as_ref() else {
         return allowed.deny("the request carries no object");
     };
+    // The API server names the object's own namespace in the request; a
+    // review that says otherwise was not written by it.
+    if let (Some(said), Some(own)) = (
+        req.namespace.as_deref(),
+        object.metadata.namespace.as_deref(),
+    ) {
+        if !said.is_empty() && !own.is_empty() && said != own {
+            return allowed.deny(format!(
+                "the request's namespace {said:?} is not the object's {own:?}"
+            ));
+        }
+    }
     // An update that leaves the spec as stored (metadata, finalizers,
     // labels, status) has nothing for the spec checks to say: refusing it
     // would keep an object stored before a check was tightened from ever
@@ -632,6 +644,22 @@ mod tests {
             &ImageCheck::NotAsked,
         );
         assert!(r.allowed, "{:?}", r.result);
+    }
+
+    #[test]
+    fn a_review_whose_namespace_is_not_its_objects_is_denied() {
+        let mut object = provisioner(json!({}));
+        object["metadata"]["namespace"] = json!("tenant-a");
+        let mut body: Value =
+            serde_json::from_slice(&review("DPFHCPProvisioner", "CREATE", object, None)).unwrap();
+        body["request"]["namespace"] = json!("kube-system");
+        let r = answer(&serde_json::to_vec(&body).unwrap(), &ImageCheck::NotAsked);
+        assert!(!r.allowed);
+        assert!(
+            r.result.message.contains("kube-system"),
+            "{}",
+            r.result.message
+        );
     }
 
     #[test]
