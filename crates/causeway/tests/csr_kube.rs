@@ -313,6 +313,12 @@ async fn impersonating(c: &SharedCluster, user: &str, groups: &[&str]) -> Client
 }
 
 async fn dpu(client: &Client, name: &str, phase: &str) {
+    dpu_of(client, name, phase, "fleet").await
+}
+
+/// A DPU of the DPUCluster `cluster` in DPU_NS, as DPF writes it: its
+/// `spec.cluster` names the DPUCluster.
+async fn dpu_of(client: &Client, name: &str, phase: &str, cluster: &str) {
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), DPU_NS, &dpu_resource());
     let pp = PatchParams::apply("dpf").force();
     api.patch(
@@ -320,7 +326,8 @@ async fn dpu(client: &Client, name: &str, phase: &str) {
         &pp,
         &Patch::Apply(
             json!({"apiVersion": "provisioning.dpu.nvidia.com/v1alpha1", "kind": "DPU",
-            "metadata": {"name": name, "namespace": DPU_NS}, "spec": {}}),
+            "metadata": {"name": name, "namespace": DPU_NS},
+            "spec": {"cluster": {"name": cluster, "namespace": DPU_NS}}}),
         ),
     )
     .await
@@ -916,10 +923,28 @@ subjects:
         decision(&client, attacks.last().unwrap()).await,
         (None, false)
     );
+    // A joining DPU of another DPUCluster in the same namespace is not one
+    // of this provisioner's either.
+    dpu_of(&client, "dpu-z", "DPU Cluster Config", "other-fleet").await;
+    attacks.push(
+        create_csr(
+            &bootstrapper,
+            "dpu-z-bootstrap",
+            BOOTSTRAP,
+            &request("system:node:dpu-z"),
+        )
+        .await,
+    );
+    wait_counted(&op, "bootstrap", "ignore", "UnknownDPU", 2.0).await;
+    assert_eq!(
+        decision(&client, attacks.last().unwrap()).await,
+        (None, false)
+    );
 
     println!("scenario: a flood of pending CSRs that could be ours stops all approval until it is cleared; CSRs for names that are no DPU's do not count");
-    // Three DPUs, one Node: the cap is 3 + SLACK. worker-7 names no DPU
-    // and does not count; nor do 3 + SLACK more like it.
+    // Three DPUs of this cluster, one Node: the cap is 3 + SLACK. worker-7
+    // and dpu-z name no DPU of it and do not count; nor do 3 + SLACK more
+    // like them.
     for i in 0..(3 + SLACK) {
         attacks.push(
             create_csr(
@@ -931,7 +956,7 @@ subjects:
             .await,
         );
     }
-    wait_counted(&op, "bootstrap", "ignore", "UnknownDPU", (4 + SLACK) as f64).await;
+    wait_counted(&op, "bootstrap", "ignore", "UnknownDPU", (5 + SLACK) as f64).await;
     let (active, reason, _) = approval_condition(&client).await.unwrap();
     assert_eq!(
         (active.as_str(), reason.as_str()),
