@@ -184,14 +184,41 @@ impl Follower<'_> {
                     };
                     let parsed = parse_log(&bytes);
                     let n = parsed.records.len() as u64;
+                    // What the disk said of each record: a frame is
+                    // confirmed only when all of it is durable here.
+                    let refused: Arc<Mutex<Option<io::ErrorKind>>> = Arc::default();
                     for record in parsed.records {
                         if let Some(observe) = observer {
                             observe(&record);
                         }
-                        st.append(record, Box::new(|_| {}));
+                        let refused = refused.clone();
+                        st.append(
+                            record,
+                            Box::new(move |r| {
+                                if let Err(kind) = r {
+                                    *refused.lock().unwrap_or_else(|p| p.into_inner()) = Some(kind);
+                                }
+                            }),
+                        );
                     }
                     // One sync for the frame: the durable point the ack names.
                     st.flush();
+                    let failed = *refused.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(kind) = failed {
+                        // Not confirmed: the active stops counting on this
+                        // standby when the stream closes, and the standby
+                        // says it is not in sync until a snapshot lands.
+                        in_sync.store(false, Ordering::Relaxed);
+                        if let Some(m) = metrics {
+                            m.refused_frames.inc();
+                        }
+                        tracing::error!(
+                            error = ?kind,
+                            seq,
+                            "the standby's lease file refused a replicated batch; not confirmed, leaving the stream"
+                        );
+                        return Err(StreamError::Io(io::Error::from(kind)));
+                    }
                     received.fetch_add(n, Ordering::Relaxed);
                     if let Some(m) = metrics {
                         m.received_records.inc_by(n);
@@ -209,6 +236,8 @@ fn install_snapshot(path: &Path, bytes: &[u8]) -> io::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         fs::create_dir_all(dir)?;
     }
+    // A disk that refuses the stream's writes refuses the snapshot too.
+    crate::store::fault(path, crate::store::Fault::Write)?;
     let tmp = path.with_extension("snapshot");
     {
         let mut f = File::create(&tmp)?;
@@ -305,6 +334,57 @@ mod tests {
             "the standby holds every acknowledged lease"
         );
         assert_eq!(got.corrupt_lines, 0);
+    }
+
+    /// Issue 41, fault 1: the standby's disk refuses a replicated batch.
+    /// The standby must not confirm it: it says it is not in sync, and the
+    /// active stops counting it as a standby that holds its ACKs.
+    #[test]
+    fn a_standby_whose_disk_refuses_a_batch_does_not_confirm_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = Arc::new(AdvertKey::new(b"0123456789abcdef"));
+        let replicator = Replicator::new(key.clone(), Duration::from_secs(2), None);
+        let addr = replicator
+            .listen("127.0.0.1:0".parse().unwrap(), None)
+            .unwrap();
+        let (store, _) = LeaseStore::open_replicated(
+            &dir.path().join("active.jsonl"),
+            None,
+            None,
+            Some(replicator.clone()),
+        )
+        .unwrap();
+        let standby_path = dir.path().join("standby.jsonl");
+        let in_sync = Arc::new(AtomicBool::new(false));
+        let receiver = LeaseReceiver::start(
+            standby_path.clone(),
+            addr.to_string(),
+            key,
+            None,
+            in_sync.clone(),
+            None,
+        )
+        .unwrap();
+        wait_for("the standby in sync", || replicator.standby_in_sync());
+        append_acked(&store, 0, 10);
+        crate::store::tests::arm(&standby_path, crate::store::Fault::Write);
+        let (tx, rx) = mpsc::channel();
+        for i in 10..30 {
+            let tx = tx.clone();
+            store.append(record(i), Box::new(move |r| tx.send(r).unwrap_or(())));
+        }
+        for _ in 10..30 {
+            let _ = rx.recv_timeout(Duration::from_secs(10));
+        }
+        let standby_says = in_sync.load(Ordering::Relaxed);
+        let active_says = replicator.standby_in_sync();
+        crate::store::tests::disarm(&standby_path, crate::store::Fault::Write);
+        receiver.stop();
+        let held = read_log(&standby_path).unwrap().records.len();
+        assert!(
+            !standby_says && !active_says,
+            "after its disk refused a batch the standby said in sync: {standby_says}, the active said the standby was in sync: {active_says}; the standby's file holds {held} records of 30"
+        );
     }
 
     #[test]

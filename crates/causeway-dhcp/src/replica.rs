@@ -50,6 +50,8 @@ pub struct ReplicationMetrics {
     pub snapshots_sent: IntCounter,
     pub received_records: IntCounter,
     pub snapshots_received: IntCounter,
+    /// Batches this standby's own disk refused: not confirmed.
+    pub refused_frames: IntCounter,
     pub handshakes_refused: IntCounter,
 }
 
@@ -96,6 +98,10 @@ impl ReplicationMetrics {
                 "causeway_dhcp_replica_snapshots_received_total",
                 "Snapshots this standby received from the active",
             )?,
+            refused_frames: IntCounter::new(
+                "causeway_dhcp_replica_refused_batches_total",
+                "Replicated batches this standby's lease file refused: not confirmed, and the standby left the stream until its disk takes a snapshot",
+            )?,
             handshakes_refused: IntCounter::new(
                 "causeway_dhcp_replication_handshakes_refused_total",
                 "Lease stream connections refused: the other side did not prove the shared key",
@@ -109,6 +115,7 @@ impl ReplicationMetrics {
         registry.register(Box::new(m.snapshots_sent.clone()))?;
         registry.register(Box::new(m.received_records.clone()))?;
         registry.register(Box::new(m.snapshots_received.clone()))?;
+        registry.register(Box::new(m.refused_frames.clone()))?;
         registry.register(Box::new(m.handshakes_refused.clone()))?;
         Ok(m)
     }

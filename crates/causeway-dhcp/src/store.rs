@@ -716,7 +716,7 @@ fn error_label(e: &io::Error) -> &'static str {
 /// Failure points the store's own tests can trip, to prove what a failing
 /// disk or an exhausted descriptor table at that point does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fault {
+pub(crate) enum Fault {
     /// The batch's write stops half way with ENOSPC.
     Write,
     /// Cutting a failed write back fails with EIO.
@@ -728,12 +728,12 @@ enum Fault {
 }
 
 #[cfg(not(test))]
-fn fault(_: &Path, _: Fault) -> io::Result<()> {
+pub(crate) fn fault(_: &Path, _: Fault) -> io::Result<()> {
     Ok(())
 }
 
 #[cfg(test)]
-fn fault(path: &Path, at: Fault) -> io::Result<()> {
+pub(crate) fn fault(path: &Path, at: Fault) -> io::Result<()> {
     match tests::armed(path, at) {
         false => Ok(()),
         true => Err(io::Error::from_raw_os_error(match at {
@@ -803,7 +803,7 @@ fn compact_prefix(path: &Path, covers: u64) -> io::Result<Compacted> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::lease::LeaseState;
     use std::sync::{Arc, Mutex};
@@ -826,11 +826,11 @@ mod tests {
         faults.iter().any(|(p, f)| p == path && *f == at)
     }
 
-    fn arm(path: &Path, at: Fault) {
+    pub(crate) fn arm(path: &Path, at: Fault) {
         FAULTS.lock().unwrap().push((path.to_path_buf(), at));
     }
 
-    fn disarm(path: &Path, at: Fault) {
+    pub(crate) fn disarm(path: &Path, at: Fault) {
         FAULTS
             .lock()
             .unwrap()
