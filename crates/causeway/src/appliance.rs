@@ -126,6 +126,13 @@ fn raise_open_files_limit() {
 
 async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result<()> {
     let started = Instant::now();
+    // Before anything else that can fail: a service address left on the
+    // interface by this replica's last life (a kill -9, a crash) must not
+    // stay there while this one fails to start, answering ARP for an
+    // address the other replica holds.
+    if let Some(ha) = &cfg.ha {
+        crate::ha::release_left_addresses(ha).await;
+    }
     raise_open_files_limit();
     match &path {
         Some(p) => tracing::info!(config = %p.display(), "causeway appliance starting"),

@@ -62,6 +62,24 @@ pub fn read_key(cfg: &HaConfig) -> anyhow::Result<Vec<u8>> {
     Ok(key)
 }
 
+/// Removes the service addresses from the interface, whoever put them
+/// there: a replica holds them only once the election gives it the role.
+/// Failures are logged, not fatal: the election's own start tries again.
+pub async fn release_left_addresses(cfg: &HaConfig) {
+    let released = match FloatingAddresses::new(&cfg.interface, cfg.addresses.clone()) {
+        Ok(addresses) => addresses.release().await.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    match released {
+        Ok(()) => {
+            tracing::info!(interface = %cfg.interface, "service addresses cleared before start")
+        }
+        Err(e) => {
+            tracing::warn!(interface = %cfg.interface, error = %e, "cannot clear the service addresses before start")
+        }
+    }
+}
+
 pub async fn start(cfg: &HaConfig, registry: &prometheus::Registry) -> anyhow::Result<HaRuntime> {
     let name = node_name(cfg)?;
     let Some((me, peer)) = cfg.split(&name) else {

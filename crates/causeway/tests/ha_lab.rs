@@ -1121,3 +1121,88 @@ fn lease_mode_an_active_cut_off_from_its_peer_and_the_api_lets_go_before_the_oth
         "the cut-off replica did not count a fencing"
     );
 }
+
+/// Issue 41, fault 6: a replica killed while active leaves the service
+/// address on its interface. Restarted with a config it cannot start from
+/// (here an unreadable key file), it must still give the address up
+/// before it fails, so that it never answers ARP for the address the
+/// other replica holds.
+#[test]
+fn a_replica_that_fails_to_start_gives_up_the_service_address_it_was_left() {
+    if !root_or_skip("a_replica_that_fails_to_start_gives_up_the_service_address_it_was_left") {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("causeway-ha-stale-")
+        .tempdir()
+        .unwrap();
+    let ns = Netns::new("hastale");
+    // A veth pair inside the namespace: this kernel has no dummy links.
+    ns.ip(&[
+        "link", "add", "net1", "type", "veth", "peer", "name", "net1-far",
+    ]);
+    ns.ip(&["link", "set", "net1-far", "up"]);
+    ns.ip(&["addr", "add", "192.168.51.11/24", "dev", "net1"]);
+    // What the killed active left behind.
+    ns.ip(&["addr", "add", "192.168.51.2/24", "dev", "net1"]);
+    ns.ip(&["link", "set", "net1", "up"]);
+    let config = dir.path().join("appliance.yaml");
+    fs::write(
+        &config,
+        format!(
+            r#"log: {{level: info}}
+admin: {{listen: "127.0.0.1:{ADMIN_PORT}"}}
+cluster: {{name: hc1, baseDomain: example.com}}
+network:
+  interface: net1
+  cidr: 192.168.51.0/24
+  gateway: 192.168.51.1
+  address: 192.168.51.2
+dns:
+  upstreams: ["10.0.0.1"]
+ha:
+  node: a
+  replicas:
+    - {{name: a, address: "127.0.0.1:{HA_PORT}", priority: 200}}
+    - {{name: b, address: "127.0.0.2:{HA_PORT}", priority: 100}}
+  keyFile: {key}
+  interface: net1
+  addresses: ["192.168.51.2/24"]
+"#,
+            key = dir.path().join("no-such-key").display(),
+        ),
+    )
+    .unwrap();
+    let began = Instant::now();
+    let out = ns
+        .command("timeout")
+        .arg("10")
+        .arg(causeway_bin())
+        .args(["appliance", "--config"])
+        .arg(&config)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let took = began.elapsed();
+    let addresses = ns.ip(&["-4", "addr", "show", "dev", "net1"]);
+    println!(
+        "the replica exited with {:?} after {took:?}; net1 now: {addresses}",
+        out.status.code()
+    );
+    assert!(
+        !out.status.success(),
+        "the replica started without its key file: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("keyFile"),
+        "not the key file's failure: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !addresses.contains("192.168.51.2/"),
+        "the service address outlived a start that failed on its key file: {addresses}"
+    );
+    assert!(addresses.contains("192.168.51.11/"), "{addresses}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
