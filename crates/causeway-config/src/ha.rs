@@ -128,6 +128,9 @@ pub struct HaConfig {
 pub const DEFAULT_ADVERT_INTERVAL: Duration = Duration::from_millis(200);
 pub const DEFAULT_DEAD_ADVERTS: u32 = 3;
 pub const DEFAULT_REPLICATION_TIMEOUT: Duration = Duration::from_secs(1);
+/// The longest `replicationTimeout` accepted: a DHCP client retransmits
+/// after about 4 s, so an ACK held longer is lost to it.
+pub const MAX_REPLICATION_TIMEOUT: Duration = Duration::from_secs(4);
 pub const DEFAULT_PRIORITY: u8 = 100;
 pub const DEFAULT_LEASE_RENEW: Duration = Duration::from_secs(60);
 pub const DEFAULT_API_TIMEOUT: Duration = Duration::from_millis(500);
@@ -285,6 +288,18 @@ pub(crate) fn validate(c: &mut Collector, h: FileHa) -> Option<HaConfig> {
         .as_ref()
         .and_then(|d| c.duration("ha.replicationTimeout", d))
         .unwrap_or(DEFAULT_REPLICATION_TIMEOUT);
+    // Every ACK of a batch may wait this long: past a few seconds a DHCP
+    // client has retransmitted, and a slow standby stalls every client.
+    if replication_timeout > MAX_REPLICATION_TIMEOUT {
+        c.push(
+            "ha.replicationTimeout",
+            format!(
+                "{} is over {}: every ACK may wait this long for the standby",
+                humantime::format_duration(replication_timeout),
+                humantime::format_duration(MAX_REPLICATION_TIMEOUT)
+            ),
+        );
+    }
     let lease = match (h.mode, h.lease) {
         (HaMode::Lease, None) => {
             c.push(

@@ -662,6 +662,7 @@ ha:
   addresses: [192.168.100.300/24]
   advertInterval: 5ms
   deadAdverts: 1
+  replicationTimeout: 30s
 "#,
     );
     let joined = errs.join("\n");
@@ -674,6 +675,7 @@ ha:
         "ha.addresses[0]: 192.168.100.300/24 is not an address",
         "ha.advertInterval: 5ms must be between 20ms and 10s",
         "ha.deadAdverts: 1 must be between 2 and 20",
+        "ha.replicationTimeout: 30s is over 4s",
         "ha.lease: mode lease needs the Lease's name",
     ] {
         assert!(joined.contains(needle), "missing {needle:?} in:\n{joined}");
