@@ -336,7 +336,7 @@ mod tests {
         assert_eq!(got.corrupt_lines, 0);
     }
 
-    /// Issue 41, fault 1: the standby's disk refuses a replicated batch.
+    /// The standby's disk refuses a replicated batch.
     /// The standby must not confirm it: it says it is not in sync, and the
     /// active stops counting it as a standby that holds its ACKs.
     #[test]

@@ -1122,7 +1122,7 @@ fn lease_mode_an_active_cut_off_from_its_peer_and_the_api_lets_go_before_the_oth
     );
 }
 
-/// Issue 41, fault 6: a replica killed while active leaves the service
+/// A replica killed while active leaves the service
 /// address on its interface. Restarted with a config it cannot start from
 /// (here an unreadable key file), it must still give the address up
 /// before it fails, so that it never answers ARP for the address the

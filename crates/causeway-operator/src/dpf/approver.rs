@@ -1236,7 +1236,7 @@ mod tests {
         .unwrap()
     }
 
-    /// Issue 40, a low item: pending requests for names that are no DPU's
+    /// Pending requests for names that are no DPU's
     /// could halt every approval, renewals included. Only those that could
     /// be approved here count.
     #[test]
@@ -1278,7 +1278,7 @@ mod tests {
         assert_eq!(assigned.get(&ip("10.0.0.30")).map(String::as_str), Some(""));
     }
 
-    /// Issue 40, a low item: a DPU of another DPUCluster in the same
+    /// A DPU of another DPUCluster in the same
     /// namespace is not one of this provisioner's.
     #[test]
     fn only_dpus_of_the_provisioners_cluster_count() {
@@ -1306,7 +1306,7 @@ mod tests {
         ));
     }
 
-    /// Issue 40, a low item: the oversize marker is the approver's own
+    /// The oversize marker is the approver's own
     /// note; a requester that sets it on a small CSR is not believed.
     #[test]
     fn a_requester_cannot_set_the_oversize_marker() {

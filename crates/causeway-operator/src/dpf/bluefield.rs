@@ -1422,7 +1422,7 @@ mod tests {
             .unwrap());
         assert_eq!(server.asked.lock().unwrap().len(), 1);
     }
-    /// Issue 40, attack 6: a provisioner's registry cannot point the
+    /// A provisioner's registry cannot point the
     /// lookup at the cluster's inside (Services, pods, machines) unless the
     /// operator lists the registries it may ask.
     #[test]
@@ -1451,7 +1451,7 @@ mod tests {
 
     const REGISTRY_ATTACK: &str = "dpf::bluefield::tests::hostile_registry_answers_in_parallel_keep_the_lookups_within_their_memory_bound";
 
-    /// Issue 40, attack 1 (registry side): a registry answers every lookup
+    /// A registry answers every lookup
     /// with the largest JSON the client reads, `{"manifests":[0,0,…]}`,
     /// while 16 lookups run at once. The lookups, in a child process of
     /// their own, keep its peak memory (VmHWM) within 48 MiB of where it
@@ -1534,7 +1534,7 @@ mod tests {
         );
     }
 
-    /// Issue 40, attack 2: references the text alone refutes are never kept,
+    /// References the text alone refutes are never kept,
     /// and however many distinct references are looked up, at most
     /// [`MAX_ANSWERS`] answers are.
     #[tokio::test]

@@ -1541,7 +1541,7 @@ mod tests {
         check(&real, &both, Verdict::Deny, "ContestedIdentity");
     }
 
-    /// Issue 40, attack 4: a node writes its own Node's addresses. dpu-2
+    /// A node writes its own Node's addresses. dpu-2
     /// adds dpu-3's address (and one nobody was given) to its Node and asks
     /// for a serving certificate with it; the management side assigned
     /// neither to dpu-2.
@@ -1588,7 +1588,7 @@ mod tests {
         );
     }
 
-    /// Issue 40, attack 3: a compromised DPU holding the shared bootstrap
+    /// A compromised DPU holding the shared bootstrap
     /// credential asks for a victim's identity as soon as the victim's DPU
     /// begins joining, ahead of the victim's own request. It is held down;
     /// when the victim asks within the hold-down, both are denied; the

@@ -905,7 +905,7 @@ mod tests {
 
     const PARSE_ATTACK: &str = "webhook::server::tests::hostile_reviews_in_parallel_keep_the_webhook_within_its_memory_bound";
 
-    /// Issue 40, attack 1: concurrent largest-size reviews whose spec is
+    /// Concurrent largest-size reviews whose spec is
     /// `[0,0,…]`. The webhook, in a child process of its own with the
     /// production limits, must keep its peak memory (VmHWM) within 64 MiB
     /// of where it started, whatever the number of such bodies.
@@ -993,7 +993,7 @@ mod tests {
         );
     }
 
-    /// Issue 40, attack 5: a stream of connections that send a request's
+    /// A stream of connections that send a request's
     /// headers, declaring the largest body, and nothing more, from one
     /// address, about 28 a second. A real admission from another address
     /// meanwhile completes in under a second.
