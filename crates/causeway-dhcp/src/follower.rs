@@ -286,6 +286,44 @@ mod tests {
         }
     }
 
+    /// An active replicating into `dir/active.jsonl`: its replicator, the
+    /// address its lease stream listens on, and its store.
+    fn active(dir: &Path, key: &Arc<AdvertKey>) -> (Arc<Replicator>, String, LeaseStore) {
+        let replicator = Replicator::new(key.clone(), Duration::from_secs(2), None);
+        let addr = replicator
+            .listen("127.0.0.1:0".parse().unwrap(), None)
+            .unwrap();
+        let (store, _) = LeaseStore::open_replicated(
+            &dir.join("active.jsonl"),
+            None,
+            None,
+            Some(replicator.clone()),
+        )
+        .unwrap();
+        (replicator, addr.to_string(), store)
+    }
+
+    /// A standby following `addr` into `dir/standby.jsonl`: its file, its
+    /// in-sync flag, and the receiver.
+    fn standby(
+        dir: &Path,
+        addr: &str,
+        key: Arc<AdvertKey>,
+    ) -> (PathBuf, Arc<AtomicBool>, LeaseReceiver) {
+        let path = dir.join("standby.jsonl");
+        let in_sync = Arc::new(AtomicBool::new(false));
+        let receiver = LeaseReceiver::start(
+            path.clone(),
+            addr.to_string(),
+            key,
+            None,
+            in_sync.clone(),
+            None,
+        )
+        .unwrap();
+        (path, in_sync, receiver)
+    }
+
     fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !done() {
@@ -298,27 +336,10 @@ mod tests {
     fn a_joining_standby_gets_the_snapshot_then_every_acknowledged_batch() {
         let dir = tempfile::tempdir().unwrap();
         let key = Arc::new(AdvertKey::new(b"0123456789abcdef"));
-        let replicator = Replicator::new(key.clone(), Duration::from_secs(2), None);
-        let addr = replicator
-            .listen("127.0.0.1:0".parse().unwrap(), None)
-            .unwrap();
-        let active_path = dir.path().join("active.jsonl");
-        let (store, _) =
-            LeaseStore::open_replicated(&active_path, None, None, Some(replicator.clone()))
-                .unwrap();
+        let (replicator, addr, store) = active(dir.path(), &key);
         // Before the standby: only in the active's file.
         append_acked(&store, 0, 100);
-        let standby_path = dir.path().join("standby.jsonl");
-        let in_sync = Arc::new(AtomicBool::new(false));
-        let receiver = LeaseReceiver::start(
-            standby_path.clone(),
-            addr.to_string(),
-            key,
-            None,
-            in_sync.clone(),
-            None,
-        )
-        .unwrap();
+        let (standby_path, in_sync, receiver) = standby(dir.path(), &addr, key);
         wait_for("the standby in sync", || replicator.standby_in_sync());
         assert!(in_sync.load(Ordering::Relaxed));
         // Every ACK from here waited for the standby.
@@ -343,28 +364,8 @@ mod tests {
     fn a_standby_whose_disk_refuses_a_batch_does_not_confirm_it() {
         let dir = tempfile::tempdir().unwrap();
         let key = Arc::new(AdvertKey::new(b"0123456789abcdef"));
-        let replicator = Replicator::new(key.clone(), Duration::from_secs(2), None);
-        let addr = replicator
-            .listen("127.0.0.1:0".parse().unwrap(), None)
-            .unwrap();
-        let (store, _) = LeaseStore::open_replicated(
-            &dir.path().join("active.jsonl"),
-            None,
-            None,
-            Some(replicator.clone()),
-        )
-        .unwrap();
-        let standby_path = dir.path().join("standby.jsonl");
-        let in_sync = Arc::new(AtomicBool::new(false));
-        let receiver = LeaseReceiver::start(
-            standby_path.clone(),
-            addr.to_string(),
-            key,
-            None,
-            in_sync.clone(),
-            None,
-        )
-        .unwrap();
+        let (replicator, addr, store) = active(dir.path(), &key);
+        let (standby_path, in_sync, receiver) = standby(dir.path(), &addr, key);
         wait_for("the standby in sync", || replicator.standby_in_sync());
         append_acked(&store, 0, 10);
         crate::store::tests::arm(&standby_path, crate::store::Fault::Write);

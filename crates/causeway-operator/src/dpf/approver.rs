@@ -792,19 +792,13 @@ fn undecided(c: &CertificateSigningRequest) -> bool {
 /// The undecided CSRs that count against the pending cap: made within the
 /// window (the controller-manager removes unapproved ones after a day) and
 /// able to be approved here at all ([`csr::could_be_ours`]).
-fn pending_count(
-    undecided: &[&Arc<CertificateSigningRequest>],
-    inventory: &Inventory,
-    now_seconds: i64,
-) -> usize {
+fn pending_count(undecided: &[Csr], inventory: &Inventory, now_seconds: i64) -> usize {
     undecided
         .iter()
         .filter(|c| {
-            c.metadata
-                .creation_timestamp
-                .as_ref()
-                .is_none_or(|t| now_seconds - t.0.as_second() < PENDING_WINDOW_SECONDS)
-                && csr::could_be_ours(&csr_of(c), inventory)
+            c.created
+                .is_none_or(|t| now_seconds - t < PENDING_WINDOW_SECONDS)
+                && csr::could_be_ours(c, inventory)
         })
         .count()
 }
@@ -965,7 +959,9 @@ impl Pass<'_> {
                 c.name_any(),
             )
         });
-        let recent = pending_count(&pending, &inventory, now.as_second());
+        // Read once: the count and the decisions use the same requests.
+        let requests: Vec<Csr> = pending.iter().map(|c| csr_of(c)).collect();
+        let recent = pending_count(&requests, &inventory, now.as_second());
         let max_pending =
             inventory.dpus.len().max(inventory.nodes.len()) + self.ctx.options.pending_slack;
         let policy = policy_of(p, service_networks, &self.ctx.options, max_pending);
@@ -1016,7 +1012,6 @@ impl Pass<'_> {
                     .map(|t| t.as_second());
             }
         }
-        let requests: Vec<Csr> = pending.iter().map(|c| csr_of(c)).collect();
         let mut history = approvals.history(recent);
         history.now = Some(now.as_second());
         history.pending_bootstrap =
@@ -1243,11 +1238,10 @@ mod tests {
     fn requests_for_names_that_are_no_dpus_do_not_count_against_the_pending_cap() {
         let mut inventory = Inventory::default();
         inventory.dpus.insert("dpu-0".into(), csr::Dpu::default());
-        let mut csrs: Vec<Arc<CertificateSigningRequest>> = (0..100)
-            .map(|i| Arc::new(serving_csr(&format!("ghost-{i}"))))
+        let mut undecided: Vec<Csr> = (0..100)
+            .map(|i| csr_of(&serving_csr(&format!("ghost-{i}"))))
             .collect();
-        csrs.push(Arc::new(serving_csr("dpu-0")));
-        let undecided: Vec<&Arc<CertificateSigningRequest>> = csrs.iter().collect();
+        undecided.push(csr_of(&serving_csr("dpu-0")));
         let now = k8s_openapi::jiff::Timestamp::now().as_second();
         assert_eq!(pending_count(&undecided, &inventory, now), 1);
     }

@@ -828,6 +828,16 @@ pub struct Found {
     pub source: String,
 }
 
+/// The ConfigMap's entry for `version`, if it has one.
+fn configured(l: &Lookup, version: &str) -> Option<Found> {
+    let image = l.configured.as_ref()?.get(version)?;
+    Some(Found {
+        image: image.trim().to_string(),
+        version: version.to_string(),
+        source: format!("ConfigMap {}/{IMAGES_CONFIGMAP}", l.configmap_namespace),
+    })
+}
+
 /// Finds the image: the ConfigMap's entry for the version, else the
 /// repository's tag of that version if the registry has it.
 pub async fn resolve(registry: &Registry, l: &Lookup) -> Result<Found, LookupError> {
@@ -839,14 +849,10 @@ pub async fn resolve(registry: &Registry, l: &Lookup) -> Result<Found, LookupErr
             registry.release_version(&release, &l.credentials).await?
         }
     };
-    let cm = format!("ConfigMap {}/{IMAGES_CONFIGMAP}", l.configmap_namespace);
-    if let Some(image) = l.configured.as_ref().and_then(|d| d.get(&version)) {
-        return Ok(Found {
-            image: image.trim().to_string(),
-            version,
-            source: cm,
-        });
+    if let Some(found) = configured(l, &version) {
+        return Ok(found);
     }
+    let cm = format!("ConfigMap {}/{IMAGES_CONFIGMAP}", l.configmap_namespace);
     let repo = ImageRef::parse(&l.repository)
         .filter(|r| r.tag.is_none() && r.digest.is_none())
         .ok_or_else(|| LookupError::InvalidRepository(l.repository.clone()))?;
@@ -982,12 +988,8 @@ impl Resolver {
         match version_from_tag(&l.release_image) {
             Err(e) => return Some(Err(e)),
             Ok(Some(v)) => {
-                if let Some(image) = l.configured.as_ref().and_then(|d| d.get(&v)) {
-                    return Some(Ok(Found {
-                        image: image.trim().to_string(),
-                        version: v,
-                        source: format!("ConfigMap {}/{IMAGES_CONFIGMAP}", l.configmap_namespace),
-                    }));
+                if let Some(found) = configured(l, &v) {
+                    return Some(Ok(found));
                 }
             }
             Ok(None) => {
@@ -1570,5 +1572,29 @@ mod tests {
             );
         }
         assert_eq!(resolver.answers_kept(), MAX_ANSWERS);
+        // The oldest went first.
+        let asked = |i: usize| Lookup {
+            release_image: format!("quay.io/ocp/release:4.{i}.0-x86_64"),
+            repository: "quay.io/org/bfb".into(),
+            configured: None,
+            configmap_namespace: "ops".into(),
+            credentials: Credentials::default(),
+        };
+        assert!(resolver.cached(&asked(0), false).is_none());
+        assert!(resolver.cached(&asked(MAX_ANSWERS + 99), false).is_some());
+        // A valid reference past the key bound is answered, not kept.
+        let long = Lookup {
+            release_image: format!("quay.io/ocp/{}:4.1.0-x86_64", "r".repeat(MAX_KEY)),
+            ..asked(0)
+        };
+        resolver.keep(
+            &long,
+            &Err(LookupError::VersionNotFound {
+                release: long.release_image.clone(),
+                version: "4.1.0".into(),
+                searched: Vec::new(),
+            }),
+        );
+        assert!(resolver.cached(&long, false).is_none());
     }
 }
