@@ -275,6 +275,18 @@ async fn denied(
     wait_verdict(client, op, name, "Denied", reason).await
 }
 
+/// The operator killed and started again as `name`, once its admin port
+/// answers.
+async fn restarted(mut op: Operator, c: &SharedCluster, args: &[&str], name: &str) -> Operator {
+    op.kill9();
+    let op = Operator::start(c, &[NS], args, name);
+    eventually("the admin port", WAIT, Some(&op), || async {
+        std::net::TcpStream::connect(op.admin).ok().map(|_| ())
+    })
+    .await;
+    op
+}
+
 /// Waits until the controller-manager has signed `name`.
 async fn wait_signed(client: &Client, op: &Operator, name: &str) {
     eventually(&format!("CSR {name} signed"), WAIT, Some(op), || async {
@@ -625,7 +637,8 @@ subjects:
 
     let mut attacks = Vec::new();
 
-    println!("scenario: a joining DPU's bootstrap CSR is approved and signed");
+    println!("scenario: a joining DPU's bootstrap CSR is approved and signed, once it is as old as the hold-down");
+    let asked = std::time::Instant::now();
     let first = create_csr(
         &bootstrapper,
         "dpu-a-bootstrap",
@@ -635,6 +648,14 @@ subjects:
     .await;
     let msg = wait_verdict(&client, &op, &first, "Approved", "AutoApproved").await;
     assert_eq!(msg, "Auto-approved bootstrap CSR for DPU worker node dpu-a");
+    // Held down for 15 s (the API server records creation to the second),
+    // then approved when the hold-down ends, not at the next 30 s resync.
+    let took = asked.elapsed();
+    println!("the bootstrap CSR was approved {took:?} after it was made");
+    assert!(
+        (std::time::Duration::from_secs(13)..std::time::Duration::from_secs(25)).contains(&took),
+        "approved {took:?} after it was made; the hold-down is 15 s"
+    );
     wait_signed(&client, &op, &first).await;
     let uid = Api::<CertificateSigningRequest>::all(client.clone())
         .get(&first)
@@ -1135,12 +1156,7 @@ subjects:
     };
     let pending_series =
         format!("causeway_operator_csr_pending{{namespace=\"{NS}\",provisioner=\"{NAME}\"}}");
-    op.kill9();
-    op = Operator::start(c, &[NS], &args, "csr-baseline");
-    eventually("the admin port", WAIT, Some(&op), || async {
-        std::net::TcpStream::connect(op.admin).ok().map(|_| ())
-    })
-    .await;
+    op = restarted(op, c, &args, "csr-baseline").await;
     eventually(
         "the new process's first approval pass",
         WAIT,
@@ -1169,12 +1185,7 @@ subjects:
             .await,
         );
     }
-    op.kill9();
-    op = Operator::start(c, &[NS], &args, "csr-big-list");
-    eventually("the admin port", WAIT, Some(&op), || async {
-        std::net::TcpStream::connect(op.admin).ok().map(|_| ())
-    })
-    .await;
+    op = restarted(op, c, &args, "csr-big-list").await;
     let unknown = "causeway_operator_csr_decisions_total{kind=\"bootstrap\",reason=\"UnknownDPU\",verdict=\"ignore\"}";
     eventually(
         "every large CSR decided by the new process",
