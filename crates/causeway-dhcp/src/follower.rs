@@ -457,6 +457,58 @@ mod tests {
         assert!(started.elapsed() < Duration::from_millis(300));
     }
 
+    /// The standby took over (preemption, or the active stalled past the
+    /// dead interval) and closed the stream. The active must not ACK alone
+    /// until the election says no other replica can be active; at a role
+    /// loss the waiting ACKs are discarded, never sent.
+    #[test]
+    fn an_active_whose_standby_left_acks_alone_only_when_the_election_allows() {
+        use causeway_runtime::ha::AckGate;
+        let dir = tempfile::tempdir().unwrap();
+        let key = Arc::new(AdvertKey::new(b"0123456789abcdef"));
+        let (replicator, addr, store) = active(dir.path(), &key);
+        let gate = Arc::new(AckGate::new(Duration::from_millis(400)));
+        replicator.set_gate(gate.clone());
+        // Active, and the peer (heard as a standby) vouches for a while.
+        gate.publish(true, Some(Instant::now() + Duration::from_secs(60)));
+        let (_, _, receiver) = standby(dir.path(), &addr, key);
+        wait_for("the standby in sync", || replicator.standby_in_sync());
+        append_acked(&store, 0, 10);
+        // The standby leaves to take over; what the election knew lapses.
+        gate.publish(true, None);
+        receiver.stop();
+        wait_for("the stream closed", || !replicator.standby_in_sync());
+        let outcome = |i: u32| {
+            let (tx, rx) = mpsc::channel();
+            let started = Instant::now();
+            store.append(record(i), Box::new(move |r| tx.send(r).unwrap_or(())));
+            let got = rx.recv_timeout(Duration::from_secs(10));
+            (got, started.elapsed())
+        };
+        let (unknown, waited) = outcome(10);
+        assert_eq!(
+            unknown,
+            Ok(Err(io::ErrorKind::Interrupted)),
+            "a batch no standby confirmed was acknowledged after {waited:?} with nothing establishing that this replica alone is active"
+        );
+        assert!(waited >= Duration::from_millis(400), "{waited:?}");
+        // The election hears the higher term while a batch waits.
+        let releaser = {
+            let gate = gate.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                gate.publish(false, None);
+            })
+        };
+        let (lost, _) = outcome(11);
+        releaser.join().unwrap();
+        assert_eq!(lost, Ok(Err(io::ErrorKind::Interrupted)));
+        // Taken again, with the peer declared gone: alone is allowed.
+        gate.publish(true, Some(Instant::now() + Duration::from_secs(60)));
+        let (alone, _) = outcome(12);
+        assert_eq!(alone, Ok(Ok(())));
+    }
+
     #[test]
     fn bad_frames_are_errors_not_panics() {
         let mut bad_kind = &frame_header(9, 1, 0)[..];

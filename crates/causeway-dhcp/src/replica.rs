@@ -23,6 +23,7 @@ use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use causeway_runtime::ha::advert::AdvertKey;
+use causeway_runtime::ha::{AckGate, Alone};
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 pub(crate) const SNAPSHOT: u8 = 1;
@@ -73,7 +74,7 @@ impl ReplicationMetrics {
             batches: IntCounterVec::new(
                 Opts::new(
                     "causeway_dhcp_replication_batches_total",
-                    "Batches sent to the standby, by result: confirmed, timeout (the standby was dropped), lost (the stream broke)",
+                    "Batches sent to the standby, by result: confirmed, timeout (the standby was dropped), lost (the stream broke); and batches whose ACKs were withheld, unconfirmed, because the role was lost (withheld_role_lost) or not established in time (withheld_unknown)",
                 ),
                 &["result"],
             )?,
@@ -229,10 +230,18 @@ pub struct Replicator {
     key: Arc<AdvertKey>,
     metrics: Option<ReplicationMetrics>,
     wake: Mutex<Option<Box<dyn Fn() + Send>>>,
+    /// The election's word on ACKs the standby did not confirm; without
+    /// one (no election), the active's own durability is enough.
+    gate: std::sync::OnceLock<Arc<AckGate>>,
 }
 
-/// What the writer must do for one batch.
-pub struct Ticket(Option<u64>);
+/// What the writer must do for one batch: the frame the standby must
+/// confirm (none when no standby is in sync), and the takeover the batch
+/// was written in.
+pub struct Ticket {
+    seq: Option<u64>,
+    takeover: Option<u64>,
+}
 
 impl Replicator {
     pub fn new(
@@ -253,7 +262,14 @@ impl Replicator {
             key,
             metrics,
             wake: Mutex::new(None),
+            gate: std::sync::OnceLock::new(),
         })
+    }
+
+    /// From now on a batch the standby did not confirm is acknowledged only
+    /// when `gate` allows it; one set first stays.
+    pub fn set_gate(&self, gate: Arc<AckGate>) {
+        let _ = self.gate.set(gate);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -454,6 +470,11 @@ impl Replicator {
 
     /// Sends a batch; the ticket says whether its ACKs must wait.
     pub(crate) fn send(&self, lines: &[u8], records: u64) -> Ticket {
+        let takeover = self.gate.get().and_then(|g| g.takeover());
+        let alone = Ticket {
+            seq: None,
+            takeover,
+        };
         let mut st = self.lock();
         let seq = st.next_seq;
         let (sent, in_sync) = match &st.link {
@@ -469,21 +490,49 @@ impl Replicator {
                     .is_ok(),
                 *in_sync,
             ),
-            _ => return Ticket(None),
+            _ => return alone,
         };
         if !sent {
-            return Ticket(None);
+            return alone;
         }
         st.next_seq += 1;
         st.outstanding.push_back((seq, records, lines.len() as u64));
         self.show(&st);
-        Ticket(in_sync.then_some(seq))
+        Ticket {
+            seq: in_sync.then_some(seq),
+            takeover,
+        }
     }
 
-    /// Waits until the standby confirmed the ticket's batch, the stream
+    /// Whether the ticket's batch may be acknowledged: the standby confirmed
+    /// it and this replica still holds the role it was written in, or the
+    /// election says no other replica can be active.
+    pub(crate) fn wait(&self, ticket: Ticket) -> bool {
+        let confirmed = ticket.seq.is_some_and(|seq| self.wait_confirmed(seq));
+        let Some(gate) = self.gate.get() else {
+            return true;
+        };
+        let verdict = gate.wait(ticket.takeover, confirmed);
+        if verdict == Alone::Allowed {
+            return true;
+        }
+        if let Some(m) = &self.metrics {
+            let label = match verdict {
+                Alone::RoleLost => "withheld_role_lost",
+                _ => "withheld_unknown",
+            };
+            m.batches.with_label_values(&[label]).inc();
+        }
+        tracing::debug!(
+            ?verdict,
+            "a lease batch's ACKs are withheld: this replica may no longer be the only active"
+        );
+        false
+    }
+
+    /// Waits until the standby confirmed frame `seq` (true), the stream
     /// broke, or the timeout passed (then the standby is dropped).
-    pub(crate) fn wait(&self, ticket: Ticket) {
-        let Ticket(Some(seq)) = ticket else { return };
+    fn wait_confirmed(&self, seq: u64) -> bool {
         let started = Instant::now();
         let deadline = started + self.timeout;
         let mut st = self.lock();
@@ -494,10 +543,10 @@ impl Replicator {
                     m.batches.with_label_values(&["confirmed"]).inc();
                     m.wait_seconds.observe(started.elapsed().as_secs_f64());
                 }
-                return;
+                return true;
             }
             if !still_open {
-                return;
+                return false;
             }
             let now = Instant::now();
             if now >= deadline {
@@ -514,7 +563,7 @@ impl Replicator {
                 st.link = Link::None;
                 st.outstanding.clear();
                 self.show(&st);
-                return;
+                return false;
             }
             st = self
                 .confirmed

@@ -460,9 +460,10 @@ impl Writer {
             _ => None,
         };
         let result = self.commit(buf);
-        if let (Some(r), Some(ticket)) = (&self.replica, ticket) {
-            r.wait(ticket);
-        }
+        let may_ack = match (&self.replica, ticket) {
+            (Some(r), Some(ticket)) => r.wait(ticket),
+            _ => true,
+        };
         if let Some(m) = &self.metrics {
             m.commit_seconds.observe(started.elapsed().as_secs_f64());
             m.batch_size.observe(records as f64);
@@ -486,7 +487,12 @@ impl Writer {
                 self.set_healthy(true, None);
             }
         }
-        let outcome = result.map_err(|e| e.kind());
+        // Durable here but not known to be durable wherever the next active
+        // may be: the records stand in the log, and no reply goes out.
+        let outcome = match result {
+            Ok(()) if !may_ack => Err(io::ErrorKind::Interrupted),
+            other => other.map_err(|e| e.kind()),
+        };
         for job in batch.drain(..) {
             (job.done)(outcome);
         }

@@ -207,6 +207,7 @@ impl HaDhcp {
             ha.replication_timeout,
             Some(replication.clone()),
         );
+        replicator.set_gate(ha.leadership.ack_gate());
         replicator
             .listen(ha.listen, ha.listen_interface.as_deref())
             .with_context(|| format!("binding the lease stream on {}", ha.listen))?;

@@ -25,6 +25,13 @@ pub struct Advert {
     pub in_sync: bool,
     /// The takeover the sender holds (or last held) the addresses by.
     pub term: u64,
+    /// The boot and number of the newest advert heard from the peer, so
+    /// the peer knows when it was last heard (absent from older builds).
+    #[serde(default)]
+    pub echo: Option<(u64, u64)>,
+    /// Whether the sender preempts a lower-priority active.
+    #[serde(default)]
+    pub preempt: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -112,6 +119,8 @@ mod tests {
             hears_peer: true,
             in_sync: true,
             term: 1,
+            echo: Some((3, 9)),
+            preempt: false,
         }
     }
 

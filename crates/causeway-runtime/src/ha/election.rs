@@ -52,6 +52,11 @@ pub struct PeerState {
     /// When the peer took the addresses: unix milliseconds at its takeover,
     /// or one more than the highest term it had seen if that is later.
     pub term: u64,
+    /// The newest of this replica's adverts the peer had received when it
+    /// sent this one: this replica's boot and the advert's number.
+    pub echo: Option<(u64, u64)>,
+    /// The peer preempts a lower-priority active once it is in sync.
+    pub preempt: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -218,6 +223,17 @@ pub struct Election {
     term: u64,
     /// Unix milliseconds, set by the driver before each event.
     wall_ms: u64,
+    /// This process's boot number and when each recent advert was sent, so
+    /// that the peer's echo says when it last heard this replica.
+    boot: u64,
+    sent: std::collections::VecDeque<(u64, Instant)>,
+    /// When the peer's newest echo was sent by this replica, while the
+    /// peer was a standby that could not preempt.
+    vouched_from: Option<Instant>,
+    in_sync_since: Option<Instant>,
+    /// Lease mode: when the last renewal that succeeded was asked for.
+    renew_asked: Instant,
+    renewed_from: Option<Instant>,
 }
 
 impl Election {
@@ -251,7 +267,65 @@ impl Election {
             last_change: None,
             term: 0,
             wall_ms: 0,
+            boot: 0,
+            sent: Default::default(),
+            vouched_from: None,
+            in_sync_since: Some(now),
+            renew_asked: now,
+            renewed_from: None,
         }
+    }
+
+    /// This process's boot number, as its adverts carry it.
+    pub fn set_boot(&mut self, boot: u64) {
+        self.boot = boot;
+    }
+
+    /// The driver sent advert `seq` at `now`.
+    pub fn on_sent(&mut self, seq: u64, now: Instant) {
+        // A few dead intervals' worth: an echo older than that allows
+        // nothing anyway.
+        const KEEP: usize = 64;
+        if self.sent.len() == KEEP {
+            self.sent.pop_front();
+        }
+        self.sent.push_back((seq, now));
+    }
+
+    /// Until when this replica may acknowledge a lease on its own word, its
+    /// standby not having confirmed it: while no other replica can be
+    /// active. `None` while standing by, or while that is not known.
+    ///
+    /// - The peer is heard as a standby that cannot preempt, and echoed an
+    ///   advert this replica sent at `t`: the peer heard it at `t` or later,
+    ///   so it cannot declare this replica silent before `t + dead_after`.
+    /// - The peer is silent past the dead interval: it is gone by the
+    ///   election's own rule (a partition is the pool's concern, not the
+    ///   log's). Valid only while the election keeps running, so a process
+    ///   that was stopped reads what arrived meanwhile before it ACKs.
+    /// - Lease mode: a renewal asked for at `t` succeeded; a standby claims
+    ///   the witness no sooner than [`Timers::claim_wait`] after reading it
+    ///   unmoved, so not before `t + claim_wait`.
+    pub fn alone_until(&self, now: Instant) -> Option<Instant> {
+        if self.role != Role::Active {
+            return None;
+        }
+        let margin = self.timers.advert / 4;
+        let mut until: Option<Instant> = None;
+        let mut later = |t: Instant| until = Some(until.map_or(t, |u| u.max(t)));
+        if let Some(sent) = self.vouched_from.filter(|_| self.hears_peer(now)) {
+            later(sent + self.timers.dead_after.saturating_sub(margin));
+        }
+        if !self.hears_peer(now) && self.mode == Mode::Peer {
+            // Two ticks of the driver's: the next publish comes first.
+            later(now + self.timers.advert / 2);
+        }
+        if self.mode == Mode::Lease {
+            if let Some(asked) = self.renewed_from {
+                later(asked + self.timers.claim_wait(true).saturating_sub(margin));
+            }
+        }
+        until
     }
 
     pub fn role(&self) -> Role {
@@ -284,6 +358,18 @@ impl Election {
     /// Whether this replica's DHCP lease log is complete; a standby that is
     /// behind never preempts.
     pub fn set_in_sync(&mut self, in_sync: bool) {
+        self.set_in_sync_at(in_sync, self.started);
+    }
+
+    /// As [`Election::set_in_sync`], at `now`: a standby preempts only once
+    /// it has said it is in sync for a dead interval, so that the active no
+    /// longer counts on an advert that said it was behind.
+    pub fn set_in_sync_at(&mut self, in_sync: bool, now: Instant) {
+        if in_sync && !self.in_sync {
+            self.in_sync_since = Some(now);
+        } else if !in_sync {
+            self.in_sync_since = None;
+        }
         self.in_sync = in_sync;
     }
 
@@ -316,6 +402,9 @@ impl Election {
             Some(p) if p.active => (self.mode == Mode::Peer
                 && self.preempt
                 && self.in_sync
+                && self.in_sync_since.is_some_and(|since| {
+                    now.saturating_duration_since(since) >= self.timers.dead_after
+                })
                 && p.priority < self.priority)
                 .then_some(Reason::Preempted),
             // Neither is active: the higher one goes first, the other only
@@ -365,6 +454,9 @@ impl Election {
         }
         self.role = role;
         self.last_change = Some((role, reason));
+        if role == Role::Standby {
+            self.renewed_from = None;
+        }
         if role == Role::Active {
             // The wall clock, so that a replica that restarted (and
             // remembers no term) and never heard its peer still outranks
@@ -378,8 +470,38 @@ impl Election {
         });
     }
 
+    #[cfg(test)]
+    fn clone_for_test(&self) -> Election {
+        Election {
+            mode: self.mode,
+            timers: self.timers.clone(),
+            name: self.name.clone(),
+            peer_name: self.peer_name.clone(),
+            claim: self.claim.clone(),
+            peer: self.peer.clone(),
+            sent: self.sent.clone(),
+            ..*self
+        }
+    }
+
     pub fn on_advert(&mut self, now: Instant, peer: PeerState) -> Vec<Action> {
         self.last_heard = Some(now);
+        let could_preempt = peer.preempt
+            && peer.in_sync
+            && peer.priority > self.priority
+            && self.mode == Mode::Peer;
+        let echoed = peer
+            .echo
+            .filter(|(boot, _)| *boot == self.boot)
+            .and_then(|(_, seq)| self.sent.iter().find(|(s, _)| *s == seq).map(|(_, t)| *t));
+        self.vouched_from = match echoed {
+            Some(sent) if !peer.active && peer.hears_peer && !could_preempt => Some(sent),
+            // An advert that may have been overtaken by a newer one vouches
+            // for nothing newer, and withdraws nothing either: the newer
+            // one said more.
+            None if !peer.active && peer.hears_peer && !could_preempt => self.vouched_from,
+            _ => None,
+        };
         self.peer = Some(peer);
         self.on_tick(now)
     }
@@ -420,6 +542,7 @@ impl Election {
             }
             Claim::Waiting { version, at } if now >= at => {
                 self.claim = Claim::Claiming;
+                self.renew_asked = now;
                 out.push(Action::Witness(WitnessRequest::Claim { version }));
             }
             Claim::Won { at } if now >= at => {
@@ -456,6 +579,7 @@ impl Election {
         };
         if newly || now.saturating_duration_since(self.renewed) >= every {
             self.renewing = true;
+            self.renew_asked = now;
             out.push(Action::Witness(WitnessRequest::Renew));
         }
     }
@@ -467,7 +591,11 @@ impl Election {
                 self.renewing = false;
                 let degraded = self.degraded(now);
                 match result {
-                    WitnessResult::Held | WitnessResult::Read(_) => self.renewed = now,
+                    WitnessResult::Held => {
+                        self.renewed = now;
+                        self.renewed_from = Some(self.renew_asked);
+                    }
+                    WitnessResult::Read(_) => self.renewed = now,
                     // Someone else holds it: never keep the addresses.
                     WitnessResult::Lost => {
                         self.become_(Role::Standby, Reason::Fenced, &mut out);
@@ -511,6 +639,7 @@ impl Election {
                     };
                 }
                 (Claim::Claiming, WitnessResult::Held) => {
+                    self.renewed_from = Some(self.renew_asked);
                     self.claim = Claim::Won {
                         at: now + self.timers.fence_delay(),
                     };
@@ -562,6 +691,8 @@ mod tests {
             in_sync: true,
             priority,
             term: 1,
+            echo: None,
+            preempt: false,
         }
     }
 
@@ -620,9 +751,9 @@ mod tests {
         let mut yes = Election::new(Mode::Peer, timers(), "b", "a", 200, true, t0);
         yes.set_in_sync(false);
         assert!(yes.on_advert(ms(t0, 100), advert(true, 100)).is_empty());
-        yes.set_in_sync(true);
+        yes.set_in_sync_at(true, ms(t0, 100));
         assert_eq!(
-            yes.on_advert(ms(t0, 300), advert(true, 100)),
+            yes.on_advert(ms(t0, 700), advert(true, 100)),
             vec![Action::Take]
         );
         assert_eq!(yes.take_change(), Some((Role::Active, Reason::Preempted)));
@@ -877,5 +1008,115 @@ mod tests {
         };
         assert!(fresh.on_advert(ms(t0, 700), cut_off).is_empty());
         assert_eq!(fresh.role(), Role::Active);
+    }
+
+    /// An active that was heard by its standby at `sent` may ACK alone
+    /// until the standby could first declare it silent, and no longer.
+    #[test]
+    fn an_active_acks_alone_only_while_no_other_replica_can_be_active() {
+        let t0 = Instant::now();
+        let t = timers();
+        let margin = t.advert / 4;
+        let mut e = Election::new(Mode::Peer, t.clone(), "a", "b", 100, false, t0);
+        e.set_boot(7);
+        assert_eq!(e.alone_until(t0), None, "a standby never ACKs");
+        e.on_tick(ms(t0, 600));
+        assert_eq!(e.role(), Role::Active);
+        // Silent peer, declared gone: allowed only while the election runs.
+        assert_eq!(e.alone_until(ms(t0, 600)), Some(ms(t0, 600) + t.advert / 2));
+        e.on_sent(41, ms(t0, 700));
+        let standby = PeerState {
+            echo: Some((7, 41)),
+            ..advert(false, 100)
+        };
+        e.on_advert(ms(t0, 750), standby.clone());
+        let until = ms(t0, 700) + t.dead_after - margin;
+        assert_eq!(e.alone_until(ms(t0, 750)), Some(until));
+        // After a stall nothing newer was heard: the bound has passed.
+        assert!(e.alone_until(ms(t0, 2200)).is_none_or(|u| u > ms(t0, 2200)));
+        // An echo of another boot, or of an advert not sent, vouches for
+        // nothing new.
+        let mut other = e.clone_for_test();
+        other.on_advert(
+            ms(t0, 760),
+            PeerState {
+                echo: Some((8, 41)),
+                ..standby.clone()
+            },
+        );
+        assert_eq!(other.alone_until(ms(t0, 760)), Some(until));
+        // A standby that can preempt, in sync, vouches for nothing.
+        let mut preempting = e.clone_for_test();
+        preempting.on_advert(
+            ms(t0, 800),
+            PeerState {
+                preempt: true,
+                in_sync: true,
+                priority: 200,
+                ..standby.clone()
+            },
+        );
+        assert_eq!(preempting.alone_until(ms(t0, 800)), None);
+        // Behind, it cannot preempt before it has said it is in sync for a
+        // dead interval: the echo still counts.
+        let mut behind = e.clone_for_test();
+        behind.on_advert(
+            ms(t0, 800),
+            PeerState {
+                preempt: true,
+                in_sync: false,
+                priority: 200,
+                ..standby.clone()
+            },
+        );
+        assert_eq!(behind.alone_until(ms(t0, 800)), Some(until));
+        // A peer that says it is active vouches for nothing.
+        e.on_advert(ms(t0, 800), advert(true, 50));
+        assert_eq!(e.alone_until(ms(t0, 800)), None);
+    }
+
+    #[test]
+    fn a_preempting_standby_waits_a_dead_interval_after_it_is_in_sync() {
+        let t0 = Instant::now();
+        let mut e = Election::new(Mode::Peer, timers(), "b", "a", 200, true, t0);
+        e.set_in_sync_at(false, t0);
+        assert!(e.on_advert(ms(t0, 100), advert(true, 100)).is_empty());
+        e.set_in_sync_at(true, ms(t0, 200));
+        assert!(e.on_advert(ms(t0, 300), advert(true, 100)).is_empty());
+        assert!(e.on_advert(ms(t0, 799), advert(true, 100)).is_empty());
+        assert_eq!(
+            e.on_advert(ms(t0, 800), advert(true, 100)),
+            vec![Action::Take]
+        );
+    }
+
+    #[test]
+    fn lease_mode_an_active_acks_alone_until_a_claim_could_follow_its_renewal() {
+        let t0 = Instant::now();
+        let t = timers();
+        let mut e = Election::new(Mode::Lease, t.clone(), "b", "a", 100, false, t0);
+        e.on_advert(ms(t0, 0), advert(true, 100));
+        let took = lease_takeover(&mut e, t0, 0);
+        let margin = t.advert / 4;
+        let until = e.alone_until(ms(t0, took)).expect("the claim allows");
+        assert!(until < ms(t0, took) + t.claim_wait(true), "{until:?}");
+        assert!(until > ms(t0, took));
+        let asked = took + 1000;
+        let renew = e.on_tick(ms(t0, asked));
+        assert!(
+            renew.contains(&Action::Witness(WitnessRequest::Renew)),
+            "{renew:?}"
+        );
+        e.on_witness(ms(t0, asked + 500), WitnessResult::Held);
+        assert_eq!(
+            e.alone_until(ms(t0, asked + 500)),
+            Some(ms(t0, asked) + t.claim_wait(true) - margin),
+            "counted from when the renewal was asked, not answered"
+        );
+        assert_eq!(
+            e.on_witness(ms(t0, asked + 600), WitnessResult::Lost),
+            vec![Action::Release]
+        );
+        assert_eq!(e.alone_until(ms(t0, asked + 600)), None);
     }
 }

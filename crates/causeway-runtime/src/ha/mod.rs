@@ -8,6 +8,7 @@
 
 pub mod advert;
 pub mod election;
+pub mod gate;
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -25,6 +26,7 @@ pub use election::{
     Action, Election, Mode, PeerState, Reason, Role, Timers, WitnessRequest, WitnessResult,
     WitnessView,
 };
+pub use gate::{AckGate, Alone, GateState};
 
 /// Adds and removes the service addresses.
 pub trait Addresses: Send + Sync + 'static {
@@ -207,6 +209,7 @@ fn advert_socket(listen: SocketAddr, interface: Option<&str>) -> std::io::Result
 
 pub struct Leadership {
     role: watch::Receiver<Role>,
+    gate: Arc<AckGate>,
     in_sync: Arc<AtomicBool>,
     status: Arc<Mutex<HaStatus>>,
     task: JoinHandle<()>,
@@ -238,19 +241,25 @@ impl Leadership {
         }));
         metrics.show_role(Role::Standby);
         let (resign, resign_rx) = mpsc::channel(1);
+        let gate = Arc::new(AckGate::new(settings.timers.dead_after * 2));
+        let boot = rand::random();
+        let mut election = Election::new(
+            settings.mode,
+            settings.timers.clone(),
+            &settings.name,
+            &settings.peer_name,
+            settings.priority,
+            settings.preempt,
+            Instant::now(),
+        );
+        election.set_boot(boot);
         let driver = Driver {
-            election: Election::new(
-                settings.mode,
-                settings.timers.clone(),
-                &settings.name,
-                &settings.peer_name,
-                settings.priority,
-                settings.preempt,
-                Instant::now(),
-            ),
+            election,
             key: AdvertKey::new(&settings.key),
-            boot: rand::random(),
+            boot,
             seq: 0,
+            heard: None,
+            gate: gate.clone(),
             guard: ReplayGuard::default(),
             settings,
             socket,
@@ -266,6 +275,7 @@ impl Leadership {
         let task = tokio::spawn(driver.run(resign_rx));
         Ok(Leadership {
             role,
+            gate,
             in_sync,
             status,
             task,
@@ -281,6 +291,11 @@ impl Leadership {
     /// behind the active's.
     pub fn in_sync(&self) -> Arc<AtomicBool> {
         self.in_sync.clone()
+    }
+
+    /// Whether the lease writer may ACK on this replica's word alone.
+    pub fn ack_gate(&self) -> Arc<AckGate> {
+        self.gate.clone()
     }
 
     pub fn status(&self) -> HaStatus {
@@ -310,6 +325,9 @@ struct Driver<A, W> {
     key: AdvertKey,
     boot: u64,
     seq: u64,
+    /// The newest advert accepted from the peer: (boot, seq), echoed back.
+    heard: Option<(u64, u64)>,
+    gate: Arc<AckGate>,
     guard: ReplayGuard,
     socket: UdpSocket,
     peer: Option<SocketAddr>,
@@ -339,13 +357,23 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
             let actions = tokio::select! {
                 _ = resign.recv() => break,
                 _ = tick.tick() => {
+                    // Whatever the peer said while this process did not run
+                    // (a stall, a VM stun) is read before time is: a tick
+                    // alone would find the peer silent and allow ACKs that
+                    // its takeover forbids.
+                    let mut actions = Vec::new();
+                    while let Ok((n, from)) = self.socket.try_recv_from(&mut buf) {
+                        actions.extend(self.on_datagram(&buf[..n], from));
+                        self.close_gate_on_release(&actions);
+                    }
                     let now = Instant::now();
                     if now >= next_advert {
                         self.send_advert().await;
                         next_advert = now + self.settings.timers.advert;
                     }
-                    self.election.set_in_sync(self.in_sync.load(Ordering::Relaxed));
-                    self.election.on_tick(now)
+                    self.election.set_in_sync_at(self.in_sync.load(Ordering::Relaxed), now);
+                    actions.extend(self.election.on_tick(now));
+                    actions
                 }
                 got = self.socket.recv_from(&mut buf) => match got {
                     Ok((n, from)) => self.on_datagram(&buf[..n], from),
@@ -358,10 +386,12 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
                     self.election.on_witness(Instant::now(), result)
                 }
             };
+            self.close_gate_on_release(&actions);
             self.carry_out(actions, &witness_tx).await;
             self.publish();
         }
         let actions = self.election.resign();
+        self.close_gate_on_release(&actions);
         self.carry_out(actions, &witness_tx).await;
         self.publish();
         // Said twice: one lost datagram should not cost the peer the dead
@@ -403,8 +433,9 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
                 .inc();
             return Vec::new();
         }
+        self.heard = Some((advert.boot, advert.seq));
         self.election
-            .set_in_sync(self.in_sync.load(Ordering::Relaxed));
+            .set_in_sync_at(self.in_sync.load(Ordering::Relaxed), now);
         self.election.on_advert(
             now,
             PeerState {
@@ -413,8 +444,18 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
                 in_sync: advert.in_sync,
                 priority: advert.priority,
                 term: advert.term,
+                echo: advert.echo,
+                preempt: advert.preempt,
             },
         )
+    }
+
+    /// A role given up stops ACKs before the addresses go or anything else
+    /// is awaited.
+    fn close_gate_on_release(&self, actions: &[Action]) {
+        if actions.contains(&Action::Release) {
+            self.gate.publish(false, None);
+        }
     }
 
     async fn peer_addr(&mut self) -> Option<SocketAddr> {
@@ -452,10 +493,13 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
             hears_peer: self.election.hears_peer(now),
             in_sync: self.in_sync.load(Ordering::Relaxed),
             term: self.election.term(),
+            echo: self.heard,
+            preempt: self.settings.preempt,
         };
         let sealed = self.key.seal(&advert);
-        if let Err(e) = self.socket.send_to(&sealed, to).await {
-            tracing::debug!(%to, error = %e, "advert not sent");
+        match self.socket.send_to(&sealed, to).await {
+            Ok(_) => self.election.on_sent(self.seq, now),
+            Err(e) => tracing::debug!(%to, error = %e, "advert not sent"),
         }
     }
 
@@ -544,6 +588,10 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
 
     fn publish(&self) {
         let now = Instant::now();
+        self.gate.publish(
+            self.election.role() == Role::Active,
+            self.election.alone_until(now),
+        );
         let heard = self.election.hears_peer(now);
         let peer = self.election.peer().filter(|_| heard);
         self.metrics.peer_heard.set(i64::from(heard));
