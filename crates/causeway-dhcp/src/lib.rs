@@ -20,6 +20,7 @@ pub mod follower;
 mod index;
 pub mod lease;
 pub mod limits;
+pub mod merge;
 pub mod metrics;
 pub mod pool;
 pub mod replica;

@@ -456,6 +456,12 @@ impl Election {
         self.last_change = Some((role, reason));
         if role == Role::Standby {
             self.renewed_from = None;
+            // The log it kept as the active lacks whatever the new active
+            // writes from now on: it is complete again only once it has
+            // followed the new active's stream (and says so), so it does
+            // not preempt on the strength of its old log.
+            self.in_sync = false;
+            self.in_sync_since = None;
         }
         if role == Role::Active {
             // The wall clock, so that a replica that restarted (and
@@ -1118,5 +1124,38 @@ mod tests {
             vec![Action::Release]
         );
         assert_eq!(e.alone_until(ms(t0, asked + 600)), None);
+    }
+
+    /// Found by the simulation: an active with preemption that was stalled
+    /// hears the takeover, yields, and must not preempt back at once on the
+    /// strength of its old log (the new active wrote leases it lacks).
+    #[test]
+    fn a_replica_that_yields_does_not_preempt_until_it_has_followed_the_new_active() {
+        let t0 = Instant::now();
+        let mut a = Election::new(Mode::Peer, timers(), "a", "b", 200, true, t0);
+        a.on_tick(ms(t0, 600));
+        assert_eq!(a.role(), Role::Active);
+        let newer = PeerState {
+            term: a.term() + 1,
+            ..advert(true, 100)
+        };
+        assert_eq!(
+            a.on_advert(ms(t0, 2000), newer.clone()),
+            vec![Action::Release]
+        );
+        assert!(
+            !a.in_sync(),
+            "the replica that yielded still says its log is complete"
+        );
+        for n in 1..10 {
+            assert!(
+                a.on_advert(ms(t0, 2000 + n * 200), newer.clone())
+                    .is_empty(),
+                "preempted back {} ms after yielding, before following the new active",
+                n * 200
+            );
+        }
+        a.set_in_sync_at(true, ms(t0, 4000));
+        assert_eq!(a.on_advert(ms(t0, 4600), newer), vec![Action::Take]);
     }
 }

@@ -455,6 +455,8 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
     fn close_gate_on_release(&self, actions: &[Action]) {
         if actions.contains(&Action::Release) {
             self.gate.publish(false, None);
+            // Until the follower says otherwise: the flag was the active's.
+            self.in_sync.store(false, Ordering::Relaxed);
         }
     }
 
