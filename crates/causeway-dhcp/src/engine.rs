@@ -14,6 +14,7 @@ use crate::client::ClientKey;
 use crate::index::ClientIndex;
 use crate::lease::{Lease, LeaseRecord, LeaseState};
 use crate::limits::{Admission, RateLimits};
+use crate::merge::Share;
 use crate::pool::Pool;
 use crate::reply;
 
@@ -288,6 +289,9 @@ pub struct Engine {
     reclaim_not_before: u64,
     /// Reclaim scans run, for the tests that hold the flood to one a second.
     reclaims: u64,
+    /// Under high availability while no standby confirms: the half of the
+    /// pool new addresses come from (see [`crate::merge`]).
+    share: Option<Share>,
 }
 
 /// At most one reclaim scan a second on the allocation path.
@@ -339,7 +343,48 @@ impl Engine {
             unsettled: HashMap::new(),
             reclaim_not_before: 0,
             reclaims: 0,
+            share: None,
         }
+    }
+
+    /// Restricts new addresses to `share` (a replica serving without a
+    /// standby that confirms), or lifts the restriction. A client keeps an
+    /// active lease and a reserved address whatever the share.
+    pub fn set_share(&mut self, share: Option<Share>) {
+        self.share = share;
+    }
+
+    /// Adopts records of a rejoining standby's log that the merge rule
+    /// chose (see [`crate::merge::judge`]): each takes its address, as if
+    /// read from this replica's own log.
+    pub fn adopt(&mut self, records: &[LeaseRecord]) {
+        for r in records {
+            let Some(lease) = Lease::from_record(r) else {
+                continue;
+            };
+            let ip = lease.ip;
+            if let Some(old) = self.leases.get(&ip) {
+                if old.client != lease.client && self.by_client.get(&old.client) == Some(ip) {
+                    let displaced = old.client.clone();
+                    self.by_client.remove(&displaced);
+                }
+            }
+            if lease.state != LeaseState::Declined {
+                self.by_client.insert(&lease.client, ip);
+            }
+            if let (LeaseState::Active, Some(name)) = (lease.state, &lease.hostname) {
+                self.by_hostname.insert(name.clone(), ip);
+            }
+            self.leases.insert(ip, lease);
+            self.mark(ip);
+        }
+    }
+
+    /// What this replica holds for `ip`, for the merge rule.
+    pub fn held(&self, now: u64, ip: Ipv4Addr) -> Option<(String, bool, u64)> {
+        self.leases
+            .get(&ip)
+            .map(|l| (l.client.to_hex(), l.holds(now), l.expires))
     }
 
     /// How many reclaim scans have run.
@@ -738,6 +783,17 @@ impl Engine {
         if s.excluded(ip) || !s.cfg.cidr.contains(&ip) {
             return false;
         }
+        if self.share.is_some_and(|share| !share.holds(ip)) {
+            let keeps = self.leases.get(&ip).is_some_and(|l| {
+                l.client == f.key && l.state == LeaseState::Active && l.holds(now)
+            });
+            let reserved = s
+                .reservation_for(&f.hw, f.client_id)
+                .is_some_and(|r| r.ip == ip);
+            if !keeps && !reserved {
+                return false;
+            }
+        }
         if let Some(i) = s.by_reserved_ip.get(&ip) {
             let reserved_for_client = s
                 .reservation_for(&f.hw, f.client_id)
@@ -780,9 +836,20 @@ impl Engine {
                 // The bitmap can lag behind expiries; the lease table is the
                 // truth, so skip stale bits rather than trusting them.
                 let mut tries = 0;
+                let mut other_share = 0usize;
+                let size = self.subnets[si].pools[p].capacity();
                 while let Some(ip) = self.subnets[si].pools[p].next_free() {
                     if self.available_to(now, si, ip, f) {
                         return Some(ip);
+                    }
+                    if self.share.is_some_and(|share| !share.holds(ip)) {
+                        // The peer's half: free, and not ours to give. Once
+                        // round the pool at most.
+                        other_share += 1;
+                        if other_share > size {
+                            break;
+                        }
+                        continue;
                     }
                     self.subnets[si].pools[p].set(ip, true);
                     tries += 1;

@@ -1322,3 +1322,70 @@ fn an_address_whose_newest_line_is_unreadable_goes_to_nobody() {
         assert_ne!(got, ip);
     }
 }
+
+/// Under high availability, a replica serving with no standby to confirm
+/// gives new addresses only from its half of the pool, so that a peer that
+/// may be serving at the same time never gives out the same one; a client
+/// that holds an address in the other half keeps it.
+#[test]
+fn a_replica_serving_alone_gives_new_addresses_from_its_share_only() {
+    use crate::merge::Share;
+    let mut e = Engine::new(&vlan_config("", ""));
+    let mut before = Client::new(1);
+    let held = dora(&mut e, &mut before, NOW);
+    let share = Share {
+        first: u32::from(held) & 1 == 1,
+    };
+    assert!(
+        !share.holds(held),
+        "the test needs a lease in the other half"
+    );
+    e.set_share(Some(share));
+    let (ack, _, _) = reply(e.handle(
+        NOW + 10,
+        &before.renew(held),
+        SocketAddrV4::new(held, 68),
+        &Ingress::Address,
+    ));
+    assert_eq!(kind(&ack), MessageType::Ack, "a renewal in the peer's half");
+    let mut given = Vec::new();
+    // .10 is held; five of .11-.20 are in the share.
+    for n in 2..7 {
+        let mut c = Client::new(n);
+        let (offer, _, _) = reply(e.handle(NOW + 20, &c.discover(), from_client(), &direct()));
+        assert_eq!(kind(&offer), MessageType::Offer);
+        given.push(offer.yiaddr());
+        let (ack, _, _) = reply(e.handle(
+            NOW + 20,
+            &c.select(offer.yiaddr(), SERVER),
+            from_client(),
+            &direct(),
+        ));
+        assert_eq!(kind(&ack), MessageType::Ack);
+    }
+    assert!(
+        given.iter().all(|ip| share.holds(*ip)),
+        "offered outside the share: {given:?}"
+    );
+    // The pool is 192.168.100.10-20: this half of what is left runs out,
+    // and the other half is not offered.
+    let mut late = Client::new(9);
+    assert!(matches!(
+        e.handle(NOW + 30, &late.discover(), from_client(), &direct()),
+        Outcome::Ignore(Ignored::PoolExhausted)
+    ));
+    // An address of the other half, asked for outright: refused.
+    let other = Ipv4Addr::from(u32::from(held) + 2);
+    let (nak, _, commit) = reply(e.handle(
+        NOW + 30,
+        &late.select(other, SERVER),
+        from_client(),
+        &direct(),
+    ));
+    assert_eq!(kind(&nak), MessageType::Nak);
+    assert!(commit.is_none());
+    // With a standby confirming again, the whole pool.
+    e.set_share(None);
+    let (offer, _, _) = reply(e.handle(NOW + 40, &late.discover(), from_client(), &direct()));
+    assert!(!share.holds(offer.yiaddr()));
+}

@@ -14,8 +14,8 @@ use causeway_runtime::ha::advert::AdvertKey;
 
 use crate::lease::LeaseObserver;
 use crate::replica::{
-    connect_handshake, read_header, ReplicationMetrics, StreamError, HANDSHAKE_TIMEOUT, RETRY,
-    SNAPSHOT,
+    connect_handshake, frame_header, read_header, ReplicationMetrics, StreamError,
+    HANDSHAKE_TIMEOUT, MERGE, MERGE_TIMEOUT, RETRY, SNAPSHOT,
 };
 use crate::store::{parse_log, LeaseStore};
 
@@ -143,6 +143,17 @@ impl Follower<'_> {
         s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
         s.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
         connect_handshake(&mut s, key)?;
+        // This replica's own log first: what it acknowledged while the two
+        // were apart is adopted by the active before this file is replaced.
+        let mine = match fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        s.set_write_timeout(Some(MERGE_TIMEOUT))?;
+        s.write_all(&frame_header(MERGE, 0, mine.len()))?;
+        s.write_all(&mine)?;
+        drop(mine);
         s.set_read_timeout(None)?;
         s.set_nodelay(true)?;
         *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(s.try_clone()?);
@@ -270,6 +281,7 @@ mod tests {
             state: LeaseState::Active,
             expires: 1000 + u64::from(i),
             hostname: None,
+            term: 0,
         }
     }
 
@@ -438,6 +450,7 @@ mod tests {
         // A standby that confirms the snapshot, then nothing.
         let mut s = TcpStream::connect(addr).unwrap();
         connect_handshake(&mut s, &key).unwrap();
+        s.write_all(&frame_header(MERGE, 0, 0)).unwrap();
         let (_, seq, len) = read_header(&mut s).unwrap().unwrap();
         let mut skip = vec![0u8; len as usize];
         s.read_exact(&mut skip).unwrap();
@@ -470,12 +483,12 @@ mod tests {
         let gate = Arc::new(AckGate::new(Duration::from_millis(400)));
         replicator.set_gate(gate.clone());
         // Active, and the peer (heard as a standby) vouches for a while.
-        gate.publish(true, Some(Instant::now() + Duration::from_secs(60)));
+        gate.publish(true, Some(Instant::now() + Duration::from_secs(60)), 1);
         let (_, _, receiver) = standby(dir.path(), &addr, key);
         wait_for("the standby in sync", || replicator.standby_in_sync());
         append_acked(&store, 0, 10);
         // The standby leaves to take over; what the election knew lapses.
-        gate.publish(true, None);
+        gate.publish(true, None, 1);
         receiver.stop();
         wait_for("the stream closed", || !replicator.standby_in_sync());
         let outcome = |i: u32| {
@@ -488,7 +501,7 @@ mod tests {
         let (unknown, waited) = outcome(10);
         assert_eq!(
             unknown,
-            Ok(Err(io::ErrorKind::Interrupted)),
+            Ok(Err(crate::store::WITHHELD)),
             "a batch no standby confirmed was acknowledged after {waited:?} with nothing establishing that this replica alone is active"
         );
         assert!(waited >= Duration::from_millis(400), "{waited:?}");
@@ -497,14 +510,14 @@ mod tests {
             let gate = gate.clone();
             std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_millis(50));
-                gate.publish(false, None);
+                gate.publish(false, None, 0);
             })
         };
         let (lost, _) = outcome(11);
         releaser.join().unwrap();
-        assert_eq!(lost, Ok(Err(io::ErrorKind::Interrupted)));
+        assert_eq!(lost, Ok(Err(crate::store::WITHHELD)));
         // Taken again, with the peer declared gone: alone is allowed.
-        gate.publish(true, Some(Instant::now() + Duration::from_secs(60)));
+        gate.publish(true, Some(Instant::now() + Duration::from_secs(60)), 1);
         let (alone, _) = outcome(12);
         assert_eq!(alone, Ok(Ok(())));
     }

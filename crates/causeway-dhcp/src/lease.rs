@@ -46,6 +46,7 @@ impl Lease {
             state: self.state,
             expires: self.expires,
             hostname: self.hostname.as_deref().map(str::to_string),
+            term: 0,
         }
     }
 
@@ -73,6 +74,15 @@ pub struct LeaseRecord {
     pub expires: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,
+    /// Under high availability, the takeover (election term) of the active
+    /// that wrote it: when two replicas' logs disagree about an address,
+    /// the later takeover's record is the newer. 0 when written alone.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub term: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Told of every lease change once it is durable (the server), or as the

@@ -26,6 +26,8 @@ pub mod pool;
 pub mod replica;
 pub mod reply;
 pub mod server;
+#[cfg(test)]
+mod sim;
 pub mod store;
 pub mod wire;
 

@@ -45,9 +45,8 @@ pub enum Judgement {
     /// The standby's record is the one that holds the address: written to
     /// the active's log and taken into its table.
     Adopt,
-    /// Both hold the address for different clients. The active's record
-    /// stands; a conflict is counted and logged, for a pair that gave out
-    /// addresses outside their shares.
+    /// Both hold the address for different clients and the active's record
+    /// is from the same or a later takeover: it stands. Counted and logged.
     Conflict,
 }
 
@@ -57,16 +56,26 @@ pub struct Held<'a> {
     pub client: &'a str,
     pub holds: bool,
     pub expires: u64,
+    /// The takeover its record was written in.
+    pub term: u64,
 }
 
-fn holds(r: &LeaseRecord, now: u64) -> bool {
+/// Whether a record holds its address at `now`.
+pub fn record_holds(r: &LeaseRecord, now: u64) -> bool {
     matches!(r.state, LeaseState::Active | LeaseState::Declined) && r.expires > now
 }
 
 /// The rule for one address: `theirs` is the standby's newest record for
 /// it, `ours` what the active holds.
+///
+/// Two replicas that served apart gave new addresses from different shares,
+/// so they disagree about an address only where one of them wrote a record
+/// outside its share (counting on a standby that did not confirm it, so it
+/// was never acknowledged), or a stale active wrote one before it heard the
+/// takeover (the older term). A record's term says which replica wrote it:
+/// the replica whose name sorts first takes even terms.
 pub fn judge(ours: Option<Held<'_>>, theirs: &LeaseRecord, now: u64) -> Judgement {
-    if !holds(theirs, now) {
+    if !record_holds(theirs, now) {
         return Judgement::Keep;
     }
     match ours {
@@ -80,7 +89,21 @@ pub fn judge(ours: Option<Held<'_>>, theirs: &LeaseRecord, now: u64) -> Judgemen
                 Judgement::Keep
             }
         }
-        Some(_) => Judgement::Conflict,
+        Some(o) => {
+            // The replica whose share holds the address wrote one of them:
+            // the other replica could have given it out only counting on a
+            // standby's confirmation, which it evidently did not get.
+            let owner = Share { first: true }.holds(theirs.ip);
+            let by_owner = |term: u64| term != 0 && term.is_multiple_of(2) == owner;
+            match (by_owner(theirs.term), by_owner(o.term)) {
+                (true, false) => Judgement::Adopt,
+                (false, true) => Judgement::Conflict,
+                // Otherwise the later takeover's: the other is one a stale
+                // active wrote (and never acknowledged, its role being gone).
+                _ if theirs.term > o.term => Judgement::Adopt,
+                _ => Judgement::Conflict,
+            }
+        }
     }
 }
 
@@ -105,6 +128,7 @@ mod tests {
             state,
             expires,
             hostname: None,
+            term: 0,
         }
     }
 
@@ -127,26 +151,59 @@ mod tests {
             client: "02",
             holds: false,
             expires: 900,
+            term: 0,
         };
         assert_eq!(judge(Some(freed), &theirs, now), Judgement::Adopt);
         let older = Held {
             client: "01",
             holds: true,
             expires: 1500,
+            term: 0,
         };
         assert_eq!(judge(Some(older), &theirs, now), Judgement::Adopt);
         let newer = Held {
             client: "01",
             holds: true,
             expires: 2500,
+            term: 0,
         };
         assert_eq!(judge(Some(newer), &theirs, now), Judgement::Keep);
         let other = Held {
             client: "02",
             holds: true,
             expires: 2500,
+            term: 0,
         };
         assert_eq!(judge(Some(other), &theirs, now), Judgement::Conflict);
+        // 10.0.0.5 is odd: the second replica's share, odd terms.
+        let stale = Held { term: 3, ..other };
+        let later = LeaseRecord {
+            term: 5,
+            ..theirs.clone()
+        };
+        assert_eq!(judge(Some(stale), &later, now), Judgement::Adopt);
+        let earlier = LeaseRecord {
+            term: 1,
+            ..theirs.clone()
+        };
+        assert_eq!(judge(Some(stale), &earlier, now), Judgement::Conflict);
+        // The share's owner wrote theirs; the other replica wrote ours at
+        // a later term, counting on a confirmation it did not get.
+        let owners = LeaseRecord {
+            term: 7,
+            ..theirs.clone()
+        };
+        let not_owners = Held { term: 8, ..other };
+        assert_eq!(judge(Some(not_owners), &owners, now), Judgement::Adopt);
+        let owners_ours = Held { term: 7, ..other };
+        let not_owners_theirs = LeaseRecord {
+            term: 8,
+            ..theirs.clone()
+        };
+        assert_eq!(
+            judge(Some(owners_ours), &not_owners_theirs, now),
+            Judgement::Conflict
+        );
         let released = record([10, 0, 0, 5], "01", LeaseState::Released, 2000);
         assert_eq!(judge(None, &released, now), Judgement::Keep);
         let expired = record([10, 0, 0, 5], "01", LeaseState::Active, 999);

@@ -93,6 +93,11 @@ impl Pool {
         None
     }
 
+    /// How many addresses the bitmap has room for.
+    pub fn capacity(&self) -> usize {
+        self.occupied.len() * 64
+    }
+
     pub fn occupied_count(&self) -> u64 {
         let raw: u64 = self
             .occupied

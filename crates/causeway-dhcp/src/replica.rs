@@ -12,10 +12,15 @@
 //! the active serves alone (degraded) and the standby joins again with a
 //! new snapshot.
 //!
+//! A standby that joins sends its own log first; the active adopts the
+//! leases it lacks (see [`crate::merge`]) before it takes the snapshot, so
+//! what one replica acknowledged while the two were apart is not lost.
+//!
 //! Wire, after an authenticated handshake (each side proves the shared key
 //! over the other's random challenge): frames of `kind (1) | seq (8) | len
 //! (4) | bytes`, answered by `seq (8)` once durable. Kinds: 1 snapshot (the
-//! whole file), 2 batch (lines to append).
+//! whole file), 2 batch (lines to append), 3 merge (the standby's whole
+//! file, sent once after the handshake, not answered).
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown as NetShutdown, SocketAddr, TcpListener, TcpStream};
@@ -28,13 +33,20 @@ use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, 
 
 pub(crate) const SNAPSHOT: u8 = 1;
 pub(crate) const BATCH: u8 = 2;
+/// The standby's own log, sent once after the handshake for the active to
+/// merge before it sends its snapshot.
+pub(crate) const MERGE: u8 = 3;
+/// How long the standby's log may take to arrive.
+pub(crate) const MERGE_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) const HEADER: usize = 13;
 /// A frame longer than this is refused: a snapshot of a million leases is
 /// about 200 MB, far above any pool causeway serves.
 const MAX_FRAME: u32 = 256 * 1024 * 1024;
 const CHALLENGE: usize = 32;
-const TO_ACTIVE: &[u8] = b"causeway-lease-stream/standby:";
-const TO_STANDBY: &[u8] = b"causeway-lease-stream/active:";
+// Version 2 adds the standby's log (MERGE): a replica of the first
+// version fails the handshake rather than skip the merge.
+const TO_ACTIVE: &[u8] = b"causeway-lease-stream/2/standby:";
+const TO_STANDBY: &[u8] = b"causeway-lease-stream/2/active:";
 /// How long a handshake or a connect may take.
 pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A standby retries a refused or broken stream this often.
@@ -54,6 +66,10 @@ pub struct ReplicationMetrics {
     /// Batches this standby's own disk refused: not confirmed.
     pub refused_frames: IntCounter,
     pub handshakes_refused: IntCounter,
+    /// Records durable here whose ACKs were not sent (see [`Verdict`]).
+    pub withheld_records: IntCounter,
+    pub merged_records: IntCounter,
+    pub merge_conflicts: IntCounter,
 }
 
 impl ReplicationMetrics {
@@ -107,6 +123,18 @@ impl ReplicationMetrics {
                 "causeway_dhcp_replication_handshakes_refused_total",
                 "Lease stream connections refused: the other side did not prove the shared key",
             )?,
+            withheld_records: IntCounter::new(
+                "causeway_dhcp_replication_withheld_records_total",
+                "Lease records written on the active whose ACKs were not sent: the role may have passed to the peer, or the address was outside this replica's share with no standby confirming",
+            )?,
+            merged_records: IntCounter::new(
+                "causeway_dhcp_replication_merged_records_total",
+                "Lease records the active adopted from a rejoining standby's log (leases one replica acknowledged while the two were apart)",
+            )?,
+            merge_conflicts: IntCounter::new(
+                "causeway_dhcp_replication_merge_conflicts_total",
+                "Addresses a rejoining standby's log gave to another client than the active's, where the active's record stood (it was from the same or a later takeover)",
+            )?,
         };
         registry.register(Box::new(m.standby.clone()))?;
         registry.register(Box::new(m.lag_records.clone()))?;
@@ -118,6 +146,9 @@ impl ReplicationMetrics {
         registry.register(Box::new(m.snapshots_received.clone()))?;
         registry.register(Box::new(m.refused_frames.clone()))?;
         registry.register(Box::new(m.handshakes_refused.clone()))?;
+        registry.register(Box::new(m.withheld_records.clone()))?;
+        registry.register(Box::new(m.merged_records.clone()))?;
+        registry.register(Box::new(m.merge_conflicts.clone()))?;
         Ok(m)
     }
 }
@@ -151,10 +182,23 @@ pub(crate) fn read_header(r: &mut impl Read) -> Result<Option<(u8, u64, u32)>, S
     let kind = h[0];
     let seq = u64::from_be_bytes(h[1..9].try_into().unwrap_or_default());
     let len = u32::from_be_bytes(h[9..13].try_into().unwrap_or_default());
-    if !(kind == SNAPSHOT || kind == BATCH) || len > MAX_FRAME {
+    if !(kind == SNAPSHOT || kind == BATCH || kind == MERGE) || len > MAX_FRAME {
         return Err(StreamError::Frame { kind, len });
     }
     Ok(Some((kind, seq, len)))
+}
+
+/// The standby's log, the first frame after the handshake.
+fn read_merge(s: &mut TcpStream) -> Result<Vec<u8>, StreamError> {
+    match read_header(s)? {
+        Some((MERGE, _, len)) => {
+            let mut bytes = vec![0u8; len as usize];
+            s.read_exact(&mut bytes)?;
+            Ok(bytes)
+        }
+        Some((kind, _, len)) => Err(StreamError::Frame { kind, len }),
+        None => Err(StreamError::Io(io::ErrorKind::UnexpectedEof.into())),
+    }
 }
 
 fn proof_input(context: &[u8], challenge: &[u8]) -> Vec<u8> {
@@ -195,8 +239,9 @@ pub(crate) fn connect_handshake(s: &mut TcpStream, key: &AdvertKey) -> Result<()
 
 enum Link {
     None,
-    /// Authenticated, waiting for the writer to send its snapshot.
-    Pending(TcpStream),
+    /// Authenticated, with the standby's own log, waiting for the writer
+    /// to merge it and send its snapshot.
+    Pending(TcpStream, Vec<u8>),
     Open {
         id: u64,
         frames: mpsc::Sender<Frame>,
@@ -233,6 +278,24 @@ pub struct Replicator {
     /// The election's word on ACKs the standby did not confirm; without
     /// one (no election), the active's own durability is enough.
     gate: std::sync::OnceLock<Arc<AckGate>>,
+    /// This replica's half of the pool, for new addresses while no
+    /// standby confirms.
+    share: std::sync::OnceLock<crate::merge::Share>,
+    adopter: Mutex<Option<Adopter>>,
+}
+
+/// Takes the records adopted from a rejoining standby's log (the server's
+/// engine).
+pub type Adopter = Box<dyn Fn(&[crate::lease::LeaseRecord]) + Send + Sync>;
+
+/// What the writer may do with a batch's ACKs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Send them; `confirmed` says whether the standby confirmed the batch
+    /// (if not, this replica is the only one that can be active).
+    Ack { confirmed: bool },
+    /// The role may be another replica's: discard them.
+    Withhold,
 }
 
 /// What the writer must do for one batch: the frame the standby must
@@ -263,7 +326,59 @@ impl Replicator {
             metrics,
             wake: Mutex::new(None),
             gate: std::sync::OnceLock::new(),
+            share: std::sync::OnceLock::new(),
+            adopter: Mutex::new(None),
         })
+    }
+
+    /// This replica's share of the pool (see [`crate::merge`]); one set
+    /// first stays.
+    pub fn set_share(&self, share: crate::merge::Share) {
+        let _ = self.share.set(share);
+    }
+
+    pub(crate) fn share_side(&self) -> Option<crate::merge::Share> {
+        self.share.get().copied()
+    }
+
+    /// The share new addresses must come from now: none while a standby in
+    /// sync confirms every batch.
+    pub fn share_now(&self) -> Option<crate::merge::Share> {
+        let side = self.share_side()?;
+        (!self.standby_in_sync()).then_some(side)
+    }
+
+    /// The election term this replica's records are written in (0 while
+    /// no election runs or it stands by).
+    pub(crate) fn term(&self) -> u64 {
+        self.gate.get().map_or(0, |g| g.term())
+    }
+
+    /// From now on records adopted from a rejoining standby's log are
+    /// handed to `adopt` (the server's engine) once durable here.
+    pub fn set_adopter(&self, adopt: Option<Adopter>) {
+        *self.adopter.lock().unwrap_or_else(|p| p.into_inner()) = adopt;
+    }
+
+    pub(crate) fn adopted(&self, records: &[crate::lease::LeaseRecord], conflicts: u64) {
+        if let Some(adopt) = self
+            .adopter
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            adopt(records);
+        }
+        if let Some(m) = &self.metrics {
+            m.merged_records.inc_by(records.len() as u64);
+            m.merge_conflicts.inc_by(conflicts);
+        }
+    }
+
+    pub(crate) fn count_withheld(&self, records: u64) {
+        if let Some(m) = &self.metrics {
+            m.withheld_records.inc_by(records);
+        }
     }
 
     /// From now on a batch the standby did not confirm is acknowledged only
@@ -306,12 +421,16 @@ impl Replicator {
                     let peer = s.peer_addr().ok();
                     let _ = s.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
                     let _ = s.set_write_timeout(Some(HANDSHAKE_TIMEOUT));
-                    match accept_handshake(&mut s, &me.key) {
-                        Ok(()) => {
+                    let joined = accept_handshake(&mut s, &me.key).and_then(|()| {
+                        let _ = s.set_read_timeout(Some(MERGE_TIMEOUT));
+                        read_merge(&mut s)
+                    });
+                    match joined {
+                        Ok(theirs) => {
                             let _ = s.set_read_timeout(None);
                             let _ = s.set_nodelay(true);
-                            tracing::info!(standby = ?peer, "standby joined the lease stream");
-                            me.replace(Link::Pending(s));
+                            tracing::info!(standby = ?peer, log_bytes = theirs.len(), "standby joined the lease stream");
+                            me.replace(Link::Pending(s, theirs));
                             me.poke();
                         }
                         Err(e) => {
@@ -351,7 +470,7 @@ impl Replicator {
     fn show(&self, st: &State) {
         if let Some(m) = &self.metrics {
             m.standby.set(match &st.link {
-                Link::None | Link::Pending(_) => 0,
+                Link::None | Link::Pending(..) => 0,
                 Link::Open { in_sync: false, .. } => 1,
                 Link::Open { in_sync: true, .. } => 2,
             });
@@ -370,17 +489,33 @@ impl Replicator {
     }
 
     /// Called by the writer between batches: a standby waiting for its
-    /// snapshot gets the file as it stands now (`read` returns its bytes).
-    pub(crate) fn start_pending(self: &Arc<Self>, read: impl FnOnce() -> io::Result<Vec<u8>>) {
+    /// snapshot gets the file as it stands now. `merge` is given the
+    /// standby's own log, adopts what the active lacks, and returns the
+    /// active's file with it.
+    pub(crate) fn start_pending(
+        self: &Arc<Self>,
+        merge: impl FnOnce(&[u8]) -> io::Result<Vec<u8>>,
+    ) {
         let mut st = self.lock();
-        let socket = match std::mem::replace(&mut st.link, Link::None) {
-            Link::Pending(socket) => socket,
+        let (socket, theirs) = match std::mem::replace(&mut st.link, Link::None) {
+            Link::Pending(socket, theirs) => (socket, theirs),
             other => {
                 st.link = other;
                 return;
             }
         };
-        let bytes = match read() {
+        // The merge writes to the log and tells the engine: not under the
+        // lock the ACK path takes.
+        drop(st);
+        let merged = merge(&theirs);
+        drop(theirs);
+        let mut st = self.lock();
+        if !matches!(st.link, Link::None) {
+            // A newer standby connection arrived meanwhile: it wins.
+            let _ = socket.shutdown(NetShutdown::Both);
+            return;
+        }
+        let bytes = match merged {
             Ok(b) => b,
             Err(e) => {
                 tracing::error!(error = %e, "cannot read the lease file for a standby's snapshot");
@@ -507,14 +642,14 @@ impl Replicator {
     /// Whether the ticket's batch may be acknowledged: the standby confirmed
     /// it and this replica still holds the role it was written in, or the
     /// election says no other replica can be active.
-    pub(crate) fn wait(&self, ticket: Ticket) -> bool {
+    pub(crate) fn wait(&self, ticket: Ticket) -> Verdict {
         let confirmed = ticket.seq.is_some_and(|seq| self.wait_confirmed(seq));
         let Some(gate) = self.gate.get() else {
-            return true;
+            return Verdict::Ack { confirmed };
         };
         let verdict = gate.wait(ticket.takeover, confirmed);
         if verdict == Alone::Allowed {
-            return true;
+            return Verdict::Ack { confirmed };
         }
         if let Some(m) = &self.metrics {
             let label = match verdict {
@@ -527,7 +662,7 @@ impl Replicator {
             ?verdict,
             "a lease batch's ACKs are withheld: this replica may no longer be the only active"
         );
-        false
+        Verdict::Withhold
     }
 
     /// Waits until the standby confirmed frame `seq` (true), the stream

@@ -51,7 +51,27 @@ struct Shared {
     offset_reported: std::sync::atomic::AtomicBool,
 }
 
+/// Where records adopted from a rejoining standby's log go.
+enum AdoptInto {
+    Early(Vec<LeaseRecord>),
+    Server(std::sync::Weak<Shared>),
+}
+
 impl Shared {
+    /// Takes records a rejoining standby's log held and this replica's
+    /// lacked (already durable here).
+    fn adopt(&self, records: &[LeaseRecord]) {
+        if records.is_empty() {
+            return;
+        }
+        self.engine().adopt(records);
+        if let Some(observe) = &self.observer {
+            for r in records {
+                observe(r);
+            }
+        }
+    }
+
     fn engine(&self) -> MutexGuard<'_, Engine> {
         // The engine's state stays consistent across a panic in a reader
         // (there are none on input paths); keep serving rather than abort.
@@ -113,6 +133,23 @@ impl DhcpServer {
             .and_then(|m| m.modified())
             .ok()
             .map(unix_secs);
+        // A standby may join as soon as the store opens, before the engine
+        // exists: what its log adds waits here until the engine does.
+        let adopt_into = Arc::new(Mutex::new(AdoptInto::Early(Vec::new())));
+        if let Some(r) = &replica {
+            let target = adopt_into.clone();
+            r.set_adopter(Some(Box::new(move |records: &[LeaseRecord]| {
+                let mut target = target.lock().unwrap_or_else(|p| p.into_inner());
+                match &mut *target {
+                    AdoptInto::Early(held) => held.extend_from_slice(records),
+                    AdoptInto::Server(shared) => {
+                        if let Some(shared) = shared.upgrade() {
+                            shared.adopt(records);
+                        }
+                    }
+                }
+            })));
+        }
         let (store, recovery) = LeaseStore::open_replicated(
             &cfg.lease_file,
             Some(metrics.clone()),
@@ -158,6 +195,13 @@ impl DhcpServer {
             clock: lease_clock,
             offset_reported: std::sync::atomic::AtomicBool::new(false),
         });
+        {
+            let mut target = adopt_into.lock().unwrap_or_else(|p| p.into_inner());
+            if let AdoptInto::Early(held) = &*target {
+                shared.adopt(held);
+            }
+            *target = AdoptInto::Server(Arc::downgrade(&shared));
+        }
         let gate = Gate {
             last_write,
             tolerance: cfg.clock_behind_tolerance,
@@ -440,6 +484,10 @@ fn handle_packet(
     // them in the order the engine made them: a later change to an address
     // is never written before an earlier one.
     let mut engine = shared.engine();
+    // Under high availability with no standby confirming, new addresses
+    // come from this replica's share only (see crate::merge).
+    let share = shared.store.share();
+    engine.set_share(share);
     let outcome = engine.handle(now, &msg, from, ingress);
     match outcome {
         Outcome::Reply {
@@ -481,12 +529,13 @@ fn handle_packet(
                 Some(record) => {
                     let sender = sender.clone();
                     let dest = reply.destination;
-                    queue(
+                    queue_chosen(
                         shared,
                         record,
                         Some(Box::new(move |m: &DhcpMetrics| {
                             send(&sender, m, &bytes, dest, source, kind, received)
                         })),
+                        share.is_none(),
                     );
                 }
             }
@@ -521,17 +570,31 @@ type OnDurable = Box<dyn FnOnce(&DhcpMetrics) + Send>;
 /// Hands `record` to the store. Called with the engine lock held, so
 /// records reach the log in engine order; the store's queue never blocks.
 fn queue(shared: &Arc<Shared>, record: LeaseRecord, on_durable: Option<OnDurable>) {
+    queue_chosen(shared, record, on_durable, false);
+}
+
+/// As [`queue`]; `full_pool` says the engine chose from the whole pool.
+fn queue_chosen(
+    shared: &Arc<Shared>,
+    record: LeaseRecord,
+    on_durable: Option<OnDurable>,
+    full_pool: bool,
+) {
     shared.in_flight.fetch_add(1, Ordering::Relaxed);
     shared.metrics.in_flight.inc();
     let done_shared = shared.clone();
     let settled = record.clone();
-    shared.store.append(
+    shared.store.append_chosen(
         record,
         Box::new(move |durable| {
             let m = &done_shared.metrics;
             done_shared.in_flight.fetch_sub(1, Ordering::Relaxed);
             m.in_flight.dec();
-            if done_shared.engine().settle(&settled, durable.is_ok()) {
+            // A withheld record is in the log all the same: the engine keeps
+            // it, so the address is not given to another client while the
+            // peer may have acknowledged it.
+            let on_disk = durable.is_ok() || durable == Err(crate::store::WITHHELD);
+            if done_shared.engine().settle(&settled, on_disk) {
                 m.changes_undone.inc();
             }
             if durable.is_err() {
@@ -544,6 +607,7 @@ fn queue(shared: &Arc<Shared>, record: LeaseRecord, on_durable: Option<OnDurable
                 observe(&settled);
             }
         }),
+        full_pool,
     );
 }
 

@@ -49,6 +49,12 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
 /// Runs once the record is durable (`Ok`) or could not be made so (`Err`).
 pub type Completion = Box<dyn FnOnce(Result<(), io::ErrorKind>) + Send>;
 
+/// What a completion is told of a record that is durable here but whose
+/// reply must not be sent (under high availability, the standby did not
+/// confirm it and this replica may not be the only active): the lease
+/// stands, as the log says, and the client asks again.
+pub const WITHHELD: io::ErrorKind = io::ErrorKind::Interrupted;
+
 /// Told, on the writer thread, each time the store turns bad (a write, sync
 /// or repair failed, so nothing can be acknowledged) or good again.
 pub type HealthObserver = Box<dyn Fn(bool) + Send>;
@@ -64,6 +70,11 @@ const PROBE_BYTES: usize = 4096;
 struct Job {
     record: Option<LeaseRecord>,
     done: Completion,
+    /// Under high availability: the engine chose this record's address
+    /// from the whole pool, counting on the standby to confirm it. If the
+    /// standby does not, it is acknowledged alone only when its address is
+    /// in this replica's share.
+    full_pool: bool,
 }
 
 /// What recovery found in the log.
@@ -239,6 +250,7 @@ impl LeaseStore {
                 let _ = tx.send(Job {
                     record: None,
                     done: Box::new(|_| {}),
+                    full_pool: false,
                 });
             })));
             // A standby may have joined before this store opened (while
@@ -262,9 +274,16 @@ impl LeaseStore {
     /// completions settle the engine). A store whose writer is gone fails
     /// the record from a thread of its own.
     pub fn append(&self, record: LeaseRecord, done: Completion) {
+        self.append_chosen(record, done, false);
+    }
+
+    /// As [`LeaseStore::append`]; `full_pool` says the engine chose the
+    /// address from the whole pool (a standby was confirming).
+    pub fn append_chosen(&self, record: LeaseRecord, done: Completion, full_pool: bool) {
         let job = Job {
             record: Some(record),
             done,
+            full_pool,
         };
         let sent = match &self.tx {
             Some(tx) => tx.send(job).map_err(|e| e.0),
@@ -289,10 +308,21 @@ impl LeaseStore {
             let _ = tx.send(());
         });
         if let Some(q) = &self.tx {
-            if q.send(Job { record: None, done }).is_ok() {
+            let job = Job {
+                record: None,
+                done,
+                full_pool: false,
+            };
+            if q.send(job).is_ok() {
                 let _ = rx.recv();
             }
         }
+    }
+
+    /// The half of the pool new addresses must come from now: none while a
+    /// standby confirms (or without high availability).
+    pub fn share(&self) -> Option<crate::merge::Share> {
+        self.replica.as_ref().and_then(|r| r.share_now())
     }
 
     /// Lets the writer finish everything queued, then stops it.
@@ -436,16 +466,19 @@ impl Writer {
     fn write_batch(&mut self, batch: &mut Vec<Job>, buf: &mut Vec<u8>) {
         if let Some(r) = self.replica.clone() {
             // Between batches the file is exactly what every completed batch
-            // made it: the snapshot a joining standby starts from.
-            r.start_pending(|| {
-                use std::os::unix::fs::FileExt;
-                let mut bytes = vec![0u8; usize::try_from(self.len).unwrap_or(usize::MAX)];
-                self.file.read_exact_at(&mut bytes, 0)?;
-                Ok(bytes)
-            });
+            // made it: the snapshot a joining standby starts from, once what
+            // the standby's own log holds and this one lacks is adopted.
+            r.start_pending(|theirs| self.merge_standby(&r, theirs));
         }
         buf.clear();
         let mut records = 0usize;
+        let term = self.replica.as_ref().map_or(0, |r| r.term());
+        for record in batch.iter_mut().filter_map(|j| j.record.as_mut()) {
+            // Adopted records keep the term they were written in.
+            if record.term == 0 {
+                record.term = term;
+            }
+        }
         for record in batch.iter().filter_map(|j| j.record.as_ref()) {
             // A record of plain fields always serializes.
             if serde_json::to_writer(&mut *buf, record).is_ok() {
@@ -460,10 +493,11 @@ impl Writer {
             _ => None,
         };
         let result = self.commit(buf);
-        let may_ack = match (&self.replica, ticket) {
+        let verdict = match (&self.replica, ticket) {
             (Some(r), Some(ticket)) => r.wait(ticket),
-            _ => true,
+            _ => crate::replica::Verdict::Ack { confirmed: true },
         };
+        let share = self.replica.as_ref().and_then(|r| r.share_side());
         if let Some(m) = &self.metrics {
             m.commit_seconds.observe(started.elapsed().as_secs_f64());
             m.batch_size.observe(records as f64);
@@ -489,13 +523,95 @@ impl Writer {
         }
         // Durable here but not known to be durable wherever the next active
         // may be: the records stand in the log, and no reply goes out.
-        let outcome = match result {
-            Ok(()) if !may_ack => Err(io::ErrorKind::Interrupted),
-            other => other.map_err(|e| e.kind()),
-        };
+        let outcome = result.map_err(|e| e.kind());
+        let mut withheld = 0u64;
         for job in batch.drain(..) {
+            let ack = match verdict {
+                crate::replica::Verdict::Withhold => false,
+                crate::replica::Verdict::Ack { confirmed: true } => true,
+                // Alone: an address from the whole pool only if it is in
+                // this replica's share (the peer may give out the rest).
+                crate::replica::Verdict::Ack { confirmed: false } => {
+                    !job.full_pool
+                        || job
+                            .record
+                            .as_ref()
+                            .is_none_or(|r| share.is_none_or(|s| s.holds(r.ip)))
+                }
+            };
+            if !ack && outcome.is_ok() && job.record.is_some() {
+                withheld += 1;
+            }
+            let outcome = match outcome {
+                Ok(()) if !ack => Err(WITHHELD),
+                other => other,
+            };
             (job.done)(outcome);
         }
+        if withheld > 0 {
+            if let Some(r) = &self.replica {
+                r.count_withheld(withheld);
+            }
+        }
+    }
+
+    /// Adopts from a joining standby's log (`theirs`) what this log lacks,
+    /// durably, and returns this file's bytes with it for the snapshot.
+    fn merge_standby(&mut self, replica: &Replicator, theirs: &[u8]) -> io::Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let mut ours = vec![0u8; usize::try_from(self.len).unwrap_or(usize::MAX)];
+        self.file.read_exact_at(&mut ours, 0)?;
+        if theirs.is_empty() {
+            return Ok(ours);
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let our_log = parse_log(&ours);
+        let their_log = parse_log(theirs);
+        let held: std::collections::HashMap<std::net::Ipv4Addr, &LeaseRecord> =
+            crate::merge::newest(&our_log.records)
+                .into_iter()
+                .map(|r| (r.ip, r))
+                .collect();
+        let mut adopt = Vec::new();
+        let mut conflicts = 0u64;
+        for t in crate::merge::newest(&their_log.records) {
+            let ours = held.get(&t.ip).map(|o| crate::merge::Held {
+                client: &o.client,
+                holds: crate::merge::record_holds(o, now),
+                expires: o.expires,
+                term: o.term,
+            });
+            match crate::merge::judge(ours, t, now) {
+                crate::merge::Judgement::Adopt => adopt.push(t.clone()),
+                crate::merge::Judgement::Conflict => {
+                    conflicts += 1;
+                    tracing::warn!(ip = %t.ip, standby_client = %t.client, "a rejoining standby's log gives this address to another client; the active's lease stands");
+                }
+                crate::merge::Judgement::Keep => {}
+            }
+        }
+        if adopt.is_empty() {
+            replica.adopted(&[], conflicts);
+            return Ok(ours);
+        }
+        let mut lines = Vec::new();
+        for record in &adopt {
+            if serde_json::to_writer(&mut lines, record).is_ok() {
+                lines.push(b'\n');
+            }
+        }
+        self.commit(&lines)?;
+        self.lines += adopt.len() as u64;
+        ours.extend_from_slice(&lines);
+        tracing::info!(
+            adopted = adopt.len(),
+            conflicts,
+            "merged a rejoining standby's log: leases it acknowledged while the replicas were apart"
+        );
+        replica.adopted(&adopt, conflicts);
+        Ok(ours)
     }
 
     fn commit(&mut self, buf: &[u8]) -> io::Result<()> {
@@ -888,6 +1004,7 @@ pub(crate) mod tests {
             state,
             expires: 1000 + u64::from(i),
             hostname: None,
+            term: 0,
         }
     }
 

@@ -207,9 +207,13 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
     };
     let ha = match &cfg.ha {
         Some(ha_cfg) => Some(
-            crate::ha::start(ha_cfg, &registry)
-                .await
-                .context("high availability failed to start")?,
+            crate::ha::start(
+                ha_cfg,
+                cfg.dhcp.as_ref().map(|d| d.lease_file.as_path()),
+                &registry,
+            )
+            .await
+            .context("high availability failed to start")?,
         ),
         None => None,
     };

@@ -29,6 +29,8 @@ pub struct HaRuntime {
     pub listen: SocketAddr,
     pub listen_interface: Option<String>,
     pub replication_timeout: Duration,
+    /// This replica's half of the DHCP pool while no standby confirms.
+    pub share: causeway_dhcp::merge::Share,
 }
 
 /// This replica's name: the config's, else `CAUSEWAY_HA_NODE`, else the
@@ -80,7 +82,13 @@ pub async fn release_left_addresses(cfg: &HaConfig) {
     }
 }
 
-pub async fn start(cfg: &HaConfig, registry: &prometheus::Registry) -> anyhow::Result<HaRuntime> {
+/// Starts the election. The highest term held or heard is kept beside the
+/// DHCP lease file (`<lease file>.ha-term`), the state a takeover is about.
+pub async fn start(
+    cfg: &HaConfig,
+    lease_file: Option<&std::path::Path>,
+    registry: &prometheus::Registry,
+) -> anyhow::Result<HaRuntime> {
     let name = node_name(cfg)?;
     let Some((me, peer)) = cfg.split(&name) else {
         anyhow::bail!(
@@ -126,6 +134,11 @@ pub async fn start(cfg: &HaConfig, registry: &prometheus::Registry) -> anyhow::R
             degraded_renew: Duration::from_secs(5),
         },
         key: key.clone(),
+        term_file: lease_file.map(|f| {
+            let mut name = f.as_os_str().to_owned();
+            name.push(".ha-term");
+            std::path::PathBuf::from(name)
+        }),
     };
     let metrics = HaMetrics::new(registry).context("registering the HA metrics")?;
     let addresses = Arc::new(
@@ -153,6 +166,7 @@ pub async fn start(cfg: &HaConfig, registry: &prometheus::Registry) -> anyhow::R
         "high availability: standing by until the election decides"
     );
     Ok(HaRuntime {
+        share: causeway_dhcp::merge::Share::of(&me.name, &peer.name),
         leadership,
         key: Arc::new(AdvertKey::new(&key)),
         peer_address: peer.address.clone(),
@@ -208,6 +222,7 @@ impl HaDhcp {
             Some(replication.clone()),
         );
         replicator.set_gate(ha.leadership.ack_gate());
+        replicator.set_share(ha.share);
         replicator
             .listen(ha.listen, ha.listen_interface.as_deref())
             .with_context(|| format!("binding the lease stream on {}", ha.listen))?;

@@ -221,8 +221,9 @@ pub struct Election {
     attempts: u32,
     last_change: Option<(Role, Reason)>,
     term: u64,
-    /// Unix milliseconds, set by the driver before each event.
-    wall_ms: u64,
+    /// The highest term this replica has held or heard, over its restarts
+    /// (the driver persists it), and in this process.
+    term_floor: u64,
     /// This process's boot number and when each recent advert was sent, so
     /// that the peer's echo says when it last heard this replica.
     boot: u64,
@@ -266,7 +267,7 @@ impl Election {
             attempts: 0,
             last_change: None,
             term: 0,
-            wall_ms: 0,
+            term_floor: 0,
             boot: 0,
             sent: Default::default(),
             vouched_from: None,
@@ -434,9 +435,18 @@ impl Election {
         self.term
     }
 
-    /// The wall clock in unix milliseconds, for the next takeover's term.
-    pub fn set_wall_ms(&mut self, ms: u64) {
-        self.wall_ms = ms;
+    /// The highest term this replica held or heard before it restarted:
+    /// its next takeover's term is later than any of them.
+    pub fn set_term_floor(&mut self, term: u64) {
+        self.term_floor = self.term_floor.max(term);
+    }
+
+    /// The highest term held or heard: what the driver persists, so that a
+    /// takeover after a restart still counts as later than every earlier
+    /// one. Terms count takeovers; no clock enters them, so two replicas
+    /// whose clocks differ still agree which takeover came later.
+    pub fn highest_term(&self) -> u64 {
+        self.term_floor.max(self.term)
     }
 
     /// An active whose peer cannot vouch for it: it must prove to the
@@ -464,11 +474,12 @@ impl Election {
             self.in_sync_since = None;
         }
         if role == Role::Active {
-            // The wall clock, so that a replica that restarted (and
-            // remembers no term) and never heard its peer still outranks
-            // a takeover that came before its own.
-            let seen = self.peer.as_ref().map_or(0, |p| p.term);
-            self.term = (self.term.max(seen) + 1).max(self.wall_ms);
+            // The replica whose name sorts first takes even terms, the
+            // other odd ones: two takeovers never share a term, and a
+            // record's term names the replica that wrote it.
+            let parity = u64::from(self.name > self.peer_name);
+            let next = self.highest_term() + 1;
+            self.term = if next % 2 == parity { next } else { next + 1 };
         }
         out.push(match role {
             Role::Active => Action::Take,
@@ -492,6 +503,7 @@ impl Election {
 
     pub fn on_advert(&mut self, now: Instant, peer: PeerState) -> Vec<Action> {
         self.last_heard = Some(now);
+        self.term_floor = self.term_floor.max(peer.term);
         let could_preempt = peer.preempt
             && peer.in_sync
             && peer.priority > self.priority
@@ -732,21 +744,25 @@ mod tests {
         high.on_tick(ms(t0, 600));
         assert_eq!(low.role(), Role::Active);
         assert_eq!(high.role(), Role::Active);
-        assert_eq!(
-            low.on_advert(ms(t0, 700), advert(true, 150)),
-            vec![Action::Release]
-        );
-        assert!(high.on_advert(ms(t0, 700), advert(true, 50)).is_empty());
+        // Two replicas of this version never share a term; a peer of an
+        // older one (or term 0) can: then priority decides.
+        let same = |e: &Election, priority| PeerState {
+            term: e.term(),
+            ..advert(true, priority)
+        };
+        let to_low = same(&low, 150);
+        assert_eq!(low.on_advert(ms(t0, 700), to_low), vec![Action::Release]);
+        let to_high = same(&high, 50);
+        assert!(high.on_advert(ms(t0, 700), to_high).is_empty());
         // Equal priorities: the lower name keeps it.
         let mut a = Election::new(Mode::Peer, timers(), "a", "b", 100, false, t0);
         a.on_tick(ms(t0, 600));
-        assert!(a.on_advert(ms(t0, 700), advert(true, 100)).is_empty());
+        let to_a = same(&a, 100);
+        assert!(a.on_advert(ms(t0, 700), to_a).is_empty());
         let mut b = Election::new(Mode::Peer, timers(), "b", "a", 100, false, t0);
         b.on_tick(ms(t0, 600));
-        assert_eq!(
-            b.on_advert(ms(t0, 700), advert(true, 100)),
-            vec![Action::Release]
-        );
+        let to_b = same(&b, 100);
+        assert_eq!(b.on_advert(ms(t0, 700), to_b), vec![Action::Release]);
     }
 
     #[test]
@@ -978,13 +994,13 @@ mod tests {
     #[test]
     fn after_a_partition_the_later_takeover_keeps_the_addresses_whatever_the_priorities() {
         let t0 = Instant::now();
-        // "a" (priority 200) was active at term 1 and got cut off; "b"
-        // (priority 100) took over at term 2.
+        // "a" (priority 200) was active at term 2 (its first: even) and got
+        // cut off; "b" (priority 100) took over at term 3.
         let mut a = Election::new(Mode::Peer, timers(), "a", "b", 200, false, t0);
         a.on_tick(ms(t0, 600));
-        assert_eq!((a.role(), a.term()), (Role::Active, 1));
+        assert_eq!((a.role(), a.term()), (Role::Active, 2));
         let newer = PeerState {
-            term: 2,
+            term: 3,
             ..advert(true, 100)
         };
         assert_eq!(a.on_advert(ms(t0, 5_000), newer), vec![Action::Release]);
@@ -996,24 +1012,48 @@ mod tests {
         let mut b = Election::new(Mode::Peer, timers(), "b", "a", 100, false, t0);
         b.on_advert(ms(t0, 100), advert(true, 200));
         assert_eq!(b.on_tick(ms(t0, 800)), vec![Action::Take]);
-        assert_eq!(b.term(), 2, "one more than the highest term seen");
+        assert_eq!(
+            b.term(),
+            3,
+            "the next of its parity after the highest term seen"
+        );
         let older = PeerState {
-            term: 1,
+            term: 2,
             ..advert(true, 200)
         };
         assert!(b.on_advert(ms(t0, 5_000), older).is_empty());
         assert_eq!(b.role(), Role::Active);
         // A replica that restarted and never heard its peer takes a term
-        // from the wall clock, later than the cut-off one's older takeover.
+        // after the highest it persisted, later than the cut-off one's.
         let mut fresh = Election::new(Mode::Peer, timers(), "a", "b", 100, false, t0);
-        fresh.set_wall_ms(1_700_000_005_000);
+        fresh.set_term_floor(41);
         assert_eq!(fresh.on_tick(ms(t0, 600)), vec![Action::Take]);
+        assert_eq!(fresh.term(), 42);
         let cut_off = PeerState {
-            term: 1_700_000_000_000,
+            term: 41,
             ..advert(true, 200)
         };
         assert!(fresh.on_advert(ms(t0, 700), cut_off).is_empty());
         assert_eq!(fresh.role(), Role::Active);
+    }
+
+    /// Terms count takeovers: each is the next of the replica's parity
+    /// after the highest held or heard, whatever either clock says.
+    #[test]
+    fn a_takeover_s_term_is_one_more_than_any_term_held_or_heard() {
+        let t0 = Instant::now();
+        let mut b = Election::new(Mode::Peer, timers(), "b", "a", 100, false, t0);
+        b.on_advert(
+            ms(t0, 100),
+            PeerState {
+                term: 7,
+                ..advert(true, 100)
+            },
+        );
+        assert_eq!(b.highest_term(), 7, "heard, to be persisted");
+        assert_eq!(b.on_tick(ms(t0, 800)), vec![Action::Take]);
+        assert_eq!(b.term(), 9, "the next odd term: \"b\" sorts second");
+        assert_eq!(b.highest_term(), 9);
     }
 
     /// An active that was heard by its standby at `sent` may ACK alone

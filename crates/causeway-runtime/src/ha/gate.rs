@@ -36,15 +36,22 @@ pub struct GateState {
     takeover: u64,
     active: bool,
     alone_until: Option<Instant>,
+    /// The election term of the role held (0 while standing by).
+    term: u64,
 }
 
 impl GateState {
-    pub fn publish(&mut self, active: bool, alone_until: Option<Instant>) {
+    pub fn publish(&mut self, active: bool, alone_until: Option<Instant>, term: u64) {
         if active && !self.active {
             self.takeover += 1;
         }
         self.active = active;
         self.alone_until = if active { alone_until } else { None };
+        self.term = if active { term } else { 0 };
+    }
+
+    pub fn term(&self) -> u64 {
+        self.term
     }
 
     /// The takeover a batch is written in; `None` while standing by.
@@ -99,9 +106,13 @@ impl AckGate {
 
     /// Called by the driver after every event, and before it carries out a
     /// release, so that a lost role stops ACKs before anything else.
-    pub fn publish(&self, active: bool, alone_until: Option<Instant>) {
-        self.lock().publish(active, alone_until);
+    pub fn publish(&self, active: bool, alone_until: Option<Instant>, term: u64) {
+        self.lock().publish(active, alone_until, term);
         self.changed.notify_all();
+    }
+
+    pub fn term(&self) -> u64 {
+        self.lock().term()
     }
 
     pub fn takeover(&self) -> Option<u64> {
@@ -146,13 +157,13 @@ mod tests {
     #[test]
     fn a_bound_in_the_past_does_not_allow_and_a_release_ends_the_wait() {
         let gate = Arc::new(AckGate::new(Duration::from_secs(10)));
-        gate.publish(true, Some(Instant::now() - Duration::from_millis(1)));
+        gate.publish(true, Some(Instant::now() - Duration::from_millis(1)), 1);
         let takeover = gate.takeover().expect("active");
         let soon = Instant::now() + Duration::from_millis(20);
         assert_eq!(gate.wait_until(Some(takeover), false, soon), Alone::Unknown);
         let releaser = {
             let gate = gate.clone();
-            std::thread::spawn(move || gate.publish(false, None))
+            std::thread::spawn(move || gate.publish(false, None, 0))
         };
         let later = Instant::now() + Duration::from_secs(10);
         assert_eq!(
@@ -160,7 +171,7 @@ mod tests {
             Alone::RoleLost
         );
         releaser.join().expect("releaser");
-        gate.publish(true, Some(Instant::now() + Duration::from_secs(10)));
+        gate.publish(true, Some(Instant::now() + Duration::from_secs(10)), 2);
         assert_eq!(
             gate.wait_until(Some(takeover), false, later),
             Alone::RoleLost,

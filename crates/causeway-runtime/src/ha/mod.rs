@@ -175,6 +175,37 @@ pub struct HaSettings {
     pub preempt: bool,
     pub timers: Timers,
     pub key: Vec<u8>,
+    /// Where the highest term held or heard is kept across restarts (see
+    /// [`Election::highest_term`]); none keeps it in memory only.
+    pub term_file: Option<std::path::PathBuf>,
+}
+
+/// Reads the persisted term; a missing file is term 0.
+fn read_term(path: &std::path::Path) -> std::io::Result<u64> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => text.trim().parse().map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{}: not a term: {e}", path.display()),
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes the term durably: a crash leaves the old value or the new one.
+fn write_term(path: &std::path::Path, term: u64) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(format!("{term}\n").as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// What the admin endpoint and the readiness detail show.
@@ -253,7 +284,22 @@ impl Leadership {
             Instant::now(),
         );
         election.set_boot(boot);
+        let mut persisted_term = 0;
+        if let Some(path) = &settings.term_file {
+            match read_term(path) {
+                Ok(term) => {
+                    persisted_term = term;
+                    election.set_term_floor(term);
+                }
+                // Refusing to start would keep the pair at one replica; a
+                // term that starts low only loses ties it should have won.
+                Err(e) => {
+                    tracing::error!(error = %e, "the persisted HA term is unreadable; counting from the peer's")
+                }
+            }
+        }
         let driver = Driver {
+            persisted_term,
             election,
             key: AdvertKey::new(&settings.key),
             boot,
@@ -321,6 +367,8 @@ impl Leadership {
 
 struct Driver<A, W> {
     election: Election,
+    /// The highest term written to the term file.
+    persisted_term: u64,
     settings: HaSettings,
     key: AdvertKey,
     boot: u64,
@@ -353,7 +401,6 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
         let (witness_tx, mut witness_rx) = mpsc::channel::<WitnessResult>(4);
         let mut buf = vec![0u8; MAX_ADVERT + 1];
         loop {
-            self.election.set_wall_ms(wall_ms());
             let actions = tokio::select! {
                 _ = resign.recv() => break,
                 _ = tick.tick() => {
@@ -454,7 +501,7 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
     /// is awaited.
     fn close_gate_on_release(&self, actions: &[Action]) {
         if actions.contains(&Action::Release) {
-            self.gate.publish(false, None);
+            self.gate.publish(false, None, 0);
             // Until the follower says otherwise: the flag was the active's.
             self.in_sync.store(false, Ordering::Relaxed);
         }
@@ -505,7 +552,26 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
         }
     }
 
+    /// Keeps the highest term across restarts, before a takeover under it
+    /// is carried out.
+    fn persist_term(&mut self) {
+        let term = self.election.highest_term();
+        if term <= self.persisted_term {
+            return;
+        }
+        let Some(path) = &self.settings.term_file else {
+            return;
+        };
+        match write_term(path, term) {
+            Ok(()) => self.persisted_term = term,
+            Err(e) => {
+                tracing::error!(path = %path.display(), error = %e, "the HA term could not be persisted")
+            }
+        }
+    }
+
     async fn carry_out(&mut self, actions: Vec<Action>, results: &mpsc::Sender<WitnessResult>) {
+        self.persist_term();
         for action in actions {
             match action {
                 Action::Take => {
@@ -593,6 +659,7 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
         self.gate.publish(
             self.election.role() == Role::Active,
             self.election.alone_until(now),
+            self.election.term(),
         );
         let heard = self.election.hears_peer(now);
         let peer = self.election.peer().filter(|_| heard);
@@ -613,12 +680,6 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
         s.peer_in_sync = peer.is_some_and(|p| p.in_sync);
         s.in_sync = in_sync;
     }
-}
-
-fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn held(result: Result<Result<bool, String>, tokio::time::error::Elapsed>) -> WitnessResult {
