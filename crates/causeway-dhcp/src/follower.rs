@@ -522,6 +522,78 @@ mod tests {
         assert_eq!(alone, Ok(Ok(())));
     }
 
+    /// A replica that acknowledged leases alone (its peer was gone, then
+    /// it stalled and the peer took over) rejoins as the standby. The
+    /// active must adopt those leases before its snapshot replaces the
+    /// standby's file, or they are lost from both.
+    #[test]
+    fn a_rejoining_standby_s_leases_are_adopted_before_its_file_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = Arc::new(AdvertKey::new(b"0123456789abcdef"));
+        let standby_path = dir.path().join("standby.jsonl");
+        {
+            let (mine, _) = LeaseStore::open(&standby_path, None, None).unwrap();
+            for i in 100..110 {
+                let (tx, rx) = mpsc::channel();
+                let far = LeaseRecord {
+                    expires: u64::MAX / 2,
+                    term: 3,
+                    ..record(i)
+                };
+                mine.append(far, Box::new(move |r| tx.send(r).unwrap_or(())));
+                assert_eq!(rx.recv_timeout(Duration::from_secs(10)), Ok(Ok(())));
+            }
+        }
+        let (replicator, addr, store) = active(dir.path(), &key);
+        let adopted: Arc<Mutex<Vec<LeaseRecord>>> = Arc::default();
+        {
+            let adopted = adopted.clone();
+            replicator.set_adopter(Some(Box::new(move |records: &[LeaseRecord]| {
+                adopted.lock().unwrap().extend_from_slice(records)
+            })));
+        }
+        append_acked(&store, 0, 10);
+        let (_, _, receiver) = standby(dir.path(), &addr, key);
+        wait_for("the standby in sync", || replicator.standby_in_sync());
+        receiver.stop();
+        let told: Vec<u32> = adopted
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| u32::from(r.ip) - 0x0a00_0000)
+            .collect();
+        let holds = |path: &Path| -> Vec<u32> {
+            let mut ips: Vec<u32> = read_log(path)
+                .unwrap()
+                .records
+                .iter()
+                .map(|r| u32::from(r.ip) - 0x0a00_0000)
+                .collect();
+            ips.sort_unstable();
+            ips.dedup();
+            ips
+        };
+        let want: Vec<u32> = (0..10).chain(100..110).collect();
+        let standby_holds = holds(&standby_path);
+        assert_eq!(
+            standby_holds, want,
+            "after rejoining, the standby's file lacks the leases it acknowledged alone"
+        );
+        assert_eq!(holds(&dir.path().join("active.jsonl")), want);
+        assert_eq!(told, (100..110).collect::<Vec<_>>(), "the engine is told");
+        let kept_term = read_log(&dir.path().join("active.jsonl"))
+            .unwrap()
+            .records
+            .iter()
+            .filter(|r| u32::from(r.ip) >= 0x0a00_0000 + 100)
+            .all(|r| r.term == 3);
+        assert!(
+            kept_term,
+            "adopted records keep the term they were written in"
+        );
+        drop(store);
+    }
+
     #[test]
     fn bad_frames_are_errors_not_panics() {
         let mut bad_kind = &frame_header(9, 1, 0)[..];

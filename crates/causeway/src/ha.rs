@@ -134,6 +134,7 @@ pub async fn start(
             degraded_renew: Duration::from_secs(5),
         },
         key: key.clone(),
+        replicates_leases: lease_file.is_some(),
         term_file: lease_file.map(|f| {
             let mut name = f.as_os_str().to_owned();
             name.push(".ha-term");

@@ -178,6 +178,9 @@ pub struct HaSettings {
     /// Where the highest term held or heard is kept across restarts (see
     /// [`Election::highest_term`]); none keeps it in memory only.
     pub term_file: Option<std::path::PathBuf>,
+    /// The replicas replicate a DHCP lease log: this one is not in sync
+    /// until it has followed the active's stream (or become active).
+    pub replicates_leases: bool,
 }
 
 /// Reads the persisted term; a missing file is term 0.
@@ -263,7 +266,9 @@ impl Leadership {
             tracing::warn!(error = %e, "cannot clear the service addresses at start");
         }
         let (role_tx, role) = watch::channel(Role::Standby);
-        let in_sync = Arc::new(AtomicBool::new(true));
+        // A replica with a lease log to follow says it is complete only once
+        // it is: not at start, before it has heard anything.
+        let in_sync = Arc::new(AtomicBool::new(!settings.replicates_leases));
         let status = Arc::new(Mutex::new(HaStatus {
             node: settings.name.clone(),
             role: Role::Standby.label().into(),
@@ -318,6 +323,7 @@ impl Leadership {
             in_sync: in_sync.clone(),
             status: status.clone(),
         };
+        driver.publish();
         let task = tokio::spawn(driver.run(resign_rx));
         Ok(Leadership {
             role,
@@ -694,5 +700,70 @@ fn held(result: Result<Result<bool, String>, tokio::time::error::Elapsed>) -> Wi
             tracing::warn!("witness request timed out");
             WitnessResult::Failed
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct NoAddresses;
+
+    impl Addresses for NoAddresses {
+        async fn take(&self) -> Result<(), String> {
+            Ok(())
+        }
+        async fn release(&self) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    /// A replica that just started has heard no peer and received no
+    /// snapshot: it must not say its lease log is complete.
+    #[tokio::test]
+    async fn a_restarted_replica_is_not_in_sync_before_it_has_followed_anything() {
+        let settings = HaSettings {
+            mode: Mode::Peer,
+            name: "b".into(),
+            peer_name: "a".into(),
+            // Nothing listens there: the peer is never heard.
+            peer_address: "127.0.0.1:9".into(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            listen_interface: None,
+            priority: 100,
+            preempt: false,
+            timers: Timers {
+                advert: Duration::from_millis(50),
+                dead_after: Duration::from_secs(30),
+                api_timeout: Duration::from_secs(1),
+                renew_interval: Duration::from_secs(60),
+                degraded_renew: Duration::from_secs(5),
+            },
+            key: b"0123456789abcdef".to_vec(),
+            term_file: None,
+            replicates_leases: true,
+        };
+        let registry = Registry::new();
+        let metrics = HaMetrics::new(&registry).unwrap();
+        let leadership = Leadership::start(
+            settings,
+            Arc::new(NoAddresses),
+            None::<Arc<NoWitness>>,
+            metrics,
+        )
+        .await
+        .unwrap();
+        let at_start = leadership.status();
+        // A few ticks and adverts later, still standing by.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let later = leadership.status();
+        leadership.stop().await;
+        assert!(
+            !at_start.in_sync && !later.in_sync,
+            "a replica that followed nothing says inSync: at start {}, 200 ms later {}",
+            at_start.in_sync,
+            later.in_sync
+        );
+        assert_eq!(later.role, "standby");
     }
 }
