@@ -15,7 +15,7 @@ use causeway_runtime::ha::advert::AdvertKey;
 use crate::lease::LeaseObserver;
 use crate::replica::{
     connect_handshake, frame_header, read_header, ReplicationMetrics, StreamError,
-    HANDSHAKE_TIMEOUT, MERGE, MERGE_TIMEOUT, RETRY, SNAPSHOT,
+    HANDSHAKE_TIMEOUT, HEARTBEAT, MERGE, MERGE_TIMEOUT, RETRY, SNAPSHOT, STREAM_SILENCE,
 };
 use crate::store::{parse_log, LeaseStore};
 
@@ -154,7 +154,9 @@ impl Follower<'_> {
         s.write_all(&frame_header(MERGE, 0, mine.len()))?;
         s.write_all(&mine)?;
         drop(mine);
-        s.set_read_timeout(None)?;
+        // The active sends at least a heartbeat every second: silence this
+        // long is a partition the kernel has not noticed.
+        s.set_read_timeout(Some(STREAM_SILENCE))?;
         s.set_nodelay(true)?;
         *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(s.try_clone()?);
         tracing::info!(active, "following the active's lease stream");
@@ -166,6 +168,7 @@ impl Follower<'_> {
             let mut bytes = vec![0u8; len as usize];
             reader.read_exact(&mut bytes)?;
             match kind {
+                HEARTBEAT => {}
                 SNAPSHOT => {
                     if let Some(mut old) = store.take() {
                         old.close();
@@ -267,7 +270,7 @@ fn install_snapshot(path: &Path, bytes: &[u8]) -> io::Result<()> {
 mod tests {
     use super::*;
     use crate::lease::{LeaseRecord, LeaseState};
-    use crate::replica::{frame_header, Replicator, BATCH, HEADER};
+    use crate::replica::{frame_header, Replicator, BATCH, HEADER, KEEPALIVE};
     use crate::store::read_log;
     use std::net::Ipv4Addr;
     use std::sync::mpsc;
@@ -592,6 +595,84 @@ mod tests {
             "adopted records keep the term they were written in"
         );
         drop(store);
+    }
+
+    /// A relay between standby and active that can stop carrying bytes
+    /// without closing anything: a partition the kernel does not see.
+    fn relay(to: String, cut: Arc<AtomicBool>) -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(from) = conn else { return };
+                let Ok(upstream) = TcpStream::connect(&to) else {
+                    continue;
+                };
+                for (mut r, mut w) in [
+                    (from.try_clone().unwrap(), upstream.try_clone().unwrap()),
+                    (upstream, from),
+                ] {
+                    let cut = cut.clone();
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 16 * 1024];
+                        loop {
+                            let Ok(n) = r.read(&mut buf) else { return };
+                            if n == 0 {
+                                return;
+                            }
+                            // Cut: what was read is dropped, and nothing
+                            // is closed.
+                            if !cut.load(Ordering::Relaxed) && w.write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        addr
+    }
+
+    /// A partition that neither kernel notices (no FIN or RST gets
+    /// through): both sides must drop the silent stream within a bound,
+    /// the standby must stop saying it is in sync, and it must join again
+    /// once the path is back.
+    #[test]
+    fn a_half_open_stream_is_dropped_by_both_sides_and_the_standby_joins_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = Arc::new(AdvertKey::new(b"0123456789abcdef"));
+        let (replicator, addr, store) = active(dir.path(), &key);
+        let cut = Arc::new(AtomicBool::new(false));
+        let through = relay(addr, cut.clone());
+        let (_, in_sync, receiver) = standby(dir.path(), &through, key);
+        wait_for("the standby in sync", || replicator.standby_in_sync());
+        append_acked(&store, 0, 5);
+        cut.store(true, Ordering::Relaxed);
+        let cut_at = Instant::now();
+        let bound = STREAM_SILENCE + KEEPALIVE + Duration::from_secs(1);
+        let mut active_dropped = None;
+        let mut standby_dropped = None;
+        while Instant::now() < cut_at + bound * 2 {
+            if active_dropped.is_none() && !replicator.standby_in_sync() {
+                active_dropped = Some(cut_at.elapsed());
+            }
+            if standby_dropped.is_none() && !in_sync.load(Ordering::Relaxed) {
+                standby_dropped = Some(cut_at.elapsed());
+            }
+            if active_dropped.is_some() && standby_dropped.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            active_dropped.is_some_and(|d| d <= bound) && standby_dropped.is_some_and(|d| d <= bound),
+            "a half-open stream still counted as in sync {bound:?} after the cut: the active dropped it after {active_dropped:?}, the standby after {standby_dropped:?}"
+        );
+        cut.store(false, Ordering::Relaxed);
+        wait_for("the standby in sync again", || {
+            replicator.standby_in_sync() && in_sync.load(Ordering::Relaxed)
+        });
+        receiver.stop();
     }
 
     #[test]

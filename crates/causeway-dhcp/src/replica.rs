@@ -20,7 +20,9 @@
 //! over the other's random challenge): frames of `kind (1) | seq (8) | len
 //! (4) | bytes`, answered by `seq (8)` once durable. Kinds: 1 snapshot (the
 //! whole file), 2 batch (lines to append), 3 merge (the standby's whole
-//! file, sent once after the handshake, not answered).
+//! file, sent once after the handshake, not answered), 4 heartbeat (empty,
+//! sent after a second with nothing else, answered with seq 0). Either side
+//! drops a stream silent for three seconds.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown as NetShutdown, SocketAddr, TcpListener, TcpStream};
@@ -38,6 +40,14 @@ pub(crate) const BATCH: u8 = 2;
 pub(crate) const MERGE: u8 = 3;
 /// How long the standby's log may take to arrive.
 pub(crate) const MERGE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A frame with nothing in it, sent by the active when it has sent nothing
+/// for [`KEEPALIVE`]; the standby answers it like a batch (with seq 0).
+pub(crate) const HEARTBEAT: u8 = 4;
+pub(crate) const KEEPALIVE: Duration = Duration::from_secs(1);
+/// Either side drops a stream it has heard nothing on for this long (a
+/// partition the kernel has not noticed: no FIN or RST got through), and
+/// the standby joins again.
+pub(crate) const STREAM_SILENCE: Duration = Duration::from_secs(3);
 pub(crate) const HEADER: usize = 13;
 /// A frame longer than this is refused: a snapshot of a million leases is
 /// about 200 MB, far above any pool causeway serves.
@@ -182,7 +192,8 @@ pub(crate) fn read_header(r: &mut impl Read) -> Result<Option<(u8, u64, u32)>, S
     let kind = h[0];
     let seq = u64::from_be_bytes(h[1..9].try_into().unwrap_or_default());
     let len = u32::from_be_bytes(h[9..13].try_into().unwrap_or_default());
-    if !(kind == SNAPSHOT || kind == BATCH || kind == MERGE) || len > MAX_FRAME {
+    let known = matches!(kind, SNAPSHOT | BATCH | MERGE) || (kind == HEARTBEAT && len == 0);
+    if !known || len > MAX_FRAME {
         return Err(StreamError::Frame { kind, len });
     }
     Ok(Some((kind, seq, len)))
@@ -563,6 +574,9 @@ impl Replicator {
 
     fn read_acks(self: Arc<Self>, id: u64, mut socket: TcpStream) {
         let mut buf = [0u8; 8];
+        // The standby answers every heartbeat: silence this long means it
+        // is gone, whatever the kernel thinks of the connection.
+        let _ = socket.set_read_timeout(Some(STREAM_SILENCE));
         loop {
             if socket.read_exact(&mut buf).is_err() {
                 break;
@@ -712,7 +726,16 @@ impl Replicator {
 fn send_frames(mut socket: TcpStream, frames: mpsc::Receiver<Frame>, timeout: Duration) {
     let _ = socket.set_write_timeout(Some(timeout.max(Duration::from_secs(1))));
     let mut out = Vec::with_capacity(64 * 1024);
-    while let Ok(first) = frames.recv() {
+    loop {
+        let first = match frames.recv_timeout(KEEPALIVE) {
+            Ok(f) => f,
+            Err(mpsc::RecvTimeoutError::Timeout) => Frame {
+                kind: HEARTBEAT,
+                seq: 0,
+                bytes: Vec::new(),
+            },
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        };
         out.clear();
         let mut next = Some(first);
         // Everything queued goes in one write.

@@ -37,6 +37,8 @@ use causeway_runtime::ha::{
 };
 
 const STEP: Duration = Duration::from_millis(5);
+const KEEPALIVE: Duration = Duration::from_secs(1);
+const STREAM_SILENCE: Duration = Duration::from_secs(3);
 const POOL: u32 = 4096;
 const RETRY: Duration = Duration::from_millis(200);
 
@@ -118,6 +120,9 @@ enum Msg {
     Close {
         conn: u64,
     },
+    Heartbeat {
+        conn: u64,
+    },
     Request {
         client: u64,
     },
@@ -134,7 +139,8 @@ impl Msg {
             | Msg::Snapshot { conn, .. }
             | Msg::Batch { conn, .. }
             | Msg::Confirm { conn, .. }
-            | Msg::Close { conn } => Some(*conn),
+            | Msg::Close { conn }
+            | Msg::Heartbeat { conn } => Some(*conn),
             _ => None,
         }
     }
@@ -184,6 +190,11 @@ struct Replica {
     next_frame: u64,
     follow: Option<u64>,
     follow_at: Instant,
+    /// Keepalive: when the stream last carried anything from the other
+    /// side, and when the active sends its next heartbeat.
+    follow_heard: Instant,
+    link_heard: Instant,
+    next_heartbeat: Instant,
     in_sync: bool,
     disk_refuses_until: Instant,
     slow_until: Instant,
@@ -198,6 +209,7 @@ struct Witness {
 }
 
 pub(crate) struct Faults {
+    partitions: bool,
     kills: bool,
     stalls: bool,
     disk: bool,
@@ -224,6 +236,9 @@ pub(crate) struct Sim {
     witness: Witness,
     /// Adverts from replica i are dropped until then.
     cut_until: [Instant; 2],
+    /// Nothing passes between the replicas until then (clients still
+    /// reach both).
+    partitioned_until: Instant,
     drop_per_mille: u64,
     acked: Vec<(Lease, Instant, usize)>,
     by_ip: BTreeMap<u32, u64>,
@@ -275,6 +290,9 @@ impl Replica {
             next_frame: 1,
             follow: None,
             follow_at: now,
+            follow_heard: now,
+            link_heard: now,
+            next_heartbeat: now,
             in_sync: false,
             disk_refuses_until: now,
             slow_until: now,
@@ -320,6 +338,7 @@ impl Sim {
                 version: 1,
             },
             cut_until: [t0, t0],
+            partitioned_until: t0,
             drop_per_mille: 0,
             acked: Vec::new(),
             by_ip: BTreeMap::new(),
@@ -348,7 +367,20 @@ impl Sim {
         }
     }
 
-    fn send(&mut self, to: usize, msg: Msg, delay: Duration) {
+    fn send(&mut self, to: usize, msg: Msg, mut delay: Duration) {
+        if self.partitioned_until > self.now {
+            match msg {
+                Msg::Request { .. } | Msg::Witness { .. } => {}
+                // A datagram is lost.
+                Msg::Advert { .. } => return,
+                // TCP retransmits: it arrives after the partition, in order
+                // (unless an end has given the connection up by then).
+                _ => {
+                    delay = delay.max(self.partitioned_until.saturating_duration_since(self.now))
+                        + self.latency()
+                }
+            }
+        }
         self.order += 1;
         self.wire.push((self.now + delay, self.order, to, msg));
     }
@@ -452,6 +484,11 @@ impl Sim {
             self.note(i, format_args!("adverts cut for {d:?}"));
             self.cut_until[i] = now + d;
         }
+        if f.partitions && self.rng.chance(1) && self.partitioned_until <= now {
+            let d = self.rng.ms(500, 8000);
+            self.note(i, format_args!("partition for {d:?}"));
+            self.partitioned_until = now + d;
+        }
         if f.drops {
             if self.rng.chance(5) {
                 self.drop_per_mille = self.rng.below(500);
@@ -533,7 +570,30 @@ impl Sim {
         }
         self.tick(i);
         self.writer(i);
+        self.keepalive(i);
         self.follow(i);
+    }
+
+    /// The stream's heartbeats and silence limits, as the replicator and
+    /// the follower keep them.
+    fn keepalive(&mut self, i: usize) {
+        let now = self.now;
+        if let Link::Open { conn, .. } = self.replicas[i].link {
+            if now.saturating_duration_since(self.replicas[i].link_heard) > STREAM_SILENCE {
+                self.note(i, format_args!("the standby's stream {conn} fell silent"));
+                self.replicas[i].link = Link::None;
+                self.send_stream(1 - i, Msg::Close { conn }, Duration::ZERO);
+            } else if now >= self.replicas[i].next_heartbeat {
+                self.replicas[i].next_heartbeat = now + KEEPALIVE;
+                self.send_stream(1 - i, Msg::Heartbeat { conn }, Duration::ZERO);
+            }
+        }
+        if let Some(conn) = self.replicas[i].follow {
+            if now.saturating_duration_since(self.replicas[i].follow_heard) > STREAM_SILENCE {
+                self.note(i, format_args!("the active's stream {conn} fell silent"));
+                self.leave_stream(i, conn);
+            }
+        }
     }
 
     fn on_advert(&mut self, i: usize, boot: u64, seq: u64, state: PeerState) {
@@ -705,10 +765,17 @@ impl Sim {
                     self.send_stream(peer, Msg::Close { conn: c }, Duration::ZERO);
                 }
             }
+            Msg::Heartbeat { conn } => {
+                if self.replicas[i].follow == Some(conn) {
+                    self.replicas[i].follow_heard = now;
+                    self.send_stream(peer, Msg::Confirm { conn, seq: 0 }, Duration::ZERO);
+                }
+            }
             Msg::Snapshot { conn, seq, log } => {
                 if self.replicas[i].follow != Some(conn) {
                     return;
                 }
+                self.replicas[i].follow_heard = now;
                 if self.replicas[i].disk_refuses_until > now {
                     self.leave_stream(i, conn);
                     return;
@@ -727,6 +794,7 @@ impl Sim {
                 if self.replicas[i].follow != Some(conn) {
                     return;
                 }
+                self.replicas[i].follow_heard = now;
                 if self.replicas[i].disk_refuses_until > now {
                     self.leave_stream(i, conn);
                     return;
@@ -736,14 +804,16 @@ impl Sim {
                 self.send_stream(peer, Msg::Confirm { conn, seq }, extra);
             }
             Msg::Confirm { conn, seq } => {
+                let r = &mut self.replicas[i];
                 if let Link::Open {
                     conn: c,
                     in_sync,
                     snapshot_seq,
                     acked,
-                } = &mut self.replicas[i].link
+                } = &mut r.link
                 {
                     if *c == conn {
+                        r.link_heard = now;
                         *acked = (*acked).max(seq);
                         if seq >= *snapshot_seq {
                             *in_sync = true;
@@ -791,6 +861,7 @@ impl Sim {
         let conn = self.next_conn;
         self.next_conn += 1;
         r.follow = Some(conn);
+        r.follow_heard = now;
         r.in_sync = false;
         let log = r.log.clone();
         self.note(i, format_args!("follows the peer on {conn}"));
@@ -866,6 +937,8 @@ impl Sim {
                     snapshot_seq: seq,
                     acked: 0,
                 };
+                r.link_heard = now;
+                r.next_heartbeat = now + KEEPALIVE;
                 let log = r.log.clone();
                 self.send_stream(1 - i, Msg::Snapshot { conn, seq, log }, Duration::ZERO);
             }
@@ -1001,7 +1074,8 @@ impl Sim {
             disk: sim.rng.chance(500),
             slow: sim.rng.chance(500),
             drops: sim.rng.chance(500),
-            cuts: sim.rng.chance(500) && std::env::var_os("SIM_CUTS").is_some(),
+            cuts: sim.rng.chance(500),
+            partitions: sim.rng.chance(500),
             witness_fails: true,
         };
         let _ = faults.witness_fails;
@@ -1015,6 +1089,7 @@ impl Sim {
             r.slow_until = sim.now;
         }
         sim.cut_until = [sim.now, sim.now];
+        sim.partitioned_until = sim.now;
         for _ in 0..2000 {
             sim.step(None);
         }
