@@ -17,6 +17,9 @@ use crate::replica::{
     connect_handshake, frame_header, read_header, ReplicationMetrics, StreamError,
     HANDSHAKE_TIMEOUT, HEARTBEAT, MERGE, MERGE_TIMEOUT, RETRY, SNAPSHOT, STREAM_SILENCE,
 };
+
+/// The longest a standby waits between attempts to join.
+const MAX_RETRY: std::time::Duration = std::time::Duration::from_secs(3);
 use crate::store::{parse_log, LeaseStore};
 
 /// The standby's side: connects to the active, takes its snapshot and
@@ -45,7 +48,9 @@ impl LeaseReceiver {
                 .spawn(move || {
                     let mut store: Option<LeaseStore> = None;
                     let received = AtomicU64::new(0);
+                    let mut retry = RETRY;
                     while !stop.load(Ordering::Relaxed) {
+                        let started = std::time::Instant::now();
                         in_sync.store(false, Ordering::Relaxed);
                         let follower = Follower {
                             path: &path,
@@ -64,8 +69,18 @@ impl LeaseReceiver {
                             }
                             Err(_) => {}
                         }
+                        // A stream that held for a while was healthy: retry
+                        // soon. One that keeps failing at once (the active
+                        // holds joins back, or refuses) is retried less
+                        // often, up to every few seconds, so the standby's
+                        // log is not resent many times a second.
+                        retry = if started.elapsed() > STREAM_SILENCE * 2 {
+                            RETRY
+                        } else {
+                            (retry * 2).min(MAX_RETRY)
+                        };
                         if !stop.load(Ordering::Relaxed) {
-                            std::thread::sleep(RETRY);
+                            std::thread::sleep(retry);
                         }
                     }
                     in_sync.store(false, Ordering::Relaxed);
@@ -270,7 +285,7 @@ fn install_snapshot(path: &Path, bytes: &[u8]) -> io::Result<()> {
 mod tests {
     use super::*;
     use crate::lease::{LeaseRecord, LeaseState};
-    use crate::replica::{frame_header, Replicator, BATCH, HEADER, KEEPALIVE};
+    use crate::replica::{frame_header, join_hold, Replicator, BATCH, HEADER, KEEPALIVE};
     use crate::store::read_log;
     use std::net::Ipv4Addr;
     use std::sync::mpsc;
@@ -673,6 +688,83 @@ mod tests {
             replicator.standby_in_sync() && in_sync.load(Ordering::Relaxed)
         });
         receiver.stop();
+    }
+
+    /// A standby that confirms its snapshot and then every batch too late.
+    /// Returns how long the snapshot took after the handshake.
+    fn slow_standby(addr: &str, key: &AdvertKey) -> (TcpStream, Duration) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        connect_handshake(&mut s, key).unwrap();
+        s.write_all(&frame_header(MERGE, 0, 0)).unwrap();
+        let joined = Instant::now();
+        let (kind, seq, len) = read_header(&mut s).unwrap().unwrap();
+        assert_eq!(kind, crate::replica::SNAPSHOT);
+        let took = joined.elapsed();
+        let mut skip = vec![0u8; len as usize];
+        s.read_exact(&mut skip).unwrap();
+        s.write_all(&seq.to_be_bytes()).unwrap();
+        (s, took)
+    }
+
+    /// A standby that is slow every time: each rejoin would stall a batch
+    /// of ACKs for the whole timeout, a few times a second. From the second
+    /// drop in a row, its next join waits (2 s, doubling).
+    #[test]
+    fn a_standby_dropped_twice_in_a_row_joins_again_only_after_a_backoff() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = AdvertKey::new(b"0123456789abcdef");
+        let replicator = Replicator::new(
+            Arc::new(AdvertKey::new(b"0123456789abcdef")),
+            Duration::from_millis(200),
+            None,
+        );
+        let addr = replicator
+            .listen("127.0.0.1:0".parse().unwrap(), None)
+            .unwrap()
+            .to_string();
+        let (store, _) = LeaseStore::open_replicated(
+            &dir.path().join("a.jsonl"),
+            None,
+            None,
+            Some(replicator.clone()),
+        )
+        .unwrap();
+        // DHCP traffic all along: the writer runs.
+        let store = Arc::new(store);
+        let running = Arc::new(AtomicBool::new(true));
+        let traffic = {
+            let (store, running) = (store.clone(), running.clone());
+            std::thread::spawn(move || {
+                let mut i = 0;
+                while running.load(Ordering::Relaxed) && i < 100_000 {
+                    store.append(record(i), Box::new(|_| {}));
+                    i += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        };
+        let mut took = Vec::new();
+        for _ in 0..3 {
+            let (s, t) = slow_standby(&addr, &key);
+            took.push(t);
+            wait_for("the slow standby in sync", || replicator.standby_in_sync());
+            wait_for("the slow standby dropped", || !replicator.standby_in_sync());
+            drop(s);
+        }
+        running.store(false, Ordering::Relaxed);
+        traffic.join().unwrap();
+        assert!(
+            took[0] < Duration::from_secs(1) && took[1] < Duration::from_secs(1),
+            "the first drop holds nothing back: {took:?}"
+        );
+        assert!(
+            took[2] >= Duration::from_millis(1900),
+            "after two drops in a row the standby joined again after {:?}, with no backoff",
+            took[2]
+        );
+        assert_eq!(join_hold(2), Duration::from_secs(2));
+        assert_eq!(join_hold(3), Duration::from_secs(4));
+        assert_eq!(join_hold(40), Duration::from_secs(60));
     }
 
     #[test]

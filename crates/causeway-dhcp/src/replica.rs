@@ -275,6 +275,22 @@ struct State {
     acked: u64,
     /// Sent and not yet confirmed: (seq, records, bytes).
     outstanding: std::collections::VecDeque<(u64, u64, u64)>,
+    /// Standbys dropped for not confirming in time, since a batch was last
+    /// confirmed in time; from the second, a join waits (see [`join_hold`]).
+    timeouts_in_a_row: u32,
+    joins_held_until: Option<Instant>,
+}
+
+/// How long a join waits after `timeouts` standbys in a row were dropped
+/// for not confirming in time: nothing after the first, then 2 s doubling
+/// to a minute. A standby that is slow every time otherwise stalls one
+/// batch of ACKs for the whole timeout on every rejoin, a few times a
+/// second; held back, the active serves alone between its attempts.
+pub(crate) fn join_hold(timeouts: u32) -> Duration {
+    match timeouts {
+        0 | 1 => Duration::ZERO,
+        n => Duration::from_secs(2u64 << (n - 2).min(5)).min(Duration::from_secs(60)),
+    }
 }
 
 /// The active's side: accepts a standby, sends it the snapshot and every
@@ -330,6 +346,8 @@ impl Replicator {
                 next_id: 1,
                 acked: 0,
                 outstanding: Default::default(),
+                timeouts_in_a_row: 0,
+                joins_held_until: None,
             }),
             confirmed: Condvar::new(),
             timeout,
@@ -508,6 +526,12 @@ impl Replicator {
         merge: impl FnOnce(&[u8]) -> io::Result<Vec<u8>>,
     ) {
         let mut st = self.lock();
+        if st
+            .joins_held_until
+            .is_some_and(|until| Instant::now() < until)
+        {
+            return;
+        }
         let (socket, theirs) = match std::mem::replace(&mut st.link, Link::None) {
             Link::Pending(socket, theirs) => (socket, theirs),
             other => {
@@ -692,6 +716,7 @@ impl Replicator {
                     m.batches.with_label_values(&["confirmed"]).inc();
                     m.wait_seconds.observe(started.elapsed().as_secs_f64());
                 }
+                st.timeouts_in_a_row = 0;
                 return true;
             }
             if !still_open {
@@ -699,8 +724,13 @@ impl Replicator {
             }
             let now = Instant::now();
             if now >= deadline {
+                st.timeouts_in_a_row = st.timeouts_in_a_row.saturating_add(1);
+                let hold = join_hold(st.timeouts_in_a_row);
+                st.joins_held_until = Some(now + hold);
                 tracing::warn!(
                     timeout_ms = self.timeout.as_millis() as u64,
+                    in_a_row = st.timeouts_in_a_row,
+                    next_join_in_ms = hold.as_millis() as u64,
                     "the standby did not confirm a lease batch in time; serving alone until it joins again"
                 );
                 if let Some(m) = &self.metrics {

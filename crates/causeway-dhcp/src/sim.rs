@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use crate::lease::{LeaseRecord, LeaseState};
 use crate::merge::{judge, newest, Held, Judgement, Share};
+use crate::replica::join_hold;
 use causeway_runtime::ha::{
     Action, Alone, Election, GateState, Mode, PeerState, Role, Timers, WitnessRequest,
     WitnessResult, WitnessView,
@@ -195,6 +196,11 @@ struct Replica {
     follow_heard: Instant,
     link_heard: Instant,
     next_heartbeat: Instant,
+    followed_since: Instant,
+    retry: Duration,
+    /// The replicator's backoff for standbys that keep timing out.
+    timeouts_in_a_row: u32,
+    joins_held_until: Instant,
     in_sync: bool,
     disk_refuses_until: Instant,
     slow_until: Instant,
@@ -206,6 +212,23 @@ struct Replica {
 struct Witness {
     holder: Option<usize>,
     version: u64,
+}
+
+/// A scripted fault, aimed at whichever replica holds the role then.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Event {
+    StallActive(u64),
+    KillActive,
+    KillStandby,
+    StandbyDisk(u64),
+    StandbySlow(u64),
+    Partition(u64),
+}
+
+pub(crate) struct Setup {
+    pub mode: Mode,
+    pub preempt: bool,
+    pub priorities: [u8; 2],
 }
 
 pub(crate) struct Faults {
@@ -245,6 +268,7 @@ pub(crate) struct Sim {
     pub(crate) steps: u64,
     pub(crate) withheld: u64,
     pub(crate) conflicts: u64,
+    scripted: u64,
     trace: bool,
 }
 
@@ -259,6 +283,17 @@ fn timers() -> Timers {
 }
 
 impl Replica {
+    /// The follower's retry: soon after a stream that held a while,
+    /// doubling up to 3 s after one that failed at once.
+    fn next_retry(&mut self, now: Instant) -> Duration {
+        self.retry = if now.saturating_duration_since(self.followed_since) > STREAM_SILENCE * 2 {
+            RETRY
+        } else {
+            (self.retry * 2).min(Duration::from_secs(3))
+        };
+        self.retry
+    }
+
     fn new(
         name: &'static str,
         priority: u8,
@@ -293,6 +328,10 @@ impl Replica {
             follow_heard: now,
             link_heard: now,
             next_heartbeat: now,
+            followed_since: now,
+            retry: RETRY,
+            timeouts_in_a_row: 0,
+            joins_held_until: now,
             in_sync: false,
             disk_refuses_until: now,
             slow_until: now,
@@ -345,6 +384,7 @@ impl Sim {
             steps: 0,
             withheld: 0,
             conflicts: 0,
+            scripted: 0,
             trace: std::env::var_os("CAUSEWAY_SIM_TRACE").is_some(),
         }
     }
@@ -446,9 +486,17 @@ impl Sim {
         if self.rng.chance(300) {
             let client = self.next_client;
             self.next_client += 1;
-            for to in 0..2 {
-                let d = self.latency();
-                self.send(to, Msg::Request { client }, d);
+            // A broadcast reaches both replicas, or (lost on one leg) one.
+            let reach = match self.rng.below(10) {
+                0..=1 => [true, false],
+                2..=3 => [false, true],
+                _ => [true, true],
+            };
+            for (to, reached) in reach.into_iter().enumerate() {
+                if reached {
+                    let d = self.latency();
+                    self.send(to, Msg::Request { client }, d);
+                }
             }
         }
         let first = self.rng.below(2) as usize;
@@ -826,7 +874,7 @@ impl Sim {
                 if r.follow == Some(conn) {
                     r.follow = None;
                     r.in_sync = false;
-                    r.follow_at = now + RETRY;
+                    r.follow_at = now + r.next_retry(now);
                 }
                 if matches!(r.link, Link::Open { conn: c, .. } | Link::Pending(c, _) if c == conn) {
                     r.link = Link::None;
@@ -848,7 +896,7 @@ impl Sim {
         let r = &mut self.replicas[i];
         r.follow = None;
         r.in_sync = false;
-        r.follow_at = self.now + RETRY;
+        r.follow_at = self.now + r.next_retry(self.now);
         self.send_stream(1 - i, Msg::Close { conn }, Duration::ZERO);
     }
 
@@ -862,6 +910,7 @@ impl Sim {
         self.next_conn += 1;
         r.follow = Some(conn);
         r.follow_heard = now;
+        r.followed_since = now;
         r.in_sync = false;
         let log = r.log.clone();
         self.note(i, format_args!("follows the peer on {conn}"));
@@ -919,7 +968,10 @@ impl Sim {
     fn writer(&mut self, i: usize) {
         let now = self.now;
         let wait_for = self.timers.dead_after * 2;
-        if self.replicas[i].serving && matches!(self.replicas[i].link, Link::Pending(..)) {
+        if self.replicas[i].serving
+            && matches!(self.replicas[i].link, Link::Pending(..))
+            && now >= self.replicas[i].joins_held_until
+        {
             if let Link::Pending(conn, theirs) =
                 std::mem::replace(&mut self.replicas[i].link, Link::None)
             {
@@ -958,7 +1010,10 @@ impl Sim {
                 if now < head.confirm_by {
                     return;
                 }
-                // Not confirmed in time: the standby is dropped.
+                // Not confirmed in time: the standby is dropped, and from
+                // the second time in a row its next join waits.
+                r.timeouts_in_a_row += 1;
+                r.joins_held_until = now + join_hold(r.timeouts_in_a_row);
                 if let Link::Open { conn, .. } = std::mem::replace(&mut r.link, Link::None) {
                     self.send_stream(1 - i, Msg::Close { conn }, Duration::ZERO);
                 }
@@ -1097,6 +1152,81 @@ impl Sim {
         sim
     }
 
+    /// One named case: `events` at fixed times (in ms) of a run of
+    /// `run_ms` with DHCP load and no random faults, then the pair settles
+    /// and the invariant is checked, with the standby back in sync.
+    pub(crate) fn scenario(seed: u64, setup: Setup, events: &[(u64, Event)], run_ms: u64) -> Sim {
+        let mut sim = Sim::new(seed);
+        let t0 = sim.t0;
+        for (i, name) in ["a", "b"].into_iter().enumerate() {
+            let boot = sim.rng.next();
+            sim.replicas[i] = Replica::new(
+                name,
+                setup.priorities[i],
+                (setup.mode, &sim.timers, setup.preempt, t0),
+                boot,
+            );
+        }
+        sim.mode = setup.mode;
+        sim.preempt = setup.preempt;
+        let mut events: VecDeque<(u64, Event)> = events.iter().cloned().collect();
+        let steps = run_ms / STEP.as_millis() as u64;
+        for _ in 0..steps {
+            let at = sim.now.duration_since(sim.t0).as_millis() as u64;
+            while events.front().is_some_and(|(t, _)| *t <= at) {
+                if let Some((_, event)) = events.pop_front() {
+                    sim.apply(event);
+                }
+            }
+            sim.step(None);
+        }
+        for r in &mut sim.replicas {
+            r.stalled_until = sim.now;
+            r.disk_refuses_until = sim.now;
+            r.slow_until = sim.now;
+        }
+        sim.partitioned_until = sim.now;
+        for _ in 0..2000 {
+            sim.step(None);
+        }
+        sim.check();
+        let standby = (0..2).find(|&i| sim.replicas[i].election.role() == Role::Standby);
+        assert!(
+            standby.is_some_and(|i| sim.replicas[i].in_sync),
+            "{}: the standby is not back in sync after the pair settled",
+            sim.at()
+        );
+        sim
+    }
+
+    fn role_holder(&self, role: Role) -> usize {
+        (0..2)
+            .find(|&i| self.replicas[i].up && self.replicas[i].election.role() == role)
+            .unwrap_or(0)
+    }
+
+    fn apply(&mut self, event: Event) {
+        let now = self.now;
+        let active = self.role_holder(Role::Active);
+        let standby = 1 - active;
+        self.note(active, format_args!("scripted: {event:?}"));
+        match event {
+            Event::StallActive(ms) => {
+                self.replicas[active].stalled_until = now + Duration::from_millis(ms)
+            }
+            Event::KillActive => self.kill(active),
+            Event::KillStandby => self.kill(standby),
+            Event::StandbyDisk(ms) => {
+                self.replicas[standby].disk_refuses_until = now + Duration::from_millis(ms)
+            }
+            Event::StandbySlow(ms) => {
+                self.replicas[standby].slow_until = now + Duration::from_millis(ms)
+            }
+            Event::Partition(ms) => self.partitioned_until = now + Duration::from_millis(ms),
+        }
+        self.scripted += 1;
+    }
+
     fn check(&self) {
         let active: Vec<usize> = (0..2)
             .filter(|&i| self.replicas[i].up && self.replicas[i].election.role() == Role::Active)
@@ -1150,6 +1280,107 @@ mod tests {
             .and_then(|s| s.parse().ok())
             .unwrap_or(24u64);
         (1..=n).collect()
+    }
+
+    fn peer() -> Setup {
+        Setup {
+            mode: Mode::Peer,
+            preempt: false,
+            priorities: [100, 100],
+        }
+    }
+
+    fn lease() -> Setup {
+        Setup {
+            mode: Mode::Lease,
+            ..peer()
+        }
+    }
+
+    /// Runs a named case in both modes over a few seeds; returns the ACKs
+    /// and withheld batches of all runs.
+    fn case(setups: &[Setup], events: &[(u64, Event)], run_ms: u64) -> (usize, u64) {
+        let mut acked = 0;
+        let mut withheld = 0;
+        for setup in setups {
+            for seed in 1..=4 {
+                let s = Setup { ..*setup };
+                let sim = Sim::scenario(seed, s, events, run_ms);
+                assert_eq!(sim.scripted, events.len() as u64);
+                acked += sim.acked.len();
+                withheld += sim.withheld;
+            }
+        }
+        (acked, withheld)
+    }
+
+    #[test]
+    fn scenario_the_standby_s_disk_refuses_a_write_then_the_active_dies() {
+        let (acked, _) = case(
+            &[peer(), lease()],
+            &[
+                (5_000, Event::StandbyDisk(3_000)),
+                (6_000, Event::KillActive),
+            ],
+            20_000,
+        );
+        assert!(acked > 100);
+    }
+
+    #[test]
+    fn scenario_the_active_is_stopped_for_1500_ms_under_load_then_continues() {
+        let (_, withheld) = case(
+            &[peer(), lease()],
+            &[(5_000, Event::StallActive(1_500))],
+            20_000,
+        );
+        assert!(
+            withheld > 0,
+            "the stalled active's queued ACKs were not withheld"
+        );
+    }
+
+    #[test]
+    fn scenario_a_preempting_replica_rejoins_after_a_kill() {
+        let preempting = Setup {
+            mode: Mode::Peer,
+            preempt: true,
+            priorities: [200, 100],
+        };
+        case(&[preempting], &[(5_000, Event::KillActive)], 30_000);
+    }
+
+    #[test]
+    fn scenario_the_standby_restarts_during_a_partition() {
+        case(
+            &[peer(), lease()],
+            &[
+                (5_000, Event::Partition(6_000)),
+                (6_000, Event::KillStandby),
+            ],
+            25_000,
+        );
+    }
+
+    #[test]
+    fn scenario_the_standby_confirms_1500_ms_late_then_the_active_dies() {
+        case(
+            &[peer(), lease()],
+            &[
+                (3_000, Event::StandbySlow(5_000)),
+                (6_000, Event::KillActive),
+            ],
+            20_000,
+        );
+    }
+
+    #[test]
+    fn scenario_a_partition_longer_than_the_stream_s_silence_limit_heals() {
+        case(
+            &[peer(), lease()],
+            &[(5_000, Event::Partition(5_000))],
+            20_000,
+        );
     }
 
     #[test]

@@ -29,6 +29,22 @@ pub struct FloatingAddresses {
     kernel: Kernel,
     interface: String,
     addresses: Vec<Ipv4Net>,
+    /// The announcements still to come after a take: a release cancels
+    /// them, so a replica that gave the addresses up never announces them.
+    reannounce: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+/// Announces again at each of [`REANNOUNCE`] after now, until aborted.
+fn spawn_reannounce(announce: impl Fn() + Send + 'static) -> tokio::task::AbortHandle {
+    tokio::spawn(async move {
+        let mut waited = Duration::ZERO;
+        for at in REANNOUNCE {
+            tokio::time::sleep(at - waited).await;
+            waited = at;
+            announce();
+        }
+    })
+    .abort_handle()
 }
 
 impl FloatingAddresses {
@@ -38,6 +54,7 @@ impl FloatingAddresses {
             kernel: Kernel::connect().map_err(FloatingError::Connect)?,
             interface: interface.to_string(),
             addresses,
+            reannounce: std::sync::Mutex::new(None),
         })
     }
 
@@ -61,20 +78,33 @@ impl FloatingAddresses {
         if let Some(mac) = mac {
             let ips: Vec<_> = self.addresses.iter().map(|n| n.addr()).collect();
             announce_all(index, mac, &ips);
-            tokio::spawn(async move {
-                let mut waited = Duration::ZERO;
-                for at in REANNOUNCE {
-                    tokio::time::sleep(at - waited).await;
-                    waited = at;
-                    announce_all(index, mac, &ips);
-                }
-            });
+            let later = spawn_reannounce(move || announce_all(index, mac, &ips));
+            let earlier = self
+                .reannounce
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .replace(later);
+            if let Some(earlier) = earlier {
+                earlier.abort();
+            }
         }
         Ok(())
     }
 
+    fn cancel_reannounce(&self) {
+        if let Some(pending) = self
+            .reannounce
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            pending.abort();
+        }
+    }
+
     /// Removes every address; those not there are gone already.
     pub async fn release(&self) -> Result<(), FloatingError> {
+        self.cancel_reannounce();
         let (index, _) = match self.index_and_mac().await {
             Ok(found) => found,
             // No interface, no address on it.
@@ -119,5 +149,39 @@ impl causeway_runtime::ha::Addresses for FloatingAddresses {
         FloatingAddresses::release(self)
             .await
             .map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// A take then a release within a second: the replica that gave the
+    /// address up must not announce it afterwards, or hosts move to it.
+    #[tokio::test(start_paused = true)]
+    async fn announcements_after_a_take_stop_at_the_release() {
+        let sent = Arc::new(AtomicUsize::new(0));
+        let counter = sent.clone();
+        let all = spawn_reannounce(move || {
+            counter.fetch_add(1, Ordering::Relaxed);
+        });
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(sent.load(Ordering::Relaxed), REANNOUNCE.len());
+        assert!(all.is_finished());
+        sent.store(0, Ordering::Relaxed);
+        let counter = sent.clone();
+        let cut = spawn_reannounce(move || {
+            counter.fetch_add(1, Ordering::Relaxed);
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        cut.abort();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            sent.load(Ordering::Relaxed),
+            1,
+            "announced after the release"
+        );
     }
 }
