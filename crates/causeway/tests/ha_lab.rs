@@ -694,7 +694,7 @@ fn kill_cycles(mode: Mode, cluster: Option<&kube_cluster::SharedCluster>) {
     }
 
     let mut takeovers = Vec::new();
-    let mut last_kill_ms = 0;
+    let mut last_kill_ms;
     for cycle in 0..KILLS {
         // The load runs through this active and its standby first: 200 more
         // ACKs, each confirmed by the standby before it left.
@@ -822,8 +822,35 @@ fn kill_cycles(mode: Mode, cluster: Option<&kube_cluster::SharedCluster>) {
             !lab.holds(cut),
             "the replica cut off still holds {SERVICE_IP}"
         );
-        last_kill_ms = unix_ms();
         active = healed;
+    }
+
+    // The active stalls 1.5 s under load (a VM stun; SIGSTOP here) and runs
+    // on: the standby takes over meanwhile, and whatever the stalled one
+    // had queued must not reach a client unless it is on the final active
+    // (the check after the load ends covers every ACK of the run).
+    {
+        let stalled = active;
+        let acked_before = acks_now();
+        poll_until(Duration::from_secs(20), || {
+            (acks_now() >= acked_before + 100).then_some(())
+        })
+        .expect("100 ACKs before the stall");
+        let proc = lab.replicas[stalled].proc.as_mut().unwrap();
+        proc.signal("STOP");
+        // The fault itself lasts 1.5 s: this is its duration, not a wait
+        // for anything to happen.
+        std::thread::sleep(Duration::from_millis(1500));
+        lab.replicas[stalled].proc.as_mut().unwrap().signal("CONT");
+        active = lab.wait_pair(Duration::from_secs(30));
+        let withheld = lab
+            .metric(stalled, "causeway_dhcp_replication_withheld_records_total")
+            .unwrap_or(0.0);
+        eprintln!(
+            "{mode:?}: active stopped 1.5 s under load; active after: {}, records withheld by the stalled one: {withheld}",
+            lab.replicas[active].name
+        );
+        last_kill_ms = unix_ms();
     }
 
     // SIGTERM (an upgrade, `systemctl stop`): the active hands the address
