@@ -363,28 +363,31 @@ impl Engine {
                 continue;
             };
             let ip = lease.ip;
-            if let Some(old) = self.leases.get(&ip) {
-                if old.client != lease.client && self.by_client.get(&old.client) == Some(ip) {
-                    let displaced = old.client.clone();
-                    self.by_client.remove(&displaced);
-                }
-            }
-            if lease.state != LeaseState::Declined {
-                self.by_client.insert(&lease.client, ip);
-            }
             if let (LeaseState::Active, Some(name)) = (lease.state, &lease.hostname) {
                 self.by_hostname.insert(name.clone(), ip);
             }
-            self.leases.insert(ip, lease);
+            self.take_record(lease);
             self.mark(ip);
         }
     }
 
-    /// What this replica holds for `ip`, for the merge rule.
-    pub fn held(&self, now: u64, ip: Ipv4Addr) -> Option<(String, bool, u64)> {
-        self.leases
-            .get(&ip)
-            .map(|l| (l.client.to_hex(), l.holds(now), l.expires))
+    /// A record read from a log takes its address: the client it displaces
+    /// no longer holds it, and the record's client does (unless it declined
+    /// the address).
+    fn take_record(&mut self, lease: Lease) {
+        let ip = lease.ip;
+        if let Some(old) = self.leases.get(&ip) {
+            if old.client != lease.client && self.by_client.get(&old.client) == Some(ip) {
+                let displaced = old.client.clone();
+                self.by_client.remove(&displaced);
+            }
+        }
+        if lease.state == LeaseState::Declined {
+            self.by_client.remove(&lease.client);
+        } else {
+            self.by_client.insert(&lease.client, ip);
+        }
+        self.leases.insert(ip, lease);
     }
 
     /// How many reclaim scans have run.
@@ -411,19 +414,7 @@ impl Engine {
                 skipped += 1;
                 continue;
             };
-            let ip = lease.ip;
-            if let Some(old) = self.leases.get(&ip) {
-                if old.client != lease.client && self.by_client.get(&old.client) == Some(ip) {
-                    let displaced = old.client.clone();
-                    self.by_client.remove(&displaced);
-                }
-            }
-            if lease.state == LeaseState::Declined {
-                self.by_client.remove(&lease.client);
-            } else {
-                self.by_client.insert(&lease.client, ip);
-            }
-            self.leases.insert(ip, lease);
+            self.take_record(lease);
         }
         // A client that moved left its old lease active on disk; only its
         // newest address is its own.
