@@ -150,6 +150,17 @@ impl causeway_runtime::ha::Addresses for FloatingAddresses {
             .await
             .map_err(|e| e.to_string())
     }
+
+    async fn announce(&self) {
+        match self.index_and_mac().await {
+            Ok((index, Some(mac))) => {
+                let ips: Vec<_> = self.addresses.iter().map(|n| n.addr()).collect();
+                announce_all(index, mac, &ips);
+            }
+            Ok((_, None)) => {}
+            Err(e) => tracing::warn!(error = %e, "service addresses not announced again"),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -82,6 +82,34 @@ pub async fn release_left_addresses(cfg: &HaConfig) {
     }
 }
 
+/// `causeway ha-release`: removes the service addresses named by the
+/// config's `ha` section, and says which it removed. Without an `ha`
+/// section there is nothing to remove.
+pub fn release_now(config: &std::path::Path) -> anyhow::Result<()> {
+    let cfg = causeway_config::Config::load(config)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", config.display()))?;
+    let Some(ha) = cfg.ha else {
+        return Ok(());
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting a runtime for netlink")?;
+    runtime.block_on(async {
+        let addresses = FloatingAddresses::new(&ha.interface, ha.addresses.clone())
+            .with_context(|| format!("opening netlink for {}", ha.interface))?;
+        let held = addresses.held().await.unwrap_or_default();
+        addresses
+            .release()
+            .await
+            .with_context(|| format!("removing the service addresses from {}", ha.interface))?;
+        for net in held {
+            println!("removed {net} from {}", ha.interface);
+        }
+        Ok(())
+    })
+}
+
 /// Starts the election. The highest term held or heard is kept beside the
 /// DHCP lease file (`<lease file>.ha-term`), the state a takeover is about.
 pub async fn start(

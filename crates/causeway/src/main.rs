@@ -201,6 +201,14 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Remove the HA service addresses (`ha.addresses`) from this host's
+    /// interface. For the service manager once the appliance has stopped,
+    /// however it stopped (systemd's ExecStopPost): a killed replica must
+    /// not stay a second holder of the address.
+    HaRelease {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
     /// List the leases in the DHCP lease store. Safe while the server runs.
     Leases {
         #[arg(long, short)]
@@ -298,6 +306,7 @@ fn main() -> ExitCode {
         }),
         Command::Check { config } => return check(&config),
         Command::Leases { config, json } => leases::run(&config, json),
+        Command::HaRelease { config } => ha::release_now(&config),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1233,3 +1233,86 @@ ha:
     assert!(addresses.contains("192.168.51.11/"), "{addresses}");
     assert!(took < Duration::from_secs(5), "{took:?}");
 }
+
+/// After a kill -9 nothing in the process can remove the address: the
+/// service manager runs `causeway ha-release` (ExecStopPost in
+/// images/causeway.service), which must leave the replica's own address
+/// and take the service address away.
+#[test]
+fn ha_release_removes_the_service_address_a_killed_replica_left() {
+    if !root_or_skip("ha_release_removes_the_service_address_a_killed_replica_left") {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("causeway-ha-release-")
+        .tempdir()
+        .unwrap();
+    let ns = Netns::new("harelease");
+    ns.ip(&[
+        "link", "add", "net1", "type", "veth", "peer", "name", "net1-far",
+    ]);
+    ns.ip(&["link", "set", "net1-far", "up"]);
+    ns.ip(&["addr", "add", "192.168.52.11/24", "dev", "net1"]);
+    ns.ip(&["addr", "add", "192.168.52.2/24", "dev", "net1"]);
+    ns.ip(&["link", "set", "net1", "up"]);
+    let config = dir.path().join("appliance.yaml");
+    let key = dir.path().join("ha.key");
+    fs::write(&key, "0123456789abcdef0123456789abcdef").unwrap();
+    fs::write(
+        &config,
+        format!(
+            r#"cluster: {{name: hc1, baseDomain: example.com}}
+network:
+  interface: net1
+  cidr: 192.168.52.0/24
+  gateway: 192.168.52.1
+  address: 192.168.52.2
+dns:
+  upstreams: ["10.0.0.1"]
+ha:
+  node: a
+  replicas:
+    - {{name: a, address: "127.0.0.1:{HA_PORT}", priority: 200}}
+    - {{name: b, address: "127.0.0.2:{HA_PORT}", priority: 100}}
+  keyFile: {key}
+  interface: net1
+  addresses: ["192.168.52.2/24"]
+"#,
+            key = key.display(),
+        ),
+    )
+    .unwrap();
+    let out = ns
+        .command(causeway_bin())
+        .args(["ha-release", "--config"])
+        .arg(&config)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let addresses = ns.ip(&["-4", "addr", "show", "dev", "net1"]);
+    assert!(
+        out.status.success(),
+        "ha-release failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("removed 192.168.52.2/24 from net1"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        !addresses.contains("192.168.52.2/"),
+        "the service address is still on net1 after ha-release: {addresses}"
+    );
+    assert!(addresses.contains("192.168.52.11/"), "{addresses}");
+    let unit = fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../images/causeway.service"),
+    )
+    .unwrap();
+    assert!(
+        unit.contains(
+            "ExecStopPost=/usr/local/bin/causeway ha-release --config /etc/causeway/appliance.yaml"
+        ),
+        "the unit does not release the address when the process ends"
+    );
+}

@@ -32,6 +32,11 @@ pub use gate::{AckGate, Alone, GateState};
 pub trait Addresses: Send + Sync + 'static {
     fn take(&self) -> impl Future<Output = Result<(), String>> + Send;
     fn release(&self) -> impl Future<Output = Result<(), String>> + Send;
+    /// Tells the network again who holds the addresses (gratuitous ARP),
+    /// for hosts that learned the peer's MAC meanwhile.
+    fn announce(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
 }
 
 /// The compare-and-swap object that settles a partition (lease mode).
@@ -305,6 +310,7 @@ impl Leadership {
         }
         let driver = Driver {
             persisted_term,
+            peer_was_heard: false,
             election,
             key: AdvertKey::new(&settings.key),
             boot,
@@ -375,6 +381,10 @@ struct Driver<A, W> {
     election: Election,
     /// The highest term written to the term file.
     persisted_term: u64,
+    /// Whether the peer was heard at the last look: an active announces
+    /// the addresses again when a silent peer reappears (a restarted one
+    /// may have answered ARP for them before it let go).
+    peer_was_heard: bool,
     settings: HaSettings,
     key: AdvertKey,
     boot: u64,
@@ -441,6 +451,7 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
             };
             self.close_gate_on_release(&actions);
             self.carry_out(actions, &witness_tx).await;
+            self.announce_to_a_returning_peer().await;
             self.publish();
         }
         let actions = self.election.resign();
@@ -501,6 +512,16 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
                 preempt: advert.preempt,
             },
         )
+    }
+
+    async fn announce_to_a_returning_peer(&mut self) {
+        let heard = self.election.hears_peer(Instant::now());
+        let returned = heard && !self.peer_was_heard;
+        self.peer_was_heard = heard;
+        if returned && self.election.role() == Role::Active {
+            tracing::info!(peer = %self.settings.peer_name, "the peer is back: announcing the service addresses again");
+            self.addresses.announce().await;
+        }
     }
 
     /// A role given up stops ACKs before the addresses go or anything else
@@ -716,6 +737,97 @@ mod tests {
         async fn release(&self) -> Result<(), String> {
             Ok(())
         }
+    }
+
+    #[derive(Default)]
+    struct Announced(std::sync::atomic::AtomicUsize);
+
+    impl Addresses for Announced {
+        async fn take(&self) -> Result<(), String> {
+            Ok(())
+        }
+        async fn release(&self) -> Result<(), String> {
+            Ok(())
+        }
+        async fn announce(&self) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn settings(name: &str, peer: &str, listen: u16, peer_port: u16) -> HaSettings {
+        HaSettings {
+            mode: Mode::Peer,
+            name: name.into(),
+            peer_name: peer.into(),
+            peer_address: format!("127.0.0.1:{peer_port}"),
+            listen: format!("127.0.0.1:{listen}").parse().unwrap(),
+            listen_interface: None,
+            priority: if name == "a" { 200 } else { 100 },
+            preempt: false,
+            timers: Timers {
+                advert: Duration::from_millis(50),
+                dead_after: Duration::from_millis(150),
+                api_timeout: Duration::from_secs(1),
+                renew_interval: Duration::from_secs(60),
+                degraded_renew: Duration::from_secs(5),
+            },
+            key: b"0123456789abcdef".to_vec(),
+            term_file: None,
+            replicates_leases: false,
+        }
+    }
+
+    /// A replica killed while active may have answered ARP for the address
+    /// until it was gone; hosts that asked then hold its MAC. When it comes
+    /// back (as the standby), the active announces the address again.
+    #[tokio::test]
+    async fn the_active_announces_the_addresses_again_when_its_peer_comes_back() {
+        let free = || std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let (sa, sb) = (free(), free());
+        let (pa, pb) = (
+            sa.local_addr().unwrap().port(),
+            sb.local_addr().unwrap().port(),
+        );
+        drop((sa, sb));
+        let announced = Arc::new(Announced::default());
+        let registry = Registry::new();
+        let a = Leadership::start(
+            settings("a", "b", pa, pb),
+            announced.clone(),
+            None::<Arc<NoWitness>>,
+            HaMetrics::new(&registry).unwrap(),
+        )
+        .await
+        .unwrap();
+        let mut role = a.role();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            role.wait_for(|r| *r == Role::Active),
+        )
+        .await
+        .expect("a alone became active")
+        .unwrap();
+        let before = announced.0.load(Ordering::Relaxed);
+        let registry_b = Registry::new();
+        let b = Leadership::start(
+            settings("b", "a", pb, pa),
+            Arc::new(NoAddresses),
+            None::<Arc<NoWitness>>,
+            HaMetrics::new(&registry_b).unwrap(),
+        )
+        .await
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while announced.0.load(Ordering::Relaxed) == before && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let after = announced.0.load(Ordering::Relaxed);
+        b.stop().await;
+        a.stop().await;
+        assert!(
+            after > before,
+            "the active did not announce the addresses when its peer came back"
+        );
     }
 
     /// A replica that just started has heard no peer and received no
