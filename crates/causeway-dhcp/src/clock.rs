@@ -50,6 +50,20 @@ pub fn check(wall: u64, last_write: Option<u64>, tolerance: Duration) -> ClockCh
     }
 }
 
+/// Under high availability, the wall clock to count from at start, and how
+/// far it is behind this machine's (to shift this machine's own file
+/// times by). The new active reads expiry times the old active wrote by
+/// its clock: a replica whose clock runs ahead of its peer's counts from
+/// the peer's (as last heard, advanced since), so no lease the peer wrote
+/// ends early here; one whose clock is behind keeps its own, and leases
+/// last longer, never shorter.
+pub fn pair_wall(own: u64, peer_now: Option<u64>) -> (u64, u64) {
+    match peer_now {
+        Some(peer) if peer < own => (peer, own - peer),
+        _ => (own, 0),
+    }
+}
+
 /// The engine's clock: unset until the gate lets the server serve.
 #[derive(Debug, Default)]
 pub struct LeaseClock {
@@ -149,5 +163,18 @@ mod tests {
         assert!((1_000..1_010).contains(&now), "{now}");
         // The wall clock stepped a day ahead: the engine's does not follow.
         assert_eq!(clock.wall_offset(now + 86_400), Some(86_400));
+    }
+
+    #[test]
+    fn a_replica_ahead_of_its_peer_counts_from_the_peer_s_clock() {
+        // Two hours ahead of the peer: the peer's time, and this machine's
+        // file times shifted back by the two hours.
+        assert_eq!(
+            pair_wall(1_000_000 + 7200, Some(1_000_000)),
+            (1_000_000, 7200)
+        );
+        // Behind, or no peer heard: its own.
+        assert_eq!(pair_wall(1_000_000, Some(1_000_060)), (1_000_000, 0));
+        assert_eq!(pair_wall(1_000_000, None), (1_000_000, 0));
     }
 }

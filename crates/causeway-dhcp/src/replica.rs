@@ -309,7 +309,12 @@ pub struct Replicator {
     /// standby confirms.
     share: std::sync::OnceLock<crate::merge::Share>,
     adopter: Mutex<Option<Adopter>>,
+    /// The peer's wall clock now (unix seconds), from the election.
+    peer_clock: std::sync::OnceLock<PeerWall>,
 }
+
+/// The peer's wall clock now, in unix seconds, if heard.
+pub type PeerWall = Box<dyn Fn() -> Option<u64> + Send + Sync>;
 
 /// Takes the records adopted from a rejoining standby's log (the server's
 /// engine).
@@ -357,6 +362,7 @@ impl Replicator {
             gate: std::sync::OnceLock::new(),
             share: std::sync::OnceLock::new(),
             adopter: Mutex::new(None),
+            peer_clock: std::sync::OnceLock::new(),
         })
     }
 
@@ -368,6 +374,16 @@ impl Replicator {
 
     pub(crate) fn share_side(&self) -> Option<crate::merge::Share> {
         self.share.get().copied()
+    }
+
+    /// Where the peer's wall clock is read; one set first stays.
+    pub fn set_peer_clock(&self, source: PeerWall) {
+        let _ = self.peer_clock.set(source);
+    }
+
+    /// The peer's wall clock now (unix seconds), if it was heard.
+    pub fn peer_wall_now(&self) -> Option<u64> {
+        self.peer_clock.get().and_then(|read| read())
     }
 
     /// The share new addresses must come from now: none while a standby in

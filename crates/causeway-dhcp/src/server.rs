@@ -49,6 +49,9 @@ struct Shared {
     /// Whether the wall clock offset has been reported, so a step is
     /// logged once rather than every tick.
     offset_reported: std::sync::atomic::AtomicBool,
+    /// Seconds the lease clock was anchored behind this machine's wall
+    /// clock at start, to match a peer's (not a step of the wall clock).
+    anchored_behind: AtomicU64,
 }
 
 /// Where records adopted from a rejoining standby's log go.
@@ -150,6 +153,7 @@ impl DhcpServer {
                 }
             })));
         }
+        let peer_wall = replica.clone();
         let (store, recovery) = LeaseStore::open_replicated(
             &cfg.lease_file,
             Some(metrics.clone()),
@@ -194,6 +198,7 @@ impl DhcpServer {
             observer,
             clock: lease_clock,
             offset_reported: std::sync::atomic::AtomicBool::new(false),
+            anchored_behind: AtomicU64::new(0),
         });
         {
             let mut target = adopt_into.lock().unwrap_or_else(|p| p.into_inner());
@@ -203,6 +208,7 @@ impl DhcpServer {
             *target = AdoptInto::Server(Arc::downgrade(&shared));
         }
         let gate = Gate {
+            peer_wall,
             last_write,
             tolerance: cfg.clock_behind_tolerance,
             store_healthy: store_healthy.clone(),
@@ -613,6 +619,9 @@ fn queue_chosen(
 
 /// Holds the server back while the wall clock is behind the lease file.
 struct Gate {
+    /// Under high availability: the peer's wall clock, counted from when
+    /// it is behind this one's (see [`clock::pair_wall`]).
+    peer_wall: Option<Arc<crate::replica::Replicator>>,
     last_write: Option<u64>,
     tolerance: Duration,
     store_healthy: Arc<Mutex<bool>>,
@@ -625,7 +634,17 @@ struct Gate {
 impl Gate {
     /// Starts the lease clock if the wall clock allows; says so either way.
     fn try_open(&self, shared: &Arc<Shared>, first: bool) -> bool {
-        match clock::check(unix_now(), self.last_write, self.tolerance) {
+        let peer_now = self.peer_wall.as_ref().and_then(|r| r.peer_wall_now());
+        let (wall, shift) = clock::pair_wall(unix_now(), peer_now);
+        if shift > 0 {
+            shared.anchored_behind.store(shift, Ordering::Relaxed);
+            tracing::warn!(
+                ahead_seconds = shift,
+                "this replica's wall clock is ahead of its peer's: lease times count from the peer's, so no lease it wrote ends early here"
+            );
+        }
+        let last_write = self.last_write.map(|w| w.saturating_sub(shift));
+        match clock::check(wall, last_write, self.tolerance) {
             ClockCheck::Serve { from } => {
                 shared.clock.start(from);
                 self.hold_unreadable(shared, from);
@@ -730,6 +749,8 @@ fn report_wall_offset(shared: &Shared) {
     let Some(offset) = shared.clock.wall_offset(unix_now()) else {
         return;
     };
+    let behind = i64::try_from(shared.anchored_behind.load(Ordering::Relaxed)).unwrap_or(0);
+    let offset = offset - behind;
     shared.metrics.clock_wall_offset.set(offset);
     if offset.abs() > 60 && !shared.offset_reported.swap(true, Ordering::Relaxed) {
         tracing::warn!(

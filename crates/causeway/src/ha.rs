@@ -252,6 +252,7 @@ impl HaDhcp {
         );
         replicator.set_gate(ha.leadership.ack_gate());
         replicator.set_share(ha.share);
+        replicator.set_peer_clock(Box::new(ha.leadership.peer_wall_source()));
         replicator
             .listen(ha.listen, ha.listen_interface.as_deref())
             .with_context(|| format!("binding the lease stream on {}", ha.listen))?;

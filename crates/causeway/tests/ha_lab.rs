@@ -49,8 +49,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use support::{
-    ack_log, bench_bin, causeway_bin, leases, poll_until, root_or_skip, tool, unix_ms, AdminAt,
-    Forward, Netns, Proc,
+    ack_log, bench_bin, causeway_bin, leases, poll_until, root_or_skip, set_clock_offset, tool,
+    unix_ms, with_faked_wall_clock, AdminAt, Forward, Netns, Proc,
 };
 
 const SERVICE_IP: &str = "192.168.50.2";
@@ -242,10 +242,19 @@ impl Lab {
     }
 
     fn start(&mut self, i: usize) {
+        self.start_clocked(i, None);
+    }
+
+    /// As [`Lab::start`], with the replica's wall clock at the offset
+    /// written in `clock` (libfaketime) when given.
+    fn start_clocked(&mut self, i: usize, clock: Option<&Path>) {
         let dir = self.dir.path().to_path_buf();
         let r = &mut self.replicas[i];
         r.starts += 1;
         let mut cmd = r.ns.command(causeway_bin());
+        if let Some(offset) = clock {
+            with_faked_wall_clock(&mut cmd, offset);
+        }
         cmd.args(["appliance", "--config"]).arg(&r.config);
         if let Some(k) = &r.kubeconfig {
             cmd.env("KUBECONFIG", k);
@@ -1232,6 +1241,99 @@ ha:
     );
     assert!(addresses.contains("192.168.51.11/"), "{addresses}");
     assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+/// One DORA by a client of its own (`seed`): whether it was ACKed.
+fn dora(lab: &Lab, seed: &str) -> bool {
+    client_cmd(lab, bench_bin())
+        .args([
+            "dhcp",
+            "--server",
+            &format!("{SERVICE_IP}:67"),
+            "--bind",
+            "192.168.50.100:0",
+            "--clients",
+            "1",
+            "--mac-seed",
+            seed,
+            "--count",
+            "1",
+            "--timeout",
+            "400ms",
+            "--json",
+        ])
+        .output()
+        .is_ok_and(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .rev()
+                .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .is_some_and(|v| v["acked"].as_u64() == Some(1))
+        })
+}
+
+/// The standby's wall clock runs 2 h ahead of the active's (libfaketime);
+/// the one address of the pool is leased for 1 h by the active. After a
+/// kill -9 of the active, the standby takes over: read by its own clock the
+/// lease ran out an hour ago, and the address would go to the next client
+/// while the first still uses it.
+#[test]
+fn a_standby_whose_clock_runs_2h_ahead_does_not_end_the_active_s_leases_early() {
+    if !root_or_skip("a_standby_whose_clock_runs_2h_ahead_does_not_end_the_active_s_leases_early") {
+        return;
+    }
+    let _serial = one_at_a_time();
+    let mut lab = Lab::new(Mode::Peer, None);
+    for r in &lab.replicas {
+        let text = fs::read_to_string(&r.config).unwrap();
+        let text = text.replace("leaseTime: 20s", "leaseTime: 1h").replace(
+            "{start: 192.168.50.20, end: 192.168.50.250}",
+            // Odd: in b's share, so b, serving alone, could give it.
+            "{start: 192.168.50.21, end: 192.168.50.21}",
+        );
+        fs::write(&r.config, text).unwrap();
+    }
+    let clock = lab.dir.path().join("b-clock");
+    set_clock_offset(&clock, "+2h");
+    lab.start(0);
+    lab.start_clocked(1, Some(&clock));
+    let active = lab.wait_pair(Duration::from_secs(30));
+    assert_eq!(active, 0, "a (priority 200) is active");
+    poll_until(Duration::from_secs(10), || {
+        (lab.metric(0, "causeway_ha_degraded")? == 0.0).then_some(())
+    })
+    .expect("b in sync");
+    let offset = lab.metric(0, "causeway_ha_peer_clock_offset_seconds");
+    assert!(
+        offset.is_some_and(|o| o > 7000.0),
+        "a does not see b's clock 2 h ahead: {offset:?}"
+    );
+    assert!(
+        poll_until(Duration::from_secs(10), || dora(&lab, "1").then_some(())).is_some(),
+        "the first client got no lease\n{}",
+        lab.describe()
+    );
+    lab.replicas[0].proc.as_mut().unwrap().kill9();
+    poll_until(Duration::from_secs(10), || {
+        (lab.role(1)? == "active").then_some(())
+    })
+    .expect("b took over");
+    // b answers DHCP: the exhausted pool shows in its counter.
+    let exhausted = "causeway_dhcp_dropped_total{reason=\"pool_exhausted\"}";
+    let mut second = false;
+    let served = poll_until(Duration::from_secs(10), || {
+        second |= dora(&lab, "2");
+        (lab.metric(1, exhausted).unwrap_or(0.0) > 0.0 || second).then_some(())
+    });
+    assert!(
+        served.is_some(),
+        "b never answered DHCP after the takeover\n{}",
+        lab.describe()
+    );
+    assert!(
+        !second,
+        "the standby whose clock is 2 h ahead gave the address of a lease with 1 h left to another client"
+    );
 }
 
 /// After a kill -9 nothing in the process can remove the address: the

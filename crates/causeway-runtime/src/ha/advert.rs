@@ -32,6 +32,10 @@ pub struct Advert {
     /// Whether the sender preempts a lower-priority active.
     #[serde(default)]
     pub preempt: bool,
+    /// The sender's wall clock, unix milliseconds: a replica that takes
+    /// over reads lease times its peer wrote by the peer's clock.
+    #[serde(default)]
+    pub wall_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -121,6 +125,7 @@ mod tests {
             term: 1,
             echo: Some((3, 9)),
             preempt: false,
+            wall_ms: 1_700_000_000_000,
         }
     }
 

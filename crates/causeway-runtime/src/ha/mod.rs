@@ -89,6 +89,7 @@ pub struct HaMetrics {
     adverts_refused: IntCounterVec,
     witness: IntCounterVec,
     address_errors: IntCounterVec,
+    peer_clock_offset: prometheus::Gauge,
 }
 
 impl HaMetrics {
@@ -145,8 +146,13 @@ impl HaMetrics {
                 ),
                 &["operation"],
             )?,
+            peer_clock_offset: prometheus::Gauge::new(
+                "causeway_ha_peer_clock_offset_seconds",
+                "The peer's wall clock minus this replica's, as its last advert said (positive: the peer is ahead)",
+            )?,
         };
         registry.register(Box::new(m.role.clone()))?;
+        registry.register(Box::new(m.peer_clock_offset.clone()))?;
         registry.register(Box::new(m.changes.clone()))?;
         registry.register(Box::new(m.peer_heard.clone()))?;
         registry.register(Box::new(m.peer_active.clone()))?;
@@ -249,6 +255,7 @@ fn advert_socket(listen: SocketAddr, interface: Option<&str>) -> std::io::Result
 pub struct Leadership {
     role: watch::Receiver<Role>,
     gate: Arc<AckGate>,
+    peer_clock: PeerClock,
     in_sync: Arc<AtomicBool>,
     status: Arc<Mutex<HaStatus>>,
     task: JoinHandle<()>,
@@ -308,7 +315,10 @@ impl Leadership {
                 }
             }
         }
+        let peer_clock: PeerClock = Arc::default();
         let driver = Driver {
+            peer_clock: peer_clock.clone(),
+            clock_warned: false,
             persisted_term,
             peer_was_heard: false,
             election,
@@ -334,6 +344,7 @@ impl Leadership {
         Ok(Leadership {
             role,
             gate,
+            peer_clock,
             in_sync,
             status,
             task,
@@ -354,6 +365,17 @@ impl Leadership {
     /// Whether the lease writer may ACK on this replica's word alone.
     pub fn ack_gate(&self) -> Arc<AckGate> {
         self.gate.clone()
+    }
+
+    /// The peer's wall clock now, in unix seconds, as its last advert said
+    /// it (advanced by the time since); `None` before any was heard.
+    pub fn peer_wall_source(&self) -> impl Fn() -> Option<u64> + Send + Sync + 'static {
+        let clock = self.peer_clock.clone();
+        move || {
+            let (ms, at) = (*clock.lock().unwrap_or_else(|p| p.into_inner()))?;
+            let now_ms = ms.saturating_add(u64::try_from(at.elapsed().as_millis()).unwrap_or(0));
+            Some(now_ms / 1000)
+        }
     }
 
     pub fn status(&self) -> HaStatus {
@@ -377,8 +399,22 @@ impl Leadership {
     }
 }
 
+/// A peer clock this far off is logged (once).
+const PEER_CLOCK_WARN: Duration = Duration::from_secs(5);
+
+/// The peer's wall clock as last heard: (unix milliseconds, when heard).
+pub type PeerClock = Arc<Mutex<Option<(u64, Instant)>>>;
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 struct Driver<A, W> {
     election: Election,
+    peer_clock: PeerClock,
+    clock_warned: bool,
     /// The highest term written to the term file.
     persisted_term: u64,
     /// Whether the peer was heard at the last look: an active announces
@@ -498,6 +534,20 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
             return Vec::new();
         }
         self.heard = Some((advert.boot, advert.seq));
+        if advert.wall_ms > 0 {
+            *self.peer_clock.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some((advert.wall_ms, now));
+            let offset = (advert.wall_ms as i64 - wall_ms() as i64) as f64 / 1000.0;
+            self.metrics.peer_clock_offset.set(offset);
+            if offset.abs() > PEER_CLOCK_WARN.as_secs_f64() && !self.clock_warned {
+                self.clock_warned = true;
+                tracing::warn!(
+                    peer = %self.settings.peer_name,
+                    offset_seconds = offset,
+                    "the peer's wall clock differs from this one's; lease times count from the earlier clock after a takeover, but keep the replicas' clocks in step (NTP)"
+                );
+            }
+        }
         self.election
             .set_in_sync_at(self.in_sync.load(Ordering::Relaxed), now);
         self.election.on_advert(
@@ -571,6 +621,7 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
             term: self.election.term(),
             echo: self.heard,
             preempt: self.settings.preempt,
+            wall_ms: wall_ms(),
         };
         let sealed = self.key.seal(&advert);
         match self.socket.send_to(&sealed, to).await {
