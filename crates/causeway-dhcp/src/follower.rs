@@ -767,6 +767,26 @@ mod tests {
         assert_eq!(join_hold(40), Duration::from_secs(60));
     }
 
+    /// Connections that never say anything (a slow or hostile client on
+    /// the stream's port) must not hold a standby back from joining.
+    #[test]
+    fn connections_that_never_speak_do_not_hold_a_standby_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = Arc::new(AdvertKey::new(b"0123456789abcdef"));
+        let (replicator, addr, _store) = active(dir.path(), &key);
+        let silent: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+        let started = Instant::now();
+        let (_, _, receiver) = standby(dir.path(), &addr, key);
+        wait_for("the standby in sync", || replicator.standby_in_sync());
+        let took = started.elapsed();
+        receiver.stop();
+        drop(silent);
+        assert!(
+            took < Duration::from_millis(1500),
+            "the standby joined {took:?} after two silent connections (the handshake allows each 2 s)"
+        );
+    }
+
     #[test]
     fn bad_frames_are_errors_not_panics() {
         let mut bad_kind = &frame_header(9, 1, 0)[..];

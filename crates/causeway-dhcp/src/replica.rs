@@ -26,6 +26,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown as NetShutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -59,6 +60,8 @@ const TO_ACTIVE: &[u8] = b"causeway-lease-stream/2/standby:";
 const TO_STANDBY: &[u8] = b"causeway-lease-stream/2/active:";
 /// How long a handshake or a connect may take.
 pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Connections proving themselves at once; more are dropped.
+const MAX_JOINING: usize = 4;
 /// A standby retries a refused or broken stream this often.
 pub(crate) const RETRY: Duration = Duration::from_millis(200);
 
@@ -457,37 +460,60 @@ impl Replicator {
         let listener: TcpListener = socket.into();
         let bound = listener.local_addr()?;
         let me = Arc::downgrade(self);
+        let joining = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         std::thread::Builder::new()
             .name("lease-stream-accept".into())
             .spawn(move || {
                 for conn in listener.incoming() {
                     let Some(me) = me.upgrade() else { return };
-                    let Ok(mut s) = conn else { continue };
-                    let peer = s.peer_addr().ok();
-                    let _ = s.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
-                    let _ = s.set_write_timeout(Some(HANDSHAKE_TIMEOUT));
-                    let joined = accept_handshake(&mut s, &me.key).and_then(|()| {
-                        let _ = s.set_read_timeout(Some(MERGE_TIMEOUT));
-                        read_merge(&mut s)
-                    });
-                    match joined {
-                        Ok(theirs) => {
-                            let _ = s.set_read_timeout(None);
-                            let _ = s.set_nodelay(true);
-                            tracing::info!(standby = ?peer, log_bytes = theirs.len(), "standby joined the lease stream");
-                            me.replace(Link::Pending(s, theirs));
-                            me.poke();
-                        }
-                        Err(e) => {
-                            if let Some(m) = &me.metrics {
-                                m.handshakes_refused.inc();
-                            }
-                            tracing::warn!(from = ?peer, error = %e, "lease stream connection refused");
-                        }
+                    let Ok(s) = conn else { continue };
+                    // Each connection proves itself on a thread of its own,
+                    // so one that is slow to (or never does) cannot hold a
+                    // standby back; a few at once at most.
+                    if joining.fetch_add(1, Ordering::AcqRel) >= MAX_JOINING {
+                        joining.fetch_sub(1, Ordering::AcqRel);
+                        tracing::debug!(from = ?s.peer_addr().ok(), "lease stream connection dropped: too many joining at once");
+                        continue;
+                    }
+                    let done = joining.clone();
+                    let spawned = std::thread::Builder::new()
+                        .name("lease-stream-join".into())
+                        .spawn(move || {
+                            me.join(s);
+                            done.fetch_sub(1, Ordering::AcqRel);
+                        });
+                    if spawned.is_err() {
+                        joining.fetch_sub(1, Ordering::AcqRel);
                     }
                 }
             })?;
         Ok(bound)
+    }
+
+    /// One connection's handshake and log, then it waits for its snapshot.
+    fn join(&self, mut s: TcpStream) {
+        let peer = s.peer_addr().ok();
+        let _ = s.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
+        let _ = s.set_write_timeout(Some(HANDSHAKE_TIMEOUT));
+        let joined = accept_handshake(&mut s, &self.key).and_then(|()| {
+            let _ = s.set_read_timeout(Some(MERGE_TIMEOUT));
+            read_merge(&mut s)
+        });
+        match joined {
+            Ok(theirs) => {
+                let _ = s.set_read_timeout(None);
+                let _ = s.set_nodelay(true);
+                tracing::info!(standby = ?peer, log_bytes = theirs.len(), "standby joined the lease stream");
+                self.replace(Link::Pending(s, theirs));
+                self.poke();
+            }
+            Err(e) => {
+                if let Some(m) = &self.metrics {
+                    m.handshakes_refused.inc();
+                }
+                tracing::warn!(from = ?peer, error = %e, "lease stream connection refused");
+            }
+        }
     }
 
     /// The store's writer: an empty job wakes it to send a snapshot.
