@@ -61,6 +61,7 @@ impl LeaseReceiver {
                             in_sync: &in_sync,
                             received: &received,
                             observer: observer.as_ref(),
+                            stop: &stop,
                         };
                         match follower.follow(&mut store) {
                             Ok(()) => tracing::info!(active = %active, "the active closed the lease stream"),
@@ -136,6 +137,10 @@ struct Follower<'a> {
     /// Told of every record, as the server tells it of each durable lease
     /// change: the standby's DNS answers the names DHCP clients gave too.
     observer: Option<&'a LeaseObserver>,
+    /// Set by [`LeaseReceiver::stop`]; checked once the socket is in the
+    /// slot and after every frame, so a connection made while stopping
+    /// (the stop shut the slot's older socket) does not keep the thread.
+    stop: &'a AtomicBool,
 }
 
 impl Follower<'_> {
@@ -149,6 +154,7 @@ impl Follower<'_> {
             in_sync,
             received,
             observer,
+            stop,
         } = *self;
         let addr = active
             .to_socket_addrs()?
@@ -174,9 +180,15 @@ impl Follower<'_> {
         s.set_read_timeout(Some(STREAM_SILENCE))?;
         s.set_nodelay(true)?;
         *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(s.try_clone()?);
+        if stop.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         tracing::info!(active, "following the active's lease stream");
         let mut reader = io::BufReader::with_capacity(256 * 1024, s.try_clone()?);
         loop {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(());
+            }
             let Some((kind, seq, len)) = read_header(&mut reader)? else {
                 return Ok(());
             };
