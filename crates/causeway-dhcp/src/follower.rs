@@ -331,7 +331,16 @@ mod tests {
     /// An active replicating into `dir/active.jsonl`: its replicator, the
     /// address its lease stream listens on, and its store.
     fn active(dir: &Path, key: &Arc<AdvertKey>) -> (Arc<Replicator>, String, LeaseStore) {
-        let replicator = Replicator::new(key.clone(), Duration::from_secs(2), None);
+        active_with(dir, key, Duration::from_secs(2))
+    }
+
+    /// As [`active`], dropping a standby that does not confirm in `timeout`.
+    fn active_with(
+        dir: &Path,
+        key: &Arc<AdvertKey>,
+        timeout: Duration,
+    ) -> (Arc<Replicator>, String, LeaseStore) {
+        let replicator = Replicator::new(key.clone(), timeout, None);
         let addr = replicator
             .listen("127.0.0.1:0".parse().unwrap(), None)
             .unwrap();
@@ -461,30 +470,10 @@ mod tests {
     #[test]
     fn a_standby_that_stops_confirming_is_dropped_after_the_timeout() {
         let dir = tempfile::tempdir().unwrap();
-        let key = AdvertKey::new(b"0123456789abcdef");
-        let replicator = Replicator::new(
-            Arc::new(AdvertKey::new(b"0123456789abcdef")),
-            Duration::from_millis(300),
-            None,
-        );
-        let addr = replicator
-            .listen("127.0.0.1:0".parse().unwrap(), None)
-            .unwrap();
-        let (store, _) = LeaseStore::open_replicated(
-            &dir.path().join("a.jsonl"),
-            None,
-            None,
-            Some(replicator.clone()),
-        )
-        .unwrap();
+        let key = Arc::new(AdvertKey::new(b"0123456789abcdef"));
+        let (replicator, addr, store) = active_with(dir.path(), &key, Duration::from_millis(300));
         // A standby that confirms the snapshot, then nothing.
-        let mut s = TcpStream::connect(addr).unwrap();
-        connect_handshake(&mut s, &key).unwrap();
-        s.write_all(&frame_header(MERGE, 0, 0)).unwrap();
-        let (_, seq, len) = read_header(&mut s).unwrap().unwrap();
-        let mut skip = vec![0u8; len as usize];
-        s.read_exact(&mut skip).unwrap();
-        s.write_all(&seq.to_be_bytes()).unwrap();
+        let (_s, _) = slow_standby(&addr, &key);
         wait_for("the standby in sync", || replicator.standby_in_sync());
         let started = Instant::now();
         append_acked(&store, 0, 5);
@@ -724,23 +713,8 @@ mod tests {
     #[test]
     fn a_standby_dropped_twice_in_a_row_joins_again_only_after_a_backoff() {
         let dir = tempfile::tempdir().unwrap();
-        let key = AdvertKey::new(b"0123456789abcdef");
-        let replicator = Replicator::new(
-            Arc::new(AdvertKey::new(b"0123456789abcdef")),
-            Duration::from_millis(200),
-            None,
-        );
-        let addr = replicator
-            .listen("127.0.0.1:0".parse().unwrap(), None)
-            .unwrap()
-            .to_string();
-        let (store, _) = LeaseStore::open_replicated(
-            &dir.path().join("a.jsonl"),
-            None,
-            None,
-            Some(replicator.clone()),
-        )
-        .unwrap();
+        let key = Arc::new(AdvertKey::new(b"0123456789abcdef"));
+        let (replicator, addr, store) = active_with(dir.path(), &key, Duration::from_millis(200));
         // DHCP traffic all along: the writer runs.
         let store = Arc::new(store);
         let running = Arc::new(AtomicBool::new(true));
