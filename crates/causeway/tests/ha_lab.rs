@@ -1172,43 +1172,7 @@ fn a_replica_that_fails_to_start_gives_up_the_service_address_it_was_left() {
         .prefix("causeway-ha-stale-")
         .tempdir()
         .unwrap();
-    let ns = Netns::new("hastale");
-    // A veth pair inside the namespace: this kernel has no dummy links.
-    ns.ip(&[
-        "link", "add", "net1", "type", "veth", "peer", "name", "net1-far",
-    ]);
-    ns.ip(&["link", "set", "net1-far", "up"]);
-    ns.ip(&["addr", "add", "192.168.51.11/24", "dev", "net1"]);
-    // What the killed active left behind.
-    ns.ip(&["addr", "add", "192.168.51.2/24", "dev", "net1"]);
-    ns.ip(&["link", "set", "net1", "up"]);
-    let config = dir.path().join("appliance.yaml");
-    fs::write(
-        &config,
-        format!(
-            r#"log: {{level: info}}
-admin: {{listen: "127.0.0.1:{ADMIN_PORT}"}}
-cluster: {{name: hc1, baseDomain: example.com}}
-network:
-  interface: net1
-  cidr: 192.168.51.0/24
-  gateway: 192.168.51.1
-  address: 192.168.51.2
-dns:
-  upstreams: ["10.0.0.1"]
-ha:
-  node: a
-  replicas:
-    - {{name: a, address: "127.0.0.1:{HA_PORT}", priority: 200}}
-    - {{name: b, address: "127.0.0.2:{HA_PORT}", priority: 100}}
-  keyFile: {key}
-  interface: net1
-  addresses: ["192.168.51.2/24"]
-"#,
-            key = dir.path().join("no-such-key").display(),
-        ),
-    )
-    .unwrap();
+    let (ns, config) = left_behind("hastale", 51, dir.path(), &dir.path().join("no-such-key"));
     let began = Instant::now();
     let out = ns
         .command("timeout")
@@ -1241,6 +1205,55 @@ ha:
     );
     assert!(addresses.contains("192.168.51.11/"), "{addresses}");
     assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+/// A namespace whose `net1` holds a replica's own address
+/// (192.168.`net`.11) and the service address a killed active left behind
+/// (192.168.`net`.2), and an appliance config with `ha` over them.
+fn left_behind(role: &str, net: u8, dir: &Path, key: &Path) -> (Netns, PathBuf) {
+    let ns = Netns::new(role);
+    // A veth pair inside the namespace: this kernel has no dummy links.
+    ns.ip(&[
+        "link", "add", "net1", "type", "veth", "peer", "name", "net1-far",
+    ]);
+    ns.ip(&["link", "set", "net1-far", "up"]);
+    ns.ip(&[
+        "addr",
+        "add",
+        &format!("192.168.{net}.11/24"),
+        "dev",
+        "net1",
+    ]);
+    ns.ip(&["addr", "add", &format!("192.168.{net}.2/24"), "dev", "net1"]);
+    ns.ip(&["link", "set", "net1", "up"]);
+    let config = dir.join("appliance.yaml");
+    fs::write(
+        &config,
+        format!(
+            r#"log: {{level: info}}
+admin: {{listen: "127.0.0.1:{ADMIN_PORT}"}}
+cluster: {{name: hc1, baseDomain: example.com}}
+network:
+  interface: net1
+  cidr: 192.168.{net}.0/24
+  gateway: 192.168.{net}.1
+  address: 192.168.{net}.2
+dns:
+  upstreams: ["10.0.0.1"]
+ha:
+  node: a
+  replicas:
+    - {{name: a, address: "127.0.0.1:{HA_PORT}", priority: 200}}
+    - {{name: b, address: "127.0.0.2:{HA_PORT}", priority: 100}}
+  keyFile: {key}
+  interface: net1
+  addresses: ["192.168.{net}.2/24"]
+"#,
+            key = key.display(),
+        ),
+    )
+    .unwrap();
+    (ns, config)
 }
 
 /// One DORA by a client of its own (`seed`): whether it was ACKed.
@@ -1349,41 +1362,9 @@ fn ha_release_removes_the_service_address_a_killed_replica_left() {
         .prefix("causeway-ha-release-")
         .tempdir()
         .unwrap();
-    let ns = Netns::new("harelease");
-    ns.ip(&[
-        "link", "add", "net1", "type", "veth", "peer", "name", "net1-far",
-    ]);
-    ns.ip(&["link", "set", "net1-far", "up"]);
-    ns.ip(&["addr", "add", "192.168.52.11/24", "dev", "net1"]);
-    ns.ip(&["addr", "add", "192.168.52.2/24", "dev", "net1"]);
-    ns.ip(&["link", "set", "net1", "up"]);
-    let config = dir.path().join("appliance.yaml");
     let key = dir.path().join("ha.key");
     fs::write(&key, "0123456789abcdef0123456789abcdef").unwrap();
-    fs::write(
-        &config,
-        format!(
-            r#"cluster: {{name: hc1, baseDomain: example.com}}
-network:
-  interface: net1
-  cidr: 192.168.52.0/24
-  gateway: 192.168.52.1
-  address: 192.168.52.2
-dns:
-  upstreams: ["10.0.0.1"]
-ha:
-  node: a
-  replicas:
-    - {{name: a, address: "127.0.0.1:{HA_PORT}", priority: 200}}
-    - {{name: b, address: "127.0.0.2:{HA_PORT}", priority: 100}}
-  keyFile: {key}
-  interface: net1
-  addresses: ["192.168.52.2/24"]
-"#,
-            key = key.display(),
-        ),
-    )
-    .unwrap();
+    let (ns, config) = left_behind("harelease", 52, dir.path(), &key);
     let out = ns
         .command(causeway_bin())
         .args(["ha-release", "--config"])
