@@ -773,6 +773,28 @@ mod tests {
         );
     }
 
+    /// A replica of the stream's first version (no merge frame) proves the
+    /// key over the old context: refused, rather than followed without its
+    /// log being merged.
+    #[test]
+    fn a_standby_of_the_first_stream_version_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = Arc::new(AdvertKey::new(b"0123456789abcdef"));
+        let (replicator, addr, _store) = active(dir.path(), &key);
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut theirs = [0u8; 32];
+        s.read_exact(&mut theirs).unwrap();
+        s.write_all(&[7u8; 32]).unwrap();
+        let mut old = b"causeway-lease-stream/standby:".to_vec();
+        old.extend_from_slice(&theirs);
+        s.write_all(&key.prove(&old)).unwrap();
+        let mut proof = [0u8; 32];
+        let answered = s.read_exact(&mut proof).is_ok();
+        assert!(!answered, "the active answered a first-version standby");
+        assert!(!replicator.standby_in_sync());
+    }
+
     #[test]
     fn bad_frames_are_errors_not_panics() {
         let mut bad_kind = &frame_header(9, 1, 0)[..];
