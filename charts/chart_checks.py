@@ -410,6 +410,7 @@ def case_default(docs):
     assert (e["CAUSEWAY_CSR_MAX_EXPIRATION_SECONDS"], e["CAUSEWAY_CSR_PENDING_SLACK"]) == ("31708800", "20"), e
     assert e["CAUSEWAY_CSR_CREATION_SKEW_SECONDS"] == "10", e
     assert e["CAUSEWAY_CSR_BOOTSTRAP_HOLD_SECONDS"] == "15", e
+    assert e["CAUSEWAY_CSR_KUBELET_SERVING_CA"] == "openshift-config-managed/kubelet-serving-ca", e
     assert kinds(docs) == BASE_KINDS, kinds(docs)
     dep = one(docs, "Deployment")
     assert dep["spec"]["replicas"] == 1

@@ -142,6 +142,17 @@ enum Command {
             default_value_t = 15
         )]
         csr_bootstrap_hold_seconds: u32,
+        /// The hosted cluster's ConfigMap (`namespace/name`) whose
+        /// `ca-bundle.crt` verifies kubelet serving certificates: a serving
+        /// renewal is held to the kubelet's live certificate where it can
+        /// be read. Empty: held to the recorded SANs only.
+        #[arg(
+            long,
+            env = "CAUSEWAY_CSR_KUBELET_SERVING_CA",
+            default_value = "openshift-config-managed/kubelet-serving-ca",
+            value_parser = parse_configmap_ref
+        )]
+        csr_kubelet_serving_ca: ConfigMapRef,
         /// Serve the validating admission webhook (HTTPS, path /validate)
         /// on this address; off when not given.
         #[arg(long, env = "CAUSEWAY_WEBHOOK_LISTEN")]
@@ -228,6 +239,30 @@ enum OperatorCommand {
     },
 }
 
+/// A ConfigMap named as `namespace/name`; empty for none.
+#[derive(Debug, Clone)]
+struct ConfigMapRef(Option<(String, String)>);
+
+fn parse_configmap_ref(text: &str) -> Result<ConfigMapRef, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(ConfigMapRef(None));
+    }
+    match text.split_once('/') {
+        Some((namespace, name))
+            if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
+        {
+            Ok(ConfigMapRef(Some((
+                namespace.to_string(),
+                name.to_string(),
+            ))))
+        }
+        _ => Err(format!(
+            "{text:?} is not namespace/name (or empty, for none)"
+        )),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -258,6 +293,7 @@ fn main() -> ExitCode {
             csr_pending_slack,
             csr_creation_skew_seconds,
             csr_bootstrap_hold_seconds,
+            csr_kubelet_serving_ca,
             webhook_listen,
             webhook_cert_dir,
             webhook_self_signed_secret,
@@ -288,6 +324,7 @@ fn main() -> ExitCode {
                 pending_slack: csr_pending_slack,
                 creation_skew_seconds: csr_creation_skew_seconds.into(),
                 bootstrap_hold_seconds: csr_bootstrap_hold_seconds.into(),
+                kubelet_serving_ca: csr_kubelet_serving_ca.0,
             }),
             webhook: webhook_listen.map(|listen| operator::WebhookOptions {
                 listen,

@@ -16,6 +16,7 @@
 
 mod kube_cluster;
 mod monitored;
+mod support;
 
 use std::time::Duration;
 
@@ -92,6 +93,12 @@ fn rsa_key() -> KeyPair {
 }
 
 fn pem(r: &Request) -> Vec<u8> {
+    pem_and_key(r).0
+}
+
+/// The request and its private key (PEM), for a test that then serves the
+/// certificate signed for it.
+fn pem_and_key(r: &Request) -> (Vec<u8>, String) {
     let key = if r.rsa {
         rsa_key()
     } else {
@@ -123,12 +130,13 @@ fn pem(r: &Request) -> Vec<u8> {
                 vec![0x41; r.pad],
             ));
     }
-    params
+    let request = params
         .serialize_request(&key)
         .unwrap()
         .pem()
         .unwrap()
-        .into_bytes()
+        .into_bytes();
+    (request, key.serialize_pem())
 }
 
 /// A serving request for dpu-b as no library writes one: keyUsage in a
@@ -358,6 +366,16 @@ async fn dpu_of(client: &Client, name: &str, phase: &str, cluster: &str) {
 
 /// The hosted cluster's Node for a joined DPU, with its addresses.
 async fn node(client: &Client, name: &str, addresses: &[(&str, &str)]) {
+    node_at(client, name, addresses, None).await
+}
+
+/// As [`node`], with the kubelet's port in `status.daemonEndpoints`.
+async fn node_at(
+    client: &Client,
+    name: &str,
+    addresses: &[(&str, &str)],
+    kubelet_port: Option<u16>,
+) {
     let api: Api<Node> = Api::all(client.clone());
     let pp = PatchParams::apply("kubelet").force();
     api.patch(
@@ -371,12 +389,14 @@ async fn node(client: &Client, name: &str, addresses: &[(&str, &str)]) {
         .iter()
         .map(|(t, a)| json!({"type": t, "address": a}))
         .collect();
+    let mut status = json!({"addresses": addresses});
+    if let Some(port) = kubelet_port {
+        status["daemonEndpoints"] = json!({"kubeletEndpoint": {"Port": port}});
+    }
     api.patch_status(
         name,
         &pp,
-        &Patch::Apply(
-            json!({"apiVersion": "v1", "kind": "Node", "status": {"addresses": addresses}}),
-        ),
+        &Patch::Apply(json!({"apiVersion": "v1", "kind": "Node", "status": status})),
     )
     .await
     .unwrap();
@@ -1209,6 +1229,8 @@ subjects:
         csrs.delete(name, &DeleteParams::default()).await.unwrap();
     }
 
+    live_certificate_scenario(c, &client, &op, &mut attacks).await;
+
     println!("scenario: the provisioner goes away and its approver stops");
     Api::<DPFHCPProvisioner>::namespaced(client.clone(), NS)
         .delete(NAME, &DeleteParams::default())
@@ -1221,4 +1243,175 @@ subjects:
         .then_some(())
     })
     .await;
+}
+
+/// A serving renewal is held to the certificate the kubelet serves now,
+/// read at the address the management side assigned to the DPU and
+/// verified against the hosted cluster's kubelet serving CA, not only to
+/// what the approver recorded. dpu-l's first serving certificate was
+/// approved by an administrator (the approver kept no record of it), for
+/// its name alone; a renewal that adds an address is denied because the
+/// live certificate lacks it, where without the live read it was approved.
+///
+/// The kubelet stand-in is `openssl s_server` serving the certificate the
+/// controller-manager's signer issued, on a loopback address that the DPU's
+/// reservation and Node name as its InternalIP (the address the approver
+/// dials); the address the renewal adds is its ExternalIP, which is
+/// assigned to it too and never dialled.
+async fn live_certificate_scenario(
+    c: &SharedCluster,
+    client: &Client,
+    op: &Operator,
+    attacks: &mut Vec<String>,
+) {
+    println!("scenario: a serving renewal is held to the certificate the kubelet serves, read at the DPU's assigned address");
+    const KUBELET_IP: &str = "127.0.7.23";
+    const EXTERNAL_IP: &str = "10.0.0.15";
+    let kubelet_port = support::free_tcp_port();
+    apply_yaml(
+        client,
+        &serde_json::to_string(&json!({
+            "apiVersion": "hostedcluster.densityops.com/v1alpha1", "kind": "Infra",
+            "metadata": {"name": "dpu-l-vlan", "namespace": NS},
+            "spec": {
+                "networkConfig": {"cidr": "10.0.0.0/24", "gateway": "10.0.0.1", "networkAttachmentDefinition": "dpu-vlan"},
+                "infraComponents": {
+                    "dhcp": {"enabled": true, "serverIP": "10.0.0.2", "rangeStart": "10.0.0.100", "rangeEnd": "10.0.0.200",
+                        "reservations": [
+                            {"mac": "02:00:00:00:00:15", "ip": EXTERNAL_IP, "hostname": "dpu-l"},
+                            {"mac": "02:00:00:00:00:16", "ip": KUBELET_IP, "hostname": "dpu-l"},
+                        ]},
+                    "dns": {"enabled": false},
+                    "proxy": {"enabled": false},
+                },
+            },
+        }))
+        .unwrap(),
+        NS,
+    )
+    .await
+    .unwrap();
+    // Not yet in a serving phase: the approver leaves its first serving
+    // CSR alone, and the administrator approves it.
+    dpu(client, "dpu-l", "Initializing").await;
+    node_at(
+        client,
+        "dpu-l",
+        &[
+            ("InternalIP", KUBELET_IP),
+            ("ExternalIP", EXTERNAL_IP),
+            ("Hostname", "dpu-l"),
+        ],
+        Some(kubelet_port),
+    )
+    .await;
+    let node_l = impersonating(c, "system:node:dpu-l", &["system:nodes"]).await;
+    let first = "dpu-l-serving-by-admin";
+    let (first_request, first_key) = pem_and_key(&Request {
+        sans: vec![dns("dpu-l")],
+        ..legacy("system:node:dpu-l")
+    });
+    create_raw_csr(&node_l, first, SERVING, first_request, true).await;
+    let csrs: Api<CertificateSigningRequest> = Api::all(client.clone());
+    csrs.patch_approval(
+        first,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"conditions": [{
+            "type": "Approved", "status": "True", "reason": "AdminApproved",
+            "message": "approved by the cluster administrator",
+        }]}})),
+    )
+    .await
+    .unwrap();
+    wait_signed(client, op, first).await;
+    let certificate = csrs
+        .get(first)
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.certificate)
+        .unwrap()
+        .0;
+
+    // The kubelet: a TLS server showing what the signer issued.
+    let dir = c.dir.join("kubelet-dpu-l");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("kubelet.crt"), &certificate).unwrap();
+    std::fs::write(dir.join("kubelet.key"), &first_key).unwrap();
+    let accept = format!("{KUBELET_IP}:{kubelet_port}");
+    let _kubelet = support::Proc::spawn(
+        "kubelet-dpu-l",
+        &dir,
+        std::process::Command::new(support::tool("openssl", "openssl"))
+            .args(["s_server", "-www", "-accept", &accept, "-cert"])
+            .arg(dir.join("kubelet.crt"))
+            .arg("-key")
+            .arg(dir.join("kubelet.key")),
+    );
+    support::poll_until(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(&accept).ok()
+    })
+    .expect("the kubelet stand-in listens");
+
+    // The hosted cluster's kubelet serving CA, as HyperShift publishes it:
+    // the signer's CA.
+    ensure_namespace(client, "openshift-config-managed").await;
+    apply_yaml(
+        client,
+        &serde_json::to_string(&json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "kubelet-serving-ca", "namespace": "openshift-config-managed"},
+            "data": {"ca-bundle.crt": std::fs::read_to_string(&c.ca).unwrap()},
+        }))
+        .unwrap(),
+        "openshift-config-managed",
+    )
+    .await
+    .unwrap();
+    dpu(client, "dpu-l", "Ready").await;
+
+    let msg = denied(
+        client,
+        op,
+        attacks,
+        &node_l,
+        "dpu-l-renewal-adds-address",
+        SERVING,
+        &Request {
+            sans: vec![dns("dpu-l"), ip(EXTERNAL_IP)],
+            ..legacy("system:node:dpu-l")
+        },
+        "RenewalAddsSANs",
+    )
+    .await;
+    assert!(
+        msg.contains("not among the kubelet's live serving certificate"),
+        "{msg}"
+    );
+    // A renewal with what the kubelet serves is approved and signed.
+    let renewal = create_csr(
+        &node_l,
+        "dpu-l-renewal",
+        SERVING,
+        &Request {
+            sans: vec![dns("dpu-l")],
+            ..legacy("system:node:dpu-l")
+        },
+    )
+    .await;
+    wait_verdict(client, op, &renewal, "Approved", "AutoApproved").await;
+    wait_signed(client, op, &renewal).await;
+    let verified = metric(
+        &admin_get(op, "/metrics"),
+        "causeway_operator_csr_live_certificates_total{result=\"verified\"}",
+    );
+    assert!(verified >= 2.0, "live certificates verified: {verified}");
+    // Nothing more is dialled once the CA is gone.
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+        client.clone(),
+        "openshift-config-managed",
+    )
+    .delete("kubelet-serving-ca", &DeleteParams::default())
+    .await
+    .unwrap();
 }

@@ -20,7 +20,7 @@ use futures::stream::{self, BoxStream};
 use futures::{Stream, StreamExt};
 use ipnet::IpNet;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::ApiResource;
 use kube::runtime::events::{EventType, Recorder};
@@ -39,6 +39,7 @@ use super::hosted_access::{admin_client, least_privilege, Unavailable};
 pub use super::hosted_access::{
     HostedEndpoint, APPROVER_MANAGER, HOSTED_ACCOUNT, HOSTED_NAMESPACE, HOSTED_ROLE,
 };
+use super::kubelet_cert;
 use super::spec;
 use crate::k8s::events::{publish_event, publish_related_event};
 use crate::k8s::metrics::OperatorMetrics;
@@ -78,6 +79,10 @@ pub const BOOTSTRAP_HOLD_SECONDS: i64 = 15;
 /// with 48 CSRs of 1.4 MiB pending raised the operator's peak memory by
 /// 43 MiB at 4 a page, 65 MiB at 10 and 215 MiB at 500.
 const CSR_PAGE: u32 = 4;
+/// Kubelets whose live serving certificate a pass reads at once: each read
+/// is bounded by `kubelet_cert::FETCH_TIMEOUT`, so a pass of many renewals
+/// at unreachable kubelets waits seconds, not minutes.
+const LIVE_READS_AT_ONCE: usize = 16;
 /// Events that arrive within this of the one that started a pass join it:
 /// a burst of Node or CSR changes costs one pass, not one each.
 const DEBOUNCE: Duration = Duration::from_millis(250);
@@ -95,7 +100,16 @@ pub struct ApproverOptions {
     /// How old a bootstrap CSR must be before it is approved; a second
     /// requester for the same identity meanwhile gets both denied.
     pub bootstrap_hold_seconds: i64,
+    /// The hosted cluster's ConfigMap (namespace, name) whose
+    /// `ca-bundle.crt` verifies kubelet serving certificates: with it, a
+    /// serving renewal is held to the kubelet's live certificate where it
+    /// can be read. `None`: renewals are held to the recorded SANs only.
+    pub kubelet_serving_ca: Option<(String, String)>,
 }
+
+/// Where HyperShift's hosted cluster keeps the CA of its kubelets' serving
+/// certificates (written by its hosted-cluster-config-operator).
+pub const KUBELET_SERVING_CA: (&str, &str) = ("openshift-config-managed", "kubelet-serving-ca");
 
 impl Default for ApproverOptions {
     fn default() -> Self {
@@ -106,6 +120,10 @@ impl Default for ApproverOptions {
             pending_slack: 20,
             creation_skew_seconds: 10,
             bootstrap_hold_seconds: BOOTSTRAP_HOLD_SECONDS,
+            kubelet_serving_ca: Some((
+                KUBELET_SERVING_CA.0.to_string(),
+                KUBELET_SERVING_CA.1.to_string(),
+            )),
         }
     }
 }
@@ -474,7 +492,12 @@ async fn session(ctx: &Context, namespace: &str, name: &str) -> Ended {
         Ok(Err(e)) => return Ended::Unreachable(format!("{e}")),
         Err(_) => return Ended::Unreachable("no answer within 15 s".into()),
     }
-    let hosted = match least_privilege(&admin, &config).await {
+    let serving_ca = ctx
+        .options
+        .kubelet_serving_ca
+        .as_ref()
+        .map(|(_, name)| name.as_str());
+    let hosted = match least_privilege(&admin, &config, serving_ca).await {
         Ok(c) => c,
         Err(e) => {
             return Ended::NoLeastPrivilege(format!(
@@ -766,6 +789,7 @@ impl Approvals {
                 .map(|(n, s)| (n.clone(), s.sans.iter().cloned().collect()))
                 .collect(),
             pending_bootstrap: BTreeMap::new(),
+            live_serving: BTreeMap::new(),
             now: None,
         }
     }
@@ -942,9 +966,19 @@ impl Pass<'_> {
                         .collect()
                 })
                 .unwrap_or_default();
-            inventory
-                .nodes
-                .insert(n.name_any(), csr::Node { addresses });
+            let kubelet_port = n
+                .status
+                .as_ref()
+                .and_then(|s| s.daemon_endpoints.as_ref())
+                .and_then(|d| d.kubelet_endpoint.as_ref())
+                .and_then(|e| u16::try_from(e.port).ok());
+            inventory.nodes.insert(
+                n.name_any(),
+                csr::Node {
+                    addresses,
+                    kubelet_port,
+                },
+            );
         }
 
         let now = k8s_openapi::jiff::Timestamp::now();
@@ -1022,6 +1056,39 @@ impl Pass<'_> {
         let mut wake: Option<Duration> = None;
         let live: BTreeSet<String> = csrs.iter().filter_map(|c| c.metadata.uid.clone()).collect();
         seen.retain(|uid, _| live.contains(uid));
+        // Only a serving CSR that passed every rule before the renewal's
+        // is worth a connection to its kubelet: each such host's live
+        // certificate is read once a pass, a few at once.
+        let live_hosts: BTreeSet<String> = requests
+            .iter()
+            .filter(|r| csr::kind_of(&r.signer) == Some(Kind::Serving))
+            .filter(|r| {
+                let d = csr::decide(r, &inventory, &policy, &history);
+                d.verdict == Verdict::Approve || d.reason == "RenewalAddsSANs"
+            })
+            .filter_map(|r| r.username.strip_prefix("system:node:"))
+            .map(str::to_string)
+            .collect();
+        if !live_hosts.is_empty() {
+            if let Some(authorities) = self.serving_authorities().await {
+                let read: Vec<(String, Option<BTreeSet<String>>)> = stream::iter(live_hosts)
+                    .map(|host| {
+                        let (inventory, authorities) = (&inventory, &authorities);
+                        async move {
+                            let sans = self.live_certificate(&host, inventory, authorities).await;
+                            (host, sans)
+                        }
+                    })
+                    .buffer_unordered(LIVE_READS_AT_ONCE)
+                    .collect()
+                    .await;
+                for (host, sans) in read {
+                    if let Some(sans) = sans {
+                        history.live_serving.insert(host, sans);
+                    }
+                }
+            }
+        }
         for (c, request) in pending.into_iter().zip(&requests) {
             let decision = csr::decide(request, &inventory, &policy, &history);
             let Some(kind) = csr::kind_of(&request.signer) else {
@@ -1101,9 +1168,11 @@ impl Pass<'_> {
                     };
                     approvals = fresh;
                     let pending_bootstrap = std::mem::take(&mut history.pending_bootstrap);
+                    let live_serving = std::mem::take(&mut history.live_serving);
                     let at = history.now;
                     history = approvals.history(recent);
                     history.pending_bootstrap = pending_bootstrap;
+                    history.live_serving = live_serving;
                     history.now = at;
                     if self.conclude(c, &decision).await? {
                         self.count(kind_label, "approve", decision.reason);
@@ -1120,6 +1189,79 @@ impl Pass<'_> {
             }
         }
         Ok(wake)
+    }
+
+    /// The kubelet serving CA bundle of the hosted cluster, when the
+    /// approver is set to read one and it can be read.
+    async fn serving_authorities(&self) -> Option<kubelet_cert::Authorities> {
+        let (ca_namespace, ca_name) = self.ctx.options.kubelet_serving_ca.as_ref()?;
+        let maps: Api<ConfigMap> = Api::namespaced(self.hosted.clone(), ca_namespace);
+        let read = match maps.get_opt(ca_name).await {
+            Ok(Some(map)) => map
+                .data
+                .as_ref()
+                .and_then(|d| d.get(kubelet_cert::CA_BUNDLE_KEY))
+                .ok_or_else(|| format!("no key {}", kubelet_cert::CA_BUNDLE_KEY))
+                .and_then(|pem| {
+                    kubelet_cert::Authorities::from_pem(pem.as_bytes()).map_err(|e| e.to_string())
+                }),
+            Ok(None) => Err("it does not exist".to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match read {
+            Ok(a) => Some(a),
+            Err(why) => {
+                self.count_live("no_ca");
+                tracing::info!(configmap = %format!("{ca_namespace}/{ca_name}"), %why, "the kubelet serving CA cannot be read: renewals are held to the recorded SANs");
+                None
+            }
+        }
+    }
+
+    /// The SANs of `host`'s live serving certificate, when its kubelet can
+    /// be reached at an address assigned to it and shows a certificate of
+    /// the kubelet serving CA for its node; `None` otherwise (the renewal
+    /// is then held to the recorded SANs).
+    async fn live_certificate(
+        &self,
+        host: &str,
+        inventory: &Inventory,
+        authorities: &kubelet_cert::Authorities,
+    ) -> Option<BTreeSet<String>> {
+        let endpoints = csr::kubelet_endpoints(host, inventory);
+        if endpoints.is_empty() {
+            self.count_live("no_address");
+            return None;
+        }
+        for endpoint in endpoints {
+            let leaf = match kubelet_cert::fetch_leaf(endpoint, kubelet_cert::FETCH_TIMEOUT).await {
+                Ok(leaf) => leaf,
+                Err(e) => {
+                    self.count_live("unreachable");
+                    tracing::info!(node = host, %endpoint, error = %e, "the kubelet's live serving certificate cannot be read: the renewal is held to the recorded SANs");
+                    continue;
+                }
+            };
+            let now = k8s_openapi::jiff::Timestamp::now().as_second();
+            match kubelet_cert::judge(&leaf, authorities, host, now) {
+                Ok(sans) => {
+                    self.count_live("verified");
+                    tracing::debug!(node = host, %endpoint, ?sans, "the kubelet's live serving certificate");
+                    return Some(sans);
+                }
+                Err(refused) => {
+                    self.count_live("refused");
+                    tracing::warn!(node = host, %endpoint, reason = refused.label(), error = %refused, "the kubelet at the node's assigned address shows no serving certificate of its own: the renewal is held to the recorded SANs");
+                }
+            }
+        }
+        None
+    }
+
+    fn count_live(&self, result: &str) {
+        if let Some(m) = &self.ctx.metrics {
+            m.csr_live_certificate(result);
+        }
     }
 
     fn count(&self, kind: &str, verdict: &str, reason: &str) {

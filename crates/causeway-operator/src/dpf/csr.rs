@@ -17,7 +17,7 @@
 //! another way by the signer.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use causeway_config::{valid_name, NameRules};
 use ipnet::IpNet;
@@ -123,6 +123,8 @@ pub struct Dpu {
 pub struct Node {
     /// `status.addresses` as (type, address).
     pub addresses: Vec<(String, String)>,
+    /// `status.daemonEndpoints.kubeletEndpoint.Port`, when set.
+    pub kubelet_port: Option<u16>,
 }
 
 /// The DPUs of the provisioner (management cluster) and the Nodes of the
@@ -165,8 +167,15 @@ pub struct History {
     pub pending_bootstrap: BTreeMap<String, BTreeSet<String>>,
     /// Pending CSRs of the two kubelet signers, all hosts.
     pub pending: usize,
-    /// Per host: the SANs of its current serving certificate.
+    /// Per host: the SANs of its current serving certificate, as the
+    /// approvals recorded them.
     pub serving_sans: BTreeMap<String, BTreeSet<String>>,
+    /// Per host: the SANs of the serving certificate its kubelet serves
+    /// now, read at its assigned address and verified against the kubelet
+    /// serving CA. Where known, a renewal is held to it instead of to
+    /// `serving_sans`: it is what the signer issued and the node uses,
+    /// whoever approved it.
+    pub live_serving: BTreeMap<String, BTreeSet<String>>,
     /// When the pass runs (Unix seconds, the hosted API server's clock as
     /// far as CSR creation times go): with it, the bootstrap hold-down
     /// applies.
@@ -425,7 +434,7 @@ fn parse(request: &[u8]) -> Result<Parsed, Decision> {
 
 /// A DNS name as it is compared: names match without regard to case or a
 /// trailing dot.
-fn canonical_name(name: &str) -> String {
+pub(crate) fn canonical_name(name: &str) -> String {
     name.trim_end_matches('.').to_ascii_lowercase()
 }
 
@@ -538,6 +547,37 @@ pub fn kind_of(signer: &str) -> Option<Kind> {
         SERVING_SIGNER => Some(Kind::Serving),
         _ => None,
     }
+}
+
+/// Where the approver may read `host`'s live serving certificate: each of
+/// its Node's InternalIP addresses that the management side assigned to it,
+/// at the Node's kubelet port. A node writes its own Node's addresses and
+/// port, so only its assigned addresses are dialled: a Node cannot point
+/// the approver at anything but its own host.
+pub fn kubelet_endpoints(host: &str, inventory: &Inventory) -> Vec<SocketAddr> {
+    let Some(node) = inventory.nodes.get(host) else {
+        return Vec::new();
+    };
+    let port = node
+        .kubelet_port
+        .filter(|p| *p != 0)
+        .unwrap_or(super::kubelet_cert::DEFAULT_KUBELET_PORT);
+    let mut endpoints: Vec<SocketAddr> = node
+        .addresses
+        .iter()
+        .filter(|(t, _)| t == "InternalIP")
+        .filter_map(|(_, a)| a.parse::<IpAddr>().ok())
+        .map(|ip| ip.to_canonical())
+        .filter(|ip| {
+            inventory
+                .assigned
+                .get(ip)
+                .is_some_and(|owner| owner == host)
+        })
+        .map(|ip| SocketAddr::new(ip, port))
+        .collect();
+    endpoints.dedup();
+    endpoints
 }
 
 /// The node whose identity a CSR claims: the requester for a serving CSR,
@@ -901,7 +941,14 @@ pub fn decide(csr: &Csr, inventory: &Inventory, policy: &Policy, history: &Histo
                     }
                 }
             }
-            if let Some(current) = history.serving_sans.get(&host) {
+            let reference = match history.live_serving.get(&host) {
+                Some(live) => Some((live, "the kubelet's live serving certificate")),
+                None => history
+                    .serving_sans
+                    .get(&host)
+                    .map(|recorded| (recorded, "the SANs approved before")),
+            };
+            if let Some((current, which)) = reference {
                 let asked: BTreeSet<String> = parsed
                     .dns_sans
                     .iter()
@@ -916,7 +963,7 @@ pub fn decide(csr: &Csr, inventory: &Inventory, policy: &Policy, history: &Histo
                 if let Some(extra) = asked.difference(current).next() {
                     return deny(
                         "RenewalAddsSANs",
-                        format!("a renewal may not add SANs; {extra} is new"),
+                        format!("a renewal may not add SANs; {extra} is not among {which}"),
                     );
                 }
             }
@@ -1065,6 +1112,7 @@ mod tests {
                         ("Hostname".into(), "dpu-2".into()),
                         ("InternalIP".into(), "10.0.0.12".into()),
                     ],
+                    kubelet_port: None,
                 },
             )]
             .into(),
@@ -1446,6 +1494,7 @@ mod tests {
         inv.nodes.insert(
             "dpu-2".into(),
             Node {
+                kubelet_port: None,
                 addresses: vec![
                     ("Hostname".into(), "dpu-2".into()),
                     ("InternalDNS".into(), "dpu-2.example".into()),
@@ -1546,11 +1595,80 @@ mod tests {
     /// for a serving certificate with it; the management side assigned
     /// neither to dpu-2.
     #[test]
+    fn a_renewal_is_held_to_the_kubelets_live_certificate_where_it_was_read() {
+        let mut r = req("system:node:dpu-2");
+        r.sans = vec![dns("dpu-2"), ip("10.0.0.12")];
+        let csr = serving("dpu-2", &r);
+        let recorded = History {
+            serving_sans: [(
+                "dpu-2".to_string(),
+                ["dpu-2".to_string(), "10.0.0.12".to_string()].into(),
+            )]
+            .into(),
+            ..Default::default()
+        };
+        check(&csr, &recorded, Verdict::Approve, "AutoApproved");
+        // The kubelet serves a certificate without the address (the record
+        // says more than was ever signed, or was lost): the live one wins.
+        let mut live = recorded.clone();
+        live.live_serving = [("dpu-2".to_string(), ["dpu-2".to_string()].into())].into();
+        let d = decide(&csr, &inventory(), &policy(), &live);
+        assert_eq!((d.verdict, d.reason), (Verdict::Deny, "RenewalAddsSANs"));
+        assert!(
+            d.message
+                .contains("10.0.0.12 is not among the kubelet's live serving certificate"),
+            "{}",
+            d.message
+        );
+        // No record at all: the live certificate still bounds the renewal.
+        let mut unrecorded = live.clone();
+        unrecorded.serving_sans.clear();
+        check(&csr, &unrecorded, Verdict::Deny, "RenewalAddsSANs");
+        // A live certificate with every SAN asked for.
+        unrecorded.live_serving.insert(
+            "dpu-2".into(),
+            ["dpu-2".to_string(), "10.0.0.12".to_string()].into(),
+        );
+        check(&csr, &unrecorded, Verdict::Approve, "AutoApproved");
+    }
+
+    #[test]
+    fn the_kubelet_is_dialled_only_at_addresses_assigned_to_its_host() {
+        let mut inv = inventory();
+        inv.nodes.insert(
+            "dpu-2".into(),
+            Node {
+                kubelet_port: Some(10443),
+                addresses: vec![
+                    ("Hostname".into(), "dpu-2".into()),
+                    // A sibling's address and one nobody was assigned:
+                    // written by the node, never dialled.
+                    ("InternalIP".into(), "10.0.0.13".into()),
+                    ("InternalIP".into(), "10.0.0.99".into()),
+                    ("ExternalIP".into(), "10.0.0.12".into()),
+                    ("InternalIP".into(), "10.0.0.12".into()),
+                ],
+            },
+        );
+        assert_eq!(
+            kubelet_endpoints("dpu-2", &inv),
+            vec!["10.0.0.12:10443".parse::<SocketAddr>().unwrap()]
+        );
+        inv.nodes.get_mut("dpu-2").unwrap().kubelet_port = Some(0);
+        assert_eq!(
+            kubelet_endpoints("dpu-2", &inv),
+            vec!["10.0.0.12:10250".parse::<SocketAddr>().unwrap()]
+        );
+        assert!(kubelet_endpoints("dpu-3", &inv).is_empty(), "no Node");
+    }
+
+    #[test]
     fn a_node_cannot_get_a_serving_certificate_for_an_address_it_was_not_assigned() {
         let mut inv = inventory();
         inv.nodes.insert(
             "dpu-2".into(),
             Node {
+                kubelet_port: None,
                 addresses: vec![
                     ("Hostname".into(), "dpu-2".into()),
                     ("InternalIP".into(), "10.0.0.12".into()),

@@ -97,9 +97,11 @@ pub(crate) async fn admin_client(
     Ok((config, client))
 }
 
-/// The approver's own ClusterRole in the hosted cluster.
-fn hosted_role() -> serde_json::Value {
-    json!({
+/// The approver's own ClusterRole in the hosted cluster; with the name of
+/// the kubelet serving CA's ConfigMap, read access to ConfigMaps of that
+/// name only.
+fn hosted_role(serving_ca: Option<&str>) -> serde_json::Value {
+    let mut role = json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
         "metadata": {"name": HOSTED_ROLE},
@@ -110,7 +112,11 @@ fn hosted_role() -> serde_json::Value {
              "resourceNames": [csr::BOOTSTRAP_SIGNER, csr::SERVING_SIGNER]},
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
         ],
-    })
+    });
+    if let (Some(name), Some(rules)) = (serving_ca, role["rules"].as_array_mut()) {
+        rules.push(json!({"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"], "resourceNames": [name]}));
+    }
+    role
 }
 
 /// Gives the approver its own identity in the hosted cluster and returns a
@@ -118,6 +124,7 @@ fn hosted_role() -> serde_json::Value {
 pub(super) async fn least_privilege(
     admin: &Client,
     config: &Config,
+    serving_ca: Option<&str>,
 ) -> Result<Client, kube::Error> {
     let identity = HostedIdentity {
         manager: APPROVER_MANAGER,
@@ -126,7 +133,7 @@ pub(super) async fn least_privilege(
         role: HOSTED_ROLE,
     };
     identity
-        .client(admin, config, hosted_role(), TOKEN_SECONDS)
+        .client(admin, config, hosted_role(serving_ca), TOKEN_SECONDS)
         .await
 }
 
@@ -223,7 +230,7 @@ mod tests {
 
     #[test]
     fn the_hosted_role_approves_for_the_two_kubelet_signers_only() {
-        let role = hosted_role();
+        let role = hosted_role(None);
         let rules = role["rules"].as_array().unwrap();
         let approve: Vec<_> = rules
             .iter()
@@ -252,5 +259,22 @@ mod tests {
                 );
             }
         }
+        // The CA's ConfigMap, by name only, and nothing else of ConfigMaps.
+        assert!(!rules
+            .iter()
+            .any(|r| r["resources"] == json!(["configmaps"])));
+        let role = hosted_role(Some("kubelet-serving-ca"));
+        let maps: Vec<_> = role["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["resources"] == json!(["configmaps"]))
+            .collect();
+        assert_eq!(
+            maps,
+            vec![
+                &json!({"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"], "resourceNames": ["kubelet-serving-ca"]})
+            ]
+        );
     }
 }

@@ -18,6 +18,7 @@ pub mod events;
 pub mod forged_csr;
 pub(crate) mod hosted_access;
 pub mod ignition;
+pub mod kubelet_cert;
 mod observe;
 mod provision;
 pub mod render;

@@ -16,6 +16,7 @@ pub struct OperatorMetrics {
     writes: IntCounterVec,
     seconds: HistogramVec,
     csr_decisions: IntCounterVec,
+    csr_live_certificates: IntCounterVec,
     csr_pending: IntGaugeVec,
     csr_max_pending: IntGaugeVec,
     csr_not_running: IntCounterVec,
@@ -86,6 +87,13 @@ impl OperatorMetrics {
                 ),
                 &["kind", "verdict", "reason"],
             )?,
+            csr_live_certificates: IntCounterVec::new(
+                Opts::new(
+                    "causeway_operator_csr_live_certificates_total",
+                    "Reads of a kubelet's live serving certificate for a serving renewal, by result: verified (renewal held to it), refused (not the node's serving certificate of the kubelet serving CA), unreachable, no_address (no assigned InternalIP), no_ca (the CA bundle could not be read); all but verified fall back to the recorded SANs",
+                ),
+                &["result"],
+            )?,
             csr_pending: IntGaugeVec::new(
                 Opts::new(
                     "causeway_operator_csr_pending",
@@ -138,6 +146,7 @@ impl OperatorMetrics {
         registry.register(Box::new(m.deletions.clone()))?;
         registry.register(Box::new(m.template_outcomes.clone()))?;
         registry.register(Box::new(m.csr_decisions.clone()))?;
+        registry.register(Box::new(m.csr_live_certificates.clone()))?;
         registry.register(Box::new(m.csr_not_running.clone()))?;
         registry.register(Box::new(m.csr_pending.clone()))?;
         registry.register(Box::new(m.csr_max_pending.clone()))?;
@@ -197,6 +206,12 @@ impl OperatorMetrics {
     pub fn csr_decision(&self, kind: &str, verdict: &str, reason: &str) {
         self.csr_decisions
             .with_label_values(&[kind, verdict, reason])
+            .inc();
+    }
+
+    pub fn csr_live_certificate(&self, result: &str) {
+        self.csr_live_certificates
+            .with_label_values(&[result])
             .inc();
     }
 
