@@ -40,6 +40,8 @@ pub const SERVING_PHASES: [&str; 3] = ["DPU Cluster Config", "Ready", "Node Effe
 /// stays under 3 KiB); anything larger is not a kubelet's, and is not
 /// kept in memory.
 pub const MAX_REQUEST_BYTES: usize = 16 * 1024;
+/// Where a kubelet listens when its Node does not say.
+pub const DEFAULT_KUBELET_PORT: u16 = 10250;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -561,7 +563,7 @@ pub fn kubelet_endpoints(host: &str, inventory: &Inventory) -> Vec<SocketAddr> {
     let port = node
         .kubelet_port
         .filter(|p| *p != 0)
-        .unwrap_or(super::kubelet_cert::DEFAULT_KUBELET_PORT);
+        .unwrap_or(DEFAULT_KUBELET_PORT);
     let mut endpoints: Vec<SocketAddr> = node
         .addresses
         .iter()

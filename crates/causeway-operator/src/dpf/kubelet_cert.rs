@@ -23,8 +23,6 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 
 use super::csr::canonical_name;
 
-/// Where a kubelet listens when its Node does not say.
-pub const DEFAULT_KUBELET_PORT: u16 = 10250;
 /// A kubelet on the DPU's VLAN answers a handshake in milliseconds; one
 /// that does not answer within this is taken as out of reach, so a pass
 /// never waits long on it.
