@@ -78,6 +78,10 @@ pub struct FileReplica {
     /// resolved again whenever it is used (a pod's address changes).
     pub address: String,
     pub priority: Option<u8>,
+    /// `ip:port` of this replica's own address on the clients' VLAN: the
+    /// adverts go this way too, so a cut peer link alone is no partition.
+    /// Set on both replicas or neither.
+    pub vlan_address: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -98,6 +102,7 @@ pub struct Replica {
     pub name: String,
     pub address: String,
     pub priority: u8,
+    pub vlan_address: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -197,10 +202,23 @@ pub(crate) fn validate(c: &mut Collector, h: FileHa) -> Option<HaConfig> {
                 "must be between 1 and 254".to_string(),
             );
         }
+        let vlan_address = r.vlan_address.as_deref().and_then(|text| {
+            match text.trim().parse::<std::net::SocketAddr>() {
+                Ok(a) if a.is_ipv4() && a.port() != 0 && !a.ip().is_unspecified() => Some(a),
+                _ => {
+                    c.push(
+                        format!("{path}.vlanAddress"),
+                        format!("{text} is not this replica's own VLAN address and a port, such as 192.168.100.5:7946"),
+                    );
+                    None
+                }
+            }
+        });
         replicas.push(Replica {
             name: r.name.clone(),
             address: r.address.clone(),
             priority,
+            vlan_address,
         });
     }
     if let [a, b] = replicas.as_slice() {
@@ -209,6 +227,48 @@ pub(crate) fn validate(c: &mut Collector, h: FileHa) -> Option<HaConfig> {
                 "ha.replicas[1].name",
                 format!("{} names both replicas", a.name),
             );
+        }
+    }
+    let vlan_set: Vec<bool> = h
+        .replicas
+        .iter()
+        .map(|r| r.vlan_address.is_some())
+        .collect();
+    if vlan_set.iter().any(|s| *s) {
+        if !vlan_set.iter().all(|s| *s) {
+            c.push(
+                "ha.replicas",
+                "vlanAddress is set on one replica only: adverts over the VLAN need both",
+            );
+        }
+        if h.listen_interface.is_none() {
+            c.push(
+                "ha.listenInterface",
+                "vlanAddress needs the peer link named here, so that the adverts of the two paths arrive on sockets of their own",
+            );
+        }
+        if let [a, b] = replicas.as_slice() {
+            if a.vlan_address.is_some()
+                && a.vlan_address.map(|x| x.ip()) == b.vlan_address.map(|x| x.ip())
+            {
+                c.push(
+                    "ha.replicas[1].vlanAddress",
+                    "is the other replica's: each replica has its own address on the VLAN",
+                );
+            }
+        }
+        for (i, r) in replicas.iter().enumerate() {
+            let Some(v) = r.vlan_address else { continue };
+            if h.addresses
+                .iter()
+                .filter_map(|t| t.trim().parse::<Ipv4Net>().ok())
+                .any(|n| std::net::IpAddr::V4(n.addr()) == v.ip())
+            {
+                c.push(
+                    format!("ha.replicas[{i}].vlanAddress"),
+                    "is a service address, which moves with the active replica; use the replica's own",
+                );
+            }
         }
     }
     if let Some(node) = &h.node {

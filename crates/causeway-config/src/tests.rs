@@ -891,3 +891,66 @@ fn the_external_port_takes_the_routes_of_443_on_every_address() {
         vec!["proxy.externalPort: there is no listener on 443 whose routes it would take"]
     );
 }
+
+#[test]
+fn ha_vlan_addresses_are_both_replicas_own_and_need_the_peer_link_named() {
+    let both = |a: &str, b: &str, extra: &str| {
+        format!(
+            "ha:\n  node: a\n  replicas:\n    - {{name: a, address: \"10.0.0.1:7946\", vlanAddress: \"{a}\"}}\n    - {{name: b, address: \"10.0.0.2:7946\", vlanAddress: \"{b}\"}}\n  keyFile: /etc/causeway/ha.key\n  interface: net1\n  addresses: [192.168.100.2/24]\n{extra}"
+        )
+    };
+    let cfg = Config::from_yaml(&both(
+        "192.168.100.5:7946",
+        "192.168.100.6:7946",
+        "  listenInterface: peer0\n",
+    ))
+    .unwrap();
+    let ha = cfg.ha.unwrap();
+    let (me, peer) = ha.split("a").unwrap();
+    assert_eq!(me.vlan_address, Some("192.168.100.5:7946".parse().unwrap()));
+    assert_eq!(
+        peer.vlan_address,
+        Some("192.168.100.6:7946".parse().unwrap())
+    );
+
+    for (text, needle) in [
+        (
+            both("192.168.100.5:7946", "192.168.100.6:7946", ""),
+            "ha.listenInterface: vlanAddress needs the peer link named here",
+        ),
+        (
+            both(
+                "192.168.100.5:7946",
+                "192.168.100.5:7947",
+                "  listenInterface: peer0\n",
+            ),
+            "ha.replicas[1].vlanAddress: is the other replica's",
+        ),
+        (
+            both(
+                "192.168.100.2:7946",
+                "192.168.100.6:7946",
+                "  listenInterface: peer0\n",
+            ),
+            "ha.replicas[0].vlanAddress: is a service address",
+        ),
+        (
+            both(
+                "vlan-a:7946",
+                "192.168.100.6:7946",
+                "  listenInterface: peer0\n",
+            ),
+            "ha.replicas[0].vlanAddress: vlan-a:7946 is not this replica's own VLAN address",
+        ),
+        (
+            format!("{HA}  listenInterface: peer0\n").replace(
+                "priority: 200}",
+                "priority: 200, vlanAddress: \"192.168.100.5:7946\"}",
+            ),
+            "ha.replicas: vlanAddress is set on one replica only",
+        ),
+    ] {
+        let errs = errors(&text).join("\n");
+        assert!(errs.contains(needle), "missing {needle:?} in:\n{errs}");
+    }
+}

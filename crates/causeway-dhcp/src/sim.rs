@@ -690,6 +690,7 @@ impl Sim {
             term: r.election.term(),
             echo: r.heard,
             preempt: self.preempt,
+            leg_up: true,
         };
         let (boot, seq) = (r.boot, r.seq);
         r.election.on_sent(seq, now);

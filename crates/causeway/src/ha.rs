@@ -14,7 +14,9 @@ use causeway_dhcp::replica::{ReplicationMetrics, Replicator};
 use causeway_dhcp::{DhcpError, DhcpMetrics, DhcpServer, LeaseObserver, LeaseRecord};
 use causeway_route::FloatingAddresses;
 use causeway_runtime::ha::advert::AdvertKey;
-use causeway_runtime::ha::{HaMetrics, HaSettings, Leadership, Mode, NoWitness, Role, Timers};
+use causeway_runtime::ha::{
+    HaMetrics, HaSettings, Leadership, Mode, NoWitness, Role, Timers, VlanPath,
+};
 use causeway_runtime::{ReadyHandle, Shutdown};
 use tokio::sync::watch;
 
@@ -163,6 +165,15 @@ pub async fn start(
         },
         key: key.clone(),
         replicates_leases: lease_file.is_some(),
+        vlan_path: match (me.vlan_address, peer.vlan_address) {
+            (Some(listen), Some(peer)) => Some(VlanPath {
+                listen,
+                peer,
+                interface: cfg.interface.clone(),
+            }),
+            _ => None,
+        },
+        track_interface: Some(cfg.interface.clone()),
         term_file: lease_file.map(|f| {
             let mut name = f.as_os_str().to_owned();
             name.push(".ha-term");

@@ -100,6 +100,13 @@ fn config_text(dir: &Path, me: &str, mode: Mode, lease_namespace: Option<&str>) 
         }
         _ => String::new(),
     };
+    // Peer mode as examples/appliance-ha.yaml has it: adverts over the peer
+    // link and the VLAN. Lease mode, as the operator's pods run it, settles
+    // a cut with the Lease instead.
+    let vlan = |own: &str| match mode {
+        Mode::Peer => format!(", vlanAddress: \"{own}:{HA_PORT}\""),
+        Mode::Lease => String::new(),
+    };
     format!(
         r#"log: {{level: info}}
 admin: {{listen: "127.0.0.1:{ADMIN_PORT}"}}
@@ -129,8 +136,8 @@ proxy:
 ha:
   node: {me}
   replicas:
-    - {{name: a, address: "10.99.0.1:{HA_PORT}", priority: 200}}
-    - {{name: b, address: "10.99.0.2:{HA_PORT}", priority: 100}}
+    - {{name: a, address: "10.99.0.1:{HA_PORT}", priority: 200{vlan_a}}}
+    - {{name: b, address: "10.99.0.2:{HA_PORT}", priority: 100{vlan_b}}}
   listenInterface: peer0
   keyFile: {key}
   interface: net1
@@ -140,6 +147,8 @@ ha:
 {lease}"#,
         leases = dir.join(me).join("leases.jsonl").display(),
         key = dir.join("ha.key").display(),
+        vlan_a = vlan("192.168.50.11"),
+        vlan_b = vlan("192.168.50.12"),
     )
 }
 
@@ -1156,6 +1165,184 @@ fn lease_mode_an_active_cut_off_from_its_peer_and_the_api_lets_go_before_the_oth
             >= 1.0,
         "the cut-off replica did not count a fencing"
     );
+}
+
+/// DHCP load for `run_for` from the client namespace through the service
+/// address, every ACK in `acks`.
+fn dhcp_load(lab: &Lab, acks: &Path, run_for: &str) -> Proc {
+    Proc::spawn(
+        "dhcp-load",
+        lab.dir.path(),
+        lab.client.command(bench_bin()).args([
+            "dhcp",
+            "--server",
+            &format!("{SERVICE_IP}:67"),
+            "--bind",
+            "192.168.50.100:0",
+            "--clients",
+            "100",
+            "--rate",
+            "100",
+            "--renew",
+            "--timeout",
+            "500ms",
+            "--duration",
+            run_for,
+            "--json",
+            "--ack-log",
+            acks.to_str().unwrap(),
+        ]),
+    )
+}
+
+/// Once the load is over: no ACK the bench received is missing from the
+/// final active's lease file, and no address was ACKed to two clients.
+fn every_ack_kept(lab: &Lab, active: usize, acks: &Path, what: &str) {
+    let log = ack_log(acks);
+    assert!(
+        log.acks.len() >= 200,
+        "{what}: only {} ACKs",
+        log.acks.len()
+    );
+    let overlaps = log.overlapping_holders();
+    assert!(
+        overlaps.is_empty(),
+        "{what}: {} addresses ACKed to two clients, the first: {:?}",
+        overlaps.len(),
+        &overlaps[..overlaps.len().min(3)]
+    );
+    let missing = log.missing_from(&leases(&lab.replicas[active].config), unix_ms());
+    assert!(
+        missing.is_empty(),
+        "{what}: {} ACKed leases missing from the final active's lease file, the first: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(3)]
+    );
+    eprintln!(
+        "{what}: {} ACKs, all kept, none to two clients",
+        log.acks.len()
+    );
+}
+
+/// Peer mode, adverts on the peer link and on the VLAN: a cut peer link
+/// alone is no partition. The standby hears the active over the VLAN and
+/// leaves the address alone; the active serves on (its lease stream is cut,
+/// so from its own share of the pool); when the link returns the standby
+/// follows again, and every ACK the bench received is in the final
+/// active's lease file, none to two clients.
+#[test]
+fn peer_mode_a_cut_peer_link_is_no_partition_while_the_adverts_cross_the_vlan() {
+    if !root_or_skip("peer_mode_a_cut_peer_link_is_no_partition_while_the_adverts_cross_the_vlan") {
+        return;
+    }
+    let _serial = one_at_a_time();
+    let mut lab = Lab::new(Mode::Peer, None);
+    lab.start(0);
+    lab.start(1);
+    let active = lab.wait_pair(Duration::from_secs(30));
+    let standby = 1 - active;
+    let acks = lab.dir.path().join("acks.log");
+    let mut load = dhcp_load(&lab, &acks, "16s");
+    poll_until(Duration::from_secs(10), || {
+        (support::complete_lines(&acks).len() >= 100).then_some(())
+    })
+    .unwrap_or_else(|| panic!("no DHCP load\n{}", load.describe()));
+    let t0 = Instant::now();
+    let stop = AtomicBool::new(false);
+    let (both, trace) = std::thread::scope(|s| {
+        let sampler = s.spawn(|| sample_holders(&lab, t0, &stop));
+        lab.replicas[active]
+            .ns
+            .ip(&["link", "set", "peer0", "down"]);
+        // Longer than the dead interval many times over, and than the
+        // lease stream's silence limit.
+        std::thread::sleep(Duration::from_secs(6));
+        let seen = lab.ha(standby).unwrap_or_default();
+        lab.replicas[active].ns.ip(&["link", "set", "peer0", "up"]);
+        std::thread::sleep(Duration::from_secs(1));
+        stop.store(true, Ordering::Relaxed);
+        let (both, trace) = sampler.join().unwrap();
+        assert_eq!(
+            (
+                seen["role"].as_str(),
+                seen["peerHeardOnVlan"].as_bool(),
+                seen["peerHeardOnPeerLink"].as_bool()
+            ),
+            (Some("standby"), Some(true), Some(false)),
+            "the standby during the cut: {seen}\n{}",
+            lab.describe()
+        );
+        (both, trace)
+    });
+    assert!(
+        both.is_empty(),
+        "both replicas held {SERVICE_IP} at {} sampled instants (first at {} ms): {trace:?}",
+        both.len(),
+        both[0]
+    );
+    assert!(lab.holds(active) && !lab.holds(standby), "{trace:?}");
+    assert_eq!(lab.wait_pair(Duration::from_secs(30)), active);
+    load.wait_exit(Duration::from_secs(30));
+    every_ack_kept(&lab, active, &acks, "a 6 s peer link cut under DHCP load");
+}
+
+/// Peer mode: the active's leg on the VLAN loses carrier (its switch port
+/// goes down). It hands the role over, the standby takes the address at
+/// once, and DNS answers through the service address again within the
+/// takeover bound; the replica cut off does not take the address back
+/// when its leg returns.
+#[test]
+fn peer_mode_an_active_whose_vlan_leg_fails_hands_the_address_over() {
+    if !root_or_skip("peer_mode_an_active_whose_vlan_leg_fails_hands_the_address_over") {
+        return;
+    }
+    let _serial = one_at_a_time();
+    let mut lab = Lab::new(Mode::Peer, None);
+    lab.start(0);
+    lab.start(1);
+    let active = lab.wait_pair(Duration::from_secs(30));
+    let standby = 1 - active;
+    let port = ["pa", "pb"][active];
+    let cut = Instant::now();
+    lab._vlan.ip(&["link", "set", port, "down"]);
+    let moved = poll_until(Duration::from_secs(5), || {
+        (lab.holds(standby) && !lab.holds(active)).then(|| cut.elapsed())
+    });
+    let dns = first_success(cut, Duration::from_secs(5), || dns_ok(&lab));
+    let moved = moved.unwrap_or_else(|| {
+        panic!(
+            "the standby did not take the address within 5 s of the active's VLAN leg going down: /ha {:?} {:?}\n{}",
+            lab.ha(0),
+            lab.ha(1),
+            lab.describe()
+        )
+    });
+    let dns = dns.expect("DNS through the service address after the leg cut");
+    eprintln!("VLAN leg cut: address moved after {moved:?}, DNS answered after {dns:?}");
+    assert!(
+        moved <= Duration::from_secs(1),
+        "the address moved after {moved:?}"
+    );
+    assert!(dns <= DNS_PROXY_LIMIT, "DNS answered after {dns:?}");
+    let ha = lab.ha(active).unwrap();
+    assert_eq!(
+        (ha["role"].as_str(), ha["vlanLegUp"].as_bool()),
+        (Some("standby"), Some(false)),
+        "{ha}"
+    );
+    assert!(
+        lab.metric(
+            active,
+            "causeway_ha_role_changes_total{reason=\"vlan_leg_down\",role=\"standby\"}"
+        )
+        .unwrap_or(0.0)
+            >= 1.0
+    );
+    // The leg returns: the replica that was cut off follows the new active
+    // and leaves the address where it is.
+    lab._vlan.ip(&["link", "set", port, "up"]);
+    lab._vlan.ip(&["link", "set", port, "master", "br0"]);
+    assert_eq!(lab.wait_pair(Duration::from_secs(30)), standby);
 }
 
 /// A replica killed while active leaves the service

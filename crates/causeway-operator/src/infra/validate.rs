@@ -188,6 +188,9 @@ fn ha_section(
                 name: names::replica(infra_name, component, i),
                 address: names::replica_address(infra_name, infra_namespace, component, i),
                 priority: None,
+                // Lease mode: the Lease, not a second advert path, settles
+                // who holds the addresses when the pod network is cut.
+                vlan_address: None,
             })
             .collect(),
         listen: None,

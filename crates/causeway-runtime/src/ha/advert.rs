@@ -36,6 +36,14 @@ pub struct Advert {
     /// over reads lease times its peer wrote by the peer's clock.
     #[serde(default)]
     pub wall_ms: u64,
+    /// The sender's leg on the clients' VLAN has carrier (builds that do
+    /// not say are taken as up).
+    #[serde(default = "carrier_unknown_is_up")]
+    pub leg_up: bool,
+}
+
+fn carrier_unknown_is_up() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -93,7 +101,33 @@ pub struct ReplayGuard {
     last: Option<(u64, u64)>,
 }
 
+/// What the guard makes of an advert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// Newer than any accepted: believe it.
+    New,
+    /// The advert accepted last, arriving again by the other path (each is
+    /// sent on the peer link and on the VLAN): it says that path works, and
+    /// nothing new.
+    Copy,
+    /// Older, or of an older boot while that boot is heard.
+    Replay,
+}
+
 impl ReplayGuard {
+    /// [`ReplayGuard::accept`], telling a second copy of the newest advert
+    /// from a replay.
+    pub fn see(&mut self, advert: &Advert, old_boot_quiet: bool) -> Seen {
+        if self.last == Some((advert.boot, advert.seq)) {
+            return Seen::Copy;
+        }
+        if self.accept(advert, old_boot_quiet) {
+            Seen::New
+        } else {
+            Seen::Replay
+        }
+    }
+
     /// Whether to accept `advert`; `old_boot_quiet` says the boot last heard
     /// has been silent for the dead interval.
     pub fn accept(&mut self, advert: &Advert, old_boot_quiet: bool) -> bool {
@@ -126,6 +160,7 @@ mod tests {
             echo: Some((3, 9)),
             preempt: false,
             wall_ms: 1_700_000_000_000,
+            leg_up: true,
         }
     }
 
@@ -163,6 +198,26 @@ mod tests {
         };
         assert!(!g.accept(&reboot, false));
         assert!(g.accept(&reboot, true));
+    }
+
+    #[test]
+    fn the_copy_by_the_other_path_is_told_from_a_replay() {
+        let mut g = ReplayGuard::default();
+        assert_eq!(g.see(&advert(5), false), Seen::New);
+        assert_eq!(g.see(&advert(5), false), Seen::Copy);
+        assert_eq!(g.see(&advert(4), false), Seen::Replay);
+        assert_eq!(g.see(&advert(6), false), Seen::New);
+        assert_eq!(g.see(&advert(5), false), Seen::Replay);
+    }
+
+    #[test]
+    fn an_advert_of_an_older_build_is_taken_as_having_carrier() {
+        let key = AdvertKey::new(b"0123456789abcdef");
+        let mut body = serde_json::to_value(advert(1)).unwrap();
+        body.as_object_mut().unwrap().remove("legUp");
+        let mut bytes = serde_json::to_vec(&body).unwrap();
+        bytes.extend_from_slice(hmac::sign(&key.0, &bytes).as_ref());
+        assert!(key.open(&bytes).unwrap().leg_up);
     }
 
     proptest::proptest! {

@@ -57,6 +57,9 @@ pub struct PeerState {
     pub echo: Option<(u64, u64)>,
     /// The peer preempts a lower-priority active once it is in sync.
     pub preempt: bool,
+    /// The peer's leg on the clients' VLAN (the interface the service
+    /// addresses live on) has carrier.
+    pub leg_up: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +165,9 @@ pub enum Reason {
     HigherPeerActive,
     /// Lease mode: a renewal failed while the peer could not be heard.
     Fenced,
+    /// Peer mode: this replica's VLAN leg lost carrier while the peer's
+    /// has it: the clients cannot reach this replica, the peer can serve.
+    LegDown,
 }
 
 impl Reason {
@@ -172,6 +178,7 @@ impl Reason {
             Reason::Preempted => "preempted",
             Reason::HigherPeerActive => "higher_peer_active",
             Reason::Fenced => "fenced",
+            Reason::LegDown => "vlan_leg_down",
         }
     }
 }
@@ -235,6 +242,8 @@ pub struct Election {
     /// Lease mode: when the last renewal that succeeded was asked for.
     renew_asked: Instant,
     renewed_from: Option<Instant>,
+    /// This replica's VLAN leg has carrier.
+    leg_up: bool,
 }
 
 impl Election {
@@ -274,7 +283,24 @@ impl Election {
             in_sync_since: Some(now),
             renew_asked: now,
             renewed_from: None,
+            leg_up: true,
         }
+    }
+
+    /// Whether this replica's VLAN leg has carrier (the driver reads it
+    /// every tick). Peer mode: a replica without it hands the role to a
+    /// peer that has it, and does not take it while that peer is heard.
+    pub fn set_leg_up(&mut self, up: bool) {
+        self.leg_up = up;
+    }
+
+    pub fn leg_up(&self) -> bool {
+        self.leg_up
+    }
+
+    /// The peer is heard, and its VLAN leg works where this one's does not.
+    fn peer_serves_better(&self, now: Instant) -> bool {
+        !self.leg_up && self.peer_alive(now).is_some_and(|p| p.leg_up)
     }
 
     /// This process's boot number, as its adverts carry it.
@@ -394,6 +420,9 @@ impl Election {
 
     /// Whether this standby should be active.
     fn wants_active(&self, now: Instant) -> Option<Reason> {
+        if self.mode == Mode::Peer && self.peer_serves_better(now) {
+            return None;
+        }
         match self.peer_alive(now) {
             None => {
                 // At start, give the peer's adverts time to arrive first.
@@ -408,6 +437,9 @@ impl Election {
                 })
                 && p.priority < self.priority)
                 .then_some(Reason::Preempted),
+            // Neither is active and the peer's leg is down: it cannot serve
+            // the clients, so it gets no turn first.
+            Some(p) if !p.leg_up && self.leg_up => Some(Reason::PeerYielded),
             // Neither is active: the higher one goes first, the other only
             // once the higher has had its chance.
             Some(p) => {
@@ -535,6 +567,10 @@ impl Election {
             (Role::Active, Mode::Peer) => {
                 if self.should_yield(now) {
                     self.become_(Role::Standby, Reason::HigherPeerActive, &mut out);
+                } else if self.peer_serves_better(now) {
+                    // The clients cannot reach this replica; the peer,
+                    // hearing it let go, takes over at once.
+                    self.become_(Role::Standby, Reason::LegDown, &mut out);
                 }
             }
             (Role::Standby, Mode::Lease) => self.standby_witness(now, &mut out),
@@ -711,7 +747,62 @@ mod tests {
             term: 1,
             echo: None,
             preempt: false,
+            leg_up: true,
         }
+    }
+
+    #[test]
+    fn peer_mode_an_active_whose_vlan_leg_fails_hands_over_and_does_not_take_back() {
+        let t0 = Instant::now();
+        let mut a = Election::new(Mode::Peer, timers(), "a", "b", 200, false, t0);
+        assert_eq!(a.on_tick(ms(t0, 600)), vec![Action::Take]);
+        let _ = a.take_change();
+        assert!(a.on_advert(ms(t0, 700), advert(false, 100)).is_empty());
+        // Its leg loses carrier: it lets go at its next tick.
+        a.set_leg_up(false);
+        assert_eq!(a.on_tick(ms(t0, 750)), vec![Action::Release]);
+        assert_eq!(a.take_change(), Some((Role::Standby, Reason::LegDown)));
+        // The peer takes over; the outranking replica does not take back
+        // while its own leg is down and the peer's is up, preempting or not.
+        let mut b_active = advert(true, 100);
+        b_active.term = 3;
+        for t in [800, 1000, 5000] {
+            assert!(a.on_advert(ms(t0, t), b_active.clone()).is_empty());
+        }
+        let mut idle = advert(false, 100);
+        idle.term = 3;
+        assert!(a.on_advert(ms(t0, 5200), idle).is_empty());
+        // Its leg back, it may (neither active, it outranks).
+        a.set_leg_up(true);
+        assert_eq!(a.on_tick(ms(t0, 5300)), vec![Action::Take]);
+    }
+
+    #[test]
+    fn peer_mode_the_standby_takes_over_from_an_active_that_let_go_for_its_leg() {
+        let t0 = Instant::now();
+        let mut b = Election::new(Mode::Peer, timers(), "b", "a", 100, false, t0);
+        assert!(b.on_advert(ms(t0, 100), advert(true, 200)).is_empty());
+        // The active's adverts say its leg is down, then that it let go.
+        let mut down = advert(true, 200);
+        down.leg_up = false;
+        assert!(b.on_advert(ms(t0, 300), down.clone()).is_empty());
+        down.active = false;
+        assert_eq!(b.on_advert(ms(t0, 350), down), vec![Action::Take]);
+    }
+
+    #[test]
+    fn peer_mode_with_both_legs_down_or_the_peer_silent_the_active_keeps_the_role() {
+        let t0 = Instant::now();
+        let mut a = Election::new(Mode::Peer, timers(), "a", "b", 200, false, t0);
+        assert_eq!(a.on_tick(ms(t0, 600)), vec![Action::Take]);
+        a.set_leg_up(false);
+        // No peer heard: no one to hand over to.
+        assert!(a.on_tick(ms(t0, 700)).is_empty());
+        // A peer whose leg is down too serves no better.
+        let mut peer = advert(false, 100);
+        peer.leg_up = false;
+        assert!(a.on_advert(ms(t0, 800), peer).is_empty());
+        assert_eq!(a.role(), Role::Active);
     }
 
     #[test]

@@ -90,6 +90,8 @@ pub struct HaMetrics {
     witness: IntCounterVec,
     address_errors: IntCounterVec,
     peer_clock_offset: prometheus::Gauge,
+    peer_heard_on: IntGaugeVec,
+    leg_up: IntGauge,
 }
 
 impl HaMetrics {
@@ -105,9 +107,20 @@ impl HaMetrics {
             changes: IntCounterVec::new(
                 Opts::new(
                     "causeway_ha_role_changes_total",
-                    "Role changes, by the role taken and why (peer_silent, peer_not_active, preempted, higher_peer_active, fenced)",
+                    "Role changes, by the role taken and why (peer_silent, peer_not_active, preempted, higher_peer_active, fenced, vlan_leg_down)",
                 ),
                 &["role", "reason"],
+            )?,
+            peer_heard_on: IntGaugeVec::new(
+                Opts::new(
+                    "causeway_ha_peer_heard_on",
+                    "1 while the peer's adverts arrive by this path (peer_link, vlan) within the dead interval",
+                ),
+                &["path"],
+            )?,
+            leg_up: IntGauge::new(
+                "causeway_ha_vlan_leg_up",
+                "1 while the interface of the service addresses has carrier (peer mode hands the role to a peer whose leg has it)",
             )?,
             peer_heard: IntGauge::new(
                 "causeway_ha_peer_heard",
@@ -155,6 +168,8 @@ impl HaMetrics {
         registry.register(Box::new(m.peer_clock_offset.clone()))?;
         registry.register(Box::new(m.changes.clone()))?;
         registry.register(Box::new(m.peer_heard.clone()))?;
+        registry.register(Box::new(m.peer_heard_on.clone()))?;
+        registry.register(Box::new(m.leg_up.clone()))?;
         registry.register(Box::new(m.peer_active.clone()))?;
         registry.register(Box::new(m.in_sync.clone()))?;
         registry.register(Box::new(m.degraded.clone()))?;
@@ -192,6 +207,44 @@ pub struct HaSettings {
     /// The replicas replicate a DHCP lease log: this one is not in sync
     /// until it has followed the active's stream (or become active).
     pub replicates_leases: bool,
+    /// A second path for the adverts, over the clients' VLAN: a cut peer
+    /// link alone is then no partition.
+    pub vlan_path: Option<VlanPath>,
+    /// The interface the service addresses live on: without carrier, a
+    /// replica hands the role to a peer whose leg has it (peer mode).
+    pub track_interface: Option<String>,
+}
+
+/// Adverts over the VLAN: sent from `listen` (this replica's own address on
+/// the VLAN, bound to `interface`) to the peer's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VlanPath {
+    pub listen: SocketAddr,
+    pub peer: SocketAddr,
+    pub interface: String,
+}
+
+/// The two ways an advert arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AdvertPath {
+    PeerLink = 0,
+    Vlan = 1,
+}
+
+impl AdvertPath {
+    fn label(self) -> &'static str {
+        match self {
+            AdvertPath::PeerLink => "peer_link",
+            AdvertPath::Vlan => "vlan",
+        }
+    }
+}
+
+/// Whether `interface` has carrier, as the kernel says in sysfs; an
+/// interface that is missing or administratively down has none.
+fn has_carrier(interface: &str) -> bool {
+    std::fs::read_to_string(format!("/sys/class/net/{interface}/carrier"))
+        .is_ok_and(|c| c.trim() == "1")
 }
 
 /// Reads the persisted term; a missing file is term 0.
@@ -236,9 +289,19 @@ pub struct HaStatus {
     /// Active without a standby it can fail over to: the peer is not heard,
     /// or its lease log is behind.
     pub degraded: bool,
+    /// The peer's adverts arrive over the peer link, and over the VLAN
+    /// (when adverts take both).
+    pub peer_heard_on_peer_link: bool,
+    pub peer_heard_on_vlan: bool,
+    /// The interface of the service addresses has carrier.
+    pub vlan_leg_up: bool,
 }
 
-fn advert_socket(listen: SocketAddr, interface: Option<&str>) -> std::io::Result<UdpSocket> {
+fn advert_socket(
+    listen: SocketAddr,
+    interface: Option<&str>,
+    freebind: bool,
+) -> std::io::Result<UdpSocket> {
     let socket = socket2::Socket::new(
         socket2::Domain::for_address(listen),
         socket2::Type::DGRAM,
@@ -246,6 +309,10 @@ fn advert_socket(listen: SocketAddr, interface: Option<&str>) -> std::io::Result
     )?;
     if let Some(name) = interface {
         socket.bind_device(Some(name.as_bytes()))?;
+    }
+    if freebind {
+        // The replica's own VLAN address may come up after the process.
+        socket.set_freebind(true)?;
     }
     socket.set_nonblocking(true)?;
     socket.bind(&listen.into())?;
@@ -272,7 +339,21 @@ impl Leadership {
         witness: Option<Arc<W>>,
         metrics: HaMetrics,
     ) -> std::io::Result<Leadership> {
-        let socket = advert_socket(settings.listen, settings.listen_interface.as_deref())?;
+        let socket = advert_socket(settings.listen, settings.listen_interface.as_deref(), false)?;
+        let vlan_socket = match &settings.vlan_path {
+            Some(path) => Some(
+                advert_socket(path.listen, Some(&path.interface), true).map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!(
+                            "the VLAN advert socket at {} on {}: {e}",
+                            path.listen, path.interface
+                        ),
+                    )
+                })?,
+            ),
+            None => None,
+        };
         if let Err(e) = addresses.release().await {
             metrics.address_errors.with_label_values(&["release"]).inc();
             tracing::warn!(error = %e, "cannot clear the service addresses at start");
@@ -330,6 +411,9 @@ impl Leadership {
             guard: ReplayGuard::default(),
             settings,
             socket,
+            vlan_socket,
+            heard_on: [None, None],
+            leg_up: None,
             peer: None,
             resolved_at: None,
             addresses,
@@ -430,6 +514,11 @@ struct Driver<A, W> {
     gate: Arc<AckGate>,
     guard: ReplayGuard,
     socket: UdpSocket,
+    vlan_socket: Option<UdpSocket>,
+    /// When an advert (new, or the newest again) last arrived by each path.
+    heard_on: [Option<Instant>; 2],
+    /// The VLAN leg's carrier at the last look (`None` before the first).
+    leg_up: Option<bool>,
     peer: Option<SocketAddr>,
     resolved_at: Option<Instant>,
     addresses: Arc<A>,
@@ -452,6 +541,7 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
         let mut next_advert = Instant::now();
         let (witness_tx, mut witness_rx) = mpsc::channel::<WitnessResult>(4);
         let mut buf = vec![0u8; MAX_ADVERT + 1];
+        let mut vlan_buf = vec![0u8; MAX_ADVERT + 1];
         loop {
             let actions = tokio::select! {
                 _ = resign.recv() => break,
@@ -462,9 +552,16 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
                     // its takeover forbids.
                     let mut actions = Vec::new();
                     while let Ok((n, from)) = self.socket.try_recv_from(&mut buf) {
-                        actions.extend(self.on_datagram(&buf[..n], from));
+                        actions.extend(self.on_datagram(&buf[..n], from, AdvertPath::PeerLink));
                         self.close_gate_on_release(&actions);
                     }
+                    while let Some(Ok((n, from))) =
+                        self.vlan_socket.as_ref().map(|s| s.try_recv_from(&mut vlan_buf))
+                    {
+                        actions.extend(self.on_datagram(&vlan_buf[..n], from, AdvertPath::Vlan));
+                        self.close_gate_on_release(&actions);
+                    }
+                    self.track_leg();
                     let now = Instant::now();
                     if now >= next_advert {
                         self.send_advert().await;
@@ -475,9 +572,21 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
                     actions
                 }
                 got = self.socket.recv_from(&mut buf) => match got {
-                    Ok((n, from)) => self.on_datagram(&buf[..n], from),
+                    Ok((n, from)) => self.on_datagram(&buf[..n], from, AdvertPath::PeerLink),
                     Err(e) => {
                         tracing::debug!(error = %e, "advert socket error");
+                        Vec::new()
+                    }
+                },
+                got = async {
+                    match &self.vlan_socket {
+                        Some(s) => s.recv_from(&mut vlan_buf).await,
+                        None => std::future::pending().await,
+                    }
+                } => match got {
+                    Ok((n, from)) => self.on_datagram(&vlan_buf[..n], from, AdvertPath::Vlan),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "VLAN advert socket error");
                         Vec::new()
                     }
                 },
@@ -500,7 +609,26 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
         self.send_advert().await;
     }
 
-    fn on_datagram(&mut self, bytes: &[u8], from: SocketAddr) -> Vec<Action> {
+    /// Reads the VLAN leg's carrier and tells the election; says so when
+    /// it changes.
+    fn track_leg(&mut self) {
+        let Some(interface) = &self.settings.track_interface else {
+            return;
+        };
+        let up = has_carrier(interface);
+        if self.leg_up != Some(up) {
+            if up {
+                tracing::info!(%interface, "the VLAN leg has carrier");
+            } else {
+                tracing::warn!(%interface, "the VLAN leg has no carrier: the role goes to the peer if its leg has it");
+            }
+            self.leg_up = Some(up);
+            self.metrics.leg_up.set(i64::from(up));
+        }
+        self.election.set_leg_up(up);
+    }
+
+    fn on_datagram(&mut self, bytes: &[u8], from: SocketAddr, path: AdvertPath) -> Vec<Action> {
         let advert = match self.key.open(bytes) {
             Ok(a) => a,
             Err(e) => {
@@ -526,13 +654,21 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
         }
         let now = Instant::now();
         let quiet = !self.election.hears_peer(now);
-        if !self.guard.accept(&advert, quiet) {
-            self.metrics
-                .adverts_refused
-                .with_label_values(&["replay"])
-                .inc();
-            return Vec::new();
+        match self.guard.see(&advert, quiet) {
+            advert::Seen::New => {}
+            advert::Seen::Copy => {
+                self.heard_on[path as usize] = Some(now);
+                return Vec::new();
+            }
+            advert::Seen::Replay => {
+                self.metrics
+                    .adverts_refused
+                    .with_label_values(&["replay"])
+                    .inc();
+                return Vec::new();
+            }
         }
+        self.heard_on[path as usize] = Some(now);
         self.heard = Some((advert.boot, advert.seq));
         if advert.wall_ms > 0 {
             *self.peer_clock.lock().unwrap_or_else(|p| p.into_inner()) =
@@ -560,6 +696,7 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
                 term: advert.term,
                 echo: advert.echo,
                 preempt: advert.preempt,
+                leg_up: advert.leg_up,
             },
         )
     }
@@ -622,11 +759,28 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
             echo: self.heard,
             preempt: self.settings.preempt,
             wall_ms: wall_ms(),
+            leg_up: self.election.leg_up(),
         };
         let sealed = self.key.seal(&advert);
-        match self.socket.send_to(&sealed, to).await {
-            Ok(_) => self.election.on_sent(self.seq, now),
-            Err(e) => tracing::debug!(%to, error = %e, "advert not sent"),
+        let mut sent = match self.socket.send_to(&sealed, to).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::debug!(%to, error = %e, "advert not sent");
+                false
+            }
+        };
+        // The same advert by the VLAN too: a cut peer link is then not a
+        // partition, and the peer's copy tells it the VLAN path works.
+        if let (Some(socket), Some(path)) = (&self.vlan_socket, &self.settings.vlan_path) {
+            match socket.send_to(&sealed, path.peer).await {
+                Ok(_) => sent = true,
+                Err(e) => {
+                    tracing::debug!(to = %path.peer, error = %e, "advert not sent on the VLAN")
+                }
+            }
+        }
+        if sent {
+            self.election.on_sent(self.seq, now);
         }
     }
 
@@ -742,6 +896,18 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
         let heard = self.election.hears_peer(now);
         let peer = self.election.peer().filter(|_| heard);
         self.metrics.peer_heard.set(i64::from(heard));
+        let dead_after = self.settings.timers.dead_after;
+        let heard_on = |path: AdvertPath| {
+            self.heard_on[path as usize]
+                .is_some_and(|t| now.saturating_duration_since(t) < dead_after)
+        };
+        let (on_link, on_vlan) = (heard_on(AdvertPath::PeerLink), heard_on(AdvertPath::Vlan));
+        for (path, on) in [(AdvertPath::PeerLink, on_link), (AdvertPath::Vlan, on_vlan)] {
+            self.metrics
+                .peer_heard_on
+                .with_label_values(&[path.label()])
+                .set(i64::from(on));
+        }
         self.metrics
             .peer_active
             .set(i64::from(peer.is_some_and(|p| p.active)));
@@ -757,6 +923,9 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
         s.peer_active = peer.is_some_and(|p| p.active);
         s.peer_in_sync = peer.is_some_and(|p| p.in_sync);
         s.in_sync = in_sync;
+        s.peer_heard_on_peer_link = on_link;
+        s.peer_heard_on_vlan = on_vlan;
+        s.vlan_leg_up = self.election.leg_up();
     }
 }
 
@@ -825,6 +994,8 @@ mod tests {
             key: b"0123456789abcdef".to_vec(),
             term_file: None,
             replicates_leases: false,
+            vlan_path: None,
+            track_interface: None,
         }
     }
 
@@ -905,6 +1076,8 @@ mod tests {
             key: b"0123456789abcdef".to_vec(),
             term_file: None,
             replicates_leases: true,
+            vlan_path: None,
+            track_interface: None,
         };
         let registry = Registry::new();
         let metrics = HaMetrics::new(&registry).unwrap();
