@@ -420,7 +420,10 @@ impl Election {
 
     /// Whether this standby should be active.
     fn wants_active(&self, now: Instant) -> Option<Reason> {
-        if self.mode == Mode::Peer && self.peer_serves_better(now) {
+        // Without carrier on its VLAN leg a replica can serve nobody:
+        // taking the role would only raise its term, and on the links'
+        // return the replica that was cut off would win.
+        if self.mode == Mode::Peer && !self.leg_up {
             return None;
         }
         match self.peer_alive(now) {
@@ -772,9 +775,12 @@ mod tests {
         let mut idle = advert(false, 100);
         idle.term = 3;
         assert!(a.on_advert(ms(t0, 5200), idle).is_empty());
+        // Nor with the peer silent: it could serve nobody.
+        assert!(a.on_tick(ms(t0, 9000)).is_empty());
+        assert_eq!(a.role(), Role::Standby);
         // Its leg back, it may (neither active, it outranks).
         a.set_leg_up(true);
-        assert_eq!(a.on_tick(ms(t0, 5300)), vec![Action::Take]);
+        assert_eq!(a.on_tick(ms(t0, 9100)), vec![Action::Take]);
     }
 
     #[test]
