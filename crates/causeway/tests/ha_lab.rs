@@ -928,7 +928,9 @@ fn kill_cycles(mode: Mode, cluster: Option<&kube_cluster::SharedCluster>) {
         .collect();
     assert!(
         bound.windows(2).all(|w| w[0] == w[1]),
-        "dhclient's address changed across the takeovers: {bound:?}"
+        "dhclient's address changed across the takeovers: {bound:?}\nits events (ms, reason, address): {:?}\n{}",
+        hook_events(&hook_log),
+        lab.describe()
     );
     dhcp_load.signal("INT");
     dhcp_load.wait_exit(Duration::from_secs(30));
