@@ -244,6 +244,8 @@ pub struct Election {
     renewed_from: Option<Instant>,
     /// This replica's VLAN leg has carrier.
     leg_up: bool,
+    /// When the leg last came back.
+    leg_back: Option<Instant>,
 }
 
 impl Election {
@@ -284,13 +286,25 @@ impl Election {
             renew_asked: now,
             renewed_from: None,
             leg_up: true,
+            leg_back: None,
         }
     }
 
     /// Whether this replica's VLAN leg has carrier (the driver reads it
     /// every tick). Peer mode: a replica without it hands the role to a
-    /// peer that has it, and does not take it while that peer is heard.
+    /// peer that has it, and never takes the role.
     pub fn set_leg_up(&mut self, up: bool) {
+        self.set_leg_up_at(up, self.started);
+    }
+
+    /// As [`Election::set_leg_up`], at `now`: a leg that comes back counts
+    /// as a start, so the peer's adverts (whose links may have come back
+    /// with it) get a dead interval to arrive before the peer is taken
+    /// for silent.
+    pub fn set_leg_up_at(&mut self, up: bool, now: Instant) {
+        if up && !self.leg_up {
+            self.leg_back = Some(now);
+        }
         self.leg_up = up;
     }
 
@@ -428,8 +442,10 @@ impl Election {
         }
         match self.peer_alive(now) {
             None => {
-                // At start, give the peer's adverts time to arrive first.
-                let waited = now.saturating_duration_since(self.started) >= self.timers.dead_after;
+                // At start, or when the leg comes back, give the peer's
+                // adverts time to arrive first.
+                let since = self.leg_back.map_or(self.started, |t| t.max(self.started));
+                let waited = now.saturating_duration_since(since) >= self.timers.dead_after;
                 waited.then_some(Reason::PeerSilent)
             }
             Some(p) if p.active => (self.mode == Mode::Peer
@@ -778,9 +794,12 @@ mod tests {
         // Nor with the peer silent: it could serve nobody.
         assert!(a.on_tick(ms(t0, 9000)).is_empty());
         assert_eq!(a.role(), Role::Standby);
-        // Its leg back, it may (neither active, it outranks).
-        a.set_leg_up(true);
-        assert_eq!(a.on_tick(ms(t0, 9100)), vec![Action::Take]);
+        // Its leg back, it may, once the peer had a dead interval to be
+        // heard again (the links may have come back together).
+        a.set_leg_up_at(true, ms(t0, 9100));
+        assert!(a.on_tick(ms(t0, 9100)).is_empty());
+        assert!(a.on_tick(ms(t0, 9699)).is_empty());
+        assert_eq!(a.on_tick(ms(t0, 9700)), vec![Action::Take]);
     }
 
     #[test]

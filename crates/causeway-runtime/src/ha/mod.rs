@@ -625,7 +625,7 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
             self.leg_up = Some(up);
             self.metrics.leg_up.set(i64::from(up));
         }
-        self.election.set_leg_up(up);
+        self.election.set_leg_up_at(up, Instant::now());
     }
 
     fn on_datagram(&mut self, bytes: &[u8], from: SocketAddr, path: AdvertPath) -> Vec<Action> {
