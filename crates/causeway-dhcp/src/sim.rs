@@ -17,8 +17,10 @@
 //! writer is let run before the driver, the worst order), adverts dropped
 //! or cut one way, a standby disk that refuses writes, a standby that
 //! confirms 1.5 s late, witness requests that fail, and clocks that differ.
-//! A partition of every path is not among them: peer mode cannot tell it
-//! from a dead peer, and the pool's split between the partners is not built.
+//! Partitions cut every path between the replicas (the clients still reach
+//! both): each then serves from its own share of the pool, and the logs
+//! merge when it heals. A cut of the peer link alone stops the lease stream
+//! while the adverts still cross the VLAN (ha.replicas[].vlanAddress).
 //!
 //! After the faults stop and the pair settles, the invariant is checked:
 //! one replica is active, every lease a client was ACKed is the newest
@@ -223,6 +225,8 @@ pub(crate) enum Event {
     StandbyDisk(u64),
     StandbySlow(u64),
     Partition(u64),
+    /// The peer link only: the stream stops, the adverts go by the VLAN.
+    PeerLinkCut(u64),
 }
 
 pub(crate) struct Setup {
@@ -233,6 +237,7 @@ pub(crate) struct Setup {
 
 pub(crate) struct Faults {
     partitions: bool,
+    link_cuts: bool,
     kills: bool,
     stalls: bool,
     disk: bool,
@@ -262,6 +267,8 @@ pub(crate) struct Sim {
     /// Nothing passes between the replicas until then (clients still
     /// reach both).
     partitioned_until: Instant,
+    /// The peer link is cut until then; the adverts still cross the VLAN.
+    link_cut_until: Instant,
     drop_per_mille: u64,
     acked: Vec<(Lease, Instant, usize)>,
     by_ip: BTreeMap<u32, u64>,
@@ -378,6 +385,7 @@ impl Sim {
             },
             cut_until: [t0, t0],
             partitioned_until: t0,
+            link_cut_until: t0,
             drop_per_mille: 0,
             acked: Vec::new(),
             by_ip: BTreeMap::new(),
@@ -408,6 +416,16 @@ impl Sim {
     }
 
     fn send(&mut self, to: usize, msg: Msg, mut delay: Duration) {
+        if self.link_cut_until > self.now && self.partitioned_until <= self.now {
+            match msg {
+                // The VLAN carries the adverts and the clients.
+                Msg::Request { .. } | Msg::Witness { .. } | Msg::Advert { .. } => {}
+                _ => {
+                    delay = delay.max(self.link_cut_until.saturating_duration_since(self.now))
+                        + self.latency()
+                }
+            }
+        }
         if self.partitioned_until > self.now {
             match msg {
                 Msg::Request { .. } | Msg::Witness { .. } => {}
@@ -531,6 +549,11 @@ impl Sim {
             let d = self.rng.ms(200, 2000);
             self.note(i, format_args!("adverts cut for {d:?}"));
             self.cut_until[i] = now + d;
+        }
+        if f.link_cuts && self.rng.chance(1) && self.link_cut_until <= now {
+            let d = self.rng.ms(500, 8000);
+            self.note(i, format_args!("peer link cut for {d:?}"));
+            self.link_cut_until = now + d;
         }
         if f.partitions && self.rng.chance(1) && self.partitioned_until <= now {
             let d = self.rng.ms(500, 8000);
@@ -1132,6 +1155,7 @@ impl Sim {
             drops: sim.rng.chance(500),
             cuts: sim.rng.chance(500),
             partitions: sim.rng.chance(500),
+            link_cuts: sim.rng.chance(500),
             witness_fails: true,
         };
         let _ = faults.witness_fails;
@@ -1146,6 +1170,7 @@ impl Sim {
         }
         sim.cut_until = [sim.now, sim.now];
         sim.partitioned_until = sim.now;
+        sim.link_cut_until = sim.now;
         for _ in 0..2000 {
             sim.step(None);
         }
@@ -1187,6 +1212,7 @@ impl Sim {
             r.slow_until = sim.now;
         }
         sim.partitioned_until = sim.now;
+        sim.link_cut_until = sim.now;
         for _ in 0..2000 {
             sim.step(None);
         }
@@ -1224,6 +1250,7 @@ impl Sim {
                 self.replicas[standby].slow_until = now + Duration::from_millis(ms)
             }
             Event::Partition(ms) => self.partitioned_until = now + Duration::from_millis(ms),
+            Event::PeerLinkCut(ms) => self.link_cut_until = now + Duration::from_millis(ms),
         }
         self.scripted += 1;
     }
@@ -1380,6 +1407,15 @@ mod tests {
         case(
             &[peer(), lease()],
             &[(5_000, Event::Partition(5_000))],
+            20_000,
+        );
+    }
+
+    #[test]
+    fn scenario_the_peer_link_is_cut_while_the_adverts_cross_the_vlan() {
+        case(
+            &[peer(), lease()],
+            &[(5_000, Event::PeerLinkCut(6_000))],
             20_000,
         );
     }
