@@ -1231,6 +1231,39 @@ subjects:
 
     live_certificate_scenario(c, &client, &op, &mut attacks).await;
 
+    println!("scenario: a burst of Node changes costs a few approval passes, not one each");
+    let passes = || {
+        metric(
+            &admin_get(&op, "/metrics"),
+            "causeway_operator_csr_approval_passes_total",
+        )
+    };
+    let before = passes();
+    let started = std::time::Instant::now();
+    for i in 0..60 {
+        node(
+            &client,
+            "burst",
+            &[("InternalIP", &format!("10.0.0.{}", 100 + i % 50))],
+        )
+        .await;
+    }
+    let took = started.elapsed();
+    // Time for any pass the burst still owes to run: waiting longer only
+    // lets more passes in, so the bound below holds the tighter.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let ran = passes() - before;
+    let bound = (took.as_millis() / 250) as f64 + 4.0;
+    eprintln!("120 Node events in {took:?} cost {ran} passes (bound {bound})");
+    assert!(
+        ran >= 1.0 && ran <= bound,
+        "120 Node events in {took:?} cost {ran} approval passes; the debounce allows {bound}"
+    );
+    Api::<Node>::all(client.clone())
+        .delete("burst", &DeleteParams::default())
+        .await
+        .unwrap();
+
     println!("scenario: the provisioner goes away and its approver stops");
     Api::<DPFHCPProvisioner>::namespaced(client.clone(), NS)
         .delete(NAME, &DeleteParams::default())

@@ -649,6 +649,9 @@ async fn session(ctx: &Context, namespace: &str, name: &str) -> Ended {
             identity,
             hosted: &hosted,
         };
+        if let Some(m) = &ctx.metrics {
+            m.csr_pass();
+        }
         match pass
             .run(&all, &nodes.state(), &dpus.state(), &mut seen)
             .await

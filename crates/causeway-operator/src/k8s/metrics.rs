@@ -17,6 +17,7 @@ pub struct OperatorMetrics {
     seconds: HistogramVec,
     csr_decisions: IntCounterVec,
     csr_live_certificates: IntCounterVec,
+    csr_passes: prometheus::IntCounter,
     csr_pending: IntGaugeVec,
     csr_max_pending: IntGaugeVec,
     csr_not_running: IntCounterVec,
@@ -87,6 +88,10 @@ impl OperatorMetrics {
                 ),
                 &["kind", "verdict", "reason"],
             )?,
+            csr_passes: prometheus::IntCounter::new(
+                "causeway_operator_csr_approval_passes_total",
+                "Approval passes over a hosted cluster's pending CSRs; events that arrive within 250 ms of the one that started a pass join it",
+            )?,
             csr_live_certificates: IntCounterVec::new(
                 Opts::new(
                     "causeway_operator_csr_live_certificates_total",
@@ -147,6 +152,7 @@ impl OperatorMetrics {
         registry.register(Box::new(m.template_outcomes.clone()))?;
         registry.register(Box::new(m.csr_decisions.clone()))?;
         registry.register(Box::new(m.csr_live_certificates.clone()))?;
+        registry.register(Box::new(m.csr_passes.clone()))?;
         registry.register(Box::new(m.csr_not_running.clone()))?;
         registry.register(Box::new(m.csr_pending.clone()))?;
         registry.register(Box::new(m.csr_max_pending.clone()))?;
@@ -207,6 +213,10 @@ impl OperatorMetrics {
         self.csr_decisions
             .with_label_values(&[kind, verdict, reason])
             .inc();
+    }
+
+    pub fn csr_pass(&self) {
+        self.csr_passes.inc();
     }
 
     pub fn csr_live_certificate(&self, result: &str) {
