@@ -402,6 +402,31 @@ async fn node_at(
     .unwrap();
 }
 
+/// An Infra on the DPUs' VLAN with these DHCP reservations: what the
+/// management side assigned, and to which host.
+async fn reserving_infra(client: &Client, name: &str, reservations: Value) {
+    apply_yaml(
+        client,
+        &serde_json::to_string(&json!({
+            "apiVersion": "hostedcluster.densityops.com/v1alpha1", "kind": "Infra",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {
+                "networkConfig": {"cidr": "10.0.0.0/24", "gateway": "10.0.0.1", "networkAttachmentDefinition": "dpu-vlan"},
+                "infraComponents": {
+                    "dhcp": {"enabled": true, "serverIP": "10.0.0.2", "rangeStart": "10.0.0.100", "rangeEnd": "10.0.0.200",
+                        "reservations": reservations},
+                    "dns": {"enabled": false},
+                    "proxy": {"enabled": false},
+                },
+            },
+        }))
+        .unwrap(),
+        NS,
+    )
+    .await
+    .unwrap();
+}
+
 async fn approval_condition(client: &Client) -> Option<(String, String, String)> {
     provisioner_condition(client, "CSRAutoApprovalActive").await
 }
@@ -516,30 +541,16 @@ subjects:
     .await;
     // What the management side assigned: the DPUs' VLAN Infra reserves
     // each DPU's address under its name.
-    apply_yaml(
+    reserving_infra(
         &client,
-        &serde_json::to_string(&json!({
-            "apiVersion": "hostedcluster.densityops.com/v1alpha1", "kind": "Infra",
-            "metadata": {"name": "dpu-vlan", "namespace": NS},
-            "spec": {
-                "networkConfig": {"cidr": "10.0.0.0/24", "gateway": "10.0.0.1", "networkAttachmentDefinition": "dpu-vlan"},
-                "infraComponents": {
-                    "dhcp": {"enabled": true, "serverIP": "10.0.0.2", "rangeStart": "10.0.0.100", "rangeEnd": "10.0.0.200",
-                        "reservations": [
-                            {"mac": "02:00:00:00:00:12", "ip": "10.0.0.12", "hostname": "dpu-b"},
-                            {"mac": "02:00:00:00:00:14", "ip": "10.0.0.14", "hostname": "dpu-b"},
-                            {"mac": "02:00:00:00:00:13", "ip": "10.0.0.13", "hostname": "dpu-c"},
-                        ]},
-                    "dns": {"enabled": false},
-                    "proxy": {"enabled": false},
-                },
-            },
-        }))
-        .unwrap(),
-        NS,
+        "dpu-vlan",
+        json!([
+            {"mac": "02:00:00:00:00:12", "ip": "10.0.0.12", "hostname": "dpu-b"},
+            {"mac": "02:00:00:00:00:14", "ip": "10.0.0.14", "hostname": "dpu-b"},
+            {"mac": "02:00:00:00:00:13", "ip": "10.0.0.13", "hostname": "dpu-c"},
+        ]),
     )
-    .await
-    .unwrap();
+    .await;
 
     kube_cluster::blue_field_images(
         &client,
@@ -1301,29 +1312,15 @@ async fn live_certificate_scenario(
     const KUBELET_IP: &str = "127.0.7.23";
     const EXTERNAL_IP: &str = "10.0.0.15";
     let kubelet_port = support::free_tcp_port();
-    apply_yaml(
+    reserving_infra(
         client,
-        &serde_json::to_string(&json!({
-            "apiVersion": "hostedcluster.densityops.com/v1alpha1", "kind": "Infra",
-            "metadata": {"name": "dpu-l-vlan", "namespace": NS},
-            "spec": {
-                "networkConfig": {"cidr": "10.0.0.0/24", "gateway": "10.0.0.1", "networkAttachmentDefinition": "dpu-vlan"},
-                "infraComponents": {
-                    "dhcp": {"enabled": true, "serverIP": "10.0.0.2", "rangeStart": "10.0.0.100", "rangeEnd": "10.0.0.200",
-                        "reservations": [
-                            {"mac": "02:00:00:00:00:15", "ip": EXTERNAL_IP, "hostname": "dpu-l"},
-                            {"mac": "02:00:00:00:00:16", "ip": KUBELET_IP, "hostname": "dpu-l"},
-                        ]},
-                    "dns": {"enabled": false},
-                    "proxy": {"enabled": false},
-                },
-            },
-        }))
-        .unwrap(),
-        NS,
+        "dpu-l-vlan",
+        json!([
+            {"mac": "02:00:00:00:00:15", "ip": EXTERNAL_IP, "hostname": "dpu-l"},
+            {"mac": "02:00:00:00:00:16", "ip": KUBELET_IP, "hostname": "dpu-l"},
+        ]),
     )
-    .await
-    .unwrap();
+    .await;
     // Not yet in a serving phase: the approver leaves its first serving
     // CSR alone, and the administrator approves it.
     dpu(client, "dpu-l", "Initializing").await;

@@ -366,38 +366,19 @@ fn client_cmd(lab: &Lab, program: impl AsRef<Path>) -> Command {
 /// One query from the bench (a 150 ms timeout, so the takeover is timed
 /// to a tenth of a second; dig's shortest timeout is a whole second).
 fn dns_ok(lab: &Lab) -> bool {
-    client_cmd(lab, bench_bin())
-        .args([
-            "dns",
-            "--server",
-            &format!("{SERVICE_IP}:53"),
-            "--mix",
-            "local=100",
-            "--zone",
-            "hc1.example.com",
-            "--count",
-            "1",
-            "--timeout",
-            "150ms",
-            "--json",
-        ])
-        .stderr(Stdio::null())
-        .output()
-        .is_ok_and(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .rev()
-                .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .is_some_and(|v| v["responses"].as_u64() == Some(1))
-        })
+    dns_ok_from(&lab.client)
 }
 
 /// A DNS query through the service address from a client that resolves
 /// the address by ARP afresh (its neighbour entry flushed first).
 fn fresh_arp_dns_ok(lab: &Lab) -> bool {
     lab.fresh.ip(&["neigh", "flush", "dev", "eth0"]);
-    lab.fresh
-        .command(bench_bin())
+    dns_ok_from(&lab.fresh)
+}
+
+/// One bench query through the service address from `ns`, answered.
+fn dns_ok_from(ns: &Netns) -> bool {
+    ns.command(bench_bin())
         .args([
             "dns",
             "--server",
@@ -412,6 +393,7 @@ fn fresh_arp_dns_ok(lab: &Lab) -> bool {
             "150ms",
             "--json",
         ])
+        .stdin(Stdio::null())
         .stderr(Stdio::null())
         .output()
         .is_ok_and(|o| {
