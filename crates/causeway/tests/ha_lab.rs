@@ -1141,10 +1141,7 @@ fn every_metric_the_alerts_and_dashboards_read_is_exported() {
         return;
     }
     let _serial = one_at_a_time();
-    let mut lab = Lab::new(Mode::Peer, None);
-    lab.start(0);
-    lab.start(1);
-    let active = lab.wait_pair(Duration::from_secs(30));
+    let (lab, active) = running_pair(Mode::Peer);
     assert!(
         poll_until(Duration::from_secs(10), || dhcp_ok(&lab).then_some(())).is_some(),
         "no DHCP ACK through the service address"
@@ -1301,6 +1298,16 @@ fn lease_mode_an_active_cut_off_from_its_peer_and_the_api_lets_go_before_the_oth
     );
 }
 
+/// A pair of `mode` started, once one is active with an in-sync standby:
+/// the lab and the active's index.
+fn running_pair(mode: Mode) -> (Lab, usize) {
+    let mut lab = Lab::new(mode, None);
+    lab.start(0);
+    lab.start(1);
+    let active = lab.wait_pair(Duration::from_secs(30));
+    (lab, active)
+}
+
 /// DHCP load for `run_for` from the client namespace through the service
 /// address, every ACK in `acks`.
 fn dhcp_load(lab: &Lab, acks: &Path, run_for: &str) -> Proc {
@@ -1372,10 +1379,7 @@ fn peer_mode_a_loaded_pair_never_takes_over_without_a_fault() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(20);
     let _serial = one_at_a_time();
-    let mut lab = Lab::new(Mode::Peer, None);
-    lab.start(0);
-    lab.start(1);
-    let active = lab.wait_pair(Duration::from_secs(30));
+    let (lab, active) = running_pair(Mode::Peer);
     let changes = |lab: &Lab, i: usize| -> f64 {
         let (_, body) = lab.admin(i).get("/metrics").unwrap_or_default();
         body.lines()
@@ -1466,10 +1470,7 @@ fn peer_mode_a_cut_peer_link_is_no_partition_while_the_adverts_cross_the_vlan() 
         return;
     }
     let _serial = one_at_a_time();
-    let mut lab = Lab::new(Mode::Peer, None);
-    lab.start(0);
-    lab.start(1);
-    let active = lab.wait_pair(Duration::from_secs(30));
+    let (lab, active) = running_pair(Mode::Peer);
     let standby = 1 - active;
     let acks = lab.dir.path().join("acks.log");
     let mut load = dhcp_load(&lab, &acks, "16s");
@@ -1527,10 +1528,7 @@ fn peer_mode_an_active_whose_vlan_leg_fails_hands_the_address_over() {
         return;
     }
     let _serial = one_at_a_time();
-    let mut lab = Lab::new(Mode::Peer, None);
-    lab.start(0);
-    lab.start(1);
-    let active = lab.wait_pair(Duration::from_secs(30));
+    let (lab, active) = running_pair(Mode::Peer);
     let standby = 1 - active;
     let port = ["pa", "pb"][active];
     let cut = Instant::now();
