@@ -989,20 +989,50 @@ fn kill_cycles(mode: Mode, cluster: Option<&kube_cluster::SharedCluster>) {
         let standby = 1 - active;
         let said = "causeway_ha_role_changes_total{reason=\"peer_not_active\",role=\"active\"}";
         let before = lab.metric(standby, said).unwrap_or(0.0);
+        // A long-lived proxied connection (a kubelet's watch), idle across
+        // the handover: the stopping replica drains it until its deadline,
+        // since the client's side of it now reaches the other replica.
+        let watch = Proc::spawn(
+            "idle-watch",
+            lab.dir.path(),
+            client_cmd(&lab, "bash").args([
+                "-c",
+                &format!(
+                    "exec 3<>/dev/tcp/{SERVICE_IP}/6443 && echo ping >&3 && read -r line <&3 && echo open && exec sleep 120"
+                ),
+            ]),
+        );
+        poll_until(Duration::from_secs(10), || {
+            watch.output().contains("open").then_some(())
+        })
+        .unwrap_or_else(|| panic!("no idle proxied connection\n{}", watch.describe()));
         let stopped_at = Instant::now();
-        let proc = lab.replicas[active].proc.as_mut().unwrap();
-        proc.signal("TERM");
-        let status = proc.wait_exit(Duration::from_secs(30));
+        lab.replicas[active].proc.as_ref().unwrap().signal("TERM");
+        // Probed while the stopping replica drains: its exit may wait for
+        // proxied connections that were in flight when it let the address
+        // go, which says nothing about when the service came back.
+        let back = first_success(stopped_at, DHCP_LIMIT, || dns_ok(&lab));
+        assert!(
+            back.is_some(),
+            "DNS did not come back after the active's SIGTERM: {:?} {:?}\n{}",
+            lab.ha(0),
+            lab.ha(1),
+            lab.describe()
+        );
+        let status = lab.replicas[active]
+            .proc
+            .as_mut()
+            .unwrap()
+            .wait_exit(Duration::from_secs(45));
         assert!(
             status.success(),
             "the active did not stop cleanly: {status}"
         );
-        let back = first_success(stopped_at, DHCP_LIMIT, || dns_ok(&lab));
-        assert!(
-            back.is_some(),
-            "DNS did not come back after the active's SIGTERM\n{}",
-            lab.describe()
+        eprintln!(
+            "{mode:?} SIGTERM of the active: it exited after {:?}, an idle proxied connection open",
+            stopped_at.elapsed()
         );
+        drop(watch);
         assert_eq!(
             lab.metric(standby, said),
             Some(before + 1.0),
