@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use crate::lease::{LeaseRecord, LeaseState};
 use crate::merge::{judge, newest, Held, Judgement, Share};
 use crate::replica::join_hold;
+use causeway_runtime::ha::advert::{OtherBoot, ReplayGuard, Seen};
 use causeway_runtime::ha::{
     Action, Alone, Election, GateState, Mode, PeerState, Role, Timers, WitnessRequest,
     WitnessResult, WitnessView,
@@ -183,7 +184,7 @@ struct Replica {
     boot: u64,
     seq: u64,
     heard: Option<(u64, u64)>,
-    guard: Option<(u64, u64)>,
+    guard: ReplayGuard,
     next_advert: Instant,
     log: Vec<Lease>,
     memory: BTreeMap<u32, Lease>,
@@ -322,7 +323,7 @@ impl Replica {
             boot,
             seq: 0,
             heard: None,
-            guard: None,
+            guard: ReplayGuard::default(),
             next_advert: now,
             log: Vec::new(),
             memory: BTreeMap::new(),
@@ -670,16 +671,13 @@ impl Sim {
     fn on_advert(&mut self, i: usize, boot: u64, seq: u64, state: PeerState) {
         let now = self.now;
         let r = &mut self.replicas[i];
-        let quiet = !r.election.hears_peer(now);
-        let fresh = match r.guard {
-            None => true,
-            Some((b, s)) if b == boot => seq > s,
-            Some(_) => quiet,
+        let other_boot = OtherBoot {
+            last_quiet: !r.election.hears_peer(now),
+            echo_recent: r.election.echo_is_recent(state.echo, now),
         };
-        if !fresh {
+        if r.guard.see(boot, seq, other_boot) != Seen::New {
             return;
         }
-        r.guard = Some((boot, seq));
         r.heard = Some((boot, seq));
         let in_sync = r.in_sync;
         r.election.set_in_sync_at(in_sync, now);

@@ -94,8 +94,11 @@ impl AdvertKey {
 }
 
 /// Refuses replays: within one boot of the peer, sequence numbers only
-/// grow; a new boot is believed only once the old one has gone quiet (a
-/// replayed advert of an old boot cannot interrupt a live one).
+/// grow; another boot is believed only once the boot heard last has gone
+/// quiet *and* the advert echoes one this replica sent within the dead
+/// interval. A recorded advert of an earlier boot cannot pass: what it
+/// echoes is as old as it is, and this replica's boot or sequence has
+/// moved on since.
 #[derive(Debug, Default)]
 pub struct ReplayGuard {
     last: Option<(u64, u64)>,
@@ -110,34 +113,50 @@ pub enum Seen {
     /// sent on the peer link and on the VLAN): it says that path works, and
     /// nothing new.
     Copy,
-    /// Older, or of an older boot while that boot is heard.
+    /// Older, or of another boot that has not proved itself live.
     Replay,
+}
+
+/// Whether an advert of a boot other than the one heard last may be
+/// believed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OtherBoot {
+    /// The boot heard last has been silent for the dead interval.
+    pub last_quiet: bool,
+    /// The advert echoes an advert of this replica's current boot sent
+    /// within the dead interval: it was written by a live process.
+    pub echo_recent: bool,
+}
+
+impl OtherBoot {
+    fn allowed(self) -> bool {
+        self.last_quiet && self.echo_recent
+    }
 }
 
 impl ReplayGuard {
     /// [`ReplayGuard::accept`], telling a second copy of the newest advert
     /// from a replay.
-    pub fn see(&mut self, advert: &Advert, old_boot_quiet: bool) -> Seen {
-        if self.last == Some((advert.boot, advert.seq)) {
+    pub fn see(&mut self, boot: u64, seq: u64, other: OtherBoot) -> Seen {
+        if self.last == Some((boot, seq)) {
             return Seen::Copy;
         }
-        if self.accept(advert, old_boot_quiet) {
+        if self.accept(boot, seq, other) {
             Seen::New
         } else {
             Seen::Replay
         }
     }
 
-    /// Whether to accept `advert`; `old_boot_quiet` says the boot last heard
-    /// has been silent for the dead interval.
-    pub fn accept(&mut self, advert: &Advert, old_boot_quiet: bool) -> bool {
+    /// Whether to accept advert `seq` of `boot`.
+    pub fn accept(&mut self, boot: u64, seq: u64, other: OtherBoot) -> bool {
         let fresh = match self.last {
             None => true,
-            Some((boot, seq)) if boot == advert.boot => advert.seq > seq,
-            Some(_) => old_boot_quiet,
+            Some((last_boot, last_seq)) if last_boot == boot => seq > last_seq,
+            Some(_) => other.allowed(),
         };
         if fresh {
-            self.last = Some((advert.boot, advert.seq));
+            self.last = Some((boot, seq));
         }
         fresh
     }
@@ -184,30 +203,60 @@ mod tests {
         ));
     }
 
+    const LIVE: OtherBoot = OtherBoot {
+        last_quiet: true,
+        echo_recent: true,
+    };
+
     #[test]
     fn replays_and_a_stale_boot_are_refused() {
         let mut g = ReplayGuard::default();
-        assert!(g.accept(&advert(5), false));
-        assert!(!g.accept(&advert(5), false));
-        assert!(!g.accept(&advert(4), false));
-        assert!(g.accept(&advert(6), false));
-        let reboot = Advert {
-            boot: 8,
-            seq: 1,
-            ..advert(1)
+        let neither = OtherBoot {
+            last_quiet: false,
+            echo_recent: false,
         };
-        assert!(!g.accept(&reboot, false));
-        assert!(g.accept(&reboot, true));
+        assert!(g.accept(7, 5, neither));
+        assert!(!g.accept(7, 5, LIVE));
+        assert!(!g.accept(7, 4, LIVE));
+        assert!(g.accept(7, 6, neither));
+        // A new boot while the old one still speaks: refused.
+        assert!(!g.accept(
+            8,
+            1,
+            OtherBoot {
+                last_quiet: false,
+                ..LIVE
+            }
+        ));
+        assert!(g.accept(8, 1, LIVE));
+    }
+
+    /// A recorded advert of an earlier boot, replayed once the live boot
+    /// fell silent, echoes what this replica sent back then: refused,
+    /// where it used to pass as soon as the peer was quiet.
+    #[test]
+    fn an_old_boots_advert_replayed_while_the_peer_is_silent_is_refused() {
+        let mut g = ReplayGuard::default();
+        assert!(g.accept(7, 40, LIVE));
+        assert!(g.accept(8, 1, LIVE));
+        let stale_echo = OtherBoot {
+            last_quiet: true,
+            echo_recent: false,
+        };
+        assert_eq!(g.see(7, 41, stale_echo), Seen::Replay);
+        assert_eq!(g.see(7, 99, stale_echo), Seen::Replay);
+        // The live boot, heard again, is still believed.
+        assert_eq!(g.see(8, 2, stale_echo), Seen::New);
     }
 
     #[test]
     fn the_copy_by_the_other_path_is_told_from_a_replay() {
         let mut g = ReplayGuard::default();
-        assert_eq!(g.see(&advert(5), false), Seen::New);
-        assert_eq!(g.see(&advert(5), false), Seen::Copy);
-        assert_eq!(g.see(&advert(4), false), Seen::Replay);
-        assert_eq!(g.see(&advert(6), false), Seen::New);
-        assert_eq!(g.see(&advert(5), false), Seen::Replay);
+        assert_eq!(g.see(7, 5, LIVE), Seen::New);
+        assert_eq!(g.see(7, 5, LIVE), Seen::Copy);
+        assert_eq!(g.see(7, 4, LIVE), Seen::Replay);
+        assert_eq!(g.see(7, 6, LIVE), Seen::New);
+        assert_eq!(g.see(7, 5, LIVE), Seen::Replay);
     }
 
     #[test]

@@ -653,8 +653,11 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
             return Vec::new();
         }
         let now = Instant::now();
-        let quiet = !self.election.hears_peer(now);
-        match self.guard.see(&advert, quiet) {
+        let other_boot = advert::OtherBoot {
+            last_quiet: !self.election.hears_peer(now),
+            echo_recent: self.election.echo_is_recent(advert.echo, now),
+        };
+        match self.guard.see(advert.boot, advert.seq, other_boot) {
             advert::Seen::New => {}
             advert::Seen::Copy => {
                 self.heard_on[path as usize] = Some(now);
