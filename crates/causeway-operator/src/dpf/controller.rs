@@ -37,7 +37,7 @@ use crate::k8s::resources::{
     dpf_operator_config_resource, dpu_cluster_resource, dpu_flavor_resource,
     hosted_cluster_resource, node_pool_resource,
 };
-use crate::k8s::watch::{cached, Scope};
+use crate::k8s::watch::{cached, cached_optional, once_served, OptionalKind, Scope};
 
 const CONTROLLER: &str = "dpfhcp";
 const RECONCILE_CONCURRENCY: u16 = 16;
@@ -106,14 +106,28 @@ pub async fn run(
     if let Some(m) = &metrics {
         m.controller_started(CONTROLLER);
     }
-    let (provisioners, provisioner_stream) = cached(
+    // The bridge's own CRDs may be applied after the operator started
+    // (`causeway operator crd dpfhcpprovisioner`): watched once served.
+    let (provisioners, provisioner_stream) = cached_optional(
+        &client,
         scope.api::<DPFHCPProvisioner>(&client),
+        OptionalKind::of(
+            &ApiResource::erase::<DPFHCPProvisioner>(&()),
+            "the DPF bridge has nothing to do",
+        ),
         watcher::Config::default(),
     );
-    let (configs, config_stream) = cached(
+    let provisioners = provisioners.store().clone();
+    let (configs, config_stream) = cached_optional(
+        &client,
         Api::<DPFHCPProvisionerConfig>::all(client.clone()),
+        OptionalKind::of(
+            &ApiResource::erase::<DPFHCPProvisionerConfig>(&()),
+            "provisioners use the built-in settings",
+        ),
         watcher::Config::default(),
     );
+    let configs = configs.store().clone();
     let (blue_field_images, images_stream) = cached(
         Api::<ConfigMap>::namespaced(client.clone(), &operator_namespace),
         watcher::Config::default().fields(&format!(
@@ -134,45 +148,60 @@ pub async fn run(
         recorder,
         metrics,
     });
-    let dynamic = |resource: ApiResource, labelled: bool| {
-        let api: Api<PartialObjectMeta<DynamicObject>> = match &scope {
-            Scope::All => Api::all_with(client.clone(), &resource),
-            Scope::Namespace(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+    // HyperShift's and DPF's kinds may be installed after the operator:
+    // each is watched once served, and the reconciles report what is
+    // missing meanwhile.
+    let foreign = |resource: ApiResource, all: bool, labelled: bool, meanwhile: &'static str| {
+        let api: Api<PartialObjectMeta<DynamicObject>> = match (&scope, all) {
+            (Scope::Namespace(ns), false) => Api::namespaced_with(client.clone(), ns, &resource),
+            _ => Api::all_with(client.clone(), &resource),
         };
         let config = if labelled {
             watcher::Config::default().labels(render::NAME_LABEL)
         } else {
             watcher::Config::default()
         };
-        watcher(api, config).default_backoff().touched_objects()
+        once_served(
+            client.clone(),
+            OptionalKind::of(&resource, meanwhile),
+            Default::default(),
+            move || watcher(api, config).default_backoff().touched_objects(),
+        )
     };
-    let hosted_clusters = dynamic(hosted_cluster_resource(), true);
-    let node_pools = dynamic(node_pool_resource(), true);
+    let hosted_clusters = foreign(
+        hosted_cluster_resource(),
+        false,
+        true,
+        "provisioners report that HyperShift is not installed",
+    );
+    let node_pools = foreign(
+        node_pool_resource(),
+        false,
+        true,
+        "provisioners report that HyperShift is not installed",
+    );
     // DPUClusters may live in any namespace.
-    let dpu_clusters = watcher(
-        Api::<PartialObjectMeta<DynamicObject>>::all_with(client.clone(), &dpu_cluster_resource()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects();
+    let dpu_clusters = foreign(
+        dpu_cluster_resource(),
+        true,
+        false,
+        "provisioners report their DPUCluster missing",
+    );
     // A DPUFlavor's content and the DPFOperatorConfig's MTU go into the
     // boot template: an edit makes it again at once rather than at the
     // next resync.
-    let dpu_flavors = watcher(
-        Api::<PartialObjectMeta<DynamicObject>>::all_with(client.clone(), &dpu_flavor_resource()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects();
-    let operator_configs = watcher(
-        Api::<PartialObjectMeta<DynamicObject>>::all_with(
-            client.clone(),
-            &dpf_operator_config_resource(),
-        ),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects();
+    let dpu_flavors = foreign(
+        dpu_flavor_resource(),
+        true,
+        false,
+        "no DPU boot template is made",
+    );
+    let operator_configs = foreign(
+        dpf_operator_config_resource(),
+        true,
+        false,
+        "no DPU boot template is made",
+    );
     let secrets = watcher(
         scope.api::<PartialObjectMeta<Secret>>(&client),
         watcher::Config::default(),

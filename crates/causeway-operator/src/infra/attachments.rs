@@ -42,7 +42,7 @@ use crate::k8s::conditions::{self, condition};
 use crate::k8s::finalizer as finalizers;
 use crate::k8s::metrics::{OperatorMetrics, ReconcileTimer};
 use crate::k8s::resources::machine_resource;
-use crate::k8s::watch::{cached, Everywhere, Scope};
+use crate::k8s::watch::{cached, cached_optional, once_served, Everywhere, OptionalKind, Scope};
 
 /// Removes the attachment's control-plane policy before it goes.
 pub const FINALIZER: &str = "causeway.io/attachment-cleanup";
@@ -492,12 +492,24 @@ pub async fn run(
     if let Some(m) = &metrics {
         m.controller_started(CONTROLLER);
     }
-    let (attachments, att_stream) = cached(
+    let kind = OptionalKind::of(
+        &kube::core::ApiResource::erase::<InfraClusterAttachment>(&()),
+        "no attachment is reconciled",
+    );
+    let (attachments, att_stream) = cached_optional(
+        &client,
         scope.api::<InfraClusterAttachment>(&client),
+        kind.clone(),
         watcher::Config::default(),
     );
+    let attachments = attachments.store().clone();
     let (infras, infra_stream) = cached(scope.api::<Infra>(&client), watcher::Config::default());
-    let (machines, machine_stream) = Everywhere::watch(&client, &all_scopes, &machine_resource());
+    let (machines, machine_stream) = Everywhere::watch(
+        &client,
+        &all_scopes,
+        &machine_resource(),
+        "attachments' worker addresses come from their Infra's spec only",
+    );
     let (wake, woken) = futures::channel::mpsc::unbounded();
     let ctx = Arc::new(Context {
         client: client.clone(),
@@ -515,12 +527,12 @@ pub async fn run(
     let of_namespace = attachments.clone();
     // A sibling's change (a conflict made or settled) changes this one's
     // verdict: every attachment of the same Infra is looked at again.
-    let sibling_events = watcher(
-        scope.api::<InfraClusterAttachment>(&client),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects();
+    let sibling_api = scope.api::<InfraClusterAttachment>(&client);
+    let sibling_events = once_served(client.clone(), kind, Default::default(), move || {
+        watcher(sibling_api, watcher::Config::default())
+            .default_backoff()
+            .touched_objects()
+    });
     Controller::for_stream(att_stream, attachments)
         .watches_stream(sibling_events, move |changed: InfraClusterAttachment| {
             let ns = changed.namespace().unwrap_or_default();

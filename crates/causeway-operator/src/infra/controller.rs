@@ -51,7 +51,9 @@ use crate::k8s::finalizer as finalizers;
 use crate::k8s::index::{Index, Owned, WorkloadFacts};
 use crate::k8s::metrics::{OperatorMetrics, ReconcileTimer};
 use crate::k8s::resources::{hosted_cluster_resource, machine_resource, nad_resource, resource};
-use crate::k8s::watch::{cached, owned, owned_dynamic, Everywhere, Scope};
+use crate::k8s::watch::{
+    cached, cached_optional, owned, owned_dynamic, Everywhere, OptionalKind, OptionalStore, Scope,
+};
 
 /// Removes the control-plane NetworkPolicy before the Infra goes.
 pub const FINALIZER: &str = "causeway.io/cleanup";
@@ -111,7 +113,7 @@ pub struct Context {
     /// and delete Secrets but not read them, so it remembers.
     pub ha_keys: Mutex<HashSet<(String, String)>>,
     /// Every InfraClusterAttachment in scope.
-    pub attachments: Store<InfraClusterAttachment>,
+    pub attachments: OptionalStore<InfraClusterAttachment>,
     /// Every Cluster API Machine in scope (empty while the kind is not
     /// served).
     pub machines: Everywhere,
@@ -342,12 +344,7 @@ async fn cleanup(infra: &Infra, ctx: &Context) -> Result<Action, Error> {
 
 /// The action, and whether the spec was valid.
 async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Error> {
-    if !ctx.indexes.ready()
-        || !matches!(
-            futures::FutureExt::now_or_never(ctx.attachments.wait_until_ready()),
-            Some(Ok(()))
-        )
-    {
+    if !ctx.indexes.ready() || !ctx.attachments.ready() {
         // Right after start: an object not listed yet would be applied
         // again for nothing.
         return Ok((Action::requeue(Duration::from_secs(1)), true));
@@ -374,7 +371,7 @@ async fn apply_infra(infra: &Infra, ctx: &Context) -> Result<(Action, bool), Err
             .copied()
             .unwrap_or(ServiceAddress::Missing)
     };
-    let attached = attachments_of(&ctx.attachments, &ctx.machines, infra);
+    let attached = attachments_of(ctx.attachments.store(), &ctx.machines, infra);
     let attachments = AttachmentsSeen::of(&attached);
     // With attachments, the Infra's own HostedCluster reference is ignored.
     let hc = if attached.verdicts.is_empty() {
@@ -759,9 +756,8 @@ async fn ensure_pod_monitor(
 /// it answers (a group it does not serve at all answers 404).
 async fn served(client: &Client, group_version: &str, plural: &str) -> bool {
     loop {
-        match client.list_api_group_resources(group_version).await {
-            Ok(list) => return list.resources.iter().any(|r| r.name == plural),
-            Err(e) if not_found(&e) => return false,
+        match crate::k8s::watch::is_served(client, group_version, plural).await {
+            Ok(served) => return served,
             Err(e) => {
                 tracing::warn!(error = %e, group_version, plural, "asking whether the API server serves a kind; again in 5 s");
                 tokio::time::sleep(Duration::from_secs(5)).await;
@@ -1048,11 +1044,22 @@ pub async fn run(
     }
     let disruption_budget = disruption_budget_resource(&client).await;
     let pod_monitors = PodMonitors::at_start(&client, settings.pod_monitors).await;
-    let (machines, machine_stream) = Everywhere::watch(&client, &all_scopes, &machine_resource());
-    let (attachments, attachment_stream) = cached(
+    let (machines, machine_stream) = Everywhere::watch(
+        &client,
+        &all_scopes,
+        &machine_resource(),
+        "attachments' worker addresses come from their Infra's spec only",
+    );
+    let (attachments, attachment_stream) = cached_optional(
+        &client,
         scope.api::<InfraClusterAttachment>(&client),
+        OptionalKind::of(
+            &kube::core::ApiResource::erase::<InfraClusterAttachment>(&()),
+            "Infras are rendered without attachments",
+        ),
         watcher::Config::default(),
     );
+    let attachment_store = attachments.store().clone();
     let (config_maps, cm_stream) = owned(scope.api::<ConfigMap>(&client));
     let (deployments, deploy_stream) = owned(scope.api::<Deployment>(&client));
     let (stateful_sets, sts_stream) = owned(scope.api::<StatefulSet>(&client));
@@ -1116,7 +1123,7 @@ pub async fn run(
             machine_stream,
             move |m: DynamicObject| {
                 let ns = m.metadata.namespace.clone().unwrap_or_default();
-                infras_of_namespace(&attachments, &ns)
+                infras_of_namespace(&attachment_store, &ns)
             },
             machine_resource(),
         )

@@ -2,7 +2,7 @@
 //! no managedFields, and the watches of our own objects that feed an
 //! [`Index`].
 
-use futures::{Stream, TryStreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use kube::api::{Api, DynamicObject};
 use kube::core::{ApiResource, DynamicResourceScope, NamespaceResourceScope};
 use kube::runtime::reflector::{self, Store};
@@ -173,11 +173,13 @@ pub struct Everywhere {
 }
 
 impl Everywhere {
-    /// The stores and one stream of every change, for `scopes`.
+    /// The stores and one stream of every change, for `scopes`; the
+    /// watches start once the kind is served (see [`once_served`]).
     pub fn watch(
         client: &Client,
         scopes: &[Scope],
         resource: &ApiResource,
+        meanwhile: &'static str,
     ) -> (
         Everywhere,
         impl Stream<Item = Result<DynamicObject, watcher::Error>> + Send + 'static,
@@ -193,11 +195,186 @@ impl Everywhere {
             stores.push(store);
             streams.push(Box::pin(stream));
         }
-        (Everywhere { stores }, futures::stream::select_all(streams))
+        let all = futures::stream::select_all(streams);
+        let gated = once_served(
+            client.clone(),
+            OptionalKind::of(resource, meanwhile),
+            Served::default(),
+            move || all,
+        );
+        (Everywhere { stores }, gated)
     }
 
     /// Every object held, in any scope.
     pub fn state(&self) -> Vec<std::sync::Arc<DynamicObject>> {
         self.stores.iter().flat_map(Store::state).collect()
     }
+}
+
+/// How often a kind that is not served is looked for again.
+pub const OPTIONAL_RECHECK: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A kind the API server may not serve (a CRD not installed, or installed
+/// later): named for discovery and for the log.
+#[derive(Debug, Clone)]
+pub struct OptionalKind {
+    pub group_version: String,
+    pub plural: String,
+    /// What the controller goes without while the kind is not served.
+    pub meanwhile: &'static str,
+}
+
+impl OptionalKind {
+    pub fn of(resource: &ApiResource, meanwhile: &'static str) -> OptionalKind {
+        OptionalKind {
+            group_version: resource.api_version.clone(),
+            plural: resource.plural.clone(),
+            meanwhile,
+        }
+    }
+}
+
+const SERVED_NO: u8 = 1;
+const SERVED_YES: u8 = 2;
+
+/// Whether an optional kind is served, as last seen: shared by the watch
+/// that finds out and the reconciles that read its store. Zero, the
+/// default, is not known yet.
+#[derive(Debug, Clone, Default)]
+pub struct Served(std::sync::Arc<std::sync::atomic::AtomicU8>);
+
+impl Served {
+    fn set(&self, v: u8) {
+        self.0.store(v, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn get(&self) -> u8 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `None` until discovery first answered.
+    pub fn served(&self) -> Option<bool> {
+        match self.get() {
+            SERVED_NO => Some(false),
+            SERVED_YES => Some(true),
+            _ => None,
+        }
+    }
+}
+
+/// Whether the API server serves `plural` in `group_version`; a group it
+/// does not serve at all answers 404, which is a no.
+pub async fn is_served(
+    client: &Client,
+    group_version: &str,
+    plural: &str,
+) -> Result<bool, kube::Error> {
+    match client.list_api_group_resources(group_version).await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == plural)),
+        Err(e) if super::apply::not_found(&e) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// `make()`'s stream, started only once `kind` is served: until then the
+/// kind is looked for every [`OPTIONAL_RECHECK`], `served` says no (so the
+/// reconciles go on without it) and the log says so once at INFO. A watch
+/// started on a kind that is not served would fail its initial list over
+/// and over, and a controller waiting for its store would never
+/// reconcile.
+pub fn once_served<S, F>(
+    client: Client,
+    kind: OptionalKind,
+    served: Served,
+    make: F,
+) -> impl Stream<Item = S::Item> + Send + 'static
+where
+    S: Stream + Send + 'static,
+    F: FnOnce() -> S + Send + 'static,
+{
+    let ready = async move {
+        let mut said = false;
+        loop {
+            match is_served(&client, &kind.group_version, &kind.plural).await {
+                Ok(true) => {
+                    if said {
+                        tracing::info!(group_version = %kind.group_version, kind = %kind.plural, "now served: watched from here on");
+                    }
+                    served.set(SERVED_YES);
+                    break;
+                }
+                Ok(false) => {
+                    served.set(SERVED_NO);
+                    if !said {
+                        said = true;
+                        tracing::info!(group_version = %kind.group_version, kind = %kind.plural, meanwhile = kind.meanwhile, "not served; looked for every 10 s and watched once installed");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(group_version = %kind.group_version, kind = %kind.plural, error = %e, "asking whether the API server serves a kind; again in 10 s");
+                }
+            }
+            tokio::time::sleep(OPTIONAL_RECHECK).await;
+        }
+        make()
+    };
+    futures::stream::once(ready).flatten()
+}
+
+/// A reflector over a kind that may not be served: empty, and ready to
+/// read, while it is not; the watch starts once it is.
+#[derive(Clone)]
+pub struct OptionalStore<K: Resource<DynamicType = ()> + 'static> {
+    store: Store<K>,
+    served: Served,
+}
+
+impl<K> OptionalStore<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    pub fn store(&self) -> &Store<K> {
+        &self.store
+    }
+
+    /// Known not to be served (nothing to read), or served and listed.
+    pub fn ready(&self) -> bool {
+        match self.served.served() {
+            Some(false) => true,
+            Some(true) => matches!(
+                futures::FutureExt::now_or_never(self.store.wait_until_ready()),
+                Some(Ok(()))
+            ),
+            None => false,
+        }
+    }
+
+    pub fn served(&self) -> Option<bool> {
+        self.served.served()
+    }
+}
+
+/// [`cached`] for a kind that may not be served; see [`once_served`].
+pub fn cached_optional<K>(
+    client: &Client,
+    api: Api<K>,
+    kind: OptionalKind,
+    config: watcher::Config,
+) -> (
+    OptionalStore<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let served = Served::default();
+    let (store, stream) = cached(api, config);
+    let stream = once_served(client.clone(), kind, served.clone(), move || stream);
+    (OptionalStore { store, served }, stream)
 }

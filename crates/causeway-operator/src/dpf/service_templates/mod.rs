@@ -42,7 +42,7 @@ use crate::k8s::metrics::{OperatorMetrics, ReconcileTimer};
 use crate::k8s::resources::{
     cluster_version_resource, dpf_operator_config_resource, dpu_service_template_resource,
 };
-use crate::k8s::watch::Scope;
+use crate::k8s::watch::{once_served, OptionalKind, Scope};
 use values::{NamespacePlan, OvnInputs, OvnPlan, Ownership, Rollout, Values};
 
 const CONTROLLER: &str = "dpuservicetemplate";
@@ -487,15 +487,23 @@ pub async fn run(
     .touched_objects();
     wakes.push(meta_wakes(configs, "settings", |_| Wake::All));
     // DPF's version picks the values: an upgrade of DPF is seen at once.
-    let dpf_configs = watcher(
-        Api::<PartialObjectMeta<DynamicObject>>::all_with(
-            client.clone(),
+    let dpf_configs_api = Api::<PartialObjectMeta<DynamicObject>>::all_with(
+        client.clone(),
+        &dpf_operator_config_resource(),
+    );
+    let dpf_configs = once_served(
+        client.clone(),
+        OptionalKind::of(
             &dpf_operator_config_resource(),
+            "service templates wait for DPF's version",
         ),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects();
+        Default::default(),
+        move || {
+            watcher(dpf_configs_api, watcher::Config::default())
+                .default_backoff()
+                .touched_objects()
+        },
+    );
     wakes.push(meta_wakes(dpf_configs, "DPFOperatorConfig", |_| Wake::All));
     // Status changes (the rollout's progress) are what the gate waits on:
     // the full object is watched, not its metadata.
@@ -513,15 +521,23 @@ pub async fn run(
     .default_backoff()
     .touched_objects();
     wakes.push(meta_wakes(overrides, "overrides", |_| Wake::All));
-    let templates = watcher(
-        Api::<PartialObjectMeta<DynamicObject>>::all_with(
-            client.clone(),
+    let templates_api = Api::<PartialObjectMeta<DynamicObject>>::all_with(
+        client.clone(),
+        &dpu_service_template_resource(),
+    );
+    let templates = once_served(
+        client.clone(),
+        OptionalKind::of(
             &dpu_service_template_resource(),
+            "no DPUServiceTemplate is written",
         ),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects();
+        Default::default(),
+        move || {
+            watcher(templates_api, watcher::Config::default())
+                .default_backoff()
+                .touched_objects()
+        },
+    );
     wakes.push(meta_wakes(
         templates,
         "DPUServiceTemplates",
