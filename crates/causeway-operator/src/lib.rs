@@ -4,6 +4,7 @@
 //! - [`infra`]: an `Infra` object becomes the DHCP, DNS and proxy pods.
 //! - [`dpf`]: a `DPFHCPProvisioner` becomes a HostedCluster for a DPF
 //!   DPUCluster, with MetalLB, the kubeconfig hand-off and the CSR approver.
+//! - [`hosted`]: reaching a hosted cluster's API server, for both.
 //! - [`webhook`]: the validating admission webhook for both kinds.
 //! - [`k8s`]: the Kubernetes plumbing they share, which knows none of them.
 //! - [`manager`]: leader election and the controllers' lifecycle.
@@ -18,6 +19,7 @@
 mod child_process;
 pub mod dpf;
 pub mod error;
+pub mod hosted;
 pub mod infra;
 pub mod k8s;
 pub mod manager;

@@ -37,7 +37,7 @@ pub struct Options {
     pub dpf: bool,
     /// How hosted clusters' API servers are reached (apps ingress, and the
     /// CSR approver's own setting).
-    pub hosted_endpoint: crate::dpf::hosted_access::HostedEndpoint,
+    pub hosted_endpoint: crate::hosted::HostedEndpoint,
     /// With the DPF bridge: approve DPU kubelet CSRs in hosted clusters.
     pub csr_approver: Option<crate::dpf::approver::ApproverOptions>,
     /// `Some(identity)`: elect a leader through the Lease in

@@ -7,7 +7,8 @@
 use std::net::SocketAddr;
 
 use anyhow::Context;
-use causeway_operator::dpf::approver::{ApproverOptions, HostedEndpoint};
+use causeway_operator::dpf::approver::ApproverOptions;
+use causeway_operator::hosted::HostedEndpoint;
 use causeway_operator::infra::plan::Settings;
 use causeway_operator::k8s::metrics::OperatorMetrics;
 use causeway_operator::k8s::metrics_auth::MetricsAuth;

@@ -68,6 +68,66 @@ fn no_crate_has_a_use_circle_between_its_modules() {
     );
 }
 
+/// Directions the operator's layout promises (docs/architecture.md): the
+/// Infra side and the DPF bridge never reach into each other, and the shared layers
+/// (`k8s`, `hosted`) know neither controller.
+const OPERATOR_NEVER: &[(&str, &str)] = &[
+    ("infra", "dpf"),
+    ("dpf", "infra"),
+    ("k8s", "infra"),
+    ("k8s", "dpf"),
+    ("k8s", "hosted"),
+    ("hosted", "infra"),
+    ("hosted", "dpf"),
+];
+
+/// The edges of `OPERATOR_NEVER` found among the crate root's children.
+fn broken_directions(files: &BTreeMap<String, String>) -> Vec<String> {
+    let graphs = sibling_edges(files, "lib.rs");
+    let top = graphs.get(&Vec::new()).cloned().unwrap_or_default();
+    OPERATOR_NEVER
+        .iter()
+        .filter_map(|(from, to)| {
+            top.get(&(from.to_string(), to.to_string()))
+                .map(|at| format!("  {from} -> {to}: {at}"))
+        })
+        .collect()
+}
+
+#[test]
+fn the_operator_keeps_its_directions() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../causeway-operator/src");
+    let files = read_sources(&root);
+    assert!(
+        files.contains_key("lib.rs"),
+        "no operator sources at {root:?}"
+    );
+    let broken = broken_directions(&files);
+    assert!(
+        broken.is_empty(),
+        "the operator's modules import against its layout:\n{}",
+        broken.join("\n")
+    );
+}
+
+#[test]
+fn the_direction_check_finds_an_infra_module_importing_dpf() {
+    let files = tree(&[
+        ("lib.rs", "pub mod infra;\npub mod dpf;\npub mod hosted;\n"),
+        ("infra/mod.rs", "pub mod ingress;\n"),
+        ("infra/ingress.rs", "use crate::dpf::access::client;\n"),
+        ("dpf/mod.rs", "pub mod access;\n"),
+        (
+            "dpf/access.rs",
+            "use crate::hosted::Endpoint;\npub fn client() {}\n",
+        ),
+        ("hosted.rs", "pub struct Endpoint;\n"),
+    ]);
+    let broken = broken_directions(&files);
+    assert_eq!(broken.len(), 1, "{broken:?}");
+    assert!(broken[0].starts_with("  infra -> dpf: "), "{broken:?}");
+}
+
 #[test]
 fn the_checker_finds_a_circle_and_prints_it() {
     let files = tree(&[
@@ -222,6 +282,36 @@ struct Crate {
 /// `files`), one line each: the parent, the circle, and the line behind each
 /// edge of it. Empty when there are none.
 fn circles(files: &BTreeMap<String, String>, root: &str) -> Vec<String> {
+    let graphs = sibling_edges(files, root);
+    let mut found = Vec::new();
+    for (parent, edges) in &graphs {
+        for (group, cycle) in cycles_in(edges) {
+            let mut line = format!(
+                "  among the children of `{}`, {} reach each other; one circle: {}",
+                if parent.is_empty() {
+                    "crate".to_string()
+                } else {
+                    parent.join("::")
+                },
+                group.join(", "),
+                cycle.join(" -> ")
+            );
+            for pair in cycle.windows(2) {
+                let at = &edges[&(pair[0].clone(), pair[1].clone())];
+                line.push_str(&format!("\n    {} -> {}: {at}", pair[0], pair[1]));
+            }
+            found.push(line);
+        }
+    }
+    found
+}
+
+/// Every edge among sibling modules, keyed by their parent (empty for the
+/// crate root), with the first line seen behind each.
+fn sibling_edges(
+    files: &BTreeMap<String, String>,
+    root: &str,
+) -> BTreeMap<ModPath, BTreeMap<(String, String), String>> {
     let mut krate = Crate::default();
     krate.modules.insert(Vec::new());
     // Modules first (a relative `use` needs to know them), then references.
@@ -261,27 +351,7 @@ fn circles(files: &BTreeMap<String, String>, root: &str) -> Vec<String> {
         }
     }
 
-    let mut found = Vec::new();
-    for (parent, edges) in &graphs {
-        for (group, cycle) in cycles_in(edges) {
-            let mut line = format!(
-                "  among the children of `{}`, {} reach each other; one circle: {}",
-                if parent.is_empty() {
-                    "crate".to_string()
-                } else {
-                    parent.join("::")
-                },
-                group.join(", "),
-                cycle.join(" -> ")
-            );
-            for pair in cycle.windows(2) {
-                let at = &edges[&(pair[0].clone(), pair[1].clone())];
-                line.push_str(&format!("\n    {} -> {}: {at}", pair[0], pair[1]));
-            }
-            found.push(line);
-        }
-    }
-    found
+    graphs
 }
 
 /// Each group of modules that reach each other (more than one), with one

@@ -36,11 +36,10 @@ use super::crd::{
 };
 use super::csr::{self, Csr, Decision, History, Inventory, Kind, Policy, Verdict};
 use super::hosted_access::{admin_client, least_privilege, Unavailable};
-pub use super::hosted_access::{
-    HostedEndpoint, APPROVER_MANAGER, HOSTED_ACCOUNT, HOSTED_NAMESPACE, HOSTED_ROLE,
-};
+pub use super::hosted_access::{APPROVER_MANAGER, HOSTED_ACCOUNT, HOSTED_NAMESPACE, HOSTED_ROLE};
 use super::kubelet_cert;
 use super::spec;
+pub use crate::hosted::HostedEndpoint;
 use crate::k8s::events::{publish_event, publish_related_event};
 use crate::k8s::metrics::OperatorMetrics;
 use crate::k8s::resources::resource;

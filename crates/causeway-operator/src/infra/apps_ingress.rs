@@ -24,8 +24,8 @@ use serde_json::{json, Value};
 use super::attachment::{
     AppliedApps, AppsEndpoint, AppsIngressSpec, AppsIngressStatus, InfraClusterAttachment,
 };
-use crate::dpf::hosted_access::{admin_client, HostedEndpoint, HostedIdentity, Unavailable};
 use crate::error::Error;
+use crate::hosted::{admin_client, HostedEndpoint, HostedIdentity, Unavailable};
 use crate::k8s::apply::{apply_params_as, installed, not_found};
 use crate::k8s::resources::{ip_address_pool_resource, l2_advertisement_resource, resource};
 

@@ -26,7 +26,7 @@ use super::attachment::{
     INFRA_NOT_FOUND, INVALID_CONFIGURATION,
 };
 use super::plan::{Component, EXTERNAL_PROXY_PORT};
-use crate::dpf::hosted_access::HostedEndpoint;
+use crate::hosted::HostedEndpoint;
 use crate::k8s::MANAGED_BY;
 
 /// MetalLB's annotation choosing the pool a LoadBalancer's address comes
