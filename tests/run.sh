@@ -21,7 +21,29 @@ command -v npm >/dev/null || PACKAGES+=(npm)
 # /usr/bin/kubectl).
 command -v kubectl >/dev/null || PACKAGES+=(kubernetes-client)
 
-section() { printf '\n==> %s\n' "$*"; }
+# Each section's wall time, printed at the end of the run.
+durations=()
+section_name=""
+section_started=$SECONDS
+close_section() {
+  if [ -n "$section_name" ]; then
+    durations+=("$(( SECONDS - section_started ))|$section_name")
+  fi
+}
+section() {
+  close_section
+  section_name="$*"
+  section_started=$SECONDS
+  printf '\n==> %s\n' "$*"
+}
+print_durations() {
+  close_section
+  echo "section durations (s):"
+  for d in "${durations[@]}"; do
+    printf '  %5s  %s\n' "${d%%|*}" "${d#*|}"
+  done
+  echo "  total: $SECONDS s"
+}
 
 # A one-shot run gains nothing from incremental compilation, whose caches
 # are about a third of a clean build's target/.
@@ -109,11 +131,21 @@ section "tests"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 # --no-fail-fast: one flaky binary must not hide how the others fare.
-cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
+# A failure still reaches the summary below, then fails the run.
+tests_status=0
+cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log" || tests_status=$?
 # One closing line for the whole run (cargo prints one per test binary,
 # the last of which is often an empty doc-test run). Tests that returned
 # early for want of root said "SKIP ..." and count as skipped, not passed.
 echo "disk free at end (avail, size, mount): $(disk)"
+# The slowest test binaries: each "Running" line with the time its
+# results line gives.
+echo "slowest test binaries (s):"
+awk '/^ *Running / { name = $NF; gsub(/[()]/, "", name); sub(/.*\//, "", name); sub(/-[0-9a-f]+$/, "", name) }
+     /^test result:/ && name != "" { t = $NF; sub(/s$/, "", t); printf "  %8.1f  %s\n", t, name; name = "" }' "$log" |
+  sort -rn | head -n 12
 awk '/^test result:/ { p += $4; f += $6; s += $8 }
      /^SKIP / { k += 1 }
      END { printf "tests: %d passed, %d failed, %d skipped\n", p - k, f, s + k }' "$log"
+print_durations
+exit "$tests_status"
