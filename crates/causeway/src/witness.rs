@@ -3,16 +3,13 @@
 //! writing at once cannot both win.
 
 use causeway_config::HaLease;
+use causeway_operator::k8s::lease::{holder_is, LeaseWriter};
 use causeway_runtime::ha::{Witness, WitnessView};
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
 
 pub struct LeaseWitness {
-    api: Api<Lease>,
-    name: String,
-    me: String,
+    lease: LeaseWriter,
     /// The object as last read: a claim writes it back at the version read,
     /// without a second read.
     last_read: std::sync::Mutex<Option<Lease>>,
@@ -29,49 +26,23 @@ impl LeaseWitness {
             .clone()
             .unwrap_or_else(|| client.default_namespace().to_string());
         Ok(LeaseWitness {
-            api: Api::namespaced(client, &namespace),
-            name: cfg.name.clone(),
-            me: me.to_string(),
+            lease: LeaseWriter::new(Api::namespaced(client, &namespace), &cfg.name, me),
             last_read: std::sync::Mutex::new(None),
             duration_seconds: i32::try_from(cfg.renew_interval.as_secs() * 2).unwrap_or(i32::MAX),
         })
     }
 
-    fn spec_for_me(&self, previous: Option<&LeaseSpec>) -> LeaseSpec {
-        let now = MicroTime(Timestamp::now());
-        let mine = previous.and_then(|s| s.holder_identity.as_deref()) == Some(self.me.as_str());
-        let transitions = previous.and_then(|s| s.lease_transitions).unwrap_or(0);
-        LeaseSpec {
-            holder_identity: Some(self.me.clone()),
-            lease_duration_seconds: Some(self.duration_seconds),
-            renew_time: Some(now.clone()),
-            acquire_time: if mine {
-                previous.and_then(|s| s.acquire_time.clone())
-            } else {
-                Some(now)
-            },
-            lease_transitions: Some(if mine { transitions } else { transitions + 1 }),
-            ..LeaseSpec::default()
-        }
-    }
-
-    async fn write(&self, mut lease: Lease) -> Result<bool, String> {
-        lease.spec = Some(self.spec_for_me(lease.spec.as_ref()));
-        match self
-            .api
-            .replace(&self.name, &PostParams::default(), &lease)
+    async fn hold(&self, read: Option<Lease>) -> Result<bool, String> {
+        self.lease
+            .hold(read, self.duration_seconds)
             .await
-        {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-            Err(e) => Err(e.to_string()),
-        }
+            .map_err(|e| e.to_string())
     }
 }
 
 impl Witness for LeaseWitness {
     async fn read(&self) -> Result<WitnessView, String> {
-        match self.api.get_opt(&self.name).await {
+        match self.lease.get().await {
             Ok(Some(lease)) => {
                 let view = WitnessView {
                     holder: lease
@@ -95,18 +66,7 @@ impl Witness for LeaseWitness {
 
     async fn claim(&self, version: String) -> Result<bool, String> {
         if version.is_empty() {
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(self.name.clone()),
-                    ..ObjectMeta::default()
-                },
-                spec: Some(self.spec_for_me(None)),
-            };
-            return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(true),
-                Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-                Err(e) => Err(e.to_string()),
-            };
+            return self.hold(None).await;
         }
         // The object at the version read, not the newest: a write since
         // makes the replace fail with 409.
@@ -117,24 +77,20 @@ impl Witness for LeaseWitness {
             .clone()
             .filter(|l| l.metadata.resource_version.as_deref() == Some(version.as_str()));
         match read {
-            Some(lease) => self.write(lease).await,
+            Some(lease) => self.hold(Some(lease)).await,
             None => Ok(false),
         }
     }
 
     async fn renew(&self) -> Result<bool, String> {
-        let lease = match self.api.get_opt(&self.name).await {
+        let lease = match self.lease.get().await {
             Ok(Some(l)) => l,
             Ok(None) => return Ok(false),
             Err(e) => return Err(e.to_string()),
         };
-        let holder = lease
-            .spec
-            .as_ref()
-            .and_then(|s| s.holder_identity.as_deref());
-        if holder != Some(self.me.as_str()) {
+        if !holder_is(&lease, self.lease.me()) {
             return Ok(false);
         }
-        self.write(lease).await
+        self.hold(Some(lease)).await
     }
 }

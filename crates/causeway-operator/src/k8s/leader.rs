@@ -12,11 +12,13 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::api::coordination::v1::LeaseSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::Client;
+
+use super::lease::{holder_is, LeaseWriter};
 
 pub const LEASE_DURATION: Duration = Duration::from_secs(15);
 /// How long the holder keeps acting without a successful renewal.
@@ -47,67 +49,26 @@ pub fn may_take(spec: Option<&LeaseSpec>, me: &str, now: Timestamp) -> bool {
 }
 
 pub struct LeaderElector {
-    api: Api<Lease>,
-    name: String,
-    me: String,
+    lease: LeaseWriter,
 }
 
 impl LeaderElector {
     pub fn new(client: Client, namespace: &str, name: &str, me: &str) -> Self {
         LeaderElector {
-            api: Api::namespaced(client, namespace),
-            name: name.into(),
-            me: me.into(),
+            lease: LeaseWriter::new(Api::namespaced(client, namespace), name, me),
         }
     }
 
     /// One attempt to take or renew the lease; true when we hold it.
     pub async fn try_acquire(&self) -> Result<bool, kube::Error> {
-        let now = Timestamp::now();
-        let current = self.api.get_opt(&self.name).await?;
+        let current = self.lease.get().await?;
         let spec = current.as_ref().and_then(|l| l.spec.as_ref());
-        if !may_take(spec, &self.me, now) {
+        if !may_take(spec, self.lease.me(), Timestamp::now()) {
             return Ok(false);
         }
-        let renewing = spec.and_then(|s| s.holder_identity.as_deref()) == Some(self.me.as_str());
-        let mut next = LeaseSpec {
-            holder_identity: Some(self.me.clone()),
-            lease_duration_seconds: Some(LEASE_DURATION.as_secs() as i32),
-            renew_time: Some(MicroTime(now)),
-            acquire_time: Some(MicroTime(now)),
-            lease_transitions: Some(spec.and_then(|s| s.lease_transitions).unwrap_or(0)),
-            ..LeaseSpec::default()
-        };
-        if renewing {
-            next.acquire_time = spec.and_then(|s| s.acquire_time.clone());
-        } else if current.is_some() {
-            next.lease_transitions = next.lease_transitions.map(|t| t + 1);
-        }
-        let result = match current {
-            None => {
-                let lease = Lease {
-                    metadata: ObjectMeta {
-                        name: Some(self.name.clone()),
-                        ..ObjectMeta::default()
-                    },
-                    spec: Some(next),
-                };
-                self.api.create(&PostParams::default(), &lease).await
-            }
-            Some(mut lease) => {
-                // Keeps the resourceVersion read above: a concurrent
-                // writer makes this fail with 409 instead of both winning.
-                lease.spec = Some(next);
-                self.api
-                    .replace(&self.name, &PostParams::default(), &lease)
-                    .await
-            }
-        };
-        match result {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-            Err(e) => Err(e),
-        }
+        self.lease
+            .hold(current, LEASE_DURATION.as_secs() as i32)
+            .await
     }
 
     /// Hands the lease back when this replica holds it, so a standby takes
@@ -115,27 +76,17 @@ impl LeaderElector {
     /// duration of one second. `true` when it was ours and is now free.
     /// Guarded by the resourceVersion read, like every other write.
     pub async fn release(&self) -> Result<bool, kube::Error> {
-        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+        let Some(lease) = self.lease.get().await? else {
             return Ok(false);
         };
-        let Some(spec) = lease.spec.as_mut() else {
-            return Ok(false);
-        };
-        if spec.holder_identity.as_deref() != Some(self.me.as_str()) {
+        if !holder_is(&lease, self.lease.me()) {
             return Ok(false);
         }
+        let mut spec = lease.spec.clone().unwrap_or_default();
         spec.holder_identity = None;
         spec.lease_duration_seconds = Some(1);
         spec.renew_time = Some(MicroTime(Timestamp::now()));
-        match self
-            .api
-            .replace(&self.name, &PostParams::default(), &lease)
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-            Err(e) => Err(e),
-        }
+        self.lease.write(Some(lease), spec).await
     }
 
     /// Waits until this replica holds the lease.
@@ -143,7 +94,7 @@ impl LeaderElector {
         loop {
             match self.try_acquire().await {
                 Ok(true) => {
-                    tracing::info!(lease = %self.name, identity = %self.me, "leader election won");
+                    tracing::info!(lease = %self.lease.name(), identity = %self.lease.me(), "leader election won");
                     return;
                 }
                 Ok(false) => {}
@@ -167,7 +118,7 @@ impl LeaderElector {
             match tokio::time::timeout(left, self.try_acquire()).await {
                 Ok(Ok(true)) => last_ok = std::time::Instant::now(),
                 Ok(Ok(false)) => {
-                    tracing::error!(lease = %self.name, "leader election lost: another replica holds the lease");
+                    tracing::error!(lease = %self.lease.name(), "leader election lost: another replica holds the lease");
                     return;
                 }
                 Ok(Err(e)) => tracing::warn!(error = %e, "leader election: renewal failed"),

@@ -3,8 +3,8 @@
 //! status writes, API error classes), [`conditions`], [`events`],
 //! [`finalizer`]s, [`watch`] scopes and reflectors, the foreign
 //! [`resources`], [`metrics`] and who may read them ([`metrics_auth`]),
-//! and the [`drift`], [`index`], [`leader`], [`client`] and [`manifest`]
-//! pieces.
+//! and the [`drift`], [`index`], [`leader`] (on the one [`lease`] writer),
+//! [`client`] and [`manifest`] pieces.
 //!
 //! It imports only the operator's error type and external crates; the
 //! Infra controller, the DPF bridge and the webhook import it.
@@ -18,6 +18,7 @@ pub mod finalizer;
 pub mod index;
 pub mod json_limits;
 pub mod leader;
+pub mod lease;
 pub mod manifest;
 pub mod metrics;
 pub mod metrics_auth;
