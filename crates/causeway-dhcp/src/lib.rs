@@ -17,6 +17,7 @@ pub mod client;
 pub mod clock;
 pub mod engine;
 pub mod follower;
+pub mod ha;
 mod index;
 pub mod lease;
 pub mod limits;

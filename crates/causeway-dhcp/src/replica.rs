@@ -25,7 +25,7 @@
 //! drops a stream silent for three seconds.
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown as NetShutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown as NetShutdown, SocketAddr, TcpStream};
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -446,18 +446,7 @@ impl Replicator {
         listen: SocketAddr,
         interface: Option<&str>,
     ) -> io::Result<SocketAddr> {
-        let socket = socket2::Socket::new(
-            socket2::Domain::for_address(listen),
-            socket2::Type::STREAM,
-            Some(socket2::Protocol::TCP),
-        )?;
-        socket.set_reuse_address(true)?;
-        if let Some(name) = interface {
-            socket.bind_device(Some(name.as_bytes()))?;
-        }
-        socket.bind(&listen.into())?;
-        socket.listen(16)?;
-        let listener: TcpListener = socket.into();
+        let listener = causeway_runtime::listen::tcp(listen, interface, 16)?;
         let bound = listener.local_addr()?;
         let me = Arc::downgrade(self);
         let joining = Arc::new(std::sync::atomic::AtomicUsize::new(0));

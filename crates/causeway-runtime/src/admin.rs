@@ -107,19 +107,9 @@ impl Admin {
         addr: SocketAddr,
         interface: Option<&str>,
     ) -> std::io::Result<tokio::net::TcpListener> {
-        let socket = socket2::Socket::new(
-            socket2::Domain::for_address(addr),
-            socket2::Type::STREAM,
-            Some(socket2::Protocol::TCP),
-        )?;
-        socket.set_reuse_address(true)?;
-        if let Some(name) = interface {
-            socket.bind_device(Some(name.as_bytes()))?;
-        }
-        socket.set_nonblocking(true)?;
-        socket.bind(&addr.into())?;
-        socket.listen(128)?;
-        tokio::net::TcpListener::from_std(socket.into())
+        let listener = crate::listen::tcp(addr, interface, 128)?;
+        listener.set_nonblocking(true)?;
+        tokio::net::TcpListener::from_std(listener)
     }
 
     /// Binds now (so a bad address fails start-up) and serves until shutdown.

@@ -11,6 +11,7 @@ pub mod clock;
 pub mod cpus;
 pub mod fds;
 pub mod ha;
+pub mod listen;
 pub mod readiness;
 pub mod reload;
 pub mod resources;

@@ -233,10 +233,11 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
             let metrics = DhcpMetrics::new(&registry).context("registering DHCP metrics")?;
             let observer =
                 dhcp_names(&cfg, &names, &registry).context("registering the DHCP name metrics")?;
-            let server = crate::ha::HaDhcp::start(
+            let server = causeway_dhcp::ha::HaDhcp::start(
                 dhcp_cfg,
-                ha,
-                crate::ha::HaDhcpParts {
+                &ha.dhcp,
+                &ha.leadership,
+                causeway_dhcp::ha::HaDhcpParts {
                     metrics,
                     observer,
                     ready,
