@@ -360,6 +360,7 @@ fn a_hosted_cluster_ref_fills_name_domain_and_namespace() {
         name: "hc7".into(),
         namespace: "clusters".into(),
         base_domain: Some("corp.example".into()),
+        ..HostedClusterFacts::default()
     };
     let plan = validate(
         &infra.spec,

@@ -5,7 +5,7 @@
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{Api, DynamicObject, ListParams, Patch};
+use kube::api::{Api, DynamicObject, ListParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 use serde_json::Value;
@@ -15,7 +15,7 @@ use super::crd::DPFHCPProvisioner;
 use super::render::{self, Owner};
 use super::status::{self, Check, HostedClusterFacts};
 use crate::error::Error;
-use crate::k8s::apply::{api_message, apply_params, get_present, installed, not_found, permanent};
+use crate::k8s::apply::{api_message, get_present, installed, not_found, permanent};
 use crate::k8s::resources::{
     dpf_operator_config_resource, dpu_cluster_resource, dpu_deployment_resource,
     dpu_flavor_resource, hosted_cluster_resource, node_pool_resource,
@@ -294,14 +294,15 @@ pub(super) async fn generate(
     .map_err(|e| (e.reason(), e.to_string()))?;
     let body = super::ignition::configmap(inputs, &template, &owner.labels());
     let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &inputs.dpu_cluster_namespace);
-    cms.patch(
-        &super::ignition::configmap_name(&inputs.dpu_cluster),
-        &apply_params(),
-        &Patch::Apply(&body),
-    )
-    .await
-    .map_err(|e| failed(format!("applying the bfcfg ConfigMap: {e}")))?;
-    ctx.applier.counted("ConfigMap", "apply");
+    ctx.applier
+        .apply_as(
+            &cms,
+            "ConfigMap",
+            &super::ignition::configmap_name(&inputs.dpu_cluster),
+            &body,
+        )
+        .await
+        .map_err(|e| failed(format!("applying the bfcfg ConfigMap: {e}")))?;
     Ok(())
 }
 

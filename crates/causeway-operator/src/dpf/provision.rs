@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::ResourceExt;
@@ -209,8 +209,11 @@ pub(super) async fn inject_kubeconfig(
                 let api: Api<DynamicObject> =
                     Api::namespaced_with(ctx.client.clone(), &dpu_ns, &dpu_cluster_resource());
                 let patch = json!({"spec": {"kubeconfig": name}});
-                match api
+                match ctx
+                    .applier
                     .patch(
+                        &api,
+                        "DPUCluster",
                         &dpu.name_any(),
                         &PatchParams::default(),
                         &Patch::Merge(&patch),
@@ -218,7 +221,6 @@ pub(super) async fn inject_kubeconfig(
                     .await
                 {
                     Ok(_) => {
-                        ctx.applier.counted("DPUCluster", "patch");
                         publish_note(
                             ctx,
                             p,
@@ -382,14 +384,9 @@ pub(super) async fn apply(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Action
         ctx.applier.ensure_live(ssh).await?;
         let etcd_key: [u8; 32] = rand::random();
         let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-        match secrets_api
-            .create(&PostParams::default(), &render::etcd_key(&owner, etcd_key))
-            .await
-        {
-            Ok(_) => ctx.applier.counted("Secret", "create"),
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => return Err(e.into()),
-        }
+        ctx.applier
+            .create_if_absent(&secrets_api, &render::etcd_key(&owner, etcd_key))
+            .await?;
         Ok(())
     }
     .await;

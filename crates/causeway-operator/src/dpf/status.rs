@@ -5,7 +5,6 @@
 //! upgrade has got and what kubeconfig injection must do.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use serde_json::Value;
 
 use super::crd::Phase;
 use crate::k8s::conditions;
@@ -85,117 +84,7 @@ impl Check {
     }
 }
 
-/// A HostedCluster condition as HyperShift writes it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct HcCondition {
-    pub type_: String,
-    pub status: String,
-    pub reason: String,
-    pub message: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct HistoryEntry {
-    pub state: String,
-    pub image: String,
-    pub version: String,
-}
-
-/// What the live HostedCluster says.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct HostedClusterFacts {
-    pub conditions: Vec<HcCondition>,
-    /// Newest first, as HyperShift keeps it.
-    pub history: Vec<HistoryEntry>,
-    pub endpoint: Option<String>,
-    pub release_image: Option<String>,
-    /// `host[:port]` of HyperShift's ignition server.
-    pub ignition_endpoint: Option<String>,
-}
-
-fn text(v: &Value, pointer: &str) -> String {
-    v.pointer(pointer)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string()
-}
-
-impl HostedClusterFacts {
-    /// Read from a HostedCluster object; anything missing or malformed is
-    /// left out rather than failing.
-    pub fn from_object(hc: &Value) -> Self {
-        let conditions = hc
-            .pointer("/status/conditions")
-            .and_then(Value::as_array)
-            .map(|list| {
-                list.iter()
-                    .map(|c| HcCondition {
-                        type_: text(c, "/type"),
-                        status: text(c, "/status"),
-                        reason: text(c, "/reason"),
-                        message: text(c, "/message"),
-                    })
-                    .filter(|c| !c.type_.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let history = [
-            "/status/controlPlaneVersion/history",
-            "/status/version/history",
-        ]
-        .iter()
-        .find_map(|p| hc.pointer(p).and_then(Value::as_array))
-        .map(|list| {
-            list.iter()
-                .map(|h| HistoryEntry {
-                    state: text(h, "/state"),
-                    image: text(h, "/image"),
-                    version: text(h, "/version"),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-        let ignition = text(hc, "/status/ignitionEndpoint");
-        let host = text(hc, "/status/controlPlaneEndpoint/host");
-        let endpoint = (!host.is_empty()).then(|| {
-            match hc
-                .pointer("/status/controlPlaneEndpoint/port")
-                .and_then(Value::as_i64)
-            {
-                Some(port) if host.contains(':') => format!("https://[{host}]:{port}"),
-                Some(port) => format!("https://{host}:{port}"),
-                None => format!("https://{host}"),
-            }
-        });
-        let release_image = hc
-            .pointer("/spec/release/image")
-            .and_then(Value::as_str)
-            .map(str::to_string);
-        HostedClusterFacts {
-            conditions,
-            history,
-            endpoint,
-            release_image,
-            ignition_endpoint: (!ignition.is_empty()).then_some(ignition),
-        }
-    }
-
-    fn condition(&self, type_: &str) -> Option<&HcCondition> {
-        self.conditions.iter().find(|c| c.type_ == type_)
-    }
-
-    pub fn is(&self, type_: &str, status: &str) -> bool {
-        self.condition(type_).is_some_and(|c| c.status == status)
-    }
-
-    /// The version of the newest completed rollout.
-    pub fn version(&self) -> Option<String> {
-        self.history
-            .iter()
-            .find(|h| h.state == "Completed" && !h.version.is_empty())
-            .map(|h| h.version.clone())
-    }
-}
+pub use crate::hosted::facts::{HcCondition, HistoryEntry, HostedClusterFacts};
 
 /// HyperShift's conditions under the names the product specs use.
 pub fn mirror(hc: &HostedClusterFacts) -> Vec<Check> {
@@ -762,9 +651,7 @@ mod tests {
                     version: format!("v-{image}"),
                 })
                 .collect(),
-            endpoint: None,
-            release_image: None,
-            ignition_endpoint: None,
+            ..HostedClusterFacts::default()
         }
     }
 

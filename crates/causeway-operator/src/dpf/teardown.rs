@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::ResourceExt;
 use serde_json::{json, Value};
@@ -12,7 +12,7 @@ use super::crd::DPFHCPProvisioner;
 use super::render::Owner;
 use super::status::{self, Check, Cleanup, HostedClusterFacts, Observed};
 use crate::error::Error;
-use crate::k8s::apply::{get_present, not_found};
+use crate::k8s::apply::get_present;
 use crate::k8s::resources::{
     dpu_cluster_resource, hosted_cluster_resource, ip_address_pool_resource,
     l2_advertisement_resource, node_pool_resource,
@@ -215,18 +215,13 @@ async fn remove_injection(
     let mut deleted = 0;
     let copies: Api<Secret> = Api::namespaced(ctx.client.clone(), &dpu_ref.namespace);
     if let Some(copy) = copies.get_opt(&owner.admin_kubeconfig_name()).await? {
-        if labelled_ours(&copy.metadata, owner) {
-            match copies
-                .delete(&owner.admin_kubeconfig_name(), &DeleteParams::default())
-                .await
-            {
-                Ok(_) => {
-                    ctx.applier.counted("Secret", "delete");
-                    deleted += 1;
-                }
-                Err(e) if not_found(&e) => {}
-                Err(e) => return Err(e.into()),
-            }
+        if labelled_ours(&copy.metadata, owner)
+            && !ctx
+                .applier
+                .gone_from(&copies, "Secret", &owner.admin_kubeconfig_name())
+                .await?
+        {
+            deleted += 1;
         }
     }
     let dpus: Api<DynamicObject> = Api::namespaced_with(
@@ -242,13 +237,15 @@ async fn remove_injection(
             // Removing the field, unlike changing it, passes DPF's
             // set-once rule.
             let patch = json!({"spec": {"kubeconfig": null}});
-            dpus.patch(
-                &dpu_ref.name,
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await?;
-            ctx.applier.counted("DPUCluster", "patch");
+            ctx.applier
+                .patch(
+                    &dpus,
+                    "DPUCluster",
+                    &dpu_ref.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await?;
         }
     }
     Ok(deleted)
@@ -265,11 +262,7 @@ async fn remove_copies(ctx: &Context, owner: &Owner) -> Result<(), Error> {
     ] {
         match secrets.get_opt(&name).await? {
             Some(s) if controlled_by(&s.metadata, &owner.uid) == Some(true) => {
-                match secrets.delete(&name, &DeleteParams::default()).await {
-                    Ok(_) => ctx.applier.counted("Secret", "delete"),
-                    Err(e) if not_found(&e) => {}
-                    Err(e) => return Err(e.into()),
-                }
+                ctx.applier.gone_from(&secrets, "Secret", &name).await?;
             }
             _ => {}
         }

@@ -295,13 +295,7 @@ async fn report(att: &InfraClusterAttachment, ctx: &Context) -> Result<Action, E
     let mut next = status_of(att, infra.as_deref(), verdict, served, &conditions::now());
     // The transition times come from the previous conditions; a status
     // otherwise the same is not written again.
-    if next.conditions.len() == previous.conditions.len() {
-        for (n, p) in next.conditions.iter_mut().zip(&previous.conditions) {
-            if n.type_ == p.type_ && n.status == p.status {
-                n.last_transition_time = p.last_transition_time.clone();
-            }
-        }
-    }
+    conditions::keep_transitions(&previous.conditions, &mut next.conditions);
     reconcile_external_service(ctx, att, infra.as_deref(), served.is_some()).await?;
     let apps = reconcile_apps(ctx, att, served.is_some()).await;
     if let Some(a) = apps.as_ref().filter(|a| a.phase != apps_ingress::READY) {

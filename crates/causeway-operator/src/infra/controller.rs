@@ -189,15 +189,14 @@ async fn hosted_cluster(
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &hc_ns, &hosted_cluster_resource());
     match api.get_opt(&r.name).await {
-        Ok(Some(hc)) => Ok(Some(HostedClusterFacts {
-            name: r.name.clone(),
-            namespace: hc_ns,
-            base_domain: hc
-                .data
-                .pointer("/spec/dns/baseDomain")
-                .and_then(|v| v.as_str())
-                .map(str::to_string),
-        })),
+        Ok(Some(hc)) => {
+            let object = serde_json::to_value(&hc).unwrap_or_default();
+            Ok(Some(HostedClusterFacts {
+                name: r.name.clone(),
+                namespace: hc_ns,
+                ..HostedClusterFacts::from_object(&object)
+            }))
+        }
         Ok(None) => Err(format!(
             "hostedClusterRef: HostedCluster {hc_ns}/{} not found",
             r.name

@@ -15,14 +15,14 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, Patch};
+use kube::api::{Api, DynamicObject, ListParams, ObjectMeta};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 
 use super::crd::{HostedClusterRef, Infra, InfraSpec};
 use crate::error::Error;
-use crate::k8s::apply::{apply_params, Applier, Noise};
+use crate::k8s::apply::{Applier, Noise};
 use crate::k8s::metrics::{OperatorMetrics, ReconcileTimer};
 use crate::k8s::resources::hosted_cluster_resource;
 use crate::k8s::watch::Scope;
@@ -101,9 +101,9 @@ async fn make_infra(hc: &DynamicObject, ctx: &HostedContext) -> Result<Action, E
         Some(Ok(infra)) => {
             let ns = infra.namespace().unwrap_or_default();
             let api: Api<Infra> = Api::namespaced(ctx.client.clone(), &ns);
-            api.patch(&infra.name_any(), &apply_params(), &Patch::Apply(&infra))
+            ctx.applier
+                .apply_as(&api, "Infra", &infra.name_any(), &infra)
                 .await?;
-            ctx.applier.counted("Infra", "apply");
         }
     }
     Ok(Action::requeue(Duration::from_secs(600)))

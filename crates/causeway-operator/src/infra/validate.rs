@@ -26,13 +26,9 @@ use super::plan::{
     VLAN_INTERFACE,
 };
 
-/// What the operator learned from a referenced HostedCluster.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostedClusterFacts {
-    pub name: String,
-    pub namespace: String,
-    pub base_domain: Option<String>,
-}
+/// What the operator learned from a referenced HostedCluster (its name,
+/// namespace and base domain are what validation reads).
+pub use crate::hosted::facts::HostedClusterFacts;
 
 /// What `internalProxyService` names.
 #[derive(Debug, Clone, PartialEq, Eq)]

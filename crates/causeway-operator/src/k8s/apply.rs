@@ -106,7 +106,7 @@ impl Applier {
     }
 
     /// Counts one write of `kind` (apply, delete, apply-status).
-    pub fn counted(&self, kind: &str, verb: &str) {
+    fn counted(&self, kind: &str, verb: &str) {
         if let Some(m) = &self.metrics {
             m.write(kind, verb);
         }
@@ -404,6 +404,63 @@ impl Applier {
         }
         self.counted(&K::kind(&()), "apply-status");
         Ok(true)
+    }
+
+    /// Applies `body` as `name` without comparing first: for a write the
+    /// caller has decided on (an object rendered afresh, a foreign kind's
+    /// object).
+    pub async fn apply_as<K, B>(
+        &self,
+        api: &Api<K>,
+        kind: &str,
+        name: &str,
+        body: &B,
+    ) -> Result<K, kube::Error>
+    where
+        K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+        B: Serialize + std::fmt::Debug,
+    {
+        let written = api
+            .patch(name, &apply_params(), &Patch::Apply(body))
+            .await?;
+        self.counted(kind, "apply");
+        Ok(written)
+    }
+
+    /// A patch that is not an apply: a merge patch of one field of an
+    /// object another controller owns, or a JSON patch that removes
+    /// fields.
+    pub async fn patch<K, P>(
+        &self,
+        api: &Api<K>,
+        kind: &str,
+        name: &str,
+        params: &PatchParams,
+        patch: &Patch<P>,
+    ) -> Result<K, kube::Error>
+    where
+        K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+        P: Serialize + std::fmt::Debug,
+    {
+        let written = api.patch(name, params, patch).await?;
+        self.counted(kind, "patch");
+        Ok(written)
+    }
+
+    /// Creates `object` unless one of its name exists (made once, never
+    /// replaced: a generated key); `true` when this call created it.
+    pub async fn create_if_absent<K>(&self, api: &Api<K>, object: &K) -> Result<bool, kube::Error>
+    where
+        K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+    {
+        match api.create(&PostParams::default(), object).await {
+            Ok(_) => {
+                self.counted(&K::kind(&()), "create");
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 }
 

@@ -31,6 +31,20 @@ pub fn condition(
     }
 }
 
+/// Gives each condition of `next` the transition time of the previous
+/// condition of its type when the status is the same: for conditions made
+/// whole elsewhere (a pure status function) rather than by [`condition`].
+pub fn keep_transitions(prev: &[Condition], next: &mut [Condition]) {
+    for n in next {
+        if let Some(p) = prev
+            .iter()
+            .find(|p| p.type_ == n.type_ && p.status == n.status)
+        {
+            n.last_transition_time = p.last_transition_time.clone();
+        }
+    }
+}
+
 /// Now, as a condition's time.
 pub fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
@@ -58,5 +72,15 @@ mod tests {
         assert_eq!(flipped.last_transition_time, t1);
         let other_type = condition(&prev, "Valid", false, "Waiting", "w".into(), Some(2), &t1);
         assert_eq!(other_type.last_transition_time, t1);
+        // The same rule for conditions made elsewhere, in any order.
+        let mut next = [flipped.clone(), same.clone(), other_type.clone()];
+        for c in &mut next {
+            c.last_transition_time = t1.clone();
+        }
+        let prev = [other_type.clone(), prev[0].clone()];
+        keep_transitions(&prev, &mut next);
+        assert_eq!(next[0].last_transition_time, t1, "Ready flipped");
+        assert_eq!(next[1].last_transition_time, t0, "Ready unchanged");
+        assert_eq!(next[2].last_transition_time, t1, "Valid as it was");
     }
 }

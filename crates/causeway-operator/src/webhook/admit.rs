@@ -271,6 +271,7 @@ fn infra(req: &Request, object: &Object, allowed: AdmissionResponse) -> Admissio
         name: r.name.clone(),
         namespace: ns.clone(),
         base_domain: Some("hosted-cluster.invalid".into()),
+        ..HostedClusterFacts::default()
     });
     let services =
         |_: &str, _: &str| ServiceAddress::ClusterIp(std::net::Ipv4Addr::new(192, 0, 2, 1));

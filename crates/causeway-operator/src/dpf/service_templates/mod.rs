@@ -280,9 +280,15 @@ async fn drop_foreign_spec_fields(
         field_manager: Some(crate::k8s::MANAGER.into()),
         ..Default::default()
     };
-    api.patch(name, &params, &kube::api::Patch::Json::<()>(patch))
+    ctx.applier
+        .patch(
+            api,
+            values::KIND,
+            name,
+            &params,
+            &kube::api::Patch::Json::<()>(patch),
+        )
         .await?;
-    ctx.applier.counted(values::KIND, "patch");
     tracing::info!(
         namespace = api.namespace().unwrap_or_default(),
         template = %name,
