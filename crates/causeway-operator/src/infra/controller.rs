@@ -20,7 +20,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
@@ -40,6 +40,7 @@ use kube::{Client, ResourceExt};
 use super::attachment::{self, Aggregate, InfraClusterAttachment};
 use super::crd::{AttachmentCounts, ComponentStatus, Infra, InfraStatus, ReplicaStatus};
 use super::plan::{Component, Owner, Settings, MAX_REPLICAS};
+use super::pod_monitors::PodMonitors;
 use super::render::{self, ComponentObjects, HaObjects, Rendered, Workload};
 use super::status::{self, AttachmentsSeen, ComponentState, Observed};
 use super::validate::{self, HostedClusterFacts, InternalProxyTarget, ServiceAddress};
@@ -751,106 +752,6 @@ async fn ensure_pod_monitor(
     Ok(())
 }
 
-/// Whether the API server serves `plural` in `group_version`: asked until
-/// it answers (a group it does not serve at all answers 404).
-async fn served(client: &Client, group_version: &str, plural: &str) -> bool {
-    loop {
-        match crate::k8s::watch::is_served(client, group_version, plural).await {
-            Ok(served) => return served,
-            Err(e) => {
-                tracing::warn!(error = %e, group_version, plural, "asking whether the API server serves a kind; again in 5 s");
-                tokio::time::sleep(Duration::from_secs(5)).await;
-            }
-        }
-    }
-}
-
-/// A poisoned lock still holds a coherent value: each writer sets whole
-/// fields.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// How long the operator believes the API server does not serve
-/// PodMonitors before it asks again, at the next reconcile.
-const POD_MONITOR_RECHECK: Duration = Duration::from_secs(30);
-
-fn pod_monitor_kind() -> ApiResource {
-    resource("monitoring.coreos.com", "v1", "PodMonitor", "podmonitors")
-}
-
-/// Whether PodMonitors (the Prometheus Operator's CRDs, as OpenShift's
-/// monitoring has) are served. Asked at start; while they are not, asked
-/// again at a reconcile at most every [`POD_MONITOR_RECHECK`], so CRDs
-/// installed after the operator are used without a restart.
-pub struct PodMonitors {
-    wanted: bool,
-    known: Mutex<PodMonitorsSeen>,
-}
-
-struct PodMonitorsSeen {
-    served: bool,
-    asked: Instant,
-}
-
-impl PodMonitors {
-    async fn at_start(client: &Client, wanted: bool) -> PodMonitors {
-        let served = wanted && served(client, "monitoring.coreos.com/v1", "podmonitors").await;
-        if served {
-            tracing::info!("PodMonitors are served: one per Infra scrapes its pods");
-        } else if wanted {
-            tracing::info!("no monitoring.coreos.com/v1 PodMonitors yet: the Infras' pods get none until they are served");
-        }
-        PodMonitors {
-            wanted,
-            known: Mutex::new(PodMonitorsSeen {
-                served,
-                asked: Instant::now(),
-            }),
-        }
-    }
-
-    /// The kind, if it is asked for and served.
-    async fn resource(&self, client: &Client) -> Option<ApiResource> {
-        if !self.wanted {
-            return None;
-        }
-        {
-            let seen = lock(&self.known);
-            if seen.served {
-                return Some(pod_monitor_kind());
-            }
-            if seen.asked.elapsed() < POD_MONITOR_RECHECK {
-                return None;
-            }
-        }
-        // One question: an error counts as not served, asked again later.
-        let served = client
-            .list_api_group_resources("monitoring.coreos.com/v1")
-            .await
-            .is_ok_and(|list| list.resources.iter().any(|r| r.name == "podmonitors"));
-        let mut seen = lock(&self.known);
-        seen.asked = Instant::now();
-        if served && !seen.served {
-            tracing::info!("PodMonitors are served now: one per Infra scrapes its pods");
-        }
-        seen.served = served;
-        served.then(pod_monitor_kind)
-    }
-
-    /// The kind went away (its CRD deleted): asked again later.
-    fn gone(&self) {
-        let mut seen = lock(&self.known);
-        if seen.served {
-            tracing::warn!(
-                "PodMonitors are no longer served: the Infras' pods get none until they are again"
-            );
-        }
-        seen.served = false;
-        seen.asked = Instant::now();
-    }
-}
-
 /// The budget as the version the API server serves: v1 and v1beta1 have
 /// the same fields for what is set here.
 fn disruption_budget_object(
@@ -908,7 +809,7 @@ async fn remove_ha(ctx: &Context, owner: &Owner, component: Component) -> Result
 /// The PodDisruptionBudget API the server serves: policy/v1 from 1.21,
 /// policy/v1beta1 before (1.20, which the operator still supports).
 async fn disruption_budget_resource(client: &Client) -> ApiResource {
-    if served(client, "policy/v1", "poddisruptionbudgets").await {
+    if crate::k8s::watch::served_eventually(client, "policy/v1", "poddisruptionbudgets").await {
         return resource(
             "policy",
             "v1",

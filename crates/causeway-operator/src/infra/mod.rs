@@ -2,7 +2,8 @@
 //! hosted cluster's VLAN. It observes, turns the spec into a [`plan`]
 //! ([`validate`]), renders the plan as a pure function ([`render`],
 //! [`status`]), and applies through [`crate::k8s::apply`]
-//! ([`controller`]). [`hosted`] makes Infras for annotated HostedClusters.
+//! ([`controller`]). [`hosted`] makes Infras for annotated HostedClusters;
+//! [`pod_monitors`] says whether they get PodMonitors.
 
 pub mod apps_ingress;
 pub mod attachment;
@@ -12,6 +13,7 @@ pub mod crd;
 pub mod hosted;
 pub mod network;
 pub mod plan;
+pub mod pod_monitors;
 pub mod render;
 pub mod status;
 pub mod validate;

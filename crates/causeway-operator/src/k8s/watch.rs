@@ -276,6 +276,20 @@ pub async fn is_served(
     }
 }
 
+/// Whether the API server serves `plural` in `group_version`: asked until
+/// it answers (a group it does not serve at all answers 404).
+pub async fn served_eventually(client: &Client, group_version: &str, plural: &str) -> bool {
+    loop {
+        match is_served(client, group_version, plural).await {
+            Ok(served) => return served,
+            Err(e) => {
+                tracing::warn!(error = %e, group_version, plural, "asking whether the API server serves a kind; again in 5 s");
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            }
+        }
+    }
+}
+
 /// `make()`'s stream, started only once `kind` is served: until then the
 /// kind is looked for every [`OPTIONAL_RECHECK`], `served` says no (so the
 /// reconciles go on without it) and the log says so once at INFO. A watch
