@@ -22,7 +22,7 @@ use kube::core::{ApiResource, PartialObjectMeta};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 
 use super::context::Context;
@@ -37,7 +37,7 @@ use crate::k8s::resources::{
     dpf_operator_config_resource, dpu_cluster_resource, dpu_flavor_resource,
     hosted_cluster_resource, node_pool_resource,
 };
-use crate::k8s::watch::{cached, cached_optional, once_served, OptionalKind, Scope};
+use crate::k8s::watch::{cached, cached_optional, once_served, touched, OptionalKind, Scope};
 
 const CONTROLLER: &str = "dpfhcp";
 const RECONCILE_CONCURRENCY: u16 = 16;
@@ -165,7 +165,7 @@ pub async fn run(
             client.clone(),
             OptionalKind::of(&resource, meanwhile),
             Default::default(),
-            move || watcher(api, config).default_backoff().touched_objects(),
+            move || touched(api, config),
         )
     };
     let hosted_clusters = foreign(
@@ -202,23 +202,19 @@ pub async fn run(
         false,
         "no DPU boot template is made",
     );
-    let secrets = watcher(
+    let secrets = touched(
         scope.api::<PartialObjectMeta<Secret>>(&client),
         watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects();
+    );
     let all = provisioners.clone();
     let every = provisioners.clone();
     let by_template = provisioners.clone();
     // The bfcfg templates, wherever their DPUClusters are: one deleted or
     // edited is made again at once.
-    let templates = watcher(
+    let templates = touched(
         Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()),
         watcher::Config::default().labels(&format!("{}=true", super::ignition::TEMPLATE_LABEL)),
-    )
-    .default_backoff()
-    .touched_objects();
+    );
     let by_dpu = provisioners.clone();
     let by_flavor = provisioners.clone();
     let by_operator_config = provisioners.clone();

@@ -17,7 +17,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use kube::{Client, Config, ResourceExt};
 use serde_json::{json, Value};
 
@@ -28,6 +28,7 @@ use crate::error::Error;
 use crate::hosted::{admin_client, HostedEndpoint, HostedIdentity, Unavailable};
 use crate::k8s::apply::{apply_params_as, installed, not_found};
 use crate::k8s::resources::{ip_address_pool_resource, l2_advertisement_resource, resource};
+use crate::k8s::watch::touched;
 
 /// The field manager of what is made in the hosted cluster.
 pub const MANAGER: &str = "causeway-apps-ingress";
@@ -350,14 +351,8 @@ fn spawn_watch(
     let nodes: Api<Node> = Api::all(client.clone());
     let services: Api<Service> = Api::namespaced(client, &p.service_namespace);
     let by_name = watcher::Config::default().fields(&format!("metadata.name={}", p.service));
-    let node_events = watcher(nodes, watcher::Config::default())
-        .default_backoff()
-        .touched_objects()
-        .map(|_| ());
-    let service_events = watcher(services, by_name)
-        .default_backoff()
-        .touched_objects()
-        .map(|_| ());
+    let node_events = touched(nodes, watcher::Config::default()).map(|_| ());
+    let service_events = touched(services, by_name).map(|_| ());
     let task = tokio::spawn(async move {
         let mut both = std::pin::pin!(futures::stream::select(node_events, service_events));
         while both.next().await.is_some() {

@@ -13,7 +13,7 @@ use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{finalizer, Event as Finalize};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
@@ -42,7 +42,9 @@ use crate::k8s::conditions::{self, condition};
 use crate::k8s::finalizer as finalizers;
 use crate::k8s::metrics::{OperatorMetrics, ReconcileTimer};
 use crate::k8s::resources::machine_resource;
-use crate::k8s::watch::{cached, cached_optional, once_served, Everywhere, OptionalKind, Scope};
+use crate::k8s::watch::{
+    cached, cached_optional, once_served, touched, Everywhere, OptionalKind, Scope,
+};
 
 /// Removes the attachment's control-plane policy before it goes.
 pub const FINALIZER: &str = "causeway.io/attachment-cleanup";
@@ -523,9 +525,7 @@ pub async fn run(
     // verdict: every attachment of the same Infra is looked at again.
     let sibling_api = scope.api::<InfraClusterAttachment>(&client);
     let sibling_events = once_served(client.clone(), kind, Default::default(), move || {
-        watcher(sibling_api, watcher::Config::default())
-            .default_backoff()
-            .touched_objects()
+        touched(sibling_api, watcher::Config::default())
     });
     Controller::for_stream(att_stream, attachments)
         .watches_stream(sibling_events, move |changed: InfraClusterAttachment| {

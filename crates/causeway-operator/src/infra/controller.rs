@@ -34,7 +34,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::finalizer::{finalizer, Event as Finalize};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 
 use super::attachment::{self, Aggregate, InfraClusterAttachment};
@@ -53,7 +53,8 @@ use crate::k8s::index::{Index, Owned, WorkloadFacts};
 use crate::k8s::metrics::{OperatorMetrics, ReconcileTimer};
 use crate::k8s::resources::{hosted_cluster_resource, machine_resource, nad_resource, resource};
 use crate::k8s::watch::{
-    cached, cached_optional, owned, owned_dynamic, Everywhere, OptionalKind, OptionalStore, Scope,
+    cached, cached_optional, owned, owned_dynamic, touched, Everywhere, OptionalKind,
+    OptionalStore, Scope,
 };
 
 /// Removes the control-plane NetworkPolicy before the Infra goes.
@@ -1001,9 +1002,7 @@ pub async fn run(
     let controller = Controller::for_stream(infra_stream, infras.clone());
     // Any Service an Infra names as its internal proxy: its ClusterIP is
     // rendered into the DNS config, so a new or replaced Service re-renders.
-    let named_services = watcher(scope.api::<Service>(&client), watcher::Config::default())
-        .default_backoff()
-        .touched_objects();
+    let named_services = touched(scope.api::<Service>(&client), watcher::Config::default());
     controller
         .owns_stream(cm_stream)
         .owns_stream(deploy_stream)

@@ -55,6 +55,19 @@ pub fn scopes(namespaces: &[String]) -> Vec<Scope> {
     }
 }
 
+/// Every change to the objects `api` and `config` select, as the objects
+/// touched, retrying with backoff: the trigger stream every controller
+/// here watches foreign and secondary kinds with.
+pub fn touched<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    watcher(api, config).default_backoff().touched_objects()
+}
+
 /// A watch over our objects of one kind: the index it feeds, and the
 /// stream of slimmed objects (names and owners only) that triggers the
 /// owners' reconciles, for the events that changed what the index holds.

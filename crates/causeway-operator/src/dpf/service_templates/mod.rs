@@ -30,7 +30,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::PartialObjectMeta;
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::Value;
 
@@ -42,7 +42,7 @@ use crate::k8s::metrics::{OperatorMetrics, ReconcileTimer};
 use crate::k8s::resources::{
     cluster_version_resource, dpf_operator_config_resource, dpu_service_template_resource,
 };
-use crate::k8s::watch::{once_served, OptionalKind, Scope};
+use crate::k8s::watch::{once_served, touched, OptionalKind, Scope};
 use values::{NamespacePlan, OvnInputs, OvnPlan, Ownership, Rollout, Values};
 
 const CONTROLLER: &str = "dpuservicetemplate";
@@ -476,21 +476,17 @@ pub async fn run(
     let mut wakes: Vec<BoxStream<'static, Wake>> = Vec::new();
     for scope in &scopes {
         let api: Api<DPFHCPProvisioner> = scope.api(&client);
-        let stream = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .touched_objects();
+        let stream = touched(api, watcher::Config::default());
         wakes.push(meta_wakes(
             stream,
             "provisioners",
             |p: DPFHCPProvisioner| Wake::Namespace(p.spec.dpu_cluster_ref.namespace),
         ));
     }
-    let configs = watcher(
+    let configs = touched(
         Api::<DPFHCPProvisionerConfig>::all(client.clone()),
         watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects();
+    );
     wakes.push(meta_wakes(configs, "settings", |_| Wake::All));
     // DPF's version picks the values: an upgrade of DPF is seen at once.
     let dpf_configs_api = Api::<PartialObjectMeta<DynamicObject>>::all_with(
@@ -504,28 +500,20 @@ pub async fn run(
             "service templates wait for DPF's version",
         ),
         Default::default(),
-        move || {
-            watcher(dpf_configs_api, watcher::Config::default())
-                .default_backoff()
-                .touched_objects()
-        },
+        move || touched(dpf_configs_api, watcher::Config::default()),
     );
     wakes.push(meta_wakes(dpf_configs, "DPFOperatorConfig", |_| Wake::All));
     // Status changes (the rollout's progress) are what the gate waits on:
     // the full object is watched, not its metadata.
-    let daemonset = watcher(
+    let daemonset = touched(
         Api::<DaemonSet>::namespaced(client.clone(), OVN_NAMESPACE),
         watcher::Config::default().fields(&format!("metadata.name={OVN_DAEMONSET}")),
-    )
-    .default_backoff()
-    .touched_objects();
+    );
     wakes.push(meta_wakes(daemonset, "OVN DaemonSet", |_| Wake::All));
-    let overrides = watcher(
+    let overrides = touched(
         Api::<PartialObjectMeta<ConfigMap>>::namespaced(client.clone(), &operator_namespace),
         watcher::Config::default().fields(&format!("metadata.name={OVERRIDES_CONFIGMAP}")),
-    )
-    .default_backoff()
-    .touched_objects();
+    );
     wakes.push(meta_wakes(overrides, "overrides", |_| Wake::All));
     let templates_api = Api::<PartialObjectMeta<DynamicObject>>::all_with(
         client.clone(),
@@ -538,11 +526,7 @@ pub async fn run(
             "no DPUServiceTemplate is written",
         ),
         Default::default(),
-        move || {
-            watcher(templates_api, watcher::Config::default())
-                .default_backoff()
-                .touched_objects()
-        },
+        move || touched(templates_api, watcher::Config::default()),
     );
     wakes.push(meta_wakes(
         templates,
