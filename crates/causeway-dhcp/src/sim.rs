@@ -673,7 +673,7 @@ impl Sim {
         let r = &mut self.replicas[i];
         let other_boot = OtherBoot {
             last_quiet: !r.election.hears_peer(now),
-            echo_recent: r.election.echo_is_recent(state.echo, now),
+            echoes_an_earlier_process: r.election.echo_is_of_an_earlier_process(state.echo),
         };
         if r.guard.see(boot, seq, other_boot) != Seen::New {
             return;

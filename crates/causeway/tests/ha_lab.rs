@@ -1019,6 +1019,17 @@ fn kill_cycles(mode: Mode, cluster: Option<&kube_cluster::SharedCluster>) {
             lab.ha(1),
             lab.describe()
         );
+        // The point of the case: the service came back while the old
+        // active was still draining, not after it was gone.
+        assert!(
+            lab.replicas[active]
+                .proc
+                .as_mut()
+                .unwrap()
+                .try_status()
+                .is_none(),
+            "the stopping replica had exited before DNS came back: the handover was not probed during its drain"
+        );
         let status = lab.replicas[active]
             .proc
             .as_mut()

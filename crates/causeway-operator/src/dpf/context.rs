@@ -49,7 +49,9 @@ pub struct Context {
     pub client: Client,
     pub applier: Applier,
     pub provisioners: Store<DPFHCPProvisioner>,
-    pub configs: Store<DPFHCPProvisionerConfig>,
+    /// The bridge settings object; until listed, a reconcile waits
+    /// rather than act on the defaults.
+    pub configs: crate::k8s::watch::OptionalStore<DPFHCPProvisionerConfig>,
     pub operator_namespace: String,
     /// The settings last seen, and when they went: see [`Context::settings`].
     pub last_config: std::sync::Mutex<Option<(DPFHCPProvisionerConfigSpec, Option<Instant>)>>,
@@ -91,6 +93,7 @@ impl Context {
     pub(super) fn settings(&self) -> BridgeSettings {
         let live = self
             .configs
+            .store()
             .get(&ObjectRef::new(CONFIG_NAME))
             .map(|c| c.spec.clone());
         let mut last = self

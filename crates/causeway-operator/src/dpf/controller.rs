@@ -43,6 +43,11 @@ const CONTROLLER: &str = "dpfhcp";
 const RECONCILE_CONCURRENCY: u16 = 16;
 /// One reconcile, with its metrics.
 pub async fn reconcile(p: Arc<DPFHCPProvisioner>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if !ctx.configs.ready() {
+        // The settings object not listed yet: the defaults might be the
+        // opposite of what it says (MetalLB on where it is disabled).
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     let timer = ReconcileTimer::start(ctx.metrics.as_ref(), CONTROLLER);
     let result = if p.metadata.deletion_timestamp.is_some() {
         delete(&p, &ctx).await
@@ -127,7 +132,6 @@ pub async fn run(
         ),
         watcher::Config::default(),
     );
-    let configs = configs.store().clone();
     let (blue_field_images, images_stream) = cached(
         Api::<ConfigMap>::namespaced(client.clone(), &operator_namespace),
         watcher::Config::default().fields(&format!(

@@ -224,6 +224,10 @@ impl Everywhere {
     }
 }
 
+/// How long after a first "not served" the kind is asked for again
+/// before the controllers go on without it.
+const NOT_SERVED_CONFIRM: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// How often a kind that is not served is looked for again.
 pub const OPTIONAL_RECHECK: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -321,6 +325,7 @@ where
 {
     let ready = async move {
         let mut said = false;
+        let mut unconfirmed = false;
         loop {
             match is_served(&client, &kind.group_version, &kind.plural).await {
                 Ok(true) => {
@@ -329,6 +334,15 @@ where
                     }
                     served.set(SERVED_YES);
                     break;
+                }
+                // Discovery can answer 404 for a moment (an API server
+                // whose CRD handlers are still syncing); reconciling as if
+                // the kind did not exist would drop what its objects
+                // render. A no is believed when asked again says the same.
+                Ok(false) if served.served().is_none() && !unconfirmed => {
+                    unconfirmed = true;
+                    tokio::time::sleep(NOT_SERVED_CONFIRM).await;
+                    continue;
                 }
                 Ok(false) => {
                     served.set(SERVED_NO);

@@ -94,15 +94,23 @@ impl AdvertKey {
 }
 
 /// Refuses replays: within one boot of the peer, sequence numbers only
-/// grow; another boot is believed only once the boot heard last has gone
-/// quiet *and* the advert echoes one this replica sent within the dead
-/// interval. A recorded advert of an earlier boot cannot pass: what it
-/// echoes is as old as it is, and this replica's boot or sequence has
-/// moved on since.
+/// grow; another boot is believed once the boot heard last has gone quiet
+/// for the dead interval, unless it is one this replica heard before and
+/// saw replaced (a recording of it), or its advert echoes an advert of an
+/// earlier process of this replica (a recording made before this process
+/// started). A new boot that has not heard this replica at all (no echo:
+/// the link this way may be down) is believed, so a restarted peer is
+/// never shut out.
 #[derive(Debug, Default)]
 pub struct ReplayGuard {
     last: Option<(u64, u64)>,
+    /// Boots heard before and replaced by a newer one, newest last.
+    retired: std::collections::VecDeque<u64>,
 }
+
+/// How many replaced boots the guard remembers: restarts of the peer over
+/// this process's life, far more than a pair sees between upgrades.
+const RETIRED_KEPT: usize = 64;
 
 /// What the guard makes of an advert.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,25 +121,19 @@ pub enum Seen {
     /// sent on the peer link and on the VLAN): it says that path works, and
     /// nothing new.
     Copy,
-    /// Older, or of another boot that has not proved itself live.
+    /// Older, or of another boot that may be a recording.
     Replay,
 }
 
-/// Whether an advert of a boot other than the one heard last may be
-/// believed.
+/// What the driver knows about an advert of a boot other than the one
+/// heard last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OtherBoot {
     /// The boot heard last has been silent for the dead interval.
     pub last_quiet: bool,
-    /// The advert echoes an advert of this replica's current boot sent
-    /// within the dead interval: it was written by a live process.
-    pub echo_recent: bool,
-}
-
-impl OtherBoot {
-    fn allowed(self) -> bool {
-        self.last_quiet && self.echo_recent
-    }
+    /// The advert echoes an advert of another process of this replica:
+    /// it was made before this process started.
+    pub echoes_an_earlier_process: bool,
 }
 
 impl ReplayGuard {
@@ -153,9 +155,19 @@ impl ReplayGuard {
         let fresh = match self.last {
             None => true,
             Some((last_boot, last_seq)) if last_boot == boot => seq > last_seq,
-            Some(_) => other.allowed(),
+            Some(_) => {
+                other.last_quiet
+                    && !other.echoes_an_earlier_process
+                    && !self.retired.contains(&boot)
+            }
         };
         if fresh {
+            if let Some((last_boot, _)) = self.last.filter(|(b, _)| *b != boot) {
+                if self.retired.len() == RETIRED_KEPT {
+                    self.retired.pop_front();
+                }
+                self.retired.push_back(last_boot);
+            }
             self.last = Some((boot, seq));
         }
         fresh
@@ -205,48 +217,57 @@ mod tests {
 
     const LIVE: OtherBoot = OtherBoot {
         last_quiet: true,
-        echo_recent: true,
+        echoes_an_earlier_process: false,
     };
 
     #[test]
     fn replays_and_a_stale_boot_are_refused() {
         let mut g = ReplayGuard::default();
-        let neither = OtherBoot {
+        let speaking = OtherBoot {
             last_quiet: false,
-            echo_recent: false,
+            ..LIVE
         };
-        assert!(g.accept(7, 5, neither));
+        assert!(g.accept(7, 5, speaking));
         assert!(!g.accept(7, 5, LIVE));
         assert!(!g.accept(7, 4, LIVE));
-        assert!(g.accept(7, 6, neither));
+        assert!(g.accept(7, 6, speaking));
         // A new boot while the old one still speaks: refused.
-        assert!(!g.accept(
-            8,
-            1,
-            OtherBoot {
-                last_quiet: false,
-                ..LIVE
-            }
-        ));
+        assert!(!g.accept(8, 1, speaking));
         assert!(g.accept(8, 1, LIVE));
     }
 
     /// A recorded advert of an earlier boot, replayed once the live boot
-    /// fell silent, echoes what this replica sent back then: refused,
-    /// where it used to pass as soon as the peer was quiet.
+    /// fell silent: refused, where it used to pass as soon as the peer
+    /// was quiet.
     #[test]
     fn an_old_boots_advert_replayed_while_the_peer_is_silent_is_refused() {
         let mut g = ReplayGuard::default();
         assert!(g.accept(7, 40, LIVE));
         assert!(g.accept(8, 1, LIVE));
-        let stale_echo = OtherBoot {
-            last_quiet: true,
-            echo_recent: false,
+        assert_eq!(g.see(7, 41, LIVE), Seen::Replay);
+        assert_eq!(g.see(7, 99, LIVE), Seen::Replay);
+        // A recording from before this process started echoes that
+        // process's adverts: refused too.
+        let recorded = OtherBoot {
+            echoes_an_earlier_process: true,
+            ..LIVE
         };
-        assert_eq!(g.see(7, 41, stale_echo), Seen::Replay);
-        assert_eq!(g.see(7, 99, stale_echo), Seen::Replay);
+        assert_eq!(g.see(5, 3, recorded), Seen::Replay);
         // The live boot, heard again, is still believed.
-        assert_eq!(g.see(8, 2, stale_echo), Seen::New);
+        assert_eq!(g.see(8, 2, LIVE), Seen::New);
+    }
+
+    /// A peer that restarts while it cannot hear this replica echoes
+    /// nothing; it is believed once its old boot is quiet, so the pair
+    /// sees one active rather than two.
+    #[test]
+    fn a_restarted_peer_that_cannot_hear_us_is_believed() {
+        let mut g = ReplayGuard::default();
+        assert!(g.accept(7, 40, LIVE));
+        assert_eq!(g.see(9, 1, LIVE), Seen::New);
+        // And a third restart after that, as often as it happens.
+        assert_eq!(g.see(10, 1, LIVE), Seen::New);
+        assert_eq!(g.see(9, 2, LIVE), Seen::Replay);
     }
 
     #[test]

@@ -392,12 +392,10 @@ impl Election {
             .is_some_and(|t| now.saturating_duration_since(t) < self.timers.dead_after)
     }
 
-    /// Whether `echo` names an advert of this process that it sent within
-    /// the dead interval: only a live peer can have heard it.
-    pub fn echo_is_recent(&self, echo: Option<(u64, u64)>, now: Instant) -> bool {
-        echo.filter(|(boot, _)| *boot == self.boot)
-            .and_then(|(_, seq)| self.sent.iter().find(|(s, _)| *s == seq))
-            .is_some_and(|(_, at)| now.saturating_duration_since(*at) < self.timers.dead_after)
+    /// Whether `echo` names an advert of another process of this replica:
+    /// whoever sent it heard this replica before this process started.
+    pub fn echo_is_of_an_earlier_process(&self, echo: Option<(u64, u64)>) -> bool {
+        echo.is_some_and(|(boot, _)| boot != self.boot)
     }
 
     pub fn peer(&self) -> Option<&PeerState> {

@@ -655,7 +655,7 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
         let now = Instant::now();
         let other_boot = advert::OtherBoot {
             last_quiet: !self.election.hears_peer(now),
-            echo_recent: self.election.echo_is_recent(advert.echo, now),
+            echoes_an_earlier_process: self.election.echo_is_of_an_earlier_process(advert.echo),
         };
         match self.guard.see(advert.boot, advert.seq, other_boot) {
             advert::Seen::New => {}
