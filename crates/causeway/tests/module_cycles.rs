@@ -110,6 +110,73 @@ fn the_operator_keeps_its_directions() {
     );
 }
 
+/// The operator's pure modules: what they decide is tested without an API
+/// server, so none of them may reach one (docs/architecture.md).
+const OPERATOR_PURE: &[&str] = &[
+    "dpf/plan.rs",
+    "dpf/spec.rs",
+    "dpf/render.rs",
+    "dpf/status.rs",
+    "dpf/csr.rs",
+    "dpf/events.rs",
+    "dpf/bfcfg/mod.rs",
+    "hosted/facts.rs",
+    "infra/plan.rs",
+    "infra/render.rs",
+    "infra/status.rs",
+    "infra/validate.rs",
+    "k8s/conditions.rs",
+    "k8s/drift.rs",
+];
+
+/// The lines of a pure module that name a client, an API handle or an
+/// await: each a way to read or write the cluster.
+fn impure_lines(source: &str) -> Vec<String> {
+    source
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim_start().starts_with("//"))
+        .filter(|(_, line)| {
+            line.contains(".await")
+                || line.contains("Api<")
+                || line
+                    .split(|c: char| !c.is_alphanumeric() && c != '_')
+                    .any(|word| word == "Client")
+        })
+        .map(|(n, line)| format!("{}: {}", n + 1, line.trim()))
+        .collect()
+}
+
+#[test]
+fn the_operators_pure_modules_name_no_client() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../causeway-operator/src");
+    let files = read_sources(&root);
+    let mut found = Vec::new();
+    for module in OPERATOR_PURE {
+        let source = files
+            .get(*module)
+            .unwrap_or_else(|| panic!("pure module {module} not found under {root:?}"));
+        found.extend(
+            impure_lines(source)
+                .into_iter()
+                .map(|l| format!("  {module}:{l}")),
+        );
+    }
+    assert!(
+        found.is_empty(),
+        "pure modules reach the API server:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_purity_check_finds_a_client_an_api_and_an_await() {
+    let source = "use kube::Client;\n// a Client in a comment is fine\nfn f(a: Api<Pod>) {}\nasync fn g() { h().await }\nstruct ClientHello;\n";
+    let lines = impure_lines(source);
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert!(lines[0].starts_with("1: "), "{lines:?}");
+}
+
 #[test]
 fn the_direction_check_finds_an_infra_module_importing_dpf() {
     let files = tree(&[

@@ -27,7 +27,7 @@ use kube::{Client, ResourceExt};
 
 use super::context::Context;
 use super::crd::{DPFHCPProvisioner, DPFHCPProvisionerConfig, LocalRef};
-use super::provision::apply;
+use super::execute::apply;
 use super::render;
 use super::teardown::delete;
 use crate::error::Error;

@@ -14,13 +14,14 @@ pub mod controller;
 pub mod crd;
 pub mod csr;
 pub mod events;
+mod execute;
 #[cfg(any(test, feature = "test-support"))]
 pub mod forged_csr;
 pub(crate) mod hosted_access;
 pub mod ignition;
 pub mod kubelet_cert;
 mod observe;
-mod provision;
+mod plan;
 pub mod render;
 pub mod service_templates;
 pub mod spec;

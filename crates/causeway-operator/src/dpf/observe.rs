@@ -1,7 +1,11 @@
-//! What a provisioner's reconcile reads before it writes: the DPUCluster,
-//! the user's Secrets, the cluster's prerequisites, the BlueField image,
-//! the node-port address, and the ignition the DPUs boot from. Each read
-//! becomes a [`Check`] for status.
+//! Everything a provisioner's reconcile reads, read before anything is
+//! written: [`gather`] reads the HostedCluster, then what the checks need
+//! (the DPUCluster, the user's Secrets, the cluster's prerequisites, the
+//! BlueField image), then, when every check holds, what making the
+//! objects needs (MetalLB's objects, the node address, the NodePool, the
+//! kubeconfig copies, the boot template's inputs). What a read finds
+//! wrong is already a [`Check`]; [`super::plan::decide`] puts them
+//! together. Nothing here writes.
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -11,60 +15,173 @@ use kube::{Client, ResourceExt};
 use serde_json::Value;
 
 use super::bfcfg::{content_digest, Flavor};
-use super::crd::DPFHCPProvisioner;
+use super::crd::{BridgeSettings, DPFHCPProvisioner};
+use super::plan::{
+    self, IgnitionSource, KubeconfigRead, MetalLbRead, Observed, ProvisioningReads, SecretData,
+    Validated,
+};
 use super::render::{self, Owner};
-use super::status::{self, Check, HostedClusterFacts};
+use super::spec::Publishing;
+use super::status::{self, Check, HostedClusterFacts, Rollout};
 use crate::error::Error;
 use crate::k8s::apply::{api_message, get_present, installed, not_found, permanent};
 use crate::k8s::resources::{
     dpf_operator_config_resource, dpu_cluster_resource, dpu_deployment_resource,
-    dpu_flavor_resource, hosted_cluster_resource, node_pool_resource,
+    dpu_flavor_resource, hosted_cluster_resource, ip_address_pool_resource,
+    l2_advertisement_resource, node_pool_resource,
 };
 
-use super::context::{publish_note, Context};
-use super::events::Note;
+use super::context::Context;
 use super::spec::{valid_pull_secret, valid_ssh_key};
 
-/// What the two user Secrets hold, once checked.
-pub(super) struct SecretData {
-    pub(super) pull_secret: Vec<u8>,
-    pub(super) ssh_key: Vec<u8>,
-}
-
-/// IgnitionConfigured: the bfcfg template is published and made from what
-/// the provisioner, its DPUDeployment, DPUFlavor and the DPFOperatorConfig
-/// say now, or is made again when it is missing, stale or first seen by
-/// this process.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn ignition_check(
+/// Reads everything one pass of `p` needs, in the order the checks gate
+/// it: a failing check stops the reads its failure makes moot.
+pub(super) async fn gather(
     ctx: &Context,
     p: &DPFHCPProvisioner,
     owner: &Owner,
-    dpu: &DynamicObject,
-    facts: &HostedClusterFacts,
-    rollout: status::Rollout,
-    os_image: Option<String>,
-) -> Result<Check, Error> {
-    use super::ignition as ign;
-    let check = |ok: bool, reason: &str, message: String| {
-        Ok(Check::new(status::IGNITION_CONFIGURED, ok, reason, message))
+    settings: &BridgeSettings,
+) -> Result<Observed, Error> {
+    let hc_api: Api<DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        &owner.namespace,
+        &hosted_cluster_resource(),
+    );
+    let live_hc = get_present(&hc_api, &owner.name).await?;
+    let (checked, spec_check) = plan::spec_verdict(p);
+    let Some(checked) = checked else {
+        return Ok(Observed {
+            live_hc,
+            ..Default::default()
+        });
     };
-    let Some(os_image) = os_image else {
-        return check(false, "MachineOSURLMissing", "no machineOSURL and no BlueField image found for the release: see BlueFieldContainerImageAvailable".into());
+    let (dpu_checks, dpu) = check_dpu_cluster(ctx, p).await?;
+    let secrets = read_secrets(&ctx.client, p, &owner.namespace).await?;
+    let prerequisites = check_prerequisites(ctx, p, &owner.namespace).await?;
+    let blue_field = match &secrets {
+        Ok(data) => Some(blue_field_check(ctx, p, &settings.blue_field_repo, data).await),
+        Err(_) => None,
+    };
+    let validated = Validated {
+        dpu_checks,
+        dpu,
+        secrets,
+        prerequisites,
+        blue_field,
+    };
+    let (validations, _) = plan::validations(spec_check, Some(&validated));
+    let ours = plan::hosted_cluster_ours(live_hc.as_ref(), owner);
+    if !plan::may_provision(&validations, ours) {
+        return Ok(Observed {
+            live_hc,
+            validated: Some(validated),
+            provisioning: None,
+        });
+    }
+    let mut reads = ProvisioningReads::default();
+    match checked.publishing {
+        Publishing::LoadBalancer { .. } if settings.metal_lb_enabled => {
+            reads.metal_lb = Some(read_metal_lb(ctx, owner, &settings.metal_lb_namespace).await?);
+        }
+        Publishing::LoadBalancer { .. } => {}
+        Publishing::NodePort => reads.node_address = Some(node_port_address(ctx).await?),
+    }
+    let np_api: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), &owner.namespace, &node_pool_resource());
+    reads.live_np = get_present(&np_api, &owner.name).await?;
+    if let Some(dpu) = &validated.dpu {
+        reads.kubeconfig = Some(read_kubeconfig(ctx, owner, dpu).await?);
+        let facts = live_hc
+            .as_ref()
+            .map(|h| HostedClusterFacts::from_object(&h.data))
+            .unwrap_or_default();
+        let was_upgrading = p.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == status::UPGRADING && c.status == "True")
+        });
+        let upgrade = status::rollout(&p.spec.ocp_release_image, &facts, was_upgrading);
+        if upgrade != Rollout::Upgrading && facts.is("Available", "True") {
+            reads.ignition = Some(read_ignition(ctx, p, dpu).await?);
+        }
+    }
+    Ok(Observed {
+        live_hc,
+        validated: Some(validated),
+        provisioning: Some(reads),
+    })
+}
+
+/// MetalLB's pool and advertisement of the provisioner's name, when its
+/// APIs answer.
+async fn read_metal_lb(ctx: &Context, owner: &Owner, ns: &str) -> Result<MetalLbRead, Error> {
+    let pool_res = ip_address_pool_resource();
+    let l2_res = l2_advertisement_resource();
+    if !installed(&ctx.client, ns, &pool_res).await? || !installed(&ctx.client, ns, &l2_res).await?
+    {
+        return Ok(MetalLbRead::NotInstalled);
+    }
+    let pools: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), ns, &pool_res);
+    let l2s: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), ns, &l2_res);
+    Ok(MetalLbRead::Live {
+        pool: pools.get_opt(&owner.name).await?.map(Box::new),
+        l2: l2s
+            .get_opt(&owner.l2_advertisement_name())
+            .await?
+            .map(Box::new),
+    })
+}
+
+/// HyperShift's admin kubeconfig and the copy of it the DPUCluster names.
+async fn read_kubeconfig(
+    ctx: &Context,
+    owner: &Owner,
+    dpu: &DynamicObject,
+) -> Result<KubeconfigRead, Error> {
+    let name = owner.admin_kubeconfig_name();
+    let value = |s: Option<Secret>, key: &str| {
+        s.and_then(|s| s.data)
+            .and_then(|mut d| d.remove(key))
+            .map(|b| b.0)
+    };
+    let source: Api<Secret> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let copies: Api<Secret> =
+        Api::namespaced(ctx.client.clone(), &dpu.namespace().unwrap_or_default());
+    Ok(KubeconfigRead {
+        source: value(source.get_opt(&name).await?, render::ADMIN_KUBECONFIG_KEY),
+        copy: value(copies.get_opt(&name).await?, render::INJECTED_KEY),
+    })
+}
+
+/// What the boot template is made from, read: the DPUDeployment's BFB and
+/// flavor, the DPUFlavor, the DPFOperatorConfig's MTU and the template
+/// published now; or the IgnitionConfigured condition saying which of
+/// them is missing.
+pub(super) async fn read_ignition(
+    ctx: &Context,
+    p: &DPFHCPProvisioner,
+    dpu: &DynamicObject,
+) -> Result<Result<IgnitionSource, Check>, Error> {
+    use super::ignition as ign;
+    let check = |reason: &str, message: String| {
+        Ok(Err(Check::new(
+            status::IGNITION_CONFIGURED,
+            false,
+            reason,
+            message,
+        )))
     };
     let dpu_ns = dpu.namespace().unwrap_or_default();
     let mut inputs = ign::Inputs {
         dpu_cluster: dpu.name_any(),
         dpu_cluster_namespace: dpu_ns.clone(),
         release_image: p.spec.ocp_release_image.clone(),
-        os_image: os_image.clone(),
         ..Default::default()
     };
     // The template is built around the DPUDeployment's flavor, so there is
     // nothing to publish without one.
     let Some(r) = &p.spec.dpu_deployment_ref else {
         return check(
-            false,
             "DPUDeploymentRefMissing",
             "spec.dpuDeploymentRef is not set: the DPU boot template is built from the DPUDeployment's DPUFlavor".into(),
         );
@@ -73,7 +190,6 @@ pub(super) async fn ignition_check(
         Api::namespaced_with(ctx.client.clone(), &r.namespace, &dpu_deployment_resource());
     let Some(d) = get_present(&deployments, &r.name).await? else {
         return check(
-            false,
             "DependencyDeleted",
             format!("DPUDeployment {}/{} not found", r.namespace, r.name),
         );
@@ -88,7 +204,6 @@ pub(super) async fn ignition_check(
     inputs.bfb = field("/spec/dpus/bfb").map(|b| (b, r.namespace.clone()));
     let Some(flavor_name) = field("/spec/dpus/flavor") else {
         return check(
-            false,
             "IgnitionGenerationFailed",
             format!(
                 "DPUDeployment {}/{} has no spec.dpus.flavor",
@@ -101,7 +216,6 @@ pub(super) async fn ignition_check(
         Api::namespaced_with(ctx.client.clone(), &r.namespace, &dpu_flavor_resource());
     let Some(flavor) = get_present(&flavors, &flavor_name).await? else {
         return check(
-            false,
             "DependencyDeleted",
             format!("DPUFlavor {}/{flavor_name} not found", r.namespace),
         );
@@ -110,7 +224,6 @@ pub(super) async fn ignition_check(
         Ok(v) => v,
         Err(e) => {
             return check(
-                false,
                 "IgnitionGenerationFailed",
                 format!("DPUFlavor {}/{flavor_name}: {e}", r.namespace),
             )
@@ -118,11 +231,11 @@ pub(super) async fn ignition_check(
     };
     let parsed = match Flavor::from_object(&flavor) {
         Ok(f) => f,
-        Err(e) => return check(false, e.reason(), e.to_string()),
+        Err(e) => return check(e.reason(), e.to_string()),
     };
     let mtu = match high_speed_mtu(&ctx.client).await? {
         Ok(mtu) => mtu,
-        Err(message) => return check(false, "IgnitionGenerationFailed", message),
+        Err(message) => return check("IgnitionGenerationFailed", message),
     };
     inputs.content_digest = Some(content_digest(&flavor, mtu));
     let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &dpu_ns);
@@ -131,7 +244,6 @@ pub(super) async fn ignition_check(
         Ok(c) => c,
         Err(e) if permanent(&e) => {
             return check(
-                false,
                 "IgnitionGenerationFailed",
                 format!("reading ConfigMap {dpu_ns}/{name}: {e}"),
             );
@@ -139,68 +251,18 @@ pub(super) async fn ignition_check(
         Err(e) => return Err(e.into()),
     };
     let uid = p.uid().unwrap_or_default();
-    let first = ctx
+    let first_look = ctx
         .ignition_checked
         .lock()
-        .map(|mut seen| seen.insert(uid))
+        .map(|seen| !seen.contains(&uid))
         .unwrap_or(false);
-    let failed_before = p.status.as_ref().is_some_and(|s| {
-        s.conditions.iter().any(|c| {
-            c.type_ == status::IGNITION_CONFIGURED && c.reason == "IgnitionGenerationFailed"
-        })
-    });
-    let why = ign::stale(published.as_ref().map(|c| c.annotations()), &inputs)
-        .or(first.then_some("OperatorRestarted"))
-        .or(failed_before.then_some("IgnitionGenerationFailed"));
-    let Some(why) = why else {
-        return check(
-            true,
-            "IgnitionGenerated",
-            format!(
-                "ConfigMap {dpu_ns}/{name} holds the ignition for {} with OS image {os_image}",
-                inputs.release_image
-            ),
-        );
-    };
-    // A new release's ignition is served once its control plane is on it.
-    if why == "ReleaseImageUpdated" && rollout != status::Rollout::Done {
-        return check(
-            false,
-            why,
-            format!(
-                "waiting for the control plane to roll out {} before making the ignition again",
-                inputs.release_image
-            ),
-        );
-    }
-    let was_configured = p.status.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.type_ == status::IGNITION_CONFIGURED && c.status == "True")
-    });
-    if let Some(note) = super::events::regeneration_note(why, was_configured) {
-        publish_note(ctx, p, note).await;
-    }
-    match generate(ctx, owner, facts, &inputs, &parsed, mtu).await {
-        Ok(()) => {
-            publish_note(
-                ctx,
-                p,
-                Note::normal(
-                    "IgnitionConfigured",
-                    format!("Ignition ConfigMap {name} configured successfully"),
-                ),
-            )
-            .await;
-            tracing::info!(provisioner = %owner.name, namespace = %owner.namespace, configmap = %name, why, "DPU ignition published");
-            check(true, "IgnitionGenerated", format!("ConfigMap {dpu_ns}/{name} holds the ignition for {} with OS image {os_image} (made again: {why})", inputs.release_image))
-        }
-        Err((reason, e)) => {
-            tracing::warn!(provisioner = %owner.name, namespace = %owner.namespace, error = %e, "DPU ignition");
-            publish_note(ctx, p, Note::warning("IgnitionGenerationFailed", e.clone())).await;
-            check(false, reason, e)
-        }
-    }
+    Ok(Ok(IgnitionSource {
+        inputs,
+        flavor: parsed,
+        high_speed_mtu: mtu,
+        published: published.map(|c| c.annotations().clone()),
+        first_look,
+    }))
 }
 
 /// The singleton DPFOperatorConfig's `spec.networking.highSpeedMTU`, or
@@ -241,69 +303,6 @@ async fn high_speed_mtu(client: &Client) -> Result<Result<Option<u32>, String>, 
                 config.name_any()
             )),
     })
-}
-
-/// Fetches HyperShift's ignition, builds the boot template around it and
-/// applies the template ConfigMap; a failure comes with its
-/// IgnitionConfigured reason.
-pub(super) async fn generate(
-    ctx: &Context,
-    owner: &Owner,
-    facts: &HostedClusterFacts,
-    inputs: &super::ignition::Inputs,
-    flavor: &Flavor,
-    high_speed_mtu: Option<u32>,
-) -> Result<(), (&'static str, String)> {
-    let failed = |e: String| ("IgnitionGenerationFailed", e);
-    let endpoint = facts
-        .ignition_endpoint
-        .as_deref()
-        .ok_or_else(|| failed("the HostedCluster reports no ignitionEndpoint yet".into()))?;
-    let cp_ns = format!("{}-{}", owner.namespace, owner.name);
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &cp_ns);
-    let key = |s: &Secret, k: &str| s.data.as_ref().and_then(|d| d.get(k)).map(|b| b.0.clone());
-    let ca = secrets
-        .get_opt("ignition-server-ca-cert")
-        .await
-        .map_err(|e| failed(format!("Secret {cp_ns}/ignition-server-ca-cert: {e}")))?
-        .and_then(|s| key(&s, "tls.crt"))
-        .ok_or_else(|| {
-            failed(format!(
-                "no Secret {cp_ns}/ignition-server-ca-cert with tls.crt"
-            ))
-        })?;
-    let prefix = format!("token-{}-", owner.name);
-    let token = secrets
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| failed(format!("Secrets of {cp_ns}: {e}")))?
-        .items
-        .into_iter()
-        .filter(|s| s.name_any().starts_with(&prefix))
-        .find_map(|s| key(&s, "token"))
-        .ok_or_else(|| failed(format!("no Secret {cp_ns}/{prefix}* with a token")))?;
-    let ignition = super::ignition::fetch(endpoint, &token, &ca)
-        .await
-        .map_err(failed)?;
-    let template = super::bfcfg::template(&super::bfcfg::Inputs {
-        hcp_ignition: &ignition,
-        flavor,
-        high_speed_mtu,
-        os_image: &inputs.os_image,
-    })
-    .map_err(|e| (e.reason(), e.to_string()))?;
-    let body = super::ignition::configmap(inputs, &template, &owner.labels());
-    let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &inputs.dpu_cluster_namespace);
-    ctx.applier
-        .apply_as(
-            &cms,
-            "ConfigMap",
-            &super::ignition::configmap_name(&inputs.dpu_cluster),
-            &body,
-        )
-        .await
-        .map_err(|e| failed(format!("applying the bfcfg ConfigMap: {e}")))?;
-    Ok(())
 }
 
 /// The BlueField OS image for the release: skipped when `machineOSURL`

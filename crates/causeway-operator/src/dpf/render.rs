@@ -485,6 +485,22 @@ pub fn service_publishing(checked: &Checked, node: Option<&str>) -> Option<Servi
     }
 }
 
+/// Whether the object's controller is the provisioner of `uid`: `None`
+/// when nothing controls it.
+pub fn controlled_by(meta: &kube::api::ObjectMeta, uid: &str) -> Option<bool> {
+    let refs = meta.owner_references.as_deref().unwrap_or_default();
+    let controller = refs.iter().find(|r| r.controller == Some(true))?;
+    Some(controller.uid == uid)
+}
+
+/// Whether the object carries the provisioner's ownership labels (objects
+/// in other namespaces, which an owner reference cannot point from).
+pub fn labelled_ours(meta: &kube::api::ObjectMeta, owner: &Owner) -> bool {
+    let labels = meta.labels.clone().unwrap_or_default();
+    labels.get(NAME_LABEL) == Some(&owner.name)
+        && labels.get(NAMESPACE_LABEL) == Some(&owner.namespace)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

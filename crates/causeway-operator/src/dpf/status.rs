@@ -329,9 +329,9 @@ pub fn injection(copy: Copy, field: Option<&str>, ours: &str) -> Injection {
     }
 }
 
-/// What the reconcile found, part by part.
+/// What a pass found and did, part by part: what status is made from.
 #[derive(Debug, Clone, Default)]
-pub struct Observed {
+pub struct Outcome {
     pub deleting: bool,
     /// Validation checks, in the order Ready looks at them.
     pub validations: Vec<Check>,
@@ -360,20 +360,20 @@ pub fn holds(c: &Check) -> bool {
     }
 }
 
-fn failed_validation(o: &Observed) -> Option<&Check> {
+fn failed_validation(o: &Outcome) -> Option<&Check> {
     o.validations.iter().find(|c| !holds(c))
 }
 
-fn kubeconfig_injected(o: &Observed) -> bool {
+fn kubeconfig_injected(o: &Outcome) -> bool {
     o.kubeconfig.as_ref().is_some_and(|c| c.status)
 }
 
-fn ignition_configured(o: &Observed) -> bool {
+fn ignition_configured(o: &Outcome) -> bool {
     o.ignition.as_ref().is_some_and(|c| c.status)
 }
 
 /// An ignition that failed for a reason a retry will not change.
-fn ignition_failed(o: &Observed) -> bool {
+fn ignition_failed(o: &Outcome) -> bool {
     o.ignition.as_ref().is_some_and(|c| {
         !c.status
             && matches!(
@@ -386,14 +386,14 @@ fn ignition_failed(o: &Observed) -> bool {
     })
 }
 
-fn hc_available(o: &Observed) -> bool {
+fn hc_available(o: &Outcome) -> bool {
     o.hosted_cluster
         .as_ref()
         .is_some_and(|h| h.is("Available", "True"))
 }
 
 /// Ready, checked in order: the first part that does not hold says why.
-pub fn ready(o: &Observed) -> Check {
+pub fn ready(o: &Outcome) -> Check {
     if o.deleting {
         return Check::new(READY, false, "Deleting", "the provisioner is being deleted");
     }
@@ -463,7 +463,7 @@ pub fn ready(o: &Observed) -> Check {
 }
 
 /// The phase, first match wins.
-pub fn phase(o: &Observed, ready: &Check) -> Phase {
+pub fn phase(o: &Outcome, ready: &Check) -> Phase {
     if o.deleting {
         return Phase::Deleting;
     }
@@ -516,7 +516,7 @@ pub fn phase(o: &Observed, ready: &Check) -> Phase {
 }
 
 /// Every condition of the status, in a stable order.
-pub fn checks(o: &Observed) -> Vec<Check> {
+pub fn checks(o: &Outcome) -> Vec<Check> {
     let mut out = Vec::new();
     out.extend(o.notes.iter().cloned());
     out.extend(o.validations.iter().cloned());
@@ -655,8 +655,8 @@ mod tests {
         }
     }
 
-    fn good() -> Observed {
-        Observed {
+    fn good() -> Outcome {
+        Outcome {
             validations: vec![
                 Check::new(DPU_CLUSTER_MISSING, false, "DPUClusterFound", ""),
                 Check::new(SECRETS_VALID, true, "SecretsValid", ""),
@@ -686,7 +686,7 @@ mod tests {
         assert_eq!(r.reason, "AllComponentsOperational");
         assert_eq!(phase(&good(), &r), Phase::Ready);
 
-        type Step = fn(&mut Observed);
+        type Step = fn(&mut Outcome);
         let cases: [(Step, &str, Phase); 12] = [
             (
                 |o| o.validations[0].status = true,

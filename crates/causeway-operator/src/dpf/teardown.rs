@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::crd::DPFHCPProvisioner;
 use super::render::Owner;
-use super::status::{self, Check, Cleanup, HostedClusterFacts, Observed};
+use super::status::{self, Check, Cleanup, HostedClusterFacts, Outcome};
 use crate::error::Error;
 use crate::k8s::apply::get_present;
 use crate::k8s::resources::{
@@ -20,7 +20,9 @@ use crate::k8s::resources::{
 
 use super::context::{publish_note, remove_finalizer, Context, FINALIZER, POLL, SHORT_POLL};
 use super::events::Note;
-use super::provision::{controlled_by, labelled_ours, write_status, Extra};
+use super::execute::write_status;
+use super::plan::Extra;
+use super::render::{controlled_by, labelled_ours};
 
 /// The deletion, one step per pass until each is done: the kubeconfig
 /// copy and the DPUCluster's reference to it; the NodePool, then the
@@ -32,7 +34,7 @@ pub(super) async fn delete(p: &DPFHCPProvisioner, ctx: &Context) -> Result<Actio
     let owner = Owner::of(p)?;
     let ns = owner.namespace.clone();
     let settings = ctx.settings();
-    let mut o = Observed {
+    let mut o = Outcome {
         deleting: true,
         wanted_image: p.spec.ocp_release_image.clone(),
         ..Default::default()
