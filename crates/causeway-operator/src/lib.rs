@@ -23,5 +23,6 @@ pub mod hosted;
 pub mod infra;
 pub mod k8s;
 pub mod manager;
+pub mod registry;
 pub mod status_metrics;
 pub mod webhook;

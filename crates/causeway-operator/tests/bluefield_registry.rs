@@ -9,9 +9,8 @@ use std::net::TcpListener;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use causeway_operator::dpf::bluefield::{
-    resolve, Credentials, Lookup, Registry, RegistryPolicy, Resolver,
-};
+use causeway_operator::dpf::bluefield::{resolve, Lookup, Resolver};
+use causeway_operator::registry::{Credentials, Registry, RegistryPolicy};
 
 mod registry;
 use registry::{start as start_registry, PASSWORD, REGISTRY, USER};

@@ -5,10 +5,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use causeway_operator::dpf::bluefield::{Credentials, LookupError, Registry, RegistryPolicy};
 use causeway_operator::dpf::service_templates::payload::{
     image_in_release, PayloadError, IMAGE_REFERENCES, OVN_TAG,
 };
+use causeway_operator::registry::{Credentials, Registry, RegistryError, RegistryPolicy};
 
 mod registry;
 
@@ -177,10 +177,7 @@ async fn the_ovn_image_is_read_from_a_release_payload_in_a_real_registry() {
     .await
     .unwrap_err();
     assert!(
-        matches!(
-            e,
-            PayloadError::Registry(LookupError::RegistryAccess { .. })
-        ),
+        matches!(e, PayloadError::Registry(RegistryError::Access { .. })),
         "{e}"
     );
 
@@ -196,7 +193,7 @@ async fn the_ovn_image_is_read_from_a_release_payload_in_a_real_registry() {
         .await
         .unwrap_err();
     assert!(
-        matches!(e, PayloadError::Registry(LookupError::RegistryAuth { .. })),
+        matches!(e, PayloadError::Registry(RegistryError::Auth { .. })),
         "{e}"
     );
 
@@ -212,7 +209,7 @@ async fn the_ovn_image_is_read_from_a_release_payload_in_a_real_registry() {
     assert!(
         matches!(
             e,
-            PayloadError::Registry(LookupError::AddressRefused { .. })
+            PayloadError::Registry(RegistryError::AddressRefused { .. })
         ),
         "{e}"
     );

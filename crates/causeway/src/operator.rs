@@ -118,7 +118,7 @@ fn identity() -> String {
 
 async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
     // Before the controller and the webhook make their registry clients.
-    causeway_operator::dpf::bluefield::RegistryPolicy {
+    causeway_operator::registry::RegistryPolicy {
         allowed: opts.bluefield_allowed_registries.clone(),
         allow_loopback: opts.bluefield_allow_loopback_registries,
     }

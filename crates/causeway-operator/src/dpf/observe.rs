@@ -313,7 +313,8 @@ pub(super) async fn blue_field_check(
     repository: &str,
     secrets: &SecretData,
 ) -> (Check, Option<String>) {
-    use super::bluefield::{Credentials, Lookup};
+    use super::bluefield::Lookup;
+    use crate::registry::Credentials;
     if let Some(url) = p.spec.machine_os_url.as_deref().filter(|u| !u.is_empty()) {
         return (
             Check::new(

@@ -27,10 +27,11 @@ use tokio::sync::Semaphore;
 
 use super::admit::{self, ImageCheck};
 use super::tls::{CertError, ReloadingCert};
-use crate::dpf::bluefield::{self, Credentials, Lookup, Resolver};
+use crate::dpf::bluefield::{self, Lookup, Resolver};
 use crate::dpf::crd::{BridgeSettings, DPFHCPProvisionerConfig, DPFHCPProvisionerSpec};
 use crate::k8s::json_limits::{JsonLimits, JsonShape};
 use crate::k8s::watch::cached;
+use crate::registry::Credentials;
 
 /// The path the webhook configuration names.
 pub const PATH: &str = "/validate";

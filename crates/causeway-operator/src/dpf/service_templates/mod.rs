@@ -34,7 +34,6 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::Value;
 
-use super::bluefield::{Credentials, Registry};
 use super::crd::{DPFHCPProvisioner, DPFHCPProvisionerConfig, CONFIG_NAME};
 use crate::error::Error;
 use crate::k8s::apply::{get_present, not_found, Applier, Noise};
@@ -43,6 +42,7 @@ use crate::k8s::resources::{
     cluster_version_resource, dpf_operator_config_resource, dpu_service_template_resource,
 };
 use crate::k8s::watch::{once_served, touched, OptionalKind, Scope};
+use crate::registry::{Credentials, Registry};
 use values::{NamespacePlan, OvnInputs, OvnPlan, Ownership, Rollout, Values};
 
 const CONTROLLER: &str = "dpuservicetemplate";

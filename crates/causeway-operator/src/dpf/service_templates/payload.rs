@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use serde_json::Value;
 
-use crate::dpf::bluefield::{Credentials, ImageRef, LookupError, Registry};
+use crate::registry::{Credentials, ImageRef, Registry, RegistryError};
 
 /// The tag of the release's ImageStream that names the OVN image.
 pub const OVN_TAG: &str = "ovn-kubernetes";
@@ -35,7 +35,7 @@ pub enum PayloadError {
     #[error("release image {0:?} is not an image reference")]
     BadReference(String),
     #[error(transparent)]
-    Registry(#[from] LookupError),
+    Registry(#[from] RegistryError),
     #[error("release image {image}: {detail}")]
     Manifest { image: String, detail: String },
     #[error("release image {image} has no {IMAGE_REFERENCES} in any layer")]
