@@ -40,6 +40,7 @@ pub use super::hosted_access::{APPROVER_MANAGER, HOSTED_ACCOUNT, HOSTED_NAMESPAC
 use super::kubelet_cert;
 use super::spec;
 pub use crate::hosted::HostedEndpoint;
+use crate::k8s::apply::{Applier, Noise};
 use crate::k8s::events::{publish_event, publish_related_event};
 use crate::k8s::metrics::OperatorMetrics;
 use crate::k8s::resources::resource;
@@ -193,6 +194,8 @@ fn assigned_addresses(infras: &[Arc<DynamicObject>]) -> BTreeMap<std::net::IpAdd
 
 struct Context {
     client: Client,
+    /// Writes the provisioners' approval records.
+    applier: Applier,
     provisioners: Store<DPFHCPProvisioner>,
     /// The Infras (read as plain objects: the DPF bridge does not import
     /// the Infra controller's types), whose DHCP reservations say which
@@ -258,6 +261,7 @@ pub async fn run(
             }),
     );
     let ctx = Arc::new(Context {
+        applier: Applier::new(client.clone(), metrics.clone(), Noise::Debug),
         client,
         provisioners: provisioners.clone(),
         infras,
@@ -386,7 +390,7 @@ async fn supervise(ctx: Arc<Context>, key: ObjectRef<DPFHCPProvisioner>) {
         if let Some(m) = &ctx.metrics {
             m.csr_not_running(&namespace, &key.name, reason);
         }
-        let written = update_record(&ctx.client, &namespace, &key.name, |record| {
+        let written = update_record(&ctx.client, &ctx.applier, &namespace, &key.name, |record| {
             record.active = false;
             record.reason = reason.into();
             record.message = message.clone();
@@ -408,6 +412,7 @@ async fn supervise(ctx: Arc<Context>, key: ObjectRef<DPFHCPProvisioner>) {
 /// provisioner is gone.
 async fn update_record<T>(
     client: &Client,
+    applier: &Applier,
     namespace: &str,
     name: &str,
     mut change: impl FnMut(&mut CsrApprovalStatus) -> T,
@@ -440,7 +445,16 @@ async fn update_record<T>(
             field_manager: Some(APPROVER_MANAGER.into()),
             ..Default::default()
         };
-        match api.patch_status(name, &params, &Patch::Merge(&body)).await {
+        match applier
+            .patch_status(
+                &api,
+                "DPFHCPProvisioner",
+                name,
+                &params,
+                &Patch::Merge(&body),
+            )
+            .await
+        {
             Ok(_) => return Ok(Some((record, out))),
             Err(kube::Error::Api(s)) if s.code == 409 => continue,
             Err(e) => return Err(e),
@@ -1017,8 +1031,12 @@ impl Pass<'_> {
             )
         };
         let stamp = now.to_string();
-        let Some((_, mut approvals)) =
-            update_record(&self.ctx.client, &namespace, &name, |record| {
+        let Some((_, mut approvals)) = update_record(
+            &self.ctx.client,
+            &self.ctx.applier,
+            &namespace,
+            &name,
+            |record| {
                 let mut a = Approvals::from_record(record);
                 a.forget_old_cycles(&dpu_ids);
                 a.observe_joining(&dpu_ids, &stamp);
@@ -1031,8 +1049,9 @@ impl Pass<'_> {
                 record.reason = reason.into();
                 record.message = message.clone();
                 a
-            })
-            .await?
+            },
+        )
+        .await?
         else {
             return Ok(None);
         };
@@ -1157,12 +1176,18 @@ impl Pass<'_> {
                     // again; if another approval for the node got there
                     // first, this one is not made.
                     let stamp = k8s_openapi::jiff::Timestamp::now().to_string();
-                    let recorded = update_record(&self.ctx.client, &namespace, &name, |record| {
-                        let mut a = Approvals::from_record(record);
-                        let added = a.add(kind, &node, request, &dpu_uid, &stamp);
-                        a.store(record);
-                        (a, added)
-                    })
+                    let recorded = update_record(
+                        &self.ctx.client,
+                        &self.ctx.applier,
+                        &namespace,
+                        &name,
+                        |record| {
+                            let mut a = Approvals::from_record(record);
+                            let added = a.add(kind, &node, request, &dpu_uid, &stamp);
+                            a.store(record);
+                            (a, added)
+                        },
+                    )
                     .await?;
                     let Some((_, (fresh, true))) = recorded else {
                         tracing::warn!(csr = %c.name_any(), node = %node, "the record already holds another approval for this node: not approved");
@@ -1282,16 +1307,20 @@ impl Pass<'_> {
         csr_name: &str,
     ) -> Result<(), kube::Error> {
         let stamp = k8s_openapi::jiff::Timestamp::now().to_string();
-        update_record(&self.ctx.client, namespace, name, |record| {
-            match record.blocked_joins.iter_mut().find(|b| b.node == node) {
+        update_record(
+            &self.ctx.client,
+            &self.ctx.applier,
+            namespace,
+            name,
+            |record| match record.blocked_joins.iter_mut().find(|b| b.node == node) {
                 Some(b) => b.csr_name = csr_name.to_string(),
                 None => record.blocked_joins.push(BlockedJoin {
                     node: node.to_string(),
                     csr_name: csr_name.to_string(),
                     since: stamp.clone(),
                 }),
-            }
-        })
+            },
+        )
         .await?;
         Ok(())
     }

@@ -333,12 +333,17 @@ async fn report(att: &InfraClusterAttachment, ctx: &Context) -> Result<Action, E
         // An apply leaving the field out does not clear every part of it
         // (the API server refused the remains as incomplete): cleared
         // explicitly.
-        api.patch_status(
-            &name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({"status": {"appsIngressStatus": null}})),
-        )
-        .await?;
+        ctx.applier
+            .patch_status(
+                &api,
+                "InfraClusterAttachment",
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(
+                    serde_json::json!({"status": {"appsIngressStatus": null}}),
+                ),
+            )
+            .await?;
         previous.apps_ingress_status = None;
     }
     ctx.applier

@@ -447,6 +447,27 @@ impl Applier {
         Ok(written)
     }
 
+    /// A merge patch of an object's `/status`, for the parts a server-side
+    /// apply cannot express: a record merged with what another writer
+    /// wrote (guarded by the resourceVersion in `patch`), or fields
+    /// cleared with null.
+    pub async fn patch_status<K, P>(
+        &self,
+        api: &Api<K>,
+        kind: &str,
+        name: &str,
+        params: &PatchParams,
+        patch: &Patch<P>,
+    ) -> Result<K, kube::Error>
+    where
+        K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+        P: Serialize + std::fmt::Debug,
+    {
+        let written = api.patch_status(name, params, patch).await?;
+        self.counted(kind, "patch-status");
+        Ok(written)
+    }
+
     /// Creates `object` unless one of its name exists (made once, never
     /// replaced: a generated key); `true` when this call created it.
     pub async fn create_if_absent<K>(&self, api: &Api<K>, object: &K) -> Result<bool, kube::Error>
