@@ -25,6 +25,40 @@ use kube_cluster::{admin, apply_yaml, eventually, wait_established, Operator};
 const REFERENCE: &str = include_str!("../../causeway-operator/tests/fixtures/reference-infra.yaml");
 const NAD_CRD: &str = include_str!("../../../tests/kube/crds/network-attachment-definition.yaml");
 const PROVISIONER: &str = include_str!("fixtures/dpfhcp-sample.yaml");
+/// The foreign kinds the controllers watch once served, each with the CRD
+/// the kube suites install for it (written from its project's API).
+const FOREIGN_CRDS: [(&str, &str, &str); 6] = [
+    (
+        "machines",
+        "machines.cluster.x-k8s.io",
+        include_str!("../../../tests/kube/crds/capi-machine.yaml"),
+    ),
+    (
+        "hostedclusters",
+        "hostedclusters.hypershift.openshift.io",
+        include_str!("../../../tests/kube/crds/hostedcluster.yaml"),
+    ),
+    (
+        "nodepools",
+        "nodepools.hypershift.openshift.io",
+        include_str!("../../../tests/kube/crds/nodepool.yaml"),
+    ),
+    (
+        "dpuclusters",
+        "dpuclusters.provisioning.dpu.nvidia.com",
+        include_str!("../../../tests/kube/crds/dpucluster.yaml"),
+    ),
+    (
+        "dpuflavors",
+        "dpuflavors.provisioning.dpu.nvidia.com",
+        include_str!("../../../tests/kube/crds/dpuflavor.yaml"),
+    ),
+    (
+        "dpfoperatorconfigs",
+        "dpfoperatorconfigs.operator.dpu.nvidia.com",
+        include_str!("../../../tests/kube/crds/dpfoperatorconfig.yaml"),
+    ),
+];
 /// What "at once" means here: a few reconciles, far below the minute the
 /// old wait took (or forever).
 const PROMPT: Duration = Duration::from_secs(20);
@@ -212,5 +246,69 @@ async fn every_controller_works_without_the_optional_kinds_and_picks_them_up_onc
         created.elapsed()
     );
     assert!(op.log_text().contains("not served"), "{}", op.log_text());
+
+    // The foreign kinds installed (together: each is looked for every
+    // 10 s, so one at a time would only add waits): every watch starts
+    // without a restart.
+    let watched = |plural: &str| {
+        op.log_text()
+            .lines()
+            .any(|l| l.contains("now served") && l.contains(plural))
+    };
+    for (plural, _, _) in FOREIGN_CRDS {
+        assert!(
+            !watched(plural),
+            "{plural} watched before its CRD was installed"
+        );
+    }
+    let installed = Instant::now();
+    for (_, crd_name, crd) in FOREIGN_CRDS {
+        apply_yaml(&client, &kube_cluster::without_cel(crd), "default")
+            .await
+            .unwrap();
+        wait_established(&client, crd_name).await;
+    }
+    for (plural, _, _) in FOREIGN_CRDS {
+        eventually(
+            &format!("the watch of {plural} starts once its CRD is installed"),
+            PICKED_UP,
+            Some(&op),
+            || async { watched(plural).then_some(()) },
+        )
+        .await;
+        println!(
+            "{plural} watched {:?} after the CRDs were installed",
+            installed.elapsed()
+        );
+    }
+    // The DPUCluster watch is live: one appearing wakes the provisioner
+    // naming it at once, long before its one-minute recheck.
+    create_ns(&client, "dpu-clusters").await;
+    let created = Instant::now();
+    apply_yaml(
+        &client,
+        "apiVersion: provisioning.dpu.nvidia.com/v1alpha1\nkind: DPUCluster\nmetadata: {name: my-dpucluster, namespace: dpu-clusters}\nspec: {type: static, maxNodes: 10, version: v1.31.0}\n",
+        "dpu-clusters",
+    )
+    .await
+    .unwrap();
+    eventually(
+        "the provisioner sees its DPUCluster through the watch started late",
+        PROMPT,
+        Some(&op),
+        || async {
+            let p = provisioners.get("prod-dpu-cluster").await.ok()?;
+            p.status?
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "DPUClusterMissing" && c.status == "False")
+                .then_some(())
+        },
+    )
+    .await;
+    println!(
+        "provisioner found its DPUCluster {:?} after it was created",
+        created.elapsed()
+    );
     assert!(!op.log_text().contains("panicked"), "{}", op.log_text());
 }
