@@ -193,6 +193,52 @@ pub struct Inputs<'a> {
     pub os_image: &'a str,
 }
 
+/// What an ignition makes on a machine: its files (path, mode, bytes) and
+/// its systemd units (name, contents), in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Unpacked {
+    pub files: Vec<(String, u32, Vec<u8>)>,
+    pub units: Vec<(String, String)>,
+}
+
+/// The files and units of an ignition as Ignition writes them: data URLs
+/// decoded and gunzipped, modes as given (0644 when absent). For reading a
+/// template the way a DPU would (the boot lab runs what it unpacks);
+/// other sources (http, s3) are left out, as they need a network.
+pub fn unpack(ignition: &Value) -> Result<Unpacked, BfcfgError> {
+    let mut out = Unpacked::default();
+    for f in ignition
+        .pointer("/storage/files")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let path = f["path"].as_str().unwrap_or_default().to_string();
+        let source = f["contents"]["source"].as_str().unwrap_or_default();
+        if !source.starts_with("data:") {
+            continue;
+        }
+        let mode = f["mode"]
+            .as_u64()
+            .and_then(|m| u32::try_from(m).ok())
+            .unwrap_or(0o644);
+        let bytes = encode::file_bytes(&path, &f["contents"])?;
+        out.files.push((path, mode, bytes));
+    }
+    for u in ignition
+        .pointer("/systemd/units")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(name) = u["name"].as_str() {
+            let contents = u["contents"].as_str().unwrap_or_default().to_string();
+            out.units.push((name.to_string(), contents));
+        }
+    }
+    Ok(out)
+}
+
 /// The value of `BF_CFG_TEMPLATE`: the live ignition, as JSON with a
 /// trailing newline, refused when DPF would refuse its size.
 pub fn template(inputs: &Inputs) -> Result<Vec<u8>, BfcfgError> {

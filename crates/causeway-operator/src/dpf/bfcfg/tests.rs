@@ -251,8 +251,9 @@ fn the_agent_runs_with_its_flags_and_the_resources_are_the_embedded_ones() {
     {
         assert_eq!(text(&target, f.path), f.body, "{}", f.path);
     }
+    // A URL: the zone's "%" is written %25, as dnf reads it.
     assert!(text(&target, "/etc/yum.repos.d/agentrepo.repo")
-        .contains("baseurl=http://[fe80::1%tmfifo_net0]:11029/rpm/"));
+        .contains("baseurl=http://[fe80::1%25tmfifo_net0]:11029/rpm/"));
 }
 
 #[test]

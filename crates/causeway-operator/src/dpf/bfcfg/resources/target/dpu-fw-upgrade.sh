@@ -8,10 +8,10 @@ BFB=/opt/mellanox/bfb
 IPMI_USER_ID=8
 
 log() { /usr/local/bin/bflog.sh "dpu-fw-upgrade: $*"; }
-condition() { "$CLIENT" update-status --condition "$@" || true; }
+condition() { "$CLIENT" update-condition "$@" || true; }
 fail() {
   log "$*"
-  condition InstallError True FirmwareUpgradeFailed "$*"
+  "$CLIENT" send-error FirmwareUpgradeFailed "$*" || true
   exit 1
 }
 

@@ -9,14 +9,14 @@ WAIT=900
 
 fail() {
   /usr/local/bin/bflog.sh "install-dpu-agent: $*"
-  "$CLIENT" update-status --condition InstallError True DPUAgentInstallFailed "$*" || true
+  "$CLIENT" send-error DPUAgentInstallFailed "$*" || true
   exit 1
 }
 
 start=$(date +%s)
-until "$CLIENT" get-object >/dev/null 2>&1; do
+until ping -6 -c 1 -W 1 fe80::1%tmfifo_net0 >/dev/null 2>&1; do
   [ $(($(date +%s) - start)) -ge "$WAIT" ] && fail "the host agent did not answer within ${WAIT}s"
-  sleep 10
+  sleep 1
 done
 
 work=$(mktemp -d)

@@ -19,13 +19,8 @@ while true; do
   for port in $(physical_ports); do
     state=$(cat "/sys/class/net/$port/operstate" 2>/dev/null || echo unknown)
     if [ "${last[$port]:-}" != "$state" ]; then
-      if [ "$state" = up ]; then
-        "$CLIENT" update-status --condition "PF${i}LinkDown" False "PF${i}LinkUp" "$port is up" &&
-          last[$port]=$state
-      else
-        "$CLIENT" update-status --condition "PF${i}LinkDown" True "PF${i}LinkDown" "$port is $state" &&
-          last[$port]=$state
-      fi
+      "$CLIENT" update-pf-status "PF${i}" "$state" "$port" "PF${i} interface $port operstate is $state" &&
+        last[$port]=$state
     fi
     i=$((i + 1))
   done

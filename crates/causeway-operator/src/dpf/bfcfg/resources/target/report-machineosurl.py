@@ -23,7 +23,7 @@ def booted_image():
 
 
 def report(status, reason, message):
-    return subprocess.run([CLIENT, "update-status", "--condition", "MachineOSURL",
+    return subprocess.run([CLIENT, "update-condition", "MachineOSURL",
                            status, reason, message]).returncode
 
 
