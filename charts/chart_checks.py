@@ -618,7 +618,7 @@ def case_provisioner_defaults(docs):
     defaults of ours for the rest, and manageDPUServiceTemplates."""
     config = one(docs, "DPFHCPProvisionerConfig")["spec"]
     assert config["manageDPUServiceTemplates"] is True, config
-    assert config["blueFieldOCPLayerRepo"] == "quay.io/eelgaev/rhcos-bfb" and config["disableMetalLB"] is False, config
+    assert config["blueFieldOCPLayerRepo"] == "registry.redhat.io/dpu-kit-for-nvidia/bluefield-ocp-layer-rhel10" and config["disableMetalLB"] is False, config
     assert "dpuServicesImagePullSecret" not in config, config
     assert config["operatorNamespace"] == "causeway-system", config
 

@@ -223,7 +223,7 @@ dpf.config with provisionerConfig.* folded in.
 {{- $ours := .Values.dpf.config -}}
 {{- $alias := .Values.provisionerConfig | default dict -}}
 {{- /* the chart defaults of dpf.config (values.yaml) for these four keys */ -}}
-{{- $defaults := dict "blueFieldOCPLayerRepo" "quay.io/eelgaev/rhcos-bfb" "disableMetalLB" false "manageDPUServiceTemplates" false "dpuServicesImagePullSecret" "" -}}
+{{- $defaults := dict "blueFieldOCPLayerRepo" "registry.redhat.io/dpu-kit-for-nvidia/bluefield-ocp-layer-rhel10" "disableMetalLB" false "manageDPUServiceTemplates" false "dpuServicesImagePullSecret" "" -}}
 {{- $out := dict -}}
 {{- range $key, $default := $defaults -}}
 {{- $mine := get $ours $key -}}

@@ -249,7 +249,7 @@ fn the_config_crd_carries_the_go_operators_short_name_columns_and_defaults() {
     let p = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"];
     assert_eq!(
         p["blueFieldOCPLayerRepo"]["default"],
-        "quay.io/eelgaev/rhcos-bfb"
+        "registry.redhat.io/dpu-kit-for-nvidia/bluefield-ocp-layer-rhel10"
     );
     assert_eq!(
         p["blueFieldOCPLayerRepo"]["default"],

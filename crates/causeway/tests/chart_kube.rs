@@ -284,7 +284,7 @@ async fn helm_installs_upgrades_and_uninstalls_the_chart_with_the_provisioner_ch
     let made = configs.create(&PostParams::default(), &bare).await.unwrap();
     assert_eq!(
         made.spec.blue_field_ocp_layer_repo.as_deref(),
-        Some("quay.io/eelgaev/rhcos-bfb")
+        Some("registry.redhat.io/dpu-kit-for-nvidia/bluefield-ocp-layer-rhel10")
     );
     assert_eq!(made.spec.disable_metal_lb, Some(false));
     assert_eq!(made.spec.manage_dpu_service_templates, Some(false));

@@ -504,10 +504,13 @@ async fn a_go_operator_install_is_taken_over_with_every_hosted_cluster_kept() {
         "--set",
         "webhook.enabled=false",
         "--set",
-        "dpf.config.blueFieldOCPLayerRepo=127.0.0.1:1/closed/rhcos-bfb",
+        // Not the Go release's: its settings object must be kept anyway.
+        "dpf.config.blueFieldOCPLayerRepo=127.0.0.1:1/closed/causeway-bfb",
         "--set",
         "dpf.blueFieldImages.4\\.19\\.0-ec\\.5=quay.io/example/rhcos-bfb:4.19.0-ec.5",
     ];
+    let configs = Api::<DPFHCPProvisionerConfig>::all(client.clone());
+    let go_config = configs.get("default").await.unwrap();
 
     println!("without the hand-over, helm refuses the CRDs and installs nothing");
     let refused = tools.helm(&install);
@@ -539,6 +542,18 @@ async fn a_go_operator_install_is_taken_over_with_every_hosted_cluster_kept() {
 
     println!("step 3: helm install causeway");
     tools.helm_ok(&install);
+    // The settings object the Go release made is the user's: causeway's
+    // release neither replaces nor edits it.
+    let config_now = configs.get("default").await.unwrap();
+    assert_eq!(
+        config_now.metadata.uid, go_config.metadata.uid,
+        "settings object re-created"
+    );
+    assert_eq!(config_now.spec, go_config.spec, "settings object rewritten");
+    assert_eq!(
+        config_now.spec.blue_field_ocp_layer_repo.as_deref(),
+        Some("127.0.0.1:1/closed/rhcos-bfb")
+    );
     for (crd, uid) in CRDS.iter().zip(&crd_uids) {
         let live = crds.get(crd).await.unwrap();
         assert_eq!(&live.metadata.uid, uid, "{crd} kept, not re-created");

@@ -480,7 +480,8 @@ pub struct DPFHCPProvisionerConfigSpec {
     pub dpu_services_image_pull_secret: Option<String>,
 }
 
-pub const DEFAULT_BLUEFIELD_REPO: &str = "quay.io/eelgaev/rhcos-bfb";
+pub const DEFAULT_BLUEFIELD_REPO: &str =
+    "registry.redhat.io/dpu-kit-for-nvidia/bluefield-ocp-layer-rhel10";
 pub const DEFAULT_METALLB_NAMESPACE: &str = "openshift-operators";
 pub const DEFAULT_DELETION_TIMEOUT_SECONDS: u32 = 30 * 60;
 /// The singleton's one allowed name.

@@ -120,6 +120,10 @@ pub fn regeneration_note(why: &str, was_configured: bool) -> Option<Note> {
             "DPUDeploymentChanged",
             "DPUDeployment changed, triggering ignition regeneration",
         )),
+        "SecretsChanged" => Some(Note::normal(
+            "SecretsChanged",
+            "Pull secret or SSH key changed, triggering ignition regeneration",
+        )),
         // causeway's own: the Go operator does not act on a flavor edit.
         "DPUFlavorChanged" => Some(Note::normal(
             "DPUFlavorChanged",

@@ -263,14 +263,11 @@ async fn generate(
             ))
         })?;
     let prefix = format!("token-{}-", owner.name);
-    let token = secrets
+    let listed = secrets
         .list(&ListParams::default())
         .await
-        .map_err(|e| failed(format!("Secrets of {cp_ns}: {e}")))?
-        .items
-        .into_iter()
-        .filter(|s| s.name_any().starts_with(&prefix))
-        .find_map(|s| key(&s, "token"))
+        .map_err(|e| failed(format!("Secrets of {cp_ns}: {e}")))?;
+    let token = super::ignition::newest_token(&listed.items, &prefix)
         .ok_or_else(|| failed(format!("no Secret {cp_ns}/{prefix}* with a token")))?;
     let ignition = super::ignition::fetch(endpoint, &token, &ca)
         .await

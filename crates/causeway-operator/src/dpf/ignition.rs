@@ -29,6 +29,11 @@ pub const RELEASE_ANNOTATION: &str =
 /// The digest of the DPUFlavor's spec and the high-speed MTU the template
 /// was made from (`bfcfg::content_digest`): causeway's own, so an edit to
 /// the flavor's content makes the template again.
+/// The digest of the pull secret and SSH key the template was made with.
+pub const SECRETS_DIGEST_ANNOTATION: &str =
+    "dpfhcpprovisioner.dpu.hcp.io/bfcfg-template-secrets-digest";
+const BFB_NAME_ANNOTATION: &str = "provisioning.dpu.nvidia.com/bfcfg-template-bfb-name";
+const BFB_NAMESPACE_ANNOTATION: &str = "provisioning.dpu.nvidia.com/bfcfg-template-bfb-namespace";
 pub const CONTENT_DIGEST_ANNOTATION: &str =
     "dpfhcpprovisioner.dpu.hcp.io/bfcfg-template-dpuflavor-digest";
 
@@ -149,6 +154,9 @@ pub struct Inputs {
     pub flavor: Option<(String, String)>,
     /// What the template takes from the DPUFlavor and DPFOperatorConfig.
     pub content_digest: Option<String>,
+    /// A digest of the pull secret and SSH key, which HyperShift's
+    /// ignition carries: a rotation makes the template again.
+    pub secrets_digest: Option<String>,
 }
 
 impl Inputs {
@@ -163,8 +171,8 @@ impl Inputs {
             self.dpu_cluster_namespace.clone(),
         );
         if let Some((name, ns)) = &self.bfb {
-            a.insert(format!("{DPF_PREFIX}bfb-name"), name.clone());
-            a.insert(format!("{DPF_PREFIX}bfb-namespace"), ns.clone());
+            a.insert(BFB_NAME_ANNOTATION.into(), name.clone());
+            a.insert(BFB_NAMESPACE_ANNOTATION.into(), ns.clone());
         }
         if let Some((name, ns)) = &self.flavor {
             a.insert(format!("{DPF_PREFIX}dpuflavor-name"), name.clone());
@@ -181,8 +189,66 @@ impl Inputs {
         if let Some(digest) = &self.content_digest {
             a.insert(CONTENT_DIGEST_ANNOTATION.into(), digest.clone());
         }
+        if let Some(digest) = &self.secrets_digest {
+            a.insert(SECRETS_DIGEST_ANNOTATION.into(), digest.clone());
+        }
         a
     }
+
+    /// The BFB annotations only: DPF matches a template to the BFB by them,
+    /// and nothing in the template's content depends on them.
+    pub fn bfb_annotations(&self) -> BTreeMap<String, Option<String>> {
+        let (name, ns) = self
+            .bfb
+            .clone()
+            .map_or((None, None), |(n, ns)| (Some(n), Some(ns)));
+        [
+            (BFB_NAME_ANNOTATION.to_string(), name),
+            (BFB_NAMESPACE_ANNOTATION.to_string(), ns),
+        ]
+        .into()
+    }
+}
+
+/// The digest [`Inputs::secrets_digest`] records.
+pub fn secrets_digest(pull_secret: &[u8], ssh_key: &[u8]) -> String {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for part in [pull_secret, ssh_key] {
+        ctx.update(&(part.len() as u64).to_be_bytes());
+        ctx.update(part);
+    }
+    ctx.finish()
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The token of the newest `token-<name>-*` Secret: HyperShift keeps the
+/// old release's token beside the new one for a while after an upgrade,
+/// and the old one fetches the old release's ignition.
+pub fn newest_token(
+    secrets: &[k8s_openapi::api::core::v1::Secret],
+    prefix: &str,
+) -> Option<Vec<u8>> {
+    secrets
+        .iter()
+        .filter(|s| {
+            s.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(prefix))
+        })
+        .filter_map(|s| {
+            let token = s.data.as_ref()?.get("token")?.0.clone();
+            Some((
+                s.metadata.creation_timestamp.clone().map(|t| t.0),
+                s.metadata.name.clone(),
+                token,
+            ))
+        })
+        .max_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)))
+        .map(|(_, _, token)| token)
 }
 
 /// Why a published template must be made again, as the IgnitionConfigured
@@ -193,19 +259,26 @@ pub fn stale(published: Option<&BTreeMap<String, String>>, want: &Inputs) -> Opt
     };
     let want = want.annotations();
     let differs = |key: &str| have.get(key) != want.get(key);
+    let dpf_differs = |bfb: bool| {
+        want.keys()
+            .chain(have.keys())
+            .filter(|k| k.starts_with(DPF_PREFIX))
+            .filter(|k| bfb == (*k == BFB_NAME_ANNOTATION || *k == BFB_NAMESPACE_ANNOTATION))
+            .any(|k| differs(k))
+    };
     if differs(RELEASE_ANNOTATION) {
         Some("ReleaseImageUpdated")
     } else if differs(MACHINE_OS_ANNOTATION) {
         Some("MachineOSURLChanged")
-    } else if want
-        .keys()
-        .chain(have.keys())
-        .filter(|k| k.starts_with(DPF_PREFIX))
-        .any(|k| differs(k))
-    {
+    } else if dpf_differs(false) {
         Some("DPUDeploymentChanged")
     } else if differs(CONTENT_DIGEST_ANNOTATION) {
         Some("DPUFlavorChanged")
+    } else if differs(SECRETS_DIGEST_ANNOTATION) {
+        Some("SecretsChanged")
+    } else if dpf_differs(true) {
+        // Only the BFB: the template is the same, its annotation is not.
+        Some("BFBAnnotationUpdated")
     } else {
         None
     }
@@ -326,6 +399,37 @@ mod tests {
         .unwrap()
     }
 
+    /// After an upgrade HyperShift keeps the old release's token Secret
+    /// beside the new one: the newest is the one that fetches the new
+    /// release's ignition, whatever the list order.
+    #[test]
+    fn the_newest_ignition_token_is_used() {
+        use k8s_openapi::api::core::v1::Secret;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        use k8s_openapi::ByteString;
+        let token = |name: &str, second: i64, value: &str| Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                creation_timestamp: Some(Time(
+                    k8s_openapi::jiff::Timestamp::from_second(second).unwrap(),
+                )),
+                ..Default::default()
+            },
+            data: Some([("token".to_string(), ByteString(value.as_bytes().to_vec()))].into()),
+            ..Default::default()
+        };
+        let old = token("token-prod-aaaa", 1_000, "old");
+        let new = token("token-prod-zzzz", 2_000, "new");
+        let other = token("token-other-bbbb", 3_000, "other");
+        for list in [
+            vec![old.clone(), new.clone(), other.clone()],
+            vec![new.clone(), other.clone(), old.clone()],
+        ] {
+            assert_eq!(newest_token(&list, "token-prod-"), Some(b"new".to_vec()));
+        }
+        assert_eq!(newest_token(&[other], "token-prod-"), None);
+    }
+
     #[test]
     fn the_os_image_is_replaced_and_nothing_else() {
         let original =
@@ -391,6 +495,7 @@ mod tests {
             bfb: Some(("bfb-a".into(), "dpu".into())),
             flavor: Some(("flavor-a".into(), "dpu".into())),
             content_digest: Some("d1".into()),
+            secrets_digest: Some(secrets_digest(b"pull", b"key")),
         };
         let published = inputs.annotations();
         assert_eq!(stale(Some(&published), &inputs), None);
@@ -412,7 +517,24 @@ mod tests {
             with(&|i| i.flavor = Some(("flavor-b".into(), "dpu".into()))),
             Some("DPUDeploymentChanged")
         );
-        assert_eq!(with(&|i| i.bfb = None), Some("DPUDeploymentChanged"));
+        // The BFB alone: the annotation follows, the content is kept.
+        assert_eq!(with(&|i| i.bfb = None), Some("BFBAnnotationUpdated"));
+        assert_eq!(
+            with(&|i| i.bfb = Some(("bfb-new".into(), "dpu".into()))),
+            Some("BFBAnnotationUpdated")
+        );
+        assert_eq!(
+            with(&|i| {
+                i.bfb = Some(("bfb-new".into(), "dpu".into()));
+                i.flavor = Some(("flavor-b".into(), "dpu".into()));
+            }),
+            Some("DPUDeploymentChanged")
+        );
+        // A rotated pull secret or SSH key is in HyperShift's ignition.
+        assert_eq!(
+            with(&|i| i.secrets_digest = Some(secrets_digest(b"new", b"key"))),
+            Some("SecretsChanged")
+        );
         // The flavor's content (or the MTU) edited, under the same name.
         assert_eq!(
             with(&|i| i.content_digest = Some("d2".into())),

@@ -58,9 +58,10 @@ pub(super) async fn gather(
     let (dpu_checks, dpu) = check_dpu_cluster(ctx, p).await?;
     let secrets = read_secrets(&ctx.client, p, &owner.namespace).await?;
     let prerequisites = check_prerequisites(ctx, p, &owner.namespace).await?;
-    let blue_field = match &secrets {
-        Ok(data) => Some(blue_field_check(ctx, p, &settings.blue_field_repo, data).await),
-        Err(_) => None,
+    let blue_field = match (&secrets, plan::blue_field_kept(p)) {
+        (Ok(_), Some((check, image))) => Some((check, Some(image))),
+        (Ok(data), None) => Some(blue_field_check(ctx, p, &settings.blue_field_repo, data).await),
+        (Err(_), _) => None,
     };
     let validated = Validated {
         dpu_checks,

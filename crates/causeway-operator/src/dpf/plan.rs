@@ -314,6 +314,40 @@ pub(super) fn validations(spec_check: Check, v: Option<&Validated>) -> (Vec<Chec
     (validations, notes)
 }
 
+/// The BlueField image found before, kept without asking the registry
+/// again: as the Go operator, the lookup runs only while the provisioner
+/// is Pending, Failed or GeneratingIgnition (or has no image yet); and,
+/// causeway's addition, whenever the spec changed since the image was
+/// found (a new release wants its own image). So a provisioner that is up
+/// is never failed by a registry that does not answer for a while.
+pub(super) fn blue_field_kept(p: &DPFHCPProvisioner) -> Option<(Check, String)> {
+    use super::crd::Phase;
+    let s = p.status.as_ref()?;
+    if matches!(
+        s.phase,
+        None | Some(Phase::Pending | Phase::Failed | Phase::Error | Phase::GeneratingIgnition)
+    ) {
+        return None;
+    }
+    let image = s.blue_field_container_image.clone()?;
+    let found = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == status::BLUEFIELD_IMAGE_FOUND && c.status == "True")?;
+    if found.observed_generation != p.metadata.generation {
+        return None;
+    }
+    Some((
+        Check::new(
+            status::BLUEFIELD_IMAGE_FOUND,
+            true,
+            &found.reason,
+            found.message.clone(),
+        ),
+        image,
+    ))
+}
+
 /// Whether the HostedCluster of the provisioner's name is its own:
 /// `None` when there is none, `Some(false)` when another controller (or
 /// nothing) controls it.
@@ -552,11 +586,12 @@ pub(super) fn decide(
                 .clone()
                 .filter(|u| !u.is_empty())
                 .or_else(|| plan.extra.blue_field_image.clone());
+            let secrets_digest = ign::secrets_digest(&secrets.pull_secret, &secrets.ssh_key);
             let check = ignition_steps(
                 p,
                 &facts,
                 rollout,
-                os_image,
+                (os_image, secrets_digest),
                 reads.ignition.as_ref(),
                 &mut plan,
             );
@@ -779,7 +814,7 @@ fn ignition_steps(
     p: &DPFHCPProvisioner,
     facts: &HostedClusterFacts,
     rollout: Rollout,
-    os_image: Option<String>,
+    (os_image, secrets_digest): (Option<String>, String),
     read: Option<&Result<IgnitionSource, Check>>,
     plan: &mut Plan,
 ) -> Check {
@@ -791,7 +826,25 @@ fn ignition_steps(
     };
     let source = match read {
         Some(Ok(source)) => source,
-        Some(Err(failed)) => return failed.clone(),
+        Some(Err(failed)) => {
+            if failed.reason == "DependencyDeleted" {
+                // A template built from a DPUDeployment or flavor that is
+                // gone must not boot new DPUs.
+                let r = &p.spec.dpu_cluster_ref;
+                plan.steps.push(Step::new(
+                    Write::WithdrawTemplate {
+                        namespace: r.namespace.clone(),
+                        name: ign::configmap_name(&r.name),
+                    },
+                    OnRefusal::Retry,
+                ));
+                return Check {
+                    message: format!("{}; the DPU boot template is withdrawn", failed.message),
+                    ..failed.clone()
+                };
+            }
+            return failed.clone();
+        }
         None => {
             return check(
                 false,
@@ -802,6 +855,7 @@ fn ignition_steps(
     };
     let mut inputs = source.inputs.clone();
     inputs.os_image = os_image.clone();
+    inputs.secrets_digest = Some(secrets_digest);
     let name = ign::configmap_name(&inputs.dpu_cluster);
     let dpu_ns = inputs.dpu_cluster_namespace.clone();
     plan.ignition_looked_at = true;
@@ -821,6 +875,42 @@ fn ignition_steps(
             ),
         );
     };
+    if why == "BFBAnnotationUpdated" {
+        // DPF matches templates to BFBs by the annotation; the content
+        // does not depend on it, so only the annotation is written.
+        let annotations = inputs.bfb_annotations();
+        let bfb = inputs
+            .bfb
+            .as_ref()
+            .map_or("none".to_string(), |(n, ns)| format!("{ns}/{n}"));
+        plan.steps.push(
+            Step::new(
+                Write::MergePatch {
+                    resource: ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+                    namespace: dpu_ns.clone(),
+                    name: name.clone(),
+                    patch: json!({"metadata": {"annotations": annotations}}),
+                },
+                OnRefusal::Fail {
+                    type_: status::IGNITION_CONFIGURED,
+                    reason: "IgnitionGenerationFailed",
+                },
+            )
+            .needs(status::KUBECONFIG_INJECTED)
+            .noting(Note::normal(
+                "BFBAnnotationUpdated",
+                format!("Ignition ConfigMap BFB annotation updated to {bfb}"),
+            )),
+        );
+        return check(
+            true,
+            "IgnitionGenerated",
+            format!(
+                "ConfigMap {dpu_ns}/{name} holds the ignition for {} with OS image {os_image} (BFB annotation updated to {bfb})",
+                inputs.release_image
+            ),
+        );
+    }
     // A new release's ignition is served once its control plane is on it.
     if why == "ReleaseImageUpdated" && rollout != Rollout::Done {
         return check(
@@ -866,6 +956,8 @@ mod tests {
     use serde_json::json;
 
     const OLD: &str = "quay.io/openshift-release-dev/ocp-release:4.18.0-x86_64";
+    const PULL_SECRET: &[u8] = br#"{"auths":{}}"#;
+    const SSH_KEY: &[u8] = b"ssh-ed25519 AAAA";
 
     fn provisioner(spec: super::super::crd::DPFHCPProvisionerSpec) -> DPFHCPProvisioner {
         let mut p = DPFHCPProvisioner::new("prod", spec);
@@ -905,8 +997,8 @@ mod tests {
             dpu: Some(dpu_cluster(None)),
             secrets: if secrets_ok {
                 Ok(SecretData {
-                    pull_secret: br#"{"auths":{}}"#.to_vec(),
-                    ssh_key: b"ssh-ed25519 AAAA".to_vec(),
+                    pull_secret: PULL_SECRET.to_vec(),
+                    ssh_key: SSH_KEY.to_vec(),
                 })
             } else {
                 Err(Check::new(
@@ -970,6 +1062,7 @@ mod tests {
         let published = published_with.map(|os| {
             Inputs {
                 os_image: os.into(),
+                secrets_digest: Some(ign::secrets_digest(PULL_SECRET, SSH_KEY)),
                 ..inputs.clone()
             }
             .annotations()
@@ -1263,7 +1356,32 @@ mod tests {
                 0
             );
         }
-        // A read that found the DPUDeployment gone is the condition.
+        // A rotated pull secret: made again.
+        let mut rotated = ignition_source(&p, Some("quay.io/bf:4.19"), false);
+        if let Some(a) = rotated.published.as_mut() {
+            a.insert(
+                ign::SECRETS_DIGEST_ANNOTATION.into(),
+                "before-rotation".into(),
+            );
+        }
+        assert_eq!(published(&injected(rotated)), Some("SecretsChanged"));
+        // Another BFB alone: the annotation is patched, nothing made again.
+        let mut other_bfb = ignition_source(&p, Some("quay.io/bf:4.19"), false);
+        other_bfb.inputs.bfb = Some(("bfb-4.19".into(), "dpf-operator-system".into()));
+        let plan = injected(other_bfb);
+        assert_eq!(published(&plan), None);
+        let w = writes(&plan);
+        assert!(
+            w.iter()
+                .any(|w| w.starts_with("patch ConfigMap") && w.contains("bfb-4.19")),
+            "{w:?}"
+        );
+        assert!(plan
+            .steps
+            .iter()
+            .any(|s| s.notes.iter().any(|n| n.reason == "BFBAnnotationUpdated")));
+        // A read that found the DPUDeployment gone is the condition, and
+        // the template built from it is withdrawn.
         let mut r = reads();
         r.kubeconfig = Some(KubeconfigRead {
             source: Some(b"admin".to_vec()),
@@ -1281,6 +1399,12 @@ mod tests {
         }
         let plan = run(&p, &o);
         assert_eq!(reason(&plan.outcome.ignition), "DependencyDeleted");
+        let template = ign::configmap_name("my-dpucluster");
+        assert!(
+            writes(&plan).contains(&format!("withdraw {template}")),
+            "{:?}",
+            writes(&plan)
+        );
         assert_eq!(plan.requeue, POLL);
     }
 
@@ -1299,6 +1423,48 @@ mod tests {
         );
         assert_eq!(reason(&plan.outcome.kubeconfig), "InjectionFailed");
         assert!(!plan.extra.kubeconfig);
+    }
+
+    /// Once up, the image found is kept and the registry not asked; a
+    /// spec edit, or a phase where the Go operator looks, asks again.
+    #[test]
+    fn a_provisioner_that_is_up_keeps_its_blue_field_image() {
+        use super::super::crd::{DPFHCPProvisionerStatus, Phase};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+        let mut p = sample();
+        p.metadata.generation = Some(3);
+        let found = |generation: i64| Condition {
+            type_: status::BLUEFIELD_IMAGE_FOUND.into(),
+            status: "True".into(),
+            reason: "ImageFound".into(),
+            message: "quay.io/bf:4.19 for OpenShift 4.19.0".into(),
+            observed_generation: Some(generation),
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        };
+        p.status = Some(DPFHCPProvisionerStatus {
+            phase: Some(Phase::Ready),
+            conditions: vec![found(3)],
+            blue_field_container_image: Some("quay.io/bf:4.19".into()),
+            ..Default::default()
+        });
+        let (check, image) = blue_field_kept(&p).unwrap();
+        assert_eq!((check.status, image.as_str()), (true, "quay.io/bf:4.19"));
+        assert_eq!(check.message, "quay.io/bf:4.19 for OpenShift 4.19.0");
+        let mut edited = p.clone();
+        edited.metadata.generation = Some(4);
+        assert!(blue_field_kept(&edited).is_none(), "a spec edit asks again");
+        for phase in [Phase::Pending, Phase::Failed, Phase::GeneratingIgnition] {
+            let mut looking = p.clone();
+            if let Some(s) = looking.status.as_mut() {
+                s.phase = Some(phase);
+            }
+            assert!(blue_field_kept(&looking).is_none(), "{phase:?}");
+        }
+        let mut never_found = p.clone();
+        if let Some(s) = never_found.status.as_mut() {
+            s.blue_field_container_image = None;
+        }
+        assert!(blue_field_kept(&never_found).is_none());
     }
 
     /// A registry that does not answer is a note, not a failed check: the
