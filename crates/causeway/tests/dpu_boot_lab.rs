@@ -28,6 +28,12 @@ const DPU_NAME: &str = "dpu-0";
 const DPU_NAMESPACE: &str = "dpf-operator-system";
 const DPU_UID: &str = "3f1c9a2e-5b7d-4e8f-9a10-b2c3d4e5f607";
 const OS_IMAGE: &str = "quay.io/lab/bf:4.19";
+/// Zero-trust only: where the DPU would download dpu-agent.
+const BFB_REGISTRY: &str = "http://10.9.0.1:30080";
+
+fn base64_of(bytes: &[u8]) -> String {
+    base64::Engine::encode(&base64::engine::general_purpose::STANDARD, bytes)
+}
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -65,14 +71,18 @@ fn hcp_ignition() -> Vec<u8> {
     .unwrap()
 }
 
-/// The template as DPF hands it to a DPU: generated, then its
-/// placeholders filled with the DPU's identity.
-fn template_for_the_dpu() -> Value {
+const BOOTSTRAP_KUBECONFIG: &str =
+    "apiVersion: v1\nkind: Config\n# the lab's bootstrap kubeconfig\n";
+
+/// The template as DPF hands it to a DPU: generated for a flavor of
+/// `dpu_mode`, then its placeholders filled with the DPU's identity (and,
+/// zero-trust, its bootstrap kubeconfig).
+fn template_for_the_dpu(dpu_mode: &str) -> Value {
     let flavor = Flavor::from_object(&json!({
         "apiVersion": "provisioning.dpu.nvidia.com/v1alpha1", "kind": "DPUFlavor",
         "metadata": {"name": "lab", "namespace": DPU_NAMESPACE},
         "spec": {
-            "dpuMode": "dpu",
+            "dpuMode": dpu_mode,
             "grub": {"kernelParameters": ["console=hvc0", "hugepages=3072"]},
             "nvconfig": [{"device": "*", "parameters": ["NUM_OF_VFS=1", "PF_BAR2_ENABLE=0"]}],
         },
@@ -84,6 +94,7 @@ fn template_for_the_dpu() -> Value {
         flavor: &flavor,
         high_speed_mtu: None,
         os_image: OS_IMAGE,
+        bfb_registry: Some(BFB_REGISTRY),
     })
     .unwrap();
     let text = String::from_utf8(bytes)
@@ -91,7 +102,11 @@ fn template_for_the_dpu() -> Value {
         .replace("{{.DPUName}}", DPU_NAME)
         .replace("{{.DPUNamespace}}", DPU_NAMESPACE)
         .replace("{{.DPUUID}}", DPU_UID)
-        .replace("{{.DPUHostName}}", DPU_NAME);
+        .replace("{{.DPUHostName}}", DPU_NAME)
+        .replace(
+            "{{ .BootstrapKubeconfig | b64enc }}",
+            &base64_of(BOOTSTRAP_KUBECONFIG.as_bytes()),
+        );
     assert!(
         !text.contains("{{."),
         "a placeholder DPF does not fill is left in the template"
@@ -229,7 +244,7 @@ fn a_dpu_installs_reports_and_joins_through_the_host_agent() {
     }
     let dir = tempfile::tempdir().unwrap();
     let live = dir.path().join("live");
-    unpack_into(&template_for_the_dpu(), &live);
+    unpack_into(&template_for_the_dpu("dpu"), &live);
     let run = lab(&live, &dir.path().join("out-live"), &[INSTALL], &[], 40);
     let calls = run.summary();
     assert!(
@@ -324,7 +339,7 @@ fn a_changed_nvconfig_asks_the_host_for_a_power_cycle() {
     }
     let dir = tempfile::tempdir().unwrap();
     let live = dir.path().join("live");
-    unpack_into(&template_for_the_dpu(), &live);
+    unpack_into(&template_for_the_dpu("dpu"), &live);
     let run = lab(
         &live,
         &dir.path().join("out"),
@@ -376,7 +391,7 @@ fn a_failed_install_reaches_the_host_as_an_install_error() {
     }
     let dir = tempfile::tempdir().unwrap();
     let live = dir.path().join("live");
-    unpack_into(&template_for_the_dpu(), &live);
+    unpack_into(&template_for_the_dpu("dpu"), &live);
     let run = lab(
         &live,
         &dir.path().join("out"),
@@ -393,5 +408,69 @@ fn a_failed_install_reaches_the_host_as_an_install_error() {
     assert!(
         !calls.contains("lastStartupTime") && !run.stubs().lines().any(|l| l.trim() == "reboot"),
         "{calls}"
+    );
+}
+
+/// A zero-trust DPU does not trust the host: it installs and reboots
+/// without a single call to the host agent, and the installed system
+/// joins with DPF's bootstrap kubeconfig and fetches dpu-agent from the
+/// BFB registry.
+#[test]
+fn a_zero_trust_dpu_installs_without_a_word_to_the_host() {
+    let test = "a_zero_trust_dpu_installs_without_a_word_to_the_host";
+    if !ready(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    unpack_into(&template_for_the_dpu("zero-trust"), &live);
+    let run = lab(&live, &dir.path().join("out-live"), &[INSTALL], &[], 40);
+    assert_eq!(run.rc(INSTALL), 0, "{}", run.log(INSTALL));
+    assert!(
+        run.calls.is_empty(),
+        "the host agent was called:\n{}",
+        run.summary()
+    );
+    let stubs = run.stubs();
+    assert!(
+        stubs.contains("coreos-installer install /dev/nvme0n1"),
+        "{stubs}"
+    );
+    assert!(stubs.lines().any(|l| l.trim() == "reboot"), "{stubs}");
+
+    let target_ign: Value =
+        serde_json::from_slice(&fs::read(live.join("var/target.ign")).unwrap()).unwrap();
+    let target = dir.path().join("target");
+    unpack_into(&target_ign, &target);
+    // The installer carried the bootstrap kubeconfig over, private.
+    let kubeconfig = target.join("var/lib/dpf/dpuagent/bootstrap-kubeconfig");
+    assert_eq!(
+        fs::read_to_string(&kubeconfig).unwrap(),
+        BOOTSTRAP_KUBECONFIG
+    );
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&fs::metadata(&kubeconfig).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+    assert_eq!(
+        fs::read_to_string(target.join("etc/dpf/bfb-registry")).unwrap(),
+        format!("BFBRegistryURL={BFB_REGISTRY}\n")
+    );
+    let agent = fs::read_to_string(target.join("etc/systemd/system/dpu-agent.service")).unwrap();
+    assert!(
+        agent.contains(
+            "--zero-trust-mode --bootstrap-kubeconfig=/var/lib/dpf/dpuagent/bootstrap-kubeconfig"
+        ),
+        "{agent}"
+    );
+    assert!(!target
+        .join("etc/systemd/system/pf-monitor.service")
+        .exists());
+    let units = ["tmfifo-agent-link.service"];
+    let run = lab(&target, &dir.path().join("out-target"), &units, &[], 40);
+    assert_eq!(run.rc(units[0]), 0, "{}", run.log(units[0]));
+    assert!(
+        run.calls.is_empty(),
+        "the host agent was called:\n{}",
+        run.summary()
     );
 }

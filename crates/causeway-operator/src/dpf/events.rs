@@ -73,9 +73,6 @@ fn note_for(before: Option<&Condition>, now: &Condition) -> Option<Note> {
         status::IGNITION_CONFIGURED if !on && reason == "DependencyDeleted" => {
             Some(Note::warning(reason, message))
         }
-        status::IGNITION_CONFIGURED if !on && reason == "ZeroTrustNotSupported" => {
-            Some(Note::warning(reason, message))
-        }
         _ => None,
     }
 }

@@ -277,6 +277,7 @@ async fn generate(
         flavor: &job.flavor,
         high_speed_mtu: job.high_speed_mtu,
         os_image: &job.inputs.os_image,
+        bfb_registry: job.bfb_registry.as_deref(),
     })
     .map_err(|e| (e.reason(), e.to_string()))?;
     let body = super::ignition::configmap(&job.inputs, &template, &owner.labels());

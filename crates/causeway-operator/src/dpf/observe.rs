@@ -14,7 +14,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 use serde_json::Value;
 
-use super::bfcfg::{content_digest, Flavor};
+use super::bfcfg::{content_digest, DpuMode, Flavor};
 use super::crd::{BridgeSettings, DPFHCPProvisioner};
 use super::plan::{
     self, IgnitionSource, KubeconfigRead, MetalLbRead, Observed, ProvisioningReads, SecretData,
@@ -234,11 +234,25 @@ pub(super) async fn read_ignition(
         Ok(f) => f,
         Err(e) => return check(e.reason(), e.to_string()),
     };
-    let mtu = match high_speed_mtu(&ctx.client).await? {
+    let config = match operator_config(&ctx.client).await? {
+        Ok(config) => config,
+        Err(message) => return check("IgnitionGenerationFailed", message),
+    };
+    let mtu = match high_speed_mtu(&config) {
         Ok(mtu) => mtu,
         Err(message) => return check("IgnitionGenerationFailed", message),
     };
-    inputs.content_digest = Some(content_digest(&flavor, mtu));
+    let bfb_registry = match parsed.mode() {
+        DpuMode::Trusted => None,
+        DpuMode::ZeroTrust => match bfb_registry(&ctx.client, &config).await? {
+            Ok(url) => Some(url),
+            Err(why) => {
+                let e = super::bfcfg::BfcfgError::NoBfbRegistry(parsed.name().to_string(), why);
+                return check(e.reason(), e.to_string());
+            }
+        },
+    };
+    inputs.content_digest = Some(content_digest(&flavor, mtu, bfb_registry.as_deref()));
     let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &dpu_ns);
     let name = ign::configmap_name(&inputs.dpu_cluster);
     let published = match cms.get_opt(&name).await {
@@ -261,15 +275,14 @@ pub(super) async fn read_ignition(
         inputs,
         flavor: parsed,
         high_speed_mtu: mtu,
+        bfb_registry,
         published: published.map(|c| c.annotations().clone()),
         first_look,
     }))
 }
 
-/// The singleton DPFOperatorConfig's `spec.networking.highSpeedMTU`, or
-/// why it cannot be read: none or several configs, or a value that is not
-/// an MTU.
-async fn high_speed_mtu(client: &Client) -> Result<Result<Option<u32>, String>, Error> {
+/// The singleton DPFOperatorConfig, or why there is not exactly one.
+async fn operator_config(client: &Client) -> Result<Result<DynamicObject, String>, Error> {
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &dpf_operator_config_resource());
     let list = match api.list(&ListParams::default()).await {
         Ok(l) => l,
@@ -292,7 +305,13 @@ async fn high_speed_mtu(client: &Client) -> Result<Result<Option<u32>, String>, 
             list.items.len()
         )));
     };
-    Ok(match config.data.pointer("/spec/networking/highSpeedMTU") {
+    Ok(Ok(config.clone()))
+}
+
+/// The DPFOperatorConfig's `spec.networking.highSpeedMTU`, or why it is
+/// not an MTU.
+fn high_speed_mtu(config: &DynamicObject) -> Result<Option<u32>, String> {
+    match config.data.pointer("/spec/networking/highSpeedMTU") {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v
             .as_u64()
@@ -303,7 +322,22 @@ async fn high_speed_mtu(client: &Client) -> Result<Result<Option<u32>, String>, 
                 config.namespace().unwrap_or_default(),
                 config.name_any()
             )),
-    })
+    }
+}
+
+/// Zero-trust: the BFB registry's URL, from the DPFOperatorConfig, its
+/// namespace's `bfb-registry` Service and the Nodes.
+async fn bfb_registry(
+    client: &Client,
+    config: &DynamicObject,
+) -> Result<Result<String, String>, Error> {
+    use super::bfcfg::{bfb_registry_url, BFB_REGISTRY_SERVICE};
+    let ns = config.namespace().unwrap_or_default();
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client.clone(), &ns);
+    let service = services.get_opt(BFB_REGISTRY_SERVICE).await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let nodes = nodes.list(&ListParams::default()).await?.items;
+    Ok(bfb_registry_url(&config.data, service.as_ref(), &nodes))
 }
 
 /// The BlueField OS image for the release: skipped when `machineOSURL`

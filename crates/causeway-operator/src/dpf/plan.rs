@@ -98,6 +98,8 @@ pub(super) struct IgnitionSource {
     pub(super) inputs: Inputs,
     pub(super) flavor: Flavor,
     pub(super) high_speed_mtu: Option<u32>,
+    /// Zero-trust: the BFB registry's URL.
+    pub(super) bfb_registry: Option<String>,
     /// The published template's annotations; `None` when there is none.
     pub(super) published: Option<BTreeMap<String, String>>,
     /// This process has not looked at the template before.
@@ -150,6 +152,7 @@ pub(super) struct IgnitionJob {
     pub(super) inputs: Inputs,
     pub(super) flavor: Flavor,
     pub(super) high_speed_mtu: Option<u32>,
+    pub(super) bfb_registry: Option<String>,
     pub(super) ignition_endpoint: Option<String>,
     /// The reason it is made again, for the log and the condition.
     pub(super) why: &'static str,
@@ -932,6 +935,7 @@ fn ignition_steps(
                 inputs,
                 flavor: source.flavor.clone(),
                 high_speed_mtu: source.high_speed_mtu,
+                bfb_registry: source.bfb_registry.clone(),
                 ignition_endpoint: facts.ignition_endpoint.clone(),
                 why,
             })),
@@ -1073,6 +1077,7 @@ mod tests {
             high_speed_mtu: None,
             published,
             first_look,
+            bfb_registry: None,
         }
     }
 

@@ -378,10 +378,7 @@ fn ignition_failed(o: &Outcome) -> bool {
         !c.status
             && matches!(
                 c.reason.as_str(),
-                "IgnitionGenerationFailed"
-                    | "MachineOSURLMissing"
-                    | "ZeroTrustNotSupported"
-                    | "DPUDeploymentRefMissing"
+                "IgnitionGenerationFailed" | "MachineOSURLMissing" | "DPUDeploymentRefMissing"
             )
     })
 }
@@ -687,7 +684,7 @@ mod tests {
         assert_eq!(phase(&good(), &r), Phase::Ready);
 
         type Step = fn(&mut Outcome);
-        let cases: [(Step, &str, Phase); 12] = [
+        let cases: [(Step, &str, Phase); 11] = [
             (
                 |o| o.validations[0].status = true,
                 "ValidationFailed",
@@ -743,18 +740,6 @@ mod tests {
                         IGNITION_CONFIGURED,
                         false,
                         "IgnitionGenerationFailed",
-                        "",
-                    ))
-                },
-                "IgnitionNotConfigured",
-                Phase::Failed,
-            ),
-            (
-                |o| {
-                    o.ignition = Some(Check::new(
-                        IGNITION_CONFIGURED,
-                        false,
-                        "ZeroTrustNotSupported",
                         "",
                     ))
                 },

@@ -33,9 +33,9 @@ const MTU_PORTS: &[&str] = &["p0", "p1", "pf0hpf", "pf1hpf"];
 pub enum BfcfgError {
     #[error("HyperShift's ignition: {0}")]
     Ignition(#[from] IgnitionError),
-    #[error("DPUFlavor {0} has spec.dpuMode zero-trust, which causeway does not build: only dpuMode dpu (trusted) templates are made")]
-    ZeroTrustNotSupported(String),
-    #[error("DPUFlavor {flavor} has spec.dpuMode {mode:?}: a DPU boot template needs dpuMode dpu")]
+    #[error("DPUFlavor {0} has spec.dpuMode zero-trust, and the BFB registry the DPU installs dpu-agent from could not be found: {1}")]
+    NoBfbRegistry(String, String),
+    #[error("DPUFlavor {flavor} has spec.dpuMode {mode:?}: a DPU boot template needs dpuMode dpu or zero-trust")]
     UnsupportedDpuMode { flavor: String, mode: String },
     #[error("DPUFlavor {flavor}: {why}")]
     BadFlavor { flavor: String, why: String },
@@ -58,10 +58,8 @@ pub enum BfcfgError {
 impl BfcfgError {
     /// The IgnitionConfigured reason this error is reported under.
     pub fn reason(&self) -> &'static str {
-        match self {
-            BfcfgError::ZeroTrustNotSupported(_) => "ZeroTrustNotSupported",
-            _ => "IgnitionGenerationFailed",
-        }
+        let _ = self;
+        "IgnitionGenerationFailed"
     }
 }
 
@@ -80,10 +78,20 @@ struct ConfigFile {
     mode: u32,
 }
 
+/// How a DPU is provisioned: trusted, talking to DPF's host agent over
+/// the rshim link; or zero-trust, where the host is not trusted and the
+/// DPU joins with a bootstrap kubeconfig over its OOB network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DpuMode {
+    Trusted,
+    ZeroTrust,
+}
+
 /// The parts of a DPUFlavor the template is built from.
 #[derive(Debug, Clone)]
 pub struct Flavor {
     name: String,
+    mode: DpuMode,
     ovs_script: String,
     config_files: Vec<ConfigFile>,
     /// The flavor as the DPU reads it: apiVersion, kind, name, namespace
@@ -92,7 +100,7 @@ pub struct Flavor {
 }
 
 impl Flavor {
-    /// Reads a DPUFlavor object; refuses a mode other than trusted.
+    /// Reads a DPUFlavor object; refuses a mode DPF has no template for.
     pub fn from_object(obj: &Value) -> Result<Flavor, BfcfgError> {
         let name = obj
             .pointer("/metadata/name")
@@ -104,20 +112,20 @@ impl Flavor {
             why,
         };
         let spec = obj.get("spec").cloned().unwrap_or_else(|| json!({}));
-        match spec
+        let mode = match spec
             .get("dpuMode")
             .and_then(Value::as_str)
             .unwrap_or_default()
         {
-            "dpu" => {}
-            "zero-trust" => return Err(BfcfgError::ZeroTrustNotSupported(name)),
+            "dpu" => DpuMode::Trusted,
+            "zero-trust" => DpuMode::ZeroTrust,
             other => {
                 return Err(BfcfgError::UnsupportedDpuMode {
                     flavor: name,
                     mode: other.to_string(),
                 })
             }
-        }
+        };
         let ovs_script = spec
             .pointer("/ovs/rawConfigScript")
             .and_then(Value::as_str)
@@ -173,10 +181,19 @@ impl Flavor {
         });
         Ok(Flavor {
             name,
+            mode,
             ovs_script,
             config_files,
             document,
         })
+    }
+
+    pub fn mode(&self) -> DpuMode {
+        self.mode
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
     }
 }
 
@@ -191,6 +208,9 @@ pub struct Inputs<'a> {
     pub high_speed_mtu: Option<u32>,
     /// The BlueField OS image the DPU installs.
     pub os_image: &'a str,
+    /// Zero-trust only: the BFB registry's URL, where the installed DPU
+    /// downloads dpu-agent (resolved by [`bfb_registry_url`]).
+    pub bfb_registry: Option<&'a str>,
 }
 
 /// What an ignition makes on a machine: its files (path, mode, bytes) and
@@ -297,6 +317,18 @@ fn files_mut(ignition: &mut Value) -> Result<&mut Vec<Value>, BfcfgError> {
 /// compression: exposed for tests and documentation of the build order.
 pub fn target(inputs: &Inputs) -> Result<Value, BfcfgError> {
     let flavor = inputs.flavor;
+    let zero_trust = flavor.mode == DpuMode::ZeroTrust;
+    let kept = |path: &str| !(zero_trust && resources::NOT_IN_ZERO_TRUST.contains(&path));
+    let bfb_registry = match (zero_trust, inputs.bfb_registry) {
+        (false, _) => None,
+        (true, Some(url)) => Some(url),
+        (true, None) => {
+            return Err(BfcfgError::NoBfbRegistry(
+                flavor.name.clone(),
+                "no BFB registry URL was given".into(),
+            ))
+        }
+    };
     // 1-2: HyperShift's ignition, on the BlueField OS image.
     let rewritten = override_os_image(inputs.hcp_ignition, inputs.os_image)?;
     let mut ign: Value =
@@ -315,18 +347,49 @@ pub fn target(inputs: &Inputs) -> Result<Value, BfcfgError> {
                 ),
             );
         }
-        push(&mut ign, "storage", "files", resource_file(f)?);
+        if kept(f.path) {
+            push(&mut ign, "storage", "files", resource_file(f)?);
+        }
+    }
+    if let Some(url) = bfb_registry {
+        push(
+            &mut ign,
+            "storage",
+            "files",
+            file(
+                resources::BFB_REGISTRY_FILE,
+                0o644,
+                json!({"source": text_url(&format!("BFBRegistryURL={url}\n"))}),
+            ),
+        );
     }
     // 4: T units, sorted by name.
     let mut units = resources::TARGET_UNITS.to_vec();
+    units.retain(|u| kept(u.name));
     units.sort_by_key(|u| u.name);
     for u in &units {
         push(&mut ign, "systemd", "units", enabled(u));
     }
     // 5: the agent.
-    push(&mut ign, "systemd", "units", enabled(&resources::DPU_AGENT));
+    if zero_trust {
+        let body = resources::DPU_AGENT.body.replace(
+            "--kubeadm-secret-name=unused",
+            &format!(
+                "--kubeadm-secret-name=unused \\\n  {}",
+                resources::ZERO_TRUST_AGENT_FLAGS
+            ),
+        );
+        push(
+            &mut ign,
+            "systemd",
+            "units",
+            json!({"name": resources::DPU_AGENT.name, "enabled": true, "contents": body}),
+        );
+    } else {
+        push(&mut ign, "systemd", "units", enabled(&resources::DPU_AGENT));
+    }
     // 6: C files and devlink-activate.
-    add_common(&mut ign)?;
+    add_common(&mut ign, flavor.mode)?;
     // 7: the OVS script, even when empty, so dpf-ovs.service has a file.
     push(
         &mut ign,
@@ -377,8 +440,12 @@ pub fn target(inputs: &Inputs) -> Result<Value, BfcfgError> {
     Ok(ign)
 }
 
-fn add_common(ign: &mut Value) -> Result<(), BfcfgError> {
+fn add_common(ign: &mut Value, mode: DpuMode) -> Result<(), BfcfgError> {
     for f in resources::COMMON_FILES {
+        let f = match mode {
+            DpuMode::ZeroTrust if f.path == resources::OOB_NET0_ZT.path => &resources::OOB_NET0_ZT,
+            _ => f,
+        };
         push(ign, "storage", "files", resource_file(f)?);
     }
     push(
@@ -492,11 +559,29 @@ fn live(hcp: &Value, target: &Value, flavor: &Flavor) -> Result<Value, BfcfgErro
         file(
             "/etc/dpf/environment",
             0o644,
-            json!({"source": placeholder_url(
-                "DPUName={{.DPUName}}\nDPUNamespace={{.DPUNamespace}}\nDPUUID={{.DPUUID}}\n"
-            )}),
+            json!({"source": placeholder_url(&format!(
+                "DPUName={{{{.DPUName}}}}\nDPUNamespace={{{{.DPUNamespace}}}}\nDPUUID={{{{.DPUUID}}}}\nDPUMode={}\n",
+                match flavor.mode {
+                    DpuMode::Trusted => "trusted",
+                    DpuMode::ZeroTrust => "zero-trust",
+                }
+            ))}),
         ),
     );
+    if flavor.mode == DpuMode::ZeroTrust {
+        // DPF fills the bootstrap kubeconfig the DPU joins with;
+        // update_ignition.py carries it into the installed system.
+        push(
+            &mut ign,
+            "storage",
+            "files",
+            file(
+                resources::BOOTSTRAP_KUBECONFIG,
+                0o600,
+                json!({"source": format!("data:;base64,{}", resources::BOOTSTRAP_KUBECONFIG_PLACEHOLDER)}),
+            ),
+        );
+    }
     for f in resources::LIVE_SCRIPTS {
         push(&mut ign, "storage", "files", resource_file(f)?);
     }
@@ -506,7 +591,7 @@ fn live(hcp: &Value, target: &Value, flavor: &Flavor) -> Result<Value, BfcfgErro
         "units",
         enabled(&resources::INSTALL_RHCOS),
     );
-    add_common(&mut ign)?;
+    add_common(&mut ign, flavor.mode)?;
     let flavor_json =
         serde_json::to_vec(&flavor.document).map_err(|e| BfcfgError::Encode(e.to_string()))?;
     push(
@@ -523,6 +608,61 @@ fn live(hcp: &Value, target: &Value, flavor: &Flavor) -> Result<Value, BfcfgErro
         file(resources::TARGET_IGN, 0o644, gzip_resource(&target)?),
     );
     Ok(ign)
+}
+
+/// The Service DPF's BFB registry is published by, in the
+/// DPFOperatorConfig's namespace.
+pub const BFB_REGISTRY_SERVICE: &str = "bfb-registry";
+
+/// Where a zero-trust DPU downloads dpu-agent: the DPFOperatorConfig's
+/// `spec.provisioningController.registry.loadBalancerAddress`, else its
+/// (deprecated) `address`, used as written without a trailing `/`; else
+/// the first node port of the `bfb-registry` Service on the first Node's
+/// InternalIP. DPF's own rule, except that an IPv6 address is bracketed.
+pub fn bfb_registry_url(
+    operator_config: &Value,
+    service: Option<&k8s_openapi::api::core::v1::Service>,
+    nodes: &[k8s_openapi::api::core::v1::Node],
+) -> Result<String, String> {
+    for field in ["loadBalancerAddress", "address"] {
+        let given = operator_config
+            .pointer(&format!("/spec/provisioningController/registry/{field}"))
+            .and_then(Value::as_str)
+            .map(|a| a.trim_end_matches('/'))
+            .unwrap_or_default();
+        if !given.is_empty() {
+            return Ok(given.to_string());
+        }
+    }
+    let service = service.ok_or_else(|| {
+        format!(
+            "no registry address in the DPFOperatorConfig and no Service {BFB_REGISTRY_SERVICE}"
+        )
+    })?;
+    let port = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .into_iter()
+        .flatten()
+        .find_map(|p| p.node_port.filter(|n| *n != 0))
+        .ok_or_else(|| format!("Service {BFB_REGISTRY_SERVICE} has no node port"))?;
+    let ip = nodes
+        .iter()
+        .find_map(|n| {
+            n.status
+                .as_ref()?
+                .addresses
+                .as_ref()?
+                .iter()
+                .find(|a| a.type_ == "InternalIP")
+                .map(|a| a.address.clone())
+        })
+        .ok_or("no Node has an InternalIP")?;
+    Ok(match ip.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V6(v6)) => format!("http://[{v6}]:{port}"),
+        _ => format!("http://{ip}:{port}"),
+    })
 }
 
 /// The bytes of file `path` in `ignition` as the DPU writes them
@@ -552,13 +692,21 @@ pub fn carried_target(template: &[u8]) -> Result<Value, BfcfgError> {
 }
 
 /// A digest of what the template takes from the DPUFlavor and the
-/// DPFOperatorConfig: the flavor's spec and the MTU. The published
-/// template records it, so an edit to either makes the template again.
-pub fn content_digest(flavor: &Value, high_speed_mtu: Option<u32>) -> String {
-    let canonical = json!({
+/// DPFOperatorConfig: the flavor's spec, the MTU and (zero-trust) the BFB
+/// registry's URL. The published template records it, so an edit to any
+/// makes the template again.
+pub fn content_digest(
+    flavor: &Value,
+    high_speed_mtu: Option<u32>,
+    bfb_registry: Option<&str>,
+) -> String {
+    let mut canonical = json!({
         "spec": flavor.get("spec").cloned().unwrap_or(Value::Null),
         "highSpeedMTU": high_speed_mtu.unwrap_or(DEFAULT_MTU),
     });
+    if let Some(url) = bfb_registry {
+        canonical["bfbRegistry"] = Value::from(url);
+    }
     let bytes = serde_json::to_vec(&canonical).unwrap_or_default();
     let digest = ring::digest::digest(&ring::digest::SHA256, &bytes);
     digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()

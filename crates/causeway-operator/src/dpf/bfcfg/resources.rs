@@ -23,6 +23,25 @@ pub(super) const OVS_SCRIPT: &str = "/usr/local/bin/dpf-ovs-script.sh";
 pub(super) const FLAVOR_YAML: &str = "/etc/dpf/dpuflavor.yaml";
 pub(super) const FLAVOR_JSON: &str = "/etc/dpf/dpuflavor.json";
 pub(super) const TARGET_IGN: &str = "/var/target.ign";
+/// Zero-trust: the kubeconfig dpu-agent joins with, filled by DPF.
+pub(super) const BOOTSTRAP_KUBECONFIG: &str = "/var/lib/dpf/dpuagent/bootstrap-kubeconfig";
+/// The Go template DPF fills with the bootstrap kubeconfig, base64.
+pub(super) const BOOTSTRAP_KUBECONFIG_PLACEHOLDER: &str = "{{ .BootstrapKubeconfig | b64enc }}";
+/// Zero-trust: where install-dpu-agent finds the BFB registry.
+pub(super) const BFB_REGISTRY_FILE: &str = "/etc/dpf/bfb-registry";
+/// Zero-trust: dpu-agent's flags beyond the trusted ones.
+pub(super) const ZERO_TRUST_AGENT_FLAGS: &str =
+    "--zero-trust-mode --bootstrap-kubeconfig=/var/lib/dpf/dpuagent/bootstrap-kubeconfig";
+/// What a zero-trust DPU goes without: the host agent's package
+/// repository, the link-state and OS-image reports (the host is not
+/// trusted with them).
+pub(super) const NOT_IN_ZERO_TRUST: &[&str] = &[
+    "/etc/yum.repos.d/agentrepo.repo",
+    "/usr/local/bin/pf-monitor.sh",
+    "/usr/local/bin/report-machineosurl.py",
+    "pf-monitor.service",
+    "report-machineosurl.service",
+];
 
 macro_rules! resource {
     ($path:expr, $mode:expr, $res:literal) => {
@@ -138,8 +157,8 @@ pub(super) const TARGET_UNITS: &[Unit] = &[
     unit!("target", "report-machineosurl.service"),
 ];
 
-/// The agent, added after the sorted T units. Trusted mode only, so it has
-/// no parameters.
+/// The agent, added after the sorted T units; zero-trust appends
+/// [`ZERO_TRUST_AGENT_FLAGS`].
 pub(super) const DPU_AGENT: Unit = unit!("target", "dpu-agent.service");
 
 pub(super) const COMMON_FILES: &[File] = &[
@@ -180,6 +199,13 @@ pub(super) const COMMON_FILES: &[File] = &[
         "common/setup-vfs-devlink.sh"
     ),
 ];
+
+/// Zero-trust: the OOB port by DHCPv4, the DPU's way to the cluster.
+pub(super) const OOB_NET0_ZT: File = resource!(
+    "/etc/NetworkManager/system-connections/oob_net0.nmconnection",
+    0o600,
+    "common/oob_net0_zt.nmconnection"
+);
 
 pub(super) const DEVLINK_ACTIVATE: Unit = unit!("common", "devlink-activate.service");
 

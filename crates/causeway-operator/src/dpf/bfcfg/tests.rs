@@ -65,6 +65,7 @@ fn build(flavor: &Value, mtu: Option<u32>) -> (Value, Value) {
         flavor: &flavor,
         high_speed_mtu: mtu,
         os_image: OS_IMAGE,
+        bfb_registry: None,
     };
     let bytes = template(&inputs).unwrap();
     assert_eq!(bytes.last(), Some(&b'\n'));
@@ -394,9 +395,8 @@ fn the_live_ignition_carries_placeholders_and_the_target() {
     );
     assert_eq!(
         text(&live, "/etc/dpf/environment"),
-        "DPUName={{.DPUName}}\nDPUNamespace={{.DPUNamespace}}\nDPUUID={{.DPUUID}}\n"
+        "DPUName={{.DPUName}}\nDPUNamespace={{.DPUNamespace}}\nDPUUID={{.DPUUID}}\nDPUMode=trusted\n"
     );
-    assert!(!text(&live, "/etc/dpf/environment").contains("DPUMode"));
     let raw = serde_json::to_string(&live).unwrap();
     assert!(
         raw.contains("bfb_pre_install")
@@ -467,6 +467,7 @@ fn the_live_ignition_drops_empty_objects() {
         flavor: &flavor,
         high_speed_mtu: None,
         os_image: OS_IMAGE,
+        bfb_registry: None,
     })
     .unwrap();
     let live: Value = serde_json::from_slice(&out).unwrap();
@@ -489,17 +490,175 @@ fn try_build(hcp: &[u8], flavor: &Value) -> Result<Vec<u8>, BfcfgError> {
         flavor: &flavor,
         high_speed_mtu: None,
         os_image: OS_IMAGE,
+        bfb_registry: None,
     })
 }
 
+/// Zero-trust: the DPU joins with DPF's bootstrap kubeconfig over its
+/// OOB network and gets dpu-agent from the BFB registry; nothing that
+/// reports to the host agent, or reads its repository, is shipped.
 #[test]
-fn zero_trust_is_refused_with_its_own_reason() {
+fn a_zero_trust_template_joins_without_the_host() {
     let mut f = flavor_plain();
     f["spec"]["dpuMode"] = json!("zero-trust");
-    let err = try_build(&hcp_ignition("3.2.0"), &f).unwrap_err();
-    assert_eq!(err, BfcfgError::ZeroTrustNotSupported("plain".into()));
-    assert_eq!(err.reason(), "ZeroTrustNotSupported");
-    assert!(err.to_string().contains("zero-trust"), "{err}");
+    let hcp = hcp_ignition("3.2.0");
+    let flavor = Flavor::from_object(&f).unwrap();
+    assert_eq!(flavor.mode(), DpuMode::ZeroTrust);
+    let mut inputs = Inputs {
+        hcp_ignition: &hcp,
+        flavor: &flavor,
+        high_speed_mtu: None,
+        os_image: OS_IMAGE,
+        bfb_registry: None,
+    };
+    let err = template(&inputs).unwrap_err();
+    assert!(matches!(err, BfcfgError::NoBfbRegistry(..)), "{err}");
+    assert_eq!(err.reason(), "IgnitionGenerationFailed");
+    inputs.bfb_registry = Some("http://10.0.0.5:30080");
+    let live: Value = serde_json::from_slice(&template(&inputs).unwrap()).unwrap();
+    let env = text(&live, "/etc/dpf/environment");
+    assert!(env.ends_with("DPUMode=zero-trust\n"), "{env}");
+    let bootstrap = find(&live, "/var/lib/dpf/dpuagent/bootstrap-kubeconfig");
+    assert_eq!(bootstrap["mode"], 0o600);
+    assert_eq!(
+        bootstrap["contents"]["source"],
+        "data:;base64,{{ .BootstrapKubeconfig | b64enc }}"
+    );
+    let zt = target(&inputs).unwrap();
+    assert_eq!(
+        text(&zt, "/etc/dpf/bfb-registry"),
+        "BFBRegistryURL=http://10.0.0.5:30080\n"
+    );
+    let paths: Vec<&str> = files(&zt)
+        .iter()
+        .filter_map(|f| f["path"].as_str())
+        .collect();
+    for gone in [
+        "/etc/yum.repos.d/agentrepo.repo",
+        "/usr/local/bin/pf-monitor.sh",
+        "/usr/local/bin/report-machineosurl.py",
+    ] {
+        assert!(!paths.contains(&gone), "{gone}");
+    }
+    let units = unit_names(&zt);
+    assert!(
+        !units
+            .iter()
+            .any(|u| u == "pf-monitor.service" || u == "report-machineosurl.service"),
+        "{units:?}"
+    );
+    let agent = unit(&zt, "dpu-agent.service")["contents"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        agent.contains("--kubeadm-secret-name=unused \\\n  --zero-trust-mode --bootstrap-kubeconfig=/var/lib/dpf/dpuagent/bootstrap-kubeconfig\n"),
+        "{agent}"
+    );
+    assert!(text(
+        &zt,
+        "/etc/NetworkManager/system-connections/oob_net0.nmconnection"
+    )
+    .contains("method=auto"));
+    // The same flavor, trusted: none of it.
+    let trusted = Flavor::from_object(&flavor_plain()).unwrap();
+    let t = target(&Inputs {
+        flavor: &trusted,
+        bfb_registry: None,
+        ..inputs.clone()
+    })
+    .unwrap();
+    assert!(file_contents(&t, "/etc/dpf/bfb-registry")
+        .unwrap()
+        .is_none());
+    assert!(text(
+        &t,
+        "/etc/NetworkManager/system-connections/oob_net0.nmconnection"
+    )
+    .contains("method=disabled"));
+    assert!(!unit(&t, "dpu-agent.service")["contents"]
+        .as_str()
+        .unwrap()
+        .contains("zero-trust"));
+}
+
+/// DPF's rule for the BFB registry's URL: the configured addresses first,
+/// else the bfb-registry Service's node port on the first Node's
+/// InternalIP.
+#[test]
+fn the_bfb_registry_url_follows_dpfs_rule() {
+    use k8s_openapi::api::core::v1::{
+        Node, NodeAddress, NodeStatus, Service, ServicePort, ServiceSpec,
+    };
+    let config =
+        |registry: Value| json!({"spec": {"provisioningController": {"registry": registry}}});
+    let service = |ports: Vec<Option<i32>>| Service {
+        spec: Some(ServiceSpec {
+            ports: Some(
+                ports
+                    .into_iter()
+                    .map(|n| ServicePort {
+                        port: 80,
+                        node_port: n,
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let node = |addresses: &[(&str, &str)]| Node {
+        status: Some(NodeStatus {
+            addresses: Some(
+                addresses
+                    .iter()
+                    .map(|(t, a)| NodeAddress {
+                        type_: (*t).into(),
+                        address: (*a).into(),
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let nodes = [
+        node(&[("Hostname", "m0")]),
+        node(&[("ExternalIP", "1.2.3.4"), ("InternalIP", "10.0.0.7")]),
+        node(&[("InternalIP", "10.0.0.8")]),
+    ];
+    let svc = service(vec![None, Some(0), Some(30080)]);
+    assert_eq!(
+        bfb_registry_url(
+            &config(
+                json!({"loadBalancerAddress": "http://registry.example:8080/", "address": "http://old:1"})
+            ),
+            Some(&svc),
+            &nodes
+        ),
+        Ok("http://registry.example:8080".into())
+    );
+    assert_eq!(
+        bfb_registry_url(
+            &config(json!({"loadBalancerAddress": "", "address": "http://old:1"})),
+            Some(&svc),
+            &nodes
+        ),
+        Ok("http://old:1".into())
+    );
+    assert_eq!(
+        bfb_registry_url(&json!({}), Some(&svc), &nodes),
+        Ok("http://10.0.0.7:30080".into())
+    );
+    let v6 = [node(&[("InternalIP", "fd00::7")])];
+    assert_eq!(
+        bfb_registry_url(&json!({}), Some(&svc), &v6),
+        Ok("http://[fd00::7]:30080".into())
+    );
+    assert!(bfb_registry_url(&json!({}), None, &nodes).is_err());
+    assert!(bfb_registry_url(&json!({}), Some(&service(vec![Some(0)])), &nodes).is_err());
+    assert!(bfb_registry_url(&json!({}), Some(&svc), &[node(&[("Hostname", "m0")])]).is_err());
 }
 
 #[test]
@@ -609,15 +768,15 @@ fn a_template_over_dpfs_limit_is_refused() {
 #[test]
 fn the_content_digest_follows_the_flavor_spec_and_the_mtu() {
     let f = flavor_with_files();
-    let d = content_digest(&f, None);
+    let d = content_digest(&f, None, None);
     assert_eq!(d.len(), 64);
-    assert_eq!(d, content_digest(&f, Some(1500)));
-    assert_ne!(d, content_digest(&f, Some(9000)));
+    assert_eq!(d, content_digest(&f, Some(1500), None));
+    assert_ne!(d, content_digest(&f, Some(9000), None));
     let mut edited = f.clone();
     edited["spec"]["ovs"]["rawConfigScript"] = json!("ovs-vsctl show\n");
-    assert_ne!(d, content_digest(&edited, None));
+    assert_ne!(d, content_digest(&edited, None, None));
     // Metadata is not content.
     let mut relabelled = f.clone();
     relabelled["metadata"]["resourceVersion"] = json!("8");
-    assert_eq!(d, content_digest(&relabelled, None));
+    assert_eq!(d, content_digest(&relabelled, None, None));
 }

@@ -35,7 +35,11 @@ has_pcivf() {
 create_vfs() {
   local start failures=0 last_rebind=0 now
   start=$(date +%s)
-  until has_pcivf; do
+  # A zero-trust DPU asks the host for nothing: the VFs are the host's
+  # business; only the default route is waited for.
+  wait_for_vfs=true
+  [ "${DPUMode:-trusted}" = zero-trust ] && wait_for_vfs=false
+  until [ "$wait_for_vfs" = false ] || has_pcivf; do
     now=$(date +%s)
     if [ $((now - start)) -ge "$LIMIT" ]; then
       log "no host VF after ${LIMIT}s"

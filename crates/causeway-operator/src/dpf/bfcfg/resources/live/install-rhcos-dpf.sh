@@ -5,7 +5,8 @@
 # the start time; then waits for DPF to configure the DPU and reboots into
 # the installed system (or, when NVConfig changed, asks the host for the
 # power cycle that applies it). The unit loads the DPU's identity from
-# /etc/dpf/environment.
+# /etc/dpf/environment. A zero-trust DPU (DPUMode=zero-trust) does not
+# trust the host: it installs and reboots without a word to the host agent.
 set -u
 CLIENT=/usr/local/bin/dpuagent-client.py
 DISK=/dev/nvme0n1
@@ -36,11 +37,14 @@ agent() {
   done
 }
 
+zero_trust=false
+[ "${DPUMode:-trusted}" = zero-trust ] && zero_trust=true
+
 fail() {
   local reason=$1
   shift
   log "error ($reason): $*"
-  agent send-error "$reason" "$*"
+  [ "$zero_trust" = true ] || agent send-error "$reason" "$*"
   exit 1
 }
 
@@ -76,11 +80,13 @@ fi
 jq -e . "$TARGET" >/dev/null 2>&1 || fail Ignition "$TARGET is not JSON"
 /usr/local/bin/update_ignition.py "$TARGET" || fail Ignition "cannot add the DPU's identity to $TARGET"
 
-# Any HTTP answer on / means the host agent is up (it routes no root).
-until ping -6 -c 1 -W 1 fe80::1%tmfifo_net0 >/dev/null 2>&1; do sleep 1; done
-until curl -s -o /dev/null --max-time 5 "$HOST_AGENT/"; do sleep 1; done
-log "host agent reachable"
-agent update-reboot-method-discovery
+if [ "$zero_trust" = false ]; then
+  # Any HTTP answer on / means the host agent is up (it routes no root).
+  until ping -6 -c 1 -W 1 fe80::1%tmfifo_net0 >/dev/null 2>&1; do sleep 1; done
+  until curl -s -o /dev/null --max-time 5 "$HOST_AGENT/"; do sleep 1; done
+  log "host agent reachable"
+  agent update-reboot-method-discovery
+fi
 
 flavor() { jq -r "$1" "$FLAVOR" 2>/dev/null; }
 want_vfs=$(flavor '[.spec.nvconfig[]?.parameters[]? | capture("^NUM_OF_VFS=(?<n>[0-9]+)$").n] | first // "1"')
@@ -123,6 +129,12 @@ efibootmgr -c -d "$DISK" -p 2 -l '\EFI\redhat\shimaa64.efi' -L "Red-Hat CoreOS G
   fail RHCOSInstallation "cannot create the EFI boot entry"
 sync
 
+if [ "$zero_trust" = true ]; then
+  log "installed (zero-trust); rebooting into the installed system"
+  sleep 10
+  reboot
+  exit 0
+fi
 /usr/local/bin/bfupsignal.sh
 agent update-time
 log "installed; waiting for DPF to configure the DPU"
