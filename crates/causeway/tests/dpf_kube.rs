@@ -347,7 +347,7 @@ fn assert_known_reasons(seen: &[(String, String, i32)]) {
         "ClusterTypeMismatch",
         "StaleNode",
         "StaleNodeCleared",
-        "ZeroTrustNotSupported",
+        "SecretsChanged",
         "DPUFlavorChanged",
     ];
     for (_, reason, _) in seen {
