@@ -30,7 +30,7 @@ pub enum ValuesError {
     NoDpfVersion,
     #[error("DPFOperatorConfig status.version {0:?} is not a version such as v26.4.0")]
     BadDpfVersion(String),
-    #[error("unsupported DPF version {version}: DPUServiceTemplate values exist for {}", known.join(", "))]
+    #[error("unsupported DPF version {version}: DPUServiceTemplate values exist for {}; for another version give all of them under \"{version}\" in the ConfigMap dpuservicetemplate-overrides ({OVERRIDES_KEY})", known.join(", "))]
     UnsupportedDpfVersion { version: String, known: Vec<String> },
     #[error("ConfigMap {configmap} key {OVERRIDES_KEY}: {detail}")]
     BadOverrides { configmap: String, detail: String },
@@ -184,15 +184,22 @@ pub fn resolve(
     overrides: Option<&BTreeMap<String, Row>>,
     major_minor: &str,
 ) -> Result<Values, ValuesError> {
-    let base = table
-        .get(major_minor)
-        .ok_or_else(|| ValuesError::UnsupportedDpfVersion {
-            version: major_minor.to_string(),
-            known: table.keys().cloned().collect(),
-        })?;
-    let row = match overrides.and_then(|o| o.get(major_minor)) {
-        Some(over) => base.merged(over),
-        None => base.clone(),
+    // A DPF version the table does not know is served only from a row the
+    // overrides give for it, complete: an older version's charts and
+    // images, guessed, could break every DPU service of the cluster.
+    let row = match (
+        table.get(major_minor),
+        overrides.and_then(|o| o.get(major_minor)),
+    ) {
+        (Some(base), Some(over)) => base.merged(over),
+        (Some(base), None) => base.clone(),
+        (None, Some(over)) => Row::default().merged(over),
+        (None, None) => {
+            return Err(ValuesError::UnsupportedDpfVersion {
+                version: major_minor.to_string(),
+                known: table.keys().cloned().collect(),
+            })
+        }
     };
     let need = |v: &Option<String>, field: &'static str| {
         v.clone().ok_or(ValuesError::Incomplete {
@@ -565,9 +572,38 @@ mod tests {
             }
         );
         assert!(
-            e.to_string().contains("unsupported DPF version 25.10"),
+            e.to_string().contains("unsupported DPF version 25.10")
+                && e.to_string().contains("dpuservicetemplate-overrides"),
             "{e}"
         );
+    }
+
+    /// A newer DPF is served from the overrides alone, when they give
+    /// every value for it; a partial row names what is missing.
+    #[test]
+    fn an_unknown_dpf_version_is_served_only_from_a_complete_override() {
+        let table = table().unwrap();
+        let known = table.get("26.4").unwrap().clone();
+        let complete: BTreeMap<String, Row> = [("26.10".to_string(), known)].into();
+        let v = resolve(&table, Some(&complete), "26.10").unwrap();
+        assert_eq!(v.dpf_version, "26.10");
+        assert_eq!(
+            v,
+            Values {
+                dpf_version: "26.10".into(),
+                ..values_26_4()
+            }
+        );
+        let mut partial_row = Row::default();
+        partial_row.ovn.chart_version = Some("26.10.0".into());
+        let partial: BTreeMap<String, Row> = [("26.10".to_string(), partial_row)].into();
+        assert!(matches!(
+            resolve(&table, Some(&partial), "26.10"),
+            Err(ValuesError::Incomplete {
+                field: "ovn.chartRepoURL",
+                ..
+            })
+        ));
     }
 
     #[test]
