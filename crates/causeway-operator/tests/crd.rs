@@ -262,3 +262,101 @@ fn the_config_crd_carries_the_go_operators_short_name_columns_and_defaults() {
     let annotations = crd.metadata.annotations.unwrap();
     assert_eq!(annotations["helm.sh/resource-policy"], "keep");
 }
+
+/// Every field path of a CRD's schema with its facts (type, format, enum,
+/// default), as tests/dpf/go-operator-schema.py writes them.
+fn schema_paths(
+    schema: &serde_json::Value,
+    prefix: &str,
+    out: &mut std::collections::BTreeMap<String, serde_json::Value>,
+) {
+    let facts: serde_json::Map<String, serde_json::Value> = ["type", "format", "enum", "default"]
+        .iter()
+        .filter_map(|k| schema.get(*k).map(|v| (k.to_string(), v.clone())))
+        .collect();
+    out.insert(
+        if prefix.is_empty() {
+            ".".into()
+        } else {
+            prefix.into()
+        },
+        facts.into(),
+    );
+    if let Some(props) = schema.get("properties").and_then(|p| p.as_object()) {
+        for (name, sub) in props {
+            schema_paths(sub, &format!("{prefix}.{name}"), out);
+        }
+    }
+    if let Some(items) = schema.get("items").filter(|i| i.is_object()) {
+        schema_paths(items, &format!("{prefix}[]"), out);
+    }
+    if let Some(extra) = schema.get("additionalProperties").filter(|a| a.is_object()) {
+        schema_paths(extra, &format!("{prefix}{{}}"), out);
+    }
+}
+
+/// The Go operator's shipped CRDs (release-4.22, reduced to field facts in
+/// tests/fixtures/go-operator-schema.json): every field of their spec and
+/// status is in causeway's CRDs with the same type, so nothing a Go-era
+/// manifest or tool sets is pruned; defaults and enums are the same except
+/// where causeway differs on purpose, each difference named here.
+#[test]
+fn every_field_of_the_go_operators_crds_is_in_causeways_with_its_type_and_default() {
+    use kube::CustomResourceExt;
+    let go: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/go-operator-schema.json")).unwrap();
+    // (kind, path, fact): why causeway differs.
+    let deliberate = [
+        (
+            "DPFHCPProvisionerConfig",
+            ".spec.blueFieldOCPLayerRepo",
+            "default",
+            // The product chart sets registry.redhat.io/...; the Go CRD's
+            // own default is a development repository.
+        ),
+        ("DPFHCPProvisioner", ".spec.pullSecretRef.name", "default"),
+        ("DPFHCPProvisioner", ".spec.sshKeySecretRef.name", "default"),
+        (
+            "DPFHCPProvisioner",
+            ".status.kubeConfigSecretRef.name",
+            "default",
+        ),
+        // A reference's empty-name default means nothing to causeway,
+        // which reports a missing name as SecretsValid=False.
+        ("DPFHCPProvisioner", ".status.conditions[].status", "enum"),
+        // Written by causeway only, always True or False.
+    ];
+    for (kind, crd) in [
+        (
+            "DPFHCPProvisioner",
+            causeway_operator::dpf::crd::DPFHCPProvisioner::crd(),
+        ),
+        (
+            "DPFHCPProvisionerConfig",
+            causeway_operator::dpf::crd::DPFHCPProvisionerConfig::crd(),
+        ),
+    ] {
+        let want = &go["kinds"][kind];
+        assert_eq!(crd.spec.scope, want["scope"].as_str().unwrap(), "{kind}");
+        let version = crd.spec.versions.iter().find(|v| v.storage).unwrap();
+        assert_eq!(version.name, want["version"].as_str().unwrap(), "{kind}");
+        let schema =
+            serde_json::to_value(&version.schema.as_ref().unwrap().open_api_v3_schema).unwrap();
+        let mut ours = std::collections::BTreeMap::new();
+        schema_paths(&schema, "", &mut ours);
+        let mut problems = Vec::new();
+        for (path, facts) in want["paths"].as_object().unwrap() {
+            let Some(have) = ours.get(path) else {
+                problems.push(format!("{kind} {path}: missing (Go: {facts})"));
+                continue;
+            };
+            for fact in ["type", "default", "enum"] {
+                let (g, o) = (facts.get(fact), have.get(fact));
+                if g.is_some() && g != o && !deliberate.contains(&(kind, path.as_str(), fact)) {
+                    problems.push(format!("{kind} {path}: {fact} Go {g:?}, causeway {o:?}"));
+                }
+            }
+        }
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
+}

@@ -397,6 +397,14 @@ pub struct HostedClusterReference {
     pub kind: String,
     pub name: String,
     pub namespace: String,
+    /// The rest of an ObjectReference, kept when a migrated object's status
+    /// has them; causeway does not write them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field_path: Option<String>,
 }
 
 /// The bridge's settings; one object, named `default`. When it is absent

@@ -339,6 +339,7 @@ pub(super) async fn write_status(
             kind: "HostedCluster".into(),
             name: p.name_any(),
             namespace: ns.clone(),
+            ..Default::default()
         }),
         kube_config_secret_ref: extra.kubeconfig.then(|| LocalRef {
             name: format!("{}-admin-kubeconfig", p.name_any()),
