@@ -446,7 +446,15 @@ impl Election {
         if self.mode == Mode::Peer && !self.leg_up {
             return None;
         }
-        match self.peer_alive(now) {
+        // What was heard of the peer before the leg came back is stale:
+        // the peer link may have gone with the leg, and the peer taken
+        // over meanwhile. Until it is heard again it counts as not heard,
+        // which waits a dead interval from the leg's return.
+        let heard_since_back = self
+            .leg_back
+            .is_none_or(|back| self.last_heard.is_some_and(|heard| heard >= back));
+        let peer = self.peer_alive(now).filter(|_| heard_since_back);
+        match peer {
             None => {
                 // At start, or when the leg comes back, give the peer's
                 // adverts time to arrive first.
@@ -806,6 +814,42 @@ mod tests {
         assert!(a.on_tick(ms(t0, 9100)).is_empty());
         assert!(a.on_tick(ms(t0, 9699)).is_empty());
         assert_eq!(a.on_tick(ms(t0, 9700)), vec![Action::Take]);
+    }
+
+    /// The active loses its VLAN leg and its peer link together, and gets
+    /// them back within a dead interval: what it heard of the peer before
+    /// (a standby) is stale, as the peer took over meanwhile. It must not
+    /// claim the role on that view the moment its leg returns, but wait to
+    /// hear the peer again; hearing it active with a later term, it stays
+    /// standby (the cut-off replica gives way to the later takeover).
+    #[test]
+    fn peer_mode_a_leg_that_comes_back_waits_for_a_fresh_word_from_the_peer() {
+        let t0 = Instant::now();
+        let mut b = Election::new(Mode::Peer, timers(), "b", "a", 200, false, t0);
+        assert_eq!(b.on_tick(ms(t0, 600)), vec![Action::Take]);
+        let _ = b.take_change();
+        // The peer joins as a standby; b hears it, then both links go.
+        assert!(b.on_advert(ms(t0, 1000), advert(false, 100)).is_empty());
+        b.set_leg_up_at(false, ms(t0, 1050));
+        // Its leg gone and the peer's up, it lets go; the peer takes over.
+        assert_eq!(b.on_tick(ms(t0, 1050)), vec![Action::Release]);
+        assert_eq!(b.take_change(), Some((Role::Standby, Reason::LegDown)));
+        // Cut off, b hears nothing more. Its leg returns 400 ms later,
+        // within a dead interval of the last advert it heard.
+        b.set_leg_up_at(true, ms(t0, 1450));
+        assert!(
+            b.on_tick(ms(t0, 1450)).is_empty(),
+            "claimed on a view of the peer from before the cut"
+        );
+        assert!(b.on_tick(ms(t0, 1500)).is_empty());
+        // The peer's next advert: active, by a later takeover.
+        let mut taken = advert(true, 100);
+        taken.term = 5;
+        assert!(b.on_advert(ms(t0, 1550), taken.clone()).is_empty());
+        for t in [1750, 1950, 3000] {
+            assert!(b.on_advert(ms(t0, t), taken.clone()).is_empty());
+        }
+        assert_eq!(b.role(), Role::Standby);
     }
 
     #[test]
