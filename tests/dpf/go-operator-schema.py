@@ -35,9 +35,13 @@ def main(source, *files):
             crd = yaml.safe_load(fh)
         version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
         all_paths = paths(version["schema"]["openAPIV3Schema"], "", {})
-        kinds[crd["spec"]["names"]["kind"]] = {
+        names = crd["spec"]["names"]
+        kinds[names["kind"]] = {
+            "group": crd["spec"]["group"],
+            "names": {k: names[k] for k in ("plural", "singular", "listKind", "shortNames") if k in names},
             "version": version["name"],
             "scope": crd["spec"]["scope"],
+            "statusSubresource": "status" in (version.get("subresources") or {}),
             "paths": {p: f for p, f in all_paths.items() if p.startswith((".spec", ".status"))},
         }
     json.dump({"source": source, "kinds": kinds}, sys.stdout, indent=1, sort_keys=True)

@@ -9,6 +9,7 @@
 //! - [`k8s`]: the Kubernetes plumbing they share, which knows none of them.
 //! - [`manager`]: leader election and the controllers' lifecycle.
 //! - [`status_metrics`]: the reconciled objects' conditions as metrics.
+//! - [`must_gather`]: the support tarball.
 //!
 //! Each controller observes, renders with pure functions, and applies by
 //! server-side apply. Not here: the data plane itself (the DHCP, DNS,
@@ -23,6 +24,7 @@ pub mod hosted;
 pub mod infra;
 pub mod k8s;
 pub mod manager;
+pub mod must_gather;
 pub mod registry;
 pub mod status_metrics;
 pub mod webhook;

@@ -237,6 +237,18 @@ enum OperatorCommand {
         #[arg(value_enum, default_value = "infra")]
         kind: operator::CrdKind,
     },
+    /// Write a support tarball (tar.gz): causeway's objects, the
+    /// namespaces they are in (Secrets redacted), pod logs and the data
+    /// plane's /readyz, /ha and /leases. Connects like the operator
+    /// (in-cluster, or KUBECONFIG).
+    MustGather {
+        /// Where the tarball goes.
+        #[arg(long, short, default_value = "causeway-must-gather.tar.gz")]
+        output: PathBuf,
+        /// The operator's namespace (the chart's release namespace).
+        #[arg(long, default_value = "causeway-system")]
+        namespace: String,
+    },
 }
 
 /// A ConfigMap named as `namespace/name`; empty for none.
@@ -274,6 +286,10 @@ fn main() -> ExitCode {
             what: Some(OperatorCommand::Crd { kind }),
             ..
         } => operator::print_crd(kind),
+        Command::Operator {
+            what: Some(OperatorCommand::MustGather { output, namespace }),
+            ..
+        } => operator::must_gather(&output, &namespace),
         Command::Operator {
             what: None,
             admin_listen,

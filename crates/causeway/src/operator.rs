@@ -89,6 +89,31 @@ pub fn print_crd(kind: CrdKind) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Writes the support tarball to `output`; says what it holds and what
+/// could not be read.
+pub fn must_gather(output: &std::path::Path, namespace: &str) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let client = causeway_operator::k8s::client::connect()
+            .await
+            .context("connecting to the Kubernetes API (in-cluster, or KUBECONFIG)")?;
+        let file = std::fs::File::create(output)
+            .with_context(|| format!("creating {}", output.display()))?;
+        let (files, failed) = causeway_operator::must_gather::gather(&client, namespace, file)
+            .await
+            .with_context(|| format!("writing {}", output.display()))?;
+        crate::out::text(&format!(
+            "{}: {files} files; {} things could not be read (errors.txt)\n",
+            output.display(),
+            failed.len()
+        ))?;
+        Ok(())
+    })
+}
+
 pub fn run(opts: Options) -> anyhow::Result<()> {
     telemetry::init(&opts.log_level, telemetry::Format::Json)?;
     let image = std::env::var("CAUSEWAY_IMAGE").context(

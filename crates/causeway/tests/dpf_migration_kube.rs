@@ -36,7 +36,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
-use kube::{Client, CustomResourceExt, ResourceExt};
+use kube::{Client, ResourceExt};
 use kube_cluster::helm::{chart_for_1_20, Tools};
 use kube_cluster::{
     admin, apply_yaml, ensure_namespace, eventually, wait_established, write_kubeconfig, Operator,
@@ -77,13 +77,86 @@ fn object(v: Value) -> DynamicObject {
     serde_json::from_value(v).unwrap()
 }
 
-/// A CRD as the Go chart renders it: a template of the release, kept by
-/// Helm on uninstall. The schema is causeway's (a superset of the Go
-/// one), without the CEL rules the 1.20 server does not know.
-fn go_crd(crd: CustomResourceDefinition) -> String {
-    let mut v = serde_json::to_value(crd).unwrap();
-    v["metadata"]["annotations"] = json!({"helm.sh/resource-policy": "keep"});
-    kube_cluster::without_cel(&serde_json::to_string(&v).unwrap())
+/// The Go operator's shipped CRDs, reduced to their fields' facts
+/// (tests/dpf/go-operator-schema.py, from its release-4.22 config/crd).
+const GO_SCHEMA: &str =
+    include_str!("../../causeway-operator/tests/fixtures/go-operator-schema.json");
+
+/// A schema node for `path` under `root`, made on the way.
+fn schema_at<'a>(root: &'a mut Value, path: &str) -> &'a mut Value {
+    let mut node = root;
+    let mut rest = path;
+    while !rest.is_empty() {
+        if let Some(r) = rest.strip_prefix("[]") {
+            node = node
+                .as_object_mut()
+                .unwrap()
+                .entry("items")
+                .or_insert_with(|| json!({}));
+            rest = r;
+        } else if let Some(r) = rest.strip_prefix("{}") {
+            node = node
+                .as_object_mut()
+                .unwrap()
+                .entry("additionalProperties")
+                .or_insert_with(|| json!({}));
+            rest = r;
+        } else {
+            let r = rest.strip_prefix('.').unwrap();
+            let end = r.find(['.', '[', '{']).unwrap_or(r.len());
+            let (name, after) = r.split_at(end);
+            node = node
+                .as_object_mut()
+                .unwrap()
+                .entry("properties")
+                .or_insert_with(|| json!({}))
+                .as_object_mut()
+                .unwrap()
+                .entry(name.to_string())
+                .or_insert_with(|| json!({}));
+            rest = after;
+        }
+    }
+    node
+}
+
+/// A CRD as the Go chart renders it, with the Go operator's own schema
+/// (every field, type, enum and default it ships; the CEL rules left out,
+/// as the 1.20 server predates them): a template of the release, kept by
+/// Helm on uninstall.
+fn go_crd(kind: &str) -> String {
+    let schema: Value = serde_json::from_str(GO_SCHEMA).unwrap();
+    let k = &schema["kinds"][kind];
+    let mut root = json!({"type": "object", "properties": {
+        "apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"}}});
+    for (path, facts) in k["paths"].as_object().unwrap() {
+        let node = schema_at(&mut root, path);
+        for (fact, value) in facts.as_object().unwrap() {
+            // An empty-string default (a reference's name) does not survive
+            // the test's apply path, which reads empty strings as absent.
+            if fact == "default" && value == "" {
+                continue;
+            }
+            node[fact] = value.clone();
+        }
+    }
+    let names = &k["names"];
+    let group = k["group"].as_str().unwrap();
+    let mut version = json!({"name": k["version"], "served": true, "storage": true,
+        "schema": {"openAPIV3Schema": root}});
+    if k["statusSubresource"] == true {
+        version["subresources"] = json!({"status": {}});
+    }
+    let crd = json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{}.{group}", names["plural"].as_str().unwrap()),
+            "annotations": {"helm.sh/resource-policy": "keep"}},
+        "spec": {"group": group, "scope": k["scope"],
+            "names": {"kind": kind, "plural": names["plural"], "singular": names["singular"],
+                "listKind": names["listKind"], "shortNames": names["shortNames"]},
+            "versions": [version]},
+    });
+    serde_json::to_string(&crd).unwrap()
 }
 
 /// The Go operator's chart, as far as ownership goes: the two CRDs as
@@ -102,8 +175,8 @@ fn go_chart(dir: &Path) -> PathBuf {
         chart.join("templates/crds.yaml"),
         format!(
             "{}\n---\n{}\n",
-            go_crd(DPFHCPProvisioner::crd()),
-            go_crd(DPFHCPProvisionerConfig::crd())
+            go_crd("DPFHCPProvisioner"),
+            go_crd("DPFHCPProvisionerConfig")
         ),
     )
     .unwrap();
@@ -244,8 +317,8 @@ async fn a_go_operator_install_is_taken_over_with_every_hosted_cluster_kept() {
     // cluster ("ensure CRDs are installed first"). The CRDs are made first
     // here, already marked as the release's, and helm adopts them: the
     // same end state, without the race.
-    for crd in [DPFHCPProvisioner::crd(), DPFHCPProvisionerConfig::crd()] {
-        let mut v: Value = serde_saphyr::from_str(&go_crd(crd)).unwrap();
+    for kind in ["DPFHCPProvisioner", "DPFHCPProvisionerConfig"] {
+        let mut v: Value = serde_json::from_str(&go_crd(kind)).unwrap();
         v["metadata"]["annotations"]["meta.helm.sh/release-name"] = json!(GO_RELEASE);
         v["metadata"]["annotations"]["meta.helm.sh/release-namespace"] = json!(GO_NS);
         v["metadata"]["labels"] = json!({"app.kubernetes.io/managed-by": "Helm"});
@@ -501,6 +574,9 @@ async fn a_go_operator_install_is_taken_over_with_every_hosted_cluster_kept() {
         "--namespace",
         "causeway-system",
         "--create-namespace",
+        // The CRDs' schema is the Go release's manager's: helm 4's
+        // server-side apply takes it over only when told to.
+        "--force-conflicts",
         "--set",
         "webhook.enabled=false",
         "--set",
