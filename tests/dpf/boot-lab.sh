@@ -17,7 +17,7 @@
 #
 # Hardware tools are stubs that record their arguments in OUT/stubs.log:
 # mokutil, modprobe, udevadm, lspci, mstconfig, coreos-installer,
-# efibootmgr, reboot, devlink, rpm-ostree, dnf, rpm2cpio, restorecon. `sleep`
+# efibootmgr, reboot, rpm-ostree, dnf, rpm2cpio, restorecon. `sleep`
 # is shortened to 0.05 s. Their answers follow LAB_* variables:
 #   LAB_NVCONFIG=ok|change   whether the NIC's NVConfig already fits
 #   LAB_INSTALL=ok|fail      whether coreos-installer succeeds
@@ -120,6 +120,12 @@ stub efibootmgr 'exit 0'
 stub reboot 'exit 0'
 stub rpm-ostree 'echo "{\"deployments\":[{\"booted\":true,\"container-image-reference\":\"ostree-unverified-registry:quay.io/lab/bf:4.19\"}]}"'
 stub sleep 'exec /usr/bin/sleep 0.05'
+# dnf "downloads" a package into the working directory; rpm2cpio unpacks
+# a payload with the agent binary, as the real package carries it.
+stub dnf 'touch dpu-agent-1.0-1.aarch64.rpm'
+mkdir -p "$ROOT/lab-payload/opt/dpf"
+printf '#!/bin/sh\necho dpu-agent\n' > "$ROOT/lab-payload/opt/dpf/dpuagent"
+stub rpm2cpio 'cd /lab-payload && echo opt/dpf/dpuagent | cpio -o -H newc 2>/dev/null'
 
 # The chroot: the host's /usr read-only under the unpacked files, a
 # private /dev with a block device where the DPU's disk is.

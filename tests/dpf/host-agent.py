@@ -42,6 +42,8 @@ REBOOT_METHODS_IN_STATUS = {
 REBOOT_METHODS_TRIGGERED = {"SystemLevelReset", "FirmwareReset", "SystemReboot", "PowerCycle"}
 CONDITION_KEYS = {"type", "status", "reason", "message", "lastTransitionTime", "observedGeneration"}
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
+# The package repository's index, under the static /rpm/ tree.
+RPM_INDEX = "/rpm/repodata/repomd.xml"
 # Routes and the one method each accepts; any other path is 404 (GET /
 # included: the installation service routes no root).
 ROUTES = {
@@ -187,6 +189,18 @@ def handler_for(agent):
                      "at": datetime.utcnow().isoformat() + "Z"}
             with agent.lock:
                 try:
+                    if url.path == RPM_INDEX and method == "GET":
+                        # The host agent's package repository, as far as a
+                        # DPU's first look at it goes.
+                        entry["status"] = 200
+                        entry["phase"] = agent.dpu["status"]["phase"]
+                        agent.log(entry)
+                        body = b"<repomd/>"
+                        self.send_response(200)
+                        self.send_header("Content-Length", str(len(body)))
+                        self.end_headers()
+                        self.wfile.write(body)
+                        return
                     if url.path not in ROUTES:
                         raise Refused(404, "no route %s" % url.path)
                     if ROUTES[url.path] != method:

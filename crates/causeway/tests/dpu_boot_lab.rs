@@ -28,8 +28,9 @@ const DPU_NAME: &str = "dpu-0";
 const DPU_NAMESPACE: &str = "dpf-operator-system";
 const DPU_UID: &str = "3f1c9a2e-5b7d-4e8f-9a10-b2c3d4e5f607";
 const OS_IMAGE: &str = "quay.io/lab/bf:4.19";
-/// Zero-trust only: where the DPU would download dpu-agent.
-const BFB_REGISTRY: &str = "http://10.9.0.1:30080";
+/// Zero-trust only: where the DPU downloads dpu-agent; in the lab the
+/// stand-in serves the package index there.
+const BFB_REGISTRY: &str = "http://[fe80::1%25tmfifo_net0]:11029";
 
 fn base64_of(bytes: &[u8]) -> String {
     base64::Engine::encode(&base64::engine::general_purpose::STANDARD, bytes)
@@ -303,7 +304,11 @@ fn a_dpu_installs_reports_and_joins_through_the_host_agent() {
     unpack_into(&target_ign, &target);
     let env = fs::read_to_string(target.join("etc/dpf/environment")).unwrap();
     assert!(env.contains(&format!("DPUUID={DPU_UID}")), "{env}");
-    let units = ["tmfifo-agent-link.service", "report-machineosurl.service"];
+    let units = [
+        "tmfifo-agent-link.service",
+        "report-machineosurl.service",
+        "install-dpu-agent.service",
+    ];
     let run = lab(&target, &dir.path().join("out-target"), &units, &[], 40);
     let calls = run.summary();
     assert!(
@@ -326,6 +331,12 @@ fn a_dpu_installs_reports_and_joins_through_the_host_agent() {
     let url = run.conditions_of_type("MachineOSURL");
     assert_eq!(url.len(), 1, "{calls}");
     assert_eq!(url[0]["message"], OS_IMAGE, "{calls}");
+    // dpu-agent from the host agent's repository, unpacked and installed.
+    let stubs = run.stubs();
+    assert!(
+        stubs.contains("dnf download dpu-agent --disablerepo=* --enablerepo=agentrepo"),
+        "{stubs}"
+    );
 }
 
 /// A NIC whose NVConfig had to change needs a power cycle, which only the
