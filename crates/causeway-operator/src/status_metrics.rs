@@ -19,7 +19,7 @@ use crate::dpf::crd::DPFHCPProvisioner;
 use crate::infra::attachment::InfraClusterAttachment;
 use crate::infra::crd::Infra;
 use crate::k8s::metrics::{ObjectState, OperatorMetrics};
-use crate::k8s::watch::{cached_dynamic, Scope};
+use crate::k8s::watch::{cached_dynamic, once_served, OptionalKind, Scope};
 
 /// What the metrics say of `obj`, a `kind`.
 pub fn object_state(kind: &'static str, obj: &DynamicObject) -> ObjectState {
@@ -82,6 +82,14 @@ pub async fn run(
                 watcher::Config::default(),
             );
             stores.push((kind, store));
+            // A kind not served yet (its CRD applied later) is looked
+            // for, not listed in a loop of 404s.
+            let stream = once_served(
+                client.clone(),
+                OptionalKind::of(resource, "no state metrics for its objects"),
+                Default::default(),
+                move || stream,
+            );
             streams.push(stream.boxed());
         }
     }

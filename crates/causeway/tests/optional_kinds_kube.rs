@@ -132,6 +132,20 @@ async fn every_controller_works_without_the_optional_kinds_and_picks_them_up_onc
         "Infra reconciled {:?} after it was created, InfraClusterAttachments not served",
         created.elapsed()
     );
+    // A kind not served is looked for every 10 s, never listed in a loop
+    // of 404s by any controller.
+    let relisted: Vec<String> = op
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("initial object list") && l.contains("404"))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        relisted.is_empty(),
+        "{} watches failed their initial list with 404, the first: {}",
+        relisted.len(),
+        relisted.first().map_or("", String::as_str)
+    );
     eventually(
         "the operator says which kind it goes without",
         PROMPT,

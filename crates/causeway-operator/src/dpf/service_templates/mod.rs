@@ -29,7 +29,7 @@ use futures::stream::{BoxStream, StreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, DynamicObject, ListParams};
-use kube::core::PartialObjectMeta;
+use kube::core::{ApiResource, PartialObjectMeta};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::Value;
@@ -474,18 +474,32 @@ pub async fn run(
         m.controller_started(CONTROLLER);
     }
     let mut wakes: Vec<BoxStream<'static, Wake>> = Vec::new();
+    // The bridge's own kinds may be applied after the operator started:
+    // each is watched once served.
+    let provisioner_kind = ApiResource::erase::<DPFHCPProvisioner>(&());
     for scope in &scopes {
         let api: Api<DPFHCPProvisioner> = scope.api(&client);
-        let stream = touched(api, watcher::Config::default());
+        let stream = once_served(
+            client.clone(),
+            OptionalKind::of(&provisioner_kind, "no DPUServiceTemplate is written"),
+            Default::default(),
+            move || touched(api, watcher::Config::default()),
+        );
         wakes.push(meta_wakes(
             stream,
             "provisioners",
             |p: DPFHCPProvisioner| Wake::Namespace(p.spec.dpu_cluster_ref.namespace),
         ));
     }
-    let configs = touched(
-        Api::<DPFHCPProvisionerConfig>::all(client.clone()),
-        watcher::Config::default(),
+    let configs_api = Api::<DPFHCPProvisionerConfig>::all(client.clone());
+    let configs = once_served(
+        client.clone(),
+        OptionalKind::of(
+            &ApiResource::erase::<DPFHCPProvisionerConfig>(&()),
+            "the built-in settings decide whether templates are kept",
+        ),
+        Default::default(),
+        move || touched(configs_api, watcher::Config::default()),
     );
     wakes.push(meta_wakes(configs, "settings", |_| Wake::All));
     // DPF's version picks the values: an upgrade of DPF is seen at once.
