@@ -1005,7 +1005,13 @@ fn kill_cycles(mode: Mode, cluster: Option<&kube_cluster::SharedCluster>) {
         poll_until(Duration::from_secs(10), || {
             watch.output().contains("open").then_some(())
         })
-        .unwrap_or_else(|| panic!("no idle proxied connection\n{}", watch.describe()));
+        .unwrap_or_else(|| {
+            panic!(
+                "no idle proxied connection\n{}\n{}",
+                watch.describe(),
+                lab.describe()
+            )
+        });
         let stopped_at = Instant::now();
         lab.replicas[active].proc.as_ref().unwrap().signal("TERM");
         // Probed while the stopping replica drains: its exit may wait for
