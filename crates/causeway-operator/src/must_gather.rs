@@ -107,7 +107,7 @@ fn yaml(v: &impl Serialize) -> Vec<u8> {
 }
 
 /// An object as written out: without managedFields, which only add noise.
-fn cleaned(v: &impl Serialize) -> Value {
+fn cleaned<K: Serialize>(v: &K) -> Value {
     let mut v = serde_json::to_value(v).unwrap_or(Value::Null);
     if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
         meta.remove("managedFields");
@@ -126,6 +126,21 @@ where
     K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
     W: Write,
 {
+    written_as(bundle, api, dir, cleaned).await
+}
+
+/// [`objects`], each written as `render` makes it.
+async fn written_as<K, W, V>(
+    bundle: &mut Bundle<W>,
+    api: Api<K>,
+    dir: &str,
+    render: impl Fn(&K) -> V,
+) -> Result<Vec<K>, GatherError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    W: Write,
+    V: Serialize,
+{
     match api.list(&ListParams::default()).await {
         Ok(list) => {
             let spans_namespaces = !dir.starts_with("namespaces/");
@@ -134,7 +149,7 @@ where
                     (true, Some(ns)) => format!("{dir}/{ns}/{}.yaml", o.name_any()),
                     _ => format!("{dir}/{}.yaml", o.name_any()),
                 };
-                bundle.add(&path, &yaml(&cleaned(o)))?;
+                bundle.add(&path, &yaml(&render(o)))?;
             }
             Ok(list.items)
         }
@@ -240,7 +255,13 @@ pub async fn gather(
             &format!("{base}/events"),
         )
         .await?;
-        secrets(&mut bundle, client, ns, &format!("{base}/secrets")).await?;
+        written_as(
+            &mut bundle,
+            Api::<Secret>::namespaced(client.clone(), ns),
+            &format!("{base}/secrets"),
+            redact,
+        )
+        .await?;
         let pods = objects(
             &mut bundle,
             Api::<Pod>::namespaced(client.clone(), ns),
@@ -273,24 +294,6 @@ pub async fn gather(
     let failed = std::mem::take(&mut bundle.errors);
     bundle.tar.into_inner()?.finish()?.flush()?;
     Ok((files, failed))
-}
-
-async fn secrets<W: Write>(
-    bundle: &mut Bundle<W>,
-    client: &Client,
-    ns: &str,
-    dir: &str,
-) -> Result<(), GatherError> {
-    let api: Api<Secret> = Api::namespaced(client.clone(), ns);
-    match api.list(&ListParams::default()).await {
-        Ok(list) => {
-            for s in &list.items {
-                bundle.add(&format!("{dir}/{}.yaml", s.name_any()), &yaml(&redact(s)))?;
-            }
-        }
-        Err(e) => bundle.failed(format!("{dir}: {e}")),
-    }
-    Ok(())
 }
 
 async fn pod_logs<W: Write>(
