@@ -26,15 +26,6 @@ const NAD_CRD: &str = include_str!("../../../tests/kube/crds/network-attachment-
 /// A value that must appear nowhere in the tarball.
 const CANARY: &str = "must-gather-canary-7f3a9c";
 
-fn printed_crd(kind: &str) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_causeway"))
-        .args(["operator", "crd", kind])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    String::from_utf8(out.stdout).unwrap()
-}
-
 /// The tarball's files, by path, decompressed.
 fn unpack(path: &std::path::Path) -> BTreeMap<String, Vec<u8>> {
     let gz = flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap());
@@ -61,7 +52,7 @@ async fn must_gather_collects_objects_configs_and_no_secret_value() {
     let operator_ns = "causeway-system";
     kube_cluster::ensure_namespace(&client, ns).await;
     kube_cluster::ensure_namespace(&client, operator_ns).await;
-    apply_yaml(&client, &printed_crd("infra"), "default")
+    apply_yaml(&client, &kube_cluster::printed_crd("infra"), "default")
         .await
         .unwrap();
     wait_established(&client, "infras.hostedcluster.densityops.com").await;

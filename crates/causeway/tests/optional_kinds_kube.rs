@@ -66,16 +66,6 @@ const PROMPT: Duration = Duration::from_secs(20);
 /// the objects reconciled.
 const PICKED_UP: Duration = Duration::from_secs(45);
 
-/// The CRD exactly as `causeway operator crd <kind>` prints it.
-fn printed_crd(kind: &str) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_causeway"))
-        .args(["operator", "crd", kind])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    String::from_utf8(out.stdout).unwrap()
-}
-
 async fn create_ns(client: &Client, ns: &str) {
     kube_cluster::ensure_namespace(client, ns).await;
 }
@@ -91,7 +81,7 @@ async fn every_controller_works_without_the_optional_kinds_and_picks_them_up_onc
     create_ns(&client, ns).await;
     // The Infra CRD alone, as the README applies it; the network
     // attachment kind the Infra's pods use, as a cluster with Multus has.
-    apply_yaml(&client, &printed_crd("infra"), "default")
+    apply_yaml(&client, &kube_cluster::printed_crd("infra"), "default")
         .await
         .unwrap();
     wait_established(&client, "infras.hostedcluster.densityops.com").await;
@@ -158,9 +148,13 @@ async fn every_controller_works_without_the_optional_kinds_and_picks_them_up_onc
     .await;
 
     // The attachment kind arrives: both controllers pick it up.
-    apply_yaml(&client, &printed_crd("infraclusterattachment"), "default")
-        .await
-        .unwrap();
+    apply_yaml(
+        &client,
+        &kube_cluster::printed_crd("infraclusterattachment"),
+        "default",
+    )
+    .await
+    .unwrap();
     wait_established(
         &client,
         "infraclusterattachments.hostedcluster.densityops.com",
@@ -202,14 +196,14 @@ async fn every_controller_works_without_the_optional_kinds_and_picks_them_up_onc
     // The 1.20 test server predates CEL rules: they are left out.
     apply_yaml(
         &client,
-        &kube_cluster::without_cel(&printed_crd("dpfhcpprovisioner")),
+        &kube_cluster::without_cel(&kube_cluster::printed_crd("dpfhcpprovisioner")),
         "default",
     )
     .await
     .unwrap();
     apply_yaml(
         &client,
-        &kube_cluster::without_cel(&printed_crd("dpfhcpprovisionerconfig")),
+        &kube_cluster::without_cel(&kube_cluster::printed_crd("dpfhcpprovisionerconfig")),
         "default",
     )
     .await

@@ -864,3 +864,13 @@ impl ApiRelay {
         let _ = self.cut.send(true);
     }
 }
+
+/// The CRD exactly as `causeway operator crd <kind>` prints it.
+pub fn printed_crd(kind: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_causeway"))
+        .args(["operator", "crd", kind])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
