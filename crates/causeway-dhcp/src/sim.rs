@@ -22,10 +22,18 @@
 //! merge when it heals. A cut of the peer link alone stops the lease stream
 //! while the adverts still cross the VLAN (ha.replicas[].vlanAddress).
 //!
+//! The service addresses' announcements are played too: a takeover's
+//! gratuitous ARP and its repeats (which a stall may let run before the
+//! driver reads what arrived), and the driver's announcement once the peer
+//! concedes, checked where the driver checks (after a datagram read alone,
+//! or after a tick that read them all and sent its advert). An
+//! announcement reaches the hosts up to 20 ms after it is decided (the
+//! interface lookup, the send), and the driver sends no advert meanwhile.
+//!
 //! After the faults stop and the pair settles, the invariant is checked:
-//! one replica is active, every lease a client was ACKed is the newest
-//! record for its address in that replica's lease file, and no address
-//! was ACKed to two clients. A failing seed prints itself; set
+//! one replica is active, the last announcement the hosts heard came from
+//! it, every lease a client was ACKed is the newest record for its address
+//! in that replica's lease file, and no address was ACKed to two clients. A failing seed prints itself; set
 //! `CAUSEWAY_SIM_SEED` to replay one, `CAUSEWAY_SIM_SEEDS` to run more.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -210,12 +218,18 @@ struct Replica {
     /// The term file: survives a restart.
     persisted_term: u64,
     inbox: Vec<Msg>,
+    /// A takeover's repeated announcements still to come.
+    reannounce: Vec<Instant>,
 }
 
 struct Witness {
     holder: Option<usize>,
     version: u64,
 }
+
+/// A takeover announces the addresses again this long after (the
+/// appliance's repeats, for hosts that missed the first).
+const REANNOUNCE: [Duration; 2] = [Duration::from_millis(250), Duration::from_secs(1)];
 
 /// A scripted fault, aimed at whichever replica holds the role then.
 #[derive(Debug, Clone, Copy)]
@@ -276,6 +290,12 @@ pub(crate) struct Sim {
     pub(crate) steps: u64,
     pub(crate) withheld: u64,
     pub(crate) conflicts: u64,
+    /// The replica whose gratuitous ARP the hosts heard last: their ARP
+    /// caches send the service addresses' traffic to it.
+    announced_by: Option<usize>,
+    /// Announcements on their way: (when the hosts hear it, order, from).
+    garps: Vec<(Instant, u64, usize)>,
+    pub(crate) announcements: u64,
     scripted: u64,
     trace: bool,
 }
@@ -345,6 +365,7 @@ impl Replica {
             slow_until: now,
             persisted_term: 0,
             inbox: Vec::new(),
+            reannounce: Vec::new(),
         }
     }
 }
@@ -393,6 +414,9 @@ impl Sim {
             steps: 0,
             withheld: 0,
             conflicts: 0,
+            announced_by: None,
+            garps: Vec::new(),
+            announcements: 0,
             scripted: 0,
             trace: std::env::var_os("CAUSEWAY_SIM_TRACE").is_some(),
         }
@@ -502,6 +526,15 @@ impl Sim {
             self.drop_per_mille = 0;
         }
         self.deliver();
+        self.garps.sort_by_key(|(at, order, _)| (*at, *order));
+        let heard = self
+            .garps
+            .iter()
+            .take_while(|(at, _, _)| *at <= self.now)
+            .count();
+        for (_, _, from) in self.garps.drain(..heard) {
+            self.announced_by = Some(from);
+        }
         if self.rng.chance(300) {
             let client = self.next_client;
             self.next_client += 1;
@@ -620,6 +653,17 @@ impl Sim {
         if self.replicas[i].stalled_until > now {
             return;
         }
+        // A takeover's repeats are timers of their own: after a stall they
+        // may go out before the driver has read that the peer took over.
+        let due = self.replicas[i]
+            .reannounce
+            .iter()
+            .filter(|t| **t <= now)
+            .count();
+        if due > 0 {
+            self.replicas[i].reannounce.retain(|t| *t > now);
+            self.announce(i, "repeated after the takeover", false);
+        }
         let inbox = std::mem::take(&mut self.replicas[i].inbox);
         let mut adverts = Vec::new();
         for msg in inbox {
@@ -630,9 +674,17 @@ impl Sim {
         }
         // The writer may run before the driver has read what arrived.
         self.writer(i);
+        // The driver reads datagrams one by one as they come, or all at
+        // once at a tick; it looks at the announcement after each read.
+        let one_by_one = self.rng.chance(500);
         for msg in adverts {
             match msg {
-                Msg::Advert { boot, seq, state } => self.on_advert(i, boot, seq, state),
+                Msg::Advert { boot, seq, state } => {
+                    self.on_advert(i, boot, seq, state);
+                    if one_by_one {
+                        self.announce_if_owed(i);
+                    }
+                }
                 Msg::Witness { boot, result } if boot == self.replicas[i].boot => {
                     let actions = self.replicas[i].election.on_witness(now, result);
                     self.carry_out(i, actions);
@@ -697,6 +749,29 @@ impl Sim {
         r.election.set_in_sync_at(in_sync, now);
         let actions = r.election.on_tick(now);
         self.carry_out(i, actions);
+        self.announce_if_owed(i);
+    }
+
+    fn announce_if_owed(&mut self, i: usize) {
+        let now = self.now;
+        if self.replicas[i].election.owes_announcement(now) {
+            self.announce(i, "the peer conceded", true);
+        }
+    }
+
+    /// A gratuitous ARP: once it arrives, every host on the VLAN sends the
+    /// service addresses' traffic to replica `i`. `by_driver`: the driver
+    /// awaits it, so its next advert follows it.
+    fn announce(&mut self, i: usize, why: &str, by_driver: bool) {
+        self.note(i, format_args!("announces the service addresses ({why})"));
+        let at = self.now + self.rng.ms(0, 20);
+        self.order += 1;
+        self.garps.push((at, self.order, i));
+        if by_driver {
+            let r = &mut self.replicas[i];
+            r.next_advert = r.next_advert.max(at);
+        }
+        self.announcements += 1;
     }
 
     fn advertise(&mut self, i: usize) {
@@ -734,6 +809,8 @@ impl Sim {
         for action in actions {
             match action {
                 Action::Take => {
+                    self.announce(i, "takeover", true);
+                    self.replicas[i].reannounce = REANNOUNCE.iter().map(|d| now + *d).collect();
                     let r = &mut self.replicas[i];
                     r.serving = true;
                     r.in_sync = true;
@@ -747,6 +824,7 @@ impl Sim {
                 }
                 Action::Release => {
                     let r = &mut self.replicas[i];
+                    r.reannounce.clear();
                     r.serving = false;
                     r.memory.clear();
                     self.withheld += r.pending.len() as u64;
@@ -1264,6 +1342,14 @@ impl Sim {
             self.at(),
             active.len()
         );
+        assert_eq!(
+            self.announced_by,
+            Some(active[0]),
+            "{}: the hosts last heard the service addresses announced by {:?}, but {} holds them",
+            self.at(),
+            self.announced_by.map(|i| self.replicas[i].name),
+            self.replicas[active[0]].name
+        );
         let log = &self.replicas[active[0]].log;
         let mut newest: BTreeMap<u32, u64> = BTreeMap::new();
         for l in log {
@@ -1423,6 +1509,7 @@ mod tests {
         let mut steps = 0;
         let mut acked = 0;
         let mut withheld = 0;
+        let mut announcements = 0;
         for seed in seeds() {
             let result = std::panic::catch_unwind(|| Sim::run_seed(seed, STEPS));
             match result {
@@ -1430,6 +1517,7 @@ mod tests {
                     steps += sim.steps;
                     acked += sim.acked.len();
                     withheld += sim.withheld;
+                    announcements += sim.announcements;
                 }
                 Err(e) => {
                     eprintln!("replay with CAUSEWAY_SIM_SEED={seed}");
@@ -1437,7 +1525,10 @@ mod tests {
                 }
             }
         }
-        eprintln!("simulation: {steps} steps, {acked} ACKs checked, {withheld} batches withheld");
+        eprintln!(
+            "simulation: {steps} steps, {acked} ACKs checked, {withheld} batches withheld, {announcements} address announcements"
+        );
         assert!(acked > 0);
+        assert!(announcements > 0);
     }
 }

@@ -106,6 +106,16 @@ struct Lab {
     replicas: [Replica; 2],
 }
 
+impl Drop for Lab {
+    fn drop(&mut self) {
+        // A failed run keeps every replica's log and lease file.
+        if std::thread::panicking() {
+            self.dir.disable_cleanup(true);
+            eprintln!("the lab's files are kept in {}", self.dir.path().display());
+        }
+    }
+}
+
 fn config_text(dir: &Path, me: &str, mode: Mode, lease_namespace: Option<&str>) -> String {
     let lease = match (mode, lease_namespace) {
         (Mode::Lease, Some(ns)) => {
@@ -325,10 +335,16 @@ impl Lab {
             .contains(&format!("inet {SERVICE_IP}/"))
     }
 
+    /// The replicas' log tails without the access log, which under load
+    /// would fill them.
     fn describe(&self) -> String {
         self.replicas
             .iter()
-            .filter_map(|r| r.proc.as_ref().map(Proc::describe))
+            .filter_map(|r| {
+                r.proc
+                    .as_ref()
+                    .map(|p| p.describe_without("causeway::access"))
+            })
             .collect::<Vec<_>>()
             .join("\n")
     }
@@ -1157,10 +1173,12 @@ fn kill_cycles(mode: Mode, cluster: Option<&kube_cluster::SharedCluster>) {
     );
     assert!(
         missing.is_empty(),
-        "{} ACKed leases missing from the active after {} failovers, the first: {:?}",
+        "{} ACKed leases missing from the active ({}) after {} failovers, the first: {:?}\n{}",
         missing.len(),
+        lab.replicas[active].name,
         takeovers.len(),
-        &missing[..missing.len().min(5)]
+        &missing[..missing.len().min(5)],
+        lab.describe()
     );
     assert!(
         overlaps.is_empty(),

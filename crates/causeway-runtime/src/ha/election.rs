@@ -246,6 +246,9 @@ pub struct Election {
     leg_up: bool,
     /// When the leg last came back.
     leg_back: Option<Instant>,
+    /// Whether, at the last look, the peer had freshly conceded the role
+    /// to this active (see [`Election::owes_announcement`]).
+    peer_conceded: bool,
 }
 
 impl Election {
@@ -287,6 +290,7 @@ impl Election {
             renewed_from: None,
             leg_up: true,
             leg_back: None,
+            peer_conceded: false,
         }
     }
 
@@ -367,6 +371,28 @@ impl Election {
             }
         }
         until
+    }
+
+    /// Whether the active should announce the service addresses again now
+    /// (gratuitous ARP): once each time the peer comes to concede the role,
+    /// having been silent or active before. Until it concedes it may answer
+    /// ARP for the addresses (a restarted replica, or a stalled active that
+    /// has not yet read what happened meanwhile), so an announcement made
+    /// earlier can be overtaken by the peer's own.
+    ///
+    /// The concession must be fresh: a standby's advert that echoes one this
+    /// replica sent less than a dead interval ago. Adverts that queued up
+    /// while this process was stopped say "standby" from before the peer
+    /// took over; read first, they would otherwise look like a concession.
+    pub fn owes_announcement(&mut self, now: Instant) -> bool {
+        let concedes = self.role == Role::Active
+            && self.hears_peer(now)
+            && self
+                .vouched_from
+                .is_some_and(|sent| now.saturating_duration_since(sent) < self.timers.dead_after);
+        let owed = concedes && !self.peer_conceded;
+        self.peer_conceded = concedes;
+        owed
     }
 
     pub fn role(&self) -> Role {
@@ -878,6 +904,93 @@ mod tests {
         peer.leg_up = false;
         assert!(a.on_advert(ms(t0, 800), peer).is_empty());
         assert_eq!(a.role(), Role::Active);
+    }
+
+    /// The active announces the addresses again once the peer concedes,
+    /// not when it is first heard: a peer that comes back still saying it
+    /// is active (a stalled active, resumed) may announce them itself
+    /// until it has read that it lost, and an announcement made before
+    /// that can arrive first and be overtaken.
+    #[test]
+    fn the_active_announces_again_once_a_returning_peer_concedes_not_before() {
+        let t0 = Instant::now();
+        let mut b = Election::new(Mode::Peer, timers(), "b", "a", 100, false, t0);
+        b.set_boot(3);
+        b.on_tick(ms(t0, 600));
+        assert_eq!(b.role(), Role::Active);
+        assert!(
+            !b.owes_announcement(ms(t0, 600)),
+            "nobody heard, nobody conceded"
+        );
+        b.on_sent(10, ms(t0, 700));
+        // The peer is back and says it is active (it cannot hear yet that
+        // it lost): no announcement.
+        // Its takeover was the earlier one.
+        let still_active = PeerState {
+            echo: Some((3, 10)),
+            hears_peer: false,
+            term: 0,
+            ..advert(true, 100)
+        };
+        b.on_advert(ms(t0, 720), still_active);
+        assert_eq!(b.role(), Role::Active);
+        assert!(
+            !b.owes_announcement(ms(t0, 720)),
+            "announced while the returning peer still said it was active"
+        );
+        // It stands by, in reply to a fresh advert: announce, once.
+        b.on_sent(11, ms(t0, 900));
+        let conceded = PeerState {
+            echo: Some((3, 11)),
+            ..advert(false, 100)
+        };
+        b.on_advert(ms(t0, 910), conceded.clone());
+        assert!(b.owes_announcement(ms(t0, 910)));
+        b.on_sent(12, ms(t0, 1100));
+        b.on_advert(
+            ms(t0, 1110),
+            PeerState {
+                echo: Some((3, 12)),
+                ..conceded
+            },
+        );
+        assert!(!b.owes_announcement(ms(t0, 1110)), "announced twice");
+        // A standby never announces.
+        let mut standby = Election::new(Mode::Peer, timers(), "a", "b", 100, false, t0);
+        standby.on_advert(ms(t0, 100), advert(true, 100));
+        assert!(!standby.owes_announcement(ms(t0, 100)));
+    }
+
+    /// Adverts that queued while this process was stopped say "standby"
+    /// from before the peer took over: read first, they are no concession.
+    #[test]
+    fn a_resumed_active_takes_no_queued_word_of_its_peer_for_a_concession() {
+        let t0 = Instant::now();
+        let mut a = Election::new(Mode::Peer, timers(), "a", "b", 100, false, t0);
+        a.set_boot(5);
+        a.on_tick(ms(t0, 600));
+        a.on_sent(20, ms(t0, 800));
+        a.on_advert(
+            ms(t0, 810),
+            PeerState {
+                echo: Some((5, 20)),
+                ..advert(false, 100)
+            },
+        );
+        assert!(a.owes_announcement(ms(t0, 810)));
+        // Stopped from 850 to 2350 ms; the first queued advert, sent at
+        // 900 ms by a standby that still heard advert 20, is read at 2350.
+        let stale = PeerState {
+            echo: Some((5, 20)),
+            ..advert(false, 100)
+        };
+        a.on_tick(ms(t0, 2350));
+        assert!(!a.owes_announcement(ms(t0, 2350)));
+        a.on_advert(ms(t0, 2350), stale);
+        assert!(
+            !a.owes_announcement(ms(t0, 2350)),
+            "a stale word of the peer was taken for a concession"
+        );
     }
 
     #[test]

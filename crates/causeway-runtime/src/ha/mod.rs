@@ -297,11 +297,30 @@ pub struct HaStatus {
     pub vlan_leg_up: bool,
 }
 
+/// An advert socket, twice: the runtime's handle waits for datagrams, and
+/// a duplicate of the descriptor reads what the kernel holds right now.
+/// The runtime's own non-blocking read answers from the readiness it last
+/// saw, not from the kernel: a process resumed from a stall may run its
+/// tick before the runtime has polled the socket, and would then read "no
+/// datagrams" while the peer's takeover waits in the queue.
+struct AdvertSocket {
+    waits: UdpSocket,
+    reads_now: std::net::UdpSocket,
+}
+
+impl AdvertSocket {
+    /// The next queued datagram, straight from the kernel; `None` when the
+    /// queue is empty (or unreadable: the waiting side reports errors).
+    fn read_queued(&self, buf: &mut [u8]) -> Option<(usize, SocketAddr)> {
+        self.reads_now.recv_from(buf).ok()
+    }
+}
+
 fn advert_socket(
     listen: SocketAddr,
     interface: Option<&str>,
     freebind: bool,
-) -> std::io::Result<UdpSocket> {
+) -> std::io::Result<AdvertSocket> {
     let socket = socket2::Socket::new(
         socket2::Domain::for_address(listen),
         socket2::Type::DGRAM,
@@ -316,7 +335,12 @@ fn advert_socket(
     }
     socket.set_nonblocking(true)?;
     socket.bind(&listen.into())?;
-    UdpSocket::from_std(socket.into())
+    // Shares the open file, and so its non-blocking flag.
+    let reads_now: std::net::UdpSocket = socket.try_clone()?.into();
+    Ok(AdvertSocket {
+        waits: UdpSocket::from_std(socket.into())?,
+        reads_now,
+    })
 }
 
 pub struct Leadership {
@@ -401,7 +425,6 @@ impl Leadership {
             peer_clock: peer_clock.clone(),
             clock_warned: false,
             persisted_term,
-            peer_was_heard: false,
             election,
             key: AdvertKey::new(&settings.key),
             boot,
@@ -501,10 +524,6 @@ struct Driver<A, W> {
     clock_warned: bool,
     /// The highest term written to the term file.
     persisted_term: u64,
-    /// Whether the peer was heard at the last look: an active announces
-    /// the addresses again when a silent peer reappears (a restarted one
-    /// may have answered ARP for them before it let go).
-    peer_was_heard: bool,
     settings: HaSettings,
     key: AdvertKey,
     boot: u64,
@@ -513,8 +532,8 @@ struct Driver<A, W> {
     heard: Option<(u64, u64)>,
     gate: Arc<AckGate>,
     guard: ReplayGuard,
-    socket: UdpSocket,
-    vlan_socket: Option<UdpSocket>,
+    socket: AdvertSocket,
+    vlan_socket: Option<AdvertSocket>,
     /// When an advert (new, or the newest again) last arrived by each path.
     heard_on: [Option<Instant>; 2],
     /// The VLAN leg's carrier at the last look (`None` before the first).
@@ -551,12 +570,12 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
                     // alone would find the peer silent and allow ACKs that
                     // its takeover forbids.
                     let mut actions = Vec::new();
-                    while let Ok((n, from)) = self.socket.try_recv_from(&mut buf) {
+                    while let Some((n, from)) = self.socket.read_queued(&mut buf) {
                         actions.extend(self.on_datagram(&buf[..n], from, AdvertPath::PeerLink));
                         self.close_gate_on_release(&actions);
                     }
-                    while let Some(Ok((n, from))) =
-                        self.vlan_socket.as_ref().map(|s| s.try_recv_from(&mut vlan_buf))
+                    while let Some((n, from)) =
+                        self.vlan_socket.as_ref().and_then(|s| s.read_queued(&mut vlan_buf))
                     {
                         actions.extend(self.on_datagram(&vlan_buf[..n], from, AdvertPath::Vlan));
                         self.close_gate_on_release(&actions);
@@ -571,7 +590,7 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
                     actions.extend(self.election.on_tick(now));
                     actions
                 }
-                got = self.socket.recv_from(&mut buf) => match got {
+                got = self.socket.waits.recv_from(&mut buf) => match got {
                     Ok((n, from)) => self.on_datagram(&buf[..n], from, AdvertPath::PeerLink),
                     Err(e) => {
                         tracing::debug!(error = %e, "advert socket error");
@@ -580,7 +599,7 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
                 },
                 got = async {
                     match &self.vlan_socket {
-                        Some(s) => s.recv_from(&mut vlan_buf).await,
+                        Some(s) => s.waits.recv_from(&mut vlan_buf).await,
                         None => std::future::pending().await,
                     }
                 } => match got {
@@ -596,7 +615,7 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
             };
             self.close_gate_on_release(&actions);
             self.carry_out(actions, &witness_tx).await;
-            self.announce_to_a_returning_peer().await;
+            self.announce_once_the_peer_concedes().await;
             self.publish();
         }
         let actions = self.election.resign();
@@ -704,12 +723,9 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
         )
     }
 
-    async fn announce_to_a_returning_peer(&mut self) {
-        let heard = self.election.hears_peer(Instant::now());
-        let returned = heard && !self.peer_was_heard;
-        self.peer_was_heard = heard;
-        if returned && self.election.role() == Role::Active {
-            tracing::info!(peer = %self.settings.peer_name, "the peer is back: announcing the service addresses again");
+    async fn announce_once_the_peer_concedes(&mut self) {
+        if self.election.owes_announcement(Instant::now()) {
+            tracing::info!(peer = %self.settings.peer_name, "the peer stands by again: announcing the service addresses again");
             self.addresses.announce().await;
         }
     }
@@ -765,7 +781,7 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
             leg_up: self.election.leg_up(),
         };
         let sealed = self.key.seal(&advert);
-        let mut sent = match self.socket.send_to(&sealed, to).await {
+        let mut sent = match self.socket.waits.send_to(&sealed, to).await {
             Ok(_) => true,
             Err(e) => {
                 tracing::debug!(%to, error = %e, "advert not sent");
@@ -775,7 +791,7 @@ impl<A: Addresses, W: Witness> Driver<A, W> {
         // The same advert by the VLAN too: a cut peer link is then not a
         // partition, and the peer's copy tells it the VLAN path works.
         if let (Some(socket), Some(path)) = (&self.vlan_socket, &self.settings.vlan_path) {
-            match socket.send_to(&sealed, path.peer).await {
+            match socket.waits.send_to(&sealed, path.peer).await {
                 Ok(_) => sent = true,
                 Err(e) => {
                     tracing::debug!(to = %path.peer, error = %e, "advert not sent on the VLAN")
@@ -1053,6 +1069,43 @@ mod tests {
             after > before,
             "the active did not announce the addresses when its peer came back"
         );
+    }
+
+    /// A tick reads what the kernel has queued even when the runtime has
+    /// not polled the socket since it arrived (a process resumed from a
+    /// stall): the runtime's own non-blocking read answers "nothing" then,
+    /// and the tick would act on a peer it thinks silent.
+    #[tokio::test]
+    async fn a_tick_reads_queued_adverts_the_runtime_has_not_yet_seen() {
+        let socket = advert_socket("127.0.0.1:0".parse().unwrap(), None, false).unwrap();
+        let to = socket.waits.local_addr().unwrap();
+        let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        // The runtime sees one datagram arrive, and then the queue empty.
+        peer.send_to(b"first", to).unwrap();
+        let mut buf = [0u8; 64];
+        socket.waits.recv_from(&mut buf).await.unwrap();
+        assert!(socket.waits.try_recv_from(&mut buf).is_err());
+        // From here on nothing yields to the runtime.
+        peer.send_to(b"queued", to).unwrap();
+        // What the tick read before: nothing, whatever the kernel holds.
+        assert!(
+            socket.waits.try_recv_from(&mut buf).is_err(),
+            "the runtime's own read saw the datagram: this test no longer shows the stale view"
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut read = None;
+        while read.is_none() && std::time::Instant::now() < deadline {
+            read = socket.read_queued(&mut buf);
+            if read.is_none() {
+                // The loopback delivery is the kernel's; this thread
+                // must not yield to the runtime while it waits.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let (n, from) = read.expect("the queued datagram was not read");
+        assert_eq!(&buf[..n], b"queued");
+        assert_eq!(from, peer.local_addr().unwrap());
+        assert!(socket.read_queued(&mut buf).is_none(), "the queue is empty");
     }
 
     /// A replica that just started has heard no peer and received no

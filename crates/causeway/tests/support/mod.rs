@@ -658,7 +658,7 @@ impl Proc {
 
     /// Everything the process printed so far.
     pub fn output(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
+        String::from_utf8_lossy(&fs::read(&self.log).unwrap_or_default()).into_owned()
     }
 
     pub fn describe(&self) -> String {
@@ -667,6 +667,19 @@ impl Proc {
             self.name,
             self.pid(),
             tail(&self.log, 40)
+        )
+    }
+
+    /// As [`Proc::describe`], leaving out the lines that contain `noise`.
+    pub fn describe_without(&self, noise: &str) -> String {
+        let bytes = fs::read(&self.log).unwrap_or_default();
+        let text = String::from_utf8_lossy(&bytes);
+        let kept: Vec<&str> = text.lines().filter(|l| !l.contains(noise)).collect();
+        format!(
+            "--- {} (pid {}) log tail, without {noise}:\n{}",
+            self.name,
+            self.pid(),
+            kept[kept.len().saturating_sub(40)..].join("\n")
         )
     }
 
@@ -696,7 +709,10 @@ impl Drop for Proc {
 }
 
 pub fn tail(path: &Path, lines: usize) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
+    // Lossy: one byte that is not UTF-8 (a client's hostname, logged)
+    // must not hide the whole log.
+    let bytes = fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&bytes);
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
