@@ -20,7 +20,7 @@ use ipnet::Ipv4Net;
 use serde_json::Value;
 
 use super::attachment::Candidate;
-use super::crd::{InfraSpec, ProxySpec};
+use super::crd::{DhcpSpec, DnsSpec, InfraSpec, ProxySpec};
 use super::plan::{
     names, Component, ComponentPlan, Plan, ADMIN_PORT, HA_DIR, HA_KEY, LEASE_DIR, MAX_REPLICAS,
     VLAN_INTERFACE,
@@ -320,7 +320,109 @@ pub fn validate(
             e.fail(err.clone());
         }
     }
-    let cidr = Some(cidr);
+    check_dns_servers(&mut e, spec);
+    let mut warnings = Vec::new();
+    let served = served_clusters(&mut e, &mut warnings, spec, hosted_cluster, attached);
+    let proxy_spec = comps.proxy_enabled();
+    let mut waiting = Vec::new();
+    if proxy_spec.is_some() && attached.is_empty() && !served.legacy_named {
+        waiting.push((
+            Component::Proxy,
+            "no hosted cluster to route to: create an InfraClusterAttachment for this Infra (or set dns.clusterName and dns.baseDomain)".to_string(),
+        ));
+    }
+    let placed = place_components(&mut e, spec, cidr, infra_name);
+    let internal_address = internal_proxy_address(&mut e, proxy_spec, infra_namespace, services);
+    let control_plane_namespaces =
+        served_control_plane_namespaces(spec, infra_namespace, attached, served.single_cluster);
+    let has_ingress =
+        proxy_spec.is_some_and(|p| p.ingress_https.is_some() || p.ingress_http.is_some());
+    if !attached.is_empty() && has_ingress {
+        warnings.push("infraComponents.proxy.ingressHttps and ingressHttp are ignored: with InfraClusterAttachments each cluster's apps are its attachment's".to_string());
+    }
+    let proxy_configured = proxy_spec.is_some() && waiting.is_empty();
+    let render = Render {
+        spec,
+        infra_name,
+        infra_namespace,
+        cidr,
+        attached,
+        placed: &placed,
+        internal_address,
+        cluster: match (&served.cluster_name, &served.base_domain) {
+            (Some(name), Some(domain)) if served.single_cluster => Some(FileCluster {
+                name: name.clone(),
+                base_domain: domain.clone(),
+            }),
+            _ => None,
+        },
+        control_plane_namespace: control_plane_namespaces
+            .first()
+            .cloned()
+            .filter(|_| served.single_cluster),
+        ingress: served.single_cluster && has_ingress,
+        external_proxy: proxy_configured && attached.iter().any(|a| a.external),
+    };
+
+    let mut components = Vec::new();
+    let mut unplaced = Vec::new();
+    for (component, own_path, address) in &placed.servers {
+        let (mut file, mut origins) = render.common(*component, own_path, address);
+        match component {
+            Component::Dhcp => {
+                let Some(d) = comps.dhcp_enabled() else {
+                    continue;
+                };
+                render.dhcp(&mut e, &mut file, &mut origins, d);
+            }
+            Component::Dns => {
+                let Some(d) = comps.dns_enabled() else {
+                    continue;
+                };
+                render.dns(&mut file, &mut origins, d, address);
+            }
+            Component::Proxy => {
+                let Some(p) = proxy_spec.filter(|_| proxy_configured) else {
+                    continue;
+                };
+                render.proxy(&mut file, &mut origins, p, address);
+            }
+        }
+        let replicas = placed.replicas_of(*component);
+        if replicas > 1 {
+            render.ha(&mut file, &mut origins, *component, own_path, address);
+        }
+        if let Some(plan) = checked(&mut e, &mut unplaced, *component, replicas, &file, &origins) {
+            components.push(plan);
+        }
+    }
+    warnings.extend(ignored_images(spec));
+
+    if e.0.is_empty() {
+        for message in unplaced {
+            e.fail(message);
+        }
+    }
+    let network = match network {
+        Ok(n) if e.0.is_empty() => n,
+        _ => return Err(e.0),
+    };
+    Ok(Plan {
+        cidr,
+        nad_name: network.nad_name,
+        nad_namespace: network.nad_namespace,
+        components,
+        control_plane_namespaces,
+        waiting,
+        warnings,
+        external_proxy: render.external_proxy,
+    })
+}
+
+/// `networkConfig.dnsServers` as only the Infra can get it wrong.
+fn check_dns_servers(e: &mut Errors, spec: &InfraSpec) {
+    let net = &spec.network_config;
+    let comps = &spec.infra_components;
     // Worded as the DNS config's own check, so the two say it once.
     if net.dns_servers.len() > causeway_config::MAX_UPSTREAMS {
         e.fail(format!(
@@ -336,7 +438,29 @@ pub fn validate(
     if system_resolvers && comps.dns_enabled().is_none() && comps.dhcp_enabled().is_some() {
         e.fail("networkConfig.dnsServers: \"resolv.conf\" means the DNS pod's own resolvers; with DNS disabled, DHCP hands these servers to clients and needs addresses");
     }
+}
 
+/// The cluster the older, single-cluster form of the Infra names.
+struct Served {
+    cluster_name: Option<String>,
+    base_domain: Option<String>,
+    /// A name or a domain is given (from the Infra or its HostedCluster).
+    legacy_named: bool,
+    /// Both are, and no attachment overrides them.
+    single_cluster: bool,
+}
+
+/// The single-cluster form names its cluster on the Infra; with
+/// attachments those fields are ignored, and without either the Infra
+/// waits for an attachment (DNS forwards meanwhile).
+fn served_clusters(
+    e: &mut Errors,
+    warnings: &mut Vec<String>,
+    spec: &InfraSpec,
+    hosted_cluster: Option<&HostedClusterFacts>,
+    attached: &[Candidate],
+) -> Served {
+    let comps = &spec.infra_components;
     // Names come from the dns object even when DNS itself is disabled, as
     // the proxy's routes need them too.
     let given = |s: Option<&String>| s.filter(|s| !s.trim().is_empty()).cloned();
@@ -344,18 +468,12 @@ pub fn validate(
         .or_else(|| hosted_cluster.map(|h| h.name.clone()));
     let base_domain = given(comps.dns.as_ref().and_then(|d| d.base_domain.as_ref()))
         .or_else(|| hosted_cluster.and_then(|h| h.base_domain.clone()));
-    let dns_spec = comps.dns_enabled();
-    let proxy_spec = comps.proxy_enabled();
-    let mut warnings = Vec::new();
-    // The single-cluster form names its cluster on the Infra; with
-    // attachments those fields are ignored, and without either the Infra
-    // waits for an attachment (DNS forwards meanwhile).
     let legacy_named = cluster_name.is_some() || base_domain.is_some();
     if !attached.is_empty() {
         if legacy_named || spec.hosted_cluster_ref.is_some() {
             warnings.push("infraComponents.dns.clusterName, dns.baseDomain, proxy.controlPlaneNamespace, proxy.apiServerService and hostedClusterRef are ignored: the Infra's InfraClusterAttachments name its clusters".to_string());
         }
-    } else if (dns_spec.is_some() || proxy_spec.is_some()) && legacy_named {
+    } else if (comps.dns_enabled().is_some() || comps.proxy_enabled().is_some()) && legacy_named {
         if cluster_name.is_none() {
             e.fail("infraComponents.dns.clusterName: required for DNS and the proxy (or set hostedClusterRef)");
         }
@@ -364,48 +482,81 @@ pub fn validate(
         }
     }
     let single_cluster = attached.is_empty() && cluster_name.is_some() && base_domain.is_some();
-    let mut waiting = Vec::new();
-    if proxy_spec.is_some() && attached.is_empty() && !legacy_named {
-        waiting.push((
-            Component::Proxy,
-            "no hosted cluster to route to: create an InfraClusterAttachment for this Infra (or set dns.clusterName and dns.baseDomain)".to_string(),
-        ));
+    Served {
+        cluster_name,
+        base_domain,
+        legacy_named,
+        single_cluster,
     }
+}
 
-    // Each enabled component's address, and how many replicas it runs.
-    let mut servers: Vec<(Component, &'static str, String)> = Vec::new();
-    let mut replica_counts: Vec<(Component, i32)> = Vec::new();
-    if let Some(d) = comps.dhcp_enabled() {
-        let path = "infraComponents.dhcp.serverIP";
-        if let Some(a) = server_address(&mut e, path, d.server_ip.as_deref(), cidr) {
-            servers.push((Component::Dhcp, path, a));
-        }
-        let n = replicas(&mut e, "infraComponents.dhcp.replicas", d.replicas);
-        replica_counts.push((Component::Dhcp, n));
-    }
-    if let Some(d) = dns_spec {
-        let path = "infraComponents.dns.serverIP";
-        if let Some(a) = server_address(&mut e, path, d.server_ip.as_deref(), cidr) {
-            servers.push((Component::Dns, path, a));
-        }
-        let n = replicas(&mut e, "infraComponents.dns.replicas", d.replicas);
-        replica_counts.push((Component::Dns, n));
-    }
-    if let Some(p) = proxy_spec {
-        let path = "infraComponents.proxy.serverIP";
-        if let Some(a) = server_address(&mut e, path, p.server_ip.as_deref(), cidr) {
-            servers.push((Component::Proxy, path, a));
-        }
-        let n = replicas(&mut e, "infraComponents.proxy.replicas", p.replicas);
-        replica_counts.push((Component::Proxy, n));
-    }
-    let replicas_of = |c: Component| {
-        replica_counts
+/// Each enabled component's address on the VLAN and replica count.
+struct Placed {
+    /// (component, the Infra path of its serverIP, the address), in the
+    /// order DHCP, DNS, proxy; a component whose address is wrong is left
+    /// out (its error is reported).
+    servers: Vec<(Component, &'static str, String)>,
+    replica_counts: Vec<(Component, i32)>,
+}
+
+impl Placed {
+    fn replicas_of(&self, c: Component) -> i32 {
+        self.replica_counts
             .iter()
             .find(|(k, _)| *k == c)
             .map_or(1, |(_, n)| *n)
+    }
+
+    fn address_of(&self, c: Component) -> Option<String> {
+        self.servers
+            .iter()
+            .find(|(k, _, _)| *k == c)
+            .map(|(_, _, a)| a.clone())
+    }
+}
+
+fn place_components(e: &mut Errors, spec: &InfraSpec, cidr: Ipv4Net, infra_name: &str) -> Placed {
+    let comps = &spec.infra_components;
+    let mut placed = Placed {
+        servers: Vec::new(),
+        replica_counts: Vec::new(),
     };
-    for (component, n) in &replica_counts {
+    let enabled = [
+        (
+            Component::Dhcp,
+            comps
+                .dhcp_enabled()
+                .map(|d| (d.server_ip.as_deref(), d.replicas)),
+        ),
+        (
+            Component::Dns,
+            comps
+                .dns_enabled()
+                .map(|d| (d.server_ip.as_deref(), d.replicas)),
+        ),
+        (
+            Component::Proxy,
+            comps
+                .proxy_enabled()
+                .map(|p| (p.server_ip.as_deref(), p.replicas)),
+        ),
+    ];
+    for (component, given) in enabled {
+        let Some((server_ip, replicas_given)) = given else {
+            continue;
+        };
+        let path = server_ip_path(component);
+        if let Some(a) = server_address(e, path, server_ip, Some(cidr)) {
+            placed.servers.push((component, path, a));
+        }
+        let n = replicas(
+            e,
+            &format!("infraComponents.{}.replicas", component.name()),
+            replicas_given,
+        );
+        placed.replica_counts.push((component, n));
+    }
+    for (component, n) in &placed.replica_counts {
         let workload = names::workload(infra_name, *component);
         // A StatefulSet labels its pods `<name>-<10-character hash>`, at
         // most 63 characters; its peers Service (`<name>-peers`, one DNS
@@ -417,19 +568,28 @@ pub fn validate(
             ));
         }
     }
-    let address_of = |c: Component| {
-        servers
-            .iter()
-            .find(|(k, _, _)| *k == c)
-            .map(|(_, _, a)| a.clone())
-    };
+    placed
+}
 
-    let internal_address = match proxy_spec.and_then(|p| internal_proxy_target(p, infra_namespace))
-    {
-        None => None,
-        Some(InternalProxyTarget::Address(ip)) => Some(ip),
-        Some(InternalProxyTarget::Service { namespace, name }) => match services(&namespace, &name)
-        {
+fn server_ip_path(component: Component) -> &'static str {
+    match component {
+        Component::Dhcp => "infraComponents.dhcp.serverIP",
+        Component::Dns => "infraComponents.dns.serverIP",
+        Component::Proxy => "infraComponents.proxy.serverIP",
+    }
+}
+
+/// The address the DNS gives clients off the VLAN for the proxy, from
+/// `internalProxyService`.
+fn internal_proxy_address(
+    e: &mut Errors,
+    proxy_spec: Option<&ProxySpec>,
+    infra_namespace: &str,
+    services: &dyn Fn(&str, &str) -> ServiceAddress,
+) -> Option<Ipv4Addr> {
+    match internal_proxy_target(proxy_spec?, infra_namespace)? {
+        InternalProxyTarget::Address(ip) => Some(ip),
+        InternalProxyTarget::Service { namespace, name } => match services(&namespace, &name) {
             ServiceAddress::ClusterIp(ip) => Some(ip),
             ServiceAddress::Missing => {
                 e.fail(format!(
@@ -444,50 +604,63 @@ pub fn validate(
                 None
             }
         },
-    };
-    let control_plane_namespaces: Vec<String> = match proxy_spec {
-        None => Vec::new(),
-        Some(_) if !attached.is_empty() => {
-            let mut all: Vec<String> = attached
-                .iter()
-                .map(|a| a.control_plane_namespace.clone())
-                .collect();
-            all.sort();
-            all.dedup();
-            all
-        }
-        Some(_) if single_cluster => {
-            vec![control_plane_namespace(spec, infra_namespace).unwrap_or_default()]
-        }
-        Some(_) => Vec::new(),
-    };
-    let control_plane_namespace = control_plane_namespaces
-        .first()
-        .cloned()
-        .filter(|_| single_cluster);
-    let ingress = single_cluster
-        && proxy_spec.is_some_and(|p| p.ingress_https.is_some() || p.ingress_http.is_some());
-    if !attached.is_empty()
-        && proxy_spec.is_some_and(|p| p.ingress_https.is_some() || p.ingress_http.is_some())
-    {
-        warnings.push("infraComponents.proxy.ingressHttps and ingressHttp are ignored: with InfraClusterAttachments each cluster's apps are its attachment's".to_string());
     }
-    let proxy_spec_for_config = proxy_spec.filter(|_| waiting.is_empty());
-    let external_proxy = proxy_spec_for_config.is_some() && attached.iter().any(|a| a.external);
+}
 
-    let routing = spec.routing.clone().unwrap_or_default();
-    let mut components = Vec::new();
-    let mut unplaced = Vec::new();
-    for (component, own_path, address) in &servers {
-        if *component == Component::Proxy && proxy_spec_for_config.is_none() {
-            continue;
-        }
+/// The namespaces of the control planes the proxy routes to: each
+/// attachment's, or the single cluster's.
+fn served_control_plane_namespaces(
+    spec: &InfraSpec,
+    infra_namespace: &str,
+    attached: &[Candidate],
+    single_cluster: bool,
+) -> Vec<String> {
+    if spec.infra_components.proxy_enabled().is_none() {
+        return Vec::new();
+    }
+    if !attached.is_empty() {
+        let mut all: Vec<String> = attached
+            .iter()
+            .map(|a| a.control_plane_namespace.clone())
+            .collect();
+        all.sort();
+        all.dedup();
+        return all;
+    }
+    if single_cluster {
+        return vec![control_plane_namespace(spec, infra_namespace).unwrap_or_default()];
+    }
+    Vec::new()
+}
+
+/// What every component's config is built from, settled once.
+struct Render<'a> {
+    spec: &'a InfraSpec,
+    infra_name: &'a str,
+    infra_namespace: &'a str,
+    cidr: Ipv4Net,
+    attached: &'a [Candidate],
+    placed: &'a Placed,
+    internal_address: Option<Ipv4Addr>,
+    /// The single cluster's `cluster` section.
+    cluster: Option<FileCluster>,
+    control_plane_namespace: Option<String>,
+    /// `*.apps` resolves to the proxy: it has an ingress to send it to.
+    ingress: bool,
+    external_proxy: bool,
+}
+
+impl Render<'_> {
+    /// The sections every component's config shares, and where each of
+    /// their paths comes from in the Infra.
+    fn common(&self, component: Component, own_path: &str, address: &str) -> (FileConfig, Origins) {
+        let net = &self.spec.network_config;
         let mut origins = Origins::new();
         origins.add("network.cidr", "networkConfig.cidr");
         origins.add("network.gateway", "networkConfig.gateway");
-        origins.add("network.address", *own_path);
+        origins.add("network.address", own_path);
         origins.add("cluster.name", "infraComponents.dns.clusterName");
-        for (i, a) in attached.iter().enumerate() {
+        for (i, a) in self.attached.iter().enumerate() {
             origins.add(
                 format!("clusters[{i}]"),
                 format!("InfraClusterAttachment {}", a.name),
@@ -497,12 +670,17 @@ pub fn validate(
         origins.add("routing.table", "routing.table");
         origins.add("routing.priority", "routing.priority");
         origins.add("routing.extraRoutes", "routing.extraRoutes");
-        let others: Vec<&(Component, &str, String)> =
-            servers.iter().filter(|(k, _, _)| k != component).collect();
+        let others: Vec<&(Component, &str, String)> = self
+            .placed
+            .servers
+            .iter()
+            .filter(|(k, _, _)| *k != component)
+            .collect();
         for (i, (_, path, _)) in others.iter().enumerate() {
             origins.add(format!("network.staticAddresses[{i}]"), *path);
         }
-        let mut file = FileConfig {
+        let routing = self.spec.routing.clone().unwrap_or_default();
+        let file = FileConfig {
             log: FileLog {
                 level: None,
                 format: Some("json".into()),
@@ -512,14 +690,9 @@ pub fn validate(
                 listen: Some(format!("0.0.0.0:{ADMIN_PORT}")),
                 interface: Some("eth0".into()),
             },
-            cluster: match (&cluster_name, &base_domain) {
-                (Some(name), Some(domain)) if single_cluster => Some(FileCluster {
-                    name: name.clone(),
-                    base_domain: domain.clone(),
-                }),
-                _ => None,
-            },
-            clusters: attached
+            cluster: self.cluster.clone(),
+            clusters: self
+                .attached
                 .iter()
                 .map(|a| FileServedCluster {
                     name: a.cluster_name.clone(),
@@ -538,7 +711,7 @@ pub fn validate(
                 interface: Some(VLAN_INTERFACE.into()),
                 cidr: net.cidr.trim().to_string(),
                 gateway: Some(net.gateway.trim().to_string()).filter(|g| !g.is_empty()),
-                address: Some(address.clone()),
+                address: Some(address.to_string()),
                 static_addresses: others.iter().map(|(_, _, a)| a.clone()).collect(),
             }),
             routing: Some(FileRouting {
@@ -553,221 +726,239 @@ pub fn validate(
             }),
             ..FileConfig::default()
         };
-        match component {
-            Component::Dhcp => {
-                let Some(d) = comps.dhcp_enabled() else {
-                    continue;
-                };
-                origins.add("dhcp.leaseTime", "infraComponents.dhcp.leaseTime");
-                origins.add(
-                    "dhcp.subnets[0].pools[0].start",
-                    "infraComponents.dhcp.rangeStart",
-                );
-                origins.add(
-                    "dhcp.subnets[0].pools[0].end",
-                    "infraComponents.dhcp.rangeEnd",
-                );
-                origins.add(
-                    "dhcp.subnets[0].pools[0]",
-                    "infraComponents.dhcp.rangeStart",
-                );
-                origins.add(
-                    "dhcp.subnets[0].reservations",
-                    "infraComponents.dhcp.reservations",
-                );
-                // Clients resolve through causeway DNS when it runs, else
-                // through the configured upstreams.
-                let dns_servers = match address_of(Component::Dns) {
-                    Some(dns) => {
-                        origins.add("dhcp.subnets[0].dnsServers", "infraComponents.dns.serverIP");
-                        vec![dns]
-                    }
-                    None => {
-                        origins.add("dhcp.subnets[0].dnsServers", "networkConfig.dnsServers");
-                        // "resolv.conf" is refused above: not said twice.
-                        net.dns_servers
-                            .iter()
-                            .filter(|d| d.trim() != causeway_config::SYSTEM_UPSTREAMS)
-                            .cloned()
-                            .collect()
-                    }
-                };
-                file.dhcp = Some(FileDhcp {
-                    enabled: true,
-                    listen: vec![FileDhcpListen {
-                        interface: Some(VLAN_INTERFACE.into()),
-                        address: None,
-                    }],
-                    lease_file: Some(format!("{LEASE_DIR}/dhcp-leases.jsonl")),
-                    lease_time: Some(FileDuration::Text(
-                        d.lease_time.clone().unwrap_or_else(|| "1h".into()),
-                    )),
-                    subnets: vec![FileSubnet {
-                        pools: vec![FileRange {
-                            start: d.range_start.clone().unwrap_or_default(),
-                            end: d.range_end.clone().unwrap_or_default(),
-                        }],
-                        dns_servers: (!dns_servers.is_empty()).then_some(dns_servers),
-                        reservations: d
-                            .reservations
-                            .iter()
-                            .map(|r| FileReservation {
-                                mac: Some(r.mac.clone()),
-                                client_id: None,
-                                ip: r.ip.trim().to_string(),
-                                hostname: r.hostname.clone(),
-                                options: Vec::new(),
-                            })
-                            .collect(),
-                        ..FileSubnet::default()
-                    }],
-                    ..FileDhcp::default()
-                });
-                if d.range_start.as_deref().is_none_or(|s| s.trim().is_empty()) {
-                    e.fail(
-                        "infraComponents.dhcp.rangeStart: required when the component is enabled",
-                    );
-                }
-                if d.range_end.as_deref().is_none_or(|s| s.trim().is_empty()) {
-                    e.fail("infraComponents.dhcp.rangeEnd: required when the component is enabled");
-                }
+        (file, origins)
+    }
+
+    fn dhcp(&self, e: &mut Errors, file: &mut FileConfig, origins: &mut Origins, d: &DhcpSpec) {
+        let net = &self.spec.network_config;
+        origins.add("dhcp.leaseTime", "infraComponents.dhcp.leaseTime");
+        origins.add(
+            "dhcp.subnets[0].pools[0].start",
+            "infraComponents.dhcp.rangeStart",
+        );
+        origins.add(
+            "dhcp.subnets[0].pools[0].end",
+            "infraComponents.dhcp.rangeEnd",
+        );
+        origins.add(
+            "dhcp.subnets[0].pools[0]",
+            "infraComponents.dhcp.rangeStart",
+        );
+        origins.add(
+            "dhcp.subnets[0].reservations",
+            "infraComponents.dhcp.reservations",
+        );
+        // Clients resolve through causeway DNS when it runs, else
+        // through the configured upstreams.
+        let dns_servers = match self.placed.address_of(Component::Dns) {
+            Some(dns) => {
+                origins.add("dhcp.subnets[0].dnsServers", "infraComponents.dns.serverIP");
+                vec![dns]
             }
-            Component::Dns => {
-                let Some(d) = dns_spec else { continue };
-                origins.add("dns.listen[0]", "infraComponents.dns.serverIP");
-                origins.add("dns.proxyAddress", "infraComponents.proxy.serverIP");
-                origins.add("dns.upstreams", "networkConfig.dnsServers");
-                origins.add("dns.records", "infraComponents.dns.records");
-                origins.add(
-                    "dns.views[1].proxyAddress",
-                    "infraComponents.proxy.internalProxyService",
-                );
-                let proxy = address_of(Component::Proxy);
-                // *.apps resolves to the proxy only when the proxy has an
-                // ingress to send it to.
-                let apps = proxy.clone().filter(|_| ingress);
-                let views = match internal_address {
-                    // Split horizon: the VLAN gets the proxy's VLAN address,
-                    // every other client the internal one.
-                    Some(internal) => vec![
-                        FileView {
-                            name: "vlan".into(),
-                            clients: vec![net.cidr.trim().to_string()],
-                            ingress_address: apps.clone(),
-                            ..FileView::default()
-                        },
-                        FileView {
-                            name: "internal".into(),
-                            clients: vec!["0.0.0.0/0".into()],
-                            proxy_address: Some(internal.to_string()),
-                            ..FileView::default()
-                        },
-                    ],
-                    None => Vec::new(),
-                };
-                file.dns = Some(FileDns {
-                    enabled: true,
-                    listen: vec![format!("{address}:53")],
-                    proxy_address: proxy,
-                    ingress_address: if views.is_empty() { apps } else { None },
-                    upstreams: net.dns_servers.clone(),
-                    records: d
-                        .records
-                        .iter()
-                        .map(|r| FileRecord {
-                            name: r.name.clone(),
-                            kind: r.kind.clone(),
-                            value: r.value.clone(),
-                            ttl: None,
-                        })
-                        .collect(),
-                    views,
-                    ..FileDns::default()
-                });
+            None => {
+                origins.add("dhcp.subnets[0].dnsServers", "networkConfig.dnsServers");
+                // "resolv.conf" is refused by check_dns_servers: not said
+                // twice.
+                net.dns_servers
+                    .iter()
+                    .filter(|d| d.trim() != causeway_config::SYSTEM_UPSTREAMS)
+                    .cloned()
+                    .collect()
             }
-            Component::Proxy => {
-                let Some(p) = proxy_spec else { continue };
-                origins.add("proxy.listenAddress", "infraComponents.proxy.serverIP");
-                origins.add(
-                    "proxy.controlPlaneNamespace",
-                    "infraComponents.proxy.controlPlaneNamespace",
-                );
-                origins.add(
-                    "proxy.apiServerService",
-                    "infraComponents.proxy.apiServerService",
-                );
-                origins.add("proxy.ingressHttps", "infraComponents.proxy.ingressHttps");
-                origins.add("proxy.ingressHttp", "infraComponents.proxy.ingressHttp");
-                origins.add("proxy.extraListeners", "infraComponents.proxy.extraRoutes");
-                file.proxy = Some(FileProxy {
-                    enabled: true,
-                    listen_address: Some(address.clone()),
-                    control_plane_namespace: control_plane_namespace.clone(),
-                    api_server_service: p.api_server_service.clone(),
-                    ingress_https: p.ingress_https.clone(),
-                    ingress_http: p.ingress_http.clone(),
-                    external_port: external_proxy
-                        .then_some(super::plan::EXTERNAL_PROXY_PORT as u16),
-                    extra_listeners: p
-                        .extra_routes
-                        .iter()
-                        .map(|r| causeway_config::FileListener {
-                            port: r.port,
-                            upstream: Some(r.upstream.clone()),
-                            ..causeway_config::FileListener::default()
-                        })
-                        .collect(),
-                    ..FileProxy::default()
-                });
-            }
+        };
+        file.dhcp = Some(FileDhcp {
+            enabled: true,
+            listen: vec![FileDhcpListen {
+                interface: Some(VLAN_INTERFACE.into()),
+                address: None,
+            }],
+            lease_file: Some(format!("{LEASE_DIR}/dhcp-leases.jsonl")),
+            lease_time: Some(FileDuration::Text(
+                d.lease_time.clone().unwrap_or_else(|| "1h".into()),
+            )),
+            subnets: vec![FileSubnet {
+                pools: vec![FileRange {
+                    start: d.range_start.clone().unwrap_or_default(),
+                    end: d.range_end.clone().unwrap_or_default(),
+                }],
+                dns_servers: (!dns_servers.is_empty()).then_some(dns_servers),
+                reservations: d
+                    .reservations
+                    .iter()
+                    .map(|r| FileReservation {
+                        mac: Some(r.mac.clone()),
+                        client_id: None,
+                        ip: r.ip.trim().to_string(),
+                        hostname: r.hostname.clone(),
+                        options: Vec::new(),
+                    })
+                    .collect(),
+                ..FileSubnet::default()
+            }],
+            ..FileDhcp::default()
+        });
+        if d.range_start.as_deref().is_none_or(|s| s.trim().is_empty()) {
+            e.fail("infraComponents.dhcp.rangeStart: required when the component is enabled");
         }
-        let replicas = replicas_of(*component);
-        if replicas > 1 {
-            if let Some(net) = cidr {
-                origins.add("ha.addresses", *own_path);
-                origins.add(
-                    "ha",
-                    format!("infraComponents.{}.replicas", component.name()),
-                );
-                file.ha = Some(ha_section(
-                    infra_name,
-                    infra_namespace,
-                    *component,
-                    format!("{address}/{}", net.prefix_len()),
-                ));
-            }
-        }
-        // The pod loads exactly this text: check it the way the pod will.
-        let text = config_yaml(&file);
-        match Config::from_yaml(&text) {
-            Ok(config) => {
-                if let Some(server_ip) = config.network.as_ref().and_then(|n| n.address) {
-                    components.push(ComponentPlan {
-                        component: *component,
-                        server_ip,
-                        replicas,
-                        config_text: text,
-                    });
-                }
-            }
-            Err(errors) => {
-                for err in errors.0 {
-                    let path = origins.infra_path(&err.path);
-                    let message = format!("{path}: {}", origins.infra_message(&err.message));
-                    // A complaint about a part of the config no Infra field
-                    // fills is a consequence of an error already reported.
-                    if origins.knows(&err.path) {
-                        e.fail(message);
-                    } else {
-                        unplaced.push(message);
-                    }
-                }
-            }
+        if d.range_end.as_deref().is_none_or(|s| s.trim().is_empty()) {
+            e.fail("infraComponents.dhcp.rangeEnd: required when the component is enabled");
         }
     }
 
+    fn dns(&self, file: &mut FileConfig, origins: &mut Origins, d: &DnsSpec, address: &str) {
+        let net = &self.spec.network_config;
+        origins.add("dns.listen[0]", "infraComponents.dns.serverIP");
+        origins.add("dns.proxyAddress", "infraComponents.proxy.serverIP");
+        origins.add("dns.upstreams", "networkConfig.dnsServers");
+        origins.add("dns.records", "infraComponents.dns.records");
+        origins.add(
+            "dns.views[1].proxyAddress",
+            "infraComponents.proxy.internalProxyService",
+        );
+        let proxy = self.placed.address_of(Component::Proxy);
+        let apps = proxy.clone().filter(|_| self.ingress);
+        let views = match self.internal_address {
+            // Split horizon: the VLAN gets the proxy's VLAN address,
+            // every other client the internal one.
+            Some(internal) => vec![
+                FileView {
+                    name: "vlan".into(),
+                    clients: vec![net.cidr.trim().to_string()],
+                    ingress_address: apps.clone(),
+                    ..FileView::default()
+                },
+                FileView {
+                    name: "internal".into(),
+                    clients: vec!["0.0.0.0/0".into()],
+                    proxy_address: Some(internal.to_string()),
+                    ..FileView::default()
+                },
+            ],
+            None => Vec::new(),
+        };
+        file.dns = Some(FileDns {
+            enabled: true,
+            listen: vec![format!("{address}:53")],
+            proxy_address: proxy,
+            ingress_address: if views.is_empty() { apps } else { None },
+            upstreams: net.dns_servers.clone(),
+            records: d
+                .records
+                .iter()
+                .map(|r| FileRecord {
+                    name: r.name.clone(),
+                    kind: r.kind.clone(),
+                    value: r.value.clone(),
+                    ttl: None,
+                })
+                .collect(),
+            views,
+            ..FileDns::default()
+        });
+    }
+
+    /// Two replicas: the `ha` section, `address` moving between them.
+    fn ha(
+        &self,
+        file: &mut FileConfig,
+        origins: &mut Origins,
+        component: Component,
+        own_path: &str,
+        address: &str,
+    ) {
+        origins.add("ha.addresses", own_path);
+        origins.add(
+            "ha",
+            format!("infraComponents.{}.replicas", component.name()),
+        );
+        file.ha = Some(ha_section(
+            self.infra_name,
+            self.infra_namespace,
+            component,
+            format!("{address}/{}", self.cidr.prefix_len()),
+        ));
+    }
+
+    fn proxy(&self, file: &mut FileConfig, origins: &mut Origins, p: &ProxySpec, address: &str) {
+        origins.add("proxy.listenAddress", "infraComponents.proxy.serverIP");
+        origins.add(
+            "proxy.controlPlaneNamespace",
+            "infraComponents.proxy.controlPlaneNamespace",
+        );
+        origins.add(
+            "proxy.apiServerService",
+            "infraComponents.proxy.apiServerService",
+        );
+        origins.add("proxy.ingressHttps", "infraComponents.proxy.ingressHttps");
+        origins.add("proxy.ingressHttp", "infraComponents.proxy.ingressHttp");
+        origins.add("proxy.extraListeners", "infraComponents.proxy.extraRoutes");
+        file.proxy = Some(FileProxy {
+            enabled: true,
+            listen_address: Some(address.to_string()),
+            control_plane_namespace: self.control_plane_namespace.clone(),
+            api_server_service: p.api_server_service.clone(),
+            ingress_https: p.ingress_https.clone(),
+            ingress_http: p.ingress_http.clone(),
+            external_port: self
+                .external_proxy
+                .then_some(super::plan::EXTERNAL_PROXY_PORT as u16),
+            extra_listeners: p
+                .extra_routes
+                .iter()
+                .map(|r| causeway_config::FileListener {
+                    port: r.port,
+                    upstream: Some(r.upstream.clone()),
+                    ..causeway_config::FileListener::default()
+                })
+                .collect(),
+            ..FileProxy::default()
+        });
+    }
+}
+
+/// The pod loads exactly this text: it is checked the way the pod will
+/// check it, each complaint put in Infra terms. A complaint about a part of
+/// the config no Infra field fills is a consequence of an error already
+/// reported, kept in `unplaced` in case none was.
+fn checked(
+    e: &mut Errors,
+    unplaced: &mut Vec<String>,
+    component: Component,
+    replicas: i32,
+    file: &FileConfig,
+    origins: &Origins,
+) -> Option<ComponentPlan> {
+    let text = config_yaml(file);
+    match Config::from_yaml(&text) {
+        Ok(config) => {
+            let server_ip = config.network.as_ref().and_then(|n| n.address)?;
+            Some(ComponentPlan {
+                component,
+                server_ip,
+                replicas,
+                config_text: text,
+            })
+        }
+        Err(errors) => {
+            for err in errors.0 {
+                let path = origins.infra_path(&err.path);
+                let message = format!("{path}: {}", origins.infra_message(&err.message));
+                if origins.knows(&err.path) {
+                    e.fail(message);
+                } else {
+                    unplaced.push(message);
+                }
+            }
+            None
+        }
+    }
+}
+
+/// The Go operator's image fields: accepted, and said to be ignored.
+fn ignored_images(spec: &InfraSpec) -> Vec<String> {
+    let comps = &spec.infra_components;
     let proxy_set = |f: fn(&ProxySpec) -> bool| comps.proxy.as_ref().is_some_and(f);
-    for (path, set) in [
+    [
         (
             "infraComponents.dhcp.image",
             comps.dhcp.as_ref().is_some_and(|d| d.image.is_some()),
@@ -788,34 +979,11 @@ pub fn validate(
             "infraComponents.proxy.managerImage",
             proxy_set(|p| p.manager_image.is_some()),
         ),
-    ] {
-        if set {
-            warnings.push(format!(
-                "{path} is ignored: every component runs the operator's causeway image"
-            ));
-        }
-    }
-
-    if e.0.is_empty() {
-        for message in unplaced {
-            e.fail(message);
-        }
-    }
-    let Some(cidr) = cidr else {
-        return Err(e.0);
-    };
-    let network = match network {
-        Ok(n) if e.0.is_empty() => n,
-        _ => return Err(e.0),
-    };
-    Ok(Plan {
-        cidr,
-        nad_name: network.nad_name,
-        nad_namespace: network.nad_namespace,
-        components,
-        control_plane_namespaces,
-        waiting,
-        warnings,
-        external_proxy,
+    ]
+    .into_iter()
+    .filter(|(_, set)| *set)
+    .map(|(path, _)| {
+        format!("{path} is ignored: every component runs the operator's causeway image")
     })
+    .collect()
 }
