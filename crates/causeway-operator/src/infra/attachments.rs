@@ -32,8 +32,9 @@ use crate::k8s::MANAGED_BY;
 /// MetalLB's annotation choosing the pool a LoadBalancer's address comes
 /// from.
 pub const METALLB_POOL_ANNOTATION: &str = "metallb.universe.tf/address-pool";
-use super::controller::{attachments_of, infras_of_namespace};
+use super::controller::infras_of_namespace;
 use super::crd::Infra;
+use super::observe::attachments_of;
 use super::plan::Owner;
 use super::render;
 use crate::error::Error;

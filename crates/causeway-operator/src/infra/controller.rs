@@ -1,14 +1,15 @@
 //! The Infra controller, in three steps per reconcile:
 //! - observe: the Infra comes from the controller's reflector store, what it
-//!   owns from the watch-fed [`index`](crate::index); the few foreign
+//!   owns from the watch-fed indexes ([`super::context`]); the few foreign
 //!   objects it names (its HostedCluster, NetworkAttachmentDefinition,
-//!   internal proxy Service, and the policy in the control-plane namespace)
-//!   are read;
+//!   internal proxy Service: [`super::observe`], and the policy in the
+//!   control-plane namespace) are read;
 //! - render: [`validate`] then [`render`], pure functions of the above;
-//! - apply: server-side apply under one field manager, only for objects
-//!   whose live state differs from the rendering ([`drift`]), so a reconcile
-//!   in steady state reads and writes nothing. Status is applied to `/status` the
-//!   same way, and only when it changed.
+//! - apply: server-side apply under one field manager, one component at a
+//!   time ([`super::components`]), only for objects whose live state differs
+//!   from the rendering ([`drift`]), so a reconcile in steady state reads
+//!   and writes nothing. Status is applied to `/status` the same way, and
+//!   only when it changed.
 //!
 //! A finalizer removes what owner references cannot reach: the
 //! NetworkPolicy in the control-plane namespace.
@@ -25,7 +26,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DynamicObject};
@@ -37,24 +38,25 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 
-use super::attachment::{self, Aggregate, InfraClusterAttachment};
+use super::attachment::{self, InfraClusterAttachment};
+use super::components::{component_state, disruption_budget_resource};
+use super::context::{Context, Indexes};
 use super::crd::{AttachmentCounts, ComponentStatus, Infra, InfraStatus, ReplicaStatus};
-use super::plan::{Component, Owner, Settings, MAX_REPLICAS};
+use super::observe::{attachments_of, hosted_cluster, network_attachment, service_address};
+use super::plan::{Component, Owner, Settings};
 use super::pod_monitors::PodMonitors;
-use super::render::{self, ComponentObjects, HaObjects, Rendered, Workload};
+use super::render::{self, Rendered};
 use super::status::{self, AttachmentsSeen, ComponentState, Observed};
-use super::validate::{self, HostedClusterFacts, InternalProxyTarget, ServiceAddress};
+use super::validate::{self, InternalProxyTarget, ServiceAddress};
 use crate::error::Error;
-use crate::k8s::apply::{api_message, not_found, Applier, Noise, OnMissing};
+use crate::k8s::apply::{not_found, Applier, Noise, OnMissing};
 use crate::k8s::conditions;
 use crate::k8s::events::publish_about;
 use crate::k8s::finalizer as finalizers;
-use crate::k8s::index::{Index, Owned, WorkloadFacts};
 use crate::k8s::metrics::{OperatorMetrics, ReconcileTimer};
-use crate::k8s::resources::{hosted_cluster_resource, machine_resource, nad_resource, resource};
+use crate::k8s::resources::machine_resource;
 use crate::k8s::watch::{
-    cached, cached_optional, owned, owned_dynamic, touched, Everywhere, OptionalKind,
-    OptionalStore, Scope,
+    cached, cached_optional, owned, owned_dynamic, touched, Everywhere, OptionalKind, Scope,
 };
 
 /// Removes the control-plane NetworkPolicy before the Infra goes.
@@ -62,216 +64,6 @@ pub const FINALIZER: &str = "causeway.io/cleanup";
 const CONTROLLER: &str = "infra";
 /// Reconciles in flight at once, per watched namespace scope.
 pub const RECONCILE_CONCURRENCY: u16 = 32;
-
-/// What the reconciler reads from: one index per kind it owns, all limited
-/// to the watched namespace (or all) and to objects it made.
-#[derive(Clone, Default)]
-pub struct Indexes {
-    pub config_maps: Index,
-    pub deployments: Index,
-    pub stateful_sets: Index,
-    pub service_accounts: Index,
-    pub services: Index,
-    pub network_policies: Index,
-    pub leases: Index,
-    pub disruption_budgets: Index,
-    pub roles: Index,
-    pub role_bindings: Index,
-}
-
-impl Indexes {
-    /// Whether every watch has delivered its first list: until then a
-    /// missing entry may only be one not listed yet.
-    pub fn ready(&self) -> bool {
-        [
-            &self.config_maps,
-            &self.deployments,
-            &self.stateful_sets,
-            &self.service_accounts,
-            &self.services,
-            &self.network_policies,
-            &self.leases,
-            &self.disruption_budgets,
-            &self.roles,
-            &self.role_bindings,
-        ]
-        .iter()
-        .all(|i| i.ready())
-    }
-}
-
-pub struct Context {
-    pub client: Client,
-    pub applier: Applier,
-    pub settings: Settings,
-    pub indexes: Indexes,
-    pub recorder: Option<Recorder>,
-    pub metrics: Option<OperatorMetrics>,
-    /// PodDisruptionBudgets in the version the API server serves.
-    pub disruption_budget: ApiResource,
-    /// PodMonitors, when they are asked for and the API server serves them.
-    pub pod_monitors: PodMonitors,
-    /// The replicas' key Secrets known to exist: the operator may create
-    /// and delete Secrets but not read them, so it remembers.
-    pub ha_keys: Mutex<HashSet<(String, String)>>,
-    /// Every InfraClusterAttachment in scope.
-    pub attachments: OptionalStore<InfraClusterAttachment>,
-    /// Every Cluster API Machine in scope (empty while the kind is not
-    /// served).
-    pub machines: Everywhere,
-}
-
-/// Every address of every Machine in `ns`.
-pub fn machine_addresses(machines: &Everywhere, ns: &str) -> Vec<String> {
-    machines
-        .state()
-        .iter()
-        .filter(|m| m.metadata.namespace.as_deref() == Some(ns))
-        .filter_map(|m| m.data.pointer("/status/addresses")?.as_array().cloned())
-        .flatten()
-        .filter_map(|a| a.get("address")?.as_str().map(str::to_string))
-        .collect()
-}
-
-/// The attachments naming `infra`, not being deleted, decided over; each
-/// with the worker addresses its cluster's Machines report.
-pub fn attachments_of(
-    store: &Store<InfraClusterAttachment>,
-    machines: &Everywhere,
-    infra: &Infra,
-) -> Aggregate {
-    let ns = infra.namespace().unwrap_or_default();
-    let name = infra.name_any();
-    let cidr = infra
-        .spec
-        .network_config
-        .cidr
-        .trim()
-        .parse::<ipnet::Ipv4Net>()
-        .ok()
-        .map(|n| n.trunc());
-    let mine = store
-        .state()
-        .into_iter()
-        .filter(|a| {
-            a.namespace().as_deref() == Some(ns.as_str())
-                && a.spec.infra_ref.name == name
-                && a.metadata.deletion_timestamp.is_none()
-        })
-        .map(|a| {
-            let n = a.name_any();
-            let c = attachment::candidate(&n, &a.spec, cidr).map(|mut c| {
-                let found = machine_addresses(machines, &c.control_plane_namespace);
-                attachment::add_discovered(&mut c, found.iter().map(String::as_str), cidr);
-                c.apps = super::apps_ingress::ready_endpoint(
-                    a.spec.apps_ingress.as_ref(),
-                    a.status
-                        .as_ref()
-                        .and_then(|s| s.apps_ingress_status.as_ref()),
-                );
-                c
-            });
-            (n, c)
-        })
-        .collect();
-    attachment::aggregate(mine)
-}
-
-/// What a referenced HostedCluster says, or why it could not be read. A
-/// HostedCluster that is there but malformed gives what could be read.
-async fn hosted_cluster(
-    client: &Client,
-    infra: &Infra,
-    ns: &str,
-) -> Result<Option<HostedClusterFacts>, String> {
-    let Some(r) = &infra.spec.hosted_cluster_ref else {
-        return Ok(None);
-    };
-    let hc_ns = r.namespace.clone().unwrap_or_else(|| ns.to_string());
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &hc_ns, &hosted_cluster_resource());
-    match api.get_opt(&r.name).await {
-        Ok(Some(hc)) => {
-            let object = serde_json::to_value(&hc).unwrap_or_default();
-            Ok(Some(HostedClusterFacts {
-                name: r.name.clone(),
-                namespace: hc_ns,
-                ..HostedClusterFacts::from_object(&object)
-            }))
-        }
-        Ok(None) => Err(format!(
-            "hostedClusterRef: HostedCluster {hc_ns}/{} not found",
-            r.name
-        )),
-        Err(e) => Err(format!(
-            "hostedClusterRef: reading HostedCluster {hc_ns}/{}: {}",
-            r.name,
-            api_message(&e)
-        )),
-    }
-}
-
-/// Whether the NetworkAttachmentDefinition is there: `Err` says why not.
-async fn network_attachment(client: &Client, ns: &str, name: &str) -> Result<(), String> {
-    let nads: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &nad_resource());
-    match nads.get_opt(name).await {
-        Ok(Some(_)) => Ok(()),
-        Ok(None) => Err(format!("NetworkAttachmentDefinition {ns}/{name} not found")),
-        Err(e) => Err(format!(
-            "NetworkAttachmentDefinition {ns}/{name}: {}",
-            api_message(&e)
-        )),
-    }
-}
-
-/// The Service `internalProxyService` names, read live (it is not ours,
-/// so not in a store; its changes still trigger a reconcile).
-async fn service_address(client: &Client, ns: &str, name: &str) -> Result<ServiceAddress, Error> {
-    let api: Api<Service> = Api::namespaced(client.clone(), ns);
-    Ok(match api.get_opt(name).await? {
-        None => ServiceAddress::Missing,
-        Some(svc) => svc
-            .spec
-            .and_then(|s| s.cluster_ip)
-            .and_then(|ip| ip.parse().ok())
-            .map_or(ServiceAddress::NoClusterIp, ServiceAddress::ClusterIp),
-    })
-}
-
-fn workload_state(w: Option<WorkloadFacts>, component: Component) -> ComponentState {
-    let pods = component.name();
-    // One message for every way of not being ready (no workload yet, a
-    // workload controller that has not caught up, a pod starting), so
-    // status is not rewritten for each step of a rollout.
-    match w {
-        Some(f) if f.observed_generation >= f.generation && f.updated && f.ready_replicas >= 1 => {
-            ComponentState::Ready
-        }
-        _ => ComponentState::NotReady(format!("0 of 1 {pods} pods ready and up to date")),
-    }
-}
-
-/// Two replicas: ready when both are ready on the latest template; while
-/// one is, the component serves without a standby (degraded, not down),
-/// whatever the workload controller is doing.
-pub fn replicated_state(w: Option<WorkloadFacts>, component: Component) -> ComponentState {
-    let pods = component.name();
-    match w {
-        Some(f)
-            if f.observed_generation >= f.generation
-                && f.updated
-                && f.ready_replicas >= MAX_REPLICAS =>
-        {
-            ComponentState::Ready
-        }
-        Some(f) if f.ready_replicas >= 1 => ComponentState::Degraded(format!(
-            "{pods} serves from one replica: the other is not ready or not up to date, so there is no standby"
-        )),
-        _ => ComponentState::NotReady(format!(
-            "0 of {MAX_REPLICAS} {pods} pods ready and up to date"
-        )),
-    }
-}
 
 /// One pass over one Infra, wrapped in the finalizer.
 pub async fn reconcile(infra: Arc<Infra>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -576,167 +368,6 @@ async fn apply_rendered(
     ])
 }
 
-/// One component's objects applied, config first, or removed when it is
-/// disabled; its state as the workload's status shows it.
-async fn component_state(
-    ctx: &Context,
-    owner: &Owner,
-    component: Component,
-    objects: Option<ComponentObjects>,
-) -> Result<(ComponentState, Option<ReplicaStatus>), Error> {
-    let s = &ctx.indexes;
-    let ns = owner.namespace.as_str();
-    let name = render::object_name(owner, component);
-    let Some(objects) = objects else {
-        ctx.applier
-            .remove::<ConfigMap>(
-                &s.config_maps,
-                ns,
-                &render::config_map_name(owner, component),
-            )
-            .await?;
-        // Either kind: DNS and the proxy are StatefulSets with two replicas.
-        ctx.applier
-            .remove::<StatefulSet>(&s.stateful_sets, ns, &name)
-            .await?;
-        ctx.applier
-            .remove::<Deployment>(&s.deployments, ns, &name)
-            .await?;
-        if component == Component::Dns {
-            ctx.applier
-                .remove::<Service>(&s.services, ns, &name)
-                .await?;
-        }
-        Box::pin(remove_ha(ctx, owner, component)).await?;
-        return Ok((ComponentState::Disabled, None));
-    };
-
-    // A workload of another kind or shape goes first, with its pods;
-    // until it has, nothing of the component changes.
-    let replacing = match &objects.workload {
-        Workload::StatefulSet(set) => {
-            let stale_shape = s
-                .stateful_sets
-                .get(ns, &name)
-                .is_some_and(|seen| seen.shape != set.shape());
-            if stale_shape {
-                ctx.applier
-                    .remove_foreground::<StatefulSet>(&s.stateful_sets, ns, &name)
-                    .await?;
-            }
-            ctx.applier
-                .remove_foreground::<Deployment>(&s.deployments, ns, &name)
-                .await?;
-            stale_shape || s.deployments.get(ns, &name).is_some()
-        }
-        Workload::Deployment(_) => {
-            ctx.applier
-                .remove_foreground::<StatefulSet>(&s.stateful_sets, ns, &name)
-                .await?;
-            s.stateful_sets.get(ns, &name).is_some()
-        }
-    };
-    if replacing {
-        return Ok((
-            ComponentState::NotReady(format!(
-                "replacing the {} workload: its old pods go before the new ones start",
-                component.name()
-            )),
-            None,
-        ));
-    }
-
-    ctx.applier
-        .ensure_indexed(&s.config_maps, objects.config)
-        .await?;
-    if let Some(service) = objects.service {
-        ctx.applier.ensure_indexed(&s.services, service).await?;
-    }
-    let replicated = objects.ha.is_some();
-    match objects.ha {
-        Some(ha) => Box::pin(ensure_ha(ctx, owner, component, ha)).await?,
-        None => Box::pin(remove_ha(ctx, owner, component)).await?,
-    }
-    let facts = match objects.workload {
-        Workload::StatefulSet(set) => {
-            ctx.applier.ensure_indexed(&s.stateful_sets, set).await?;
-            s.stateful_sets.get(ns, &name).and_then(|w| w.workload)
-        }
-        Workload::Deployment(d) => {
-            ctx.applier.ensure_indexed(&s.deployments, d).await?;
-            s.deployments.get(ns, &name).and_then(|w| w.workload)
-        }
-    };
-    if !replicated {
-        return Ok((workload_state(facts, component), None));
-    }
-    let replicas = ReplicaStatus {
-        replicas: MAX_REPLICAS,
-        ready_replicas: facts.map_or(0, |f| f.ready_replicas),
-        active_replica: s
-            .leases
-            .get(ns, &render::lease_name(owner, component))
-            .and_then(|l| l.holder),
-    };
-    Ok((replicated_state(facts, component), Some(replicas)))
-}
-
-/// What two replicas need beside their workload, the identity before what
-/// it is granted. The key is made once: asked for again only while the
-/// replicas are not both ready, as a key Secret deleted by hand keeps new
-/// pods from starting.
-async fn ensure_ha(
-    ctx: &Context,
-    owner: &Owner,
-    component: Component,
-    ha: HaObjects,
-) -> Result<(), Error> {
-    let s = &ctx.indexes;
-    let ns = owner.namespace.as_str();
-    let HaObjects {
-        peers,
-        disruption_budget,
-        lease,
-        service_account,
-        role,
-        role_binding,
-    } = ha;
-    ctx.applier
-        .ensure_indexed(&s.service_accounts, service_account)
-        .await?;
-    ctx.applier.ensure_indexed(&s.leases, lease).await?;
-    ctx.applier.ensure_indexed(&s.roles, role).await?;
-    ctx.applier
-        .ensure_indexed(&s.role_bindings, role_binding)
-        .await?;
-    ctx.applier.ensure_indexed(&s.services, peers).await?;
-    let budget = disruption_budget_object(&ctx.disruption_budget, &disruption_budget)?;
-    ctx.applier
-        .ensure_indexed_dynamic(&s.disruption_budgets, &ctx.disruption_budget, budget)
-        .await?;
-
-    let key = (ns.to_string(), render::ha_key_name(owner, component));
-    let both_ready = s
-        .stateful_sets
-        .get(ns, &render::object_name(owner, component))
-        .and_then(|w| w.workload)
-        .is_some_and(|f| f.ready_replicas >= MAX_REPLICAS);
-    if both_ready && known_key(ctx, &key) {
-        return Ok(());
-    }
-    ctx.applier
-        .create_absent(&render::ha_key(owner, component, rand::random()))
-        .await?;
-    if let Ok(mut keys) = ctx.ha_keys.lock() {
-        keys.insert(key);
-    }
-    Ok(())
-}
-
-fn known_key(ctx: &Context, key: &(String, String)) -> bool {
-    ctx.ha_keys.lock().is_ok_and(|keys| keys.contains(key))
-}
-
 /// The Infra's PodMonitor, read first so an unchanged one is not applied
 /// again. Owned by the Infra: garbage collection removes it.
 async fn ensure_pod_monitor(
@@ -751,80 +382,6 @@ async fn ensure_pod_monitor(
     let live = api.get_opt(&render::pod_monitor_name(owner)).await?;
     ctx.applier.ensure_dynamic(resource, desired, live).await?;
     Ok(())
-}
-
-/// The budget as the version the API server serves: v1 and v1beta1 have
-/// the same fields for what is set here.
-fn disruption_budget_object(
-    resource: &ApiResource,
-    budget: &k8s_openapi::api::policy::v1::PodDisruptionBudget,
-) -> Result<DynamicObject, Error> {
-    let mut value = serde_json::to_value(budget).map_err(|e| Error::Render(e.to_string()))?;
-    value["apiVersion"] = resource.api_version.clone().into();
-    value["kind"] = resource.kind.clone().into();
-    serde_json::from_value(value).map_err(|e| Error::Render(e.to_string()))
-}
-
-/// Removes what only two replicas have, once they are gone: the key first
-/// (the operator cannot see it; the others say whether there is anything
-/// to remove) and the Lease last, so an interrupted removal is taken up
-/// again.
-async fn remove_ha(ctx: &Context, owner: &Owner, component: Component) -> Result<(), Error> {
-    let s = &ctx.indexes;
-    let ns = owner.namespace.as_str();
-    let identity = render::ha_identity_name(owner, component);
-    let peers = render::peers_name(owner, component);
-    let workload = render::object_name(owner, component);
-    let lease = render::lease_name(owner, component);
-    let any = s.leases.get(ns, &lease).is_some()
-        || s.roles.get(ns, &identity).is_some()
-        || s.role_bindings.get(ns, &identity).is_some()
-        || s.service_accounts.get(ns, &identity).is_some()
-        || s.services.get(ns, &peers).is_some()
-        || s.disruption_budgets.get(ns, &workload).is_some();
-    if !any {
-        return Ok(());
-    }
-    let key = render::ha_key_name(owner, component);
-    ctx.applier.remove_unindexed::<Secret>(ns, &key).await?;
-    if let Ok(mut keys) = ctx.ha_keys.lock() {
-        keys.remove(&(ns.to_string(), key));
-    }
-    ctx.applier
-        .remove_dynamic(&s.disruption_budgets, &ctx.disruption_budget, ns, &workload)
-        .await?;
-    ctx.applier
-        .remove::<Service>(&s.services, ns, &peers)
-        .await?;
-    ctx.applier
-        .remove::<RoleBinding>(&s.role_bindings, ns, &identity)
-        .await?;
-    ctx.applier.remove::<Role>(&s.roles, ns, &identity).await?;
-    ctx.applier
-        .remove::<ServiceAccount>(&s.service_accounts, ns, &identity)
-        .await?;
-    ctx.applier.remove::<Lease>(&s.leases, ns, &lease).await?;
-    Ok(())
-}
-
-/// The PodDisruptionBudget API the server serves: policy/v1 from 1.21,
-/// policy/v1beta1 before (1.20, which the operator still supports).
-async fn disruption_budget_resource(client: &Client) -> ApiResource {
-    if crate::k8s::watch::served_eventually(client, "policy/v1", "poddisruptionbudgets").await {
-        return resource(
-            "policy",
-            "v1",
-            "PodDisruptionBudget",
-            "poddisruptionbudgets",
-        );
-    }
-    tracing::info!("no policy/v1 PodDisruptionBudgets: using policy/v1beta1");
-    resource(
-        "policy",
-        "v1beta1",
-        "PodDisruptionBudget",
-        "poddisruptionbudgets",
-    )
 }
 
 async fn write_status(ctx: &Context, infra: &Infra, observed: &Observed) -> Result<(), Error> {
@@ -1057,59 +614,4 @@ pub async fn run(
             }
         })
         .await;
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-
-    fn facts(ready: i32, updated: bool, observed: i64) -> Option<WorkloadFacts> {
-        Some(WorkloadFacts {
-            generation: 3,
-            observed_generation: observed,
-            ready_replicas: ready,
-            updated,
-        })
-    }
-
-    #[test]
-    fn two_replicas_are_ready_degraded_or_down() {
-        let c = Component::Dhcp;
-        assert_eq!(
-            replicated_state(facts(2, true, 3), c),
-            ComponentState::Ready
-        );
-        // One left, or a rollout replacing one: it still serves.
-        for f in [facts(1, true, 3), facts(2, false, 3), facts(1, false, 2)] {
-            assert!(
-                matches!(replicated_state(f, c), ComponentState::Degraded(_)),
-                "{f:?}"
-            );
-        }
-        for f in [facts(0, true, 3), None] {
-            assert_eq!(
-                replicated_state(f, c),
-                ComponentState::NotReady("0 of 2 dhcp pods ready and up to date".into())
-            );
-        }
-    }
-
-    #[test]
-    fn the_budget_is_applied_in_the_version_served() {
-        use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-        let mut budget = PodDisruptionBudget::default();
-        budget.metadata.name = Some("x-dns".into());
-        let v1beta1 = resource(
-            "policy",
-            "v1beta1",
-            "PodDisruptionBudget",
-            "poddisruptionbudgets",
-        );
-        let obj = disruption_budget_object(&v1beta1, &budget).unwrap();
-        let value = serde_json::to_value(&obj).unwrap();
-        assert_eq!(value["apiVersion"], "policy/v1beta1");
-        assert_eq!(value["kind"], "PodDisruptionBudget");
-        assert_eq!(value["metadata"]["name"], "x-dns");
-    }
 }
