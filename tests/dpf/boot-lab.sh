@@ -118,7 +118,9 @@ chmod 0755 "$stubs/mstconfig"
 stub coreos-installer '[ "${LAB_INSTALL:-ok}" = ok ] || { echo "coreos-installer: error: writing /dev/nvme0n1: I/O error" >&2; exit 1; }'
 stub efibootmgr 'exit 0'
 stub reboot 'exit 0'
-stub rpm-ostree 'echo "{\"deployments\":[{\"booted\":true,\"container-image-reference\":\"ostree-unverified-registry:quay.io/lab/bf:4.19\"}]}"'
+# The installed system boots the image its MachineConfig names (the
+# machine-config daemon's first-boot rebase), read from the template.
+stub rpm-ostree 'image=$(jq -r .spec.osImageURL /etc/ignition-machine-config-encapsulated.json) && echo "{\"deployments\":[{\"booted\":true,\"container-image-reference\":\"ostree-unverified-registry:$image\"}]}"'
 stub sleep 'exec /usr/bin/sleep 0.05'
 # dnf "downloads" a package into the working directory; rpm2cpio unpacks
 # a payload with the agent binary, as the real package carries it.

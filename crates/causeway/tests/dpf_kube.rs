@@ -13,7 +13,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod boot_lab;
 mod kube_cluster;
+mod support;
 
 use std::time::Duration;
 
@@ -806,6 +808,27 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         template.2.as_deref(),
         Some("quay.io/example/rhcos-bfb:4.19.0-ec.5")
     );
+    // What the operator published boots a DPU: DPF fills it in for one
+    // DPU, and its units run against the host agent's stand-in.
+    let published =
+        Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), DPU_NS)
+            .get("bfcfg-my-dpucluster.cfg")
+            .await
+            .unwrap()
+            .data
+            .and_then(|d| d.get("BF_CFG_TEMPLATE").cloned())
+            .unwrap();
+    assert!(boot_lab::ready(
+        "the_bridge_from_the_readme_sample_through_upgrade_to_deletion"
+    ));
+    boot_lab::installs_reports_and_joins(
+        &boot_lab::as_dpf_fills_it(&published),
+        &boot_lab::Expected {
+            os_image: "quay.io/example/rhcos-bfb:4.19.0-ec.5",
+            kernel_arguments: &[],
+        },
+    );
+    println!("scenario: the published template boots a DPU through the host agent's stand-in");
     // The template is the live ignition carrying the target, which holds
     // the flavor's OVS script and override, and the MTU profiles.
     let annotations = &template.1;

@@ -6,7 +6,8 @@
 //!
 //! The template comes from `bfcfg::template`, the function the operator
 //! runs for the ConfigMap it publishes, with DPF's placeholders filled in
-//! as DPF fills them. The live installer runs first; what it left in
+//! as DPF fills them; `dpf_kube` runs the same boot on the ConfigMap the
+//! operator published on the real API server (`boot_lab/`, shared). The live installer runs first; what it left in
 //! `/var/target.ign` (with the DPU's identity added) is unpacked as the
 //! installed system, whose host-agent units then run.
 //!
@@ -15,30 +16,23 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod boot_lab;
 mod support;
 
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 
+use boot_lab::{
+    as_dpf_fills_it, lab, ready, unpack_into, Expected, BOOTSTRAP_KUBECONFIG, DPU_NAMESPACE,
+    INSTALL,
+};
 use causeway_operator::dpf::bfcfg::{self, Flavor, Inputs};
 use serde_json::{json, Value};
 
-const DPU_NAME: &str = "dpu-0";
-const DPU_NAMESPACE: &str = "dpf-operator-system";
-const DPU_UID: &str = "3f1c9a2e-5b7d-4e8f-9a10-b2c3d4e5f607";
 const OS_IMAGE: &str = "quay.io/lab/bf:4.19";
+
 /// Zero-trust only: where the DPU downloads dpu-agent; in the lab the
 /// stand-in serves the package index there.
 const BFB_REGISTRY: &str = "http://[fe80::1%25tmfifo_net0]:11029";
-
-fn base64_of(bytes: &[u8]) -> String {
-    base64::Engine::encode(&base64::engine::general_purpose::STANDARD, bytes)
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// HyperShift's worker ignition, reduced to what the template wraps: the
 /// kubeconfig, and the MachineConfig the MCO encapsulates.
@@ -72,9 +66,6 @@ fn hcp_ignition() -> Vec<u8> {
     .unwrap()
 }
 
-const BOOTSTRAP_KUBECONFIG: &str =
-    "apiVersion: v1\nkind: Config\n# the lab's bootstrap kubeconfig\n";
-
 /// The template as DPF hands it to a DPU: generated for a flavor of
 /// `dpu_mode`, then its placeholders filled with the DPU's identity (and,
 /// zero-trust, its bootstrap kubeconfig).
@@ -98,244 +89,23 @@ fn template_for_the_dpu(dpu_mode: &str) -> Value {
         bfb_registry: Some(BFB_REGISTRY),
     })
     .unwrap();
-    let text = String::from_utf8(bytes)
-        .unwrap()
-        .replace("{{.DPUName}}", DPU_NAME)
-        .replace("{{.DPUNamespace}}", DPU_NAMESPACE)
-        .replace("{{.DPUUID}}", DPU_UID)
-        .replace("{{.DPUHostName}}", DPU_NAME)
-        .replace(
-            "{{ .BootstrapKubeconfig | b64enc }}",
-            &base64_of(BOOTSTRAP_KUBECONFIG.as_bytes()),
-        );
-    assert!(
-        !text.contains("{{."),
-        "a placeholder DPF does not fill is left in the template"
-    );
-    serde_json::from_str(&text).unwrap()
+    as_dpf_fills_it(&String::from_utf8(bytes).unwrap())
 }
-
-/// Writes what `ignition` makes into `root`: files at their paths, units
-/// under /etc/systemd/system.
-fn unpack_into(ignition: &Value, root: &Path) {
-    let unpacked = bfcfg::unpack(ignition).unwrap();
-    for (path, mode, bytes) in &unpacked.files {
-        let at = root.join(path.trim_start_matches('/'));
-        fs::create_dir_all(at.parent().unwrap()).unwrap();
-        fs::write(&at, bytes).unwrap();
-        fs::set_permissions(&at, std::os::unix::fs::PermissionsExt::from_mode(*mode)).unwrap();
-    }
-    let units = root.join("etc/systemd/system");
-    fs::create_dir_all(&units).unwrap();
-    for (name, contents) in &unpacked.units {
-        if !contents.is_empty() {
-            fs::write(units.join(name), contents).unwrap();
-        }
-    }
-}
-
-/// What the lab left: the stand-in's record, the stubs' and each unit's.
-struct Run {
-    out: PathBuf,
-    calls: Vec<Value>,
-}
-
-impl Run {
-    fn rc(&self, unit: &str) -> i32 {
-        fs::read_to_string(self.out.join(format!("{unit}.rc")))
-            .unwrap_or_default()
-            .trim()
-            .parse()
-            .unwrap_or(-1)
-    }
-    fn log(&self, unit: &str) -> String {
-        fs::read_to_string(self.out.join(format!("{unit}.log"))).unwrap_or_default()
-    }
-    fn stubs(&self) -> String {
-        fs::read_to_string(self.out.join("stubs.log")).unwrap_or_default()
-    }
-    /// Every call, one line each, for failure messages.
-    fn summary(&self) -> String {
-        self.calls
-            .iter()
-            .map(|c| {
-                format!(
-                    "{} {} -> {} {}",
-                    c["method"].as_str().unwrap_or(""),
-                    c["path"].as_str().unwrap_or(""),
-                    c["status"],
-                    c.get("refused").and_then(Value::as_str).unwrap_or("")
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-    /// The calls refused with a 4xx or 5xx, other than the link wait's
-    /// probe of `/` (any answer there means the host agent is up).
-    fn refused(&self) -> Vec<&Value> {
-        self.calls
-            .iter()
-            .filter(|c| c["status"].as_u64().unwrap_or(0) >= 400 && c["path"] != "/")
-            .collect()
-    }
-    /// The accepted update-status bodies' agentStatus objects, in order.
-    fn agent_statuses(&self) -> Vec<&Value> {
-        self.calls
-            .iter()
-            .filter(|c| c["path"] == "/update-status" && c["status"] == 200)
-            .map(|c| &c["body"]["agentStatus"])
-            .collect()
-    }
-    fn conditions_of_type(&self, type_: &str) -> Vec<&Value> {
-        self.agent_statuses()
-            .into_iter()
-            .flat_map(|a| a["conditions"].as_array().into_iter().flatten())
-            .filter(|c| c["type"] == type_)
-            .collect()
-    }
-}
-
-/// Runs `units` of `root` in the lab, each for at most `bound` seconds;
-/// `env` sets the stubs' answers.
-fn lab(root: &Path, out: &Path, units: &[&str], env: &[(&str, &str)], bound: u32) -> Run {
-    let mut cmd = Command::new("bash");
-    cmd.arg(repo().join("tests/dpf/boot-lab.sh"))
-        .arg(root)
-        .arg(out)
-        .args([DPU_NAME, DPU_NAMESPACE, DPU_UID])
-        .args(units)
-        .env("UNIT_TIMEOUT", bound.to_string());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let status = cmd.status().unwrap();
-    assert!(status.success(), "boot-lab.sh failed: {status}");
-    let calls = fs::read_to_string(out.join("calls.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    Run {
-        out: out.to_path_buf(),
-        calls,
-    }
-}
-
-fn ready(test: &str) -> bool {
-    if !support::root_or_skip_for(test, "network namespaces, chroot and mounts") {
-        return false;
-    }
-    support::tool("python3", "python3");
-    support::tool("curl", "curl");
-    support::tool("ping", "iputils-ping");
-    support::tool("jq", "jq");
-    true
-}
-
-const INSTALL: &str = "install-rhcos-dpf.service";
 
 /// The live installer, then the installed system's host-agent units, the
 /// way a DPU boots: every call is one the host agent accepts, in the
 /// order DPF expects them.
 #[test]
 fn a_dpu_installs_reports_and_joins_through_the_host_agent() {
-    let test = "a_dpu_installs_reports_and_joins_through_the_host_agent";
-    if !ready(test) {
+    if !ready("a_dpu_installs_reports_and_joins_through_the_host_agent") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let live = dir.path().join("live");
-    unpack_into(&template_for_the_dpu("dpu"), &live);
-    let run = lab(&live, &dir.path().join("out-live"), &[INSTALL], &[], 40);
-    let calls = run.summary();
-    assert!(
-        run.refused().is_empty(),
-        "the host agent refused:\n{calls}\n--- {INSTALL}:\n{}",
-        run.log(INSTALL)
-    );
-    assert_eq!(run.rc(INSTALL), 0, "{}\n{calls}", run.log(INSTALL));
-    // In order: the reboot method, the start time, then the phase read
-    // until DPF says "DPU Config".
-    let discovery = run
-        .calls
-        .iter()
-        .position(|c| {
-            c["path"] == "/update-status"
-                && c["body"]["agentStatus"]["conditions"][0]["type"] == "RebootMethodDiscovery"
-        })
-        .unwrap_or_else(|| panic!("no RebootMethodDiscovery:\n{calls}"));
-    let started = run
-        .calls
-        .iter()
-        .position(|c| {
-            c["path"] == "/update-status" && c["body"]["agentStatus"]["lastStartupTime"].is_string()
-        })
-        .unwrap_or_else(|| panic!("no lastStartupTime:\n{calls}"));
-    let phase = run
-        .calls
-        .iter()
-        .rposition(|c| c["path"] == "/get-object" && c["method"] == "GET")
-        .unwrap_or_else(|| panic!("no phase read:\n{calls}"));
-    assert!(discovery < started && started < phase, "{calls}");
-    assert_eq!(run.calls[phase]["phase"], "DPU Config", "{calls}");
-    assert_eq!(run.calls[phase]["query"]["kind"], "DPU");
-    // Every POST carries the DPU's identity.
-    for c in run.calls.iter().filter(|c| c["method"] == "POST") {
-        assert_eq!(c["body"]["dpuName"], DPU_NAME, "{c}");
-        assert_eq!(c["body"]["dpuUID"], DPU_UID, "{c}");
-    }
-    // Installed to the disk with the flavor's kernel arguments, booted
-    // from it, rebooted into it; no power cycle for an NVConfig that fit.
-    let stubs = run.stubs();
-    assert!(
-        stubs.contains("coreos-installer install /dev/nvme0n1")
-            && stubs.contains("hugepages=3072")
-            && stubs.contains("--ignition-file /var/target.ign"),
-        "{stubs}"
-    );
-    assert!(stubs.contains("efibootmgr -c -d /dev/nvme0n1"), "{stubs}");
-    assert!(stubs.lines().any(|l| l.trim() == "reboot"), "{stubs}");
-    assert!(!calls.contains("/trigger-reboot"), "{calls}");
-
-    // The installed system, from the target ignition the installer wrote.
-    let target_ign: Value =
-        serde_json::from_slice(&fs::read(live.join("var/target.ign")).unwrap()).unwrap();
-    let target = dir.path().join("target");
-    unpack_into(&target_ign, &target);
-    let env = fs::read_to_string(target.join("etc/dpf/environment")).unwrap();
-    assert!(env.contains(&format!("DPUUID={DPU_UID}")), "{env}");
-    let units = [
-        "tmfifo-agent-link.service",
-        "report-machineosurl.service",
-        "install-dpu-agent.service",
-    ];
-    let run = lab(&target, &dir.path().join("out-target"), &units, &[], 40);
-    let calls = run.summary();
-    assert!(
-        run.refused().is_empty(),
-        "the host agent refused:\n{calls}\n{}",
-        units.iter().map(|u| run.log(u)).collect::<String>()
-    );
-    for unit in units {
-        assert_eq!(run.rc(unit), 0, "{unit}: {}\n{calls}", run.log(unit));
-    }
-    // The link wait asked `/` (any answer will do) before reporting.
-    assert_eq!(
-        run.calls.first().map(|c| &c["path"]),
-        Some(&json!("/")),
-        "{calls}"
-    );
-    let connected = run.conditions_of_type("HostAgentConnected");
-    assert_eq!(connected.len(), 1, "{calls}");
-    assert_eq!(connected[0]["status"], "True");
-    let url = run.conditions_of_type("MachineOSURL");
-    assert_eq!(url.len(), 1, "{calls}");
-    assert_eq!(url[0]["message"], OS_IMAGE, "{calls}");
-    // dpu-agent from the host agent's repository, unpacked and installed.
-    let stubs = run.stubs();
-    assert!(
-        stubs.contains("dnf download dpu-agent --disablerepo=* --enablerepo=agentrepo"),
-        "{stubs}"
+    boot_lab::installs_reports_and_joins(
+        &template_for_the_dpu("dpu"),
+        &Expected {
+            os_image: OS_IMAGE,
+            kernel_arguments: &["hugepages=3072"],
+        },
     );
 }
 
