@@ -636,6 +636,23 @@ def case_provisioner_file(docs):
     assert node_terms(docs) == [[(CP, "Exists")], [(MASTER, "Exists")]], node_terms(docs)
 
 
+def case_go_values(docs):
+    """tests/dpf/fixtures/go-chart-values.yaml, the Go chart's own values
+    file with every default, taken as it is with causeway's image given."""
+    c = container(docs)
+    assert c["image"] == "registry.example.com/causeway:0.1.0", c["image"]
+    assert c["imagePullPolicy"] == "IfNotPresent", c["imagePullPolicy"]
+    assert c["resources"] == {"limits": {"cpu": "500m", "memory": "512Mi"}, "requests": {"cpu": "100m", "memory": "128Mi"}}, c["resources"]
+    assert one(docs, "Deployment")["spec"]["replicas"] == 1
+    assert env(docs)["CAUSEWAY_LOG_LEVEL"] == "info", env(docs)
+    assert node_terms(docs) == [[(CP, "Exists")], [(MASTER, "Exists")]], node_terms(docs)
+    config = one(docs, "DPFHCPProvisionerConfig")["spec"]
+    # provisionerConfig is empty there: the product chart's defaults.
+    assert config["blueFieldOCPLayerRepo"] == "registry.redhat.io/dpu-kit-for-nvidia/bluefield-ocp-layer-rhel10", config
+    assert config["disableMetalLB"] is False and config["manageDPUServiceTemplates"] is False, config
+    assert config["operatorNamespace"] == "dpf-hcp-provisioner-system", config
+
+
 # --- monitoring ----------------------------------------------------------------
 
 MONITORING_KINDS = ["PrometheusRule", "ServiceMonitor"]
@@ -913,6 +930,7 @@ CASES = {
     "provisioner-file": case_provisioner_file,
     "provisioner-values": case_provisioner_values,
     "provisioner-defaults": case_provisioner_defaults,
+    "go-values": case_go_values,
     "namespaced": case_namespaced,
     "dpf-off": case_dpf_off,
     "dpf-no-config": case_dpf_no_config,

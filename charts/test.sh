@@ -449,6 +449,18 @@ check "two images for one version" expect_refusal "blueFieldImages.4.19.0 is" \
   --set 'blueFieldImages.4\.19\.0=quay.io/a:1' --set 'dpf.blueFieldImages.4\.19\.0=quay.io/b:1'
 check "namespace other than the release's" expect_refusal 'namespace is "dpf-hcp-provisioner-system" but the release is installed in namespace "causeway-system"' \
   --set namespace=dpf-hcp-provisioner-system
+# The Go chart's values file as it ships (tests/dpf/fixtures, from its
+# source): its image is the Go operator's, which must not run as causeway;
+# with causeway's image it renders as it is.
+GO_VALUES="$PWD/tests/dpf/fixtures/go-chart-values.yaml"
+check "the Go chart's values file names the Go operator's image" expect_refusal \
+  'image.repository is "quay.io/lhadad/dpf-hcp-provisioner-operator", the DPF-HCP provisioner operator'"'"'s own image' \
+  --namespace dpf-hcp-provisioner-system -f "$GO_VALUES"
+check "the product's operator image is refused too" expect_refusal "the DPF-HCP provisioner operator's own image" \
+  --set image.repository=registry.redhat.io/dpu-kit-for-nvidia/dpf-hcp-provisioner-rhel10-operator
+check "the Go chart's values file with causeway's image" render_case go-values \
+  --namespace dpf-hcp-provisioner-system -f "$GO_VALUES" \
+  --set image.repository=registry.example.com/causeway --set image.tag=0.1.0
 check "top-level nodeSelector without target custom" expect_refusal 'nodeSelector is given but placement.target is "master"' \
   --set-string 'nodeSelector.node-role\.kubernetes\.io/infra='
 check "placement.tolerations without target custom" expect_refusal 'placement.tolerations is given but placement.target is "worker"' \

@@ -106,6 +106,9 @@ Name of the OpenShift SCC for the data-plane pods.
 Refuses values that cannot work, with a message saying what to change.
 */}}
 {{- define "causeway.validate" -}}
+{{- if regexMatch "(^|/)dpf-hcp-provisioner(-rhel[0-9]+)?-operator$" (toString .Values.image.repository) -}}
+{{- fail (printf "image.repository is %q, the DPF-HCP provisioner operator's own image, not causeway's (the Go chart's values file sets it, with image.tag %q): drop image.* from that file, or set image.repository and image.tag to causeway's image." (toString .Values.image.repository) (toString .Values.image.tag)) -}}
+{{- end -}}
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) -}}
 {{- fail (printf "replicaCount is %d but leaderElection.enabled is false: several operators would reconcile the same Infra objects at once. Set leaderElection.enabled=true, or replicaCount=1." (int .Values.replicaCount)) -}}
 {{- end -}}

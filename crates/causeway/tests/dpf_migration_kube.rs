@@ -159,9 +159,16 @@ fn go_crd(kind: &str) -> String {
     serde_json::to_string(&crd).unwrap()
 }
 
-/// The Go operator's chart, as far as ownership goes: the two CRDs as
-/// templates with the keep policy, the operator's Deployment, and the
-/// settings object made once by a post-install hook, also kept.
+/// The Go chart's values file: every key with its default, from its source
+/// (tests/dpf/go-chart-values.py).
+const GO_VALUES: &str = include_str!("../../../tests/dpf/fixtures/go-chart-values.yaml");
+
+/// The Go operator's chart, as far as ownership goes: its values file, the
+/// two CRDs as templates with the keep policy, the operator's Deployment
+/// from its image and namespace values, and the settings object made once
+/// by a post-install hook from `provisionerConfig` with the Go chart's
+/// defaults (its repository default, `disableMetalLB` only when given,
+/// `manageDPUServiceTemplates` false), also kept.
 fn go_chart(dir: &Path) -> PathBuf {
     let chart = dir.join("dpf-hcp-provisioner-operator");
     std::fs::create_dir_all(chart.join("templates")).unwrap();
@@ -170,7 +177,11 @@ fn go_chart(dir: &Path) -> PathBuf {
         "apiVersion: v2\nname: dpf-hcp-provisioner-operator\nversion: 0.1.0\nappVersion: v0.1.0\n",
     )
     .unwrap();
-    std::fs::write(chart.join("values.yaml"), format!("namespace: {GO_NS}\n")).unwrap();
+    std::fs::write(chart.join("values.yaml"), GO_VALUES).unwrap();
+    assert!(
+        GO_VALUES.contains(&format!("namespace: {GO_NS}\n")),
+        "the Go chart's namespace default is not {GO_NS}"
+    );
     std::fs::write(
         chart.join("templates/crds.yaml"),
         format!(
@@ -188,7 +199,7 @@ metadata:
   name: {{ .Release.Name }}
   namespace: {{ .Values.namespace }}
 spec:
-  replicas: 1
+  replicas: {{ .Values.replicaCount }}
   selector:
     matchLabels: {app.kubernetes.io/name: dpf-hcp-provisioner-operator, app.kubernetes.io/instance: {{ .Release.Name }}}
   template:
@@ -197,7 +208,7 @@ spec:
     spec:
       containers:
       - name: manager
-        image: quay.io/lhadad/dpf-hcp-provisioner-operator:v0.1.0
+        image: {{ .Values.image.repository }}:{{ .Values.image.tag }}
         command: [/manager]
 "#,
     )
@@ -211,9 +222,13 @@ metadata:
   annotations:
     helm.sh/hook: post-install
     helm.sh/resource-policy: keep
+{{- $given := .Values.provisionerConfig }}
 spec:
-  blueFieldOCPLayerRepo: 127.0.0.1:1/closed/rhcos-bfb
-  disableMetalLB: false
+  blueFieldOCPLayerRepo: {{ quote (get $given "blueFieldOCPLayerRepo" | default "quay.io/eelgaev/rhcos-bfb") }}
+  {{- if hasKey $given "disableMetalLB" }}
+  disableMetalLB: {{ get $given "disableMetalLB" }}
+  {{- end }}
+  manageDPUServiceTemplates: {{ get $given "manageDPUServiceTemplates" | default false }}
 "#,
     )
     .unwrap();
@@ -330,6 +345,8 @@ async fn a_go_operator_install_is_taken_over_with_every_hosted_cluster_kept() {
         wait_established(&client, crd).await;
     }
     let go = go_chart(dir.path());
+    // The Go release as a user installs it: its values file, a repository
+    // of theirs (closed here: causeway must not need it) and MetalLB on.
     tools.helm_ok(&[
         "install",
         GO_RELEASE,
@@ -337,6 +354,10 @@ async fn a_go_operator_install_is_taken_over_with_every_hosted_cluster_kept() {
         "--namespace",
         GO_NS,
         "--create-namespace",
+        "--set",
+        "provisionerConfig.blueFieldOCPLayerRepo=127.0.0.1:1/closed/rhcos-bfb",
+        "--set",
+        "provisionerConfig.disableMetalLB=false",
     ]);
     for crd in CRDS {
         wait_established(&client, crd).await;
@@ -587,6 +608,14 @@ async fn a_go_operator_install_is_taken_over_with_every_hosted_cluster_kept() {
     ];
     let configs = Api::<DPFHCPProvisionerConfig>::all(client.clone());
     let go_config = configs.get("default").await.unwrap();
+    // Made by the Go chart's hook from its values: the repository given,
+    // MetalLB on, DPUServiceTemplates not managed.
+    assert_eq!(
+        go_config.spec.blue_field_ocp_layer_repo.as_deref(),
+        Some("127.0.0.1:1/closed/rhcos-bfb")
+    );
+    assert_eq!(go_config.spec.disable_metal_lb, Some(false));
+    assert_eq!(go_config.spec.manage_dpu_service_templates, Some(false));
 
     println!("without the hand-over, helm refuses the CRDs and installs nothing");
     let refused = tools.helm(&install);
