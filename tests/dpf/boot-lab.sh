@@ -17,10 +17,13 @@
 #
 # Hardware tools are stubs that record their arguments in OUT/stubs.log:
 # mokutil, modprobe, udevadm, lspci, mstconfig, coreos-installer,
-# efibootmgr, reboot, rpm-ostree, dnf, rpm2cpio, restorecon. `sleep`
+# efibootmgr, reboot, rpm-ostree, dnf, rpm2cpio, restorecon, devlink. `sleep`
 # is shortened to 0.05 s. Their answers follow LAB_* variables:
 #   LAB_NVCONFIG=ok|change   whether the NIC's NVConfig already fits
 #   LAB_INSTALL=ok|fail      whether coreos-installer succeeds
+#   LAB_PORTS="p0=up p1=down"  the DPU's physical ports: each a veth in the
+#                            DPU namespace, its link up or down, and listed
+#                            by the `devlink` stub as a physical port
 #
 # OUT gets calls.jsonl (every request the stand-in saw), stubs.log,
 # UNIT.log (each unit's output) and UNIT.rc (its exit status; 124 when
@@ -66,6 +69,15 @@ ip -n "$dpu_ns" addr add fe80::2/64 dev tmfifo_net0 nodad
 ip -n "$host_ns" addr add fe80::1/64 dev tmfifo_host nodad
 ip -n "$dpu_ns" link set tmfifo_net0 up
 ip -n "$host_ns" link set tmfifo_host up
+# The physical ports: a veth whose far end is up carries the link.
+for port in ${LAB_PORTS:-}; do
+  name=${port%%=*}
+  ip -n "$dpu_ns" link add "$name" type veth peer name "$name-wire"
+  if [ "${port#*=}" = up ]; then
+    ip -n "$dpu_ns" link set "$name-wire" up
+    ip -n "$dpu_ns" link set "$name" up
+  fi
+done
 
 ip netns exec "$host_ns" python3 "$HERE/host-agent.py" --bind 'fe80::1%tmfifo_host' \
   --record "$OUT/calls.jsonl" --name "$DPU_NAME" --namespace "$DPU_NAMESPACE" --uid "$DPU_UID" \
@@ -122,6 +134,7 @@ stub reboot 'exit 0'
 # machine-config daemon's first-boot rebase), read from the template.
 stub rpm-ostree 'image=$(jq -r .spec.osImageURL /etc/ignition-machine-config-encapsulated.json) && echo "{\"deployments\":[{\"booted\":true,\"container-image-reference\":\"ostree-unverified-registry:$image\"}]}"'
 stub sleep 'exec /usr/bin/sleep 0.05'
+stub devlink 'n=0; for port in ${LAB_PORTS:-}; do echo "pci/0000:03:00.$n/65535: type eth netdev ${port%%=*} flavour physical port $n splittable false"; n=$((n + 1)); done'
 # dnf "downloads" a package into the working directory; rpm2cpio unpacks
 # a payload with the agent binary, as the real package carries it.
 stub dnf 'touch dpu-agent-1.0-1.aarch64.rpm'
@@ -161,7 +174,7 @@ mount -t tmpfs tmpfs "$R/run"
 [ -f "$R/etc/group" ] || echo "root:x:0:" > "$R/etc/group"
 shift
 exec chroot "$R" /usr/bin/env -i PATH=/lab-stubs:/usr/local/bin:/usr/bin:/usr/sbin HOME=/root \
-  LAB_NVCONFIG="${LAB_NVCONFIG:-ok}" LAB_INSTALL="${LAB_INSTALL:-ok}" /bin/bash -c "$1"
+  LAB_NVCONFIG="${LAB_NVCONFIG:-ok}" LAB_INSTALL="${LAB_INSTALL:-ok}" LAB_PORTS="${LAB_PORTS:-}" /bin/bash -c "$1"
 INNER
 )
 

@@ -109,6 +109,62 @@ fn a_dpu_installs_reports_and_joins_through_the_host_agent() {
     );
 }
 
+/// The installed system's pf-monitor tells the host agent each physical
+/// port's link state (the ports devlink lists as physical), once, and
+/// again only when it changes.
+#[test]
+fn the_physical_ports_link_state_reaches_the_host_once_per_change() {
+    if !ready("the_physical_ports_link_state_reaches_the_host_once_per_change") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    unpack_into(&template_for_the_dpu("dpu"), &live);
+    let installed = lab(&live, &dir.path().join("out-live"), &[INSTALL], &[], 40);
+    assert_eq!(installed.rc(INSTALL), 0, "{}", installed.log(INSTALL));
+    let target_ign: Value =
+        serde_json::from_slice(&fs::read(live.join("var/target.ign")).unwrap()).unwrap();
+    let target = dir.path().join("target");
+    unpack_into(&target_ign, &target);
+    let units = ["tmfifo-agent-link.service", "pf-monitor.service"];
+    // pf-monitor polls for good (its sleeps shortened): it runs to its
+    // bound, many passes over ports that do not change.
+    let run = lab(
+        &target,
+        &dir.path().join("out"),
+        &units,
+        &[("LAB_PORTS", "p0=up p1=down")],
+        4,
+    );
+    let calls = run.summary();
+    assert_eq!(run.rc(units[0]), 0, "{}", run.log(units[0]));
+    assert_eq!(run.rc(units[1]), 124, "{}", run.log(units[1]));
+    assert!(run.refused().is_empty(), "the host agent refused:\n{calls}");
+    assert!(
+        run.stubs().matches("devlink port show").count() > 2,
+        "pf-monitor made fewer than three passes:\n{}",
+        run.stubs()
+    );
+    let p0 = run.conditions_of_type("PF0LinkDown");
+    assert_eq!(p0.len(), 1, "PF0 reported {} times:\n{calls}", p0.len());
+    assert_eq!(p0[0]["status"], "False");
+    assert_eq!(p0[0]["reason"], "PF0LinkUp");
+    assert!(
+        p0[0]["message"].as_str().unwrap().contains("p0"),
+        "{}",
+        p0[0]
+    );
+    let p1 = run.conditions_of_type("PF1LinkDown");
+    assert_eq!(p1.len(), 1, "PF1 reported {} times:\n{calls}", p1.len());
+    assert_eq!(p1[0]["status"], "True");
+    assert_eq!(p1[0]["reason"], "PF1LinkDown");
+    assert!(
+        p1[0]["message"].as_str().unwrap().contains("p1"),
+        "{}",
+        p1[0]
+    );
+}
+
 /// A NIC whose NVConfig had to change needs a power cycle, which only the
 /// host can give: asked for once the DPU is configured, by the method
 /// name the host agent knows.
