@@ -24,6 +24,11 @@
 #   LAB_PORTS="p0=up p1=down"  the DPU's physical ports: each a veth in the
 #                            DPU namespace, its link up or down, and listed
 #                            by the `devlink` stub as a physical port
+#   LAB_HOST_VFS=made|never  whether the host makes its VFs when asked
+#                            (configure-host-vfs): `devlink` lists a pcivf
+#                            port once it has
+# The DPU namespace has an IPv4 default route (the DPU's, by DHCP, on a
+# real one).
 #
 # OUT gets calls.jsonl (every request the stand-in saw), stubs.log,
 # UNIT.log (each unit's output) and UNIT.rc (its exit status; 124 when
@@ -69,6 +74,7 @@ ip -n "$dpu_ns" addr add fe80::2/64 dev tmfifo_net0 nodad
 ip -n "$host_ns" addr add fe80::1/64 dev tmfifo_host nodad
 ip -n "$dpu_ns" link set tmfifo_net0 up
 ip -n "$host_ns" link set tmfifo_host up
+ip -n "$dpu_ns" route add default dev tmfifo_net0
 # The physical ports: a veth whose far end is up carries the link.
 for port in ${LAB_PORTS:-}; do
   name=${port%%=*}
@@ -79,9 +85,12 @@ for port in ${LAB_PORTS:-}; do
   fi
 done
 
+vfs=()
+[ "${LAB_HOST_VFS:-made}" = never ] || vfs=(--vfs-marker "$ROOT/lab-host-vfs")
+rm -f "$ROOT/lab-host-vfs"
 ip netns exec "$host_ns" python3 "$HERE/host-agent.py" --bind 'fe80::1%tmfifo_host' \
   --record "$OUT/calls.jsonl" --name "$DPU_NAME" --namespace "$DPU_NAMESPACE" --uid "$DPU_UID" \
-  > "$OUT/host-agent.log" 2>&1 &
+  "${vfs[@]}" > "$OUT/host-agent.log" 2>&1 &
 agent_pid=$!
 for _ in $(seq 1 100); do
   if ip netns exec "$host_ns" curl -s -o /dev/null --max-time 1 'http://[fe80::1%25tmfifo_host]:11029/healthz'; then
@@ -134,7 +143,12 @@ stub reboot 'exit 0'
 # machine-config daemon's first-boot rebase), read from the template.
 stub rpm-ostree 'image=$(jq -r .spec.osImageURL /etc/ignition-machine-config-encapsulated.json) && echo "{\"deployments\":[{\"booted\":true,\"container-image-reference\":\"ostree-unverified-registry:$image\"}]}"'
 stub sleep 'exec /usr/bin/sleep 0.05'
-stub devlink 'n=0; for port in ${LAB_PORTS:-}; do echo "pci/0000:03:00.$n/65535: type eth netdev ${port%%=*} flavour physical port $n splittable false"; n=$((n + 1)); done'
+stub devlink 'case "$1 $2" in
+  "dev show") echo "pci/0000:03:00.0" ;;
+  "port show")
+    n=0; for port in ${LAB_PORTS:-}; do echo "pci/0000:03:00.$n/65535: type eth netdev ${port%%=*} flavour physical port $n splittable false"; n=$((n + 1)); done
+    [ ! -e /lab-host-vfs ] || echo "pci/0000:03:00.0/1: type eth netdev pf0hpf flavour pcivf controller 1 pfnum 0 vfnum 0 external true splittable false" ;;
+esac'
 # dnf "downloads" a package into the working directory; rpm2cpio unpacks
 # a payload with the agent binary, as the real package carries it.
 stub dnf 'touch dpu-agent-1.0-1.aarch64.rpm'

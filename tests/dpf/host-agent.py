@@ -51,6 +51,7 @@ ROUTES = {
     "/get-object": "GET",
     "/configure-host-vfs": "POST",
     "/trigger-reboot": "POST",
+    "/rebind-host-driver": "POST",
     "/healthz": "GET",
 }
 
@@ -62,9 +63,12 @@ class Refused(Exception):
 
 
 class Agent:
-    def __init__(self, name, namespace, uid, record):
+    def __init__(self, name, namespace, uid, record, vfs_marker=None):
         self.lock = threading.Lock()
         self.record = open(record, "a", buffering=1)
+        # Where the host's VFs show on the DPU once made (the lab's devlink
+        # lists a pcivf port while this file exists); None: never made.
+        self.vfs_marker = vfs_marker
         self.dpu = {
             "apiVersion": "%s/%s" % (GROUP, VERSION),
             "kind": "DPU",
@@ -151,6 +155,15 @@ class Agent:
         self.identify(body, uid_checked=False)
         if "vfCount" in body and not isinstance(body["vfCount"], int):
             raise Refused(400, "vfCount is not an integer")
+        if self.vfs_marker:
+            open(self.vfs_marker, "w").close()
+        return None
+
+    def rebind_host_driver(self, body):
+        unknown = set(body) - {"dpuName", "dpuNamespace", "dpuUID"}
+        if unknown:
+            raise Refused(400, "unknown fields %s" % sorted(unknown))
+        self.identify(body)
         return None
 
     def trigger_reboot(self, body):
@@ -223,6 +236,7 @@ def handler_for(agent):
                             "/update-status": agent.update_status,
                             "/configure-host-vfs": agent.configure_host_vfs,
                             "/trigger-reboot": agent.trigger_reboot,
+                            "/rebind-host-driver": agent.rebind_host_driver,
                         }[url.path](body)
                     entry["status"] = 200
                 except Refused as r:
@@ -258,8 +272,9 @@ def main():
     p.add_argument("--name", required=True)
     p.add_argument("--namespace", required=True)
     p.add_argument("--uid", required=True)
+    p.add_argument("--vfs-marker", help="made when the host is asked for its VFs (omit: never made)")
     a = p.parse_args()
-    agent = Agent(a.name, a.namespace, a.uid, a.record)
+    agent = Agent(a.name, a.namespace, a.uid, a.record, a.vfs_marker)
     host, _, scope = a.bind.partition("%")
     info = socket.getaddrinfo(a.bind, a.port, socket.AF_INET6, socket.SOCK_STREAM)[0]
     server = Server(info[4], handler_for(agent))

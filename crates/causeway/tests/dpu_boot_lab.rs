@@ -118,14 +118,7 @@ fn the_physical_ports_link_state_reaches_the_host_once_per_change() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let live = dir.path().join("live");
-    unpack_into(&template_for_the_dpu("dpu"), &live);
-    let installed = lab(&live, &dir.path().join("out-live"), &[INSTALL], &[], 40);
-    assert_eq!(installed.rc(INSTALL), 0, "{}", installed.log(INSTALL));
-    let target_ign: Value =
-        serde_json::from_slice(&fs::read(live.join("var/target.ign")).unwrap()).unwrap();
-    let target = dir.path().join("target");
-    unpack_into(&target_ign, &target);
+    let target = installed_system(dir.path());
     let units = ["tmfifo-agent-link.service", "pf-monitor.service"];
     // pf-monitor polls for good (its sleeps shortened): it runs to its
     // bound, many passes over ports that do not change.
@@ -163,6 +156,85 @@ fn the_physical_ports_link_state_reaches_the_host_once_per_change() {
         "{}",
         p1[0]
     );
+}
+
+/// The installed system unpacked from a trusted template, the live
+/// installer having run first.
+fn installed_system(dir: &std::path::Path) -> std::path::PathBuf {
+    let live = dir.join("live");
+    unpack_into(&template_for_the_dpu("dpu"), &live);
+    let installed = lab(&live, &dir.join("out-live"), &[INSTALL], &[], 40);
+    assert_eq!(installed.rc(INSTALL), 0, "{}", installed.log(INSTALL));
+    let target_ign: Value =
+        serde_json::from_slice(&fs::read(live.join("var/target.ign")).unwrap()).unwrap();
+    let target = dir.join("target");
+    unpack_into(&target_ign, &target);
+    target
+}
+
+const SETUP_VFS: &str = "setup-vfs-devlink.service";
+
+/// The DPU asks the host for its VFs (configure-host-vfs, with its
+/// identity) until their representor shows here, then goes on.
+#[test]
+fn the_host_makes_its_vfs_when_the_dpu_asks() {
+    if !ready("the_host_makes_its_vfs_when_the_dpu_asks") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let target = installed_system(dir.path());
+    let units = ["tmfifo-agent-link.service", SETUP_VFS];
+    let run = lab(&target, &dir.path().join("out"), &units, &[], 20);
+    let calls = run.summary();
+    assert_eq!(run.rc(SETUP_VFS), 0, "{}\n{calls}", run.log(SETUP_VFS));
+    assert!(run.refused().is_empty(), "the host agent refused:\n{calls}");
+    let asked: Vec<&Value> = run
+        .calls
+        .iter()
+        .filter(|c| c["path"] == "/configure-host-vfs")
+        .collect();
+    assert_eq!(asked.len(), 1, "{calls}");
+    assert_eq!(asked[0]["method"], "POST");
+    assert_eq!(asked[0]["body"]["dpuName"], boot_lab::DPU_NAME);
+    assert_eq!(asked[0]["body"]["dpuUID"], boot_lab::DPU_UID);
+    assert!(!calls.contains("/rebind-host-driver"), "{calls}");
+}
+
+/// A host that makes no VFs is asked again every pass, and after three
+/// passes without one to reload its driver, once (the next only after
+/// eight minutes).
+#[test]
+fn a_host_that_makes_no_vfs_is_asked_to_reload_its_driver_once() {
+    if !ready("a_host_that_makes_no_vfs_is_asked_to_reload_its_driver_once") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let target = installed_system(dir.path());
+    let units = ["tmfifo-agent-link.service", SETUP_VFS];
+    let run = lab(
+        &target,
+        &dir.path().join("out"),
+        &units,
+        &[("LAB_HOST_VFS", "never")],
+        4,
+    );
+    let calls = run.summary();
+    assert_eq!(run.rc(SETUP_VFS), 124, "{}\n{calls}", run.log(SETUP_VFS));
+    assert!(run.refused().is_empty(), "the host agent refused:\n{calls}");
+    let paths: Vec<&str> = run
+        .calls
+        .iter()
+        .filter_map(|c| c["path"].as_str())
+        .filter(|p| *p == "/configure-host-vfs" || *p == "/rebind-host-driver")
+        .collect();
+    let rebinds: Vec<usize> = paths
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| **p == "/rebind-host-driver")
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(rebinds, vec![3], "{calls}");
+    assert!(paths.len() > 5, "too few passes:\n{calls}");
 }
 
 /// A NIC whose NVConfig had to change needs a power cycle, which only the
