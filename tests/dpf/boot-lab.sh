@@ -17,7 +17,8 @@
 #
 # Hardware tools are stubs that record their arguments in OUT/stubs.log:
 # mokutil, modprobe, udevadm, lspci, mstconfig, coreos-installer,
-# efibootmgr, reboot, rpm-ostree, dnf, rpm2cpio, restorecon, devlink. `sleep`
+# efibootmgr, reboot, rpm-ostree, dnf, rpm2cpio, restorecon, devlink, rpm,
+# mstflint, ipmitool, and ip for the BMC's VLAN only. `sleep`
 # is shortened to 0.05 s. Their answers follow LAB_* variables:
 #   LAB_NVCONFIG=ok|change   whether the NIC's NVConfig already fits
 #   LAB_INSTALL=ok|fail      whether coreos-installer succeeds
@@ -27,6 +28,11 @@
 #   LAB_HOST_VFS=made|never  whether the host makes its VFs when asked
 #                            (configure-host-vfs): `devlink` lists a pcivf
 #                            port once it has
+#   LAB_DOCA=VERSION         the installed doca-runtime (rpm -q): with it the
+#                            BFB's firmware tools (/opt/mellanox/bfb, a NIC
+#                            image for the PSID mstflint reports) and an
+#                            oob_net0 for the BMC's VLAN are there; mstflint,
+#                            ipmitool and the BFB tools are stubs
 # The DPU namespace has an IPv4 default route (the DPU's, by DHCP, on a
 # real one).
 #
@@ -75,6 +81,11 @@ ip -n "$host_ns" addr add fe80::1/64 dev tmfifo_host nodad
 ip -n "$dpu_ns" link set tmfifo_net0 up
 ip -n "$host_ns" link set tmfifo_host up
 ip -n "$dpu_ns" route add default dev tmfifo_net0
+if [ -n "${LAB_DOCA:-}" ]; then
+  ip -n "$dpu_ns" link add oob_net0 type veth peer name oob-wire
+  ip -n "$dpu_ns" link set oob-wire up
+  ip -n "$dpu_ns" link set oob_net0 up
+fi
 # The physical ports: a veth whose far end is up carries the link.
 for port in ${LAB_PORTS:-}; do
   name=${port%%=*}
@@ -101,9 +112,11 @@ done
 # The stand-in's own readiness probe is not the DPU's business.
 : > "$OUT/calls.jsonl"
 
-# The stubs, inside the root so the chrooted units find them first.
+# The stubs, inside the root so the chrooted units find them first; their
+# record is this run's alone.
 stubs="$ROOT/lab-stubs"
 mkdir -p "$stubs"
+: > "$ROOT/lab-stubs.log"
 stub() {
   local name=$1 body=$2
   printf '#!/bin/bash\necho "%s $*" >> /lab-stubs.log\n%s\n' "$name" "$body" > "$stubs/$name"
@@ -143,6 +156,25 @@ stub reboot 'exit 0'
 # machine-config daemon's first-boot rebase), read from the template.
 stub rpm-ostree 'image=$(jq -r .spec.osImageURL /etc/ignition-machine-config-encapsulated.json) && echo "{\"deployments\":[{\"booted\":true,\"container-image-reference\":\"ostree-unverified-registry:$image\"}]}"'
 stub sleep 'exec /usr/bin/sleep 0.05'
+stub rpm 'case "$*" in *doca-runtime*) [ -n "${LAB_DOCA:-}" ] && printf %s "$LAB_DOCA" ;; *) exit 1 ;; esac'
+stub mstflint 'case " $* " in *" query "*) echo "PSID:                  MT_0000000884" ;; esac'
+stub ipmitool 'exit 0'
+# The BMC's VLAN: this kernel may have no 802.1Q support, so adding and
+# deleting vlan4040 on oob_net0 are recorded, not made; anything else is ip.
+real_ip=$(command -v ip)
+stub ip 'case "$*" in
+  "link add link oob_net0 name vlan4040 type vlan id 4040") [ -e /sys/class/net/oob_net0 ] ;;
+  "link del vlan4040") exit 0 ;;
+  *) exec '"$real_ip"' "$@" ;;
+esac'
+if [ -n "${LAB_DOCA:-}" ]; then
+  mkdir -p "$ROOT/opt/mellanox/bfb" "$ROOT/opt/mellanox/mlnx-fw-updater/firmware"
+  : > "$ROOT/opt/mellanox/mlnx-fw-updater/firmware/fw-ConnectX7-rel-MT_0000000884.bin"
+  for tool in bfb-atf-uefi-update bfb-bmc-update; do
+    printf '#!/bin/bash\necho "%s $*" >> /lab-stubs.log\n' "$tool" > "$ROOT/opt/mellanox/bfb/$tool"
+    chmod 0755 "$ROOT/opt/mellanox/bfb/$tool"
+  done
+fi
 stub devlink 'case "$1 $2" in
   "dev show") echo "pci/0000:03:00.0" ;;
   "port show")
@@ -188,7 +220,7 @@ mount -t tmpfs tmpfs "$R/run"
 [ -f "$R/etc/group" ] || echo "root:x:0:" > "$R/etc/group"
 shift
 exec chroot "$R" /usr/bin/env -i PATH=/lab-stubs:/usr/local/bin:/usr/bin:/usr/sbin HOME=/root \
-  LAB_NVCONFIG="${LAB_NVCONFIG:-ok}" LAB_INSTALL="${LAB_INSTALL:-ok}" LAB_PORTS="${LAB_PORTS:-}" /bin/bash -c "$1"
+  LAB_NVCONFIG="${LAB_NVCONFIG:-ok}" LAB_INSTALL="${LAB_INSTALL:-ok}" LAB_PORTS="${LAB_PORTS:-}" LAB_DOCA="${LAB_DOCA:-}" /bin/bash -c "$1"
 INNER
 )
 

@@ -237,6 +237,82 @@ fn a_host_that_makes_no_vfs_is_asked_to_reload_its_driver_once() {
     assert!(paths.len() > 5, "too few passes:\n{calls}");
 }
 
+/// The firmware is brought to what the installed DOCA runtime ships (the
+/// NIC's image for its PSID, then the BMC over its VLAN with a one-time
+/// IPMI user), each step reported to the host agent, and only once per
+/// DOCA version.
+#[test]
+fn the_firmware_follows_the_doca_runtime_once_per_version() {
+    if !ready("the_firmware_follows_the_doca_runtime_once_per_version") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let target = installed_system(dir.path());
+    let units = ["tmfifo-agent-link.service", "dpu-fw-upgrade.service"];
+    let doca = [("LAB_DOCA", "2.9.1-17")];
+    let run = lab(&target, &dir.path().join("out"), &units, &doca, 20);
+    let calls = run.summary();
+    assert_eq!(run.rc(units[1]), 0, "{}\n{calls}", run.log(units[1]));
+    assert!(run.refused().is_empty(), "the host agent refused:\n{calls}");
+    let states = |type_: &str| -> Vec<(String, String)> {
+        run.conditions_of_type(type_)
+            .iter()
+            .map(|c| {
+                (
+                    c["status"].as_str().unwrap().to_string(),
+                    c["reason"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let expected = vec![
+        ("False".to_string(), "Upgrading".to_string()),
+        ("True".to_string(), "Upgraded".to_string()),
+    ];
+    assert_eq!(states("NICFirmwareUpgraded"), expected, "{calls}");
+    assert_eq!(states("BMCFirmwareUpgraded"), expected, "{calls}");
+    let stubs = run.stubs();
+    let order = [
+        "bfb-atf-uefi-update",
+        "mstflint -y -d 0000:03:00.0 -i /opt/mellanox/mlnx-fw-updater/firmware/fw-ConnectX7-rel-MT_0000000884.bin burn",
+        "ip link add link oob_net0 name vlan4040 type vlan id 4040",
+        "ipmitool user set name 8 dpfupgrade",
+        "bfb-bmc-update --user dpfupgrade --password ",
+    ];
+    let mut from = 0;
+    for step in order {
+        let at = stubs[from..]
+            .find(step)
+            .unwrap_or_else(|| panic!("{step:?} not after the step before it:\n{stubs}"));
+        from += at + step.len();
+    }
+    // The IPMI user is cleared and the VLAN removed last.
+    let last: Vec<&str> = stubs.lines().rev().take(2).map(str::trim).collect();
+    assert_eq!(
+        last,
+        ["ip link del vlan4040", "ipmitool user set name 8"],
+        "{stubs}"
+    );
+    assert_eq!(
+        fs::read_to_string(target.join("var/dpf/fw-installed-version")).unwrap(),
+        "2.9.1-17\n"
+    );
+
+    // Booted again at the same version: nothing is flashed or reported.
+    let again = lab(&target, &dir.path().join("out-again"), &units, &doca, 20);
+    assert_eq!(again.rc(units[1]), 0, "{}", again.log(units[1]));
+    assert!(
+        !again.stubs().contains("burn") && !again.stubs().contains("bfb-bmc-update"),
+        "{}",
+        again.stubs()
+    );
+    assert!(
+        again.conditions_of_type("NICFirmwareUpgraded").is_empty(),
+        "{}",
+        again.summary()
+    );
+}
+
 /// A NIC whose NVConfig had to change needs a power cycle, which only the
 /// host can give: asked for once the DPU is configured, by the method
 /// name the host agent knows.
