@@ -997,6 +997,101 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
         b"apiVersion: v1\nkind: Config\n# hosted admin\n"
     );
 
+    println!("scenario: a zero-trust flavor: the template made again boots a DPU without a word to the host");
+    // DPF's registry for zero-trust DPUs, where the lab's stand-in serves
+    // the dpu-agent package.
+    let registry = "http://[fe80::1%25tmfifo_net0]:11029";
+    let operator_configs = dynamic(
+        &client,
+        DPU_NS,
+        &ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk(
+                "operator.dpu.nvidia.com",
+                "v1alpha1",
+                "DPFOperatorConfig",
+            ),
+            "dpfoperatorconfigs",
+        ),
+    );
+    let flavors = dynamic(
+        &client,
+        DPU_NS,
+        &ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk(
+                "provisioning.dpu.nvidia.com",
+                "v1alpha1",
+                "DPUFlavor",
+            ),
+            "dpuflavors",
+        ),
+    );
+    operator_configs
+        .patch(
+            "dpfoperatorconfig",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"provisioningController": {"registry": {"loadBalancerAddress": registry}}}})),
+        )
+        .await
+        .unwrap();
+    flavors
+        .patch(
+            "hbn-ovn",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"dpuMode": "zero-trust"}})),
+        )
+        .await
+        .unwrap();
+    let zero_trust = eventually(
+        "the bfcfg template made again for the zero-trust flavor",
+        WAIT,
+        Some(&op),
+        || async {
+            let (_, _, _, target) = bfcfg(&client).await?;
+            target_file(&target, "/etc/dpf/bfb-registry")?;
+            Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), DPU_NS)
+                .get("bfcfg-my-dpucluster.cfg")
+                .await
+                .ok()?
+                .data?
+                .get("BF_CFG_TEMPLATE")
+                .cloned()
+        },
+    )
+    .await;
+    boot_lab::installs_without_a_word_to_the_host(
+        &boot_lab::as_dpf_fills_it(&zero_trust),
+        registry,
+    );
+    // Back to the trusted flavor, and its template.
+    flavors
+        .patch(
+            "hbn-ovn",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"dpuMode": "dpu"}})),
+        )
+        .await
+        .unwrap();
+    operator_configs
+        .patch(
+            "dpfoperatorconfig",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"provisioningController": null}})),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "the bfcfg template made again for the trusted flavor",
+        WAIT,
+        Some(&op),
+        || async {
+            let (_, _, _, target) = bfcfg(&client).await?;
+            target_file(&target, "/etc/dpf/bfb-registry")
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+
     println!("scenario: drift on the HostedCluster is reverted");
     dynamic(&client, NS, &hosted_cluster_resource())
         .patch(NAME, &PatchParams::apply("intruder").force(), &Patch::Apply(&json!({

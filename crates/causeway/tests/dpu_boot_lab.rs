@@ -21,10 +21,7 @@ mod support;
 
 use std::fs;
 
-use boot_lab::{
-    as_dpf_fills_it, lab, ready, unpack_into, Expected, BOOTSTRAP_KUBECONFIG, DPU_NAMESPACE,
-    INSTALL,
-};
+use boot_lab::{as_dpf_fills_it, lab, ready, unpack_into, Expected, DPU_NAMESPACE, INSTALL};
 use causeway_operator::dpf::bfcfg::{self, Flavor, Inputs};
 use serde_json::{json, Value};
 
@@ -402,60 +399,11 @@ fn a_failed_install_reaches_the_host_as_an_install_error() {
 /// BFB registry.
 #[test]
 fn a_zero_trust_dpu_installs_without_a_word_to_the_host() {
-    let test = "a_zero_trust_dpu_installs_without_a_word_to_the_host";
-    if !ready(test) {
+    if !ready("a_zero_trust_dpu_installs_without_a_word_to_the_host") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let live = dir.path().join("live");
-    unpack_into(&template_for_the_dpu("zero-trust"), &live);
-    let run = lab(&live, &dir.path().join("out-live"), &[INSTALL], &[], 40);
-    assert_eq!(run.rc(INSTALL), 0, "{}", run.log(INSTALL));
-    assert!(
-        run.calls.is_empty(),
-        "the host agent was called:\n{}",
-        run.summary()
-    );
-    let stubs = run.stubs();
-    assert!(
-        stubs.contains("coreos-installer install /dev/nvme0n1"),
-        "{stubs}"
-    );
-    assert!(stubs.lines().any(|l| l.trim() == "reboot"), "{stubs}");
-
-    let target_ign: Value =
-        serde_json::from_slice(&fs::read(live.join("var/target.ign")).unwrap()).unwrap();
-    let target = dir.path().join("target");
-    unpack_into(&target_ign, &target);
-    // The installer carried the bootstrap kubeconfig over, private.
-    let kubeconfig = target.join("var/lib/dpf/dpuagent/bootstrap-kubeconfig");
-    assert_eq!(
-        fs::read_to_string(&kubeconfig).unwrap(),
-        BOOTSTRAP_KUBECONFIG
-    );
-    let mode =
-        std::os::unix::fs::PermissionsExt::mode(&fs::metadata(&kubeconfig).unwrap().permissions());
-    assert_eq!(mode & 0o777, 0o600);
-    assert_eq!(
-        fs::read_to_string(target.join("etc/dpf/bfb-registry")).unwrap(),
-        format!("BFBRegistryURL={BFB_REGISTRY}\n")
-    );
-    let agent = fs::read_to_string(target.join("etc/systemd/system/dpu-agent.service")).unwrap();
-    assert!(
-        agent.contains(
-            "--zero-trust-mode --bootstrap-kubeconfig=/var/lib/dpf/dpuagent/bootstrap-kubeconfig"
-        ),
-        "{agent}"
-    );
-    assert!(!target
-        .join("etc/systemd/system/pf-monitor.service")
-        .exists());
-    let units = ["tmfifo-agent-link.service"];
-    let run = lab(&target, &dir.path().join("out-target"), &units, &[], 40);
-    assert_eq!(run.rc(units[0]), 0, "{}", run.log(units[0]));
-    assert!(
-        run.calls.is_empty(),
-        "the host agent was called:\n{}",
-        run.summary()
+    boot_lab::installs_without_a_word_to_the_host(
+        &template_for_the_dpu("zero-trust"),
+        BFB_REGISTRY,
     );
 }

@@ -276,3 +276,62 @@ pub fn installs_reports_and_joins(template: &Value, expected: &Expected) {
         "{stubs}"
     );
 }
+
+/// A zero-trust DPU does not trust the host: it installs and reboots
+/// without a single call to the host agent, and the installed system
+/// joins with DPF's bootstrap kubeconfig and fetches dpu-agent from the
+/// BFB registry.
+pub fn installs_without_a_word_to_the_host(template: &Value, bfb_registry: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    unpack_into(template, &live);
+    let run = lab(&live, &dir.path().join("out-live"), &[INSTALL], &[], 40);
+    assert_eq!(run.rc(INSTALL), 0, "{}", run.log(INSTALL));
+    assert!(
+        run.calls.is_empty(),
+        "the host agent was called:\n{}",
+        run.summary()
+    );
+    let stubs = run.stubs();
+    assert!(
+        stubs.contains("coreos-installer install /dev/nvme0n1"),
+        "{stubs}"
+    );
+    assert!(stubs.lines().any(|l| l.trim() == "reboot"), "{stubs}");
+
+    let target_ign: Value =
+        serde_json::from_slice(&fs::read(live.join("var/target.ign")).unwrap()).unwrap();
+    let target = dir.path().join("target");
+    unpack_into(&target_ign, &target);
+    // The installer carried the bootstrap kubeconfig over, private.
+    let kubeconfig = target.join("var/lib/dpf/dpuagent/bootstrap-kubeconfig");
+    assert_eq!(
+        fs::read_to_string(&kubeconfig).unwrap(),
+        BOOTSTRAP_KUBECONFIG
+    );
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&fs::metadata(&kubeconfig).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+    assert_eq!(
+        fs::read_to_string(target.join("etc/dpf/bfb-registry")).unwrap(),
+        format!("BFBRegistryURL={bfb_registry}\n")
+    );
+    let agent = fs::read_to_string(target.join("etc/systemd/system/dpu-agent.service")).unwrap();
+    assert!(
+        agent.contains(
+            "--zero-trust-mode --bootstrap-kubeconfig=/var/lib/dpf/dpuagent/bootstrap-kubeconfig"
+        ),
+        "{agent}"
+    );
+    assert!(!target
+        .join("etc/systemd/system/pf-monitor.service")
+        .exists());
+    let units = ["tmfifo-agent-link.service"];
+    let run = lab(&target, &dir.path().join("out-target"), &units, &[], 40);
+    assert_eq!(run.rc(units[0]), 0, "{}", run.log(units[0]));
+    assert!(
+        run.calls.is_empty(),
+        "the host agent was called:\n{}",
+        run.summary()
+    );
+}
