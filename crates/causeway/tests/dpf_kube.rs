@@ -23,8 +23,9 @@ use causeway_operator::dpf::bfcfg;
 use causeway_operator::dpf::crd::{DPFHCPProvisioner, DPFHCPProvisionerConfig};
 use causeway_operator::dpf::ignition::ENCAPSULATED;
 use causeway_operator::k8s::resources::{
-    dpu_cluster_resource, hosted_cluster_resource, ip_address_pool_resource,
-    l2_advertisement_resource, node_pool_resource,
+    dpf_operator_config_resource, dpu_cluster_resource, dpu_flavor_resource,
+    hosted_cluster_resource, ip_address_pool_resource, l2_advertisement_resource,
+    node_pool_resource,
 };
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
@@ -1001,30 +1002,8 @@ async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
     // DPF's registry for zero-trust DPUs, where the lab's stand-in serves
     // the dpu-agent package.
     let registry = "http://[fe80::1%25tmfifo_net0]:11029";
-    let operator_configs = dynamic(
-        &client,
-        DPU_NS,
-        &ApiResource::from_gvk_with_plural(
-            &kube::core::GroupVersionKind::gvk(
-                "operator.dpu.nvidia.com",
-                "v1alpha1",
-                "DPFOperatorConfig",
-            ),
-            "dpfoperatorconfigs",
-        ),
-    );
-    let flavors = dynamic(
-        &client,
-        DPU_NS,
-        &ApiResource::from_gvk_with_plural(
-            &kube::core::GroupVersionKind::gvk(
-                "provisioning.dpu.nvidia.com",
-                "v1alpha1",
-                "DPUFlavor",
-            ),
-            "dpuflavors",
-        ),
-    );
+    let operator_configs = dynamic(&client, DPU_NS, &dpf_operator_config_resource());
+    let flavors = dynamic(&client, DPU_NS, &dpu_flavor_resource());
     operator_configs
         .patch(
             "dpfoperatorconfig",
