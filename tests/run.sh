@@ -94,11 +94,33 @@ if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
     cargo install --locked cargo-fuzz
   fi
   # Each target starts from its committed seeds (fuzz/seeds/<target>) and
-  # writes what it finds to the uncommitted fuzz/corpus/<target>.
-  for target in dhcp_engine dns_query dns_fastpath dns_response lease_log client_hello config; do
-    mkdir -p "fuzz/corpus/$target"
-    (cd fuzz && cargo +nightly fuzz run "$target" "corpus/$target" "seeds/$target" -- -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 2>&1 | tail -n 3)
+  # writes what it finds to the uncommitted fuzz/corpus/<target>. The
+  # targets build once, together, under target/ (so a cached target/ keeps
+  # their dependencies too), then run two at a time: libFuzzer uses one core.
+  fuzz_targets=(dhcp_engine dns_query dns_fastpath dns_response lease_log client_hello config)
+  (cd fuzz && cargo +nightly fuzz build --target-dir ../target/fuzz)
+  fuzz_one() {
+    mkdir -p "fuzz/corpus/$1"
+    (cd fuzz && cargo +nightly fuzz run --target-dir ../target/fuzz "$1" "corpus/$1" "seeds/$1" \
+      -- -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 > "../target/fuzz/$1.log" 2>&1) ||
+      { echo "fuzz $1 FAILED:"; tail -n 40 "target/fuzz/$1.log"; return 1; }
+    echo "fuzz $1: $(grep -E '^Done [0-9]+ runs' "target/fuzz/$1.log" || tail -n 1 "target/fuzz/$1.log")"
+  }
+  fuzz_running=0
+  fuzz_failed=0
+  for target in "${fuzz_targets[@]}"; do
+    if ((fuzz_running == 2)); then
+      wait -n || fuzz_failed=1
+      fuzz_running=$((fuzz_running - 1))
+    fi
+    fuzz_one "$target" &
+    fuzz_running=$((fuzz_running + 1))
   done
+  while ((fuzz_running > 0)); do
+    wait -n || fuzz_failed=1
+    fuzz_running=$((fuzz_running - 1))
+  done
+  ((fuzz_failed == 0)) || { echo "fuzz: a target failed (above)"; exit 1; }
 else
   echo "SKIP cargo fuzz: no nightly toolchain here; the same harness runs on stable as the property tests arbitrary_bytes_never_panic and mutated_valid_packets_never_panic"
 fi
