@@ -38,6 +38,9 @@ pub struct Options {
     /// How hosted clusters' API servers are reached (apps ingress, and the
     /// CSR approver's own setting).
     pub hosted_endpoint: crate::hosted::HostedEndpoint,
+    /// How long a deleted InfraClusterAttachment waits for an unreachable
+    /// hosted cluster before leaving its apps ingress objects behind.
+    pub hosted_cleanup_timeout: std::time::Duration,
     /// With the DPF bridge: approve DPU kubelet CSRs in hosted clusters.
     pub csr_approver: Option<crate::dpf::approver::ApproverOptions>,
     /// `Some(identity)`: elect a leader through the Lease in
@@ -146,6 +149,7 @@ pub async fn run(
             scope.clone(),
             scopes(&options.namespaces),
             options.hosted_endpoint,
+            options.hosted_cleanup_timeout,
             Some(metrics.clone()),
             stopped(),
         );

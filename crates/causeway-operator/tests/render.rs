@@ -1092,3 +1092,129 @@ fn the_pod_monitor_selects_every_component_pod_and_its_admin_port() {
     assert!(relabel.iter().any(|r| r["targetLabel"] == "component"
         && r["sourceLabels"][0] == "__meta_kubernetes_pod_label_app_kubernetes_io_component"));
 }
+
+/// An attachment as the Infra controller reads it: served, and `ready` as
+/// its status says.
+fn attached(
+    name: &str,
+    cluster: &str,
+    ready: bool,
+) -> causeway_operator::infra::attachment::Candidate {
+    let spec: causeway_operator::infra::attachment::InfraClusterAttachmentSpec =
+        serde_json::from_value(serde_json::json!({
+            "infraRef": {"name": "example-infra"},
+            "hostedClusterRef": {"name": cluster, "namespace": "clusters"},
+            "dns": {"clusterName": cluster, "baseDomain": "example.com"},
+        }))
+        .unwrap();
+    let mut c = causeway_operator::infra::attachment::candidate(name, &spec, None).unwrap();
+    c.ready = ready;
+    c
+}
+
+/// The Go operator's G2–G4 `proxy.externalService` on the Infra: a
+/// LoadBalancer `<infra>-proxy-external` exposing only 443 (the proxy takes
+/// 443's routes on 8443 for it, and the admin policy lets 8443 in), its
+/// pool and labels, and with `publishAttachmentOAuths` the OAuth name of
+/// every Ready attachment after the user's names, as that operator wrote
+/// them: user names first as written (blanks and repeats dropped), then
+/// the added ones sorted, one matching a user's name whatever its case and
+/// trailing dot left out.
+#[test]
+fn the_infras_external_service_publishes_ready_attachments_oauth_names() {
+    let mut infra = reference();
+    let proxy = infra.spec.infra_components.proxy.as_mut().unwrap();
+    proxy.external_service = Some(
+        serde_json::from_value(serde_json::json!({
+            "enabled": true,
+            "addressPoolName": "public",
+            "labels": {"external-dns.example.com/publish": "yes"},
+            "annotations": {
+                "external-dns.alpha.kubernetes.io/hostname": " api.example.com , ,OAUTH.HC-B.example.com.,api.example.com",
+                "metallb.universe.tf/address-pool": "overridden",
+            },
+            "publishAttachmentOAuths": true,
+        }))
+        .unwrap(),
+    );
+    let attachments = [
+        attached("c", "hc-c", true),
+        attached("a", "hc-a", true),
+        attached("b", "hc-b", true),
+        attached("d", "hc-d", false),
+    ];
+    let plan = validate(
+        &infra.spec,
+        "example-infra",
+        "clusters",
+        None,
+        &no_services,
+        &attachments,
+    )
+    .unwrap();
+    assert!(plan.external_proxy);
+    // 8443 on every address, with 443's routes.
+    let proxy_config = plan_config(&plan, Component::Proxy).proxy.unwrap();
+    assert!(
+        proxy_config
+            .listeners
+            .iter()
+            .any(|l| l.listen.to_string() == "0.0.0.0:8443"),
+        "{:?}",
+        proxy_config.listeners
+    );
+    let r = render(&plan, &owner(), &settings());
+    let svc = serde_json::to_value(r.external_service.as_ref().unwrap()).unwrap();
+    assert_eq!(svc["metadata"]["name"], "example-infra-proxy-external");
+    assert_eq!(svc["metadata"]["namespace"], "clusters");
+    assert_eq!(svc["metadata"]["ownerReferences"][0]["kind"], "Infra");
+    assert_eq!(
+        svc["metadata"]["labels"]["external-dns.example.com/publish"],
+        "yes"
+    );
+    assert_eq!(
+        svc["metadata"]["annotations"]["external-dns.alpha.kubernetes.io/hostname"],
+        "api.example.com,OAUTH.HC-B.example.com.,oauth.hc-a.example.com,oauth.hc-c.example.com"
+    );
+    assert_eq!(
+        svc["metadata"]["annotations"]["metallb.universe.tf/address-pool"],
+        "public"
+    );
+    assert_eq!(svc["spec"]["type"], "LoadBalancer");
+    assert_eq!(
+        svc["spec"]["selector"]["app.kubernetes.io/component"],
+        "proxy"
+    );
+    assert_eq!(
+        svc["spec"]["ports"],
+        serde_json::json!([{"name": "https", "port": 443, "targetPort": 8443, "protocol": "TCP"}])
+    );
+    let policy = serde_json::to_value(&r.admin_policy).unwrap().to_string();
+    assert!(policy.contains("8443"), "{policy}");
+
+    // No Ready attachment: the user's annotation as written.
+    let none_ready = [attached("d", "hc-d", false)];
+    let plan = validate(
+        &infra.spec,
+        "example-infra",
+        "clusters",
+        None,
+        &no_services,
+        &none_ready,
+    )
+    .unwrap();
+    assert_eq!(
+        plan.external_service.unwrap().annotations["external-dns.alpha.kubernetes.io/hostname"],
+        " api.example.com , ,OAUTH.HC-B.example.com.,api.example.com"
+    );
+
+    // Turned off, or without a proxy: no Service, and no 8443.
+    let proxy = infra.spec.infra_components.proxy.as_mut().unwrap();
+    proxy.external_service.as_mut().unwrap().enabled = false;
+    let r = render(&plan_of(&infra), &owner(), &settings());
+    assert!(r.external_service.is_none());
+    assert!(!serde_json::to_value(&r.admin_policy)
+        .unwrap()
+        .to_string()
+        .contains("8443"));
+}

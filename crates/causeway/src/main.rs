@@ -124,6 +124,16 @@ enum Command {
             default_value = "service"
         )]
         hosted_apiserver: operator::HostedApiserver,
+        /// How long a deleted InfraClusterAttachment waits for its hosted
+        /// cluster to be reachable, to remove the apps ingress objects made
+        /// there, before it goes and leaves them behind (with a warning
+        /// naming them).
+        #[arg(
+            long,
+            env = "CAUSEWAY_HOSTED_CLEANUP_TIMEOUT_SECONDS",
+            default_value_t = 600
+        )]
+        hosted_cleanup_timeout_seconds: u64,
         /// CSRs asking for a longer certificate lifetime are denied.
         #[arg(long, env = "CAUSEWAY_CSR_MAX_EXPIRATION_SECONDS", default_value_t = 367 * 24 * 3600)]
         csr_max_expiration_seconds: i32,
@@ -305,6 +315,7 @@ fn main() -> ExitCode {
             bluefield_allow_loopback_registries,
             csr_approver,
             hosted_apiserver,
+            hosted_cleanup_timeout_seconds,
             csr_max_expiration_seconds,
             csr_pending_slack,
             csr_creation_skew_seconds,
@@ -334,6 +345,7 @@ fn main() -> ExitCode {
                 .collect(),
             bluefield_allow_loopback_registries,
             hosted_endpoint: hosted_apiserver.into(),
+            hosted_cleanup_timeout: std::time::Duration::from_secs(hosted_cleanup_timeout_seconds),
             csr_approver: csr_approver.then_some(ApproverOptions {
                 endpoint: hosted_apiserver.into(),
                 max_expiration_seconds: csr_max_expiration_seconds,

@@ -36,6 +36,9 @@ pub struct Options {
     pub csr_approver: Option<ApproverOptions>,
     /// How hosted clusters' API servers are reached.
     pub hosted_endpoint: HostedEndpoint,
+    /// How long a deleted attachment waits for an unreachable hosted
+    /// cluster.
+    pub hosted_cleanup_timeout: std::time::Duration,
     pub webhook: Option<WebhookOptions>,
 }
 
@@ -197,6 +200,7 @@ async fn serve(opts: Options, image: String) -> anyhow::Result<()> {
         dpf: opts.dpf,
         csr_approver: opts.csr_approver,
         hosted_endpoint: opts.hosted_endpoint,
+        hosted_cleanup_timeout: opts.hosted_cleanup_timeout,
         leader_identity: opts.leader_election.then(identity),
         settings: Settings {
             image,

@@ -26,7 +26,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::Client;
-use kube_cluster::{admin, apply_yaml, eventually, wait_established, Operator};
+use kube_cluster::{admin, apply_yaml, eventually, metallb, wait_established, Operator};
 
 const NAD_CRD: &str = include_str!("../../../tests/kube/crds/network-attachment-definition.yaml");
 const WAIT: Duration = Duration::from_secs(60);
@@ -992,18 +992,39 @@ async fn apps_ingress_follows_the_routers_load_balancer_on_the_vlan() {
         "{managers:?}"
     );
 
-    // MetalLB gives the router an address on the VLAN: *.apps follows it,
-    // woken by the hosted watch (the resync is minutes away).
-    services
-        .patch_status(
-            "causeway-apps",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": "192.168.100.201"}]}}})),
-        )
-        .await
-        .unwrap();
+    // The advertisement that has MetalLB's speakers answer for the pool's
+    // addresses on the VLAN.
+    let advertisements: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        "metallb-system",
+        &causeway_operator::k8s::resources::l2_advertisement_resource(),
+    );
+    let l2 = advertisements.get("advertise-hc7-apps").await.unwrap();
+    assert_eq!(
+        l2.data["spec"]["ipAddressPools"],
+        serde_json::json!(["hc7-apps"])
+    );
+
+    // MetalLB (played by the test, from what its controller and speakers
+    // decide) gives the router an address on the VLAN and announces it:
+    // *.apps follows it, woken by the hosted watch (the resync is minutes
+    // away).
+    let given = metallb::allocate(
+        &client,
+        metallb::Installed::Manifests,
+        "metallb-system",
+        "openshift-ingress",
+        "causeway-apps",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (given.address.to_string().as_str(), given.announced),
+        ("192.168.100.200", true),
+        "{given:?}"
+    );
     let s = wait_apps(&attachments, &op, "g", "ReconciliationSucceeded").await;
-    assert_eq!(s.external_ip.as_deref(), Some("192.168.100.201"));
+    assert_eq!(s.external_ip.as_deref(), Some("192.168.100.200"));
     wait_ready_in(&attachments, &op, "g", "True", "ReconciliationSucceeded").await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let dns = eventually("*.apps in the VLAN view", WAIT, Some(&op), || async {
@@ -1014,7 +1035,7 @@ async fn apps_ingress_follows_the_routers_load_balancer_on_the_vlan() {
             .iter()
             .any(|r| {
                 r.name == "*.apps.hc7.example.net."
-                    && format!("{:?}", r.data) == "A(192.168.100.201)"
+                    && format!("{:?}", r.data) == "A(192.168.100.200)"
             })
             .then_some(d)
     })
@@ -1026,14 +1047,14 @@ async fn apps_ingress_follows_the_routers_load_balancer_on_the_vlan() {
         &op,
         "*.apps routed to the load balancer",
         |cfg| {
-            routes(cfg, 443).contains(&"*.apps.hc7.example.net -> 192.168.100.201:443".to_string())
+            routes(cfg, 443).contains(&"*.apps.hc7.example.net -> 192.168.100.200:443".to_string())
         },
     )
     .await;
     assert!(
         routes(&cfg, 80)
             .iter()
-            .any(|r| r.contains("192.168.100.201:80")),
+            .any(|r| r.contains("192.168.100.200:80")),
         "{:?}",
         routes(&cfg, 80)
     );

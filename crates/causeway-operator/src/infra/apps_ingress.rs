@@ -14,7 +14,9 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+
 use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -22,7 +24,7 @@ use kube::{Client, Config, ResourceExt};
 use serde_json::{json, Value};
 
 use super::attachment::{
-    AppliedApps, AppsEndpoint, AppsIngressSpec, AppsIngressStatus, InfraClusterAttachment,
+    AppliedApps, AppsEndpoint, AppsIngressSpec, AppsIngressStatus, InfraClusterAttachment, Lineage,
 };
 use crate::error::Error;
 use crate::hosted::{admin_client, HostedEndpoint, HostedIdentity, Unavailable};
@@ -45,6 +47,15 @@ const ROUTER_SELECTOR: (&str, &str) = (
     "default",
 );
 pub const POOL_ANNOTATION: &str = "metallb.universe.tf/address-pool";
+/// Where OLM installs operators that watch every namespace: MetalLB, when
+/// causeway (or the Go operator) installs it, runs here and reads its
+/// pools from here.
+pub const OLM_GLOBAL_NAMESPACE: &str = "openshift-operators";
+/// Where MetalLB's own manifests install it.
+pub const METALLB_NAMESPACE: &str = "metallb-system";
+/// The router Service's name by default, and the Go operator's.
+pub const SERVICE_NAME: &str = "causeway-apps";
+pub const GO_SERVICE_NAME: &str = "oooi-ingress";
 
 pub const PENDING: &str = "Pending";
 pub const READY: &str = "Ready";
@@ -86,9 +97,25 @@ fn given(s: &Option<String>) -> Option<String> {
         .map(str::to_string)
 }
 
+fn port(path: &str, p: Option<i32>, default: u16, errors: &mut Vec<String>) -> u16 {
+    match p {
+        None => default,
+        Some(n) => u16::try_from(n).ok().filter(|n| *n > 0).unwrap_or_else(|| {
+            errors.push(format!(
+                "appsIngress.ports.{path}: {n} is not a port from 1 to 65535"
+            ));
+            default
+        }),
+    }
+}
+
 /// The plan of an enabled spec; `Err` lists what is missing or wrong.
-pub fn plan(spec: &AppsIngressSpec) -> Result<AppsPlan, Vec<String>> {
+/// `lineage` decides the defaults: an attachment the Go operator made keeps
+/// its objects' names and its MetalLB install, so they are taken over
+/// rather than made a second time beside it.
+pub fn plan(spec: &AppsIngressSpec, lineage: Lineage) -> Result<AppsPlan, Vec<String>> {
     let mut errors = Vec::new();
+    let go = lineage == Lineage::GoOperator;
     let pool = given(&spec.metallb.address_pool_name);
     if pool.is_none() {
         errors.push("appsIngress.metallb.addressPoolName: required when enabled".to_string());
@@ -97,30 +124,35 @@ pub fn plan(spec: &AppsIngressSpec) -> Result<AppsPlan, Vec<String>> {
     if range.is_none() {
         errors.push("appsIngress.metallb.ipAddressPoolRange: required when enabled".to_string());
     }
-    let port = |path: &str, p: Option<i32>, default: u16, errors: &mut Vec<String>| match p {
-        None => default,
-        Some(n) => u16::try_from(n).ok().filter(|n| *n > 0).unwrap_or_else(|| {
-            errors.push(format!(
-                "appsIngress.ports.{path}: {n} is not a port from 1 to 65535"
-            ));
-            default
-        }),
-    };
     let http = port("http", spec.ports.http, 80, &mut errors);
     let https = port("https", spec.ports.https, 443, &mut errors);
+    // One namespace for the install, the MetalLB resource, the pool and the
+    // advertisement: MetalLB reads pools only from the namespace it runs in.
+    let install = spec.metallb.install || go;
+    let metallb_namespace = match given(&spec.metallb.namespace) {
+        Some(ns) if install && ns != OLM_GLOBAL_NAMESPACE => {
+            errors.push(format!(
+                "appsIngress.metallb.namespace: {ns:?} cannot hold the pool of a MetalLB installed into {OLM_GLOBAL_NAMESPACE} (OLM's namespace for operators of every namespace), where MetalLB reads its pools: leave it unset or set {OLM_GLOBAL_NAMESPACE:?}"
+            ));
+            ns
+        }
+        Some(ns) => ns,
+        None if install => OLM_GLOBAL_NAMESPACE.into(),
+        None => METALLB_NAMESPACE.into(),
+    };
     let (Some(pool), Some(range)) = (pool, range) else {
         return Err(errors);
     };
     if !errors.is_empty() {
         return Err(errors);
     }
+    let default_service = if go { GO_SERVICE_NAME } else { SERVICE_NAME };
     Ok(AppsPlan {
         l2_advertisement: given(&spec.metallb.l2_advertisement_name)
             .unwrap_or_else(|| format!("advertise-{pool}")),
-        metallb_namespace: given(&spec.metallb.namespace)
-            .unwrap_or_else(|| "metallb-system".into()),
-        install: spec.metallb.install,
-        service: given(&spec.service.name).unwrap_or_else(|| "causeway-apps".into()),
+        metallb_namespace,
+        install,
+        service: given(&spec.service.name).unwrap_or_else(|| default_service.into()),
         service_namespace: given(&spec.service.namespace)
             .unwrap_or_else(|| "openshift-ingress".into()),
         labels: spec.service.labels.clone(),
@@ -196,11 +228,13 @@ pub fn ready_endpoint(
     let spec = spec.filter(|s| s.enabled)?;
     let status = status.filter(|s| s.phase == READY)?;
     let address = status.external_ip.as_deref()?.parse().ok()?;
-    let p = plan(spec).ok()?;
-    Some(AppsEndpoint {
+    let mut errors = Vec::new();
+    let http = port("http", spec.ports.http, 80, &mut errors);
+    let https = port("https", spec.ports.https, 443, &mut errors);
+    errors.is_empty().then_some(AppsEndpoint {
         address,
-        http: p.http,
-        https: p.https,
+        http,
+        https,
     })
 }
 
@@ -232,6 +266,8 @@ fn hosted_role(install: bool) -> Value {
     if install {
         rules.push(json!({"apiGroups": ["operators.coreos.com"], "resources": ["subscriptions"], "verbs": ["get", "list", "create", "patch", "delete"]}));
         rules.push(json!({"apiGroups": ["metallb.io"], "resources": ["metallbs"], "verbs": ["get", "list", "create", "patch", "delete"]}));
+        // To wake when OLM has made MetalLB's kinds served.
+        rules.push(json!({"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["get", "list", "watch"]}));
     }
     json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
@@ -341,7 +377,9 @@ async fn client(
 }
 
 /// Wakes the attachment on any change to the hosted cluster's Nodes or to
-/// the router Service.
+/// the router Service, and, while causeway installs MetalLB, to MetalLB's
+/// CustomResourceDefinitions (so the MetalLB resource is made as soon as
+/// its kind is served).
 fn spawn_watch(
     client: Client,
     p: &AppsPlan,
@@ -349,13 +387,27 @@ fn spawn_watch(
     wake: futures::channel::mpsc::UnboundedSender<ObjectRef<InfraClusterAttachment>>,
 ) -> tokio::task::AbortHandle {
     let nodes: Api<Node> = Api::all(client.clone());
-    let services: Api<Service> = Api::namespaced(client, &p.service_namespace);
+    let services: Api<Service> = Api::namespaced(client.clone(), &p.service_namespace);
     let by_name = watcher::Config::default().fields(&format!("metadata.name={}", p.service));
+    let crds: Api<CustomResourceDefinition> = Api::all(client);
     let node_events = touched(nodes, watcher::Config::default()).map(|_| ());
     let service_events = touched(services, by_name).map(|_| ());
+    let metallb_kinds = if p.install {
+        touched(crds, watcher::Config::default())
+            .filter(|crd| {
+                std::future::ready(matches!(crd, Ok(crd) if crd.spec.group == "metallb.io"))
+            })
+            .map(|_| ())
+            .boxed()
+    } else {
+        futures::stream::pending().boxed()
+    };
     let task = tokio::spawn(async move {
-        let mut both = std::pin::pin!(futures::stream::select(node_events, service_events));
-        while both.next().await.is_some() {
+        let mut all = std::pin::pin!(futures::stream::select(
+            futures::stream::select(node_events, service_events),
+            metallb_kinds
+        ));
+        while all.next().await.is_some() {
             if wake.unbounded_send(who.clone()).is_err() {
                 return;
             }
@@ -396,7 +448,7 @@ pub async fn reconcile(
         .as_ref()
         .and_then(|s| s.apps_ingress_status.as_ref())
         .and_then(|s| s.applied.clone());
-    let p = match plan(spec) {
+    let p = match plan(spec, Lineage::of(att)) {
         Ok(p) => p,
         Err(errors) => {
             return status(
@@ -436,31 +488,43 @@ pub async fn reconcile(
     }
     let pool_res = ip_address_pool_resource();
     let l2_res = l2_advertisement_resource();
+    let installed_metallb = p.install || previous.as_ref().is_some_and(|a| a.installed_metallb);
+    // Recorded before anything is made, so a deletion removes what a pass
+    // that stopped half way made.
+    let recorded = |previous: &Option<AppliedApps>| {
+        let mut a = previous
+            .clone()
+            .unwrap_or_else(|| p.applied(installed_metallb));
+        a.installed_metallb |= installed_metallb;
+        Some(a)
+    };
+    // The install is applied on every pass: the MetalLB resource can only
+    // be made once OLM serves its kind, which is after the Subscription.
+    let metallb_resource = if p.install {
+        match install_metallb(&c, &p.metallb_namespace).await {
+            Ok(made) => made,
+            Err(e) => return status(DEGRADED, "MetalLBInstallFailed", e, recorded(&previous)),
+        }
+    } else {
+        true
+    };
     let served = async {
         Ok::<bool, Error>(
             installed(&c, &p.metallb_namespace, &pool_res).await?
                 && installed(&c, &p.metallb_namespace, &l2_res).await?,
         )
     };
-    let installed_metallb = previous.as_ref().is_some_and(|a| a.installed_metallb);
     match served.await {
-        Ok(true) => {}
-        Ok(false) if p.install => {
-            if let Err(e) = install_metallb(&c).await {
-                return status(DEGRADED, "MetalLBInstallFailed", e, previous);
-            }
-            let mut s = status(PENDING, "WaitingForMetalLBCRDs", "MetalLB is being installed in the hosted cluster", previous);
-            if let Some(a) = s.applied.as_mut() {
-                a.installed_metallb = true;
-            } else {
-                s.applied = Some(AppliedApps {
-                    installed_metallb: true,
-                    ..p.applied(true)
-                });
-            }
-            return s;
+        Ok(true) if metallb_resource => {}
+        Ok(_) if p.install => {
+            return status(
+                PENDING,
+                "WaitingForMetalLBCRDs",
+                format!("MetalLB is being installed in the hosted cluster (Subscription {}/metallb-operator); waiting for OLM to serve its kinds, then the MetalLB resource is made", p.metallb_namespace),
+                recorded(&previous),
+            )
         }
-        Ok(false) => return status(PENDING, "WaitingForMetalLBCRDs", "MetalLB's IPAddressPool and L2Advertisement kinds are not served in the hosted cluster: install MetalLB there, or set appsIngress.metallb.install", previous),
+        Ok(_) => return status(PENDING, "WaitingForMetalLBCRDs", "MetalLB's IPAddressPool and L2Advertisement kinds are not served in the hosted cluster: install MetalLB there, or set appsIngress.metallb.install", previous),
         Err(e) => return status(DEGRADED, "MetalLBInstallFailed", e.to_string(), previous),
     }
     // What an earlier pass made under other names goes first.
@@ -532,15 +596,25 @@ pub async fn reconcile(
     }
 }
 
-async fn install_metallb(c: &Client) -> Result<(), String> {
-    let sub = resource(
+fn subscription_resource() -> kube::core::ApiResource {
+    resource(
         "operators.coreos.com",
         "v1alpha1",
         "Subscription",
         "subscriptions",
-    );
-    let metallb = resource("metallb.io", "v1beta1", "MetalLB", "metallbs");
-    let ns = "openshift-operators";
+    )
+}
+
+fn metallb_resource() -> kube::core::ApiResource {
+    resource("metallb.io", "v1beta1", "MetalLB", "metallbs")
+}
+
+/// Applies MetalLB's OLM Subscription in `ns` and, once OLM serves its
+/// kind, the MetalLB resource that has the operator run MetalLB; `Ok(true)`
+/// once both are there.
+async fn install_metallb(c: &Client, ns: &str) -> Result<bool, String> {
+    let sub = subscription_resource();
+    let metallb = metallb_resource();
     if !installed(c, ns, &sub).await.map_err(|e| e.to_string())? {
         return Err("OLM's Subscription kind is not served in the hosted cluster: MetalLB cannot be installed from here".into());
     }
@@ -557,23 +631,24 @@ async fn install_metallb(c: &Client) -> Result<(), String> {
     )
     .await
     .map_err(|e| format!("Subscription {ns}/metallb-operator: {e}"))?;
-    if installed(c, ns, &metallb)
+    if !installed(c, ns, &metallb)
         .await
         .map_err(|e| e.to_string())?
     {
-        apply(
-            c,
-            &metallb,
-            ns,
-            &json!({
-                "apiVersion": "metallb.io/v1beta1", "kind": "MetalLB",
-                "metadata": {"name": "metallb", "namespace": ns}, "spec": {},
-            }),
-        )
-        .await
-        .map_err(|e| format!("MetalLB {ns}/metallb: {e}"))?;
+        return Ok(false);
     }
-    Ok(())
+    apply(
+        c,
+        &metallb,
+        ns,
+        &json!({
+            "apiVersion": "metallb.io/v1beta1", "kind": "MetalLB",
+            "metadata": {"name": "metallb", "namespace": ns}, "spec": {},
+        }),
+    )
+    .await
+    .map_err(|e| format!("MetalLB {ns}/metallb: {e}"))?;
+    Ok(true)
 }
 
 /// Deletes what `applied` names; a kind not served or an object gone is
@@ -600,23 +675,12 @@ async fn remove(c: &Client, applied: &AppliedApps, all: bool) -> Result<(), kube
         gone(api.delete(name, &DeleteParams::default()).await.map(|_| ()))?;
     }
     if all && applied.installed_metallb {
-        let ns = "openshift-operators";
         for (res, name) in [
-            (
-                resource("metallb.io", "v1beta1", "MetalLB", "metallbs"),
-                "metallb",
-            ),
-            (
-                resource(
-                    "operators.coreos.com",
-                    "v1alpha1",
-                    "Subscription",
-                    "subscriptions",
-                ),
-                "metallb-operator",
-            ),
+            (metallb_resource(), "metallb"),
+            (subscription_resource(), "metallb-operator"),
         ] {
-            let api: Api<DynamicObject> = Api::namespaced_with(c.clone(), ns, &res);
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(c.clone(), &applied.metallb_namespace, &res);
             gone(api.delete(name, &DeleteParams::default()).await.map(|_| ()))?;
         }
     }
@@ -686,7 +750,7 @@ mod tests {
 
     #[test]
     fn defaults_and_objects() {
-        let p = plan(&spec()).unwrap();
+        let p = plan(&spec(), Lineage::Causeway).unwrap();
         assert_eq!(p.l2_advertisement, "advertise-hc1-apps");
         assert_eq!(
             (p.service.as_str(), p.service_namespace.as_str()),
@@ -712,12 +776,66 @@ mod tests {
             https: Some(70000),
         };
         assert_eq!(
-            plan(&s).unwrap_err(),
+            plan(&s, Lineage::Causeway).unwrap_err(),
             vec![
                 "appsIngress.metallb.addressPoolName: required when enabled",
                 "appsIngress.ports.http: 0 is not a port from 1 to 65535",
                 "appsIngress.ports.https: 70000 is not a port from 1 to 65535",
             ]
+        );
+    }
+
+    #[test]
+    fn one_namespace_holds_the_install_the_pool_and_the_advertisement() {
+        let mut s = spec();
+        let p = plan(&s, Lineage::Causeway).unwrap();
+        assert_eq!(
+            (p.install, p.metallb_namespace.as_str()),
+            (false, "metallb-system")
+        );
+        s.metallb.install = true;
+        let p = plan(&s, Lineage::Causeway).unwrap();
+        assert_eq!(
+            (p.install, p.metallb_namespace.as_str()),
+            (true, "openshift-operators")
+        );
+        let (pool, l2, _) = objects(&p);
+        assert_eq!(pool["metadata"]["namespace"], "openshift-operators");
+        assert_eq!(l2["metadata"]["namespace"], "openshift-operators");
+        s.metallb.namespace = Some("metallb-system".into());
+        assert_eq!(
+            plan(&s, Lineage::Causeway).unwrap_err(),
+            vec!["appsIngress.metallb.namespace: \"metallb-system\" cannot hold the pool of a MetalLB installed into openshift-operators (OLM's namespace for operators of every namespace), where MetalLB reads its pools: leave it unset or set \"openshift-operators\""]
+        );
+        s.metallb.install = false;
+        let p = plan(&s, Lineage::Causeway).unwrap();
+        assert_eq!(p.metallb_namespace, "metallb-system");
+    }
+
+    #[test]
+    fn the_go_operators_attachment_keeps_its_objects_names_and_install() {
+        let p = plan(&spec(), Lineage::GoOperator).unwrap();
+        assert_eq!(
+            (
+                p.service.as_str(),
+                p.service_namespace.as_str(),
+                p.metallb_namespace.as_str(),
+                p.l2_advertisement.as_str(),
+                p.install
+            ),
+            (
+                "oooi-ingress",
+                "openshift-ingress",
+                "openshift-operators",
+                "advertise-hc1-apps",
+                true
+            )
+        );
+        let mut named = spec();
+        named.service.name = Some("router-lb".into());
+        assert_eq!(
+            plan(&named, Lineage::GoOperator).unwrap().service,
+            "router-lb"
         );
     }
 

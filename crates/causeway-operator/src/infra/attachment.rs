@@ -22,6 +22,38 @@ use serde::{Deserialize, Serialize};
 
 use causeway_config::{valid_label, valid_name, NameRules};
 
+/// The Go Infra operator's finalizer on the attachments it managed. Its
+/// presence says the attachment's apps ingress objects are the Go
+/// operator's (and their names its defaults); causeway releases it, with
+/// the cleanup it stood for, when the attachment is deleted.
+pub const GO_OPERATOR_FINALIZER: &str = "hostedcluster.densityops.com/apps-ingress-cleanup";
+
+/// Who made an attachment's apps ingress objects first, which decides the
+/// names they default to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lineage {
+    Causeway,
+    /// The Go operator: its Service `oooi-ingress`, and MetalLB installed in
+    /// `openshift-operators` with the pool and advertisement beside it.
+    GoOperator,
+}
+
+impl Lineage {
+    pub fn of(att: &InfraClusterAttachment) -> Self {
+        let go = att
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == GO_OPERATOR_FINALIZER);
+        if go {
+            Lineage::GoOperator
+        } else {
+            Lineage::Causeway
+        }
+    }
+}
+
 fn default_hosted_cluster_namespace() -> String {
     "clusters".into()
 }
@@ -116,13 +148,17 @@ pub struct AppsMetalLb {
     /// By default `advertise-<addressPoolName>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub l2_advertisement_name: Option<String>,
-    /// Where MetalLB's pools live in the hosted cluster; by default
-    /// `metallb-system`.
+    /// Where MetalLB runs in the hosted cluster, and so where its pool and
+    /// advertisement go; by default `metallb-system`, or
+    /// `openshift-operators` when MetalLB is installed by causeway (or was
+    /// by the Go operator), which is the only namespace allowed then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     /// A causeway addition: install MetalLB (an OLM Subscription and the
-    /// MetalLB resource) when it is not there. Off by default: MetalLB in
-    /// a hosted cluster is its owner's, and is used when present.
+    /// MetalLB resource, in `openshift-operators`) when it is not there.
+    /// Off by default: MetalLB in a hosted cluster is its owner's, and is
+    /// used when present. An attachment the Go operator made keeps the
+    /// install it had.
     #[serde(default)]
     pub install: bool,
 }
@@ -130,7 +166,8 @@ pub struct AppsMetalLb {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AppsService {
-    /// By default `causeway-apps`.
+    /// By default `causeway-apps` (`oooi-ingress` on an attachment the Go
+    /// operator made).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// By default `openshift-ingress`.
@@ -269,6 +306,9 @@ pub struct Candidate {
     pub external: bool,
     /// Its apps' load balancer on the VLAN, once apps ingress is ready.
     pub apps: Option<AppsEndpoint>,
+    /// Its status says `Ready` True (as last written): what the Infra's
+    /// `proxy.externalService.publishAttachmentOAuths` goes by.
+    pub ready: bool,
 }
 
 /// The hosted cluster's router on the VLAN.
@@ -362,6 +402,7 @@ pub fn candidate(
         workers,
         external: spec.external_service.as_ref().is_some_and(|e| e.enabled),
         apps: None,
+        ready: false,
     })
 }
 

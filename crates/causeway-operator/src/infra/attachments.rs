@@ -22,8 +22,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::apps_ingress::{self, HostedClients};
 use super::attachment::{
-    self, ExternalServiceSpec, InfraClusterAttachment, InfraClusterAttachmentStatus, Verdict,
-    INFRA_NOT_FOUND, INVALID_CONFIGURATION,
+    self, ExternalServiceSpec, InfraClusterAttachment, InfraClusterAttachmentStatus, Lineage,
+    Verdict, GO_OPERATOR_FINALIZER, INFRA_NOT_FOUND, INVALID_CONFIGURATION,
 };
 use super::plan::{Component, EXTERNAL_PROXY_PORT};
 use crate::hosted::HostedEndpoint;
@@ -67,11 +67,16 @@ pub struct Context {
     pub hosted: HostedClients,
     /// Wakes an attachment when its hosted cluster's objects change.
     pub wake: futures::channel::mpsc::UnboundedSender<ObjectRef<InfraClusterAttachment>>,
+    /// How long a deleted attachment waits for an unreachable hosted
+    /// cluster before its hosted objects are left behind (and said so).
+    pub hosted_cleanup_timeout: Duration,
 }
 
-/// How long a deleted attachment waits for an unreachable hosted cluster
-/// before its hosted objects are left behind (and said so).
+/// [`Context::hosted_cleanup_timeout`] by default.
 pub const HOSTED_CLEANUP_TIMEOUT: Duration = Duration::from_secs(600);
+/// The Go operator's policy in a control-plane namespace, which its
+/// finalizer removed; it has no owner, so nothing else would.
+pub const GO_OPERATOR_POLICY: &str = "allow-infrastructure";
 /// The condition saying a deletion waits for the hosted cluster.
 pub const HOSTED_CLEANUP: &str = "HostedCleanup";
 
@@ -86,6 +91,11 @@ pub async fn reconcile(
     let timer = ReconcileTimer::start(ctx.metrics.as_ref(), CONTROLLER);
     let ns = att.namespace().ok_or(Error::NoNamespace)?;
     let api: Api<InfraClusterAttachment> = Api::namespaced(ctx.client.clone(), &ns);
+    if att.metadata.deletion_timestamp.is_some() && Lineage::of(&att) == Lineage::GoOperator {
+        let result = release_go_finalizer(&api, &att, &ctx).await;
+        timer.finish(&result, true);
+        return result;
+    }
     let result = finalizer(&api, FINALIZER, att, |event| async {
         match event {
             Finalize::Apply(att) => report(&att, &ctx).await,
@@ -96,6 +106,37 @@ pub async fn reconcile(
     .map_err(finalizers::from_kube);
     timer.finish(&result, true);
     result
+}
+
+/// A deleted attachment the Go operator managed: the cleanup its finalizer
+/// stood for (the hosted apps ingress objects, its policy and causeway's),
+/// then the finalizer released. Causeway's own finalizer, if there, is
+/// released on the next pass, whose cleanup finds nothing left.
+async fn release_go_finalizer(
+    api: &Api<InfraClusterAttachment>,
+    att: &InfraClusterAttachment,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    cleanup(att, ctx).await?;
+    let name = att.name_any();
+    let finalizers = att.finalizers();
+    let Some(at) = finalizers.iter().position(|f| f == GO_OPERATOR_FINALIZER) else {
+        return Ok(Action::await_change());
+    };
+    // The test keeps a concurrent change to the list from being undone.
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+        {"op": "test", "path": format!("/metadata/finalizers/{at}"), "value": GO_OPERATOR_FINALIZER},
+        {"op": "remove", "path": format!("/metadata/finalizers/{at}")},
+    ]))
+    .map_err(|e| Error::Input(format!("finalizer patch: {e}")))?;
+    api.patch(
+        &name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Json::<()>(patch),
+    )
+    .await?;
+    tracing::info!(attachment = %name, namespace = ?att.namespace(), finalizer = GO_OPERATOR_FINALIZER, "released the Go operator's finalizer after its cleanup");
+    Ok(Action::await_change())
 }
 
 fn infra_of(ctx: &Context, att: &InfraClusterAttachment) -> Option<Arc<Infra>> {
@@ -393,15 +434,28 @@ async fn reconcile_apps(
 async fn cleanup(att: &InfraClusterAttachment, ctx: &Context) -> Result<Action, Error> {
     let name = att.name_any();
     let ns = att.namespace().ok_or(Error::NoNamespace)?;
+    let lineage = Lineage::of(att);
     // The hosted cluster first: while it cannot be reached, the deletion
     // waits (and says so), up to a timeout after which what is there is
-    // left behind, with a warning naming it.
-    if let Some(applied) = att
+    // left behind, with a warning naming it. An attachment the Go operator
+    // made, deleted before causeway recorded what it took over, has what
+    // the Go operator's cleanup would have removed: the objects its spec
+    // names.
+    let recorded = att
         .status
         .as_ref()
         .and_then(|s| s.apps_ingress_status.as_ref())
-        .and_then(|s| s.applied.clone())
-    {
+        .and_then(|s| s.applied.clone());
+    let go_made = || {
+        let spec = att.spec.apps_ingress.as_ref().filter(|a| a.enabled)?;
+        let p = apps_ingress::plan(spec, lineage).ok()?;
+        Some(p.applied(p.install))
+    };
+    let applied = match lineage {
+        Lineage::GoOperator => recorded.or_else(go_made),
+        Lineage::Causeway => recorded,
+    };
+    if let Some(applied) = applied {
         let h = apps_ingress::Hosted {
             management: &ctx.client,
             endpoint: ctx.endpoint,
@@ -421,7 +475,7 @@ async fn cleanup(att: &InfraClusterAttachment, ctx: &Context) -> Result<Action, 
                     )
                 })
                 .unwrap_or_default();
-            if waited < HOSTED_CLEANUP_TIMEOUT {
+            if waited < ctx.hosted_cleanup_timeout {
                 let previous = att.status.clone().unwrap_or_default();
                 let mut next = previous.clone();
                 next.conditions.retain(|c| c.type_ != HOSTED_CLEANUP);
@@ -430,7 +484,7 @@ async fn cleanup(att: &InfraClusterAttachment, ctx: &Context) -> Result<Action, 
                     HOSTED_CLEANUP,
                     false,
                     "HostedClusterUnreachable",
-                    format!("waiting up to {} s for the hosted cluster to remove the apps ingress objects: {why}", HOSTED_CLEANUP_TIMEOUT.as_secs()),
+                    format!("waiting up to {} s for the hosted cluster to remove the apps ingress objects: {why}", ctx.hosted_cleanup_timeout.as_secs()),
                     att.metadata.generation,
                     &conditions::now(),
                 ));
@@ -448,6 +502,13 @@ async fn cleanup(att: &InfraClusterAttachment, ctx: &Context) -> Result<Action, 
     let Ok(own) = attachment::candidate(&name, &att.spec, None) else {
         return Ok(Action::await_change());
     };
+    if lineage == Lineage::GoOperator {
+        let policies: Api<NetworkPolicy> =
+            Api::namespaced(ctx.client.clone(), &own.control_plane_namespace);
+        ctx.applier
+            .gone_from(&policies, "NetworkPolicy", GO_OPERATOR_POLICY)
+            .await?;
+    }
     let infra_name = &att.spec.infra_ref.name;
     let still_needed = infra_of(ctx, att).is_some_and(|infra| {
         attachments_of(&ctx.attachments, &ctx.machines, &infra)
@@ -488,6 +549,7 @@ pub async fn run(
     scope: Scope,
     all_scopes: Vec<Scope>,
     endpoint: HostedEndpoint,
+    hosted_cleanup_timeout: Duration,
     metrics: Option<OperatorMetrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
@@ -523,6 +585,7 @@ pub async fn run(
         endpoint,
         hosted: HostedClients::default(),
         wake,
+        hosted_cleanup_timeout,
     });
     let siblings = attachments.clone();
     let of_infra = attachments.clone();

@@ -292,6 +292,7 @@ async fn apply_rendered(
         components,
         admin_policy,
         control_plane_policies,
+        external_service,
     } = rendered;
     let shared = async {
         ctx.applier
@@ -300,6 +301,19 @@ async fn apply_rendered(
         ctx.applier
             .ensure_indexed(&s.network_policies, admin_policy)
             .await?;
+        // Made (taking over the Go operator's of the same name, which the
+        // index of ours does not hold), or gone when no longer rendered.
+        let external_name = render::external_service_name(owner);
+        match external_service {
+            Some(svc) => ctx.applier.ensure_indexed(&s.services, svc).await?,
+            None if s.services.get(&owner.namespace, &external_name).is_some() => {
+                let services: Api<Service> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+                ctx.applier
+                    .gone_from(&services, "Service", &external_name)
+                    .await?;
+            }
+            None => {}
+        }
         // A control-plane namespace no longer served (its attachment went,
         // or lost a conflict) loses its policy: the status says where the
         // last pass put them, wherever the operator may watch.

@@ -2,6 +2,8 @@
 //! users already write is accepted under the same name with the same
 //! meaning; causeway's additions are optional.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -368,6 +370,37 @@ pub struct ProxySpec {
     /// `proxy.listeners`: `{port, upstream}` or `{port, routes, default}`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extra_routes: Vec<ProxyRouteSpec>,
+    /// A LoadBalancer Service `<infra>-proxy-external` in this namespace
+    /// exposing only the proxy's port 443 routes, mainly for OAuth: the Go
+    /// operator's place for it before it moved to each
+    /// InfraClusterAttachment (where causeway takes it too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_service: Option<InfraExternalServiceSpec>,
+}
+
+/// The Infra's external Service for the proxy.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InfraExternalServiceSpec {
+    #[serde(default)]
+    pub enabled: bool,
+    /// The MetalLB pool to take the address from: the
+    /// `metallb.universe.tf/address-pool` annotation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_pool_name: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Adds `oauth.<domain>` of every attachment the Infra serves whose
+    /// `Ready` is True to the `external-dns.alpha.kubernetes.io/hostname`
+    /// annotation, after the names given there.
+    #[serde(
+        rename = "publishAttachmentOAuths",
+        default,
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub publish_attachment_oauths: bool,
 }
 
 impl Default for ProxySpec {
@@ -385,6 +418,7 @@ impl Default for ProxySpec {
             ingress_https: None,
             ingress_http: None,
             extra_routes: Vec::new(),
+            external_service: None,
         }
     }
 }

@@ -65,6 +65,11 @@ pub fn attachments_of(
                         .as_ref()
                         .and_then(|s| s.apps_ingress_status.as_ref()),
                 );
+                c.ready = a.status.as_ref().is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .any(|k| k.type_ == "Ready" && k.status == "True")
+                });
                 c
             });
             (n, c)

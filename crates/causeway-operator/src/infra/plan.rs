@@ -146,6 +146,16 @@ pub struct Plan {
     pub warnings: Vec<String>,
     /// The proxy also listens on the pod network ([`EXTERNAL_PROXY_PORT`]).
     pub external_proxy: bool,
+    /// The Infra's own external Service for the proxy, when enabled.
+    pub external_service: Option<ExternalServicePlan>,
+}
+
+/// The Infra's external LoadBalancer Service: its labels and annotations,
+/// the pool and the published names already in them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExternalServicePlan {
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub annotations: std::collections::BTreeMap<String, String>,
 }
 
 impl Plan {

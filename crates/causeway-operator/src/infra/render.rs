@@ -97,6 +97,8 @@ pub struct Rendered {
     /// not cross namespaces; the Infra's finalizer removes it): lets the
     /// proxy pods through HyperShift's default-deny policies.
     pub control_plane_policies: Vec<NetworkPolicy>,
+    /// The Infra's external LoadBalancer for the proxy's 443 routes.
+    pub external_service: Option<Service>,
 }
 
 /// Namespaces whose pods may scrape the admin port: OpenShift's cluster
@@ -587,6 +589,11 @@ pub fn render(plan: &Plan, owner: &Owner, settings: &Settings) -> Rendered {
             .filter(|ns| !ns.is_empty())
             .map(|ns| control_plane_policy(owner, ns))
             .collect(),
+        external_service: plan
+            .external_service
+            .as_ref()
+            .filter(|_| plan.component(Component::Proxy).is_some())
+            .map(|x| external_service(owner, x)),
     }
 }
 
@@ -691,6 +698,41 @@ pub fn ha_key(owner: &Owner, component: Component, key: [u8; 32]) -> Secret {
             ByteString(key.to_vec()),
         )])),
         ..Secret::default()
+    }
+}
+
+/// The name of the Infra's external Service (the Go operator's name for
+/// it, so a migrated one is taken over rather than doubled).
+pub fn external_service_name(owner: &Owner) -> String {
+    format!("{}-proxy-external", owner.name)
+}
+
+/// The Infra's external Service: a LoadBalancer selecting its proxy pods and
+/// exposing their port 443 routes (on the pod network's
+/// [`EXTERNAL_PROXY_PORT`](super::plan::EXTERNAL_PROXY_PORT)) and nothing
+/// else.
+pub fn external_service(owner: &Owner, plan: &super::plan::ExternalServicePlan) -> Service {
+    let mut metadata = meta(owner, external_service_name(owner), Some(Component::Proxy));
+    // The user's labels first: the operator's own win a clash.
+    let mut labels = plan.labels.clone();
+    labels.extend(metadata.labels.take().unwrap_or_default());
+    metadata.labels = Some(labels);
+    metadata.annotations = (!plan.annotations.is_empty()).then(|| plan.annotations.clone());
+    Service {
+        metadata,
+        spec: Some(ServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            selector: Some(selector_labels(owner, Component::Proxy)),
+            ports: Some(vec![ServicePort {
+                name: Some("https".into()),
+                port: 443,
+                target_port: Some(IntOrString::Int(super::plan::EXTERNAL_PROXY_PORT)),
+                protocol: Some("TCP".into()),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
     }
 }
 

@@ -22,8 +22,8 @@ use serde_json::Value;
 use super::attachment::Candidate;
 use super::crd::{DhcpSpec, DnsSpec, InfraSpec, ProxySpec};
 use super::plan::{
-    names, Component, ComponentPlan, Plan, ADMIN_PORT, HA_DIR, HA_KEY, LEASE_DIR, MAX_REPLICAS,
-    VLAN_INTERFACE,
+    names, Component, ComponentPlan, ExternalServicePlan, Plan, ADMIN_PORT, HA_DIR, HA_KEY,
+    LEASE_DIR, MAX_REPLICAS, VLAN_INTERFACE,
 };
 
 /// What the operator learned from a referenced HostedCluster (its name,
@@ -341,6 +341,11 @@ pub fn validate(
         warnings.push("infraComponents.proxy.ingressHttps and ingressHttp are ignored: with InfraClusterAttachments each cluster's apps are its attachment's".to_string());
     }
     let proxy_configured = proxy_spec.is_some() && waiting.is_empty();
+    let infra_external = proxy_spec
+        .filter(|_| proxy_configured)
+        .and_then(|p| p.external_service.as_ref())
+        .filter(|x| x.enabled)
+        .map(|x| external_service_plan(x, attached));
     let render = Render {
         spec,
         infra_name,
@@ -361,7 +366,8 @@ pub fn validate(
             .cloned()
             .filter(|_| served.single_cluster),
         ingress: served.single_cluster && has_ingress,
-        external_proxy: proxy_configured && attached.iter().any(|a| a.external),
+        external_proxy: proxy_configured
+            && (attached.iter().any(|a| a.external) || infra_external.is_some()),
     };
 
     let mut components = Vec::new();
@@ -416,7 +422,75 @@ pub fn validate(
         waiting,
         warnings,
         external_proxy: render.external_proxy,
+        external_service: infra_external,
     })
+}
+
+/// The annotation ExternalDNS reads the names to publish from.
+pub const EXTERNAL_DNS_HOSTNAME: &str = "external-dns.alpha.kubernetes.io/hostname";
+
+/// The Infra's external Service as its spec and attachments make it. With
+/// `publishAttachmentOAuths`, `oauth.<domain>` of each served attachment
+/// whose Ready is True joins the ExternalDNS names, after the user's.
+fn external_service_plan(
+    spec: &super::crd::InfraExternalServiceSpec,
+    attached: &[Candidate],
+) -> ExternalServicePlan {
+    let mut annotations = spec.annotations.clone();
+    if spec.publish_attachment_oauths {
+        let ready: Vec<String> = attached
+            .iter()
+            .filter(|a| a.ready)
+            .map(|a| format!("oauth.{}", a.domain()))
+            .collect();
+        let given = annotations.get(EXTERNAL_DNS_HOSTNAME).map(String::as_str);
+        if let Some(names) = published_names(given, &ready) {
+            annotations.insert(EXTERNAL_DNS_HOSTNAME.into(), names);
+        }
+    }
+    if let Some(pool) = spec
+        .address_pool_name
+        .as_deref()
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+    {
+        annotations.insert(super::apps_ingress::POOL_ANNOTATION.into(), pool.into());
+    }
+    ExternalServicePlan {
+        labels: spec.labels.clone(),
+        annotations,
+    }
+}
+
+/// The user's comma-separated names (trimmed, empty and repeated ones
+/// dropped, order and spelling kept), then the `added` names not already
+/// there, sorted; `None` leaves the annotation as the user wrote it (no
+/// name to add). A name matches another whatever its case and one
+/// trailing dot.
+pub fn published_names(given: Option<&str>, added: &[String]) -> Option<String> {
+    if added.is_empty() {
+        return None;
+    }
+    let key = |s: &str| {
+        let s = s.trim().to_ascii_lowercase();
+        s.strip_suffix('.').map(str::to_string).unwrap_or(s)
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out: Vec<String> = Vec::new();
+    for name in given.unwrap_or_default().split(',') {
+        let name = name.trim();
+        if !name.is_empty() && seen.insert(key(name)) {
+            out.push(name.to_string());
+        }
+    }
+    let mut more: Vec<String> = added
+        .iter()
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty() && seen.insert(key(n)))
+        .collect();
+    more.sort();
+    out.extend(more);
+    Some(out.join(","))
 }
 
 /// `networkConfig.dnsServers` as only the Infra can get it wrong.

@@ -26,6 +26,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
 
 pub mod helm;
+pub mod metallb;
 
 /// The chart's release, as the tests install it.
 pub const RELEASE_NAMESPACE: &str = "causeway-system";

@@ -1,0 +1,315 @@
+//! Apps ingress installing MetalLB in the hosted cluster (`install: true`)
+//! on an API server of this test process's own, where neither OLM's nor
+//! MetalLB's kinds are served at first. The test plays OLM (it serves
+//! MetalLB's kinds once the Subscription is there, as the operator's
+//! bundle would) and MetalLB ([`kube_cluster::metallb`], which runs only
+//! once the `MetalLB` resource exists and reads pools only from its own
+//! namespace). Then a deletion that gives up, after a shortened timeout, on
+//! a hosted cluster it cannot reach.
+//!
+//! As everywhere in these suites the hosted cluster is played by the same
+//! API server, through HyperShift's admin kubeconfig Secret.
+//!
+//! Needs root (the API server binaries are built into /var/cache by
+//! tests/run.sh); without them the test prints SKIP.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod kube_cluster;
+
+use std::time::{Duration, Instant};
+
+use causeway_operator::infra::attachment::{AppsIngressStatus, InfraClusterAttachment};
+use k8s_openapi::api::core::v1::{Node, Service};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::core::ApiResource;
+use kube_cluster::{admin, apply_yaml, eventually, metallb, wait_established, Operator};
+
+const NAD_CRD: &str = include_str!("../../../tests/kube/crds/network-attachment-definition.yaml");
+const HC_CRD: &str = include_str!("../../../tests/kube/crds/hostedcluster.yaml");
+const OLM_SUBSCRIPTION_CRD: &str = include_str!("../../../tests/kube/crds/olm-subscription.yaml");
+const METALLB_CRDS: &str = include_str!("../../../tests/kube/crds/metallb.yaml");
+const METALLB_OPERATOR_CRD: &str = include_str!("../../../tests/kube/crds/metallb-operator.yaml");
+const WAIT: Duration = Duration::from_secs(60);
+const NS: &str = "apps-install";
+const OLM_NS: &str = "openshift-operators";
+
+const INFRA: &str = r#"
+apiVersion: hostedcluster.densityops.com/v1alpha1
+kind: Infra
+metadata: {name: vlan100, namespace: apps-install}
+spec:
+  networkConfig:
+    cidr: 192.168.100.0/24
+    gateway: 192.168.100.1
+    networkAttachmentDefinition: vlan100
+    dnsServers: [192.0.2.53]
+  infraComponents:
+    dhcp: {serverIP: 192.168.100.2, rangeStart: 192.168.100.100, rangeEnd: 192.168.100.199}
+    dns: {serverIP: 192.168.100.3}
+    proxy: {serverIP: 192.168.100.4}
+"#;
+
+fn dynamic(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: format!("{group}/{version}"),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+async fn wait_apps(
+    attachments: &Api<InfraClusterAttachment>,
+    op: &Operator,
+    name: &str,
+    want: &str,
+) -> AppsIngressStatus {
+    eventually(
+        &format!("apps ingress of {name}: {want}"),
+        WAIT,
+        Some(op),
+        || async {
+            let a = attachments.get(name).await.ok()?;
+            let s = a.status?.apps_ingress_status?;
+            (s.reason == want).then_some(s)
+        },
+    )
+    .await
+}
+
+async fn put_kubeconfig(client: &kube::Client, text: String) {
+    let secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "hc8-admin-kubeconfig", "namespace": "clusters"},
+        "data": {"kubeconfig": k8s_openapi::ByteString(text.into_bytes())}});
+    apply_yaml(client, &serde_json::to_string(&secret).unwrap(), "clusters")
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on() {
+    let Some(c) =
+        kube_cluster::cluster("metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on")
+    else {
+        return;
+    };
+    let client = admin(c).await;
+    kube_cluster::install_release(
+        &client,
+        &c.helm,
+        kube_cluster::RELEASE,
+        &["appsIngress.enabled=true"],
+    )
+    .await
+    .unwrap();
+    for n in [NS, "clusters", "clusters-hc8", "openshift-ingress", OLM_NS] {
+        kube_cluster::ensure_namespace(&client, n).await;
+    }
+    apply_yaml(&client, NAD_CRD, "default").await.unwrap();
+    apply_yaml(&client, HC_CRD, "default").await.unwrap();
+    wait_established(&client, "network-attachment-definitions.k8s.cni.cncf.io").await;
+    apply_yaml(
+        &client,
+        &format!("apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata: {{name: vlan100, namespace: {NS}}}\nspec:\n  config: '{{}}'\n"),
+        NS,
+    )
+    .await
+    .unwrap();
+    let kubeconfig_text =
+        causeway_operator::k8s::manifest::token_kubeconfig(&c.server, &c.ca, &c.admin_token);
+    put_kubeconfig(&client, kubeconfig_text.clone()).await;
+    // A Ready Node in the hosted cluster, so only MetalLB is waited for.
+    apply_yaml(
+        &client,
+        "apiVersion: v1\nkind: Node\nmetadata: {name: hc8-worker-0}\n",
+        "default",
+    )
+    .await
+    .unwrap();
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    Api::<Node>::all(client.clone())
+        .patch_status(
+            "hc8-worker-0",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"conditions": [
+                {"type": "Ready", "status": "True", "lastHeartbeatTime": now, "lastTransitionTime": now,
+                 "reason": "KubeletReady", "message": "ready"}]}})),
+        )
+        .await
+        .unwrap();
+    let args = [
+        "--leader-election=false",
+        "--hosted-apiserver=kubeconfig",
+        "--hosted-cleanup-timeout-seconds=5",
+    ];
+    let op = Operator::start(c, &[NS, "clusters-hc8"], &args, "install");
+    apply_yaml(&client, INFRA, NS).await.unwrap();
+    let attachment = serde_json::json!({
+        "apiVersion": "hostedcluster.densityops.com/v1alpha1", "kind": "InfraClusterAttachment",
+        "metadata": {"name": "i", "namespace": NS},
+        "spec": {"infraRef": {"name": "vlan100"},
+            "hostedClusterRef": {"name": "hc8", "namespace": "clusters"},
+            "dns": {"clusterName": "hc8", "baseDomain": "example.net"},
+            "appsIngress": {"enabled": true,
+                "metallb": {"addressPoolName": "hc8-apps", "ipAddressPoolRange": "192.168.100.210-192.168.100.219",
+                    "install": true}}}});
+    apply_yaml(&client, &serde_json::to_string(&attachment).unwrap(), NS)
+        .await
+        .unwrap();
+    let attachments: Api<InfraClusterAttachment> = Api::namespaced(client.clone(), NS);
+
+    // No OLM: nothing can install MetalLB, and the status says so.
+    let s = wait_apps(&attachments, &op, "i", "MetalLBInstallFailed").await;
+    assert!(
+        s.message.contains("Subscription kind is not served"),
+        "{}",
+        s.message
+    );
+
+    // OLM serves Subscriptions: MetalLB's is made where OLM installs
+    // operators for every namespace, and MetalLB's kinds are waited for.
+    apply_yaml(&client, OLM_SUBSCRIPTION_CRD, "default")
+        .await
+        .unwrap();
+    wait_established(&client, "subscriptions.operators.coreos.com").await;
+    let s = wait_apps(&attachments, &op, "i", "WaitingForMetalLBCRDs").await;
+    assert!(s.message.contains("being installed"), "{}", s.message);
+    let subscriptions: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        OLM_NS,
+        &dynamic(
+            "operators.coreos.com",
+            "v1alpha1",
+            "Subscription",
+            "subscriptions",
+        ),
+    );
+    let sub = subscriptions.get("metallb-operator").await.unwrap();
+    assert_eq!(
+        sub.data["spec"],
+        serde_json::json!({"channel": "stable", "name": "metallb-operator", "source": "redhat-operators",
+            "sourceNamespace": "openshift-marketplace", "installPlanApproval": "Automatic"})
+    );
+    let metallbs: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        OLM_NS,
+        &dynamic("metallb.io", "v1beta1", "MetalLB", "metallbs"),
+    );
+
+    // OLM installs the operator's bundle: MetalLB's kinds are served. The
+    // MetalLB resource that has the operator run MetalLB is made then,
+    // woken by the watch of the kinds (a Pending pass is otherwise looked
+    // at again only every 10 s), with the pool and its advertisement in
+    // the same namespace.
+    apply_yaml(&client, METALLB_CRDS, "default").await.unwrap();
+    apply_yaml(&client, METALLB_OPERATOR_CRD, "default")
+        .await
+        .unwrap();
+    let served_at = Instant::now();
+    wait_established(&client, "metallbs.metallb.io").await;
+    eventually("the MetalLB resource", WAIT, Some(&op), || async {
+        metallbs.get_opt("metallb").await.ok()?
+    })
+    .await;
+    let took = served_at.elapsed();
+    println!("the MetalLB resource made {took:?} after MetalLB's kinds were applied");
+    assert!(
+        took < Duration::from_secs(8),
+        "the MetalLB resource took {took:?}: made by the 10 s requeue, not the watch"
+    );
+    wait_apps(&attachments, &op, "i", "WaitingForExternalIP").await;
+    let pools: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        OLM_NS,
+        &causeway_operator::k8s::resources::ip_address_pool_resource(),
+    );
+    assert!(pools.get_opt("hc8-apps").await.unwrap().is_some());
+    for ns in ["metallb-system"] {
+        let elsewhere: Api<DynamicObject> = Api::namespaced_with(
+            client.clone(),
+            ns,
+            &causeway_operator::k8s::resources::ip_address_pool_resource(),
+        );
+        assert!(
+            elsewhere.get_opt("hc8-apps").await.unwrap().is_none(),
+            "a pool in {ns}, where the installed MetalLB does not read it"
+        );
+    }
+
+    // The installed MetalLB gives the router its address and announces it.
+    let given = metallb::allocate(
+        &client,
+        metallb::Installed::Operator,
+        OLM_NS,
+        "openshift-ingress",
+        "causeway-apps",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (given.address.to_string().as_str(), given.announced),
+        ("192.168.100.210", true),
+        "{given:?}"
+    );
+    let s = wait_apps(&attachments, &op, "i", "ReconciliationSucceeded").await;
+    assert_eq!(s.external_ip.as_deref(), Some("192.168.100.210"));
+    assert!(s.applied.as_ref().unwrap().installed_metallb, "{s:?}");
+
+    // Deleted while the hosted cluster cannot be reached (a new operator,
+    // with no client kept, and a kubeconfig naming a dead server): the
+    // deletion waits the shortened timeout, says so, then goes, leaving
+    // the hosted objects behind with a warning naming them.
+    drop(op);
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("https://{}", closed.local_addr().unwrap());
+    drop(closed);
+    put_kubeconfig(
+        &client,
+        causeway_operator::k8s::manifest::token_kubeconfig(&dead, &c.ca, &c.admin_token),
+    )
+    .await;
+    let op = Operator::start(c, &[NS, "clusters-hc8"], &args, "install-again");
+    attachments
+        .delete("i", &DeleteParams::default())
+        .await
+        .unwrap();
+    let message = eventually(
+        "the deletion waits and says why",
+        WAIT,
+        Some(&op),
+        || async {
+            let a = attachments.get_opt("i").await.ok()??;
+            a.status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "HostedCleanup" && c.status == "False")
+                .map(|c| c.message)
+        },
+    )
+    .await;
+    assert!(message.contains("waiting up to 5 s"), "{message}");
+    eventually(
+        "the attachment gone after the timeout",
+        WAIT,
+        Some(&op),
+        || async { attachments.get_opt("i").await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+    let services: Api<Service> = Api::namespaced(client.clone(), "openshift-ingress");
+    assert!(
+        services.get_opt("causeway-apps").await.unwrap().is_some(),
+        "the router Service should be left behind in the unreachable cluster"
+    );
+    assert!(subscriptions
+        .get_opt("metallb-operator")
+        .await
+        .unwrap()
+        .is_some());
+    let log = op.log_text();
+    assert!(
+        log.contains("left behind") && log.contains("causeway-apps") && log.contains("hc8-apps"),
+        "no warning naming what was left behind:\n{log}"
+    );
+}
