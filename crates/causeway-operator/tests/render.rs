@@ -1210,7 +1210,7 @@ fn the_infras_external_service_publishes_ready_attachments_oauth_names() {
 
     // Turned off, or without a proxy: no Service, and no 8443.
     let proxy = infra.spec.infra_components.proxy.as_mut().unwrap();
-    proxy.external_service.as_mut().unwrap().enabled = false;
+    proxy.external_service.as_mut().unwrap().service.enabled = false;
     let r = render(&plan_of(&infra), &owner(), &settings());
     assert!(r.external_service.is_none());
     assert!(!serde_json::to_value(&r.admin_policy)

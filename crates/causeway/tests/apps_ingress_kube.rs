@@ -20,16 +20,14 @@ mod kube_cluster;
 use std::time::{Duration, Instant};
 
 use causeway_operator::infra::attachment::{AppsIngressStatus, InfraClusterAttachment};
-use k8s_openapi::api::core::v1::{Node, Service};
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, DeleteParams, DynamicObject};
 use kube::core::ApiResource;
-use kube_cluster::{admin, apply_yaml, eventually, metallb, wait_established, Operator};
-
-const NAD_CRD: &str = include_str!("../../../tests/kube/crds/network-attachment-definition.yaml");
-const HC_CRD: &str = include_str!("../../../tests/kube/crds/hostedcluster.yaml");
-const OLM_SUBSCRIPTION_CRD: &str = include_str!("../../../tests/kube/crds/olm-subscription.yaml");
-const METALLB_CRDS: &str = include_str!("../../../tests/kube/crds/metallb.yaml");
-const METALLB_OPERATOR_CRD: &str = include_str!("../../../tests/kube/crds/metallb-operator.yaml");
+use kube_cluster::{
+    admin_kubeconfig_secret, apply_yaml, eventually, install_fixture_crds, metallb,
+    network_attachment, ready_node, Operator, HOSTED_CLUSTER_CRD, METALLB_CRDS,
+    METALLB_OPERATOR_CRD, NAD_CRD, OLM_SUBSCRIPTION_CRD,
+};
 const WAIT: Duration = Duration::from_secs(60);
 const NS: &str = "apps-install";
 const OLM_NS: &str = "openshift-operators";
@@ -80,65 +78,26 @@ async fn wait_apps(
 }
 
 async fn put_kubeconfig(client: &kube::Client, text: String) {
-    let secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "hc8-admin-kubeconfig", "namespace": "clusters"},
-        "data": {"kubeconfig": k8s_openapi::ByteString(text.into_bytes())}});
-    apply_yaml(client, &serde_json::to_string(&secret).unwrap(), "clusters")
-        .await
-        .unwrap();
+    admin_kubeconfig_secret(client, "clusters", "hc8", text).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on() {
-    let Some(c) =
-        kube_cluster::cluster("metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on")
+    let Some((c, client)) = kube_cluster::with_apps_ingress(
+        "metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on",
+        &[NS, "clusters", "clusters-hc8", "openshift-ingress", OLM_NS],
+    )
+    .await
     else {
         return;
     };
-    let client = admin(c).await;
-    kube_cluster::install_release(
-        &client,
-        &c.helm,
-        kube_cluster::RELEASE,
-        &["appsIngress.enabled=true"],
-    )
-    .await
-    .unwrap();
-    for n in [NS, "clusters", "clusters-hc8", "openshift-ingress", OLM_NS] {
-        kube_cluster::ensure_namespace(&client, n).await;
-    }
-    apply_yaml(&client, NAD_CRD, "default").await.unwrap();
-    apply_yaml(&client, HC_CRD, "default").await.unwrap();
-    wait_established(&client, "network-attachment-definitions.k8s.cni.cncf.io").await;
-    apply_yaml(
-        &client,
-        &format!("apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata: {{name: vlan100, namespace: {NS}}}\nspec:\n  config: '{{}}'\n"),
-        NS,
-    )
-    .await
-    .unwrap();
+    install_fixture_crds(&client, &[NAD_CRD, HOSTED_CLUSTER_CRD]).await;
+    network_attachment(&client, NS, "vlan100").await;
     let kubeconfig_text =
         causeway_operator::k8s::manifest::token_kubeconfig(&c.server, &c.ca, &c.admin_token);
     put_kubeconfig(&client, kubeconfig_text.clone()).await;
     // A Ready Node in the hosted cluster, so only MetalLB is waited for.
-    apply_yaml(
-        &client,
-        "apiVersion: v1\nkind: Node\nmetadata: {name: hc8-worker-0}\n",
-        "default",
-    )
-    .await
-    .unwrap();
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    Api::<Node>::all(client.clone())
-        .patch_status(
-            "hc8-worker-0",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"status": {"conditions": [
-                {"type": "Ready", "status": "True", "lastHeartbeatTime": now, "lastTransitionTime": now,
-                 "reason": "KubeletReady", "message": "ready"}]}})),
-        )
-        .await
-        .unwrap();
+    ready_node(&client, "hc8-worker-0").await;
     let args = [
         "--leader-election=false",
         "--hosted-apiserver=kubeconfig",
@@ -170,10 +129,7 @@ async fn metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on() {
 
     // OLM serves Subscriptions: MetalLB's is made where OLM installs
     // operators for every namespace, and MetalLB's kinds are waited for.
-    apply_yaml(&client, OLM_SUBSCRIPTION_CRD, "default")
-        .await
-        .unwrap();
-    wait_established(&client, "subscriptions.operators.coreos.com").await;
+    install_fixture_crds(&client, &[OLM_SUBSCRIPTION_CRD]).await;
     let s = wait_apps(&attachments, &op, "i", "WaitingForMetalLBCRDs").await;
     assert!(s.message.contains("being installed"), "{}", s.message);
     let subscriptions: Api<DynamicObject> = Api::namespaced_with(
@@ -203,12 +159,8 @@ async fn metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on() {
     // woken by the watch of the kinds (a Pending pass is otherwise looked
     // at again only every 10 s), with the pool and its advertisement in
     // the same namespace.
-    apply_yaml(&client, METALLB_CRDS, "default").await.unwrap();
-    apply_yaml(&client, METALLB_OPERATOR_CRD, "default")
-        .await
-        .unwrap();
     let served_at = Instant::now();
-    wait_established(&client, "metallbs.metallb.io").await;
+    install_fixture_crds(&client, &[METALLB_CRDS, METALLB_OPERATOR_CRD]).await;
     eventually("the MetalLB resource", WAIT, Some(&op), || async {
         metallbs.get_opt("metallb").await.ok()?
     })

@@ -832,36 +832,25 @@ async fn wait_apps(
 /// Apps ingress with the hosted cluster played by the same API server
 /// (HyperShift's admin kubeconfig Secret pointing at it): waiting for a
 /// Ready Node, then for MetalLB, then for the router's load balancer
-/// address, which the test writes as MetalLB would; `*.apps` in DNS and
-/// the proxy follows it; turning it off removes what was made.
+/// address, which a stand-in for MetalLB gives from the pool; `*.apps` in
+/// DNS and the proxy follows it; turning it off removes what was made.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apps_ingress_follows_the_routers_load_balancer_on_the_vlan() {
-    let Some(c) =
-        kube_cluster::cluster("apps_ingress_follows_the_routers_load_balancer_on_the_vlan")
+    let ns = "apps";
+    let Some((c, client)) = kube_cluster::with_apps_ingress(
+        "apps_ingress_follows_the_routers_load_balancer_on_the_vlan",
+        &[
+            ns,
+            "clusters",
+            "clusters-hc7",
+            "metallb-system",
+            "openshift-ingress",
+        ],
+    )
+    .await
     else {
         return;
     };
-    let client = admin(c).await;
-    // The chart with apps ingress on: the operator may read the admin
-    // kubeconfig Secret.
-    kube_cluster::install_release(
-        &client,
-        &c.helm,
-        kube_cluster::RELEASE,
-        &["appsIngress.enabled=true"],
-    )
-    .await
-    .unwrap();
-    let ns = "apps";
-    for n in [
-        ns,
-        "clusters",
-        "clusters-hc7",
-        "metallb-system",
-        "openshift-ingress",
-    ] {
-        kube_cluster::ensure_namespace(&client, n).await;
-    }
     apply_yaml(&client, NAD_CRD, "default").await.unwrap();
     apply_yaml(&client, HC_CRD, "default").await.unwrap();
     wait_established(&client, "network-attachment-definitions.k8s.cni.cncf.io").await;
@@ -875,16 +864,8 @@ async fn apps_ingress_follows_the_routers_load_balancer_on_the_vlan() {
     .unwrap();
     let kubeconfig_text =
         causeway_operator::k8s::manifest::token_kubeconfig(&c.server, &c.ca, &c.admin_token);
-    let secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "hc7-admin-kubeconfig", "namespace": "clusters"},
-        "data": {"kubeconfig": k8s_openapi::ByteString(kubeconfig_text.clone().into_bytes())}});
-    apply_yaml(
-        &client,
-        &serde_json::to_string(&secret).unwrap(),
-        "clusters",
-    )
-    .await
-    .unwrap();
+    kube_cluster::admin_kubeconfig_secret(&client, "clusters", "hc7", kubeconfig_text.clone())
+        .await;
     let op = Operator::start(
         c,
         &[ns, "clusters-hc7"],
@@ -927,25 +908,7 @@ async fn apps_ingress_follows_the_routers_load_balancer_on_the_vlan() {
         "WaitingForHostedClusterNodes",
     )
     .await;
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-    apply_yaml(
-        &client,
-        "apiVersion: v1\nkind: Node\nmetadata: {name: hc7-worker-0}\n",
-        "default",
-    )
-    .await
-    .unwrap();
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    nodes
-        .patch_status(
-            "hc7-worker-0",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"status": {"conditions": [
-                {"type": "Ready", "status": "True", "lastHeartbeatTime": now, "lastTransitionTime": now,
-                 "reason": "KubeletReady", "message": "ready"}]}})),
-        )
-        .await
-        .unwrap();
+    kube_cluster::ready_node(&client, "hc7-worker-0").await;
 
     // A Ready Node, no MetalLB: the owner's MetalLB is waited for, not
     // installed (install is off).
@@ -1097,18 +1060,7 @@ async fn apps_ingress_follows_the_routers_load_balancer_on_the_vlan() {
         causeway_operator::k8s::manifest::token_kubeconfig(&dead, &c.ca, &c.admin_token);
     let put_secret = |text: String| {
         let client = client.clone();
-        async move {
-            let secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": "hc7-admin-kubeconfig", "namespace": "clusters"},
-                "data": {"kubeconfig": k8s_openapi::ByteString(text.into_bytes())}});
-            apply_yaml(
-                &client,
-                &serde_json::to_string(&secret).unwrap(),
-                "clusters",
-            )
-            .await
-            .unwrap();
-        }
+        async move { kube_cluster::admin_kubeconfig_secret(&client, "clusters", "hc7", text).await }
     };
     put_secret(unreachable).await;
     let op = Operator::start(

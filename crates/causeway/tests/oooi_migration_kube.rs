@@ -32,18 +32,16 @@ use std::time::Duration;
 
 use causeway_operator::infra::attachment::InfraClusterAttachment;
 use causeway_operator::infra::crd::Infra;
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
 use kube::{Client, ResourceExt};
-use kube_cluster::{admin, apply_yaml, eventually, metallb, wait_established, Operator};
-
-const NAD_CRD: &str = include_str!("../../../tests/kube/crds/network-attachment-definition.yaml");
-const HC_CRD: &str = include_str!("../../../tests/kube/crds/hostedcluster.yaml");
-const OLM_SUBSCRIPTION_CRD: &str = include_str!("../../../tests/kube/crds/olm-subscription.yaml");
-const METALLB_CRDS: &str = include_str!("../../../tests/kube/crds/metallb.yaml");
-const METALLB_OPERATOR_CRD: &str = include_str!("../../../tests/kube/crds/metallb-operator.yaml");
+use kube_cluster::{
+    admin_kubeconfig_secret, eventually, install_fixture_crds, metallb, network_attachment,
+    ready_node, Operator, HOSTED_CLUSTER_CRD, METALLB_CRDS, METALLB_OPERATOR_CRD, NAD_CRD,
+    OLM_SUBSCRIPTION_CRD,
+};
 const WAIT: Duration = Duration::from_secs(60);
 /// The Go operator's field manager (its binary's name).
 const GO_MANAGER: &str = "oooi";
@@ -171,67 +169,30 @@ async fn apps_address_trouble(client: &Client, address: &str) -> Option<String> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_go_operator_install_is_taken_over_without_a_duplicate_or_a_lost_field() {
-    let Some(c) = kube_cluster::cluster(
+    let Some((c, client)) = kube_cluster::with_apps_ingress(
         "a_go_operator_install_is_taken_over_without_a_duplicate_or_a_lost_field",
-    ) else {
+        &[NS, CONTROL_PLANE, ROUTER_NS, OLM_NS],
+    )
+    .await
+    else {
         return;
     };
-    let client = admin(c).await;
-    kube_cluster::install_release(
+    install_fixture_crds(
         &client,
-        &c.helm,
-        kube_cluster::RELEASE,
-        &["appsIngress.enabled=true"],
+        &[
+            NAD_CRD,
+            HOSTED_CLUSTER_CRD,
+            OLM_SUBSCRIPTION_CRD,
+            METALLB_CRDS,
+            METALLB_OPERATOR_CRD,
+        ],
     )
-    .await
-    .unwrap();
-    for n in [NS, CONTROL_PLANE, ROUTER_NS, OLM_NS] {
-        kube_cluster::ensure_namespace(&client, n).await;
-    }
-    for (crd, name) in [
-        (NAD_CRD, "network-attachment-definitions.k8s.cni.cncf.io"),
-        (HC_CRD, "hostedclusters.hypershift.openshift.io"),
-        (OLM_SUBSCRIPTION_CRD, "subscriptions.operators.coreos.com"),
-        (METALLB_OPERATOR_CRD, "metallbs.metallb.io"),
-        (METALLB_CRDS, "l2advertisements.metallb.io"),
-    ] {
-        apply_yaml(&client, crd, "default").await.unwrap();
-        wait_established(&client, name).await;
-    }
-    wait_established(&client, "ipaddresspools.metallb.io").await;
-    apply_yaml(
-        &client,
-        &format!("apiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata: {{name: vlan100, namespace: {NS}}}\nspec:\n  config: '{{}}'\n"),
-        NS,
-    )
-    .await
-    .unwrap();
+    .await;
+    network_attachment(&client, NS, "vlan100").await;
     let kubeconfig =
         causeway_operator::k8s::manifest::token_kubeconfig(&c.server, &c.ca, &c.admin_token);
-    let secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "hc9-admin-kubeconfig", "namespace": NS},
-        "data": {"kubeconfig": k8s_openapi::ByteString(kubeconfig.into_bytes())}});
-    apply_yaml(&client, &serde_json::to_string(&secret).unwrap(), NS)
-        .await
-        .unwrap();
-    apply_yaml(
-        &client,
-        "apiVersion: v1\nkind: Node\nmetadata: {name: hc9-worker-0}\n",
-        "default",
-    )
-    .await
-    .unwrap();
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    Api::<Node>::all(client.clone())
-        .patch_status(
-            "hc9-worker-0",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"status": {"conditions": [
-                {"type": "Ready", "status": "True", "lastHeartbeatTime": now, "lastTransitionTime": now,
-                 "reason": "KubeletReady", "message": "ready"}]}})),
-        )
-        .await
-        .unwrap();
+    admin_kubeconfig_secret(&client, NS, "hc9", kubeconfig).await;
+    ready_node(&client, "hc9-worker-0").await;
 
     // What the Go operator left: the Infra and an attachment carrying its
     // finalizer, as its users and it wrote them.

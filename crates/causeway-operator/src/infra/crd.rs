@@ -2,8 +2,6 @@
 //! users already write is accepted under the same name with the same
 //! meaning; causeway's additions are optional.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -378,20 +376,12 @@ pub struct ProxySpec {
     pub external_service: Option<InfraExternalServiceSpec>,
 }
 
-/// The Infra's external Service for the proxy.
+/// The Infra's external Service for the proxy: an attachment's fields, and
+/// the OAuth names of its attachments to publish.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
 pub struct InfraExternalServiceSpec {
-    #[serde(default)]
-    pub enabled: bool,
-    /// The MetalLB pool to take the address from: the
-    /// `metallb.universe.tf/address-pool` annotation.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub address_pool_name: Option<String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub annotations: BTreeMap<String, String>,
+    #[serde(flatten)]
+    pub service: super::attachment::ExternalServiceSpec,
     /// Adds `oauth.<domain>` of every attachment the Infra serves whose
     /// `Ready` is True to the `external-dns.alpha.kubernetes.io/hostname`
     /// annotation, after the names given there.

@@ -344,7 +344,7 @@ pub fn validate(
     let infra_external = proxy_spec
         .filter(|_| proxy_configured)
         .and_then(|p| p.external_service.as_ref())
-        .filter(|x| x.enabled)
+        .filter(|x| x.service.enabled)
         .map(|x| external_service_plan(x, attached));
     let render = Render {
         spec,
@@ -436,7 +436,7 @@ fn external_service_plan(
     spec: &super::crd::InfraExternalServiceSpec,
     attached: &[Candidate],
 ) -> ExternalServicePlan {
-    let mut annotations = spec.annotations.clone();
+    let mut annotations = spec.service.annotations.clone();
     if spec.publish_attachment_oauths {
         let ready: Vec<String> = attached
             .iter()
@@ -449,6 +449,7 @@ fn external_service_plan(
         }
     }
     if let Some(pool) = spec
+        .service
         .address_pool_name
         .as_deref()
         .map(str::trim)
@@ -457,7 +458,7 @@ fn external_service_plan(
         annotations.insert(super::apps_ingress::POOL_ANNOTATION.into(), pool.into());
     }
     ExternalServicePlan {
-        labels: spec.labels.clone(),
+        labels: spec.service.labels.clone(),
         annotations,
     }
 }

@@ -334,6 +334,68 @@ pub const METALLB_CRDS: FixtureCrd = (
     "ipaddresspools.metallb.io",
 );
 
+/// OLM's Subscription (operators.coreos.com/v1alpha1).
+pub const OLM_SUBSCRIPTION_CRD: FixtureCrd = (
+    include_str!("../../../../tests/kube/crds/olm-subscription.yaml"),
+    "subscriptions.operators.coreos.com",
+);
+/// MetalLB's operator's MetalLB resource.
+pub const METALLB_OPERATOR_CRD: FixtureCrd = (
+    include_str!("../../../../tests/kube/crds/metallb-operator.yaml"),
+    "metallbs.metallb.io",
+);
+
+/// The shared cluster with the chart released for apps ingress (so the
+/// operator may read HyperShift's admin kubeconfig Secrets) and
+/// `namespaces` made; with the admin client. `None` after a loud SKIP.
+pub async fn with_apps_ingress(
+    test: &str,
+    namespaces: &[&str],
+) -> Option<(&'static SharedCluster, Client)> {
+    let c = cluster(test)?;
+    let client = admin(c).await;
+    install_release(&client, &c.helm, RELEASE, &["appsIngress.enabled=true"])
+        .await
+        .unwrap();
+    for n in namespaces {
+        ensure_namespace(&client, n).await;
+    }
+    Some((c, client))
+}
+
+/// A Node `name` whose kubelet reports it Ready.
+pub async fn ready_node(client: &Client, name: &str) {
+    apply_yaml(
+        client,
+        &format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\n"),
+        "default",
+    )
+    .await
+    .unwrap();
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"conditions": [
+                {"type": "Ready", "status": "True", "lastHeartbeatTime": now, "lastTransitionTime": now,
+                 "reason": "KubeletReady", "message": "ready"}]}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// HyperShift's admin kubeconfig Secret of HostedCluster `ns/hc`, holding
+/// `kubeconfig`.
+pub async fn admin_kubeconfig_secret(client: &Client, ns: &str, hc: &str, kubeconfig: String) {
+    let secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": format!("{hc}-admin-kubeconfig"), "namespace": ns},
+        "data": {"kubeconfig": k8s_openapi::ByteString(kubeconfig.into_bytes())}});
+    apply_yaml(client, &serde_json::to_string(&secret).unwrap(), ns)
+        .await
+        .unwrap();
+}
+
 /// Applies fixture CRDs (their CEL rules cut, for the 1.20 server) and
 /// waits until each is established.
 pub async fn install_fixture_crds(client: &Client, crds: &[FixtureCrd]) {
