@@ -1218,3 +1218,38 @@ fn the_infras_external_service_publishes_ready_attachments_oauth_names() {
         .to_string()
         .contains("8443"));
 }
+
+#[test]
+fn scratch_print_two_attachment_configs() {
+    let infra: Infra = serde_saphyr::from_str(
+        r#"
+apiVersion: hostedcluster.densityops.com/v1alpha1
+kind: Infra
+metadata: {name: vlan100, namespace: tenants}
+spec:
+  networkConfig:
+    cidr: 192.168.100.0/24
+    gateway: 192.168.100.1
+    networkAttachmentDefinition: vlan100
+    dnsServers: [10.0.0.1]
+  infraComponents:
+    dns: {serverIP: 192.168.100.3}
+    proxy: {serverIP: 192.168.100.4}
+"#,
+    )
+    .unwrap();
+    let a = attached("a", "hc1", true);
+    let b = attached("b", "hc2", true);
+    let plan = validate(
+        &infra.spec,
+        "vlan100",
+        "tenants",
+        None,
+        &no_services,
+        &[a, b],
+    )
+    .unwrap();
+    for c in [Component::Dns, Component::Proxy] {
+        println!("=== {c:?}\n{}", plan.component(c).unwrap().config_text);
+    }
+}

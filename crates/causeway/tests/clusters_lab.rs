@@ -774,3 +774,211 @@ fn two_hosted_clusters_share_one_vlan() {
         started.elapsed().as_millis()
     );
 }
+
+/// `/etc/netns/<ns>/resolv.conf`, which `ip netns exec` mounts over the
+/// namespace's `/etc/resolv.conf` (a pod's resolver, here the pod
+/// network's dnsmasq); removed with the guard, and `/etc/netns` too when
+/// this made it.
+struct PodResolver {
+    dir: PathBuf,
+    made_parent: bool,
+}
+
+impl PodResolver {
+    fn new(ns: &Netns, nameserver: &str) -> PodResolver {
+        let parent = Path::new("/etc/netns");
+        let made_parent = !parent.exists();
+        let dir = parent.join(ns.name());
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(
+            dir.join("resolv.conf"),
+            format!("nameserver {nameserver}\n"),
+        )
+        .unwrap();
+        PodResolver { dir, made_parent }
+    }
+}
+
+impl Drop for PodResolver {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+        if self.made_parent {
+            // Only if empty: entries of anyone else's stay.
+            let _ = fs::remove_dir("/etc/netns");
+        }
+    }
+}
+
+/// A pod on the VLAN: `net1` on the VLAN bridge with `vlan_ip`, and `eth0`
+/// on a link of its own to the pod network (`10.0.<n>.2`, the pod
+/// network's side `10.0.<n>.1`), its default route there, as a pod has.
+fn vlan_pod(lab: &Lab, role: &str, vlan_ip: &str, n: u8) -> Netns {
+    let pod = Netns::new(role);
+    let port = format!("p-{role}");
+    pod.veth_to("net1", None, &lab._vlan, &port, None);
+    lab._vlan.ip(&["link", "set", &port, "master", "br0"]);
+    pod.ip(&["addr", "add", &format!("{vlan_ip}/24"), "dev", "net1"]);
+    let peer = format!("cp{n}");
+    pod.veth_to("eth0", None, &lab.pod, &peer, None);
+    pod.ip(&["addr", "add", &format!("10.0.{n}.2/24"), "dev", "eth0"]);
+    pod.ip(&["route", "add", "default", "via", &format!("10.0.{n}.1")]);
+    lab.pod
+        .ip(&["addr", "add", &format!("10.0.{n}.1/24"), "dev", &peer]);
+    pod
+}
+
+/// The Infra and attachments a user would write for the two clusters,
+/// rendered by the operator's own validation and rendering into each
+/// component's config, exactly as its pods receive them.
+fn operator_rendered(dns_ip: &str, proxy_ip: &str) -> (String, String) {
+    use causeway_operator::infra::attachment::{candidate, InfraClusterAttachmentSpec};
+    use causeway_operator::infra::plan::Component;
+    let infra: causeway_operator::infra::crd::Infra = serde_json::from_value(serde_json::json!({
+        "apiVersion": "hostedcluster.densityops.com/v1alpha1", "kind": "Infra",
+        "metadata": {"name": "vlan100", "namespace": "tenants"},
+        "spec": {
+            "networkConfig": {"cidr": "192.168.100.0/24", "gateway": "192.168.100.1",
+                "networkAttachmentDefinition": "vlan100", "dnsServers": ["10.0.0.1"]},
+            "infraComponents": {"dns": {"serverIP": dns_ip}, "proxy": {"serverIP": proxy_ip}}}}))
+    .unwrap();
+    let cidr = "192.168.100.0/24".parse().ok();
+    let attachment = |name: &str, spec: serde_json::Value| {
+        let spec: InfraClusterAttachmentSpec = serde_json::from_value(spec).unwrap();
+        candidate(name, &spec, cidr).unwrap()
+    };
+    let attached = [
+        attachment(
+            "hc1",
+            serde_json::json!({"infraRef": {"name": "vlan100"},
+                "hostedClusterRef": {"name": "hc1", "namespace": "clusters"},
+                "dns": {"clusterName": "hc1", "baseDomain": "example.com"},
+                "workers": [WORKER1]}),
+        ),
+        attachment(
+            "hc2",
+            serde_json::json!({"infraRef": {"name": "vlan100"},
+                "hostedClusterRef": {"name": "hc2", "namespace": "clusters"},
+                "dns": {"clusterName": "hc2", "baseDomain": "example.org"},
+                "controlPlaneNamespace": "hcp-hc2",
+                "workers": ["192.168.100.32/29"]}),
+        ),
+    ];
+    let no_services =
+        |_: &str, _: &str| causeway_operator::infra::validate::ServiceAddress::Missing;
+    let plan = causeway_operator::infra::validate::validate(
+        &infra.spec,
+        "vlan100",
+        "tenants",
+        None,
+        &no_services,
+        &attached,
+    )
+    .unwrap();
+    let text = |c: Component| plan.component(c).unwrap().config_text.clone();
+    (text(Component::Dns), text(Component::Proxy))
+}
+
+/// The same two clusters served by what the operator renders for one
+/// Infra with two InfraClusterAttachments: its DNS and proxy configs,
+/// unedited, each run in a pod of its own (`net1` on the VLAN at its
+/// static address, `eth0` on the pod network, the pod's resolver). From
+/// the VLAN: every cluster name resolves to the proxy's address, TLS by
+/// name reaches each cluster's own API and OAuth, a ClientHello without a
+/// name on 6443 goes by the worker's address, and a stranger gets no
+/// certificate.
+#[test]
+fn the_operators_rendered_configs_serve_two_attachments() {
+    if !root_or_skip("the_operators_rendered_configs_serve_two_attachments") {
+        return;
+    }
+    const DNS_IP: &str = "192.168.100.3";
+    const PROXY_IP: &str = "192.168.100.4";
+    let lab = Lab::up();
+    let (dns_config, proxy_config) = operator_rendered(DNS_IP, PROXY_IP);
+    let dns_pod = vlan_pod(&lab, "dnspod", DNS_IP, 3);
+    let proxy_pod = vlan_pod(&lab, "proxypod", PROXY_IP, 4);
+    let _resolver = PodResolver::new(&proxy_pod, "10.0.0.1");
+    let mut running = Vec::new();
+    for (pod, n, name, config) in [
+        (&dns_pod, 3, "dns", dns_config),
+        (&proxy_pod, 4, "proxy", proxy_config),
+    ] {
+        let path = lab.dir.path().join(format!("{name}.yaml"));
+        fs::write(&path, &config).unwrap();
+        running.push(Appliance::start(
+            name,
+            lab.dir.path(),
+            Some(pod),
+            &path,
+            AdminAt::NetnsAt {
+                ns: pod.name().to_string(),
+                host: format!("10.0.{n}.2"),
+                port: ADMIN_PORT,
+            },
+        ));
+    }
+    let clients = [
+        (&lab.worker1, "worker1"),
+        (&lab.worker2, "worker2"),
+        (&lab.stranger, "the stranger"),
+    ];
+    for (ns, who) in clients {
+        for name in [
+            "api.hc1.example.com",
+            "api-int.hc1.example.com",
+            "oauth.hc1.example.com",
+            "api.hc2.example.org",
+            "oauth.hc2.example.org",
+        ] {
+            let a = ask(ns, DNS_IP, name, 3);
+            assert_eq!(
+                (a.status.as_str(), a.addrs.clone()),
+                ("NOERROR", vec![PROXY_IP.to_string()]),
+                "{who}: {name}: {a:?}"
+            );
+        }
+    }
+    for (ns, who) in [(&lab.worker1, "worker1"), (&lab.worker2, "worker2")] {
+        for (name, port, stand_in) in [
+            ("api.hc1.example.com", 6443, "hc1-api"),
+            ("oauth.hc1.example.com", 443, "hc1-oauth"),
+            ("api.hc2.example.org", 6443, "hc2-api"),
+            ("oauth.hc2.example.org", 443, "hc2-oauth"),
+        ] {
+            reaches(&lab, ns, who, (PROXY_IP, port), Some(name), stand_in);
+        }
+    }
+    // No name: the worker's address decides.
+    reaches(
+        &lab,
+        &lab.worker1,
+        "worker1",
+        (PROXY_IP, 6443),
+        None,
+        "hc1-api",
+    );
+    reaches(
+        &lab,
+        &lab.worker2,
+        "worker2",
+        (PROXY_IP, 6443),
+        None,
+        "hc2-api",
+    );
+    match tls(
+        &lab.stranger,
+        PROXY_IP,
+        6443,
+        None,
+        false,
+        lab.cert("hc1-api"),
+    ) {
+        Ok(s) => panic!("the stranger without a name on 6443 was answered by {s}"),
+        Err(said) => assert!(
+            said.contains("no peer certificate available"),
+            "the stranger was not closed before any certificate:\n{said}"
+        ),
+    }
+    // Both pods ran throughout.
+    drop(running);
+}

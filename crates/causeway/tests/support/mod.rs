@@ -726,6 +726,9 @@ pub enum AdminAt {
     Host(SocketAddr),
     /// On 127.0.0.1:<port> inside a namespace, reached with curl.
     Netns { ns: String, port: u16 },
+    /// On `host:port` inside a namespace (an admin port bound to one
+    /// interface, as a pod's is), reached with curl.
+    NetnsAt { ns: String, host: String, port: u16 },
 }
 
 impl AdminAt {
@@ -734,6 +737,7 @@ impl AdminAt {
         match self {
             AdminAt::Host(addr) => http_get(*addr, path),
             AdminAt::Netns { ns, port } => netns_http_get(ns, *port, path),
+            AdminAt::NetnsAt { ns, host, port } => netns_http_get_at(ns, host, *port, path),
         }
     }
 }
