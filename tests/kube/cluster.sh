@@ -11,7 +11,12 @@
 #                                        stopped and DIR removed once that process
 #                                        has exited (test suites pass their own);
 #                                        CAUSEWAY_KUBE_SANS=DNS:a,IP:b adds names
-#                                        to the serving certificate
+#                                        to the serving certificate;
+#                                        CAUSEWAY_KUBE_ADDRESS and CAUSEWAY_KUBE_PORT
+#                                        choose where the API server listens
+#                                        (default 127.0.0.1 and a free port)
+#   tests/kube/cluster.sh stop-apiserver DIR   stop only the API server (an outage)
+#   tests/kube/cluster.sh start-apiserver DIR  start it again as it was
 #   tests/kube/cluster.sh stop DIR       stop what `start DIR` started
 #
 # The only kube-apiserver to be had on these machines is Debian bookworm's
@@ -151,6 +156,52 @@ stop() {
   done
 }
 
+# Starts the API server of the cluster in $1 from what start wrote there.
+run_apiserver() {
+  local dir="$1" pki="$1/pki" ETCD_PORT ADDRESS API_PORT TOKEN
+  # shellcheck disable=SC1091
+  . "$dir/apiserver.env"
+  "$BIN/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+    --bind-address "$ADDRESS" --advertise-address "$ADDRESS" --secure-port "$API_PORT" --insecure-port 0 \
+    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+    --client-ca-file "$pki/ca.crt" \
+    --token-auth-file "$pki/tokens.csv" \
+    --authorization-mode RBAC \
+    --service-account-issuer https://kubernetes.default.svc \
+    --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+    --api-audiences https://kubernetes.default.svc \
+    --service-cluster-ip-range 10.96.0.0/16 \
+    --disable-admission-plugins ServiceAccount \
+    --endpoint-reconciler-type none \
+    --allow-privileged=true \
+    >>"$dir/kube-apiserver.log" 2>&1 &
+  echo $! > "$dir/kube-apiserver.pid"
+}
+
+# Waits until the API server of the cluster in $1 is ready.
+apiserver_ready() {
+  local dir="$1" ETCD_PORT ADDRESS API_PORT TOKEN
+  # shellcheck disable=SC1091
+  . "$dir/apiserver.env"
+  wait_for kube-apiserver 90 curl -sf --cacert "$dir/pki/ca.crt" -H "Authorization: Bearer $TOKEN" \
+    "https://$ADDRESS:$API_PORT/readyz"
+}
+
+# Stops only the API server of the cluster in $1.
+stop_apiserver() {
+  local dir="$1" pid
+  [ -f "$dir/kube-apiserver.pid" ] || return 0
+  pid="$(cat "$dir/kube-apiserver.pid")"
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -9 "$pid" 2>/dev/null || true
+  rm -f "$dir/kube-apiserver.pid"
+}
+
 start() {
   local dir="$1" watch_pid="$2"
   have_binaries || die "no binaries in $CACHE; run 'tests/kube/cluster.sh build' as root"
@@ -165,8 +216,9 @@ start() {
     -keyout "$pki/apiserver.key" -out "$pki/apiserver.csr" 2>/dev/null
   # CAUSEWAY_KUBE_SANS adds names (DNS:x,IP:y): a test whose API server
   # is also a hosted cluster's, reached by its api/api-int names.
-  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost%s\nextendedKeyUsage=serverAuth\n' \
-    "${CAUSEWAY_KUBE_SANS:+,$CAUSEWAY_KUBE_SANS}" > "$pki/san.ext"
+  local address="${CAUSEWAY_KUBE_ADDRESS:-127.0.0.1}"
+  printf 'subjectAltName=IP:127.0.0.1,IP:%s,DNS:localhost%s\nextendedKeyUsage=serverAuth\n' \
+    "$address" "${CAUSEWAY_KUBE_SANS:+,$CAUSEWAY_KUBE_SANS}" > "$pki/san.ext"
   openssl x509 -req -in "$pki/apiserver.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
     -days 2 -extfile "$pki/san.ext" -out "$pki/apiserver.crt" 2>/dev/null
   openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
@@ -178,7 +230,7 @@ start() {
   local etcd_port etcd_peer api_port
   etcd_port="$(free_port)"
   etcd_peer="$(free_port)"
-  api_port="$(free_port)"
+  api_port="${CAUSEWAY_KUBE_PORT:-$(free_port)}"
 
   "$ETCD_BIN" --data-dir "$dir/etcd" --name causeway-test \
     --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
@@ -188,23 +240,11 @@ start() {
   echo $! > "$dir/etcd.pid"
   wait_for etcd 30 curl -sf "http://127.0.0.1:$etcd_port/health" || { stop "$dir"; die "etcd did not start: $(tail -5 "$dir/etcd.log")"; }
 
-  "$BIN/kube-apiserver" \
-    --etcd-servers "http://127.0.0.1:$etcd_port" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" --insecure-port 0 \
-    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
-    --client-ca-file "$pki/ca.crt" \
-    --token-auth-file "$pki/tokens.csv" \
-    --authorization-mode RBAC \
-    --service-account-issuer https://kubernetes.default.svc \
-    --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
-    --api-audiences https://kubernetes.default.svc \
-    --service-cluster-ip-range 10.96.0.0/16 \
-    --disable-admission-plugins ServiceAccount \
-    --endpoint-reconciler-type none \
-    --allow-privileged=true \
-    >"$dir/kube-apiserver.log" 2>&1 &
-  echo $! > "$dir/kube-apiserver.pid"
-  local server="https://127.0.0.1:$api_port"
+  # Kept, so start-apiserver can bring it back after an outage.
+  printf 'ETCD_PORT=%s\nADDRESS=%s\nAPI_PORT=%s\nTOKEN=%s\n' \
+    "$etcd_port" "$address" "$api_port" "$token" > "$dir/apiserver.env"
+  run_apiserver "$dir"
+  local server="https://$address:$api_port"
 
   cat > "$dir/kubeconfig" <<EOF
 apiVersion: v1
@@ -224,8 +264,7 @@ contexts:
 current-context: causeway-test
 EOF
 
-  wait_for kube-apiserver 90 curl -sf --cacert "$pki/ca.crt" -H "Authorization: Bearer $token" "$server/readyz" \
-    || { stop "$dir"; die "kube-apiserver not ready: $(tail -20 "$dir/kube-apiserver.log")"; }
+  apiserver_ready "$dir" || { stop "$dir"; die "kube-apiserver not ready: $(tail -20 "$dir/kube-apiserver.log")"; }
 
   "$BIN/kube-controller-manager" \
     --kubeconfig "$dir/kubeconfig" \
@@ -264,5 +303,11 @@ case "${1:-}" in
     rm -rf "$2"
     ;;
   stop) [ -n "${2:-}" ] || die "usage: stop DIR"; stop "$2" ;;
-  *) die "usage: $0 build | check | start DIR | stop DIR" ;;
+  stop-apiserver) [ -n "${2:-}" ] || die "usage: stop-apiserver DIR"; stop_apiserver "$2" ;;
+  start-apiserver)
+    [ -n "${2:-}" ] || die "usage: start-apiserver DIR"
+    run_apiserver "$2"
+    apiserver_ready "$2" || die "kube-apiserver not ready again: $(tail -20 "$2/kube-apiserver.log")"
+    ;;
+  *) die "usage: $0 build | check | start DIR | stop DIR | stop-apiserver DIR | start-apiserver DIR" ;;
 esac

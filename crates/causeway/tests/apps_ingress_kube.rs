@@ -1,14 +1,14 @@
-//! Apps ingress installing MetalLB in the hosted cluster (`install: true`)
-//! on an API server of this test process's own, where neither OLM's nor
+//! Apps ingress installing MetalLB in the hosted cluster (`install: true`),
+//! the hosted cluster being a second API server of its own (its own etcd,
+//! CA, admin token and controller-manager, reached through the admin
+//! kubeconfig Secret as HyperShift publishes it), where neither OLM's nor
 //! MetalLB's kinds are served at first. The test plays OLM (it serves
 //! MetalLB's kinds once the Subscription is there, as the operator's
 //! bundle would) and MetalLB ([`kube_cluster::metallb`], which runs only
 //! once the `MetalLB` resource exists and reads pools only from its own
-//! namespace). Then a deletion that gives up, after a shortened timeout, on
-//! a hosted cluster it cannot reach.
-//!
-//! As everywhere in these suites the hosted cluster is played by the same
-//! API server, through HyperShift's admin kubeconfig Secret.
+//! namespace). Then the hosted API server stopped while the management
+//! side runs, and started again; and a deletion that gives up, after a
+//! shortened timeout, on a hosted cluster it cannot reach.
 //!
 //! Needs root (the API server binaries are built into /var/cache by
 //! tests/run.sh); without them the test prints SKIP.
@@ -20,11 +20,12 @@ mod kube_cluster;
 use std::time::{Duration, Instant};
 
 use causeway_operator::infra::attachment::{AppsIngressStatus, InfraClusterAttachment};
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::{Api, DeleteParams, DynamicObject};
 use kube::core::ApiResource;
+use kube::ResourceExt;
 use kube_cluster::{
-    admin_kubeconfig_secret, apply_yaml, eventually, install_fixture_crds, metallb,
+    admin, admin_kubeconfig_secret, apply_yaml, eventually, install_fixture_crds, metallb,
     network_attachment, ready_node, Operator, HOSTED_CLUSTER_CRD, METALLB_CRDS,
     METALLB_OPERATOR_CRD, NAD_CRD, OLM_SUBSCRIPTION_CRD,
 };
@@ -83,21 +84,29 @@ async fn put_kubeconfig(client: &kube::Client, text: String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on() {
-    let Some((c, client)) = kube_cluster::with_apps_ingress(
-        "metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on",
-        &[NS, "clusters", "clusters-hc8", "openshift-ingress", OLM_NS],
-    )
-    .await
+    const TEST: &str = "metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on";
+    let Some((c, client)) =
+        kube_cluster::with_apps_ingress(TEST, &[NS, "clusters", "clusters-hc8"]).await
     else {
         return;
     };
+    let Some(h) = kube_cluster::hosted_cluster(TEST, "DNS:api.hc8.example.net") else {
+        return;
+    };
+    // The hosted cluster's own admin client: its objects are read there.
+    let hosted = admin(h).await;
+    for n in ["openshift-ingress", OLM_NS] {
+        kube_cluster::ensure_namespace(&hosted, n).await;
+    }
     install_fixture_crds(&client, &[NAD_CRD, HOSTED_CLUSTER_CRD]).await;
     network_attachment(&client, NS, "vlan100").await;
-    let kubeconfig_text =
-        causeway_operator::k8s::manifest::token_kubeconfig(&c.server, &c.ca, &c.admin_token);
-    put_kubeconfig(&client, kubeconfig_text.clone()).await;
+    put_kubeconfig(
+        &client,
+        causeway_operator::k8s::manifest::token_kubeconfig(&h.server, &h.ca, &h.admin_token),
+    )
+    .await;
     // A Ready Node in the hosted cluster, so only MetalLB is waited for.
-    ready_node(&client, "hc8-worker-0").await;
+    ready_node(&hosted, "hc8-worker-0").await;
     let args = [
         "--leader-election=false",
         "--hosted-apiserver=kubeconfig",
@@ -129,11 +138,11 @@ async fn metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on() {
 
     // OLM serves Subscriptions: MetalLB's is made where OLM installs
     // operators for every namespace, and MetalLB's kinds are waited for.
-    install_fixture_crds(&client, &[OLM_SUBSCRIPTION_CRD]).await;
+    install_fixture_crds(&hosted, &[OLM_SUBSCRIPTION_CRD]).await;
     let s = wait_apps(&attachments, &op, "i", "WaitingForMetalLBCRDs").await;
     assert!(s.message.contains("being installed"), "{}", s.message);
     let subscriptions: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
+        hosted.clone(),
         OLM_NS,
         &dynamic(
             "operators.coreos.com",
@@ -149,7 +158,7 @@ async fn metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on() {
             "sourceNamespace": "openshift-marketplace", "installPlanApproval": "Automatic"})
     );
     let metallbs: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
+        hosted.clone(),
         OLM_NS,
         &dynamic("metallb.io", "v1beta1", "MetalLB", "metallbs"),
     );
@@ -160,7 +169,7 @@ async fn metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on() {
     // at again only every 10 s), with the pool and its advertisement in
     // the same namespace.
     let served_at = Instant::now();
-    install_fixture_crds(&client, &[METALLB_CRDS, METALLB_OPERATOR_CRD]).await;
+    install_fixture_crds(&hosted, &[METALLB_CRDS, METALLB_OPERATOR_CRD]).await;
     eventually("the MetalLB resource", WAIT, Some(&op), || async {
         metallbs.get_opt("metallb").await.ok()?
     })
@@ -173,14 +182,14 @@ async fn metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on() {
     );
     wait_apps(&attachments, &op, "i", "WaitingForExternalIP").await;
     let pools: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
+        hosted.clone(),
         OLM_NS,
         &causeway_operator::k8s::resources::ip_address_pool_resource(),
     );
     assert!(pools.get_opt("hc8-apps").await.unwrap().is_some());
     for ns in ["metallb-system"] {
         let elsewhere: Api<DynamicObject> = Api::namespaced_with(
-            client.clone(),
+            hosted.clone(),
             ns,
             &causeway_operator::k8s::resources::ip_address_pool_resource(),
         );
@@ -192,7 +201,7 @@ async fn metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on() {
 
     // The installed MetalLB gives the router its address and announces it.
     let given = metallb::allocate(
-        &client,
+        &hosted,
         metallb::Installed::Operator,
         OLM_NS,
         "openshift-ingress",
@@ -209,20 +218,74 @@ async fn metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on() {
     assert_eq!(s.external_ip.as_deref(), Some("192.168.100.210"));
     assert!(s.applied.as_ref().unwrap().installed_metallb, "{s:?}");
 
-    // Deleted while the hosted cluster cannot be reached (a new operator,
-    // with no client kept, and a kubeconfig naming a dead server): the
-    // deletion waits the shortened timeout, says so, then goes, leaving
-    // the hosted objects behind with a warning naming them.
-    drop(op);
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead = format!("https://{}", closed.local_addr().unwrap());
-    drop(closed);
-    put_kubeconfig(
-        &client,
-        causeway_operator::k8s::manifest::token_kubeconfig(&dead, &c.ca, &c.admin_token),
+    // The hosted API server stops while the management side runs: the
+    // attachment says so (apps ingress Degraded, Ready False), woken by
+    // its watch of the hosted cluster failing; nothing of the Infra is
+    // deleted or changed, and *.apps stays served at the router's last
+    // address (the router itself is not down).
+    let configs: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    let served_apps = |cm: &ConfigMap| {
+        cm.data
+            .as_ref()
+            .and_then(|d| d.get("config.yaml"))
+            // The cluster's apps address, which DNS answers *.apps with.
+            .is_some_and(|t| t.contains("appsAddress: \"192.168.100.210\""))
+    };
+    let dns_config = eventually("*.apps in the DNS config", WAIT, Some(&op), || async {
+        configs
+            .get_opt("vlan100-dns-config")
+            .await
+            .ok()?
+            .filter(served_apps)
+    })
+    .await;
+    let before = management_objects(&client).await;
+    kube_cluster::stop_apiserver(h);
+    let s = eventually(
+        "the attachment reporting the hosted API down",
+        WAIT,
+        Some(&op),
+        || async {
+            let a = attachments.get("i").await.ok()?;
+            let st = a.status?;
+            let apps = st.apps_ingress_status?;
+            let ready_false = st
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "False" && c.reason == apps.reason);
+            (apps.phase == "Degraded"
+                && ["HostedClusterNodeListFailed", "HostedClusterAccessFailed"]
+                    .contains(&apps.reason.as_str())
+                && ready_false)
+                .then_some(apps)
+        },
     )
     .await;
-    let op = Operator::start(c, &[NS, "clusters-hc8"], &args, "install-again");
+    assert_eq!(s.external_ip.as_deref(), Some("192.168.100.210"), "{s:?}");
+    assert!(s.message.contains("still served"), "{}", s.message);
+    let during = configs.get("vlan100-dns-config").await.unwrap();
+    assert!(
+        served_apps(&during),
+        "*.apps left the DNS config while the hosted API was down"
+    );
+    assert_eq!(
+        during.data, dns_config.data,
+        "the DNS config changed during the outage"
+    );
+    assert_eq!(
+        management_objects(&client).await,
+        before,
+        "management objects changed during the outage"
+    );
+    // Back: Ready again, from the watch's recovery (the next look is
+    // minutes away).
+    kube_cluster::start_apiserver(h);
+    wait_apps(&attachments, &op, "i", "ReconciliationSucceeded").await;
+
+    // Deleted while the hosted API server is down again: the deletion
+    // waits the shortened timeout, says so, then goes, leaving the hosted
+    // objects behind with a warning naming them.
+    kube_cluster::stop_apiserver(h);
     attachments
         .delete("i", &DeleteParams::default())
         .await
@@ -249,7 +312,13 @@ async fn metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on() {
         || async { attachments.get_opt("i").await.ok()?.is_none().then_some(()) },
     )
     .await;
-    let services: Api<Service> = Api::namespaced(client.clone(), "openshift-ingress");
+    let log = op.log_text();
+    assert!(
+        log.contains("left behind") && log.contains("causeway-apps") && log.contains("hc8-apps"),
+        "no warning naming what was left behind:\n{log}"
+    );
+    kube_cluster::start_apiserver(h);
+    let services: Api<Service> = Api::namespaced(hosted.clone(), "openshift-ingress");
     assert!(
         services.get_opt("causeway-apps").await.unwrap().is_some(),
         "the router Service should be left behind in the unreachable cluster"
@@ -259,9 +328,36 @@ async fn metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on() {
         .await
         .unwrap()
         .is_some());
-    let log = op.log_text();
-    assert!(
-        log.contains("left behind") && log.contains("causeway-apps") && log.contains("hc8-apps"),
-        "no warning naming what was left behind:\n{log}"
-    );
+}
+
+/// The Infra's objects on the management side, by kind, name and UID.
+async fn management_objects(client: &kube::Client) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    let configs: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    for o in configs.list(&Default::default()).await.unwrap().items {
+        out.push((
+            "ConfigMap".into(),
+            o.name_any(),
+            o.uid().unwrap_or_default(),
+        ));
+    }
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(client.clone(), NS);
+    for o in deployments.list(&Default::default()).await.unwrap().items {
+        out.push((
+            "Deployment".into(),
+            o.name_any(),
+            o.uid().unwrap_or_default(),
+        ));
+    }
+    let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> = Api::namespaced(client.clone(), NS);
+    for o in sets.list(&Default::default()).await.unwrap().items {
+        out.push((
+            "StatefulSet".into(),
+            o.name_any(),
+            o.uid().unwrap_or_default(),
+        ));
+    }
+    out.sort();
+    out
 }

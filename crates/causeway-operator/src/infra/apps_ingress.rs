@@ -226,7 +226,9 @@ pub fn ready_endpoint(
     status: Option<&AppsIngressStatus>,
 ) -> Option<AppsEndpoint> {
     let spec = spec.filter(|s| s.enabled)?;
-    let status = status.filter(|s| s.phase == READY)?;
+    let status = status.filter(|s| {
+        s.phase == READY || (s.phase == DEGRADED && UNREACHABLE.contains(&s.reason.as_str()))
+    })?;
     let address = status.external_ip.as_deref()?.parse().ok()?;
     let mut errors = Vec::new();
     let http = port("http", spec.ports.http, 80, &mut errors);
@@ -439,6 +441,54 @@ async fn apply(
 /// One pass of apps ingress for `att`, whose spec enables it: the status
 /// to report (with what was applied).
 pub async fn reconcile(
+    h: &Hosted<'_>,
+    att: &InfraClusterAttachment,
+    spec: &AppsIngressSpec,
+) -> AppsIngressStatus {
+    let last = att
+        .status
+        .as_ref()
+        .and_then(|s| s.apps_ingress_status.as_ref());
+    keep_address_while_unreachable(last, pass(h, att, spec).await)
+}
+
+/// The reasons that say the hosted cluster's API could not be reached or
+/// read: nothing about its router, whose address stays served.
+pub const UNREACHABLE: [&str; 2] = ["HostedClusterAccessFailed", "HostedClusterNodeListFailed"];
+
+/// While the hosted API is unreachable, the router's last address (from a
+/// Ready pass, or kept since one) stays in the status, so `*.apps` stays
+/// in DNS and the proxy: an outage of the control plane is not one of the
+/// router's.
+pub fn keep_address_while_unreachable(
+    last: Option<&AppsIngressStatus>,
+    mut next: AppsIngressStatus,
+) -> AppsIngressStatus {
+    let unreachable =
+        |s: &AppsIngressStatus| s.phase == DEGRADED && UNREACHABLE.contains(&s.reason.as_str());
+    if !unreachable(&next) {
+        return next;
+    }
+    let Some(last) = last.filter(|l| l.phase == READY || unreachable(l)) else {
+        return next;
+    };
+    if let Some(kept) = last
+        .external_ip
+        .as_ref()
+        .or(last.external_hostname.as_ref())
+    {
+        next.message = format!(
+            "{} (the router's last address, {kept}, is still served)",
+            next.message
+        );
+        next.external_ip = last.external_ip.clone();
+        next.external_hostname = last.external_hostname.clone();
+    }
+    next
+}
+
+/// One pass over the hosted cluster.
+async fn pass(
     h: &Hosted<'_>,
     att: &InfraClusterAttachment,
     spec: &AppsIngressSpec,
@@ -782,6 +832,47 @@ mod tests {
                 "appsIngress.ports.http: 0 is not a port from 1 to 65535",
                 "appsIngress.ports.https: 70000 is not a port from 1 to 65535",
             ]
+        );
+    }
+
+    #[test]
+    fn an_unreachable_hosted_api_keeps_the_routers_address_served() {
+        let ready = AppsIngressStatus {
+            external_ip: Some("192.168.100.200".into()),
+            ..status(READY, "ReconciliationSucceeded", "", None)
+        };
+        let down = status(
+            DEGRADED,
+            "HostedClusterNodeListFailed",
+            "connection refused",
+            None,
+        );
+        let kept = keep_address_while_unreachable(Some(&ready), down.clone());
+        assert_eq!(kept.external_ip.as_deref(), Some("192.168.100.200"));
+        assert!(kept.message.contains("192.168.100.200"), "{}", kept.message);
+        assert!(ready_endpoint(Some(&spec()), Some(&kept)).is_some());
+        // Still down on the next pass: kept again.
+        let again = keep_address_while_unreachable(Some(&kept), down.clone());
+        assert_eq!(again.external_ip.as_deref(), Some("192.168.100.200"));
+        // Anything else clears it: a bad spec, MetalLB, the Service.
+        for reason in [
+            "InvalidConfiguration",
+            "MetalLBInstallFailed",
+            "IngressServiceFailed",
+        ] {
+            let other =
+                keep_address_while_unreachable(Some(&ready), status(DEGRADED, reason, "", None));
+            assert_eq!(other.external_ip, None, "{reason}");
+            assert!(
+                ready_endpoint(Some(&spec()), Some(&other)).is_none(),
+                "{reason}"
+            );
+        }
+        // Never an address that was not Ready.
+        let pending = status(PENDING, "WaitingForExternalIP", "", None);
+        assert_eq!(
+            keep_address_while_unreachable(Some(&pending), down).external_ip,
+            None
         );
     }
 

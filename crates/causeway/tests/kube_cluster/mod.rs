@@ -86,7 +86,7 @@ static BARE_CLUSTER: OnceLock<Result<SharedCluster, String>> = OnceLock::new();
 /// The shared cluster, started on first use; `None` after a loud SKIP when
 /// this machine cannot run one (not root, or no cached binaries).
 pub fn cluster(test: &str) -> Option<&'static SharedCluster> {
-    started(test, &CLUSTER, true)
+    started(test, &CLUSTER, Kind::Management)
 }
 
 /// Names the serving certificate carries besides 127.0.0.1 and localhost,
@@ -108,13 +108,73 @@ pub fn cluster_with_sans(test: &str, sans: &str) -> Option<&'static SharedCluste
 /// A cluster without the chart: for a test process that installs the
 /// chart with helm itself. The admin kubeconfig is `dir/kubeconfig`.
 pub fn bare_cluster(test: &str) -> Option<&'static SharedCluster> {
-    started(test, &BARE_CLUSTER, false)
+    started(test, &BARE_CLUSTER, Kind::Bare)
+}
+
+static HOSTED_CLUSTER: OnceLock<Result<SharedCluster, String>> = OnceLock::new();
+
+/// The address this process's hosted API server listens on, port 6443 as a
+/// hosted control plane's kube-apiserver Service: a loopback address of its
+/// own, so processes running side by side do not meet.
+pub fn hosted_address() -> String {
+    let pid = std::process::id();
+    format!(
+        "127.{}.{}.{}",
+        60 + (pid >> 16) % 60,
+        (pid >> 8) % 256,
+        1 + pid % 250
+    )
+}
+
+/// A second API server (its own etcd, CA and admin token, no chart, a
+/// controller-manager of its own), the hosted cluster of this process's
+/// tests, on [`hosted_address`]:6443 with `sans` (`DNS:a,...`) in its
+/// certificate: the names a hosted cluster's API is reached by. One per
+/// process: the first call decides the names.
+pub fn hosted_cluster(test: &str, sans: &str) -> Option<&'static SharedCluster> {
+    started(test, &HOSTED_CLUSTER, Kind::Hosted(sans.to_string()))
+}
+
+/// Stops the API server of `c` only (etcd and the rest keep running): an
+/// outage of that cluster's API.
+pub fn stop_apiserver(c: &SharedCluster) {
+    let status = Command::new("bash")
+        .arg(repo_root().join("tests/kube/cluster.sh"))
+        .arg("stop-apiserver")
+        .arg(&c.dir)
+        .status()
+        .unwrap();
+    assert!(status.success(), "cluster.sh stop-apiserver: {status}");
+}
+
+/// Starts the API server of `c` again after [`stop_apiserver`], once
+/// ready.
+pub fn start_apiserver(c: &SharedCluster) {
+    let status = Command::new("bash")
+        .arg(repo_root().join("tests/kube/cluster.sh"))
+        .arg("start-apiserver")
+        .arg(&c.dir)
+        .stderr(Stdio::inherit())
+        .status()
+        .unwrap();
+    assert!(status.success(), "cluster.sh start-apiserver: {status}");
+}
+
+/// Which cluster a process starts.
+#[derive(Clone)]
+enum Kind {
+    /// With the chart's CRDs and RBAC, on a free port.
+    Management,
+    /// Nothing installed.
+    Bare,
+    /// Nothing installed, on [`hosted_address`]:6443, with these names.
+    Hosted(String),
 }
 
 fn started(
     test: &str,
     cell: &'static OnceLock<Result<SharedCluster, String>>,
-    with_chart: bool,
+    kind: Kind,
 ) -> Option<&'static SharedCluster> {
     if !is_root() {
         skip(
@@ -146,7 +206,7 @@ fn started(
     // Started on a thread of its own: the caller is inside a test's runtime,
     // and the chart is installed from a runtime of its own.
     let shared = cell.get_or_init(|| {
-        std::thread::spawn(move || start(&script, helm, with_chart))
+        std::thread::spawn(move || start(&script, helm, kind))
             .join()
             .unwrap_or_else(|_| Err("starting the cluster panicked".into()))
     });
@@ -157,21 +217,28 @@ fn started(
     }
 }
 
-fn start(script: &Path, helm: PathBuf, with_chart: bool) -> Result<SharedCluster, String> {
+fn start(script: &Path, helm: PathBuf, kind: Kind) -> Result<SharedCluster, String> {
     let dir = tempfile::Builder::new()
         .prefix("causeway-kube-")
         .tempdir()
         .map_err(|e| e.to_string())?
         .keep();
-    let out = Command::new("bash")
-        .arg(script)
+    let mut cmd = Command::new("bash");
+    cmd.arg(script)
         .arg("start")
         .arg(&dir)
-        .arg(std::process::id().to_string())
-        .env(
+        .arg(std::process::id().to_string());
+    match &kind {
+        Kind::Hosted(sans) => cmd
+            .env("CAUSEWAY_KUBE_SANS", sans)
+            .env("CAUSEWAY_KUBE_ADDRESS", hosted_address())
+            .env("CAUSEWAY_KUBE_PORT", "6443"),
+        Kind::Management | Kind::Bare => cmd.env(
             "CAUSEWAY_KUBE_SANS",
             EXTRA_SANS.get().map(String::as_str).unwrap_or_default(),
-        )
+        ),
+    };
+    let out = cmd
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| format!("running cluster.sh: {e}"))?;
@@ -196,7 +263,7 @@ fn start(script: &Path, helm: PathBuf, with_chart: bool) -> Result<SharedCluster
         admin_token: get("TOKEN")?,
         operator_kubeconfig: dir.join("operator.kubeconfig"),
     };
-    if !with_chart {
+    if !matches!(kind, Kind::Management) {
         return Ok(cluster);
     }
     let rt = tokio::runtime::Builder::new_current_thread()
