@@ -90,9 +90,14 @@ async fn metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on() {
     else {
         return;
     };
-    let Some(h) = kube_cluster::hosted_cluster(TEST, "DNS:api.hc8.example.net") else {
+    // Reached as the chart's default has it (`--hosted-apiserver=service`):
+    // by the control plane's kube-apiserver Service name, which resolves
+    // for the operator (as cluster DNS would) to the hosted API server.
+    let service_name = "kube-apiserver.clusters-hc8.svc.cluster.local";
+    let Some(h) = kube_cluster::hosted_cluster(TEST, &format!("DNS:{service_name}")) else {
         return;
     };
+    let hosted_address = kube_cluster::hosted_address();
     // The hosted cluster's own admin client: its objects are read there.
     let hosted = admin(h).await;
     for n in ["openshift-ingress", OLM_NS] {
@@ -100,19 +105,32 @@ async fn metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on() {
     }
     install_fixture_crds(&client, &[NAD_CRD, HOSTED_CLUSTER_CRD]).await;
     network_attachment(&client, NS, "vlan100").await;
+    // HyperShift's admin kubeconfig names the cluster's external API
+    // endpoint, which the management side cannot reach here (nothing
+    // resolves it): only the Service path works.
     put_kubeconfig(
         &client,
-        causeway_operator::k8s::manifest::token_kubeconfig(&h.server, &h.ca, &h.admin_token),
+        causeway_operator::k8s::manifest::token_kubeconfig(
+            "https://api.hc8.example.net:6443",
+            &h.ca,
+            &h.admin_token,
+        ),
     )
     .await;
     // A Ready Node in the hosted cluster, so only MetalLB is waited for.
     ready_node(&hosted, "hc8-worker-0").await;
     let args = [
         "--leader-election=false",
-        "--hosted-apiserver=kubeconfig",
+        "--hosted-apiserver=service",
         "--hosted-cleanup-timeout-seconds=5",
     ];
-    let op = Operator::start(c, &[NS, "clusters-hc8"], &args, "install");
+    let op = Operator::start_resolving(
+        c,
+        &[NS, "clusters-hc8"],
+        &args,
+        "install",
+        &[(hosted_address.as_str(), service_name)],
+    );
     apply_yaml(&client, INFRA, NS).await.unwrap();
     let attachment = serde_json::json!({
         "apiVersion": "hostedcluster.densityops.com/v1alpha1", "kind": "InfraClusterAttachment",

@@ -645,6 +645,40 @@ impl Operator {
         identity: &str,
         env: &[(&str, &str)],
     ) -> Operator {
+        Operator::spawn(c, kubeconfig, namespaces, extra_args, identity, env, &[])
+    }
+
+    /// As [`Operator::start`], with `hosts` (address, name) resolving for
+    /// the operator alone: its own mount namespace has an `/etc/hosts`
+    /// with them added, as a pod's cluster DNS would answer a Service's
+    /// name (`--hosted-apiserver=service`).
+    pub fn start_resolving(
+        c: &SharedCluster,
+        namespaces: &[&str],
+        extra_args: &[&str],
+        identity: &str,
+        hosts: &[(&str, &str)],
+    ) -> Operator {
+        Operator::spawn(
+            c,
+            &c.operator_kubeconfig,
+            namespaces,
+            extra_args,
+            identity,
+            &[],
+            hosts,
+        )
+    }
+
+    fn spawn(
+        c: &SharedCluster,
+        kubeconfig: &Path,
+        namespaces: &[&str],
+        extra_args: &[&str],
+        identity: &str,
+        env: &[(&str, &str)],
+        hosts: &[(&str, &str)],
+    ) -> Operator {
         let port = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
@@ -652,7 +686,26 @@ impl Operator {
         let admin: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let log = c.dir.join(format!("operator-{identity}-{}.log", next_id()));
         let file = std::fs::File::create(&log).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_causeway"));
+        let mut cmd = if hosts.is_empty() {
+            Command::new(env!("CARGO_BIN_EXE_causeway"))
+        } else {
+            let mut text = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
+            for (address, name) in hosts {
+                text.push_str(&format!("{address} {name}\n"));
+            }
+            let file = c.dir.join(format!("hosts-{identity}-{}", next_id()));
+            std::fs::write(&file, text).unwrap();
+            // A private mount namespace, so the host's /etc/hosts is never
+            // touched; exec keeps one process (and one PID) throughout.
+            let mut wrapped = Command::new("unshare");
+            wrapped
+                .args(["--mount", "--propagation", "private", "sh", "-c"])
+                .arg(r#"mount --bind "$1" /etc/hosts && shift && exec "$@""#)
+                .arg("sh")
+                .arg(&file)
+                .arg(env!("CARGO_BIN_EXE_causeway"));
+            wrapped
+        };
         cmd.arg("operator")
             .arg("--admin-listen")
             .arg(admin.to_string())
