@@ -829,28 +829,30 @@ async fn wait_apps(
     .await
 }
 
-/// Apps ingress with the hosted cluster played by the same API server
+/// Apps ingress with the hosted cluster a second API server of its own
 /// (HyperShift's admin kubeconfig Secret pointing at it): waiting for a
 /// Ready Node, then for MetalLB, then for the router's load balancer
 /// address, which a stand-in for MetalLB gives from the pool; `*.apps` in
 /// DNS and the proxy follows it; turning it off removes what was made.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apps_ingress_follows_the_routers_load_balancer_on_the_vlan() {
+    const TEST: &str = "apps_ingress_follows_the_routers_load_balancer_on_the_vlan";
     let ns = "apps";
-    let Some((c, client)) = kube_cluster::with_apps_ingress(
-        "apps_ingress_follows_the_routers_load_balancer_on_the_vlan",
-        &[
-            ns,
-            "clusters",
-            "clusters-hc7",
-            "metallb-system",
-            "openshift-ingress",
-        ],
-    )
-    .await
+    let Some((c, client)) =
+        kube_cluster::with_apps_ingress(TEST, &[ns, "clusters", "clusters-hc7"]).await
     else {
         return;
     };
+    // The hosted cluster: an API server of its own, reached here by the
+    // server its admin kubeconfig names (`--hosted-apiserver=kubeconfig`;
+    // apps_ingress_kube takes the Service path).
+    let Some(h) = kube_cluster::hosted_cluster(TEST, "DNS:api.hc7.example.net") else {
+        return;
+    };
+    let hosted = admin(h).await;
+    for n in ["metallb-system", "openshift-ingress"] {
+        kube_cluster::ensure_namespace(&hosted, n).await;
+    }
     apply_yaml(&client, NAD_CRD, "default").await.unwrap();
     apply_yaml(&client, HC_CRD, "default").await.unwrap();
     wait_established(&client, "network-attachment-definitions.k8s.cni.cncf.io").await;
@@ -863,7 +865,7 @@ async fn apps_ingress_follows_the_routers_load_balancer_on_the_vlan() {
     .await
     .unwrap();
     let kubeconfig_text =
-        causeway_operator::k8s::manifest::token_kubeconfig(&c.server, &c.ca, &c.admin_token);
+        causeway_operator::k8s::manifest::token_kubeconfig(&h.server, &h.ca, &h.admin_token);
     kube_cluster::admin_kubeconfig_secret(&client, "clusters", "hc7", kubeconfig_text.clone())
         .await;
     let op = Operator::start(
@@ -908,21 +910,21 @@ async fn apps_ingress_follows_the_routers_load_balancer_on_the_vlan() {
         "WaitingForHostedClusterNodes",
     )
     .await;
-    kube_cluster::ready_node(&client, "hc7-worker-0").await;
+    kube_cluster::ready_node(&hosted, "hc7-worker-0").await;
 
     // A Ready Node, no MetalLB: the owner's MetalLB is waited for, not
     // installed (install is off).
     let s = wait_apps(&attachments, &op, "g", "WaitingForMetalLBCRDs").await;
     assert!(s.message.contains("install MetalLB there"), "{}", s.message);
-    apply_yaml(&client, METALLB_CRDS, "default").await.unwrap();
-    wait_established(&client, "ipaddresspools.metallb.io").await;
-    wait_established(&client, "l2advertisements.metallb.io").await;
+    apply_yaml(&hosted, METALLB_CRDS, "default").await.unwrap();
+    wait_established(&hosted, "ipaddresspools.metallb.io").await;
+    wait_established(&hosted, "l2advertisements.metallb.io").await;
 
     // MetalLB there: the pool, its advertisement and the router's Service
     // are made, and the load balancer's address is waited for.
     wait_apps(&attachments, &op, "g", "WaitingForExternalIP").await;
     let pools: Api<kube::api::DynamicObject> = Api::namespaced_with(
-        client.clone(),
+        hosted.clone(),
         "metallb-system",
         &causeway_operator::k8s::resources::ip_address_pool_resource(),
     );
@@ -932,7 +934,7 @@ async fn apps_ingress_follows_the_routers_load_balancer_on_the_vlan() {
         "192.168.100.200-192.168.100.209"
     );
     let services: Api<k8s_openapi::api::core::v1::Service> =
-        Api::namespaced(client.clone(), "openshift-ingress");
+        Api::namespaced(hosted.clone(), "openshift-ingress");
     let svc = services.get("causeway-apps").await.unwrap();
     assert_eq!(
         svc.spec.as_ref().unwrap().type_.as_deref(),
@@ -958,7 +960,7 @@ async fn apps_ingress_follows_the_routers_load_balancer_on_the_vlan() {
     // The advertisement that has MetalLB's speakers answer for the pool's
     // addresses on the VLAN.
     let advertisements: Api<kube::api::DynamicObject> = Api::namespaced_with(
-        client.clone(),
+        hosted.clone(),
         "metallb-system",
         &causeway_operator::k8s::resources::l2_advertisement_resource(),
     );
@@ -973,7 +975,7 @@ async fn apps_ingress_follows_the_routers_load_balancer_on_the_vlan() {
     // *.apps follows it, woken by the hosted watch (the resync is minutes
     // away).
     let given = metallb::allocate(
-        &client,
+        &hosted,
         metallb::Installed::Manifests,
         "metallb-system",
         "openshift-ingress",
@@ -1057,7 +1059,7 @@ async fn apps_ingress_follows_the_routers_load_balancer_on_the_vlan() {
     let dead = format!("https://{}", closed.local_addr().unwrap());
     drop(closed);
     let unreachable =
-        causeway_operator::k8s::manifest::token_kubeconfig(&dead, &c.ca, &c.admin_token);
+        causeway_operator::k8s::manifest::token_kubeconfig(&dead, &h.ca, &h.admin_token);
     let put_secret = |text: String| {
         let client = client.clone();
         async move { kube_cluster::admin_kubeconfig_secret(&client, "clusters", "hc7", text).await }

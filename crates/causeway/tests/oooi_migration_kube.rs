@@ -16,8 +16,8 @@
 //! names published, and a migrated attachment's deletion completing with
 //! the cleanup the Go finalizer stood for.
 //!
-//! As everywhere in these suites the hosted cluster is played by the same
-//! API server, through HyperShift's admin kubeconfig Secret.
+//! The hosted cluster is a second API server of its own, reached through
+//! HyperShift's admin kubeconfig Secret.
 //!
 //! Needs root (the API server binaries are built into /var/cache by
 //! tests/run.sh); without them the test prints SKIP.
@@ -169,30 +169,31 @@ async fn apps_address_trouble(client: &Client, address: &str) -> Option<String> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_go_operator_install_is_taken_over_without_a_duplicate_or_a_lost_field() {
-    let Some((c, client)) = kube_cluster::with_apps_ingress(
-        "a_go_operator_install_is_taken_over_without_a_duplicate_or_a_lost_field",
-        &[NS, CONTROL_PLANE, ROUTER_NS, OLM_NS],
-    )
-    .await
+    const TEST: &str = "a_go_operator_install_is_taken_over_without_a_duplicate_or_a_lost_field";
+    let Some((c, client)) = kube_cluster::with_apps_ingress(TEST, &[NS, CONTROL_PLANE]).await
     else {
         return;
     };
+    // The hosted cluster, an API server of its own: MetalLB, its pool and
+    // the router live there.
+    let Some(h) = kube_cluster::hosted_cluster(TEST, "DNS:api.hc9.example.net") else {
+        return;
+    };
+    let hosted = kube_cluster::admin(h).await;
+    for n in [ROUTER_NS, OLM_NS] {
+        kube_cluster::ensure_namespace(&hosted, n).await;
+    }
+    install_fixture_crds(&client, &[NAD_CRD, HOSTED_CLUSTER_CRD]).await;
     install_fixture_crds(
-        &client,
-        &[
-            NAD_CRD,
-            HOSTED_CLUSTER_CRD,
-            OLM_SUBSCRIPTION_CRD,
-            METALLB_CRDS,
-            METALLB_OPERATOR_CRD,
-        ],
+        &hosted,
+        &[OLM_SUBSCRIPTION_CRD, METALLB_CRDS, METALLB_OPERATOR_CRD],
     )
     .await;
     network_attachment(&client, NS, "vlan100").await;
     let kubeconfig =
-        causeway_operator::k8s::manifest::token_kubeconfig(&c.server, &c.ca, &c.admin_token);
+        causeway_operator::k8s::manifest::token_kubeconfig(&h.server, &h.ca, &h.admin_token);
     admin_kubeconfig_secret(&client, NS, "hc9", kubeconfig).await;
-    ready_node(&client, "hc9-worker-0").await;
+    ready_node(&hosted, "hc9-worker-0").await;
 
     // What the Go operator left: the Infra and an attachment carrying its
     // finalizer, as its users and it wrote them.
@@ -245,7 +246,7 @@ async fn a_go_operator_install_is_taken_over_without_a_duplicate_or_a_lost_field
     let metallb_kind = resource("metallb.io", "v1beta1", "MetalLB", "metallbs");
     let go_uids = [
         go_create(
-            &client,
+            &hosted,
             &subscription,
             OLM_NS,
             serde_json::json!({
@@ -256,7 +257,7 @@ async fn a_go_operator_install_is_taken_over_without_a_duplicate_or_a_lost_field
         )
         .await,
         go_create(
-            &client,
+            &hosted,
             &metallb_kind,
             OLM_NS,
             serde_json::json!({
@@ -265,7 +266,7 @@ async fn a_go_operator_install_is_taken_over_without_a_duplicate_or_a_lost_field
         )
         .await,
         go_create(
-            &client,
+            &hosted,
             &pools_resource(),
             OLM_NS,
             serde_json::json!({
@@ -275,7 +276,7 @@ async fn a_go_operator_install_is_taken_over_without_a_duplicate_or_a_lost_field
         )
         .await,
         go_create(
-            &client,
+            &hosted,
             &l2_resource(),
             OLM_NS,
             serde_json::json!({
@@ -286,7 +287,7 @@ async fn a_go_operator_install_is_taken_over_without_a_duplicate_or_a_lost_field
         .await,
     ];
     let router_service = ApiResource::erase::<Service>(&());
-    let router_uid = go_create(&client, &router_service, ROUTER_NS, serde_json::json!({
+    let router_uid = go_create(&hosted, &router_service, ROUTER_NS, serde_json::json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "oooi-ingress", "namespace": ROUTER_NS,
             "annotations": {"metallb.universe.tf/address-pool": "hc9-apps",
@@ -296,7 +297,7 @@ async fn a_go_operator_install_is_taken_over_without_a_duplicate_or_a_lost_field
             "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 80},
                       {"name": "https", "protocol": "TCP", "port": 443, "targetPort": 443}]}})).await;
     let given = metallb::allocate(
-        &client,
+        &hosted,
         metallb::Installed::Operator,
         OLM_NS,
         ROUTER_NS,
@@ -353,14 +354,14 @@ async fn a_go_operator_install_is_taken_over_without_a_duplicate_or_a_lost_field
         )
         .await
         .unwrap();
-    assert!(apps_address_trouble(&client, &apps_address).await.is_none());
+    assert!(apps_address_trouble(&hosted, &apps_address).await.is_none());
 
     // The apps address is sampled from before causeway starts until the
     // end of the takeover: at every instant one Service holds it and one
     // advertisement announces its pool.
     let sampling = Arc::new(AtomicBool::new(true));
     let sampler = {
-        let client = client.clone();
+        let client = hosted.clone();
         let sampling = sampling.clone();
         let address = apps_address.clone();
         tokio::spawn(async move {
@@ -403,7 +404,7 @@ async fn a_go_operator_install_is_taken_over_without_a_duplicate_or_a_lost_field
     );
 
     // The same objects, taken over: nothing made beside them.
-    let router: Api<Service> = Api::namespaced(client.clone(), ROUTER_NS);
+    let router: Api<Service> = Api::namespaced(hosted.clone(), ROUTER_NS);
     let svc = router.get("oooi-ingress").await.unwrap();
     assert_eq!(svc.uid().unwrap(), router_uid);
     let managers: Vec<String> = svc
@@ -417,19 +418,19 @@ async fn a_go_operator_install_is_taken_over_without_a_duplicate_or_a_lost_field
     );
     assert!(router.get_opt("causeway-apps").await.unwrap().is_none());
     assert_eq!(
-        everywhere(&client, &pools_resource()).await,
+        everywhere(&hosted, &pools_resource()).await,
         vec![(format!("{OLM_NS}/hc9-apps"), go_uids[2].clone())]
     );
     assert_eq!(
-        everywhere(&client, &l2_resource()).await,
+        everywhere(&hosted, &l2_resource()).await,
         vec![(format!("{OLM_NS}/advertise-hc9-apps"), go_uids[3].clone())]
     );
     assert_eq!(
-        everywhere(&client, &metallb_kind).await,
+        everywhere(&hosted, &metallb_kind).await,
         vec![(format!("{OLM_NS}/metallb"), go_uids[1].clone())]
     );
     assert_eq!(
-        everywhere(&client, &subscription).await,
+        everywhere(&hosted, &subscription).await,
         vec![(format!("{OLM_NS}/metallb-operator"), go_uids[0].clone())]
     );
 
@@ -538,7 +539,7 @@ async fn a_go_operator_install_is_taken_over_without_a_duplicate_or_a_lost_field
         &metallb_kind,
         &subscription,
     ] {
-        assert_eq!(everywhere(&client, r).await, vec![], "{} left", r.kind);
+        assert_eq!(everywhere(&hosted, r).await, vec![], "{} left", r.kind);
     }
     let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), CONTROL_PLANE);
     assert!(policies
