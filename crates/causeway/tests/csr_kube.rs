@@ -5,8 +5,9 @@
 //! token) and as nodes (impersonated), and the controller-manager's signer,
 //! whose signing key is the cluster's CA, signs what was approved.
 //!
-//! The test cluster plays the hosted cluster too: the provisioner's admin
-//! kubeconfig points back at it, and the operator runs with
+//! The hosted cluster is a second API server of its own (its own CA,
+//! whose key its own controller-manager signs with): the provisioner's
+//! admin kubeconfig points at it, and the operator runs with
 //! `--hosted-apiserver=kubeconfig`. DPF is not running: its DPU CRD comes
 //! from tests/kube/crds and the test sets each DPU's phase.
 //!
@@ -480,6 +481,14 @@ async fn dpu_kubelet_csrs_are_approved_end_to_end_and_every_attack_is_refused_or
         return;
     };
     let client = admin(c).await;
+    // The hosted cluster: a second API server of its own, with its own
+    // controller-manager, whose signer signs with its own CA. CSRs, Nodes,
+    // the node bootstrapper and the approver's identity live there; the
+    // provisioner, DPUs and Infras on the management side.
+    let Some(h) = kube_cluster::hosted_cluster(test, "DNS:api.csr-dpus.example.com") else {
+        return;
+    };
+    let hosted = admin(h).await;
     kube_cluster::install_fixture_crds(
         &client,
         &[
@@ -490,14 +499,17 @@ async fn dpu_kubelet_csrs_are_approved_end_to_end_and_every_attack_is_refused_or
         ],
     )
     .await;
-    for ns in [NS, DPU_NS, MCO_NS] {
+    for ns in [NS, DPU_NS] {
         ensure_namespace(&client, ns).await;
+    }
+    for ns in [NS, MCO_NS] {
+        ensure_namespace(&hosted, ns).await;
     }
     // The node bootstrapper as OpenShift has it: a ServiceAccount that may
     // create CSRs; and nodes may create CSRs (the Node authorizer's part,
     // by RBAC here).
     apply_yaml(
-        &client,
+        &hosted,
         &format!(
             r#"
 apiVersion: v1
@@ -518,8 +530,8 @@ subjects:
     .await
     .unwrap();
     let bootstrapper =
-        client_with_token(c, &token_for(&client, MCO_NS, "node-bootstrapper").await).await;
-    let node_b = impersonating(c, "system:node:dpu-b", &["system:nodes"]).await;
+        client_with_token(h, &token_for(&hosted, MCO_NS, "node-bootstrapper").await).await;
+    let node_b = impersonating(h, "system:node:dpu-b", &["system:nodes"]).await;
 
     // The provisioner: its DPUCluster's namespace holds the DPUs, its
     // machine network is the DPUs' management network.
@@ -534,7 +546,7 @@ subjects:
     dpu(&client, "dpu-b", "Ready").await;
     dpu(&client, "dpu-c", "DPU Cluster Config").await;
     node(
-        &client,
+        &hosted,
         "dpu-b",
         &[("InternalIP", "10.0.0.12"), ("Hostname", "dpu-b")],
     )
@@ -576,7 +588,7 @@ subjects:
     drop(closed);
     kubeconfig_secret(
         &client,
-        &causeway_operator::k8s::manifest::token_kubeconfig(&dead, &c.ca, &c.admin_token),
+        &causeway_operator::k8s::manifest::token_kubeconfig(&dead, &h.ca, &h.admin_token),
     )
     .await;
     wait_approval_condition(&client, &op, "False", "HostedClusterNotReachable").await;
@@ -586,7 +598,7 @@ subjects:
     // the approver to fall back to the kubeconfig it was given, it could
     // approve with it.
     apply_yaml(
-        &client,
+        &hosted,
         &format!(
             r#"
 apiVersion: v1
@@ -614,7 +626,7 @@ subjects:
     )
     .await
     .unwrap();
-    let approve_only = token_for(&client, NS, "approve-only").await;
+    let approve_only = token_for(&hosted, NS, "approve-only").await;
     let early = create_csr(
         &bootstrapper,
         "dpu-a-early",
@@ -624,7 +636,7 @@ subjects:
     .await;
     kubeconfig_secret(
         &client,
-        &causeway_operator::k8s::manifest::token_kubeconfig(&c.server, &c.ca, &approve_only),
+        &causeway_operator::k8s::manifest::token_kubeconfig(&h.server, &h.ca, &approve_only),
     )
     .await;
     let why = wait_approval_condition(&client, &op, "False", "LeastPrivilegeUnavailable").await;
@@ -636,8 +648,8 @@ subjects:
         (metric(&admin_get(&op, "/metrics"), &series) >= 1.0).then_some(())
     })
     .await;
-    assert_eq!(decision(&client, &early).await, (None, false));
-    Api::<CertificateSigningRequest>::all(client.clone())
+    assert_eq!(decision(&hosted, &early).await, (None, false));
+    Api::<CertificateSigningRequest>::all(hosted.clone())
         .delete(&early, &DeleteParams::default())
         .await
         .unwrap();
@@ -645,12 +657,12 @@ subjects:
     println!("scenario: the hosted cluster answers; the approver takes its own narrow identity");
     kubeconfig_secret(
         &client,
-        &causeway_operator::k8s::manifest::token_kubeconfig(&c.server, &c.ca, &c.admin_token),
+        &causeway_operator::k8s::manifest::token_kubeconfig(&h.server, &h.ca, &h.admin_token),
     )
     .await;
     let why = wait_approval_condition(&client, &op, "True", "Active").await;
     assert!(why.contains("own ServiceAccount"), "{why}");
-    let role = Api::<ClusterRole>::all(client.clone())
+    let role = Api::<ClusterRole>::all(hosted.clone())
         .get(HOSTED_ROLE)
         .await
         .unwrap();
@@ -677,7 +689,7 @@ subjects:
         &legacy("system:node:dpu-a"),
     )
     .await;
-    let msg = wait_verdict(&client, &op, &first, "Approved", "AutoApproved").await;
+    let msg = wait_verdict(&hosted, &op, &first, "Approved", "AutoApproved").await;
     assert_eq!(msg, "Auto-approved bootstrap CSR for DPU worker node dpu-a");
     // Held down for 15 s (the API server records creation to the second),
     // then approved when the hold-down ends, not at the next 30 s resync.
@@ -687,8 +699,8 @@ subjects:
         (std::time::Duration::from_secs(13)..std::time::Duration::from_secs(25)).contains(&took),
         "approved {took:?} after it was made; the hold-down is 15 s"
     );
-    wait_signed(&client, &op, &first).await;
-    let uid = Api::<CertificateSigningRequest>::all(client.clone())
+    wait_signed(&hosted, &op, &first).await;
+    let uid = Api::<CertificateSigningRequest>::all(hosted.clone())
         .get(&first)
         .await
         .unwrap()
@@ -715,7 +727,7 @@ subjects:
 
     println!("scenario: a second bootstrap CSR for the same DPU in the same cycle");
     let msg = denied(
-        &client,
+        &hosted,
         &op,
         &mut attacks,
         &bootstrapper,
@@ -729,7 +741,7 @@ subjects:
 
     println!("scenario: a bootstrap CSR for a DPU whose Node already exists");
     denied(
-        &client,
+        &hosted,
         &op,
         &mut attacks,
         &bootstrapper,
@@ -756,9 +768,9 @@ subjects:
     assert!(stale.contains("delete node dpu-b"), "{stale}");
     // A second one, whose old Node then goes: it leaves the condition.
     dpu(&client, "dpu-s", "DPU Cluster Config").await;
-    node(&client, "dpu-s", &[("InternalIP", "10.0.0.19")]).await;
+    node(&hosted, "dpu-s", &[("InternalIP", "10.0.0.19")]).await;
     denied(
-        &client,
+        &hosted,
         &op,
         &mut attacks,
         &bootstrapper,
@@ -779,7 +791,7 @@ subjects:
         },
     )
     .await;
-    Api::<Node>::all(client.clone())
+    Api::<Node>::all(hosted.clone())
         .delete("dpu-s", &Default::default())
         .await
         .unwrap();
@@ -796,7 +808,7 @@ subjects:
 
     println!("scenario: a bootstrap CSR asking for a CA certificate");
     denied(
-        &client,
+        &hosted,
         &op,
         &mut attacks,
         &bootstrapper,
@@ -823,13 +835,13 @@ subjects:
         },
     )
     .await;
-    let msg = wait_verdict(&client, &op, &serving, "Approved", "AutoApproved").await;
+    let msg = wait_verdict(&hosted, &op, &serving, "Approved", "AutoApproved").await;
     assert_eq!(msg, "Auto-approved serving CSR for DPU worker node dpu-b");
-    wait_signed(&client, &op, &serving).await;
+    wait_signed(&hosted, &op, &serving).await;
 
     println!("scenario: a node impersonating another DPU (CN of dpu-a, identity of dpu-b)");
     denied(
-        &client,
+        &hosted,
         &op,
         &mut attacks,
         &node_b,
@@ -845,7 +857,7 @@ subjects:
 
     println!("scenario: serving CSRs with SANs a node may never have");
     denied(
-        &client,
+        &hosted,
         &op,
         &mut attacks,
         &node_b,
@@ -859,7 +871,7 @@ subjects:
     )
     .await;
     denied(
-        &client,
+        &hosted,
         &op,
         &mut attacks,
         &node_b,
@@ -874,7 +886,7 @@ subjects:
     .await;
     println!("scenario: prefix confusion: a name that starts with the node's");
     denied(
-        &client,
+        &hosted,
         &op,
         &mut attacks,
         &node_b,
@@ -899,7 +911,7 @@ subjects:
         .await,
     );
     wait_verdict(
-        &client,
+        &hosted,
         &op,
         attacks.last().unwrap(),
         "Denied",
@@ -908,7 +920,7 @@ subjects:
     .await;
     println!("scenario: a renewal that adds an address, even one the Node now reports");
     node(
-        &client,
+        &hosted,
         "dpu-b",
         &[
             ("InternalIP", "10.0.0.12"),
@@ -918,7 +930,7 @@ subjects:
     )
     .await;
     denied(
-        &client,
+        &hosted,
         &op,
         &mut attacks,
         &node_b,
@@ -936,7 +948,7 @@ subjects:
         "scenario: a node that adds a sibling's address to its own Node gets no certificate for it"
     );
     node(
-        &client,
+        &hosted,
         "dpu-b",
         &[
             ("InternalIP", "10.0.0.12"),
@@ -946,7 +958,7 @@ subjects:
     )
     .await;
     denied(
-        &client,
+        &hosted,
         &op,
         &mut attacks,
         &node_b,
@@ -972,7 +984,7 @@ subjects:
     );
     wait_counted(&op, "bootstrap", "ignore", "UnknownDPU", 1.0).await;
     assert_eq!(
-        decision(&client, attacks.last().unwrap()).await,
+        decision(&hosted, attacks.last().unwrap()).await,
         (None, false)
     );
     // A joining DPU of another DPUCluster in the same namespace is not one
@@ -989,7 +1001,7 @@ subjects:
     );
     wait_counted(&op, "bootstrap", "ignore", "UnknownDPU", 2.0).await;
     assert_eq!(
-        decision(&client, attacks.last().unwrap()).await,
+        decision(&hosted, attacks.last().unwrap()).await,
         (None, false)
     );
 
@@ -1018,7 +1030,7 @@ subjects:
     // Serving CSRs in the name of dpu-c, which has no Node yet: left
     // pending, and each could be approved once it has one. 3 + SLACK + 1
     // go over the cap.
-    let node_c = impersonating(c, "system:node:dpu-c", &["system:nodes"]).await;
+    let node_c = impersonating(h, "system:node:dpu-c", &["system:nodes"]).await;
     let mut flood = Vec::new();
     for i in 0..(4 + SLACK) {
         flood.push(
@@ -1058,14 +1070,14 @@ subjects:
     )
     .await;
     wait_counted(&op, "bootstrap", "ignore", "TooManyPending", 1.0).await;
-    assert_eq!(decision(&client, &joining).await, (None, false));
-    let csrs: Api<CertificateSigningRequest> = Api::all(client.clone());
+    assert_eq!(decision(&hosted, &joining).await, (None, false));
+    let csrs: Api<CertificateSigningRequest> = Api::all(hosted.clone());
     for f in &flood {
         csrs.delete(f, &DeleteParams::default()).await.unwrap();
     }
     wait_approval_condition(&client, &op, "True", "Active").await;
-    wait_verdict(&client, &op, &joining, "Approved", "AutoApproved").await;
-    wait_signed(&client, &op, &joining).await;
+    wait_verdict(&hosted, &op, &joining, "Approved", "AutoApproved").await;
+    wait_signed(&hosted, &op, &joining).await;
 
     println!("every CSR metric the chart's alerts and dashboards read is exported");
     monitored::assert_exported(
@@ -1075,7 +1087,7 @@ subjects:
 
     println!("the signer was never asked to sign an attacker's CSR");
     for name in &attacks {
-        let (cond, signed) = decision(&client, name).await;
+        let (cond, signed) = decision(&hosted, name).await;
         assert!(!signed, "{name} was signed");
         assert!(
             cond.as_ref().is_none_or(|(t, _, _)| t != "Approved"),
@@ -1096,7 +1108,7 @@ subjects:
     attacks.push(staged.clone());
     // The API server records creation to the second: the approver must
     // see the DPU join in a later second than the CSR was made.
-    let made = created_second(&client, &staged).await;
+    let made = created_second(&hosted, &staged).await;
     eventually(
         "the clock past the staged CSR's second",
         WAIT,
@@ -1106,7 +1118,7 @@ subjects:
     .await;
     dpu(&client, "dpu-e", "DPU Cluster Config").await;
     op = Operator::start(c, &[NS], &args, "csr-restarted");
-    wait_verdict(&client, &op, &staged, "Denied", "CreatedBeforeJoining").await;
+    wait_verdict(&hosted, &op, &staged, "Denied", "CreatedBeforeJoining").await;
     let real = create_csr(
         &bootstrapper,
         "dpu-e-bootstrap",
@@ -1114,9 +1126,9 @@ subjects:
         &legacy("system:node:dpu-e"),
     )
     .await;
-    wait_verdict(&client, &op, &real, "Approved", "AutoApproved").await;
-    wait_signed(&client, &op, &real).await;
-    let real_uid = Api::<CertificateSigningRequest>::all(client.clone())
+    wait_verdict(&hosted, &op, &real, "Approved", "AutoApproved").await;
+    wait_signed(&hosted, &op, &real).await;
+    let real_uid = Api::<CertificateSigningRequest>::all(hosted.clone())
         .get(&real)
         .await
         .unwrap()
@@ -1127,7 +1139,7 @@ subjects:
     op.kill9();
     op = Operator::start(c, &[NS], &args, "csr-restarted-again");
     let msg = denied(
-        &client,
+        &hosted,
         &op,
         &mut attacks,
         &bootstrapper,
@@ -1142,7 +1154,7 @@ subjects:
     println!("scenario: a known DPU that is not joining does not ask to join");
     dpu(&client, "dpu-f", "OS Installing").await;
     denied(
-        &client,
+        &hosted,
         &op,
         &mut attacks,
         &bootstrapper,
@@ -1235,12 +1247,12 @@ subjects:
         "a session start with {big_count} large CSRs pending raised the operator's peak memory by {} MiB (bound 80 MiB)",
         rise >> 10
     );
-    let csrs: Api<CertificateSigningRequest> = Api::all(client.clone());
+    let csrs: Api<CertificateSigningRequest> = Api::all(hosted.clone());
     for name in &big {
         csrs.delete(name, &DeleteParams::default()).await.unwrap();
     }
 
-    live_certificate_scenario(c, &client, &op, &mut attacks).await;
+    live_certificate_scenario(c, h, (&client, &hosted), &op, &mut attacks).await;
 
     println!("scenario: a burst of Node changes costs a few approval passes, not one each");
     let passes = || {
@@ -1253,7 +1265,7 @@ subjects:
     let started = std::time::Instant::now();
     for i in 0..60 {
         node(
-            &client,
+            &hosted,
             "burst",
             &[("InternalIP", &format!("10.0.0.{}", 100 + i % 50))],
         )
@@ -1276,7 +1288,7 @@ subjects:
         ran >= 1.0 && ran <= bound,
         "120 Node events in {took:?} cost {ran} approval passes over {span:?}; the debounce allows {bound}"
     );
-    Api::<Node>::all(client.clone())
+    Api::<Node>::all(hosted.clone())
         .delete("burst", &DeleteParams::default())
         .await
         .unwrap();
@@ -1310,7 +1322,8 @@ subjects:
 /// assigned to it too and never dialled.
 async fn live_certificate_scenario(
     c: &SharedCluster,
-    client: &Client,
+    h: &SharedCluster,
+    (client, hosted): (&Client, &Client),
     op: &Operator,
     attacks: &mut Vec<String>,
 ) {
@@ -1331,7 +1344,7 @@ async fn live_certificate_scenario(
     // CSR alone, and the administrator approves it.
     dpu(client, "dpu-l", "Initializing").await;
     node_at(
-        client,
+        hosted,
         "dpu-l",
         &[
             ("InternalIP", KUBELET_IP),
@@ -1341,14 +1354,14 @@ async fn live_certificate_scenario(
         Some(kubelet_port),
     )
     .await;
-    let node_l = impersonating(c, "system:node:dpu-l", &["system:nodes"]).await;
+    let node_l = impersonating(h, "system:node:dpu-l", &["system:nodes"]).await;
     let first = "dpu-l-serving-by-admin";
     let (first_request, first_key) = pem_and_key(&Request {
         sans: vec![dns("dpu-l")],
         ..legacy("system:node:dpu-l")
     });
     create_raw_csr(&node_l, first, SERVING, first_request, true).await;
-    let csrs: Api<CertificateSigningRequest> = Api::all(client.clone());
+    let csrs: Api<CertificateSigningRequest> = Api::all(hosted.clone());
     csrs.patch_approval(
         first,
         &PatchParams::default(),
@@ -1359,7 +1372,7 @@ async fn live_certificate_scenario(
     )
     .await
     .unwrap();
-    wait_signed(client, op, first).await;
+    wait_signed(hosted, op, first).await;
     let certificate = csrs
         .get(first)
         .await
@@ -1391,13 +1404,13 @@ async fn live_certificate_scenario(
 
     // The hosted cluster's kubelet serving CA, as HyperShift publishes it:
     // the signer's CA.
-    ensure_namespace(client, "openshift-config-managed").await;
+    ensure_namespace(hosted, "openshift-config-managed").await;
     apply_yaml(
-        client,
+        hosted,
         &serde_json::to_string(&json!({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "kubelet-serving-ca", "namespace": "openshift-config-managed"},
-            "data": {"ca-bundle.crt": std::fs::read_to_string(&c.ca).unwrap()},
+            "data": {"ca-bundle.crt": std::fs::read_to_string(&h.ca).unwrap()},
         }))
         .unwrap(),
         "openshift-config-managed",
@@ -1407,7 +1420,7 @@ async fn live_certificate_scenario(
     dpu(client, "dpu-l", "Ready").await;
 
     let msg = denied(
-        client,
+        hosted,
         op,
         attacks,
         &node_l,
@@ -1435,8 +1448,8 @@ async fn live_certificate_scenario(
         },
     )
     .await;
-    wait_verdict(client, op, &renewal, "Approved", "AutoApproved").await;
-    wait_signed(client, op, &renewal).await;
+    wait_verdict(hosted, op, &renewal, "Approved", "AutoApproved").await;
+    wait_signed(hosted, op, &renewal).await;
     let verified = metric(
         &admin_get(op, "/metrics"),
         "causeway_operator_csr_live_certificates_total{result=\"verified\"}",
@@ -1444,7 +1457,7 @@ async fn live_certificate_scenario(
     assert!(verified >= 2.0, "live certificates verified: {verified}");
     // Nothing more is dialled once the CA is gone.
     Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
-        client.clone(),
+        hosted.clone(),
         "openshift-config-managed",
     )
     .delete("kubelet-serving-ca", &DeleteParams::default())
