@@ -23,9 +23,10 @@
 //! arguments and environment, its ConfigMap, Secret, claim and token
 //! volumes at their mount paths, a read-only root, only the capabilities
 //! the spec adds), and a changed ConfigMap reaches the running pod's files
-//! as the kubelet's sync would bring it. The API server is also the hosted
-//! cluster (its certificate names `api` and `api-int` of the zone); HyperShift
-//! and DPF are played by the test, as in csr_kube.rs.
+//! as the kubelet's sync would bring it. The hosted cluster is a second API
+//! server of its own (its certificate names `api` and `api-int` of the
+//! zone, and its controller-manager signs with its own CA); HyperShift and
+//! DPF are played by the test, as in csr_kube.rs.
 //!
 //! Needs root and the suite's cached control plane; without them it prints
 //! SKIP. tests/lab/README.md runs it as a demo.
@@ -92,10 +93,16 @@ const ANSWER_B: &str = "198.51.100.2";
 const BOOTSTRAP_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 const ADMIN_PORT: u16 = 9090;
 
-fn sans() -> String {
-    format!(
-        "DNS:api.{ZONE},DNS:api-int.{ZONE},DNS:kube-apiserver.{CP_NS}.svc,IP:{KUBERNETES_VIP},IP:{API_VIP}"
-    )
+/// The hosted API server's names: the zone's `api` and `api-int`, and its
+/// Service in the control-plane namespace.
+fn hosted_sans() -> String {
+    format!("DNS:api.{ZONE},DNS:api-int.{ZONE},DNS:kube-apiserver.{CP_NS}.svc,IP:{API_VIP}")
+}
+
+/// The management API server's: the `kubernetes` Service the pods reach
+/// it by.
+fn management_sans() -> String {
+    format!("IP:{KUBERNETES_VIP}")
 }
 
 /// Fails the test naming the step, with what the command printed.
@@ -924,7 +931,7 @@ struct Nets {
     _standins: Vec<Proc>,
 }
 
-fn nets(c: &kube_cluster::SharedCluster, dir: &Path) -> Nets {
+fn nets(c: &kube_cluster::SharedCluster, h: &kube_cluster::SharedCluster, dir: &Path) -> Nets {
     let podnet = Netns::new("podnet");
     podnet.ip(&["link", "add", "br0", "type", "bridge"]);
     podnet.ip(&["link", "set", "br0", "up"]);
@@ -942,20 +949,27 @@ fn nets(c: &kube_cluster::SharedCluster, dir: &Path) -> Nets {
     vlan.ip(&["link", "add", "br0", "type", "bridge"]);
     vlan.ip(&["link", "set", "br0", "up"]);
 
-    // The Services that lead to the API server (kube-proxy's part).
-    let api: SocketAddr = c
-        .server
-        .trim_start_matches("https://")
-        .trim_end_matches('/')
-        .parse()
-        .unwrap();
+    // The Services that lead to the API servers (kube-proxy's part): the
+    // management cluster's `kubernetes`, and the hosted cluster's
+    // kube-apiserver in its control-plane namespace.
+    let address = |server: &str| -> SocketAddr {
+        server
+            .trim_start_matches("https://")
+            .trim_end_matches('/')
+            .parse()
+            .unwrap()
+    };
     let forwards = vec![
         Forward::start_at(
             &podnet,
             format!("{KUBERNETES_VIP}:443").parse().unwrap(),
-            api,
+            address(&c.server),
         ),
-        Forward::start_at(&podnet, format!("{API_VIP}:6443").parse().unwrap(), api),
+        Forward::start_at(
+            &podnet,
+            format!("{API_VIP}:6443").parse().unwrap(),
+            address(&h.server),
+        ),
     ];
     // The resolvers outside the cluster: each answers every name under
     // example.net with its own address.
@@ -1105,7 +1119,7 @@ async fn dpu(client: &Client, name: &str, phase: &str) {
 /// joining the hosted cluster (this same API server): their CRDs, the
 /// provisioner, its DPU in the joining phase, the hosted cluster's admin
 /// kubeconfig, and OpenShift's node bootstrapper.
-async fn dpf_side(c: &kube_cluster::SharedCluster, client: &Client) {
+async fn dpf_side(h: &kube_cluster::SharedCluster, client: &Client, hosted: &Client) {
     kube_cluster::install_fixture_crds(
         client,
         &[
@@ -1116,11 +1130,13 @@ async fn dpf_side(c: &kube_cluster::SharedCluster, client: &Client) {
         ],
     )
     .await;
-    for ns in [PROVISIONER_NS, DPU_NS, MCO_NS] {
+    for ns in [PROVISIONER_NS, DPU_NS] {
         ensure_namespace(client, ns).await;
     }
+    // In the hosted cluster: the node bootstrapper and what nodes may do.
+    ensure_namespace(hosted, MCO_NS).await;
     apply_yaml(
-        client,
+        hosted,
         &format!(
             r#"
 apiVersion: v1
@@ -1165,7 +1181,7 @@ subjects:
     .await;
     dpu(client, WORKER, "DPU Cluster Config").await;
     let kubeconfig =
-        causeway_operator::k8s::manifest::token_kubeconfig(&c.server, &c.ca, &c.admin_token);
+        causeway_operator::k8s::manifest::token_kubeconfig(&h.server, &h.ca, &h.admin_token);
     let body = json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": format!("{PROVISIONER}-admin-kubeconfig"), "namespace": PROVISIONER_NS},
         "data": {"kubeconfig": k8s_openapi::ByteString(kubeconfig.into_bytes())}});
@@ -1224,7 +1240,13 @@ fn hold(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rendered_pods() {
-    let Some(c) = kube_cluster::cluster_with_sans(TEST, &sans()) else {
+    let Some(c) = kube_cluster::cluster_with_sans(TEST, &management_sans()) else {
+        return;
+    };
+    // The hosted cluster: a second API server of its own, which the worker
+    // reaches through the proxy and the operator through its admin
+    // kubeconfig.
+    let Some(h) = kube_cluster::hosted_cluster(TEST, &hosted_sans()) else {
         return;
     };
     let began = Instant::now();
@@ -1237,6 +1259,7 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
         .keep();
     println!("lab directory (kept if the test fails): {}", d.display());
     let client = admin(c).await;
+    let hosted = admin(h).await;
 
     println!("step: the management side (Infra, NetworkAttachmentDefinition, DPF and HyperShift played by the test)");
     for ns in [INFRA_NS, CP_NS] {
@@ -1244,7 +1267,7 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
     }
     kube_cluster::install_fixture_crds(&client, &[kube_cluster::NAD_CRD]).await;
     kube_cluster::network_attachment(&client, INFRA_NS, "vlan60").await;
-    dpf_side(c, &client).await;
+    dpf_side(h, &client, &hosted).await;
     let op = Operator::start(
         c,
         &[INFRA_NS, PROVISIONER_NS],
@@ -1261,7 +1284,7 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
         CONTAINERFILE.contains(r#"ENTRYPOINT ["/causeway"]"#),
         "the image's entrypoint changed; the kubelet stand-in maps it to the causeway binary"
     );
-    let nets = nets(c, &d);
+    let nets = nets(c, h, &d);
     let kubelet = Kubelet::start(c, nets.podnet.clone(), nets.vlan.clone(), d.clone());
 
     println!("step: the operator's pods run and the Infra is Ready");
@@ -1318,7 +1341,7 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
     let ignition_addr = worker.resolve("DNS", &dns, &format!("ignition.{ZONE}"))[0].clone();
 
     println!("step: the worker fetches its ignition through the proxy");
-    let bootstrap_token = token_for(&client, MCO_NS, "node-bootstrapper").await;
+    let bootstrap_token = token_for(&hosted, MCO_NS, "node-bootstrapper").await;
     let ign_dir = d.join("ignition");
     fs::create_dir_all(&ign_dir).unwrap();
     let (ign_cert, ign_key) =
@@ -1326,7 +1349,7 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
     let ign_token = "ignition-token-of-the-nodepool";
     fs::write(
         ign_dir.join("payload.json"),
-        ignition_payload(c, &bootstrap_token),
+        ignition_payload(h, &bootstrap_token),
     )
     .unwrap();
     fs::write(ign_dir.join("ignition.py"), IGNITION_PY).unwrap();
