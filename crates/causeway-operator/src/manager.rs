@@ -150,6 +150,7 @@ pub async fn run(
             scopes(&options.namespaces),
             options.hosted_endpoint,
             options.hosted_cleanup_timeout,
+            Some(recorder.clone()),
             Some(metrics.clone()),
             stopped(),
         );

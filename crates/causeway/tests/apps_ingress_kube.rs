@@ -258,6 +258,7 @@ async fn metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on() {
     })
     .await;
     let before = management_objects(&client).await;
+    let down_at = k8s_openapi::jiff::Timestamp::now();
     kube_cluster::stop_apiserver(h);
     let s = eventually(
         "the attachment reporting the hosted API down",
@@ -279,7 +280,12 @@ async fn metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on() {
         },
     )
     .await;
-    assert_eq!(s.external_ip.as_deref(), Some("192.168.100.210"), "{s:?}");
+    assert_eq!(
+        s.external_ip.as_deref(),
+        Some("192.168.100.210"),
+        "{s:?}\n{}",
+        op.log_text()
+    );
     assert!(s.message.contains("still served"), "{}", s.message);
     let during = configs.get("vlan100-dns-config").await.unwrap();
     assert!(
@@ -295,10 +301,52 @@ async fn metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on() {
         before,
         "management objects changed during the outage"
     );
+    // The attachment's event of `reason` whose note has `says`, seen at or
+    // after `since`: its note.
+    let events = |reason: String, says: String, since: k8s_openapi::jiff::Timestamp| {
+        let client = client.clone();
+        async move {
+            let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client, NS);
+            api.list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .filter(|e| {
+                    e.reason.as_deref() == Some(reason.as_str())
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("i")
+                })
+                .map(|e| {
+                    // When it was last seen: a repeat updates its series.
+                    let last = e
+                        .series
+                        .as_ref()
+                        .map(|s| s.last_observed_time.0)
+                        .or(e.event_time.as_ref().map(|t| t.0))
+                        .unwrap_or_default();
+                    (e.note.unwrap_or_default(), last)
+                })
+                .find(|(note, last)| note.contains(&says) && *last >= since)
+                .map(|(note, _)| note)
+        }
+    };
+    let note = eventually(
+        "an event saying the hosted API is down",
+        WAIT,
+        Some(&op),
+        || events(s.reason.clone(), "still served".to_string(), down_at),
+    )
+    .await;
+    assert!(note.contains("192.168.100.210"), "{note}");
     // Back: Ready again, from the watch's recovery (the next look is
     // minutes away).
+    let back_at = k8s_openapi::jiff::Timestamp::now();
     kube_cluster::start_apiserver(h);
     wait_apps(&attachments, &op, "i", "ReconciliationSucceeded").await;
+    eventually("an event saying it is back", WAIT, Some(&op), || {
+        events("AppsIngressReady".to_string(), String::new(), back_at)
+    })
+    .await;
 
     // Deleted while the hosted API server is down again: the deletion
     // waits the shortened timeout, says so, then goes, leaving the hosted

@@ -298,10 +298,12 @@ async fn least_privilege(
 /// wakes the attachment on the hosted cluster's changes.
 type HostedClient = (Client, Instant, tokio::task::AbortHandle);
 
-/// Hosted clients by attachment (namespace, name).
+/// Hosted clients by attachment (namespace, name), and the status each
+/// attachment's last pass here gave.
 #[derive(Default)]
 pub struct HostedClients {
     inner: std::sync::Mutex<BTreeMap<(String, String), HostedClient>>,
+    last: std::sync::Mutex<BTreeMap<(String, String), AppsIngressStatus>>,
 }
 
 impl HostedClients {
@@ -327,6 +329,19 @@ impl HostedClients {
             if let Some((_, _, watch)) = inner.remove(key) {
                 watch.abort();
             }
+        }
+        if let Ok(mut last) = self.last.lock() {
+            last.remove(key);
+        }
+    }
+
+    fn last_status(&self, key: &(String, String)) -> Option<AppsIngressStatus> {
+        self.last.lock().ok()?.get(key).cloned()
+    }
+
+    fn remember(&self, key: (String, String), status: &AppsIngressStatus) {
+        if let Ok(mut last) = self.last.lock() {
+            last.insert(key, status.clone());
         }
     }
 }
@@ -445,11 +460,27 @@ pub async fn reconcile(
     att: &InfraClusterAttachment,
     spec: &AppsIngressSpec,
 ) -> AppsIngressStatus {
-    let last = att
+    // What this process's last pass gave first: the watch-fed copy of
+    // the attachment can lag the status this controller just wrote, and an
+    // outage right after a Ready pass must still find that address.
+    let k = key(att);
+    let remembered = h.clients.last_status(&k);
+    let last = remembered.as_ref().or(att
         .status
         .as_ref()
-        .and_then(|s| s.apps_ingress_status.as_ref());
-    keep_address_while_unreachable(last, pass(h, att, spec).await)
+        .and_then(|s| s.apps_ingress_status.as_ref()));
+    let next = keep_address_while_unreachable(last, pass(h, att, spec).await);
+    tracing::debug!(
+        attachment = %k.1,
+        namespace = %k.0,
+        phase = %next.phase,
+        reason = %next.reason,
+        external_ip = ?next.external_ip,
+        last = ?last.map(|l| (&l.phase, &l.reason, &l.external_ip)),
+        "apps ingress pass"
+    );
+    h.clients.remember(k, &next);
+    next
 }
 
 /// The reasons that say the hosted cluster's API could not be reached or

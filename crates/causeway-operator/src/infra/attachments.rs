@@ -70,6 +70,7 @@ pub struct Context {
     /// How long a deleted attachment waits for an unreachable hosted
     /// cluster before its hosted objects are left behind (and said so).
     pub hosted_cleanup_timeout: Duration,
+    pub recorder: Option<kube::runtime::events::Recorder>,
 }
 
 /// [`Context::hosted_cleanup_timeout`] by default.
@@ -367,6 +368,38 @@ async fn report(att: &InfraClusterAttachment, ctx: &Context) -> Result<Action, E
         Some("WaitingForHostedClusterNodes" | "WaitingForExternalIP") => Duration::from_secs(300),
         Some(_) => Duration::from_secs(10),
     };
+    // A change of apps ingress phase or reason is an event too (a hosted
+    // API that went away, or came back, shows in `kubectl get events`).
+    let was = previous
+        .apps_ingress_status
+        .as_ref()
+        .map(|a| (a.phase.clone(), a.reason.clone()));
+    if let Some(a) = apps
+        .as_ref()
+        .filter(|a| was.as_ref() != Some(&(a.phase.clone(), a.reason.clone())))
+    {
+        let type_ = if a.phase == apps_ingress::DEGRADED {
+            kube::runtime::events::EventType::Warning
+        } else {
+            kube::runtime::events::EventType::Normal
+        };
+        // The status's own reason (events of one reason are one series,
+        // whose note is the first one's), and one for every way of being
+        // ready.
+        let reason = if a.phase == apps_ingress::READY {
+            "AppsIngressReady"
+        } else {
+            a.reason.as_str()
+        };
+        crate::k8s::events::publish_about(
+            ctx.recorder.as_ref(),
+            att,
+            type_,
+            reason,
+            format!("apps ingress {}: {}", a.phase, a.message),
+        )
+        .await;
+    }
     next.apps_ingress_status = apps;
     let ns = att.namespace().ok_or(Error::NoNamespace)?;
     let api: Api<InfraClusterAttachment> = Api::namespaced(ctx.client.clone(), &ns);
@@ -550,6 +583,7 @@ pub async fn run(
     all_scopes: Vec<Scope>,
     endpoint: HostedEndpoint,
     hosted_cleanup_timeout: Duration,
+    recorder: Option<kube::runtime::events::Recorder>,
     metrics: Option<OperatorMetrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
@@ -586,6 +620,7 @@ pub async fn run(
         hosted: HostedClients::default(),
         wake,
         hosted_cleanup_timeout,
+        recorder,
     });
     let siblings = attachments.clone();
     let of_infra = attachments.clone();
