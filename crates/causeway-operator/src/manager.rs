@@ -148,8 +148,10 @@ pub async fn run(
             client.clone(),
             scope.clone(),
             scopes(&options.namespaces),
-            options.hosted_endpoint,
-            options.hosted_cleanup_timeout,
+            crate::infra::attachments::HostedAccess {
+                endpoint: options.hosted_endpoint,
+                cleanup_timeout: options.hosted_cleanup_timeout,
+            },
             Some(recorder.clone()),
             Some(metrics.clone()),
             stopped(),

@@ -574,6 +574,14 @@ fn error_policy(att: Arc<InfraClusterAttachment>, error: &Error, _ctx: Arc<Conte
     Action::requeue(Duration::from_secs(15))
 }
 
+/// How the attachment controller reaches hosted clusters.
+#[derive(Debug, Clone, Copy)]
+pub struct HostedAccess {
+    pub endpoint: HostedEndpoint,
+    /// [`Context::hosted_cleanup_timeout`].
+    pub cleanup_timeout: Duration,
+}
+
 /// Runs the attachment controller over `scope` until `shutdown` resolves.
 /// `all_scopes` are every scope the operator works in: Machines are
 /// watched in all of them.
@@ -581,12 +589,15 @@ pub async fn run(
     client: Client,
     scope: Scope,
     all_scopes: Vec<Scope>,
-    endpoint: HostedEndpoint,
-    hosted_cleanup_timeout: Duration,
+    hosted: HostedAccess,
     recorder: Option<kube::runtime::events::Recorder>,
     metrics: Option<OperatorMetrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
+    let HostedAccess {
+        endpoint,
+        cleanup_timeout: hosted_cleanup_timeout,
+    } = hosted;
     if let Some(m) = &metrics {
         m.controller_started(CONTROLLER);
     }
