@@ -96,7 +96,17 @@ const ADMIN_PORT: u16 = 9090;
 /// The hosted API server's names: the zone's `api` and `api-int`, and its
 /// Service in the control-plane namespace.
 fn hosted_sans() -> String {
-    format!("DNS:api.{ZONE},DNS:api-int.{ZONE},DNS:kube-apiserver.{CP_NS}.svc,IP:{API_VIP}")
+    format!(
+        "DNS:api.{ZONE},DNS:api-int.{ZONE},DNS:kube-apiserver.{CP_NS}.svc,DNS:{},IP:{API_VIP}",
+        hosted_service_name()
+    )
+}
+
+/// The name the operator reaches the hosted API server by, as the chart's
+/// default `--hosted-apiserver=service` has it: the control plane's
+/// kube-apiserver Service of the provisioner's HostedCluster.
+fn hosted_service_name() -> String {
+    format!("kube-apiserver.{PROVISIONER_NS}-{PROVISIONER}.svc.cluster.local")
 }
 
 /// The management API server's: the `kubernetes` Service the pods reach
@@ -1180,8 +1190,14 @@ subjects:
     )
     .await;
     dpu(client, WORKER, "DPU Cluster Config").await;
-    let kubeconfig =
-        causeway_operator::k8s::manifest::token_kubeconfig(&h.server, &h.ca, &h.admin_token);
+    // HyperShift's admin kubeconfig names the cluster's external endpoint,
+    // which nothing resolves for the operator here: only the Service path
+    // reaches the hosted API server.
+    let kubeconfig = causeway_operator::k8s::manifest::token_kubeconfig(
+        &format!("https://api.{ZONE}:6443"),
+        &h.ca,
+        &h.admin_token,
+    );
     let body = json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": format!("{PROVISIONER}-admin-kubeconfig"), "namespace": PROVISIONER_NS},
         "data": {"kubeconfig": k8s_openapi::ByteString(kubeconfig.into_bytes())}});
@@ -1268,11 +1284,14 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
     kube_cluster::install_fixture_crds(&client, &[kube_cluster::NAD_CRD]).await;
     kube_cluster::network_attachment(&client, INFRA_NS, "vlan60").await;
     dpf_side(h, &client, &hosted).await;
-    let op = Operator::start(
+    let hosted_address = kube_cluster::hosted_address();
+    let service_name = hosted_service_name();
+    let op = Operator::start_resolving(
         c,
         &[INFRA_NS, PROVISIONER_NS],
-        &["--leader-election=false", "--hosted-apiserver=kubeconfig"],
+        &["--leader-election=false", "--hosted-apiserver=service"],
         "mission",
+        &[(hosted_address.as_str(), service_name.as_str())],
     );
     apply_yaml(&client, &infra_yaml("20s", UPSTREAM_A, 1), INFRA_NS)
         .await
