@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 use causeway_operator::infra::attachment::{AppsIngressStatus, InfraClusterAttachment};
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::{Api, DeleteParams, DynamicObject};
-use kube::core::ApiResource;
 use kube::ResourceExt;
 use kube_cluster::{
     admin, admin_kubeconfig_secret, apply_yaml, eventually, install_fixture_crds, metallb,
@@ -48,16 +47,6 @@ spec:
     dns: {serverIP: 192.168.100.3}
     proxy: {serverIP: 192.168.100.4}
 "#;
-
-fn dynamic(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
-    ApiResource {
-        group: group.into(),
-        version: version.into(),
-        api_version: format!("{group}/{version}"),
-        kind: kind.into(),
-        plural: plural.into(),
-    }
-}
 
 async fn wait_apps(
     attachments: &Api<InfraClusterAttachment>,
@@ -162,7 +151,7 @@ async fn metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on() {
     let subscriptions: Api<DynamicObject> = Api::namespaced_with(
         hosted.clone(),
         OLM_NS,
-        &dynamic(
+        &causeway_operator::k8s::resources::resource(
             "operators.coreos.com",
             "v1alpha1",
             "Subscription",
@@ -178,7 +167,12 @@ async fn metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on() {
     let metallbs: Api<DynamicObject> = Api::namespaced_with(
         hosted.clone(),
         OLM_NS,
-        &dynamic("metallb.io", "v1beta1", "MetalLB", "metallbs"),
+        &causeway_operator::k8s::resources::resource(
+            "metallb.io",
+            "v1beta1",
+            "MetalLB",
+            "metallbs",
+        ),
     );
 
     // OLM installs the operator's bundle: MetalLB's kinds are served. The

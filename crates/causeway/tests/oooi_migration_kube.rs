@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use causeway_operator::infra::attachment::InfraClusterAttachment;
 use causeway_operator::infra::crd::Infra;
+use causeway_operator::k8s::resources::resource;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -69,16 +70,6 @@ fn go_infra() -> serde_json::Value {
                         "labels": {"external-dns.example.com/publish": "yes"},
                         "annotations": {"external-dns.alpha.kubernetes.io/hostname": "api.hc9.example.net"},
                         "publishAttachmentOAuths": true}}}}})
-}
-
-fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
-    ApiResource {
-        group: group.into(),
-        version: version.into(),
-        api_version: format!("{group}/{version}"),
-        kind: kind.into(),
-        plural: plural.into(),
-    }
 }
 
 fn pools_resource() -> ApiResource {

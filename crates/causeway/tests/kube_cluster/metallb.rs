@@ -16,18 +16,7 @@ use std::net::Ipv4Addr;
 
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::core::ApiResource;
 use kube::Client;
-
-fn resource(kind: &str, plural: &str) -> ApiResource {
-    ApiResource {
-        group: "metallb.io".into(),
-        version: "v1beta1".into(),
-        api_version: "metallb.io/v1beta1".into(),
-        kind: kind.into(),
-        plural: plural.into(),
-    }
-}
 
 /// How MetalLB runs in the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +68,11 @@ pub async fn allocate(
     svc_name: &str,
 ) -> Result<Allocation, String> {
     let get = |kind: &str, plural: &str| {
-        Api::<DynamicObject>::namespaced_with(client.clone(), metallb_ns, &resource(kind, plural))
+        Api::<DynamicObject>::namespaced_with(
+            client.clone(),
+            metallb_ns,
+            &causeway_operator::k8s::resources::resource("metallb.io", "v1beta1", kind, plural),
+        )
     };
     if installed == Installed::Operator {
         let running = get("MetalLB", "metallbs")
