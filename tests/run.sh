@@ -155,29 +155,22 @@ kube_log=$(mktemp)
 trap 'rm -f "$log" "$kube_log"' EXIT
 # Built once, so the two streams below only run what is there.
 cargo test --workspace --locked --no-run
-# The kube suites (tests named *_kube) mostly wait on an API server of
-# their own, so they run as one stream beside everything else. The HA lab,
-# whose replicas race each other on purpose and are timed against goals,
-# runs alone after both, on a quiet machine: the two streams take about
-# as long without it as the other stream took with it.
-alone_suites=(ha_lab)
-mapfile -t kube_suites < <(cargo metadata --no-deps --locked --format-version 1 |
-  jq -r '.packages[].targets[] | select(.kind == ["test"]) | .name | select(endswith("_kube"))')
-mapfile -t other_suites < <(cargo metadata --no-deps --locked --format-version 1 |
-  jq -r --args '.packages[].targets[] | select(.kind == ["test"]) | .name
-    | select(endswith("_kube") | not) | select(. as $n | $ARGS.positional | index($n) | not)' \
-    "${alone_suites[@]}")
-kube_args=()
-for t in "${kube_suites[@]}"; do kube_args+=(--test "$t"); done
+# The integration suites are modules of a few test binaries, one per tier
+# (docs/testing.md). `kube`, whose suites mostly wait on the control plane
+# its process starts, runs as one stream beside everything else. The HA
+# lab (`ha_lab::`, in `lab`), whose replicas race each other on purpose
+# and are timed against goals, runs alone after both, on a quiet machine.
+alone_filter=ha_lab::
+mapfile -t test_targets < <(cargo metadata --no-deps --locked --format-version 1 |
+  jq -r '.packages[].targets[] | select(.kind == ["test"]) | .name | select(. != "kube")')
+kube_args=(--test kube)
 other_args=(--lib --bins)
-for t in "${other_suites[@]}"; do other_args+=(--test "$t"); done
-echo "tests: ${#other_suites[@]} suites and the unit tests here; ${#kube_suites[@]} kube suites beside them, printed when they end; then ${alone_suites[*]} alone"
-# --no-fail-fast: one flaky binary must not hide how the others fare.
-# A failure still reaches the summary below, then fails the run.
+for t in "${test_targets[@]}"; do other_args+=(--test "$t"); done
+echo "tests: the unit tests and ${test_targets[*]} here; kube beside them, printed when it ends; then $alone_filter alone"
 tests_status=0
 cargo test --workspace --locked --no-fail-fast "${kube_args[@]}" > "$kube_log" 2>&1 &
 kube_pid=$!
-cargo test --workspace --locked --no-fail-fast "${other_args[@]}" 2>&1 | tee "$log" || tests_status=$?
+cargo test --workspace --locked --no-fail-fast "${other_args[@]}" -- --skip "$alone_filter" 2>&1 | tee "$log" || tests_status=$?
 cargo test --workspace --locked --doc 2>&1 | tee -a "$log" || tests_status=$?
 kube_status=0
 wait "$kube_pid" || kube_status=$?
@@ -185,10 +178,8 @@ printf '\n==> the kube suites (ran beside the tests above; exit %s)\n' "$kube_st
 cat "$kube_log"
 cat "$kube_log" >> "$log"
 [ "$kube_status" = 0 ] || tests_status=$kube_status
-alone_args=()
-for t in "${alone_suites[@]}"; do alone_args+=(--test "$t"); done
-printf '\n==> alone: %s\n' "${alone_suites[*]}"
-cargo test --workspace --locked --no-fail-fast "${alone_args[@]}" 2>&1 | tee -a "$log" || tests_status=$?
+printf '\n==> alone: %s\n' "$alone_filter"
+cargo test --workspace --locked --no-fail-fast --test lab -- "$alone_filter" 2>&1 | tee -a "$log" || tests_status=$?
 # One closing line for the whole run (cargo prints one per test binary,
 # the last of which is often an empty doc-test run). Tests that returned
 # early for want of root said "SKIP ..." and count as skipped, not passed.

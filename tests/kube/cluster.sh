@@ -13,8 +13,9 @@
 #                                        CAUSEWAY_KUBE_SANS=DNS:a,IP:b adds names
 #                                        to the serving certificate;
 #                                        CAUSEWAY_KUBE_ADDRESS and CAUSEWAY_KUBE_PORT
-#                                        choose where the API server listens
-#                                        (default 127.0.0.1 and a free port)
+#                                        choose where etcd and the API server listen
+#                                        (default 127.0.0.1 and free ports; with an
+#                                        address, 2379/2380 and 6443 there)
 #   tests/kube/cluster.sh stop-apiserver DIR   stop only the API server (an outage)
 #   tests/kube/cluster.sh start-apiserver DIR  start it again as it was
 #   tests/kube/cluster.sh stop DIR       stop what `start DIR` started
@@ -162,7 +163,7 @@ run_apiserver() {
   # shellcheck disable=SC1091
   . "$dir/apiserver.env"
   "$BIN/kube-apiserver" \
-    --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+    --etcd-servers "http://$ADDRESS:$ETCD_PORT" \
     --bind-address "$ADDRESS" --advertise-address "$ADDRESS" --secure-port "$API_PORT" --insecure-port 0 \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
     --client-ca-file "$pki/ca.crt" \
@@ -227,18 +228,27 @@ start() {
   token="$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
   echo "$token,causeway-test-admin,causeway-test-admin,system:masters" > "$pki/tokens.csv"
 
+  # On an address of the caller's own (the test suites give every cluster
+  # one), etcd and the API server take their usual ports, which nothing
+  # else there holds; on 127.0.0.1 they take free ones.
   local etcd_port etcd_peer api_port
-  etcd_port="$(free_port)"
-  etcd_peer="$(free_port)"
-  api_port="${CAUSEWAY_KUBE_PORT:-$(free_port)}"
+  if [ -n "${CAUSEWAY_KUBE_ADDRESS:-}" ]; then
+    etcd_port=2379
+    etcd_peer=2380
+    api_port="${CAUSEWAY_KUBE_PORT:-6443}"
+  else
+    etcd_port="$(free_port)"
+    etcd_peer="$(free_port)"
+    api_port="${CAUSEWAY_KUBE_PORT:-$(free_port)}"
+  fi
 
   "$ETCD_BIN" --data-dir "$dir/etcd" --name causeway-test \
-    --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
-    --listen-peer-urls "http://127.0.0.1:$etcd_peer" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
-    --initial-cluster "causeway-test=http://127.0.0.1:$etcd_peer" \
+    --listen-client-urls "http://$address:$etcd_port" --advertise-client-urls "http://$address:$etcd_port" \
+    --listen-peer-urls "http://$address:$etcd_peer" --initial-advertise-peer-urls "http://$address:$etcd_peer" \
+    --initial-cluster "causeway-test=http://$address:$etcd_peer" \
     --unsafe-no-fsync --quota-backend-bytes=2147483648 >"$dir/etcd.log" 2>&1 &
   echo $! > "$dir/etcd.pid"
-  wait_for etcd 30 curl -sf "http://127.0.0.1:$etcd_port/health" || { stop "$dir"; die "etcd did not start: $(tail -5 "$dir/etcd.log")"; }
+  wait_for etcd 30 curl -sf "http://$address:$etcd_port/health" || { stop "$dir"; die "etcd did not start: $(tail -5 "$dir/etcd.log")"; }
 
   # Kept, so start-apiserver can bring it back after an outage.
   printf 'ETCD_PORT=%s\nADDRESS=%s\nAPI_PORT=%s\nTOKEN=%s\n' \

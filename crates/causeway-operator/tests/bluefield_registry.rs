@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use causeway_operator::dpf::bluefield::{resolve, Lookup, Resolver};
 use causeway_operator::registry::{Credentials, Registry, RegistryPolicy};
 
-mod registry;
+use crate::registry;
 use registry::{start as start_registry, PASSWORD, REGISTRY, USER};
 
 /// The registry is on loopback, which the lookup refuses unless told.

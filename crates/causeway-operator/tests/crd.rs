@@ -49,7 +49,7 @@ fn the_crd_has_the_names_and_subresource_the_chart_and_users_expect() {
     assert_eq!(annotations["helm.sh/resource-policy"], "keep");
 }
 
-/// Regenerate with `UPDATE_CHART_CRDS=1 cargo test -p causeway-operator --test crd`, or
+/// Regenerate with `UPDATE_CHART_CRDS=1 cargo test -p causeway-operator --test offline crd::`, or
 /// `causeway operator crd infraclusterattachment > charts/causeway/templates/crd-infraclusterattachment.yaml`.
 #[test]
 fn the_chart_attachment_crd_matches_the_generated_one() {
@@ -93,7 +93,7 @@ fn the_attachment_crd_has_the_go_operators_names_and_columns() {
     );
 }
 
-/// Regenerate with `UPDATE_CHART_CRDS=1 cargo test -p causeway-operator --test crd`.
+/// Regenerate with `UPDATE_CHART_CRDS=1 cargo test -p causeway-operator --test offline crd::`.
 #[test]
 fn the_chart_dpf_crds_match_the_generated_ones() {
     let dir = concat!(
@@ -112,7 +112,7 @@ fn the_chart_dpf_crds_match_the_generated_ones() {
         let in_chart = std::fs::read_to_string(&path).unwrap_or_default();
         assert!(
             in_chart == generated,
-            "{path} is stale: regenerate it with `UPDATE_CHART_CRDS=1 cargo test -p causeway-operator --test crd`"
+            "{path} is stale: regenerate it with `UPDATE_CHART_CRDS=1 cargo test -p causeway-operator --test offline crd::`"
         );
     }
 }

@@ -10,7 +10,7 @@ use causeway_operator::dpf::service_templates::payload::{
 };
 use causeway_operator::registry::{Credentials, Registry, RegistryError, RegistryPolicy};
 
-mod registry;
+use crate::registry;
 
 fn image_references(tags: &[(&str, &str)]) -> Vec<u8> {
     let tags: Vec<serde_json::Value> = tags

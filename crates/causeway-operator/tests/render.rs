@@ -639,7 +639,7 @@ fn rendered_json(r: &Rendered) -> serde_json::Value {
 /// rendered before causeway's additions (two replicas and what comes with
 /// them): the fixture was taken from the rendering before they existed.
 /// Regenerate only for a deliberate change, with
-/// `UPDATE_RENDER_FIXTURES=1 cargo test -p causeway-operator --test render`.
+/// `UPDATE_RENDER_FIXTURES=1 cargo test -p causeway-operator --test offline render::`.
 #[test]
 fn the_reference_sample_renders_exactly_the_objects_it_always_did() {
     let path = concat!(

@@ -5,7 +5,7 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -54,15 +54,6 @@ impl Appliance {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
             .contains(needle)
-    }
-}
-
-fn free_port() -> u16 {
-    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let t = std::net::TcpListener::bind(("127.0.0.1", s.local_addr().unwrap().port()));
-    match t {
-        Ok(t) => t.local_addr().unwrap().port(),
-        Err(_) => free_port(),
     }
 }
 
@@ -124,7 +115,7 @@ fn mtu_of(m: &Message) -> Option<u16> {
 #[test]
 fn appliance_serves_reloads_and_stops_gracefully() {
     let dir = tempfile::tempdir().unwrap();
-    let (dhcp_port, admin_port) = (free_port(), free_port());
+    let (dhcp_port, admin_port) = (support::reserved_port(), support::reserved_port());
     let cfg_path = dir.path().join("causeway.yaml");
     std::fs::write(&cfg_path, config(dir.path(), dhcp_port, admin_port, 1400)).unwrap();
     let app = Appliance::start(&cfg_path, dir.path().join("stderr.log"));
@@ -202,7 +193,7 @@ fn appliance_serves_reloads_and_stops_gracefully() {
 #[test]
 fn a_reload_that_moves_the_lease_file_is_refused_whole_and_no_lease_is_lost() {
     let dir = tempfile::tempdir().unwrap();
-    let (dhcp_port, admin_port) = (free_port(), free_port());
+    let (dhcp_port, admin_port) = (support::reserved_port(), support::reserved_port());
     let cfg_path = dir.path().join("causeway.yaml");
     let original = config(dir.path(), dhcp_port, admin_port, 1400);
     std::fs::write(&cfg_path, &original).unwrap();
@@ -262,7 +253,7 @@ fn a_reload_that_moves_the_lease_file_is_refused_whole_and_no_lease_is_lost() {
 #[test]
 fn a_config_file_change_is_picked_up_without_a_signal() {
     let dir = tempfile::tempdir().unwrap();
-    let (dhcp_port, admin_port) = (free_port(), free_port());
+    let (dhcp_port, admin_port) = (support::reserved_port(), support::reserved_port());
     let cfg_path = dir.path().join("causeway.yaml");
     std::fs::write(&cfg_path, config(dir.path(), dhcp_port, admin_port, 1400)).unwrap();
     let _app = Appliance::start(&cfg_path, dir.path().join("stderr.log"));
@@ -286,7 +277,11 @@ fn a_port_already_in_use_fails_start_up_with_a_clear_message() {
     let cfg_path = dir.path().join("causeway.yaml");
     // SO_REUSEADDR lets two UDP sockets share a port on Linux only when
     // both set it; ours does, the holder here does not.
-    std::fs::write(&cfg_path, config(dir.path(), port, free_port(), 1400)).unwrap();
+    std::fs::write(
+        &cfg_path,
+        config(dir.path(), port, support::reserved_port(), 1400),
+    )
+    .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_causeway"))
         .args(["appliance", "--config"])
         .arg(&cfg_path)

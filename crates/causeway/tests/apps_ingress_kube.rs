@@ -15,7 +15,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod kube_cluster;
+use crate::kube_cluster;
 
 use std::time::{Duration, Instant};
 
@@ -83,10 +83,12 @@ async fn metallb_is_installed_when_asked_and_a_lost_cluster_is_given_up_on() {
     // by the control plane's kube-apiserver Service name, which resolves
     // for the operator (as cluster DNS would) to the hosted API server.
     let service_name = "kube-apiserver.clusters-hc8.svc.cluster.local";
-    let Some(h) = kube_cluster::hosted_cluster(TEST, &format!("DNS:{service_name}")) else {
+    let Some(h) =
+        kube_cluster::hosted_cluster("apps_ingress_kube", TEST, &format!("DNS:{service_name}"))
+    else {
         return;
     };
-    let hosted_address = kube_cluster::hosted_address();
+    let hosted_address = h.address.to_string();
     // The hosted cluster's own admin client: its objects are read there.
     let hosted = admin(h).await;
     for n in ["openshift-ingress", OLM_NS] {

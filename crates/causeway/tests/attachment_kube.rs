@@ -15,7 +15,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod kube_cluster;
+use crate::kube_cluster;
 
 use std::time::Duration;
 
@@ -846,7 +846,8 @@ async fn apps_ingress_follows_the_routers_load_balancer_on_the_vlan() {
     // The hosted cluster: an API server of its own, reached here by the
     // server its admin kubeconfig names (`--hosted-apiserver=kubeconfig`;
     // apps_ingress_kube takes the Service path).
-    let Some(h) = kube_cluster::hosted_cluster(TEST, "DNS:api.hc7.example.net") else {
+    let Some(h) = kube_cluster::hosted_cluster("attachment_kube", TEST, "DNS:api.hc7.example.net")
+    else {
         return;
     };
     let hosted = admin(h).await;
@@ -1055,9 +1056,8 @@ async fn apps_ingress_follows_the_routers_load_balancer_on_the_vlan() {
     set_spec(&attachments, "g", spec(true)).await;
     wait_apps(&attachments, &op, "g", "WaitingForExternalIP").await;
     drop(op);
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead = format!("https://{}", closed.local_addr().unwrap());
-    drop(closed);
+    // A port of the test's own where nothing listens.
+    let dead = format!("https://127.0.0.1:{}", crate::support::reserved_port());
     let unreachable =
         causeway_operator::k8s::manifest::token_kubeconfig(&dead, &h.ca, &h.admin_token);
     let put_secret = |text: String| {

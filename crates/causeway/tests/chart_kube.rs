@@ -18,7 +18,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod kube_cluster;
+use crate::kube_cluster;
 
 use std::process::Output;
 use std::time::Duration;
@@ -106,7 +106,7 @@ async fn config(client: &kube::Client) -> DPFHCPProvisionerConfig {
 #[tokio::test(flavor = "multi_thread")]
 async fn helm_installs_upgrades_and_uninstalls_the_chart_with_the_provisioner_charts_values() {
     let test = "chart_kube";
-    let Some(c) = kube_cluster::bare_cluster(test) else {
+    let Some(c) = kube_cluster::bare_cluster("chart_kube", test) else {
         return;
     };
     let client = admin(c).await;

@@ -15,9 +15,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod kube_cluster;
-mod monitored;
-mod support;
+use crate::kube_cluster;
+use crate::monitored;
+use crate::support;
 
 use std::time::Duration;
 
@@ -485,7 +485,8 @@ async fn dpu_kubelet_csrs_are_approved_end_to_end_and_every_attack_is_refused_or
     // controller-manager, whose signer signs with its own CA. CSRs, Nodes,
     // the node bootstrapper and the approver's identity live there; the
     // provisioner, DPUs and Infras on the management side.
-    let Some(h) = kube_cluster::hosted_cluster(test, "DNS:api.csr-dpus.example.com") else {
+    let Some(h) = kube_cluster::hosted_cluster("csr_kube", test, "DNS:api.csr-dpus.example.com")
+    else {
         return;
     };
     let hosted = admin(h).await;
@@ -583,9 +584,8 @@ subjects:
     println!("scenario: no admin kubeconfig yet, then one whose server does not answer");
     let why = wait_approval_condition(&client, &op, "False", "KubeconfigNotAvailable").await;
     assert!(why.contains(&format!("{NAME}-admin-kubeconfig")), "{why}");
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead = format!("https://{}", closed.local_addr().unwrap());
-    drop(closed);
+    // A port of the test's own where nothing listens.
+    let dead = format!("https://127.0.0.1:{}", crate::support::reserved_port());
     kubeconfig_secret(
         &client,
         &causeway_operator::k8s::manifest::token_kubeconfig(&dead, &h.ca, &h.admin_token),
@@ -1330,7 +1330,7 @@ async fn live_certificate_scenario(
     println!("scenario: a serving renewal is held to the certificate the kubelet serves, read at the DPU's assigned address");
     const KUBELET_IP: &str = "127.0.7.23";
     const EXTERNAL_IP: &str = "10.0.0.15";
-    let kubelet_port = support::free_tcp_port();
+    let kubelet_port = support::reserved_port();
     reserving_infra(
         client,
         "dpu-l-vlan",

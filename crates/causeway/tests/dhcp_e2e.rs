@@ -20,7 +20,7 @@
 // A test reports a broken precondition by panicking, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::collections::{HashMap, HashSet};
 use std::fs;

@@ -21,7 +21,7 @@
 // A test reports a broken precondition by panicking, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::net::Ipv4Addr;

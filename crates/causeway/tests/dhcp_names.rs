@@ -11,7 +11,7 @@
 // A test reports a broken precondition by panicking, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use dhcproto::v4::DhcpOption;
 use support::{
-    ack_log, bench_bin, free_tcp_port, free_udp_and_tcp_port, free_udp_port, leases, metric, tool,
-    unix_ms, AdminAt, Appliance, Proc, Relay,
+    ack_log, bench_bin, leases, metric, reserved_port, reserved_port_on, tool, unix_ms, AdminAt,
+    Appliance, Proc, Relay,
 };
 
 const ZONE: &str = "hc1.example.test";
@@ -91,12 +91,9 @@ fn renaming_hosts_leave_no_stale_names_and_take_no_other_hosts_ptr() {
         .tempdir()
         .unwrap();
     let d = dir.path();
-    let dhcp = SocketAddr::from((Ipv4Addr::LOCALHOST, free_udp_port()));
-    let dns = SocketAddr::from((
-        Ipv4Addr::LOCALHOST,
-        free_udp_and_tcp_port(Ipv4Addr::LOCALHOST),
-    ));
-    let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, free_tcp_port()));
+    let dhcp = SocketAddr::from((Ipv4Addr::LOCALHOST, reserved_port()));
+    let dns = SocketAddr::from((Ipv4Addr::LOCALHOST, reserved_port_on(Ipv4Addr::LOCALHOST)));
+    let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, reserved_port()));
     // Nothing is forwarded (every name asked is the zone's or the VLAN's
     // reverse); a bound socket that never answers stands in as upstream.
     let upstream = UdpSocket::bind("127.0.0.1:0").unwrap();

@@ -15,7 +15,7 @@
 // A test reports a broken precondition by panicking, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
@@ -221,9 +221,9 @@ impl Server {
         let dir = tempdir();
         let dns = SocketAddr::from((
             Ipv4Addr::LOCALHOST,
-            support::free_udp_and_tcp_port(Ipv4Addr::LOCALHOST),
+            support::reserved_port_on(Ipv4Addr::LOCALHOST),
         ));
-        let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, support::free_tcp_port()));
+        let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, support::reserved_port()));
         let config = format!(
             r#"log: {{level: info}}
 admin: {{listen: "{admin}"}}
@@ -316,7 +316,7 @@ impl Dnsmasq {
     fn answering(ttl: u32, answer: &str) -> Dnsmasq {
         let dir = tempdir();
         let ip = Ipv4Addr::new(127, 0, 0, 53);
-        let addr = SocketAddr::from((ip, support::free_udp_and_tcp_port(ip)));
+        let addr = SocketAddr::from((ip, support::reserved_port_on(ip)));
         let mut cmd = Command::new(tool("dnsmasq", "dnsmasq-base"));
         cmd.args(support::DNSMASQ_ALONE)
             .arg("--log-queries")
@@ -670,9 +670,9 @@ fn a_wall_clock_step_back_keeps_no_answer_past_its_ttl() {
     support::set_clock_offset(&offset, "+0");
     let dns = SocketAddr::from((
         Ipv4Addr::LOCALHOST,
-        support::free_udp_and_tcp_port(Ipv4Addr::LOCALHOST),
+        support::reserved_port_on(Ipv4Addr::LOCALHOST),
     ));
-    let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, support::free_tcp_port()));
+    let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, support::reserved_port()));
     let path = dir.path().join("causeway.yaml");
     fs::write(
         &path,
@@ -1061,10 +1061,10 @@ fn dhcp_names_resolve_and_stop_after_release() {
     let dead = Blackhole::new();
     let dns = SocketAddr::from((
         Ipv4Addr::LOCALHOST,
-        support::free_udp_and_tcp_port(Ipv4Addr::LOCALHOST),
+        support::reserved_port_on(Ipv4Addr::LOCALHOST),
     ));
-    let dhcp = SocketAddr::from((Ipv4Addr::LOCALHOST, support::free_udp_port()));
-    let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, support::free_tcp_port()));
+    let dhcp = SocketAddr::from((Ipv4Addr::LOCALHOST, support::reserved_port()));
+    let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, support::reserved_port()));
     let config = format!(
         r#"log: {{level: info}}
 admin: {{listen: "{admin}"}}
@@ -1150,7 +1150,7 @@ dns:
 #[test]
 fn dns_floor_answers_dig_drops_garbage_and_reports_its_counts() {
     let dir = tempdir();
-    let listen = SocketAddr::from(([127, 0, 0, 1], support::free_udp_port()));
+    let listen = SocketAddr::from(([127, 0, 0, 1], support::reserved_port()));
     let mut floor = Proc::spawn(
         "dns-floor",
         dir.path(),
@@ -1248,7 +1248,7 @@ impl LargeAnswers {
     fn start(records: u16, tcp_pause: Duration) -> LargeAnswers {
         use std::io::{Read, Write};
         use std::sync::atomic::Ordering;
-        let port = support::free_udp_and_tcp_port(Ipv4Addr::LOCALHOST);
+        let port = support::reserved_port_on(Ipv4Addr::LOCALHOST);
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         let udp = UdpSocket::bind(addr).unwrap();
         udp.set_read_timeout(Some(Duration::from_millis(100)))

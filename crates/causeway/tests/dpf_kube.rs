@@ -13,9 +13,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod boot_lab;
-mod kube_cluster;
-mod support;
+use crate::boot_lab;
+use crate::kube_cluster;
 
 use std::time::Duration;
 
@@ -389,9 +388,12 @@ async fn phase(client: &Client, name: &str) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bridge_from_the_readme_sample_through_upgrade_to_deletion() {
-    let Some(c) =
-        kube_cluster::cluster("the_bridge_from_the_readme_sample_through_upgrade_to_deletion")
-    else {
+    // An operator over every namespace: a cluster of its own, so it
+    // meets no other suite's objects.
+    let Some(c) = kube_cluster::own_cluster(
+        "dpf_kube",
+        "the_bridge_from_the_readme_sample_through_upgrade_to_deletion",
+    ) else {
         return;
     };
     let client = admin(c).await;

@@ -21,7 +21,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod kube_cluster;
+use crate::kube_cluster;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -315,7 +315,7 @@ async fn kept(client: &Client, ns: &str, r: &ApiResource, name: &str) -> Kept {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_go_operator_install_is_taken_over_with_every_hosted_cluster_kept() {
     let test = "dpf_migration_kube";
-    let Some(c) = kube_cluster::bare_cluster(test) else {
+    let Some(c) = kube_cluster::bare_cluster("dpf_migration_kube", test) else {
         return;
     };
     let client = admin(c).await;

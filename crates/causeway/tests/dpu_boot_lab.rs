@@ -16,8 +16,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod boot_lab;
-mod support;
+use crate::boot_lab;
 
 use std::fs;
 

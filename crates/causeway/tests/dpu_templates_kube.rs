@@ -18,8 +18,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod kube_cluster;
-mod monitored;
+use crate::kube_cluster;
+use crate::monitored;
 #[path = "../../causeway-operator/tests/registry/mod.rs"]
 mod registry;
 
@@ -229,7 +229,9 @@ async fn dpu_service_templates_follow_the_flag_dpf_the_ovn_rollout_and_the_provi
         );
         return;
     }
-    let Some(c) = kube_cluster::cluster(TEST) else {
+    // An operator over every namespace, in DPF's fixed one: no other
+    // suite's ground.
+    let Some(c) = kube_cluster::own_cluster("dpu_templates_kube", TEST) else {
         return;
     };
     let client = admin(c).await;

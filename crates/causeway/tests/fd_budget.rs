@@ -14,7 +14,7 @@
 // A test reports a broken precondition by panicking, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::io::{Read, Write};
@@ -24,8 +24,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::{
-    causeway_bin, free_tcp_port, free_udp_and_tcp_port, free_udp_port, metric, poll_until, tool,
-    AdminAt, Appliance, Proc, Relay,
+    causeway_bin, metric, poll_until, reserved_port, reserved_port_on, tool, AdminAt, Appliance,
+    Proc, Relay,
 };
 
 /// Bytes each held connection sends and reads back: past the 64 KiB after
@@ -80,15 +80,12 @@ fn bulk_transfers_fill_the_proxys_share_and_dns_and_the_lease_store_keep_theirs(
     let d = dir.path();
     let dig = tool("dig", "bind9-dnsutils");
     let prlimit = tool("prlimit", "util-linux");
-    let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, free_tcp_port()));
-    let proxy = SocketAddr::from((Ipv4Addr::LOCALHOST, free_tcp_port()));
-    let echo = SocketAddr::from((Ipv4Addr::LOCALHOST, free_tcp_port()));
-    let dhcp = SocketAddr::from((Ipv4Addr::LOCALHOST, free_udp_port()));
-    let dns = SocketAddr::from((
-        Ipv4Addr::LOCALHOST,
-        free_udp_and_tcp_port(Ipv4Addr::LOCALHOST),
-    ));
-    let upstream_dns = SocketAddr::from((Ipv4Addr::LOCALHOST, free_udp_port()));
+    let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, reserved_port()));
+    let proxy = SocketAddr::from((Ipv4Addr::LOCALHOST, reserved_port()));
+    let echo = SocketAddr::from((Ipv4Addr::LOCALHOST, reserved_port()));
+    let dhcp = SocketAddr::from((Ipv4Addr::LOCALHOST, reserved_port()));
+    let dns = SocketAddr::from((Ipv4Addr::LOCALHOST, reserved_port_on(Ipv4Addr::LOCALHOST)));
+    let upstream_dns = SocketAddr::from((Ipv4Addr::LOCALHOST, reserved_port()));
     let _echo = support::echo_upstream(d, echo, "300s");
     let _upstream_dns = support::dns_floor_upstream(d, upstream_dns);
     let lease_file = d.join("leases.jsonl");

@@ -36,9 +36,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod kube_cluster;
-mod monitored;
-mod support;
+use crate::kube_cluster;
+use crate::monitored;
+use crate::support;
 
 use std::fs;
 use std::net::SocketAddr;

@@ -33,8 +33,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod kube_cluster;
-mod support;
+use crate::kube_cluster;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -1262,7 +1262,7 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
     // The hosted cluster: a second API server of its own, which the worker
     // reaches through the proxy and the operator through its admin
     // kubeconfig.
-    let Some(h) = kube_cluster::hosted_cluster(TEST, &hosted_sans()) else {
+    let Some(h) = kube_cluster::hosted_cluster("mission_lab", TEST, &hosted_sans()) else {
         return;
     };
     let began = Instant::now();
@@ -1284,7 +1284,7 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
     kube_cluster::install_fixture_crds(&client, &[kube_cluster::NAD_CRD]).await;
     kube_cluster::network_attachment(&client, INFRA_NS, "vlan60").await;
     dpf_side(h, &client, &hosted).await;
-    let hosted_address = kube_cluster::hosted_address();
+    let hosted_address = h.address.to_string();
     let service_name = hosted_service_name();
     let op = Operator::start_resolving(
         c,

@@ -6,8 +6,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod kube_cluster;
-mod monitored;
+use crate::kube_cluster;
+use crate::monitored;
 
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 
 use causeway_operator::infra::crd::Infra;
 use kube_cluster::{
-    admin_get, apply_yaml, cluster, eventually, install_fixture_crds, install_release,
+    admin_get, apply_yaml, eventually, install_fixture_crds, install_release, own_cluster,
     test_namespace, token_for, Operator, NAD_CRD, POD_MONITOR_CRD, RELEASE,
 };
 
@@ -90,8 +90,10 @@ fn every_monitored_name_has_a_test_that_scrapes_it() {
 
 #[tokio::test]
 async fn the_operator_exports_what_the_alerts_read_and_renders_pod_monitors() {
-    let Some(c) = cluster("the_operator_exports_what_the_alerts_read_and_renders_pod_monitors")
-    else {
+    let Some(c) = own_cluster(
+        "monitoring_kube",
+        "the_operator_exports_what_the_alerts_read_and_renders_pod_monitors",
+    ) else {
         return;
     };
     let client = kube_cluster::admin(c).await;
@@ -100,11 +102,7 @@ async fn the_operator_exports_what_the_alerts_read_and_renders_pod_monitors() {
     kube_cluster::network_attachment(&client, "default", "vlan100").await;
     let dir = tempfile::tempdir().unwrap();
     write_certificate(dir.path());
-    let webhook_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let webhook_port = crate::support::reserved_port();
     let op = Operator::start(
         c,
         &[&ns],
@@ -305,8 +303,10 @@ fn curl_status(
 /// the operator through the API server under the chart's RBAC.
 #[tokio::test]
 async fn the_admin_port_over_tls_lets_only_an_authorized_token_read_the_metrics() {
-    let Some(c) = cluster("the_admin_port_over_tls_lets_only_an_authorized_token_read_the_metrics")
-    else {
+    let Some(c) = own_cluster(
+        "monitoring_kube",
+        "the_admin_port_over_tls_lets_only_an_authorized_token_read_the_metrics",
+    ) else {
         return;
     };
     let client = kube_cluster::admin(c).await;

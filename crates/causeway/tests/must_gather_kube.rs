@@ -9,7 +9,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod kube_cluster;
+use crate::kube_cluster;
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -44,7 +44,7 @@ fn unpack(path: &std::path::Path) -> BTreeMap<String, Vec<u8>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn must_gather_collects_objects_configs_and_no_secret_value() {
     let test = "must_gather_kube";
-    let Some(c) = kube_cluster::bare_cluster(test) else {
+    let Some(c) = kube_cluster::bare_cluster("must_gather_kube", test) else {
         return;
     };
     let client = admin(c).await;

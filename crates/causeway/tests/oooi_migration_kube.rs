@@ -24,7 +24,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod kube_cluster;
+use crate::kube_cluster;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -167,7 +167,9 @@ async fn a_go_operator_install_is_taken_over_without_a_duplicate_or_a_lost_field
     };
     // The hosted cluster, an API server of its own: MetalLB, its pool and
     // the router live there.
-    let Some(h) = kube_cluster::hosted_cluster(TEST, "DNS:api.hc9.example.net") else {
+    let Some(h) =
+        kube_cluster::hosted_cluster("oooi_migration_kube", TEST, "DNS:api.hc9.example.net")
+    else {
         return;
     };
     let hosted = kube_cluster::admin(h).await;

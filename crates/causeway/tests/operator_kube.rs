@@ -10,7 +10,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod kube_cluster;
+use crate::kube_cluster;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -957,7 +957,9 @@ async fn an_operator_without_the_charts_rbac_makes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hosted_clusters_are_picked_up_once_their_api_is_installed() {
     let test = "hosted_clusters_are_picked_up_once_their_api_is_installed";
-    let Some(c) = kube_cluster::cluster(test) else {
+    // The HostedCluster CRD must be absent at the start, which other
+    // suites' clusters cannot promise.
+    let Some(c) = kube_cluster::own_cluster("operator_kube::hosted_api_later", test) else {
         return;
     };
     let client = admin(c).await;

@@ -11,7 +11,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod kube_cluster;
+use crate::kube_cluster;
 
 use std::time::{Duration, Instant};
 
@@ -73,7 +73,7 @@ async fn create_ns(client: &Client, ns: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_controller_works_without_the_optional_kinds_and_picks_them_up_once_installed() {
     let test = "optional_kinds_kube";
-    let Some(c) = kube_cluster::bare_cluster(test) else {
+    let Some(c) = kube_cluster::bare_cluster("optional_kinds_kube", test) else {
         return;
     };
     let client = admin(c).await;

@@ -9,7 +9,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod kube_cluster;
+use crate::kube_cluster;
 
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 
 use causeway_operator::infra::crd::Infra;
 use kube_cluster::{
-    admin_get, apply_yaml, cluster, eventually, install_fixture_crds, metric, test_namespace,
+    admin_get, apply_yaml, eventually, install_fixture_crds, metric, own_cluster, test_namespace,
     Operator, NAD_CRD, POD_MONITOR_CRD,
 };
 
@@ -41,7 +41,7 @@ async fn nudge(sas: &Api<ServiceAccount>, name: &str, n: u32) {
 #[tokio::test]
 async fn a_pod_monitor_crd_installed_after_the_start_is_used_and_its_removal_is_no_error() {
     let test = "a_pod_monitor_crd_installed_after_the_start_is_used_and_its_removal_is_no_error";
-    let Some(c) = cluster(test) else {
+    let Some(c) = own_cluster("pod_monitors_kube", test) else {
         return;
     };
     let client = kube_cluster::admin(c).await;

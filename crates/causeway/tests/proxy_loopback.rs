@@ -5,7 +5,7 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -26,14 +26,6 @@ impl Drop for Guard {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
@@ -45,7 +37,7 @@ fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 /// An `openssl s_server` on loopback answering HTTP with its own
 /// certificate, so a client through the proxy sees which upstream it got.
 fn tls_upstream(dir: &Path, name: &str) -> (Guard, u16, PathBuf) {
-    let port = free_port();
+    let port = support::reserved_port();
     let (guard, pem) = tls_upstream_at(dir, name, "127.0.0.1", port);
     (guard, port, pem)
 }
@@ -74,7 +66,7 @@ struct Proxy {
 }
 
 fn start_proxy(dir: &Path, body: &str) -> Proxy {
-    let admin = free_port();
+    let admin = support::reserved_port();
     let cfg = dir.join("proxy.yaml");
     std::fs::write(
         &cfg,
@@ -149,7 +141,7 @@ fn sni_routes_the_wildcard_the_default_and_plain_tcp() {
     let (_oauth, oauth_port, oauth_pem) = tls_upstream(dir.path(), "oauth.hc1.example.com");
     let (_apps, apps_port, _) = tls_upstream(dir.path(), "ingress.apps.hc1.example.com");
     let (_ign, ign_port, _) = tls_upstream(dir.path(), "ignition.hc1.example.com");
-    let (sni_port, api_port) = (free_port(), free_port());
+    let (sni_port, api_port) = (support::reserved_port(), support::reserved_port());
     let proxy = start_proxy(
         dir.path(),
         &format!(
@@ -236,7 +228,7 @@ fn half_close_is_relayed_so_an_upstream_can_answer_after_eof() {
         s.read_to_end(&mut all).unwrap();
         write!(s, "read {} bytes", all.len()).unwrap();
     });
-    let port = free_port();
+    let port = support::reserved_port();
     let _proxy = start_proxy(
         dir.path(),
         &format!("  listeners:\n    - {{port: {port}, upstream: \"127.0.0.1:{up_port}\"}}\n"),
@@ -284,8 +276,8 @@ fn a_slow_hello_is_cut_at_the_timeout_and_the_limit_refuses_the_next() {
     // the relayed connections without this listener ever calling accept.
     let held_upstream = TcpListener::bind("127.0.0.1:0").unwrap();
     let held_port = held_upstream.local_addr().unwrap().port();
-    let port = free_port();
-    let plain_port = free_port();
+    let port = support::reserved_port();
+    let plain_port = support::reserved_port();
     let proxy = start_proxy(
         dir.path(),
         &format!(
@@ -353,7 +345,7 @@ fn sigterm_lets_an_inflight_transfer_finish_then_exits_0() {
         s.read_exact(&mut go).unwrap();
         s.write_all(&vec![1u8; 1_000_000]).unwrap();
     });
-    let port = free_port();
+    let port = support::reserved_port();
     let mut proxy = start_proxy(
         dir.path(),
         &format!("  listeners:\n    - {{port: {port}, upstream: \"127.0.0.1:{up_port}\"}}\n"),
@@ -400,8 +392,8 @@ fn with_one_of_two_addresses_down_every_connection_succeeds() {
     let dir = tempfile::tempdir().unwrap();
     let (_up, up_port, _) = tls_upstream(dir.path(), "oauth.hc1.example.com");
     // A port with nothing listening: connections to it are refused.
-    let dead = free_port();
-    let port = free_port();
+    let dead = support::reserved_port();
+    let port = support::reserved_port();
     let proxy = start_proxy(
         dir.path(),
         &format!("  listeners:\n    - {{port: {port}, upstream: \"127.0.0.1:{dead},127.0.0.1:{up_port}\"}}\n"),
@@ -436,7 +428,7 @@ fn a_reload_changes_routes_and_keeps_established_connections() {
             }
         }
     });
-    let (sni_port, echo_listener) = (free_port(), free_port());
+    let (sni_port, echo_listener) = (support::reserved_port(), support::reserved_port());
     let body = |target: u16| {
         format!(
             "  listeners:\n    - port: {sni_port}\n      routes: [{{sni: api.hc1.example.com, upstream: \"127.0.0.1:{target}\"}}]\n    - {{port: {echo_listener}, upstream: \"127.0.0.1:{echo_port}\"}}\n"
@@ -489,7 +481,7 @@ fn proxy_protocol_v2_tells_the_upstream_the_client_address() {
         let port = u16::from_be_bytes([h[24], h[25]]);
         write!(s, "{ip}:{port}").unwrap();
     });
-    let port = free_port();
+    let port = support::reserved_port();
     let _proxy = start_proxy(
         dir.path(),
         &format!("  listeners:\n    - {{port: {port}, upstream: \"127.0.0.1:{up_port}\", proxyProtocol: true}}\n"),
@@ -506,7 +498,7 @@ fn proxy_protocol_v2_tells_the_upstream_the_client_address() {
 fn new_connections_follow_a_changed_upstream_address() {
     let dir = tempfile::tempdir().unwrap();
     // Two upstreams on one port, on two loopback addresses.
-    let up_port = free_port();
+    let up_port = support::reserved_port();
     let mut upstreams = Vec::new();
     for (ip, name) in [("127.0.0.1", "first.test"), ("127.0.0.2", "second.test")] {
         upstreams.push(tls_upstream_at(dir.path(), name, ip, up_port).0);
@@ -516,7 +508,7 @@ fn new_connections_follow_a_changed_upstream_address() {
     let hosts = dir.path().join("hosts");
     std::fs::write(&hosts, "127.0.0.1 api.upstream.test\n").unwrap();
     // dnsmasq binds TCP as well as UDP.
-    let dns_port = support::free_udp_and_tcp_port(std::net::Ipv4Addr::LOCALHOST);
+    let dns_port = support::reserved_port_on(std::net::Ipv4Addr::LOCALHOST);
     let dnsmasq = Guard(
         Command::new("dnsmasq")
             .args([
@@ -537,7 +529,7 @@ fn new_connections_follow_a_changed_upstream_address() {
             .spawn()
             .unwrap(),
     );
-    let port = free_port();
+    let port = support::reserved_port();
     let _proxy = start_proxy(
         dir.path(),
         &format!(
@@ -589,7 +581,7 @@ fn least_connections_sends_new_connections_past_a_busy_address() {
     let dir = tempfile::tempdir().unwrap();
     let (_a, a_port, _) = tls_upstream(dir.path(), "a.hc1.example.com");
     let (_b, b_port, _) = tls_upstream(dir.path(), "b.hc1.example.com");
-    let port = free_port();
+    let port = support::reserved_port();
     let proxy = start_proxy(
         dir.path(),
         &format!("  balance: leastConnections\n  listeners:\n    - {{port: {port}, upstream: \"127.0.0.1:{a_port},127.0.0.1:{b_port}\"}}\n"),
@@ -622,8 +614,8 @@ fn least_connections_sends_new_connections_past_a_busy_address() {
 fn health_checks_take_a_dead_address_out_and_bring_it_back() {
     let dir = tempfile::tempdir().unwrap();
     let (_up, up_port, _) = tls_upstream(dir.path(), "a.hc1.example.com");
-    let dead = free_port();
-    let port = free_port();
+    let dead = support::reserved_port();
+    let port = support::reserved_port();
     let proxy = start_proxy(
         dir.path(),
         &format!("  healthCheck: {{interval: 100ms, timeout: 100ms, unhealthyThreshold: 2, healthyThreshold: 1}}\n  listeners:\n    - {{port: {port}, upstream: \"127.0.0.1:{dead},127.0.0.1:{up_port}\"}}\n"),
@@ -679,7 +671,7 @@ fn ten_thousand_idle_clients_cost_under_40_kb_each() {
 
     let dir = tempfile::tempdir().unwrap();
     let (_up, up_port, _) = tls_upstream(dir.path(), "oauth.hc1.example.com");
-    let port = free_port();
+    let port = support::reserved_port();
     let proxy = start_proxy(
         dir.path(),
         &format!("  helloTimeout: 5m\n  maxConnections: 20000\n  maxConnectionsPerSource: 20000\n  listeners:\n    - port: {port}\n      routes: [{{sni: oauth.hc1.example.com, upstream: \"127.0.0.1:{up_port}\"}}]\n"),
@@ -785,7 +777,7 @@ fn set_open_files(pid: u32, soft: usize) {
 fn running_out_of_descriptors_never_ejects_a_healthy_upstream() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = HoldingUpstream::start();
-    let port = free_port();
+    let port = support::reserved_port();
     let proxy = start_proxy(
         dir.path(),
         &format!(
@@ -922,7 +914,11 @@ fn closed_on_arrival(client: &mut TcpStream) -> bool {
 fn the_open_files_limit_caps_connections_across_listeners_and_each_source_has_its_own() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = HoldingUpstream::start();
-    let (port_a, port_b, admin) = (free_port(), free_port(), free_port());
+    let (port_a, port_b, admin) = (
+        support::reserved_port(),
+        support::reserved_port(),
+        support::reserved_port(),
+    );
     let cfg = dir.path().join("proxy.yaml");
     std::fs::write(
         &cfg,
@@ -1057,7 +1053,7 @@ fn a_black_holed_upstream_holds_no_more_than_its_listener_allows_and_others_keep
     let dir = tempfile::tempdir().unwrap();
     let (_hole, hole_port) = black_hole();
     let healthy = HoldingUpstream::start();
-    let (port_dead, port_ok) = (free_port(), free_port());
+    let (port_dead, port_ok) = (support::reserved_port(), support::reserved_port());
     let proxy = start_proxy(
         dir.path(),
         &format!("  connectTimeout: 3s\n  maxConnections: 10\n  listeners:\n    - {{port: {port_dead}, upstream: \"127.0.0.1:{hole_port}\"}}\n    - {{port: {port_ok}, upstream: \"127.0.0.1:{}\"}}\n", healthy.port),
@@ -1106,7 +1102,7 @@ fn a_black_holed_upstream_holds_no_more_than_its_listener_allows_and_others_keep
 fn a_reload_raises_and_lowers_a_listeners_limit_without_closing_connections() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = HoldingUpstream::start();
-    let port = free_port();
+    let port = support::reserved_port();
     let body = |max: usize| {
         format!(
             "  maxConnections: {max}\n  listeners:\n    - {{port: {port}, upstream: \"127.0.0.1:{}\"}}\n",

@@ -16,7 +16,7 @@
 // A test reports a broken precondition by panicking, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::fs;
@@ -26,8 +26,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::{
-    ack_log, bench_bin, complete_lines, free_tcp_port, free_udp_and_tcp_port, free_udp_port,
-    leases, rss_kib, unix_ms, AdminAt, Appliance, Proc,
+    ack_log, bench_bin, complete_lines, leases, reserved_port, reserved_port_on, rss_kib, unix_ms,
+    AdminAt, Appliance, Proc,
 };
 
 /// The DNS cache's byte budget in this test: small enough that the miss
@@ -72,15 +72,12 @@ fn mixed_load_with_a_kill_9_in_the_middle_loses_no_acknowledged_lease() {
         .tempdir()
         .unwrap();
     let d = dir.path();
-    let dhcp = SocketAddr::from((Ipv4Addr::LOCALHOST, free_udp_port()));
-    let dns = SocketAddr::from((
-        Ipv4Addr::LOCALHOST,
-        free_udp_and_tcp_port(Ipv4Addr::LOCALHOST),
-    ));
-    let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, free_tcp_port()));
-    let proxy = SocketAddr::from((Ipv4Addr::LOCALHOST, free_tcp_port()));
-    let echo = SocketAddr::from((Ipv4Addr::LOCALHOST, free_tcp_port()));
-    let upstream_dns = SocketAddr::from((Ipv4Addr::LOCALHOST, free_udp_port()));
+    let dhcp = SocketAddr::from((Ipv4Addr::LOCALHOST, reserved_port()));
+    let dns = SocketAddr::from((Ipv4Addr::LOCALHOST, reserved_port_on(Ipv4Addr::LOCALHOST)));
+    let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, reserved_port()));
+    let proxy = SocketAddr::from((Ipv4Addr::LOCALHOST, reserved_port()));
+    let echo = SocketAddr::from((Ipv4Addr::LOCALHOST, reserved_port()));
+    let upstream_dns = SocketAddr::from((Ipv4Addr::LOCALHOST, reserved_port()));
 
     // The far ends: an echo server behind the proxy, and a DNS responder
     // that answers every A question, as the forwarder's upstream. Both run

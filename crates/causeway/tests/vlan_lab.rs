@@ -17,13 +17,13 @@
 //! and a restart that keeps the VM's lease.
 //!
 //! Needs root (it prints a SKIP line otherwise). As a demo:
-//! `CAUSEWAY_LAB_HOLD=1 cargo test -p causeway --test vlan_lab -- --nocapture`
+//! `CAUSEWAY_LAB_HOLD=1 cargo test -p causeway --test lab vlan_lab:: -- --nocapture`
 //! leaves the lab up after the checks until Enter is pressed (see
 //! tests/lab/README.md).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::fs;

@@ -9,7 +9,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod kube_cluster;
+use crate::kube_cluster;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -87,11 +87,7 @@ fn registry(dir: &Path) -> Option<Registry> {
         eprintln!("SKIP webhook_kube (BlueField case): no {} (apt-get install docker-registry; tests/run.sh does)", bin.display());
         return None;
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::support::reserved_port();
     std::fs::write(
         dir.join("registry.yml"),
         format!(
@@ -147,7 +143,7 @@ async fn create(client: &Client, doc: &str) -> Result<(), String> {
 async fn the_charts_webhook_admits_good_objects_and_denies_bad_ones_with_a_reloaded_certificate() {
     let test =
         "the_charts_webhook_admits_good_objects_and_denies_bad_ones_with_a_reloaded_certificate";
-    let Some(c) = kube_cluster::cluster(test) else {
+    let Some(c) = kube_cluster::own_cluster("webhook_kube", test) else {
         return;
     };
     let client = admin(c).await;
@@ -186,11 +182,7 @@ async fn the_charts_webhook_admits_good_objects_and_denies_bad_ones_with_a_reloa
     let certs = dir.path().join("certs");
     std::fs::create_dir(&certs).unwrap();
     write_cert(&pki, &certs, true);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::support::reserved_port();
     let mut op = Operator::start(
         c,
         &[NS],

@@ -16,7 +16,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod kube_cluster;
+use crate::kube_cluster;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -43,14 +43,6 @@ struct Replica {
     op: Operator,
     dir: tempfile::TempDir,
     port: u16,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn start(
@@ -144,7 +136,7 @@ async fn round(infras: &Api<Infra>) -> Result<(), String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_self_signed_rotation_with_two_replicas_keeps_every_admission_working() {
     let test = "a_self_signed_rotation_with_two_replicas_keeps_every_admission_working";
-    let Some(c) = kube_cluster::cluster(test) else {
+    let Some(c) = kube_cluster::own_cluster("webhook_selfsigned_kube", test) else {
         return;
     };
     let client = admin(c).await;
@@ -196,7 +188,10 @@ async fn a_self_signed_rotation_with_two_replicas_keeps_every_admission_working(
     .await
     .unwrap();
 
-    let (port_a, port_b) = (free_port(), free_port());
+    let (port_a, port_b) = (
+        crate::support::reserved_port(),
+        crate::support::reserved_port(),
+    );
     let rendered = helm_template(&c.helm, RELEASE, &["webhook.certSource=self-signed"]);
     let mut vwc: Value = rendered
         .split("\n---")

@@ -16,7 +16,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Namespace;
@@ -40,6 +40,9 @@ pub const TEST_MANAGER: &str = "causeway-test";
 pub struct SharedCluster {
     pub dir: PathBuf,
     pub server: String,
+    /// The loopback address the API server (and its etcd) listen on: the
+    /// cluster's own.
+    pub address: std::net::Ipv4Addr,
     pub ca: PathBuf,
     pub admin_token: String,
     /// A kubeconfig with the operator ServiceAccount's token.
@@ -80,59 +83,72 @@ fn helm() -> Option<PathBuf> {
     path.is_file().then_some(path)
 }
 
-static CLUSTER: OnceLock<Result<SharedCluster, String>> = OnceLock::new();
-static BARE_CLUSTER: OnceLock<Result<SharedCluster, String>> = OnceLock::new();
+/// The clusters this process has started, by what they are for: each is
+/// started by the first test that asks for it and lives until the process
+/// exits.
+static CLUSTERS: Mutex<BTreeMap<String, &'static OnceLock<Result<SharedCluster, String>>>> =
+    Mutex::new(BTreeMap::new());
 
-/// The shared cluster, started on first use; `None` after a loud SKIP when
-/// this machine cannot run one (not root, or no cached binaries).
+fn keyed(test: &str, key: String, kind: Kind) -> Option<&'static SharedCluster> {
+    let cell = *CLUSTERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(key)
+        .or_insert_with(|| Box::leak(Box::new(OnceLock::new())));
+    started(test, cell, kind)
+}
+
+/// The management cluster the suites of this process share, with the
+/// chart installed: started on first use; `None` after a loud SKIP when
+/// this machine cannot run one (not root, or no cached binaries). Each test
+/// works in namespaces of its own.
 pub fn cluster(test: &str) -> Option<&'static SharedCluster> {
-    started(test, &CLUSTER, Kind::Management)
+    keyed(test, "management".into(), Kind::Management(String::new()))
 }
 
-/// Names the serving certificate carries besides 127.0.0.1 and localhost,
-/// in openssl's `DNS:a,IP:b` form; set before the cluster first starts.
-static EXTRA_SANS: OnceLock<String> = OnceLock::new();
-
-/// [`cluster`], whose API server certificate also names `sans` (a hosted
-/// cluster's `api` and `api-int`). One test process has one cluster: the
-/// first call decides.
-pub fn cluster_with_sans(test: &str, sans: &str) -> Option<&'static SharedCluster> {
-    let wanted = EXTRA_SANS.get_or_init(|| sans.to_string());
-    assert_eq!(
-        wanted, sans,
-        "{test}: this process's cluster has other SANs"
-    );
-    cluster(test)
-}
-
-/// A cluster without the chart: for a test process that installs the
-/// chart with helm itself. The admin kubeconfig is `dir/kubeconfig`.
-pub fn bare_cluster(test: &str) -> Option<&'static SharedCluster> {
-    started(test, &BARE_CLUSTER, Kind::Bare)
-}
-
-static HOSTED_CLUSTER: OnceLock<Result<SharedCluster, String>> = OnceLock::new();
-
-/// The address this process's hosted API server listens on, port 6443 as a
-/// hosted control plane's kube-apiserver Service: a loopback address of its
-/// own, so processes running side by side do not meet.
-pub fn hosted_address() -> String {
-    let pid = std::process::id();
-    format!(
-        "127.{}.{}.{}",
-        60 + (pid >> 16) % 60,
-        (pid >> 8) % 256,
-        1 + pid % 250
+/// A management cluster with the chart for `suite` alone: for a suite that
+/// changes what every namespace sees (cluster-wide admission webhooks,
+/// CRDs it deletes, a second release of the chart), which would change
+/// the ground under the suites sharing [`cluster`].
+pub fn own_cluster(suite: &str, test: &str) -> Option<&'static SharedCluster> {
+    keyed(
+        test,
+        format!("own:{suite}"),
+        Kind::Management(String::new()),
     )
 }
 
+/// A management cluster whose API server certificate also names `sans`
+/// (openssl's `DNS:a,IP:b` form: a hosted cluster's `api` and `api-int`),
+/// one per set of names.
+pub fn cluster_with_sans(test: &str, sans: &str) -> Option<&'static SharedCluster> {
+    keyed(
+        test,
+        format!("sans:{sans}"),
+        Kind::Management(sans.to_string()),
+    )
+}
+
+/// A cluster without the chart, for `suite` alone: a suite that installs
+/// the chart with helm itself, or needs kinds absent. The admin kubeconfig
+/// is `dir/kubeconfig`.
+pub fn bare_cluster(suite: &str, test: &str) -> Option<&'static SharedCluster> {
+    keyed(test, format!("bare:{suite}"), Kind::Bare)
+}
+
 /// A second API server (its own etcd, CA and admin token, no chart, a
-/// controller-manager of its own), the hosted cluster of this process's
-/// tests, on [`hosted_address`]:6443 with `sans` (`DNS:a,...`) in its
-/// certificate: the names a hosted cluster's API is reached by. One per
-/// process: the first call decides the names.
-pub fn hosted_cluster(test: &str, sans: &str) -> Option<&'static SharedCluster> {
-    started(test, &HOSTED_CLUSTER, Kind::Hosted(sans.to_string()))
+/// controller-manager of its own): `suite`'s hosted cluster, on an
+/// address of its own ([`SharedCluster::address`]) at port 6443, as a
+/// hosted control plane's kube-apiserver Service, with `sans`
+/// (`DNS:a,...`) in its certificate: the names a hosted cluster's API is
+/// reached by. One per suite, so an outage one suite causes is nobody
+/// else's.
+pub fn hosted_cluster(suite: &str, test: &str, sans: &str) -> Option<&'static SharedCluster> {
+    keyed(
+        test,
+        format!("hosted:{suite}"),
+        Kind::Hosted(sans.to_string()),
+    )
 }
 
 /// Stops the API server of `c` only (etcd and the rest keep running): an
@@ -160,14 +176,15 @@ pub fn start_apiserver(c: &SharedCluster) {
     assert!(status.success(), "cluster.sh start-apiserver: {status}");
 }
 
-/// Which cluster a process starts.
+/// Which cluster a test process starts.
 #[derive(Clone)]
 enum Kind {
-    /// With the chart's CRDs and RBAC, on a free port.
-    Management,
+    /// With the chart's CRDs and RBAC, and these extra names in the
+    /// serving certificate.
+    Management(String),
     /// Nothing installed.
     Bare,
-    /// Nothing installed, on [`hosted_address`]:6443, with these names.
+    /// Nothing installed, on port 6443, with these names.
     Hosted(String),
 }
 
@@ -228,15 +245,16 @@ fn start(script: &Path, helm: PathBuf, kind: Kind) -> Result<SharedCluster, Stri
         .arg("start")
         .arg(&dir)
         .arg(std::process::id().to_string());
+    // Every cluster listens on a loopback address of its own, so its
+    // ports are nobody else's (tests/kube/cluster.sh).
+    let address = crate::support::unique_loopback();
+    cmd.env("CAUSEWAY_KUBE_ADDRESS", address.to_string());
     match &kind {
         Kind::Hosted(sans) => cmd
             .env("CAUSEWAY_KUBE_SANS", sans)
-            .env("CAUSEWAY_KUBE_ADDRESS", hosted_address())
             .env("CAUSEWAY_KUBE_PORT", "6443"),
-        Kind::Management | Kind::Bare => cmd.env(
-            "CAUSEWAY_KUBE_SANS",
-            EXTRA_SANS.get().map(String::as_str).unwrap_or_default(),
-        ),
+        Kind::Management(sans) => cmd.env("CAUSEWAY_KUBE_SANS", sans),
+        Kind::Bare => cmd.env("CAUSEWAY_KUBE_SANS", ""),
     };
     let out = cmd
         .stderr(Stdio::inherit())
@@ -259,11 +277,12 @@ fn start(script: &Path, helm: PathBuf, kind: Kind) -> Result<SharedCluster, Stri
         helm: helm.clone(),
         dir: dir.clone(),
         server: get("SERVER")?,
+        address,
         ca: PathBuf::from(get("CA")?),
         admin_token: get("TOKEN")?,
         operator_kubeconfig: dir.join("operator.kubeconfig"),
     };
-    if !matches!(kind, Kind::Management) {
+    if !matches!(kind, Kind::Management(_)) {
         return Ok(cluster);
     }
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -419,7 +438,9 @@ pub async fn with_apps_ingress(
     test: &str,
     namespaces: &[&str],
 ) -> Option<(&'static SharedCluster, Client)> {
-    let c = cluster(test)?;
+    // The suites that enable apps ingress in the chart share a cluster of
+    // their own: the release they upgrade is no other suite's ground.
+    let c = own_cluster("apps-ingress", test)?;
     let client = admin(c).await;
     install_release(&client, &c.helm, RELEASE, &["appsIngress.enabled=true"])
         .await
@@ -679,10 +700,7 @@ impl Operator {
         env: &[(&str, &str)],
         hosts: &[(&str, &str)],
     ) -> Operator {
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
+        let port = crate::support::reserved_port();
         let admin: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let log = c.dir.join(format!("operator-{identity}-{}.log", next_id()));
         let file = std::fs::File::create(&log).unwrap();

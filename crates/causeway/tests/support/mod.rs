@@ -20,7 +20,6 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 
 use dhcproto::v4::{DhcpOption, Message, MessageType, Opcode};
 use dhcproto::{Decodable, Decoder, Encodable};
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::AtomicBool;
@@ -101,8 +100,8 @@ impl DhcpLab {
         config: impl FnOnce(&Path, SocketAddr, SocketAddr) -> String,
     ) -> DhcpLab {
         let dir = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
-        let dhcp = SocketAddr::from((Ipv4Addr::LOCALHOST, free_udp_port()));
-        let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, free_tcp_port()));
+        let dhcp = SocketAddr::from((Ipv4Addr::LOCALHOST, reserved_port()));
+        let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, reserved_port()));
         let path = dir.path().join("causeway.yaml");
         fs::write(&path, config(dir.path(), admin, dhcp)).unwrap();
         DhcpLab {
@@ -204,58 +203,76 @@ pub fn complete_lines(path: &Path) -> Vec<String> {
 
 // ---------------------------------------------------------------- ports
 
-/// Ports this test process has handed out. The tests of a binary run in
-/// parallel, and a port found free is only released for its server to bind
-/// later: without this, two tests could be handed the same port in that
-/// gap, and one server would fail to start with EADDRINUSE.
-static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+/// Ports the tests' servers take: below the kernel's ephemeral range
+/// (32768 and up by default), so no client's ephemeral port and no socket
+/// bound to port 0 is ever given one of them.
+const RESERVED_PORTS: std::ops::Range<u16> = 20000..32768;
 
-/// Takes the first port `probe` finds free that no test of this process
-/// was given before.
-fn unique_port(what: &str, mut probe: impl FnMut() -> Option<u16>) -> u16 {
-    for _ in 0..200 {
-        let Some(port) = probe() else { continue };
-        if HANDED_OUT
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(port)
-        {
+/// The reservations this process holds: a lock on one file per port,
+/// released by the kernel when the process exits, however it exits.
+static RESERVATIONS: Mutex<Vec<File>> = Mutex::new(Vec::new());
+
+/// A port on loopback that is this process's until it exits: no other
+/// test process is given it (each holds a lock on the port's file under
+/// the temp dir for its whole life, and skips ports others hold), no earlier
+/// call returned it, and it was free for TCP and UDP on `ip` when
+/// reserved. Unlike a port found by binding port 0 and releasing it, no
+/// client's ephemeral port can take it between the test's choice and the
+/// server's bind, as it lies below the ephemeral range.
+pub fn reserved_port_on(ip: Ipv4Addr) -> u16 {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join("causeway-test-ports");
+    fs::create_dir_all(&dir).unwrap();
+    let span = usize::from(RESERVED_PORTS.end - RESERVED_PORTS.start);
+    // Processes start at different places, so they seldom meet.
+    let start = std::process::id() as usize * 97;
+    for _ in 0..span {
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = RESERVED_PORTS.start + offset as u16;
+        let Ok(file) = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(port.to_string()))
+        else {
+            continue;
+        };
+        if file.try_lock().is_err() {
+            continue;
+        }
+        // A daemon of the machine's own may listen there.
+        let free = TcpListener::bind((ip, port)).is_ok() && UdpSocket::bind((ip, port)).is_ok();
+        if free {
+            RESERVATIONS
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(file);
             return port;
         }
     }
-    panic!("no {what} port free on loopback that was not already handed out");
+    panic!("no port left in {RESERVED_PORTS:?} on {ip}");
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
-pub fn free_tcp_port() -> u16 {
-    unique_port("TCP", || {
-        TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .ok()
-    })
+/// [`reserved_port_on`] 127.0.0.1.
+pub fn reserved_port() -> u16 {
+    reserved_port_on(Ipv4Addr::LOCALHOST)
 }
 
-/// A UDP port on 127.0.0.1 that was free a moment ago.
-pub fn free_udp_port() -> u16 {
-    unique_port("UDP", || {
-        UdpSocket::bind("127.0.0.1:0")
-            .and_then(|s| s.local_addr())
-            .map(|a| a.port())
-            .ok()
-    })
-}
-
-/// A port free for both UDP and TCP on `ip` a moment ago, for servers that
-/// bind both (DNS). A port found free for UDP alone is often some TCP
-/// connection's ephemeral port, more so while another test holds thousands
-/// of connections open.
-pub fn free_udp_and_tcp_port(ip: Ipv4Addr) -> u16 {
-    unique_port("UDP and TCP", || {
-        let udp = UdpSocket::bind((ip, 0)).ok()?;
-        let port = udp.local_addr().ok()?.port();
-        TcpListener::bind((ip, port)).ok().map(|_| port)
-    })
+/// A loopback address no other test process uses and no earlier call of
+/// this one returned: 127.(128+n).(pid>>8).(pid), n counting calls. A
+/// server there can take its usual ports (a control plane's etcd and API
+/// server do), which nothing else holds. Process IDs above 65535 wrap,
+/// which only matters when two test processes whose IDs differ by a
+/// multiple of 65536 run at once.
+pub fn unique_loopback() -> Ipv4Addr {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let n = u8::try_from(n)
+        .ok()
+        .filter(|n| *n < 128)
+        .expect("a test process uses at most 128 addresses of its own");
+    let pid = std::process::id();
+    Ipv4Addr::new(127, 128 + n, (pid >> 8) as u8, pid as u8)
 }
 
 // ---------------------------------------------------------------- commands
