@@ -629,3 +629,7 @@ pub async fn run(
         })
         .await;
 }
+
+#[cfg(test)]
+#[path = "controller_tests.rs"]
+mod tests;

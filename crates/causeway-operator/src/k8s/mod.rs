@@ -22,6 +22,8 @@ pub mod lease;
 pub mod manifest;
 pub mod metrics;
 pub mod metrics_auth;
+#[cfg(test)]
+pub mod mock_api;
 pub mod resources;
 pub mod watch;
 
