@@ -27,7 +27,7 @@ struct Lab {
 /// A server on a free loopback port with two UDP threads (steered to the
 /// first two usable CPUs), forwarding to `upstreams`.
 async fn serve(upstreams: &[SocketAddr], extra: &str) -> Lab {
-    let addr = crate::server::tests::free_port();
+    let addr = crate::server::tests::reserved_address();
     let upstreams: Vec<String> = upstreams.iter().map(|u| format!("\"{u}\"")).collect();
     let yaml = format!(
         "cluster: {{name: hc1, baseDomain: example.com}}\n\

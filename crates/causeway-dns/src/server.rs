@@ -650,17 +650,13 @@ pub(crate) mod tests {
         Config::from_yaml(&yaml).unwrap().dns.unwrap()
     }
 
-    /// A port free for both UDP and TCP (the server binds both), found by
-    /// holding both at once; other tests take ephemeral ports meanwhile, so
-    /// a UDP port alone is often someone's TCP port.
-    pub(crate) fn free_port() -> SocketAddr {
-        loop {
-            let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let addr = tcp.local_addr().unwrap();
-            if std::net::UdpSocket::bind(addr).is_ok() {
-                return addr;
-            }
-        }
+    /// An address on 127.0.0.1 whose port is this test process's, for UDP
+    /// and TCP alike (the server binds both): see `causeway_test_ports`.
+    pub(crate) fn reserved_address() -> SocketAddr {
+        SocketAddr::from((
+            std::net::Ipv4Addr::LOCALHOST,
+            causeway_test_ports::reserved_port(),
+        ))
     }
 
     /// A plain bind (no SO_REUSEPORT) succeeds only once no socket of the
@@ -724,7 +720,7 @@ pub(crate) mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_idle_tcp_connection_is_closed_after_the_idle_timeout() {
-        let addr = free_port();
+        let addr = reserved_address();
         let shutdown = causeway_runtime::Shutdown::new();
         let (server, metrics) = start_with(&[addr], "  tcpIdleTimeout: 300ms\n", shutdown).await;
         let _server = server.unwrap();
@@ -774,7 +770,7 @@ pub(crate) mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn clients_that_never_read_lose_their_connections_after_the_write_timeout() {
-        let addr = free_port();
+        let addr = reserved_address();
         let shutdown = causeway_runtime::Shutdown::new();
         let (server, metrics) = start_with(
             &[addr],
@@ -819,7 +815,7 @@ pub(crate) mod tests {
     /// share its new connections are closed, while another host is served.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn one_source_cannot_hold_every_tcp_slot() {
-        let addr = free_port();
+        let addr = reserved_address();
         let shutdown = causeway_runtime::Shutdown::new();
         let (server, metrics) = start_with(
             &[addr],
@@ -856,7 +852,7 @@ pub(crate) mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn tcp_connections_past_the_bound_are_closed_and_counted() {
-        let addr = free_port();
+        let addr = reserved_address();
         let shutdown = causeway_runtime::Shutdown::new();
         let (server, metrics) = start_with(&[addr], "  maxTcpConnections: 2\n", shutdown).await;
         let _server = server.unwrap();
@@ -895,7 +891,7 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn a_start_that_fails_half_way_releases_what_it_bound() {
-        let first = free_port();
+        let first = reserved_address();
         // The second address's TCP port is taken, so the start fails after
         // the first address's UDP threads are running.
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -908,7 +904,7 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn shutdown_stops_the_udp_threads_and_wait_returns() {
-        let addr = free_port();
+        let addr = reserved_address();
         let shutdown = causeway_runtime::Shutdown::new();
         let trigger = shutdown.clone();
         let server = start(&[addr], shutdown).await.unwrap();

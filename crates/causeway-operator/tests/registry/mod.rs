@@ -6,7 +6,6 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -32,14 +31,6 @@ pub fn installed() -> bool {
     Path::new(REGISTRY).exists()
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Starts the registry with its data, config and log under `dir`.
 pub fn start(dir: &Path) -> Running {
     let hash = Command::new("python3")
@@ -54,7 +45,7 @@ pub fn start(dir: &Path) -> Running {
     let hash = String::from_utf8(hash.stdout).unwrap();
     assert!(hash.starts_with("$2"), "no bcrypt hash: {hash:?}");
     std::fs::write(dir.join("htpasswd"), format!("{USER}:{}", hash.trim())).unwrap();
-    let port = free_port();
+    let port = causeway_test_ports::reserved_port();
     let config = format!(
         "version: 0.1\nlog: {{level: warn}}\nstorage:\n  filesystem: {{rootdirectory: {root}}}\nhttp:\n  addr: 127.0.0.1:{port}\nauth:\n  htpasswd: {{realm: test, path: {htpasswd}}}\n",
         root = dir.join("data").display(),

@@ -203,77 +203,10 @@ pub fn complete_lines(path: &Path) -> Vec<String> {
 
 // ---------------------------------------------------------------- ports
 
-/// Ports the tests' servers take: below the kernel's ephemeral range
-/// (32768 and up by default), so no client's ephemeral port and no socket
-/// bound to port 0 is ever given one of them.
-const RESERVED_PORTS: std::ops::Range<u16> = 20000..32768;
-
-/// The reservations this process holds: a lock on one file per port,
-/// released by the kernel when the process exits, however it exits.
-static RESERVATIONS: Mutex<Vec<File>> = Mutex::new(Vec::new());
-
-/// A port on loopback that is this process's until it exits: no other
-/// test process is given it (each holds a lock on the port's file under
-/// the temp dir for its whole life, and skips ports others hold), no earlier
-/// call returned it, and it was free for TCP and UDP on `ip` when
-/// reserved. Unlike a port found by binding port 0 and releasing it, no
-/// client's ephemeral port can take it between the test's choice and the
-/// server's bind, as it lies below the ephemeral range.
-pub fn reserved_port_on(ip: Ipv4Addr) -> u16 {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let dir = std::env::temp_dir().join("causeway-test-ports");
-    fs::create_dir_all(&dir).unwrap();
-    let span = usize::from(RESERVED_PORTS.end - RESERVED_PORTS.start);
-    // Processes start at different places, so they seldom meet.
-    let start = std::process::id() as usize * 97;
-    for _ in 0..span {
-        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
-        let port = RESERVED_PORTS.start + offset as u16;
-        let Ok(file) = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(dir.join(port.to_string()))
-        else {
-            continue;
-        };
-        if file.try_lock().is_err() {
-            continue;
-        }
-        // A daemon of the machine's own may listen there.
-        let free = TcpListener::bind((ip, port)).is_ok() && UdpSocket::bind((ip, port)).is_ok();
-        if free {
-            RESERVATIONS
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(file);
-            return port;
-        }
-    }
-    panic!("no port left in {RESERVED_PORTS:?} on {ip}");
-}
-
-/// [`reserved_port_on`] 127.0.0.1.
-pub fn reserved_port() -> u16 {
-    reserved_port_on(Ipv4Addr::LOCALHOST)
-}
-
-/// A loopback address no other test process uses and no earlier call of
-/// this one returned: 127.(128+n).(pid>>8).(pid), n counting calls. A
-/// server there can take its usual ports (a control plane's etcd and API
-/// server do), which nothing else holds. Process IDs above 65535 wrap,
-/// which only matters when two test processes whose IDs differ by a
-/// multiple of 65536 run at once.
-pub fn unique_loopback() -> Ipv4Addr {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let n = u8::try_from(n)
-        .ok()
-        .filter(|n| *n < 128)
-        .expect("a test process uses at most 128 addresses of its own");
-    let pid = std::process::id();
-    Ipv4Addr::new(127, 128 + n, (pid >> 8) as u8, pid as u8)
-}
+/// Ports and addresses of this process's own on loopback: no bind,
+/// release and hope.
+#[allow(unused_imports)] // not every tier uses every one
+pub use causeway_test_ports::{reserved_port, reserved_port_on, unique_loopback};
 
 // ---------------------------------------------------------------- commands
 
