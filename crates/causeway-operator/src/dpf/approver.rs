@@ -44,7 +44,7 @@ use crate::k8s::apply::{Applier, Noise};
 use crate::k8s::events::{publish_event, publish_related_event};
 use crate::k8s::metrics::OperatorMetrics;
 use crate::k8s::resources::resource;
-use crate::k8s::watch::Scope;
+use crate::k8s::watch::{reflected_events, Scope};
 
 /// The hosted cluster's DNS domain: names under it are never signed.
 const CLUSTER_DOMAIN: &str = "cluster.local";
@@ -232,13 +232,11 @@ pub async fn run(
     // objects alone could leave an unchanging provisioner without a
     // session after a restart.
     let (provisioners, writer) = reflector::store();
-    let events = watcher(
+    let events = reflected_events(
         scope.api::<DPFHCPProvisioner>(&client),
         watcher::Config::default(),
-    )
-    .modify(|p: &mut DPFHCPProvisioner| p.metadata.managed_fields = None)
-    .reflect(writer)
-    .default_backoff();
+        writer,
+    );
     let infra_writer = reflector::store::Writer::<DynamicObject>::new(infra_resource());
     let infras = infra_writer.as_reader();
     let infra_api = match &scope {
@@ -250,15 +248,13 @@ pub async fn run(
     // Where the Infra kind is not served, the store stays empty and no IP
     // SAN is approved: retried with backoff, never an error of the pass.
     let infra_watch = tokio::spawn(
-        watcher(infra_api, watcher::Config::default())
-            .modify(|o: &mut DynamicObject| o.metadata.managed_fields = None)
-            .reflect(infra_writer)
-            .default_backoff()
-            .for_each(|e| async move {
+        reflected_events(infra_api, watcher::Config::default(), infra_writer).for_each(
+            |e| async move {
                 if let Err(e) = e {
                     tracing::debug!(error = %e, "CSR approver: watching Infras");
                 }
-            }),
+            },
+        ),
     );
     let ctx = Arc::new(Context {
         applier: Applier::new(client.clone(), metrics.clone(), Noise::Debug),
@@ -568,16 +564,15 @@ async fn session(ctx: &Context, namespace: &str, name: &str) -> Ended {
     let index = streams.len();
     // Management-cluster trouble is not the hosted cluster's: retried.
     streams.push(
-        watcher(
+        reflected_events(
             Api::<DynamicObject>::namespaced_with(
                 ctx.client.clone(),
                 &dpu_namespace,
                 &dpu_resource(),
             ),
             watcher::Config::default(),
+            dpu_writer,
         )
-        .reflect(dpu_writer)
-        .default_backoff()
         .map(move |e| match e {
             Ok(watcher::Event::InitDone) => Seen::Listed(index),
             Ok(_) => Seen::Changed,

@@ -584,7 +584,7 @@ async fn pass(
     let metallb_resource = if p.install {
         match install_metallb(&c, &p.metallb_namespace).await {
             Ok(made) => made,
-            Err(e) => return status(DEGRADED, "MetalLBInstallFailed", e, recorded(&previous)),
+            Err(e) => return step_failed("MetalLBInstallFailed", e, recorded(&previous)),
         }
     } else {
         true
@@ -606,7 +606,7 @@ async fn pass(
             )
         }
         Ok(_) => return status(PENDING, "WaitingForMetalLBCRDs", "MetalLB's IPAddressPool and L2Advertisement kinds are not served in the hosted cluster: install MetalLB there, or set appsIngress.metallb.install", previous),
-        Err(e) => return status(DEGRADED, "MetalLBInstallFailed", e.to_string(), previous),
+        Err(e) => return step_failed("MetalLBInstallFailed", StepFailed::of_error(e), previous),
     }
     // What an earlier pass made under other names goes first.
     if let Some(old) = previous
@@ -614,10 +614,9 @@ async fn pass(
         .filter(|a| **a != p.applied(a.installed_metallb))
     {
         if let Err(e) = remove(&c, old, false).await {
-            return status(
-                DEGRADED,
+            return step_failed(
                 "MetalLBInstallFailed",
-                format!("removing what was renamed: {e}"),
+                StepFailed::of("removing what was renamed".into(), &e),
                 previous,
             );
         }
@@ -626,15 +625,11 @@ async fn pass(
     let (pool, l2, service) = objects(&p);
     for (res, obj) in [(&pool_res, &pool), (&l2_res, &l2)] {
         if let Err(e) = apply(&c, res, &p.metallb_namespace, obj).await {
-            return status(
-                DEGRADED,
-                "MetalLBInstallFailed",
-                format!(
-                    "{} {}/{}: {e}",
-                    res.kind, p.metallb_namespace, obj["metadata"]["name"]
-                ),
-                applied,
+            let what = format!(
+                "{} {}/{}",
+                res.kind, p.metallb_namespace, obj["metadata"]["name"]
             );
+            return step_failed("MetalLBInstallFailed", StepFailed::of(what, &e), applied);
         }
     }
     let services: Api<Service> = Api::namespaced(c.clone(), &p.service_namespace);
@@ -646,22 +641,18 @@ async fn pass(
         )
         .await
     {
-        return status(
-            DEGRADED,
-            "IngressServiceFailed",
-            format!("Service {}/{}: {e}", p.service_namespace, p.service),
-            applied,
-        );
+        let what = format!("Service {}/{}", p.service_namespace, p.service);
+        return step_failed("IngressServiceFailed", StepFailed::of(what, &e), applied);
     }
     let live = match services.get(&p.service).await {
         Ok(s) => s,
         Err(e) => {
-            return status(
-                DEGRADED,
+            let what = format!("Service {}/{}", p.service_namespace, p.service);
+            return step_failed(
                 "ExternalIPDiscoveryFailed",
-                e.to_string(),
+                StepFailed::of(what, &e),
                 applied,
-            )
+            );
         }
     };
     match endpoint(&live) {
@@ -693,11 +684,11 @@ fn metallb_resource() -> kube::core::ApiResource {
 /// Applies MetalLB's OLM Subscription in `ns` and, once OLM serves its
 /// kind, the MetalLB resource that has the operator run MetalLB; `Ok(true)`
 /// once both are there.
-async fn install_metallb(c: &Client, ns: &str) -> Result<bool, String> {
+async fn install_metallb(c: &Client, ns: &str) -> Result<bool, StepFailed> {
     let sub = subscription_resource();
     let metallb = metallb_resource();
-    if !installed(c, ns, &sub).await.map_err(|e| e.to_string())? {
-        return Err("OLM's Subscription kind is not served in the hosted cluster: MetalLB cannot be installed from here".into());
+    if !installed(c, ns, &sub).await.map_err(StepFailed::of_error)? {
+        return Err(StepFailed::answered("OLM's Subscription kind is not served in the hosted cluster: MetalLB cannot be installed from here".into()));
     }
     apply(
         c,
@@ -711,10 +702,10 @@ async fn install_metallb(c: &Client, ns: &str) -> Result<bool, String> {
         }),
     )
     .await
-    .map_err(|e| format!("Subscription {ns}/metallb-operator: {e}"))?;
+    .map_err(|e| StepFailed::of(format!("Subscription {ns}/metallb-operator"), &e))?;
     if !installed(c, ns, &metallb)
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(StepFailed::of_error)?
     {
         return Ok(false);
     }
@@ -728,8 +719,75 @@ async fn install_metallb(c: &Client, ns: &str) -> Result<bool, String> {
         }),
     )
     .await
-    .map_err(|e| format!("MetalLB {ns}/metallb: {e}"))?;
+    .map_err(|e| StepFailed::of(format!("MetalLB {ns}/metallb"), &e))?;
     Ok(true)
+}
+
+/// A step of a pass that failed: what to say, and whether the hosted API
+/// gave no answer at all (the connection failed, or it said it is
+/// unavailable), which is the cluster being unreachable, not the step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepFailed {
+    pub message: String,
+    pub no_answer: bool,
+}
+
+impl StepFailed {
+    fn answered(message: String) -> StepFailed {
+        StepFailed {
+            message,
+            no_answer: false,
+        }
+    }
+
+    fn of(what: String, e: &kube::Error) -> StepFailed {
+        StepFailed {
+            message: format!("{what}: {e}"),
+            no_answer: no_answer(e),
+        }
+    }
+
+    fn of_error(e: Error) -> StepFailed {
+        StepFailed {
+            no_answer: matches!(&e, Error::Kube(k) if no_answer(k)),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// Whether the API server gave no answer to a request: no connection, or
+/// `503` (it is starting or stopping).
+pub fn no_answer(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        kube::Error::Api(s) => s.code == 503,
+        _ => false,
+    }
+}
+
+/// The status of a pass stopped by `failed` at a step whose own reason is
+/// `reason`: `HostedClusterAccessFailed` when the hosted API gave no
+/// answer, as when the pass could not list Nodes, so an outage that begins
+/// half way through a pass keeps the router's address as one that begins
+/// before it does ([`keep_address_while_unreachable`]).
+pub fn step_failed(
+    reason: &str,
+    failed: StepFailed,
+    applied: Option<AppliedApps>,
+) -> AppsIngressStatus {
+    if failed.no_answer {
+        status(
+            DEGRADED,
+            "HostedClusterAccessFailed",
+            format!(
+                "the hosted cluster's API stopped answering: {}",
+                failed.message
+            ),
+            applied,
+        )
+    } else {
+        status(DEGRADED, reason, failed.message, applied)
+    }
 }
 
 /// Deletes what `applied` names; a kind not served or an object gone is
@@ -905,6 +963,40 @@ mod tests {
             keep_address_while_unreachable(Some(&pending), down).external_ip,
             None
         );
+    }
+
+    #[test]
+    fn a_step_the_hosted_api_does_not_answer_keeps_the_address_as_an_unreachable_cluster_does() {
+        let ready = AppsIngressStatus {
+            external_ip: Some("192.168.100.200".into()),
+            ..status(READY, "ReconciliationSucceeded", "", None)
+        };
+        let refused = kube::Error::Service("client error (Connect)".into());
+        let unavailable = kube::Error::Api(Box::new(kube::core::Status {
+            code: 503,
+            reason: "ServiceUnavailable".into(),
+            ..Default::default()
+        }));
+        let conflict = kube::Error::Api(Box::new(kube::core::Status {
+            code: 409,
+            reason: "Conflict".into(),
+            ..Default::default()
+        }));
+        for (e, unreachable) in [(refused, true), (unavailable, true), (conflict, false)] {
+            let failed = StepFailed::of("IPAddressPool openshift-operators/hc1-apps".into(), &e);
+            assert_eq!(failed.no_answer, unreachable, "{e}");
+            let s = step_failed("MetalLBInstallFailed", failed, None);
+            let kept = keep_address_while_unreachable(Some(&ready), s);
+            if unreachable {
+                // The API server stopping half way through a pass (a CI
+                // run met this): the same as it being down before.
+                assert_eq!(kept.reason, "HostedClusterAccessFailed", "{e}");
+                assert_eq!(kept.external_ip.as_deref(), Some("192.168.100.200"));
+            } else {
+                assert_eq!(kept.reason, "MetalLBInstallFailed", "{e}");
+                assert_eq!(kept.external_ip, None);
+            }
+        }
     }
 
     #[test]

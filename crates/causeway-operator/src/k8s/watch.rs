@@ -148,12 +148,29 @@ where
         + 'static,
 {
     let (reader, writer) = reflector::store();
-    let stream = watcher(api, config)
+    (
+        reader,
+        reflected_events(api, config, writer).touched_objects(),
+    )
+}
+
+/// Every event of the watch of `api`, with the store behind `writer` kept
+/// up to date (objects without their managedFields), retrying with
+/// backoff: the one watcher chain here, for a consumer that needs the end
+/// of the first list as well as the objects.
+pub fn reflected_events<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    watcher(api, config)
         .modify(|obj: &mut K| obj.meta_mut().managed_fields = None)
         .reflect(writer)
         .default_backoff()
-        .touched_objects();
-    (reader, stream)
 }
 
 /// [`cached`] for a kind known only at run time (a foreign CRD that may
@@ -169,12 +186,10 @@ pub fn cached_dynamic(
 ) {
     let writer = reflector::store::Writer::new(resource);
     let reader = writer.as_reader();
-    let stream = watcher(api, config)
-        .modify(|obj: &mut DynamicObject| obj.metadata.managed_fields = None)
-        .reflect(writer)
-        .default_backoff()
-        .touched_objects();
-    (reader, stream)
+    (
+        reader,
+        reflected_events(api, config, writer).touched_objects(),
+    )
 }
 
 /// One foreign kind watched in every scope the operator works in, whichever
