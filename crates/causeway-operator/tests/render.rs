@@ -1253,3 +1253,127 @@ spec:
         println!("=== {c:?}\n{}", plan.component(c).unwrap().config_text);
     }
 }
+
+/// The Go operator's first generations (G0–G2) put apps ingress on the
+/// Infra, with a hosted-cluster reference and a second domain of its own:
+/// the Infra keeps every field (nothing for the API server to prune, as the
+/// CRD's schema has them), and its `IgnoredFields` gives the attachment that
+/// runs it, for the cluster the Infra names, which the attachment's own
+/// apps ingress plan accepts.
+#[test]
+fn apps_ingress_on_the_infra_is_kept_and_its_attachment_given() {
+    let mut doc: serde_json::Value = serde_saphyr::from_str(REFERENCE).unwrap();
+    doc["spec"]["appsIngress"] = serde_json::json!({
+        "enabled": true,
+        "baseDomain": "apps-alias.example.org",
+        "hostedClusterRef": {"name": "my-cluster"},
+        "metallb": {"addressPoolName": "apps-pool", "ipAddressPoolRange": "192.168.100.220-192.168.100.229"},
+        "service": {"name": "oooi-ingress", "namespace": "openshift-ingress"},
+        "ports": {"http": 80, "https": 443},
+    });
+    let infra: Infra = serde_json::from_value(doc.clone()).unwrap();
+    // Every field written is read back as written (the defaults the
+    // Infra adds, such as metallb.install, aside).
+    let read_back = serde_json::to_value(&infra.spec).unwrap()["appsIngress"].clone();
+    fn within(written: &serde_json::Value, read: &serde_json::Value) -> bool {
+        match (written, read) {
+            (serde_json::Value::Object(w), serde_json::Value::Object(r)) => w
+                .iter()
+                .all(|(k, v)| r.get(k).is_some_and(|rv| within(v, rv))),
+            _ => written == read,
+        }
+    }
+    assert!(
+        within(&doc["spec"]["appsIngress"], &read_back),
+        "{read_back}"
+    );
+    let schema = serde_json::to_value(<Infra as kube::CustomResourceExt>::crd()).unwrap();
+    let apps = &schema["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        ["properties"]["appsIngress"]["properties"];
+    for field in [
+        "enabled",
+        "baseDomain",
+        "hostedClusterRef",
+        "metallb",
+        "service",
+        "ports",
+    ] {
+        assert!(
+            apps.get(field).is_some(),
+            "the CRD's schema keeps appsIngress.{field}"
+        );
+    }
+
+    let plan = plan_of(&infra);
+    let warning = plan
+        .warnings
+        .iter()
+        .find(|w| w.starts_with("spec.appsIngress"))
+        .expect("IgnoredFields names spec.appsIngress");
+    let (_, json) = warning
+        .split_once("apply this InfraClusterAttachment to run it: ")
+        .expect("the attachment to apply");
+    let json = json.split("; its second domain").next().unwrap();
+    let attachment: causeway_operator::infra::attachment::InfraClusterAttachment =
+        serde_json::from_str(json).unwrap();
+    assert_eq!(attachment.metadata.name.as_deref(), Some("my-cluster"));
+    assert_eq!(attachment.metadata.namespace.as_deref(), Some("clusters"));
+    let s = &attachment.spec;
+    assert_eq!(s.infra_ref.name, "example-infra");
+    assert_eq!(
+        (
+            s.hosted_cluster_ref.name.as_str(),
+            s.hosted_cluster_ref.namespace.as_str()
+        ),
+        ("my-cluster", "clusters")
+    );
+    assert_eq!(
+        (s.dns.cluster_name.as_str(), s.dns.base_domain.as_str()),
+        ("my-cluster", "example.com")
+    );
+    assert_eq!(
+        s.control_plane_namespace.as_deref(),
+        Some("clusters-my-cluster")
+    );
+    let apps = s.apps_ingress.as_ref().unwrap();
+    assert_eq!(apps, &infra.spec.apps_ingress.as_ref().unwrap().apps);
+    assert!(causeway_operator::infra::apps_ingress::plan(
+        apps,
+        causeway_operator::infra::attachment::Lineage::Causeway
+    )
+    .is_ok());
+    assert!(
+        warning.ends_with("its second domain *.apps.apps-alias.example.org has no attachment field and is not served"),
+        "{warning}"
+    );
+
+    // Named by its HostedCluster alone, the Infra's attachment is named so
+    // too.
+    doc["spec"]["infraComponents"]["dns"]["baseDomain"] = serde_json::Value::Null;
+    doc["spec"]["infraComponents"]["dns"]["clusterName"] = serde_json::Value::Null;
+    doc["spec"]["hostedClusterRef"] = serde_json::json!({"name": "hc2", "namespace": "clusters"});
+    doc["spec"]["appsIngress"]["hostedClusterRef"] = serde_json::Value::Null;
+    let infra: Infra = serde_json::from_value(doc).unwrap();
+    let facts = HostedClusterFacts {
+        name: "hc2".into(),
+        namespace: "clusters".into(),
+        base_domain: Some("example.net".into()),
+        ..Default::default()
+    };
+    let converted = causeway_operator::infra::validate::attachment_for_infra_apps_ingress(
+        &infra.spec,
+        "example-infra",
+        "clusters",
+        Some(&facts),
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        (
+            converted.spec.hosted_cluster_ref.name.as_str(),
+            converted.spec.dns.cluster_name.as_str(),
+            converted.spec.dns.base_domain.as_str()
+        ),
+        ("hc2", "hc2", "example.net")
+    );
+}

@@ -804,6 +804,99 @@ async fn bad_specs_and_missing_references_are_reported_and_change_nothing() {
     assert!(op.alive(), "{}", op.log_text());
 }
 
+/// An Infra of the Go operator's first generations, apps ingress on the
+/// Infra itself: the API server keeps every field of it (the CRD's schema
+/// has them, so nothing is pruned), the Infra's `IgnoredFields` says it is
+/// not run from there and gives the InfraClusterAttachment that runs it,
+/// and that attachment, applied as given, is accepted by the API server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_generation_infras_apps_ingress_is_kept_and_its_attachment_given() {
+    let test = "a_first_generation_infras_apps_ingress_is_kept_and_its_attachment_given";
+    let Some(c) = kube_cluster::cluster(test) else {
+        return;
+    };
+    let client = admin(c).await;
+    let ns = kube_cluster::test_namespace(&client, "g1-apps").await;
+    network_attachments(&client, &["default"]).await;
+    let op = start_operator(c, &ns);
+    let apps = json!({
+        "enabled": true,
+        "baseDomain": "example.com",
+        "hostedClusterRef": {"name": "my-cluster", "namespace": "clusters"},
+        "metallb": {"addressPoolName": "apps-pool", "ipAddressPoolRange": "192.168.100.220-192.168.100.229",
+                    "l2AdvertisementName": "apps-l2"},
+        "service": {"name": "oooi-ingress", "namespace": "openshift-ingress",
+                    "labels": {"team": "apps"}, "annotations": {"note": "kept"}},
+        "ports": {"http": 80, "https": 443},
+    });
+    let mut doc: serde_json::Value = serde_saphyr::from_str(REFERENCE).unwrap();
+    doc["metadata"] = json!({"name": "g1", "namespace": ns});
+    doc["spec"]["appsIngress"] = apps.clone();
+    let raw: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns,
+        &kube::core::ApiResource::erase::<Infra>(&()),
+    );
+    raw.patch(
+        "g1",
+        &PatchParams::apply(kube_cluster::TEST_MANAGER),
+        &Patch::Apply(&doc),
+    )
+    .await
+    .unwrap();
+    let stored = raw.get("g1").await.unwrap();
+    // Every field as written (the schema's defaults, such as
+    // metallb.install, added beside them).
+    fn within(written: &serde_json::Value, stored: &serde_json::Value) -> bool {
+        match written {
+            serde_json::Value::Object(w) => w
+                .iter()
+                .all(|(k, v)| stored.get(k).is_some_and(|s| within(v, s))),
+            _ => written == stored,
+        }
+    }
+    let stored_apps = &stored.data["spec"]["appsIngress"];
+    assert!(within(&apps, stored_apps), "{stored_apps}");
+
+    let seen = wait_condition(&client, &ns, "g1", "IgnoredFields", "True", &op).await;
+    let (_, _, message) = condition(&seen, "IgnoredFields").unwrap();
+    let (_, rest) = message
+        .split_once("apply this InfraClusterAttachment to run it: ")
+        .unwrap_or_else(|| panic!("{message}"));
+    let given: serde_json::Value = serde_json::Deserializer::from_str(rest)
+        .into_iter::<serde_json::Value>()
+        .next()
+        .unwrap()
+        .unwrap();
+    assert_eq!(given["spec"]["infraRef"]["name"], "g1");
+    assert_eq!(
+        given["spec"]["dns"],
+        json!({"clusterName": "my-cluster", "baseDomain": "example.com"})
+    );
+    let attachments: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns,
+        &kube::core::ApiResource::erase::<
+            causeway_operator::infra::attachment::InfraClusterAttachment,
+        >(&()),
+    );
+    attachments
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(given).unwrap(),
+        )
+        .await
+        .expect("the API server accepts the attachment as given");
+    let made = attachments.get("my-cluster").await.unwrap();
+    let made_apps = &made.data["spec"]["appsIngress"];
+    for k in ["enabled", "metallb", "service", "ports"] {
+        assert!(
+            within(&apps[k], &made_apps[k]),
+            "appsIngress.{k}: {made_apps}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn go_operator_manifests_mean_what_they_meant() {
     let Some(c) = kube_cluster::cluster("go_operator_manifests_mean_what_they_meant") else {

@@ -90,6 +90,29 @@ pub struct InfraSpec {
     /// Resources for every data-plane container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
+    /// Apps ingress on the Infra, as the Go operator's first generations
+    /// had it: kept, so a stored Infra loses nothing, but run only from an
+    /// InfraClusterAttachment; the Infra's `IgnoredFields` condition gives
+    /// the attachment that runs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apps_ingress: Option<InfraAppsIngressSpec>,
+}
+
+/// The Infra's apps ingress (the Go operator's first form): an
+/// attachment's fields, and the two it had only here.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InfraAppsIngressSpec {
+    #[serde(flatten)]
+    pub apps: super::attachment::AppsIngressSpec,
+    /// A second `*.apps` domain, when it differs from
+    /// `infraComponents.dns.baseDomain`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_domain: Option<String>,
+    /// The hosted cluster whose router is published; by default the
+    /// Infra's `hostedClusterRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosted_cluster_ref: Option<HostedClusterRef>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

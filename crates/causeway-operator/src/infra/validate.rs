@@ -19,7 +19,10 @@ use causeway_config::{
 use ipnet::Ipv4Net;
 use serde_json::Value;
 
-use super::attachment::Candidate;
+use super::attachment::{
+    AttachedClusterRef, AttachmentDns, Candidate, InfraClusterAttachment,
+    InfraClusterAttachmentSpec, InfraRef,
+};
 use super::crd::{DhcpSpec, DnsSpec, InfraSpec, ProxySpec};
 use super::plan::{
     names, Component, ComponentPlan, ExternalServicePlan, Plan, ADMIN_PORT, HA_DIR, HA_KEY,
@@ -403,6 +406,12 @@ pub fn validate(
         }
     }
     warnings.extend(ignored_images(spec));
+    warnings.extend(infra_apps_ingress_warning(
+        spec,
+        infra_name,
+        infra_namespace,
+        hosted_cluster,
+    ));
 
     if e.0.is_empty() {
         for message in unplaced {
@@ -424,6 +433,103 @@ pub fn validate(
         external_proxy: render.external_proxy,
         external_service: infra_external,
     })
+}
+
+/// The InfraClusterAttachment that runs the apps ingress an Infra carries
+/// in the Go operator's first form (`spec.appsIngress`), for the cluster
+/// the Infra serves by its own fields: the same cluster name, domain,
+/// control-plane namespace and API Service, and the same apps ingress.
+/// `Err` says what the Infra lacks to name its cluster.
+pub fn attachment_for_infra_apps_ingress(
+    spec: &InfraSpec,
+    infra_name: &str,
+    infra_namespace: &str,
+    hosted_cluster: Option<&HostedClusterFacts>,
+) -> Option<Result<InfraClusterAttachment, String>> {
+    let apps = spec.apps_ingress.as_ref().filter(|a| a.apps.enabled)?;
+    let given = |s: Option<&String>| s.filter(|s| !s.trim().is_empty()).cloned();
+    let dns = spec.infra_components.dns.as_ref();
+    let proxy = spec.infra_components.proxy.as_ref();
+    // As the Infra's own DNS and proxy name their cluster: its fields, or
+    // its HostedCluster's.
+    let cluster_name = given(dns.and_then(|d| d.cluster_name.as_ref()))
+        .or_else(|| hosted_cluster.map(|h| h.name.clone()));
+    // The Go operator's own default namespace for the ref under appsIngress.
+    let hosted = match (&apps.hosted_cluster_ref, &spec.hosted_cluster_ref) {
+        (Some(r), _) => Some((
+            r.name.clone(),
+            given(r.namespace.as_ref()).unwrap_or_else(|| "clusters".into()),
+        )),
+        (None, Some(r)) => Some((
+            r.name.clone(),
+            given(r.namespace.as_ref()).unwrap_or_else(|| infra_namespace.to_string()),
+        )),
+        (None, None) => cluster_name.clone().map(|n| (n, "clusters".to_string())),
+    };
+    let Some((hosted_name, hosted_namespace)) = hosted else {
+        return Some(Err("neither appsIngress.hostedClusterRef, hostedClusterRef nor infraComponents.dns.clusterName names the hosted cluster".into()));
+    };
+    let Some(base_domain) = given(dns.and_then(|d| d.base_domain.as_ref()))
+        .or_else(|| hosted_cluster.and_then(|h| h.base_domain.clone()))
+    else {
+        return Some(Err(
+            "infraComponents.dns.baseDomain is not set, nor its HostedCluster's".into(),
+        ));
+    };
+    let spec = InfraClusterAttachmentSpec {
+        infra_ref: InfraRef {
+            name: infra_name.to_string(),
+        },
+        hosted_cluster_ref: AttachedClusterRef {
+            name: hosted_name.clone(),
+            namespace: hosted_namespace,
+        },
+        dns: AttachmentDns {
+            cluster_name: cluster_name.unwrap_or_else(|| hosted_name.clone()),
+            base_domain,
+        },
+        control_plane_namespace: control_plane_namespace(spec, infra_namespace),
+        api_server_service: given(proxy.and_then(|p| p.api_server_service.as_ref())),
+        workers: Vec::new(),
+        external_service: None,
+        apps_ingress: Some(apps.apps.clone()),
+    };
+    let mut attachment = InfraClusterAttachment::new(&hosted_name, spec);
+    attachment.metadata.namespace = Some(infra_namespace.to_string());
+    Some(Ok(attachment))
+}
+
+/// What the Infra's `IgnoredFields` says of its `spec.appsIngress`.
+fn infra_apps_ingress_warning(
+    spec: &InfraSpec,
+    infra_name: &str,
+    infra_namespace: &str,
+    hosted_cluster: Option<&HostedClusterFacts>,
+) -> Option<String> {
+    let converted =
+        attachment_for_infra_apps_ingress(spec, infra_name, infra_namespace, hosted_cluster)?;
+    let head = "spec.appsIngress (the Go operator's first form) is kept but not run from the Infra";
+    let mut text = match converted.map(|a| serde_json::to_string(&a)) {
+        Ok(Ok(json)) => format!("{head}: apply this InfraClusterAttachment to run it: {json}"),
+        Ok(Err(e)) => format!("{head}: {e}"),
+        Err(lacking) => format!("{head}; to run it from an InfraClusterAttachment, the Infra must name its cluster ({lacking})"),
+    };
+    let second = spec
+        .apps_ingress
+        .as_ref()
+        .and_then(|a| a.base_domain.as_ref())
+        .filter(|d| !d.trim().is_empty());
+    let first = spec
+        .infra_components
+        .dns
+        .as_ref()
+        .and_then(|d| d.base_domain.as_ref());
+    if let Some(d) = second.filter(|d| Some(*d) != first) {
+        text.push_str(&format!(
+            "; its second domain *.apps.{d} has no attachment field and is not served"
+        ));
+    }
+    Some(text)
 }
 
 /// The annotation ExternalDNS reads the names to publish from.
