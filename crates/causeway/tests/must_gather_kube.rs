@@ -105,6 +105,22 @@ async fn must_gather_collects_objects_configs_and_no_secret_value() {
     )
     .await;
 
+    // The controller-manager makes the pods after the workloads: the
+    // tarball is taken once all three exist, or it may hold fewer (a CI
+    // run under load found none yet).
+    eventually(
+        "the DHCP, DNS and proxy pods",
+        Duration::from_secs(60),
+        Some(&op),
+        || async {
+            let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns)
+                .list(&ListParams::default())
+                .await
+                .ok()?;
+            (pods.items.len() == 3).then_some(())
+        },
+    )
+    .await;
     let out = c.dir.join("must-gather.tar.gz");
     let run = std::process::Command::new(env!("CARGO_BIN_EXE_causeway"))
         .args([
