@@ -482,16 +482,17 @@ impl TcpSlots {
     /// A slot for a connection from `source`, or which bound it is over.
     fn take(self: &Arc<Self>, source: IpAddr) -> Result<TcpSlot, &'static str> {
         let mut held = self.held();
-        let mine = held.entry(source).or_insert(0);
-        if *mine >= self.per_source {
+        if held.get(&source).is_some_and(|n| *n >= self.per_source) {
             return Err("tcp_per_source");
         }
+        // The entry is made only for a connection that gets a slot: a
+        // refused one leaves nothing behind, however many sources try.
         let permit = self
             .all
             .clone()
             .try_acquire_owned()
             .map_err(|_| "tcp_full")?;
-        *mine += 1;
+        *held.entry(source).or_insert(0) += 1;
         Ok(TcpSlot {
             slots: self.clone(),
             source,
@@ -638,6 +639,24 @@ pub(crate) mod tests {
     use hickory_proto::rr::{Name, RecordType};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
+
+    /// With every slot taken, a flood of connections from new sources is
+    /// refused without leaving an entry for each in the per-source map:
+    /// refused sources cost nothing that stays.
+    #[tokio::test]
+    async fn sources_refused_for_a_full_server_leave_no_entry_behind() {
+        let slots = Arc::new(TcpSlots::new(1, 2));
+        let _held = slots.take(IpAddr::from([10, 0, 0, 1])).unwrap();
+        for i in 0..10_000u32 {
+            let source = IpAddr::from((0x0a01_0000 + i).to_be_bytes());
+            assert_eq!(slots.take(source).err(), Some("tcp_full"));
+        }
+        assert_eq!(slots.held().len(), 1, "entries for refused sources");
+        // The source holding its share is still counted, and refused at it.
+        let again = slots.take(IpAddr::from([10, 0, 0, 1]));
+        assert_eq!(again.err(), Some("tcp_full"));
+        assert_eq!(slots.held().get(&IpAddr::from([10, 0, 0, 1])), Some(&1));
+    }
 
     /// `extra` is more of the `dns:` block, each line indented by two.
     fn config(listen: &[SocketAddr], extra: &str) -> DnsConfig {
