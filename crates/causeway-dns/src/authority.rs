@@ -173,11 +173,14 @@ impl DynamicNames {
             return;
         };
         let mut d = self.write();
-        if let Some((fqdn, _)) = d.reverse.remove(&LowerName::from(rev)) {
-            let key = LowerName::from(&fqdn);
-            if d.forward.get(&key).is_some_and(|(a, _)| *a == ip) {
-                d.forward.remove(&key);
-            }
+        // Most renewals carry no name and have none to forget: the answers
+        // built from the table stay valid then.
+        let Some((fqdn, _)) = d.reverse.remove(&LowerName::from(rev)) else {
+            return;
+        };
+        let key = LowerName::from(&fqdn);
+        if d.forward.get(&key).is_some_and(|(a, _)| *a == ip) {
+            d.forward.remove(&key);
         }
         self.generation.fetch_add(1, Ordering::Release);
     }

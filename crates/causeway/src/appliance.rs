@@ -98,7 +98,11 @@ fn dhcp_names(
                 names.register(host, lease.ip, lease.expires);
                 names.forget_expired_if_due(causeway_runtime::clock::unix_now());
             }
-            (LeaseState::Released | LeaseState::Declined, _) => names.unregister(lease.ip),
+            // A renewal without a name (no option 12) carries none: the
+            // address's old name goes now, not at the old lease's expiry.
+            (LeaseState::Active, None) | (LeaseState::Released | LeaseState::Declined, _) => {
+                names.unregister(lease.ip)
+            }
             _ => {}
         }
         held.set(i64::try_from(names.len()).unwrap_or(i64::MAX));
@@ -423,5 +427,46 @@ fn warn_restart_only(running: &Config, next: &Config) {
     }
     if running.log != next.log {
         tracing::warn!("log settings changed; restart to apply them");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(ip: [u8; 4], hostname: Option<&str>, state: LeaseState) -> causeway_dhcp::LeaseRecord {
+        causeway_dhcp::LeaseRecord {
+            ip: ip.into(),
+            client: "01:02:00:00:00:00:01".into(),
+            hw: "02:00:00:00:00:01".into(),
+            state,
+            expires: causeway_runtime::clock::unix_now() + 3600,
+            hostname: hostname.map(str::to_string),
+            term: 0,
+        }
+    }
+
+    #[test]
+    fn a_renewal_without_a_name_drops_the_addresss_old_name_at_once() {
+        let cfg = Config::from_yaml(
+            "cluster: {name: hc1, baseDomain: example.com}\n\
+             dns:\n  listen: [\"127.0.0.1:5353\"]\n  proxyAddress: 192.168.100.2\n  upstreams: [\"127.0.0.1:9\"]\n",
+        )
+        .expect("a config with a DNS zone");
+        let names = Arc::new(DynamicNames::for_zone(
+            cfg.dns.as_ref().and_then(|d| d.zone.as_deref()),
+        ));
+        let observe = dhcp_names(&cfg, &names, &prometheus::Registry::new())
+            .expect("the observer")
+            .expect("a zone, so an observer");
+        observe(&lease([10, 0, 0, 5], Some("node1"), LeaseState::Active));
+        assert_eq!(names.len(), 1);
+        // The same address renewed, the client sending no hostname.
+        observe(&lease([10, 0, 0, 5], None, LeaseState::Active));
+        assert_eq!(names.len(), 0, "the old name is still registered");
+        // A client without a name changes nothing that is not its own.
+        observe(&lease([10, 0, 0, 6], Some("node2"), LeaseState::Active));
+        observe(&lease([10, 0, 0, 7], None, LeaseState::Active));
+        assert_eq!(names.len(), 1);
     }
 }
