@@ -104,6 +104,11 @@ fn infra(metadata: Value) -> Infra {
     serde_json::from_value(doc).expect("an Infra")
 }
 
+/// The reference Infra being deleted, holding `finalizers`.
+fn deleted_with(finalizers: Value) -> Infra {
+    infra(json!({"finalizers": finalizers, "deletionTimestamp": "2026-11-29T10:00:00Z"}))
+}
+
 fn policy(ns: &str, name: &str) -> Value {
     json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
            "metadata": {"name": name, "namespace": ns}, "spec": {"podSelector": {}}})
@@ -195,10 +200,7 @@ async fn before_its_watches_have_listed_a_reconcile_reads_and_writes_nothing() {
 
 #[tokio::test]
 async fn a_deleted_infra_loses_its_control_plane_policy_then_its_finalizer() {
-    let deleted = infra(json!({
-        "finalizers": ["other.example/keep", FINALIZER],
-        "deletionTimestamp": "2026-11-29T10:00:00Z",
-    }));
+    let deleted = deleted_with(json!(["other.example/keep", FINALIZER]));
     let result = reconcile_with(deleted, |mut api| async move {
         let e = api
             .expect(Method::GET, "/apis/networking.k8s.io/v1/networkpolicies")
@@ -244,10 +246,7 @@ async fn a_deleted_infra_loses_its_control_plane_policy_then_its_finalizer() {
 
 #[tokio::test]
 async fn an_operator_that_may_not_list_across_namespaces_looks_where_the_spec_points() {
-    let deleted = infra(json!({
-        "finalizers": [FINALIZER],
-        "deletionTimestamp": "2026-11-29T10:00:00Z",
-    }));
+    let deleted = deleted_with(json!([FINALIZER]));
     let control_plane = super::validate::control_plane_namespace(&deleted.spec, NS)
         .expect("the reference names one");
     let result = reconcile_with(deleted, |mut api| async move {
@@ -272,10 +271,7 @@ async fn an_operator_that_may_not_list_across_namespaces_looks_where_the_spec_po
 
 #[tokio::test]
 async fn a_failed_cleanup_keeps_the_finalizer_and_says_why() {
-    let deleted = infra(json!({
-        "finalizers": [FINALIZER],
-        "deletionTimestamp": "2026-11-29T10:00:00Z",
-    }));
+    let deleted = deleted_with(json!([FINALIZER]));
     let result = reconcile_with(deleted, |mut api| async move {
         api.expect(Method::GET, "/apis/networking.k8s.io/v1/networkpolicies")
             .await
