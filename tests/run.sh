@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Real DHCP clients and peers, and the tools the lab uses.
-PACKAGES=(isc-dhcp-client udhcpc dhcpcd-base kea-admin kea-dhcp4-server iproute2 curl procps util-linux mount
+PACKAGES=(isc-dhcp-client isc-dhcp-relay udhcpc dhcpcd-base kea-admin kea-dhcp4-server iproute2 curl procps util-linux mount
           bind9-dnsutils knot-dnsutils dnsmasq-base dnsperf openssl buildah binutils
           python3 python3-venv python3-pip shellcheck docker-registry e2fsprogs libfaketime
           prometheus iputils-ping jq cpio)

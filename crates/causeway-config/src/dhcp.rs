@@ -74,6 +74,8 @@ pub struct FileSubnet {
     pub exclude: Vec<String>,
     #[serde(default)]
     pub relay_addresses: Vec<String>,
+    #[serde(default)]
+    pub relay_sources: Vec<String>,
     pub interface: Option<String>,
     pub server_id: Option<String>,
     pub router: Option<Vec<String>>,
@@ -162,9 +164,10 @@ impl DhcpConfig {
     /// Subnets no client can reach with these listeners, each as a
     /// sentence naming it and why: a valid config that serves nobody there.
     /// Direct clients reach a subnet only through an interface listener on
-    /// the interface it names; relayed packets on an interface listener are
-    /// served only from a listed relay (`relayAddresses` of any subnet),
-    /// and an address listener takes them from anywhere.
+    /// the interface it names; on an interface listener a relayed packet is
+    /// served only from an address the chosen subnet lists in
+    /// `relayAddresses` or `relaySources`; an address listener takes relayed
+    /// packets from anywhere.
     pub fn unreachable_subnets(&self) -> Vec<String> {
         let interfaces: Vec<&str> = self
             .listen
@@ -178,17 +181,19 @@ impl DhcpConfig {
             .listen
             .iter()
             .any(|l| matches!(l, DhcpListen::Address(_)));
-        let relays_listed = self.subnets.iter().any(|s| !s.relay_addresses.is_empty());
-        if address_listener || relays_listed {
+        if address_listener {
             return Vec::new();
         }
         self.subnets
             .iter()
             .enumerate()
             .filter(|(_, s)| {
-                !s.interface
+                let direct = s
+                    .interface
                     .as_deref()
-                    .is_some_and(|i| interfaces.contains(&i))
+                    .is_some_and(|i| interfaces.contains(&i));
+                let relayed = !s.relay_addresses.is_empty() || !s.relay_sources.is_empty();
+                !direct && !relayed
             })
             .map(|(i, s)| {
                 let direct = match &s.interface {
@@ -196,7 +201,7 @@ impl DhcpConfig {
                     None => "it names no interface".to_string(),
                 };
                 format!(
-                    "dhcp.subnets[{i}] ({}): no client can reach it: {direct}, and every listener is an interface listener, where relayed packets are served only from addresses in some subnet's relayAddresses, and none lists any; list the relay agent's address in relayAddresses",
+                    "dhcp.subnets[{i}] ({}): no client can reach it: {direct}, and every listener is an interface listener, where a relayed packet is served only from an address the subnet lists in relayAddresses (the relay's giaddr, when it also sends from it) or relaySources (the address it sends from, when that is not its giaddr), and it lists none",
                     s.cidr
                 )
             })
@@ -261,13 +266,31 @@ pub struct Subnet {
     /// Addresses never handed out dynamically: configured exclusions plus
     /// the gateway, the appliance and every static infrastructure address.
     pub exclude: Vec<AddressRange>,
+    /// Relay agents' `giaddr`s that select this subnet even when outside
+    /// its `cidr`.
     pub relay_addresses: Vec<Ipv4Addr>,
+    /// Source addresses a relay agent of this subnet sends from when that
+    /// is not its `giaddr` (a relay on another segment sends from the
+    /// address facing the server, but names its client-side address in
+    /// `giaddr`). On an interface listener a relayed packet is served only
+    /// from an address of the chosen subnet's `relayAddresses` or
+    /// `relaySources`.
+    pub relay_sources: Vec<Ipv4Addr>,
     /// The interface whose broadcast clients this subnet serves.
     pub interface: Option<String>,
     pub server_id: Ipv4Addr,
     pub lease_time: Option<Duration>,
     pub options: SubnetOptions,
     pub reservations: Vec<Reservation>,
+}
+
+impl Subnet {
+    /// Whether a relayed packet from `source` may draw from this subnet on
+    /// an interface listener: a relay sending from its `giaddr`, or from an
+    /// address listed as one of its relay sources.
+    pub fn relays_from(&self, source: Ipv4Addr) -> bool {
+        self.relay_addresses.contains(&source) || self.relay_sources.contains(&source)
+    }
 }
 
 /// The option values a subnet hands out, already typed.
@@ -559,6 +582,7 @@ fn validate_subnet(
     }
 
     let relay_addresses = c.ipv4_list(&format!("{path}.relayAddresses"), &s.relay_addresses);
+    let relay_sources = c.ipv4_list(&format!("{path}.relaySources"), &s.relay_sources);
 
     let server_id = match &s.server_id {
         Some(text) => c.ipv4(&format!("{path}.serverId"), text),
@@ -696,6 +720,7 @@ fn validate_subnet(
         pools,
         exclude,
         relay_addresses,
+        relay_sources,
         interface: s
             .interface
             .clone()

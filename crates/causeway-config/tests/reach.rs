@@ -42,3 +42,37 @@ fn a_subnet_reached_only_through_an_unlisted_relay_is_named() {
         "{notes:?}"
     );
 }
+
+#[test]
+fn each_relayed_subnet_needs_a_relay_of_its_own() {
+    // Two subnets behind relays; only the first lists its relay. A relay
+    // listed for one subnet is not served for another, so the second is
+    // unreachable even though some relay is listed.
+    let one_listed = dhcp(
+        "dhcp:\n  listen: [{interface: net1}]\n  subnets:\n    - {cidr: 192.168.100.0/24, interface: net1, serverId: 192.168.100.2}\n    - {cidr: 10.20.0.0/24, serverId: 192.168.100.2, relayAddresses: [10.20.0.1]}\n    - {cidr: 10.21.0.0/24, serverId: 192.168.100.2}\n",
+    );
+    let notes = one_listed.unreachable_subnets();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].starts_with("dhcp.subnets[2] (10.21.0.0/24): no client can reach it")
+            && notes[0].contains("relaySources"),
+        "{}",
+        notes[0]
+    );
+    // A relay sending from its address on the server's segment, listed by
+    // that source alone, reaches its subnet.
+    let by_source = dhcp(
+        "dhcp:\n  listen: [{interface: net1}]\n  subnets:\n    - {cidr: 192.168.100.0/24, interface: net1, serverId: 192.168.100.2}\n    - {cidr: 10.21.0.0/24, serverId: 192.168.100.2, relaySources: [192.168.100.3]}\n",
+    );
+    assert!(by_source.unreachable_subnets().is_empty());
+}
+
+#[test]
+fn relay_sources_must_be_addresses() {
+    let err = Config::from_yaml(
+        "dhcp:\n  subnets:\n    - {cidr: 10.21.0.0/24, serverId: 10.21.0.2, relaySources: [relay.example]}\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("dhcp.subnets[0].relaySources[0]"), "{err}");
+}

@@ -691,13 +691,21 @@ impl Engine {
             return Outcome::Ignore(Ignored::RateLimited);
         }
         let relayed = !msg.giaddr().is_unspecified();
-        if relayed && matches!(ingress, Ingress::Interface(_)) && !self.is_relay(*source.ip()) {
+        let subnet = self.select_subnet(msg, ingress);
+        // On the clients' own segment anyone can set giaddr, so a relayed
+        // packet there is served only from a relay of the subnet its giaddr
+        // chooses: a forged giaddr cannot draw from another subnet's pool,
+        // and a listed relay of one subnet cannot draw from another's.
+        if relayed
+            && matches!(ingress, Ingress::Interface(_))
+            && !subnet.is_some_and(|si| self.subnets[si].cfg.relays_from(*source.ip()))
+        {
             return Outcome::Ignore(Ignored::UnknownRelay);
         }
         if relayed && !self.admission.relay(&limits, now, *source.ip()) {
             return Outcome::Ignore(Ignored::RateLimitedRelay);
         }
-        let Some(si) = self.select_subnet(msg, ingress) else {
+        let Some(si) = subnet else {
             return Outcome::Ignore(Ignored::NoSubnet);
         };
         if !self.admission.subnet(&limits, now, si) {
@@ -721,13 +729,6 @@ impl Engine {
             MessageType::Inform => self.inform(si, &facts),
             _ => Outcome::Ignore(Ignored::UnexpectedMessageType),
         }
-    }
-
-    /// Whether `ip` is listed in any subnet's `relayAddresses`.
-    fn is_relay(&self, ip: Ipv4Addr) -> bool {
-        self.subnets
-            .iter()
-            .any(|s| s.cfg.relay_addresses.contains(&ip))
     }
 
     fn select_subnet(&self, msg: &Message, ingress: &Ingress) -> Option<usize> {

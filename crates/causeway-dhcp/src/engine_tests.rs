@@ -1090,6 +1090,90 @@ fn a_relayed_packet_on_an_interface_listener_needs_a_configured_relay() {
     );
 }
 
+/// The VLAN on `net1` and two subnets behind relays on other segments,
+/// each relay sending to the server from its address on the server's
+/// segment (192.168.100.31 and .32) while its `giaddr` is its address on
+/// the clients' segment (10.0.1.1 and 10.0.2.1), as a relay agent routed
+/// onto the VLAN does.
+fn two_relayed_subnets() -> Engine {
+    Engine::new(&config(
+        r#"  subnets:
+    - pools: [{start: 192.168.100.10, end: 192.168.100.20}]
+    - {cidr: 10.0.1.0/24, serverId: 192.168.100.2, relayAddresses: [10.0.1.1], relaySources: [192.168.100.31], pools: [{start: 10.0.1.10, end: 10.0.1.20}]}
+    - {cidr: 10.0.2.0/24, serverId: 192.168.100.2, relaySources: [192.168.100.32], pools: [{start: 10.0.2.10, end: 10.0.2.20}]}"#,
+    ))
+}
+
+fn discover_through(c: &mut Client, giaddr: Ipv4Addr) -> Message {
+    let mut m = c.discover();
+    m.set_giaddr(giaddr).set_hops(1);
+    m
+}
+
+#[test]
+fn a_relay_sending_from_another_address_than_its_giaddr_is_served_when_listed_in_relay_sources() {
+    let mut e = two_relayed_subnets();
+    let mut c = Client::new(1);
+    let relay = SocketAddrV4::new(Ipv4Addr::new(192, 168, 100, 31), 67);
+    let discover = discover_through(&mut c, Ipv4Addr::new(10, 0, 1, 1));
+    let (offer, dest, _) = reply(e.handle(NOW, &discover, relay, &direct()));
+    assert_eq!(kind(&offer), MessageType::Offer);
+    assert!(Ipv4Net24(10, 0, 1).contains(offer.yiaddr()));
+    // Replies go to the giaddr, as RFC 2131 has a server answer a relay.
+    assert_eq!(
+        dest,
+        Destination::Unicast(SocketAddrV4::new(Ipv4Addr::new(10, 0, 1, 1), 67))
+    );
+    // A subnet chosen by its cidr (no relayAddresses) takes its relay's
+    // source the same way.
+    let mut d = Client::new(2);
+    let discover = discover_through(&mut d, Ipv4Addr::new(10, 0, 2, 1));
+    let relay = SocketAddrV4::new(Ipv4Addr::new(192, 168, 100, 32), 67);
+    let (offer, _, _) = reply(e.handle(NOW, &discover, relay, &direct()));
+    assert!(Ipv4Net24(10, 0, 2).contains(offer.yiaddr()));
+}
+
+#[test]
+fn a_relay_of_one_subnet_cannot_draw_from_another_subnets_pool() {
+    let mut e = two_relayed_subnets();
+    let mut c = Client::new(3);
+    // Relay .31 serves 10.0.1.0/24 only; naming 10.0.2.1 in giaddr does
+    // not make it 10.0.2.0/24's relay.
+    let discover = discover_through(&mut c, Ipv4Addr::new(10, 0, 2, 1));
+    let relay = SocketAddrV4::new(Ipv4Addr::new(192, 168, 100, 31), 67);
+    assert_eq!(
+        e.handle(NOW, &discover, relay, &direct()),
+        Outcome::Ignore(Ignored::UnknownRelay)
+    );
+    // Nor can a VLAN client that sets the giaddr of a listed relay.
+    let discover = discover_through(&mut c, Ipv4Addr::new(10, 0, 1, 1));
+    let client = SocketAddrV4::new(Ipv4Addr::new(192, 168, 100, 77), 67);
+    assert_eq!(
+        e.handle(NOW, &discover, client, &direct()),
+        Outcome::Ignore(Ignored::UnknownRelay)
+    );
+}
+
+#[test]
+fn a_relay_listed_by_giaddr_for_one_subnet_cannot_name_another_subnets_giaddr() {
+    let mut e = Engine::new(&config(
+        r#"  subnets:
+    - pools: [{start: 192.168.100.10, end: 192.168.100.20}]
+    - {cidr: 10.0.1.0/24, serverId: 192.168.100.2, relayAddresses: [10.0.1.1], pools: [{start: 10.0.1.10, end: 10.0.1.20}]}
+    - {cidr: 10.0.2.0/24, serverId: 192.168.100.2, relayAddresses: [10.0.2.1], pools: [{start: 10.0.2.10, end: 10.0.2.20}]}"#,
+    ));
+    let mut c = Client::new(4);
+    let discover = discover_through(&mut c, Ipv4Addr::new(10, 0, 2, 1));
+    let relay_of_the_first = SocketAddrV4::new(Ipv4Addr::new(10, 0, 1, 1), 67);
+    assert_eq!(
+        e.handle(NOW, &discover, relay_of_the_first, &direct()),
+        Outcome::Ignore(Ignored::UnknownRelay)
+    );
+    let relay_of_the_second = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 1), 67);
+    let (offer, _, _) = reply(e.handle(NOW, &discover, relay_of_the_second, &direct()));
+    assert!(Ipv4Net24(10, 0, 2).contains(offer.yiaddr()));
+}
+
 fn with_hostname(mut m: Message, name: &str) -> Message {
     m.opts_mut().insert(DhcpOption::Hostname(name.into()));
     m

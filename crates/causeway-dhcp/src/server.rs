@@ -551,7 +551,7 @@ fn handle_packet(
             drop(engine);
             m.dropped.with_label_values(&[reason.label()]).inc();
             if reason == Ignored::UnknownRelay && first_drop_in_a_while(shared, *from.ip(), now) {
-                tracing::warn!(from = %from, giaddr = %msg.giaddr(), "relayed DHCP packet dropped (unknown_relay): its source is in no subnet's relayAddresses, and relayed packets on an interface listener are served only from listed relays; list the relay agent there (`causeway check` names the subnets no client can reach)");
+                tracing::warn!(from = %from, giaddr = %msg.giaddr(), "relayed DHCP packet dropped (unknown_relay): on an interface listener a relayed packet is served only when its source is listed in the relayAddresses or relaySources of the subnet its giaddr chooses; list the relay agent's giaddr in relayAddresses and, when it sends from another address, that address in relaySources (`causeway check` names the subnets no client can reach)");
             }
             if reason == Ignored::PoolExhausted {
                 // One line per ten seconds, however hard the pool is hammered.

@@ -20,5 +20,6 @@ mod dhcp_floods;
 mod dpu_boot_lab;
 mod ha_lab;
 mod mission_lab;
+mod relay_lab;
 mod route_netns;
 mod vlan_lab;
