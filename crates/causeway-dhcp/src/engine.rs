@@ -4,7 +4,7 @@
 //! It knows nothing of sockets, files or clocks: the caller passes the time
 //! in, sends the reply, and must make `commit` durable before it does.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use causeway_config::{valid_label, ClientMatch, DhcpConfig, NameRules, Reservation, Subnet};
@@ -142,6 +142,9 @@ pub struct PoolStats {
 struct SubnetState {
     cfg: Subnet,
     pools: Vec<Pool>,
+    /// Per pool, beside it: what its leases hold, kept as leases change so
+    /// the statistics never walk the lease table.
+    counts: Vec<PoolCounts>,
     by_mac: HashMap<[u8; 6], usize>,
     by_client_id: HashMap<Vec<u8>, usize>,
     by_reserved_ip: HashMap<Ipv4Addr, usize>,
@@ -172,9 +175,17 @@ impl SubnetState {
                 pool.set(*ip, true);
             }
         }
+        let counts = pools
+            .iter()
+            .map(|p| PoolCounts {
+                unavailable: unavailable_in(&cfg, &by_reserved_ip, &p.range),
+                ..PoolCounts::default()
+            })
+            .collect();
         SubnetState {
             cfg,
             pools,
+            counts,
             by_mac,
             by_client_id,
             by_reserved_ip,
@@ -188,10 +199,6 @@ impl SubnetState {
         self.cfg.reservations.get(*i)
     }
 
-    fn pool_mut(&mut self, ip: Ipv4Addr) -> Option<&mut Pool> {
-        self.pools.iter_mut().find(|p| p.contains(ip))
-    }
-
     fn in_pool(&self, ip: Ipv4Addr) -> bool {
         self.pools.iter().any(|p| p.contains(ip))
     }
@@ -199,6 +206,64 @@ impl SubnetState {
     fn excluded(&self, ip: Ipv4Addr) -> bool {
         self.cfg.exclude.iter().any(|e| e.contains(ip))
     }
+}
+
+/// A pool's addresses by what holds them, counting leases that have not
+/// been released (an expired one counts until reclaimed; the statistics
+/// take those off by the expiry index).
+#[derive(Debug, Clone, Copy, Default)]
+struct PoolCounts {
+    leased: u64,
+    offered: u64,
+    declined: u64,
+    /// Leases on addresses that are not reserved: what comes off `free`.
+    held_unreserved: u64,
+    /// Excluded and reserved addresses inside the pool: fixed by the config.
+    unavailable: u64,
+}
+
+impl PoolCounts {
+    fn count(&mut self, state: LeaseState, reserved: bool, up: bool) {
+        let field = match state {
+            LeaseState::Active => &mut self.leased,
+            LeaseState::Offered => &mut self.offered,
+            LeaseState::Declined => &mut self.declined,
+            LeaseState::Released => return,
+        };
+        let step = |n: &mut u64| *n = if up { *n + 1 } else { n.saturating_sub(1) };
+        step(field);
+        if !reserved {
+            step(&mut self.held_unreserved);
+        }
+    }
+}
+
+/// Excluded addresses in `range`, and reserved ones not also excluded.
+fn unavailable_in(
+    cfg: &Subnet,
+    reserved: &HashMap<Ipv4Addr, usize>,
+    range: &causeway_config::AddressRange,
+) -> u64 {
+    let mut n = 0;
+    for ex in &cfg.exclude {
+        if ex.overlaps(range) {
+            let start = u32::from(ex.start).max(u32::from(range.start));
+            let end = u32::from(ex.end).min(u32::from(range.end));
+            n += u64::from(end - start) + 1;
+        }
+    }
+    n + reserved
+        .keys()
+        .filter(|ip| range.contains(**ip) && !cfg.exclude.iter().any(|e| e.contains(**ip)))
+        .count() as u64
+}
+
+/// What the pool counts and the expiry index hold for an address: its
+/// lease as last marked, while not released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Counted {
+    state: LeaseState,
+    expires: u64,
 }
 
 /// Protocol timing and policy, from the config.
@@ -289,6 +354,18 @@ pub struct Engine {
     reclaim_not_before: u64,
     /// Reclaim scans run, for the tests that hold the flood to one a second.
     reclaims: u64,
+    /// Leases looked at by reclaims and pool statistics, for the tests
+    /// that hold their cost to what changed rather than to the table.
+    lease_visits: std::cell::Cell<u64>,
+    /// Every lease not released, as the pool counts have it: `mark` is
+    /// the one place leases are counted, so it needs what it counted last.
+    counted: HashMap<Ipv4Addr, Counted>,
+    /// The same leases by when they end: a reclaim takes what has ended
+    /// from the front instead of walking every lease.
+    expiring: BTreeSet<(u64, Ipv4Addr)>,
+    /// `by_hostname`'s size after its last sweep for stale entries: the
+    /// next sweep waits until it has doubled, so sweeps cost O(1) a name.
+    hostnames_after_sweep: usize,
     /// Under high availability while no standby confirms: the half of the
     /// pool new addresses come from (see [`crate::merge`]).
     share: Option<Share>,
@@ -343,6 +420,10 @@ impl Engine {
             unsettled: HashMap::new(),
             reclaim_not_before: 0,
             reclaims: 0,
+            lease_visits: std::cell::Cell::new(0),
+            counted: HashMap::new(),
+            expiring: BTreeSet::new(),
+            hostnames_after_sweep: 0,
             share: None,
         }
     }
@@ -395,11 +476,24 @@ impl Engine {
         self.reclaims
     }
 
+    /// How many leases reclaims and pool statistics have looked at.
+    pub fn lease_visits(&self) -> u64 {
+        self.lease_visits.get()
+    }
+
+    fn visited(&self, leases: usize) {
+        self.lease_visits
+            .set(self.lease_visits.get() + leases as u64);
+    }
+
     /// Applies a new config, keeping every lease.
     pub fn reconfigure(&mut self, cfg: &DhcpConfig) {
         self.policy = Policy::from_config(cfg);
         self.subnets = cfg.subnets.iter().cloned().map(SubnetState::new).collect();
         self.reserved_names = reserved_names(cfg);
+        // New pools count from nothing: every lease is counted again below.
+        self.counted.clear();
+        self.expiring.clear();
         let leases: Vec<Ipv4Addr> = self.leases.keys().copied().collect();
         for ip in leases {
             self.mark(ip);
@@ -491,15 +585,44 @@ impl Engine {
     }
 
     /// Brings the occupancy bitmap in line with the lease at `ip`.
+    /// Brings the pool bitmaps, the pool counts and the expiry index in
+    /// line with `ip`'s lease. Called after every change to a lease.
     fn mark(&mut self, ip: Ipv4Addr) {
-        let held = self
+        let now_counted = self
             .leases
             .get(&ip)
-            .is_some_and(|l| l.state != LeaseState::Released);
+            .filter(|l| l.state != LeaseState::Released)
+            .map(|l| Counted {
+                state: l.state,
+                expires: l.expires,
+            });
+        let before = match now_counted {
+            Some(c) => self.counted.insert(ip, c),
+            None => self.counted.remove(&ip),
+        };
+        if before != now_counted {
+            if let Some(b) = before {
+                self.expiring.remove(&(b.expires, ip));
+            }
+            if let Some(c) = now_counted {
+                self.expiring.insert((c.expires, ip));
+            }
+        }
+        let held = now_counted.is_some();
         for s in &mut self.subnets {
-            let permanent = s.by_reserved_ip.contains_key(&ip) || s.excluded(ip);
-            if let Some(pool) = s.pool_mut(ip) {
-                pool.set(ip, held || permanent);
+            let reserved = s.by_reserved_ip.contains_key(&ip);
+            let permanent = reserved || s.excluded(ip);
+            let Some(pi) = s.pools.iter().position(|p| p.contains(ip)) else {
+                continue;
+            };
+            s.pools[pi].set(ip, held || permanent);
+            if before != now_counted {
+                if let Some(b) = before {
+                    s.counts[pi].count(b.state, reserved, false);
+                }
+                if let Some(c) = now_counted {
+                    s.counts[pi].count(c.state, reserved, true);
+                }
             }
         }
     }
@@ -509,13 +632,18 @@ impl Engine {
     pub fn reclaim(&mut self, now: u64) -> usize {
         self.reclaims += 1;
         let expired: Vec<Ipv4Addr> = self
-            .leases
-            .values()
-            .filter(|l| l.state != LeaseState::Released && !l.holds(now))
-            .map(|l| l.ip)
+            .expiring
+            .range(..=(now, Ipv4Addr::BROADCAST))
+            .map(|(_, ip)| *ip)
             .collect();
+        self.visited(expired.len());
         for ip in &expired {
             if let Some(l) = self.leases.get_mut(ip) {
+                if let Some(name) = &l.hostname {
+                    if self.by_hostname.get(name) == Some(ip) {
+                        self.by_hostname.remove(name);
+                    }
+                }
                 if l.state == LeaseState::Declined {
                     // Quarantine over: forget the decliner entirely.
                     let client = l.client.clone();
@@ -530,11 +658,18 @@ impl Engine {
             self.mark(*ip);
         }
         let leases = &self.leases;
-        self.by_hostname.retain(|name, ip| {
-            leases
-                .get(ip)
-                .is_some_and(|l| l.holds(now) && l.hostname.as_deref() == Some(&**name))
-        });
+        // Names of leases that ended went above; an entry goes stale in
+        // other ways too (a renamed or moved client), and those are swept
+        // once the map has doubled since the last sweep.
+        if self.by_hostname.len() > 2 * self.hostnames_after_sweep.max(512) {
+            self.visited(self.by_hostname.len());
+            self.by_hostname.retain(|name, ip| {
+                leases
+                    .get(ip)
+                    .is_some_and(|l| l.holds(now) && l.hostname.as_deref() == Some(&**name))
+            });
+            self.hostnames_after_sweep = self.by_hostname.len();
+        }
         self.moving_from.retain(|offered, _| {
             leases
                 .get(offered)
@@ -610,50 +745,57 @@ impl Engine {
         self.unsettled.values().map(|u| u.in_flight as usize).sum()
     }
 
+    /// Each pool's addresses by what holds them at `now`: from the counts
+    /// kept as leases change, less the leases that have ended and are not
+    /// yet reclaimed (the front of the expiry index).
     pub fn pool_stats(&self, now: u64) -> Vec<PoolStats> {
         let mut out = Vec::new();
+        let mut first_of_subnet = Vec::with_capacity(self.subnets.len());
         for s in &self.subnets {
-            for p in &s.pools {
-                let mut stats = PoolStats {
+            first_of_subnet.push(out.len());
+            for (p, counts) in s.pools.iter().zip(&s.counts) {
+                out.push(PoolStats {
                     subnet: s.cfg.cidr.to_string(),
                     pool: p.range.to_string(),
                     total: p.range.len(),
-                    leased: 0,
-                    offered: 0,
-                    declined: 0,
-                    unavailable: 0,
+                    leased: counts.leased,
+                    offered: counts.offered,
+                    declined: counts.declined,
+                    unavailable: counts.unavailable,
                     free: 0,
+                });
+            }
+        }
+        let mut ended_unreserved = vec![0u64; out.len()];
+        let ended = self.expiring.range(..=(now, Ipv4Addr::BROADCAST));
+        for (_, ip) in ended {
+            self.visited(1);
+            let Some(c) = self.counted.get(ip) else {
+                continue;
+            };
+            for (s, first) in self.subnets.iter().zip(&first_of_subnet) {
+                let Some(pi) = s.pools.iter().position(|p| p.contains(*ip)) else {
+                    continue;
                 };
-                let mut held = 0;
-                for ex in &s.cfg.exclude {
-                    if ex.overlaps(&p.range) {
-                        let start = u32::from(ex.start).max(u32::from(p.range.start));
-                        let end = u32::from(ex.end).min(u32::from(p.range.end));
-                        stats.unavailable += u64::from(end - start) + 1;
-                    }
+                let stats = &mut out[first + pi];
+                let field = match c.state {
+                    LeaseState::Active => &mut stats.leased,
+                    LeaseState::Offered => &mut stats.offered,
+                    LeaseState::Declined => &mut stats.declined,
+                    LeaseState::Released => continue,
+                };
+                *field = field.saturating_sub(1);
+                if !s.by_reserved_ip.contains_key(ip) {
+                    ended_unreserved[first + pi] += 1;
                 }
-                stats.unavailable += s
-                    .by_reserved_ip
-                    .keys()
-                    .filter(|ip| p.contains(**ip) && !s.excluded(**ip))
-                    .count() as u64;
-                for l in self
-                    .leases
-                    .values()
-                    .filter(|l| p.contains(l.ip) && l.holds(now))
-                {
-                    match l.state {
-                        LeaseState::Active => stats.leased += 1,
-                        LeaseState::Offered => stats.offered += 1,
-                        LeaseState::Declined => stats.declined += 1,
-                        LeaseState::Released => {}
-                    }
-                    if !s.by_reserved_ip.contains_key(&l.ip) {
-                        held += 1;
-                    }
-                }
-                stats.free = stats.total.saturating_sub(stats.unavailable + held);
-                out.push(stats);
+            }
+        }
+        let mut i = 0;
+        for s in &self.subnets {
+            for counts in &s.counts {
+                let held = counts.held_unreserved.saturating_sub(ended_unreserved[i]);
+                out[i].free = out[i].total.saturating_sub(out[i].unavailable + held);
+                i += 1;
             }
         }
         out
