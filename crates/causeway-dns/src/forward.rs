@@ -448,7 +448,11 @@ impl Forwarder {
     /// The upstreams to try, in order: those not being skipped first, in
     /// config order (sequential) or shuffled (random).
     fn routes(&self, asking: &Asking) -> Vec<Route> {
-        let now = self.now_ms();
+        self.routes_at(asking, self.now_ms())
+    }
+
+    /// [`Self::routes`] at `now` (milliseconds since `epoch`).
+    fn routes_at(&self, asking: &Asking, now: u64) -> Vec<Route> {
         let mut order: Vec<(usize, &Upstream)> =
             asking.order.iter().map(|(i, u)| (*i, &**u)).collect();
         if asking.policy == UpstreamPolicy::Random {
@@ -734,6 +738,65 @@ mod tests {
         let again = fwd.routes(&read(&fwd.asking).clone());
         assert_eq!(again[0].index, before[0].index);
         assert_eq!(read(&fwd.known).len(), 3);
+    }
+
+    /// Three failures in a row put an upstream last for five seconds;
+    /// two do not, an answer clears the count, and once the five seconds
+    /// are over it is back in its place.
+    #[test]
+    fn three_failures_in_a_row_put_an_upstream_last_for_five_seconds() {
+        let (fwd, _) = forwarder();
+        let cfg = Config::from_yaml(
+            "cluster: {name: hc1, baseDomain: example.com}\ndns:\n  listen: ['127.0.0.1:5353']\n",
+        )
+        .unwrap()
+        .dns
+        .unwrap();
+        let (a, b): (SocketAddr, SocketAddr) = (
+            "127.0.0.2:53".parse().unwrap(),
+            "127.0.0.3:53".parse().unwrap(),
+        );
+        fwd.reload(&cfg, &[a, b]);
+        let asking = read(&fwd.asking).clone();
+        let first = fwd.routes(&asking)[0].index;
+        let order = |now: u64| -> Vec<SocketAddr> {
+            fwd.routes_at(&asking, now).iter().map(|r| r.addr).collect()
+        };
+        let fail = || {
+            fwd.observe(Event::Failed {
+                upstream: first,
+                reason: "timeout",
+            })
+        };
+        fail();
+        fail();
+        assert_eq!(order(fwd.now_ms()), [a, b], "skipped after two failures");
+        // An answer starts the count over.
+        fwd.observe(Event::Answered {
+            upstream: first,
+            took: Duration::from_millis(1),
+        });
+        fail();
+        fail();
+        assert_eq!(
+            order(fwd.now_ms()),
+            [a, b],
+            "the answer did not clear the count"
+        );
+        let failed_at = fwd.now_ms();
+        fail();
+        let until = read(&fwd.known)[first].skip_until.load(Ordering::Relaxed);
+        assert!(
+            (failed_at + 5_000..=fwd.now_ms() + 5_000).contains(&until),
+            "skipped until {until} ms, failed at {failed_at} ms"
+        );
+        assert_eq!(
+            order(fwd.now_ms()),
+            [b, a],
+            "not tried last after three failures"
+        );
+        assert_eq!(order(until - 1), [b, a], "back before five seconds");
+        assert_eq!(order(until), [a, b], "still last after five seconds");
     }
 
     #[tokio::test]

@@ -402,6 +402,7 @@ mod tests {
             server
         });
         assert_eq!(resolver.addresses(&up).await.unwrap(), kept);
+        let failed_by = Instant::now();
         let server = answering.join().unwrap();
         take_queries(&server);
         assert_eq!(resolver.addresses(&up).await.unwrap(), kept);
@@ -409,6 +410,24 @@ mod tests {
             take_queries(&server),
             0,
             "the servers were asked again within RETRY_AFTER"
+        );
+        // Held for five seconds from the failure, not more: once that has
+        // passed (moved to now here, rather than waited for) the servers
+        // are asked again, and the last good answer still stands while
+        // they fail.
+        let retry_at = resolver.known()[&up.to_string()].retry_at.unwrap();
+        assert!(
+            retry_at <= failed_by + Duration::from_secs(5)
+                && retry_at + Duration::from_millis(500) > failed_by + Duration::from_secs(5),
+            "held for {:?} after the failure",
+            retry_at.saturating_duration_since(failed_by)
+        );
+        resolver.known().get_mut(&up.to_string()).unwrap().retry_at = Some(Instant::now());
+        // Unanswered this time: the lookup ends at its query timeout.
+        assert_eq!(resolver.addresses(&up).await.unwrap(), kept);
+        assert!(
+            take_queries(&server) > 0,
+            "the servers were not asked again once RETRY_AFTER had passed"
         );
     }
 

@@ -616,3 +616,125 @@ fn corrupt_lease_lines_are_skipped_with_a_warning_and_a_metric() {
     assert!(served.contains("10.200.0.10"), "{served}");
     server.stop();
 }
+
+/// A filesystem frozen with `fsfreeze -f`: every write and sync on it
+/// blocks until it is thawed, as on a disk that has stopped answering.
+/// Thawed on drop, so a failing test leaves no process stuck on it.
+struct Frozen<'a>(&'a Path);
+
+impl<'a> Frozen<'a> {
+    fn freeze(dir: &'a Path) -> Frozen<'a> {
+        run(Command::new(support::tool("fsfreeze", "util-linux"))
+            .arg("-f")
+            .arg(dir));
+        Frozen(dir)
+    }
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("fsfreeze").arg("-u").arg(self.0).status();
+    }
+}
+
+const MAX_IN_FLIGHT: f64 = 64.0;
+
+#[test]
+fn a_stalled_lease_disk_holds_at_most_max_in_flight_and_drops_the_rest_as_overloaded() {
+    let test = "a_stalled_lease_disk_holds_at_most_max_in_flight_and_drops_the_rest_as_overloaded";
+    if !root_or_skip_for(test, "a loop device, an ext4 mount and fsfreeze") {
+        return;
+    }
+    let lab = DhcpLab::new("causeway-faults-", |dir, admin, dhcp| {
+        let config = support::loopback_dhcp_config(admin, dhcp, &dir.join("disk/leases.jsonl"));
+        let limited = config.replace(
+            "  leaseTime: 1h\n",
+            &format!("  leaseTime: 1h\n  maxInFlight: {MAX_IN_FLIGHT}\n"),
+        );
+        assert_ne!(limited, config);
+        limited
+    });
+    let disk = LoopExt4::make(
+        &lab.dir.path().join("disk.img"),
+        &lab.dir.path().join("disk"),
+    );
+    let server = lab.start("causeway");
+    let acked = lab.dir.path().join("acked.txt");
+    let mut load = dora_load(&lab, "causeway-bench", 5, &acked, "120s");
+    wait_for(
+        "200 ACKs before the disk stalls",
+        Duration::from_secs(30),
+        || (complete_lines(&acked).len() >= 200).then_some(()),
+        || debug(&server, &load),
+    );
+
+    let frozen = Frozen::freeze(&disk.dir);
+    // Replies wait for the stalled store until maxInFlight of them do;
+    // every request past that is dropped as overloaded.
+    let overloaded = r#"causeway_dhcp_dropped_total{reason="overloaded"}"#;
+    let mut most_in_flight = 0.0f64;
+    wait_for(
+        "maxInFlight replies waiting and 500 requests dropped as overloaded",
+        Duration::from_secs(30),
+        || {
+            let text = server.metrics();
+            let in_flight = metric(&text, "causeway_dhcp_in_flight").unwrap_or_default();
+            most_in_flight = most_in_flight.max(in_flight);
+            (in_flight == MAX_IN_FLIGHT && metric(&text, overloaded).unwrap_or_default() >= 500.0)
+                .then_some(())
+        },
+        || debug(&server, &load),
+    );
+    // Held there: for three seconds of samples no more wait, no ACK leaves
+    // and the drops go on.
+    let acks_held = ack_count(&server);
+    let dropped_held = sample(&server, overloaded);
+    let until = Instant::now() + Duration::from_secs(3);
+    let mut samples = 0;
+    while Instant::now() < until {
+        let text = server.metrics();
+        let in_flight = metric(&text, "causeway_dhcp_in_flight").unwrap_or_default();
+        most_in_flight = most_in_flight.max(in_flight);
+        samples += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let acks_after = ack_count(&server);
+    let dropped_after = sample(&server, overloaded);
+    assert!(
+        most_in_flight <= MAX_IN_FLIGHT,
+        "{most_in_flight} replies waited for the store, past maxInFlight {MAX_IN_FLIGHT}"
+    );
+    assert_eq!(
+        acks_after, acks_held,
+        "ACKs left while the disk was stalled"
+    );
+    // The bench's clients wait out their timeouts for replies that never
+    // come, so fewer than its 2,000/s arrive; those that do are dropped.
+    assert!(
+        dropped_after >= dropped_held + 100.0,
+        "requests were not dropped as overloaded while the disk stalled: {dropped_held} then {dropped_after}"
+    );
+
+    // The disk answers again: what waited is written and answered, and
+    // new requests are served.
+    let before = complete_lines(&acked).len();
+    drop(frozen);
+    wait_for(
+        "ACKs to resume once the disk answers",
+        Duration::from_secs(30),
+        || (complete_lines(&acked).len() >= before + 500).then_some(()),
+        || debug(&server, &load),
+    );
+    load.signal("INT");
+    load.wait_exit(Duration::from_secs(15));
+    server.stop();
+    let acked = acked_leases(&[acked]);
+    assert_every_ack_is_stored(&lab.config, &acked);
+    eprintln!(
+        "{test}: at most {most_in_flight} replies waited in {samples} samples over 3 s of stall; \
+         {} dropped as overloaded in them; {} acknowledged leases, all stored",
+        dropped_after - dropped_held,
+        acked.len()
+    );
+    drop(disk);
+}

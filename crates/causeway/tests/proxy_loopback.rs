@@ -387,6 +387,88 @@ fn sigterm_lets_an_inflight_transfer_finish_then_exits_0() {
     assert!(status.success(), "{status}");
 }
 
+/// How long established connections get after SIGTERM (docs/proxy.md).
+const DRAIN: Duration = Duration::from_secs(30);
+
+#[test]
+fn sigterm_gives_an_idle_connection_30_seconds_then_closes_it_and_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    // An echo upstream: whatever the client sends comes back.
+    let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+    let up_port = upstream.local_addr().unwrap().port();
+    let echo = std::thread::spawn(move || {
+        let (mut s, _) = upstream.accept().unwrap();
+        let mut buf = [0u8; 64];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 || s.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+    });
+    let port = support::reserved_port();
+    let mut proxy = start_proxy(
+        dir.path(),
+        &format!("  listeners:\n    - {{port: {port}, upstream: \"127.0.0.1:{up_port}\"}}\n"),
+    );
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(DRAIN + DEADLINE)).unwrap();
+    let mut byte = [0u8; 1];
+    c.write_all(b"a").unwrap();
+    c.read_exact(&mut byte).unwrap();
+    let pid = proxy.child.0.id().to_string();
+    let signalled = Instant::now();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    wait_for("the listener to close", || {
+        TcpStream::connect(("127.0.0.1", port)).is_err()
+    });
+    // Idle but open, it is still relayed three seconds before the end.
+    std::thread::sleep((DRAIN - Duration::from_secs(3)).saturating_sub(signalled.elapsed()));
+    c.write_all(b"b").unwrap();
+    c.read_exact(&mut byte).unwrap();
+    assert_eq!(
+        &byte, b"b",
+        "the connection was not relayed during the drain"
+    );
+    assert!(
+        proxy.child.0.try_wait().unwrap().is_none(),
+        "the proxy exited with a connection open before the drain was over"
+    );
+    // Then closed at the deadline, and the process exits 0.
+    let closed = match c.read(&mut byte) {
+        Ok(0) => signalled.elapsed(),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => signalled.elapsed(),
+        other => panic!("the drained connection was not closed: {other:?}"),
+    };
+    let status = loop {
+        if let Some(s) = proxy.child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            signalled.elapsed() < DRAIN + DEADLINE,
+            "no exit {:?} after SIGTERM",
+            signalled.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let exited = signalled.elapsed();
+    assert!(status.success(), "{status}");
+    assert!(
+        closed >= DRAIN && closed < DRAIN + Duration::from_secs(2),
+        "the idle connection was closed {closed:?} after SIGTERM"
+    );
+    assert!(
+        exited < DRAIN + Duration::from_secs(3),
+        "exited {exited:?} after SIGTERM"
+    );
+    eprintln!("drain: connection closed {closed:?} and exit 0 {exited:?} after SIGTERM");
+    drop(c);
+    echo.join().unwrap();
+}
+
 #[test]
 fn with_one_of_two_addresses_down_every_connection_succeeds() {
     let dir = tempfile::tempdir().unwrap();
