@@ -1409,3 +1409,133 @@ fn a_flood_of_large_answers_stays_within_the_cache_budget() {
          VmRSS {rss_before} -> max {max_rss} KiB, up to {max_in_flight} upstream queries in flight"
     );
 }
+
+// ------------------------------------------------- out of descriptors
+
+/// CPU time `pid` has used, user and system, from /proc/<pid>/stat.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces) end with ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let per_second = run_text(Command::new("getconf").arg("CLK_TCK"))
+        .trim()
+        .parse::<u64>()
+        .unwrap();
+    Duration::from_millis(ticks * 1000 / per_second)
+}
+
+fn run_text(cmd: &mut Command) -> String {
+    support::run(cmd)
+}
+
+fn set_open_files(pid: u32, soft: &str) {
+    support::run(
+        Command::new(tool("prlimit", "util-linux"))
+            .arg(format!("--pid={pid}"))
+            .arg(format!("--nofile={soft}:")),
+    );
+}
+
+/// A DNS query for `api.<zone>` A over an open TCP stream; the reply's
+/// ID, RCODE and answer count.
+fn tcp_ask(stream: &mut std::net::TcpStream) -> (u16, u8, u16) {
+    use std::io::{Read, Write};
+    let mut q = vec![0x4a, 0x17, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+    for label in fqdn("api").trim_end_matches('.').split('.') {
+        q.push(label.len() as u8);
+        q.extend_from_slice(label.as_bytes());
+    }
+    q.extend_from_slice(&[0, 0, 1, 0, 1]);
+    let mut framed = (q.len() as u16).to_be_bytes().to_vec();
+    framed.extend_from_slice(&q);
+    stream.write_all(&framed).unwrap();
+    let mut len = [0u8; 2];
+    stream.read_exact(&mut len).unwrap();
+    let mut reply = vec![0u8; u16::from_be_bytes(len) as usize];
+    stream.read_exact(&mut reply).unwrap();
+    (
+        u16::from_be_bytes([reply[0], reply[1]]),
+        reply[3] & 0x0f,
+        u16::from_be_bytes([reply[6], reply[7]]),
+    )
+}
+
+#[test]
+fn out_of_descriptors_the_tcp_accept_loop_backs_off_instead_of_spinning_and_recovers() {
+    let server = Server::dns("");
+    let pid = server.pid();
+    let limits = fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let soft = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .unwrap()
+        .to_owned();
+    // No descriptor left: the soft limit down to the lowest free
+    // descriptor number, the one the next open would get (a new descriptor
+    // must be below the limit; those open above it stay usable).
+    let open: std::collections::HashSet<usize> = fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    let lowest_free = (0..).find(|n| !open.contains(n)).unwrap();
+    set_open_files(pid, &lowest_free.to_string());
+    // The kernel completes the handshake and queues the connection;
+    // every accept of it fails with EMFILE until the limit is raised.
+    let mut client = std::net::TcpStream::connect(server.dns).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let starved_from = Instant::now();
+    let cpu_before = cpu_time(pid);
+    // A three-second window of the process's own CPU time: spinning on
+    // the failing accept would take about a core for all of it.
+    std::thread::sleep(Duration::from_secs(3));
+    let cpu = cpu_time(pid).saturating_sub(cpu_before);
+    set_open_files(pid, &soft);
+    let starved_for = starved_from.elapsed();
+    // The queued client is taken at the next try (at most a second on)
+    // and answered.
+    let asked = Instant::now();
+    let (id, rcode, answers) = tcp_ask(&mut client);
+    let answered_in = asked.elapsed();
+    assert_eq!((id, rcode), (0x4a17, 0), "the queued TCP client's query");
+    assert!(answers >= 1, "no answer for api over TCP");
+    let starved = server.sample(r#"causeway_dns_dropped_total{reason="tcp_accept_starved"}"#);
+    let warnings = server
+        .app
+        .proc
+        .output()
+        .matches("backing off until descriptors free up")
+        .count();
+    eprintln!(
+        "accept starved for {starved_for:?}: {starved} failed accepts, {cpu:?} of CPU in 3 s, \
+         {warnings} warning(s); the queued client answered {answered_in:?} after the limit was raised"
+    );
+    assert!(
+        cpu < Duration::from_millis(300),
+        "the DNS server used {cpu:?} of CPU in 3 s out of descriptors"
+    );
+    // Backing off from 10 ms, doubling to 1 s: 9 tries in the first 3.3 s,
+    // one a second after that.
+    assert!(
+        (5.0..=20.0).contains(&starved),
+        "{starved} failed accepts while out of descriptors for {starved_for:?}"
+    );
+    assert_eq!(
+        warnings,
+        1,
+        "one warning per episode\n{}",
+        server.describe()
+    );
+    assert!(
+        answered_in < Duration::from_millis(1500),
+        "the queued client waited {answered_in:?} after descriptors came back"
+    );
+}
