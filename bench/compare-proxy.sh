@@ -55,6 +55,8 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 need timeout coreutils
 need python3
 need ss iproute2
+# Optional: system calls per connection are counted when strace is here.
+STRACE=$(command -v strace || true)
 
 NGINX_STREAM_SO=/usr/lib/nginx/modules/ngx_stream_module.so
 
@@ -362,6 +364,49 @@ measure_conn() {
     log "  conn: $(printf '%.0f' "${f[0]}") conn/s, failed ${f[2]}, exchange p99 ${f[4]} ms, bench CPU ${f[5]}%"
 }
 
+# System calls per short connection: the same connection load for 3 s with
+# every proxy process under `strace -c -f`, each call's count over the
+# connections completed in that run. strace slows the proxy down; the
+# counts per connection are what it makes, the rate of that run is not a
+# figure. Keys: sys_total and sys_<call> per connection.
+measure_syscalls() {
+    local name=$1 port=$2 p tracers=() out
+    [[ -n $STRACE && $name != direct ]] || return 0
+    out=$TMP/$name/strace
+    mkdir -p "$out"
+    for p in $SRV_PIDS; do
+        "$STRACE" -c -f -q -o "$out/$p.txt" -p "$p" &
+        tracers+=($!)
+    done
+    # strace attaches within a moment; the run starts once it has.
+    sleep 1
+    timeout -k 5 20 "$BENCH_BIN" proxy conn --target "127.0.0.1:$port" --duration 3s \
+        --concurrency "$CONC" --payload "$PAYLOAD" --expect-close --json >"$out/conn.json" 2>>"$TMP/$name/bench.log" || true
+    kill -INT "${tracers[@]}" 2>/dev/null || true
+    wait "${tracers[@]}" 2>/dev/null || true
+    python3 - "$out" "$name" >>"$RESULTS" <<'PY'
+import glob, json, os, sys
+out, name = sys.argv[1], sys.argv[2]
+try:
+    ok = json.load(open(os.path.join(out, "conn.json")))["ok"]
+except Exception:
+    sys.exit(0)
+calls = {}
+for path in glob.glob(os.path.join(out, "*.txt")):
+    for line in open(path):
+        f = line.split()
+        # "% time seconds usecs/call calls [errors] syscall"
+        if len(f) >= 5 and f[0][0].isdigit() and f[-1] != "total":
+            calls[f[-1]] = calls.get(f[-1], 0) + int(f[3])
+if not ok or not calls:
+    sys.exit(0)
+print(f"{name}\tsys_total\t{sum(calls.values()) / ok}")
+for call, n in calls.items():
+    print(f"{name}\tsys_{call}\t{n / ok}")
+PY
+    log "  system calls per short connection: $(awk -F'\t' -v n="$name" '$1 == n && $2 == "sys_total" {v = $3} END {printf "%.1f", v}' "$RESULTS")"
+}
+
 measure_latency() {
     local name=$1 port=$2 f
     bench "$name" lat $((RUN_S + 15)) latency --target "127.0.0.1:$port" --duration "${RUN_S}s" \
@@ -487,6 +532,7 @@ measure() {
     log "$name: 127.0.0.1:$port${SRV_PIDS:+ (pids ${SRV_PIDS% })} — $(version_of "$name")"
 
     measure_conn "$name" "$port"
+    measure_syscalls "$name" "$port"
     # Persistent connections from here on.
     start_upstream echo
     measure_latency "$name" "$port"
@@ -650,6 +696,20 @@ for t in ran:
     if num(d.get("idle_failed")):
         notes.append(f"{names[t]} idle run: {fmt_int(d['idle_failed'])} connections failed to open")
 print()
+traced = [t for t in proxies if num(r[t].get("sys_total"))]
+if traced:
+    print("System calls per short connection (`strace -c -f` on every proxy process over a separate 3 s run of the same connection load; "
+          "each call's count over the connections that run completed; the five most frequent of each proxy, then the rest):\n")
+    print("| proxy | per connection | " + " | ".join(["most frequent"] * 1) + " |")
+    print("|---|---:|---|")
+    for t in traced:
+        d = r[t]
+        calls = sorted(((k[4:], num(v)) for k, v in d.items() if k.startswith("sys_") and k != "sys_total" and num(v)),
+                       key=lambda kv: -kv[1])
+        top = ", ".join(f"{k} {v:.2f}" for k, v in calls[:5])
+        rest = sum(v for _, v in calls[5:])
+        print(f"| {names[t]} | {num(d['sys_total']):.1f} | {top}{f', others {rest:.2f}' if rest else ''} |")
+    print()
 print("Why the upstream closes first: TIME_WAIT stays with whichever side closes first. Were it the client, each proxy's connects to the upstream "
       "(all from 127.0.0.1 to one port) would leave TIME_WAIT sockets on the proxy's side, and on loopback every new connect then searches the ephemeral "
       "ports past them: in trial runs every proxy hit the same ceiling and nginx logged `connect() failed (99: Cannot assign requested "

@@ -52,7 +52,7 @@ pub(crate) async fn handle(
     from: SocketAddr,
 ) {
     let started = Instant::now();
-    let outcome = serve(upstreams, metrics, cfg, state, &mut client).await;
+    let outcome = serve(upstreams, metrics, cfg, state, &mut client, from).await;
     tracing::info!(
         target: "causeway::access",
         client = %from,
@@ -73,6 +73,7 @@ async fn serve(
     cfg: &ProxyConfig,
     state: &Port,
     client: &mut TcpStream,
+    from: SocketAddr,
 ) -> Outcome {
     let mut out = Outcome {
         route: String::new(),
@@ -116,12 +117,7 @@ async fn serve(
                 }
                 Peek::NeedMore => {}
             }
-            let from = client
-                .peer_addr()
-                .map_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), |a| {
-                    a.ip()
-                });
-            match routes.choose(&p, from) {
+            match routes.choose(&p, from.ip()) {
                 Some(u) => u,
                 None => {
                     metrics
@@ -158,7 +154,6 @@ async fn serve(
     let _counted = OpenGuard::new(&upstreams.open, metrics, addr);
     if state.proxy_protocol {
         let local = client.local_addr().unwrap_or(state.listen);
-        let from = client.peer_addr().unwrap_or(local);
         peeked.splice(0..0, crate::proxy_protocol::header_v2(from, local));
     }
     if !peeked.is_empty() {

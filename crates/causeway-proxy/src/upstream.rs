@@ -207,15 +207,34 @@ impl Resolver {
 }
 
 pub(crate) async fn connect_one(addr: SocketAddr) -> io::Result<TcpStream> {
-    let socket = if addr.is_ipv4() {
-        tokio::net::TcpSocket::new_v4()?
-    } else {
-        tokio::net::TcpSocket::new_v6()?
-    };
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(
+        Domain::for_address(addr),
+        Type::STREAM.nonblocking(),
+        Some(Protocol::TCP),
+    )?;
     // Keepalive waits for the relay's first watchdog tick (see
     // relay::keepalive); only the no-delay a short exchange needs is set now.
     socket.set_nodelay(true)?;
-    socket.connect(addr).await
+    match socket.connect(&addr.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(nix::libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    let stream = TcpStream::from_std(std::net::TcpStream::from(socket))?;
+    // Writable once the handshake is done. A connect that failed is also
+    // reported as an error event (EPOLLERR), and only then is the socket's
+    // error read: a connect that succeeds costs no getsockopt, where
+    // tokio's own connect reads SO_ERROR every time.
+    let ready = stream
+        .ready(tokio::io::Interest::WRITABLE | tokio::io::Interest::ERROR)
+        .await?;
+    if ready.is_error() || ready.is_write_closed() {
+        return Err(stream
+            .take_error()?
+            .unwrap_or_else(|| io::Error::from(io::ErrorKind::ConnectionRefused)));
+    }
+    Ok(stream)
 }
 
 /// Why a connect to an upstream address failed, as far as the proxy acts
