@@ -48,9 +48,12 @@ pub(crate) async fn accept_loop(
         let (shared, state) = (shared.clone(), state.clone());
         // Tracked, so the drain waits for it; the permits go with the task.
         shared.connections.clone().spawn(async move {
+            // Dropped in reverse: the permits go back before the gauge of
+            // open connections falls, so a reader of the gauge never sees
+            // a connection gone whose permits are still held.
+            let _open = Held::new(&state.counters.active);
             let _permit = permit;
             state.counters.accepted.inc();
-            let _open = Held::new(&state.counters.active);
             let cfg = shared.cfg();
             handle(
                 &shared.upstreams,

@@ -1082,8 +1082,24 @@ fn the_open_files_limit_caps_connections_across_listeners_and_each_source_has_it
     }
 
     // A closed connection gives its permits back: a new source gets in.
+    // The upstream counts the close as soon as it sees it; the proxy's
+    // task gives its permits back a moment later, after its access line,
+    // and the gauge of open connections falls with them. (A CI run
+    // under load connected the next client in that moment and saw it
+    // refused.)
     drop(clients.pop());
     wait_for("the closed connection released upstream", || held() == 21);
+    let active = || {
+        http_get(admin, "/metrics")
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("causeway_proxy_connections_active{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    wait_for("the closed connection's permits given back", || {
+        active() == 21.0
+    });
     let _late = connect_from([127, 0, 0, 4], port_a);
     wait_for("a new connection relayed after one closed", || held() == 22);
 }
