@@ -373,6 +373,8 @@ measure_syscalls() {
     local name=$1 port=$2 p tracers=() out
     [[ -n $STRACE && $name != direct ]] || return 0
     out=$TMP/$name/strace
+    # This round's tracers only: an earlier round's files name other pids.
+    rm -rf "$out"
     mkdir -p "$out"
     for p in $SRV_PIDS; do
         "$STRACE" -c -f -q -o "$out/$p.txt" -p "$p" &
@@ -699,15 +701,15 @@ print()
 traced = [t for t in proxies if num(r[t].get("sys_total"))]
 if traced:
     print("System calls per short connection (`strace -c -f` on every proxy process over a separate 3 s run of the same connection load; "
-          "each call's count over the connections that run completed; the five most frequent of each proxy, then the rest):\n")
-    print("| proxy | per connection | " + " | ".join(["most frequent"] * 1) + " |")
+          "each call's count over the connections that run completed, most frequent first; calls made less than once in 20 connections are summed as *others*):\n")
+    print("| proxy | per connection | by call |")
     print("|---|---:|---|")
     for t in traced:
         d = r[t]
         calls = sorted(((k[4:], num(v)) for k, v in d.items() if k.startswith("sys_") and k != "sys_total" and num(v)),
                        key=lambda kv: -kv[1])
-        top = ", ".join(f"{k} {v:.2f}" for k, v in calls[:5])
-        rest = sum(v for _, v in calls[5:])
+        top = ", ".join(f"{k} {v:.2f}" for k, v in calls if v >= 0.05)
+        rest = sum(v for _, v in calls if v < 0.05)
         print(f"| {names[t]} | {num(d['sys_total']):.1f} | {top}{f', others {rest:.2f}' if rest else ''} |")
     print()
 print("Why the upstream closes first: TIME_WAIT stays with whichever side closes first. Were it the client, each proxy's connects to the upstream "
