@@ -1023,7 +1023,7 @@ mod properties {
             let mut d = c.discover();
             d.opts_mut().insert(DhcpOption::ParameterRequestList(vec![OptionCode::Router]));
             d.opts_mut().insert(DhcpOption::Hostname("vm".into()));
-            let mut bytes = crate::wire::encode(&d).unwrap();
+            let mut bytes = crate::wire::encode(&mut d).unwrap();
             for (at, v) in flips {
                 if let Some(b) = bytes.get_mut(at) { *b = v; }
             }

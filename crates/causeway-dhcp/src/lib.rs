@@ -45,8 +45,8 @@ pub fn drive_bytes(engine: &mut Engine, now: u64, bytes: &[u8]) {
     if let Ok(msg) = wire::decode(bytes) {
         let source = std::net::SocketAddrV4::new(std::net::Ipv4Addr::new(127, 0, 0, 1), 67);
         for ingress in [Ingress::Address, Ingress::Interface("net1".into())] {
-            if let Outcome::Reply { reply, .. } = engine.handle(now, &msg, source, &ingress) {
-                let _ = wire::encode(&reply.message);
+            if let Outcome::Reply { mut reply, .. } = engine.handle(now, &msg, source, &ingress) {
+                let _ = wire::encode(&mut reply.message);
             }
         }
     }

@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use causeway_config::{DhcpConfig, DhcpListen};
+use causeway_runtime::endpoint::{BatchHeaders, Endpoint};
 use causeway_runtime::readiness::ReadyHandle;
 use causeway_runtime::Shutdown;
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::net::UdpSocket;
 use tokio::task::JoinHandle;
 
 use crate::clock::{self, unix_secs, ClockCheck, LeaseClock};
@@ -85,6 +85,8 @@ impl Shared {
 pub struct DhcpServer {
     shared: Arc<Shared>,
     tasks: Vec<JoinHandle<()>>,
+    /// One receiving thread per listener (see [`receive_batches`]).
+    receivers: Vec<std::thread::JoinHandle<()>>,
     listen: Vec<DhcpListen>,
 }
 
@@ -217,18 +219,27 @@ impl DhcpServer {
         };
         let open = gate.try_open(&shared, true);
         let mut tasks = Vec::new();
+        let mut receivers = Vec::new();
         for listen in &cfg.listen {
-            let (socket, sender, ingress) = bind(listen)?;
+            let (endpoint, sender, ingress) = bind(listen)?;
             tracing::info!(listen = ?listen, "DHCP listening");
-            let shared = shared.clone();
+            let endpoint = Arc::new(endpoint);
+            let receiving = {
+                let (shared, endpoint) = (Arc::downgrade(&shared), endpoint.clone());
+                std::thread::Builder::new()
+                    .name("dhcp-receive".into())
+                    .spawn(move || receive_batches(shared, &endpoint, &Arc::new(sender), &ingress))
+                    .map_err(|e| DhcpError::Bind {
+                        what: format!("{listen:?}"),
+                        reason: format!("cannot start its receiving thread: {e}"),
+                    })?
+            };
+            receivers.push(receiving);
             let shutdown = shutdown.clone();
-            tasks.push(tokio::spawn(receive_loop(
-                shared,
-                socket,
-                Arc::new(sender),
-                ingress,
-                shutdown,
-            )));
+            tasks.push(tokio::spawn(async move {
+                shutdown.cancelled().await;
+                endpoint.wake();
+            }));
         }
         if !open {
             tasks.push(tokio::spawn(gate.wait(shared.clone(), shutdown.clone())));
@@ -237,6 +248,7 @@ impl DhcpServer {
         Ok(DhcpServer {
             shared,
             tasks,
+            receivers,
             listen: cfg.listen.clone(),
         })
     }
@@ -281,12 +293,25 @@ impl DhcpServer {
         for t in self.tasks {
             let _ = t.await;
         }
+        // Woken by the shutdown above, each finishes the packet in hand.
+        let receivers = self.receivers;
+        let _ = tokio::task::spawn_blocking(move || {
+            for r in receivers {
+                let _ = r.join();
+            }
+        })
+        .await;
         let shared = self.shared.clone();
         let _ = tokio::task::spawn_blocking(move || shared.store.flush()).await;
     }
 }
 
-fn bind(listen: &DhcpListen) -> Result<(UdpSocket, std::net::UdpSocket, Ingress), DhcpError> {
+/// How long a receiving thread blocks with nothing to read before it looks
+/// again whether its server is still there (a server dropped without a
+/// shutdown, as a test may).
+const RECEIVE_WAIT: Duration = Duration::from_millis(500);
+
+fn bind(listen: &DhcpListen) -> Result<(Endpoint, std::net::UdpSocket, Ingress), DhcpError> {
     let what = match listen {
         DhcpListen::Interface(name) => format!("on interface {name}"),
         DhcpListen::Address(a) => format!("on {a}"),
@@ -346,35 +371,41 @@ fn bind(listen: &DhcpListen) -> Result<(UdpSocket, std::net::UdpSocket, Ingress)
     })?;
     let std_socket: std::net::UdpSocket = socket.into();
     let sender = std_socket.try_clone().map_err(|e| fail(e.to_string()))?;
-    let socket = UdpSocket::from_std(std_socket).map_err(|e| fail(e.to_string()))?;
-    Ok((socket, sender, ingress))
+    // The endpoint makes the socket blocking; replies are sent without
+    // waiting all the same (MSG_DONTWAIT in `send_now`).
+    let endpoint = Endpoint::new(std_socket, RECEIVE_WAIT).map_err(|e| fail(e.to_string()))?;
+    Ok((endpoint, sender, ingress))
 }
 
 /// Sends from `source` (the reply's server identifier) where the host holds
 /// it: a socket on an interface otherwise sends from the interface's first
 /// address, and under HA the server identifier is the service address the
 /// active holds beside its own.
-fn send_from(
+///
+/// Never waits: a reply that finds the send buffer full is lost, as any
+/// UDP reply may be (the socket itself blocks, for its receiving thread).
+fn send_now(
     sender: &std::net::UdpSocket,
     bytes: &[u8],
     to: SocketAddrV4,
-    source: Ipv4Addr,
+    source: Option<Ipv4Addr>,
 ) -> io::Result<usize> {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrIn};
     use std::os::fd::AsRawFd;
-    let info = libc::in_pktinfo {
+    let info = source.map(|source| libc::in_pktinfo {
         ipi_ifindex: 0,
         ipi_spec_dst: libc::in_addr {
             s_addr: u32::from(source).to_be(),
         },
         ipi_addr: libc::in_addr { s_addr: 0 },
-    };
+    });
+    let cmsg = info.as_ref().map(ControlMessage::Ipv4PacketInfo);
     let dest = SockaddrIn::from(to);
     sendmsg(
         sender.as_raw_fd(),
         &[io::IoSlice::new(bytes)],
-        &[ControlMessage::Ipv4PacketInfo(&info)],
-        MsgFlags::empty(),
+        cmsg.as_slice(),
+        MsgFlags::MSG_DONTWAIT,
         Some(&dest),
     )
     .map_err(io::Error::from)
@@ -396,8 +427,8 @@ fn send(
     // An address not (yet) on the host cannot be the source: the kernel's
     // choice is then the best there is.
     let sent = match source {
-        Some(src) => send_from(sender, bytes, to, src).or_else(|_| sender.send_to(bytes, to)),
-        None => sender.send_to(bytes, to),
+        Some(_) => send_now(sender, bytes, to, source).or_else(|_| send_now(sender, bytes, to, None)),
+        None => send_now(sender, bytes, to, None),
     };
     match sent {
         Ok(_) => {
@@ -414,27 +445,40 @@ fn send(
     }
 }
 
-async fn receive_loop(
-    shared: Arc<Shared>,
-    socket: UdpSocket,
-    sender: Arc<std::net::UdpSocket>,
-    ingress: Ingress,
-    shutdown: Shutdown,
+/// Reads one listener's datagrams in batches (one recvmmsg for every
+/// datagram queued) on a thread of its own, blocking in the kernel between
+/// them: no event loop registration, no readiness callback per datagram.
+/// Ends when its endpoint is woken at shutdown, or once the server is gone.
+fn receive_batches(
+    shared: std::sync::Weak<Shared>,
+    endpoint: &Endpoint,
+    sender: &Arc<std::net::UdpSocket>,
+    ingress: &Ingress,
 ) {
-    let mut buf = vec![0u8; 4096];
+    const BATCH: usize = 32;
+    let mut headers = BatchHeaders::new(endpoint, BATCH);
+    let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; 4096]).collect();
+    let mut got = Vec::with_capacity(BATCH);
     loop {
-        let (n, from) = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            r = socket.recv_from(&mut buf) => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "DHCP receive failed");
-                    continue;
-                }
-            },
+        match endpoint.recv_batch(&mut headers, &mut bufs, &mut got, true) {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "DHCP receive failed");
+                // Whatever failed is not retried in a tight loop.
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        }
+        let Some(shared) = shared.upgrade() else {
+            return;
         };
-        let SocketAddr::V4(from) = from else { continue };
-        handle_packet(&shared, &sender, &ingress, &buf[..n], from);
+        for d in &got {
+            let SocketAddr::V4(from) = d.from else {
+                continue;
+            };
+            handle_packet(&shared, sender, ingress, &bufs[d.buf][..d.len], from);
+        }
     }
 }
 
@@ -497,7 +541,7 @@ fn handle_packet(
     let outcome = engine.handle(now, &msg, from, ingress);
     match outcome {
         Outcome::Reply {
-            reply,
+            mut reply,
             commit,
             vacated,
         } => {
@@ -510,7 +554,7 @@ fn handle_packet(
                 Some(dhcproto::v4::DhcpOption::ServerIdentifier(ip)) => Some(*ip),
                 _ => None,
             };
-            let bytes = match wire::encode(&reply.message) {
+            let bytes = match wire::encode(&mut reply.message) {
                 Ok(b) => b,
                 Err(e) => {
                     for record in commit.iter().chain(vacated.as_deref()) {

@@ -25,7 +25,7 @@ use tokio::net::{TcpStream, UdpSocket};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::cache::{key_of, Cache, CacheKey, Hit};
-use crate::endpoint::Endpoint;
+use causeway_runtime::endpoint::Endpoint;
 pub(crate) use crate::exchange::FetchError;
 use crate::exchange::{Event, Exchange, Route, Transmit, Transport};
 use crate::message::ParsedQuery;

@@ -15,7 +15,6 @@
 
 pub mod authority;
 pub mod cache;
-mod endpoint;
 mod exchange;
 pub mod fastpath;
 pub mod forward;

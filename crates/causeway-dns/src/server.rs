@@ -19,7 +19,7 @@ use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::authority::{Authority, DynamicNames};
-use crate::endpoint::{BatchHeaders, Datagram, Endpoint, Outgoing};
+use causeway_runtime::endpoint::{BatchHeaders, Datagram, Endpoint, Outgoing};
 use crate::forward::{Client, Forwarder};
 use crate::metrics::DnsMetrics;
 use crate::outbound::Outbound;
