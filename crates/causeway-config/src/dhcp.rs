@@ -494,7 +494,11 @@ fn validate_subnet(
     cluster: Option<&Cluster>,
 ) -> Option<Subnet> {
     let cidr = match (&s.cidr, network) {
-        (Some(text), _) => c.cidr(&format!("{path}.cidr"), text)?,
+        (Some(text), _) => {
+            let cidr = c.cidr(&format!("{path}.cidr"), text)?;
+            crate::network::refuse_ovn_overlap(c, &format!("{path}.cidr"), cidr);
+            cidr
+        }
         (None, Some(n)) => n.cidr,
         (None, None) => {
             c.push(

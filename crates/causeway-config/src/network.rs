@@ -51,6 +51,31 @@ pub struct Network {
     pub static_addresses: Vec<Ipv4Addr>,
 }
 
+/// The IPv4 join subnets OVN-Kubernetes routes inside a cluster's nodes:
+/// its default, 100.64.0.0/16, and 100.66.0.0/16, which HyperShift has
+/// given KubeVirt guests since its PR #8421 so that a hosted cluster's join
+/// subnet differs from its management cluster's, with 100.65.0.0/16
+/// between them. A hosted cluster's node with an address there sends that
+/// network's traffic into OVN instead of onto the VLAN.
+const OVN_JOIN_SUBNETS: [[u8; 2]; 3] = [[100, 64], [100, 65], [100, 66]];
+
+/// Refuses a VLAN or worker prefix that overlaps an OVN join subnet.
+pub(crate) fn refuse_ovn_overlap(c: &mut Collector, path: &str, cidr: Ipv4Net) {
+    let overlapping: Vec<Ipv4Net> = OVN_JOIN_SUBNETS
+        .iter()
+        .filter_map(|[a, b]| Ipv4Net::new(Ipv4Addr::new(*a, *b, 0, 0), 16).ok())
+        .filter(|join| join.contains(&cidr.network()) || cidr.contains(&join.network()))
+        .collect();
+    if let Some(first) = overlapping.first() {
+        c.push(
+            path,
+            format!(
+                "{cidr} overlaps {first}, inside 100.64.0.0/16–100.66.0.0/16: the join subnets OVN-Kubernetes routes inside a hosted cluster's nodes (100.64.0.0/16 by default, 100.66.0.0/16 for KubeVirt guests); nodes with addresses there would send this network's traffic into OVN instead of onto the VLAN. Choose a prefix outside that range"
+            ),
+        );
+    }
+}
+
 pub(crate) fn validate_network(c: &mut Collector, n: FileNetwork) -> Option<Network> {
     let cidr = c.cidr("network.cidr", &n.cidr);
     let gateway = n
@@ -63,6 +88,7 @@ pub(crate) fn validate_network(c: &mut Collector, n: FileNetwork) -> Option<Netw
         .and_then(|a| c.ipv4("network.address", a));
     let statics = c.ipv4_list("network.staticAddresses", &n.static_addresses);
     let cidr = cidr?;
+    refuse_ovn_overlap(c, "network.cidr", cidr);
     if let Some(g) = gateway {
         c.inside("network.gateway", g, cidr, "network.cidr");
     }

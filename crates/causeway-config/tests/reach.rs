@@ -76,3 +76,46 @@ fn relay_sources_must_be_addresses() {
     .to_string();
     assert!(err.contains("dhcp.subnets[0].relaySources[0]"), "{err}");
 }
+
+#[test]
+fn a_vlan_or_worker_prefix_inside_ovns_join_subnets_is_refused() {
+    let vlan = |cidr: &str, gateway: &str| {
+        Config::from_yaml(&format!(
+            "network: {{interface: net1, cidr: {cidr}, gateway: {gateway}}}\n"
+        ))
+    };
+    for (cidr, gateway, join) in [
+        ("100.64.10.0/24", "100.64.10.1", "100.64.0.0/16"),
+        ("100.65.0.0/16", "100.65.0.1", "100.65.0.0/16"),
+        ("100.66.200.0/22", "100.66.200.1", "100.66.0.0/16"),
+        // A prefix holding a join subnet overlaps it too.
+        ("100.0.0.0/8", "100.0.0.1", "100.64.0.0/16"),
+    ] {
+        let err = vlan(cidr, gateway).unwrap_err().to_string();
+        assert!(
+            err.contains("network.cidr")
+                && err.contains(&format!("{cidr} overlaps {join}"))
+                && err.contains("OVN-Kubernetes"),
+            "{cidr}: {err}"
+        );
+    }
+    // Next to the range, and the usual private ranges, are fine.
+    for (cidr, gateway) in [
+        ("100.63.255.0/24", "100.63.255.1"),
+        ("100.67.0.0/24", "100.67.0.1"),
+        ("192.168.100.0/24", "192.168.100.1"),
+    ] {
+        assert!(vlan(cidr, gateway).is_ok(), "{cidr} was refused");
+    }
+    // A relayed workers' subnet is held to the same rule.
+    let err = Config::from_yaml(
+        "network: {interface: net1, cidr: 192.168.100.0/24, gateway: 192.168.100.1, address: 192.168.100.2}\ndhcp:\n  subnets:\n    - {}\n    - {cidr: 100.66.1.0/24, serverId: 192.168.100.2, relayAddresses: [100.66.1.1]}\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("dhcp.subnets[1].cidr")
+            && err.contains("100.66.1.0/24 overlaps 100.66.0.0/16"),
+        "{err}"
+    );
+}

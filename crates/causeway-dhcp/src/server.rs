@@ -427,7 +427,9 @@ fn send(
     // An address not (yet) on the host cannot be the source: the kernel's
     // choice is then the best there is.
     let sent = match source {
-        Some(_) => send_now(sender, bytes, to, source).or_else(|_| send_now(sender, bytes, to, None)),
+        Some(_) => {
+            send_now(sender, bytes, to, source).or_else(|_| send_now(sender, bytes, to, None))
+        }
         None => send_now(sender, bytes, to, None),
     };
     match sent {

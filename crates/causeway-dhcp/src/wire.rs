@@ -153,15 +153,20 @@ mod tests {
                     .insert(DhcpOption::MessageType(MessageType::Offer));
                 for i in 0..options {
                     // Distinct codes, so none replaces another.
-                    m.opts_mut().insert(DhcpOption::Unknown(dhcproto::v4::UnknownOption::new(
-                        dhcproto::v4::OptionCode::from(224 + i as u8),
-                        vec![b'x'; text_len],
-                    )));
+                    m.opts_mut()
+                        .insert(DhcpOption::Unknown(dhcproto::v4::UnknownOption::new(
+                            dhcproto::v4::OptionCode::from(224 + i as u8),
+                            vec![b'x'; text_len],
+                        )));
                 }
                 let plain = m.to_vec().unwrap();
                 let ours = encode(&mut m).unwrap();
                 assert_eq!(ours, plain, "{options} options of {text_len} bytes");
-                assert_eq!((m.sname(), m.fname()), (None, None), "the message was changed");
+                assert_eq!(
+                    (m.sname(), m.fname()),
+                    (None, None),
+                    "the message was changed"
+                );
             }
         }
     }

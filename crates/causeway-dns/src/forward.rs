@@ -25,11 +25,11 @@ use tokio::net::{TcpStream, UdpSocket};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::cache::{key_of, Cache, CacheKey, Hit};
-use causeway_runtime::endpoint::Endpoint;
 pub(crate) use crate::exchange::FetchError;
 use crate::exchange::{Event, Exchange, Route, Transmit, Transport};
 use crate::message::ParsedQuery;
 use crate::metrics::DnsMetrics;
+use causeway_runtime::endpoint::Endpoint;
 
 /// Consecutive failures after which an upstream is skipped.
 const FAILURES_TO_SKIP: u32 = 3;

@@ -19,12 +19,12 @@ use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::authority::{Authority, DynamicNames};
-use causeway_runtime::endpoint::{BatchHeaders, Datagram, Endpoint, Outgoing};
 use crate::forward::{Client, Forwarder};
 use crate::metrics::DnsMetrics;
 use crate::outbound::Outbound;
 use crate::prepared::Prepared;
 use crate::responder::{unix_now, Responder, Step};
+use causeway_runtime::endpoint::{BatchHeaders, Datagram, Endpoint, Outgoing};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DnsError {

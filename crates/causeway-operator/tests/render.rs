@@ -412,6 +412,11 @@ fn every_bad_spec_gets_its_precise_message() {
             vec![r#"networkConfig.cidr: "192.168.100.0/33" is not an IPv4 CIDR such as 192.168.100.0/24"#],
         ),
         (
+            "a VLAN inside OVN's join subnets",
+            |i| *i = serde_saphyr::from_str(&REFERENCE.replace("192.168.100.", "100.65.100.")).unwrap(),
+            vec!["networkConfig.cidr: 100.65.100.0/24 overlaps 100.65.0.0/16, inside 100.64.0.0/16–100.66.0.0/16: the join subnets OVN-Kubernetes routes inside a hosted cluster's nodes (100.64.0.0/16 by default, 100.66.0.0/16 for KubeVirt guests); nodes with addresses there would send this network's traffic into OVN instead of onto the VLAN. Choose a prefix outside that range"],
+        ),
+        (
             "gateway outside",
             |i| i.spec.network_config.gateway = "10.0.0.1".into(),
             vec!["networkConfig.gateway: 10.0.0.1 is outside networkConfig.cidr 192.168.100.0/24"],
