@@ -551,3 +551,157 @@ async fn a_go_operator_install_is_taken_over_without_a_duplicate_or_a_lost_field
         "{log}"
     );
 }
+
+/// The Go operator's two CRDs as its `make deploy` leaves them: generated
+/// by controller-gen and applied with `kubectl apply` from
+/// `config/crd/bases` through kustomize, with no Helm metadata. Their
+/// schema is causeway's, which keeps every field of the Go operator's.
+fn go_crd_file(dir: &std::path::Path) -> std::path::PathBuf {
+    use kube::CustomResourceExt;
+    let mut docs = Vec::new();
+    for mut crd in [
+        serde_json::to_value(Infra::crd()).unwrap(),
+        serde_json::to_value(InfraClusterAttachment::crd()).unwrap(),
+    ] {
+        crd["metadata"]["annotations"] =
+            serde_json::json!({"controller-gen.kubebuilder.io/version": "v0.16.4"});
+        docs.push(serde_json::to_string(&crd).unwrap());
+    }
+    let path = dir.join("go-crds.json");
+    std::fs::write(
+        &path,
+        format!(
+            "{{\"apiVersion\": \"v1\", \"kind\": \"List\", \"items\": [{}]}}",
+            docs.join(",")
+        ),
+    )
+    .unwrap();
+    path
+}
+
+const GO_CRDS: [&str; 2] = [
+    "infras.hostedcluster.densityops.com",
+    "infraclusterattachments.hostedcluster.densityops.com",
+];
+
+/// docs/operator.md's migration, from the CRDs' side, with helm itself:
+/// the chart cannot be installed over the Go operator's CRDs until they
+/// are handed to its release, and once they are, the CRDs and the Infras
+/// are the same objects afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_go_operators_crds_are_handed_to_the_chart_and_its_infras_kept() {
+    const TEST: &str = "the_go_operators_crds_are_handed_to_the_chart_and_its_infras_kept";
+    let Some(c) = kube_cluster::bare_cluster("oooi_migration_kube", TEST) else {
+        return;
+    };
+    let client = kube_cluster::admin(c).await;
+    let tools = kube_cluster::helm::Tools::new(c);
+    let dir = tempfile::tempdir().unwrap();
+    let kubectl = |args: &[&str]| {
+        let out = tools.kubectl(args).unwrap_or_else(|| {
+            panic!("{TEST}: no kubectl (tests/run.sh installs kubernetes-client)")
+        });
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+
+    // The Go operator's install: its CRDs, and an Infra its user applied.
+    let crd_file = go_crd_file(dir.path());
+    kubectl(&["apply", "-f", crd_file.to_str().unwrap()]);
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(client.clone());
+    let mut crd_uids = Vec::new();
+    for crd in GO_CRDS {
+        let served = eventually("the Go CRD established", WAIT, None, || async {
+            crds.get(crd).await.ok().filter(|c| {
+                c.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c.type_ == "Established" && c.status == "True")
+                    })
+            })
+        })
+        .await;
+        crd_uids.push(served.metadata.uid.clone().unwrap());
+    }
+    kube_cluster::ensure_namespace(&client, NS).await;
+    let infra_file = dir.path().join("infra.json");
+    std::fs::write(&infra_file, go_infra().to_string()).unwrap();
+    kubectl(&["apply", "-f", infra_file.to_str().unwrap()]);
+    let infras: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), NS, &ApiResource::erase::<Infra>(&()));
+    let before = infras.get("vlan100").await.unwrap();
+
+    let chart_copy = kube_cluster::helm::chart_for_1_20(dir.path());
+    let install = [
+        "install",
+        "causeway",
+        chart_copy.to_str().unwrap(),
+        "--namespace",
+        "causeway-system",
+        "--create-namespace",
+        "--force-conflicts",
+        // Nothing here serves the webhook (no kubelet runs the pod).
+        "--set",
+        "webhook.enabled=false",
+    ];
+    // Without the hand-over helm refuses, and nothing changes.
+    let refused = tools.helm(&install);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "helm installed over the Go CRDs");
+    assert!(
+        stderr.contains("invalid ownership metadata")
+            && stderr.contains("hostedcluster.densityops.com"),
+        "{stderr}"
+    );
+    for (crd, uid) in GO_CRDS.iter().zip(&crd_uids) {
+        assert_eq!(
+            crds.get(crd).await.unwrap().metadata.uid.as_ref(),
+            Some(uid)
+        );
+    }
+
+    // docs/operator.md's hand-over, its commands as written there.
+    for crd in GO_CRDS {
+        kubectl(&[
+            "annotate",
+            "crd",
+            crd,
+            "--overwrite",
+            "meta.helm.sh/release-name=causeway",
+            "meta.helm.sh/release-namespace=causeway-system",
+        ]);
+        kubectl(&[
+            "label",
+            "crd",
+            crd,
+            "--overwrite",
+            "app.kubernetes.io/managed-by=Helm",
+        ]);
+    }
+    tools.helm_ok(&install);
+    for (crd, uid) in GO_CRDS.iter().zip(&crd_uids) {
+        let live = crds.get(crd).await.unwrap();
+        assert_eq!(live.metadata.uid.as_ref(), Some(uid), "{crd} re-created");
+        assert_eq!(live.annotations()["meta.helm.sh/release-name"], "causeway");
+    }
+    let after = infras.get("vlan100").await.unwrap();
+    assert_eq!(
+        after.metadata.uid, before.metadata.uid,
+        "the Infra was re-created"
+    );
+    assert_eq!(
+        after.data["spec"], before.data["spec"],
+        "the Infra's spec changed"
+    );
+    assert_eq!(
+        after.data["spec"]["infraComponents"]["proxy"]["externalService"]
+            ["publishAttachmentOAuths"],
+        serde_json::json!(true)
+    );
+}
