@@ -1423,23 +1423,11 @@ fn cpu_time(pid: u32) -> Duration {
         .split_whitespace()
         .collect();
     let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    let per_second = run_text(Command::new("getconf").arg("CLK_TCK"))
+    let per_second = support::run(Command::new("getconf").arg("CLK_TCK"))
         .trim()
         .parse::<u64>()
         .unwrap();
     Duration::from_millis(ticks * 1000 / per_second)
-}
-
-fn run_text(cmd: &mut Command) -> String {
-    support::run(cmd)
-}
-
-fn set_open_files(pid: u32, soft: &str) {
-    support::run(
-        Command::new(tool("prlimit", "util-linux"))
-            .arg(format!("--pid={pid}"))
-            .arg(format!("--nofile={soft}:")),
-    );
 }
 
 /// A DNS query for `api.<zone>` A over an open TCP stream; the reply's
@@ -1474,18 +1462,11 @@ fn out_of_descriptors_the_tcp_accept_loop_backs_off_instead_of_spinning_and_reco
     let soft = limits
         .lines()
         .find(|l| l.starts_with("Max open files"))
-        .and_then(|l| l.split_whitespace().nth(3))
-        .unwrap()
-        .to_owned();
+        .and_then(|l| l.split_whitespace().nth(3)?.parse::<u64>().ok())
+        .unwrap();
     // No descriptor left: the soft limit down to the lowest free
-    // descriptor number, the one the next open would get (a new descriptor
-    // must be below the limit; those open above it stay usable).
-    let open: std::collections::HashSet<usize> = fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    let lowest_free = (0..).find(|n| !open.contains(n)).unwrap();
-    set_open_files(pid, &lowest_free.to_string());
+    // descriptor number (those open above it stay usable).
+    support::set_open_files(pid, support::free_descriptor(pid, 0));
     // The kernel completes the handshake and queues the connection;
     // every accept of it fails with EMFILE until the limit is raised.
     let mut client = std::net::TcpStream::connect(server.dns).unwrap();
@@ -1498,7 +1479,7 @@ fn out_of_descriptors_the_tcp_accept_loop_backs_off_instead_of_spinning_and_reco
     // the failing accept would take about a core for all of it.
     std::thread::sleep(Duration::from_secs(3));
     let cpu = cpu_time(pid).saturating_sub(cpu_before);
-    set_open_files(pid, &soft);
+    support::set_open_files(pid, soft);
     let starved_for = starved_from.elapsed();
     // The queued client is taken at the next try (at most a second on)
     // and answered.

@@ -427,8 +427,12 @@ fn sigterm_gives_an_idle_connection_30_seconds_then_closes_it_and_exits_0() {
     });
     // Idle but open, it is still relayed three seconds before the end.
     std::thread::sleep((DRAIN - Duration::from_secs(3)).saturating_sub(signalled.elapsed()));
-    c.write_all(b"b").unwrap();
-    c.read_exact(&mut byte).unwrap();
+    let relayed = c.write_all(b"b").and_then(|()| c.read_exact(&mut byte));
+    assert!(
+        relayed.is_ok(),
+        "the idle connection was closed {:?} after SIGTERM, before the drain was over: {relayed:?}",
+        signalled.elapsed()
+    );
     assert_eq!(
         &byte, b"b",
         "the connection was not relayed during the drain"
@@ -841,20 +845,6 @@ impl Drop for HoldingUpstream {
     }
 }
 
-/// Sets the soft open-files limit of a running process (its hard limit,
-/// and so the way back up, is left alone).
-fn set_open_files(pid: u32, soft: usize) {
-    let status = Command::new("prlimit")
-        .arg(format!("--pid={pid}"))
-        .arg(format!("--nofile={soft}:"))
-        .status()
-        .expect("prlimit (util-linux) runs");
-    assert!(
-        status.success(),
-        "prlimit --pid {pid} --nofile={soft}: failed"
-    );
-}
-
 #[test]
 fn running_out_of_descriptors_never_ejects_a_healthy_upstream() {
     let dir = tempfile::tempdir().unwrap();
@@ -869,15 +859,8 @@ fn running_out_of_descriptors_never_ejects_a_healthy_upstream() {
     );
     let (pid, admin) = (proxy.child.0.id(), proxy.admin);
     let total = |name: &str, labels: &str| metric_total(admin, name, labels);
-    // The soft limit caps descriptor numbers, not their count: with the
-    // limit at the second-lowest free number, exactly one is left.
-    let one_free_fd_limit = || {
-        let used: std::collections::BTreeSet<usize> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-            .unwrap()
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-            .collect();
-        (0..).filter(|n| !used.contains(n)).nth(1).unwrap()
-    };
+    // With the limit at the second-lowest free number, exactly one is left.
+    let one_free_fd_limit = || support::free_descriptor(pid, 1);
     // Leave the proxy exactly one free descriptor: the accept takes it
     // and the connect to the upstream fails with EMFILE. A descriptor the
     // proxy was closing as it was looked at (the admin reply above, the
@@ -896,7 +879,7 @@ fn running_out_of_descriptors_never_ejects_a_healthy_upstream() {
         wait_for("the upstream to hold nothing", || {
             upstream.held.load(Ordering::Relaxed) == 0
         });
-        set_open_files(pid, one_free_fd_limit());
+        support::set_open_files(pid, one_free_fd_limit());
         let through_before = upstream.accepted.load(Ordering::Relaxed);
         let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
         client
@@ -921,7 +904,7 @@ fn running_out_of_descriptors_never_ejects_a_healthy_upstream() {
             }
         }
         drop(client);
-        set_open_files(pid, hard as usize);
+        support::set_open_files(pid, hard);
         starved_in_a_row = if starved { starved_in_a_row + 1 } else { 0 };
         if starved_in_a_row == 3 {
             break;

@@ -508,6 +508,26 @@ pub const DNSMASQ_ALONE: [&str; 7] = [
     "--log-facility=-",
 ];
 
+/// Sets the soft open-files limit of a running process (its hard limit,
+/// and so the way back up, is left alone).
+pub fn set_open_files(pid: u32, soft: u64) {
+    run(Command::new(tool("prlimit", "util-linux"))
+        .arg(format!("--pid={pid}"))
+        .arg(format!("--nofile={soft}:")));
+}
+
+/// The `n`th lowest descriptor number `pid` has free (0 for the lowest):
+/// the one its next open would get after `n` more. The soft open-files
+/// limit caps descriptor numbers, not their count, so a limit at the
+/// lowest free number leaves none, and at the next one, exactly one.
+pub fn free_descriptor(pid: u32, n: usize) -> u64 {
+    let used: std::collections::BTreeSet<u64> = fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    (0..).filter(|d| !used.contains(d)).nth(n).unwrap()
+}
+
 /// A dhclient hook script (`-sf`) at `hook`: it sets only the leased
 /// address, on the interface dhclient runs on (in the namespace it runs
 /// in), and appends `record` (a shell word list such as
