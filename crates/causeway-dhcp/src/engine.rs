@@ -199,6 +199,10 @@ impl SubnetState {
         self.cfg.reservations.get(*i)
     }
 
+    fn pool_index(&self, ip: Ipv4Addr) -> Option<usize> {
+        self.pools.iter().position(|p| p.contains(ip))
+    }
+
     fn in_pool(&self, ip: Ipv4Addr) -> bool {
         self.pools.iter().any(|p| p.contains(ip))
     }
@@ -612,7 +616,7 @@ impl Engine {
         for s in &mut self.subnets {
             let reserved = s.by_reserved_ip.contains_key(&ip);
             let permanent = reserved || s.excluded(ip);
-            let Some(pi) = s.pools.iter().position(|p| p.contains(ip)) else {
+            let Some(pi) = s.pool_index(ip) else {
                 continue;
             };
             s.pools[pi].set(ip, held || permanent);
@@ -749,56 +753,38 @@ impl Engine {
     /// kept as leases change, less the leases that have ended and are not
     /// yet reclaimed (the front of the expiry index).
     pub fn pool_stats(&self, now: u64) -> Vec<PoolStats> {
-        let mut out = Vec::new();
-        let mut first_of_subnet = Vec::with_capacity(self.subnets.len());
-        for s in &self.subnets {
-            first_of_subnet.push(out.len());
-            for (p, counts) in s.pools.iter().zip(&s.counts) {
-                out.push(PoolStats {
-                    subnet: s.cfg.cidr.to_string(),
-                    pool: p.range.to_string(),
-                    total: p.range.len(),
-                    leased: counts.leased,
-                    offered: counts.offered,
-                    declined: counts.declined,
-                    unavailable: counts.unavailable,
-                    free: 0,
-                });
-            }
-        }
-        let mut ended_unreserved = vec![0u64; out.len()];
-        let ended = self.expiring.range(..=(now, Ipv4Addr::BROADCAST));
-        for (_, ip) in ended {
+        let mut counts: Vec<Vec<PoolCounts>> =
+            self.subnets.iter().map(|s| s.counts.clone()).collect();
+        for (_, ip) in self.expiring.range(..=(now, Ipv4Addr::BROADCAST)) {
             self.visited(1);
             let Some(c) = self.counted.get(ip) else {
                 continue;
             };
-            for (s, first) in self.subnets.iter().zip(&first_of_subnet) {
-                let Some(pi) = s.pools.iter().position(|p| p.contains(*ip)) else {
-                    continue;
-                };
-                let stats = &mut out[first + pi];
-                let field = match c.state {
-                    LeaseState::Active => &mut stats.leased,
-                    LeaseState::Offered => &mut stats.offered,
-                    LeaseState::Declined => &mut stats.declined,
-                    LeaseState::Released => continue,
-                };
-                *field = field.saturating_sub(1);
-                if !s.by_reserved_ip.contains_key(ip) {
-                    ended_unreserved[first + pi] += 1;
+            for (s, counts) in self.subnets.iter().zip(&mut counts) {
+                if let Some(pi) = s.pool_index(*ip) {
+                    counts[pi].count(c.state, s.by_reserved_ip.contains_key(ip), false);
                 }
             }
         }
-        let mut i = 0;
-        for s in &self.subnets {
-            for counts in &s.counts {
-                let held = counts.held_unreserved.saturating_sub(ended_unreserved[i]);
-                out[i].free = out[i].total.saturating_sub(out[i].unavailable + held);
-                i += 1;
-            }
-        }
-        out
+        self.subnets
+            .iter()
+            .zip(counts)
+            .flat_map(|(s, counts)| {
+                s.pools.iter().zip(counts).map(move |(p, c)| PoolStats {
+                    subnet: s.cfg.cidr.to_string(),
+                    pool: p.range.to_string(),
+                    total: p.range.len(),
+                    leased: c.leased,
+                    offered: c.offered,
+                    declined: c.declined,
+                    unavailable: c.unavailable,
+                    free: p
+                        .range
+                        .len()
+                        .saturating_sub(c.unavailable + c.held_unreserved),
+                })
+            })
+            .collect()
     }
 
     /// Handles one decoded request at `now` (unix seconds).
