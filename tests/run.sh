@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(isc-dhcp-client isc-dhcp-relay udhcpc dhcpcd-base kea-admin kea-dhcp4-server iproute2 curl procps util-linux mount
           bind9-dnsutils knot-dnsutils dnsmasq-base dnsperf openssl buildah binutils
           python3 python3-venv python3-pip shellcheck docker-registry e2fsprogs libfaketime
-          prometheus iputils-ping jq cpio)
+          prometheus iputils-ping jq cpio ndisc6)
 # The chart test takes helm from an npm package: npm from Debian only when
 # the machine has no npm of its own.
 command -v npm >/dev/null || PACKAGES+=(npm)
@@ -97,7 +97,7 @@ if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
   # writes what it finds to the uncommitted fuzz/corpus/<target>. The
   # targets build once, together, under target/ (so a cached target/ keeps
   # their dependencies too), then run two at a time: libFuzzer uses one core.
-  fuzz_targets=(dhcp_engine dns_query dns_fastpath dns_response lease_log client_hello config)
+  fuzz_targets=(dhcp_engine dns_query dns_fastpath dns_response lease_log client_hello config router_solicitation)
   (cd fuzz && cargo +nightly fuzz build --target-dir ../target/fuzz)
   fuzz_one() {
     mkdir -p "fuzz/corpus/$1"

@@ -27,6 +27,7 @@ pub struct FileConfig {
     pub proxy: Option<crate::proxy::FileProxy>,
     pub routing: Option<crate::routing::FileRouting>,
     pub ha: Option<crate::ha::FileHa>,
+    pub router_advertisements: Option<crate::ra::FileRouterAdvertisements>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -44,6 +45,7 @@ pub struct Config {
     pub proxy: Option<crate::proxy::ProxyConfig>,
     pub routing: Option<crate::routing::RoutingConfig>,
     pub ha: Option<crate::ha::HaConfig>,
+    pub router_advertisements: Option<crate::ra::RouterAdvertConfig>,
 }
 
 pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
@@ -112,6 +114,16 @@ pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
         _ => None,
     };
 
+    let router_advertisements = match file.router_advertisements {
+        Some(r) if r.enabled => crate::ra::validate(
+            &mut c,
+            r,
+            network.as_ref().and_then(|n| n.interface.as_deref()),
+            cluster.as_ref(),
+        ),
+        _ => None,
+    };
+
     if c.errors.is_empty() {
         Ok(Config {
             log,
@@ -124,6 +136,7 @@ pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
             proxy,
             routing,
             ha,
+            router_advertisements,
         })
     } else {
         Err(ConfigErrors(c.errors))

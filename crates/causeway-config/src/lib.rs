@@ -20,6 +20,7 @@ mod ha;
 mod name;
 mod network;
 mod proxy;
+mod ra;
 mod routing;
 mod upstream;
 
@@ -47,6 +48,10 @@ pub use network::{Cluster, FileCluster, FileNetwork, Network};
 pub use proxy::{
     Balance, FileListener, FileProxy, FileRoute as FileProxyRoute, HealthCheck, Listener,
     ListenerKind, ProxyConfig, Route, Upstream, DEFAULT_MAX_CONNECTIONS_PER_SOURCE,
+};
+pub use ra::{
+    AdvertisedPrefix, FilePrefix, FileRouterAdvertisements, RouterAdvertConfig,
+    DEFAULT_MAX_INTERVAL as DEFAULT_RA_MAX_INTERVAL,
 };
 pub use routing::{FileRouting, RoutedInterface, RoutingConfig, DEFAULT_PRIORITY, DEFAULT_TABLE};
 

@@ -954,3 +954,93 @@ fn ha_vlan_addresses_are_both_replicas_own_and_need_the_peer_link_named() {
         assert!(errs.contains(needle), "missing {needle:?} in:\n{errs}");
     }
 }
+
+#[test]
+fn router_advertisements_take_rfc_4861_defaults_from_the_vlan_and_cluster() {
+    let cfg = Config::from_yaml(&format!(
+        "{VLAN}routerAdvertisements:\n  prefixes: [{{prefix: 'fd42:10::/64'}}]\n  dnsServers: ['fd42:10::53']\n"
+    ))
+    .unwrap();
+    let ra = cfg.router_advertisements.unwrap();
+    assert_eq!(ra.interface, "net1");
+    assert_eq!(ra.max_interval.as_secs(), 600);
+    assert_eq!(ra.min_interval.as_secs(), 198);
+    assert_eq!(ra.router_lifetime.as_secs(), 1800);
+    assert_eq!(ra.dns_lifetime.as_secs(), 1800);
+    assert_eq!(ra.search_domains, ["hc1.example.com"]);
+    let p = &ra.prefixes[0];
+    assert!(p.on_link && p.autonomous);
+    assert_eq!(
+        (p.valid_lifetime.as_secs(), p.preferred_lifetime.as_secs()),
+        (2_592_000, 604_800)
+    );
+    let short = Config::from_yaml(
+        "routerAdvertisements: {interface: v0, maxInterval: 4s, routerLifetime: 0, managed: true}",
+    )
+    .unwrap()
+    .router_advertisements
+    .unwrap();
+    assert_eq!(short.min_interval.as_secs(), 3);
+    assert!(short.router_lifetime.is_zero());
+}
+
+#[test]
+fn router_advertisements_refuse_what_hosts_would_ignore_with_the_rule() {
+    let errs = errors(
+        r#"
+routerAdvertisements:
+  interface: v0
+  maxInterval: 2s
+  minInterval: 1s
+  routerLifetime: 1s
+  mtu: 1000
+  hopLimit: 0
+  source: 'fd00::1'
+  dnsServers: ['ff02::1', 'not-an-address']
+  dnsLifetime: 1s
+  searchDomains: ['bad domain']
+  prefixes:
+    - {prefix: 'fd98::/64'}
+    - {prefix: 'fd42:10::/56'}
+    - {prefix: 'fd42:10::/64', autonomous: false, validLifetime: 1h, preferredLifetime: 2h}
+    - {prefix: 'fe80::/64'}
+    - {prefix: 'fd42:20::1/64'}
+"#,
+    );
+    let want = [
+        "routerAdvertisements.maxInterval: 2s is outside 4s–1800s",
+        "routerAdvertisements.minInterval: 1s is outside 3s–",
+        "routerAdvertisements.routerLifetime: 1s is neither 0 nor between maxInterval",
+        "routerAdvertisements.mtu: 1000 is outside 1280–65535",
+        "routerAdvertisements.hopLimit: must be 1–255",
+        "routerAdvertisements.source: fd00::1 is not link-local",
+        "routerAdvertisements.dnsServers[0]: ff02::1 is not a unicast address",
+        "routerAdvertisements.dnsServers[1]: not-an-address is not an IPv6 address",
+        "routerAdvertisements.dnsLifetime: 1s is under maxInterval",
+        "routerAdvertisements.searchDomains[0]: bad domain is not a DNS name",
+        "routerAdvertisements.prefixes[0].prefix: fd98::/64 overlaps fd98::/64, inside fd97::/64–fd99::/64",
+        "routerAdvertisements.prefixes[1].prefix: fd42:10::/56 is not a /64",
+        "routerAdvertisements.prefixes[2].preferredLifetime: 2h is longer than validLifetime 1h",
+        "routerAdvertisements.prefixes[2].prefix: fd42:10::/64 overlaps prefixes[1]",
+        "routerAdvertisements.prefixes[3].prefix: fe80::/64 is link-local",
+        "routerAdvertisements.prefixes[4].prefix: fd42:20::1/64 has host bits set",
+    ];
+    for w in want {
+        assert!(
+            errs.iter().any(|e| e.starts_with(w)),
+            "no error starting {w:?} in:\n{}",
+            errs.join("\n")
+        );
+    }
+    let errs = errors("routerAdvertisements: {prefixes: []}");
+    assert!(
+        errs.iter()
+            .any(|e| e.starts_with("routerAdvertisements.interface: is required")),
+        "{errs:?}"
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.starts_with("routerAdvertisements.prefixes: announces nothing")),
+        "{errs:?}"
+    );
+}

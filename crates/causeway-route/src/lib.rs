@@ -11,13 +11,16 @@
 //! (Multus or the host does), and it never touches a route or rule it did
 //! not install (those carry its protocol number, [`plan::PROTOCOL`]).
 
+pub mod advertiser;
 pub mod floating;
 mod garp;
 pub mod metrics;
 pub mod netlink;
 pub mod plan;
+pub mod ra;
 pub mod reconcile;
 
+pub use advertiser::{AdvertError, AdvertMetrics, RouterAdvertiser};
 pub use floating::{FloatingAddresses, FloatingError};
 pub use metrics::RouteMetrics;
 pub use reconcile::{PolicyRouting, Reconciler, Report, RouteError, Status};

@@ -10,7 +10,7 @@ use causeway_config::{Config, LogFormat};
 use causeway_dhcp::{DhcpMetrics, DhcpServer, LeaseObserver, LeaseState};
 use causeway_dns::{DnsMetrics, DnsServer, DynamicNames};
 use causeway_proxy::{ProxyMetrics, ProxyServer};
-use causeway_route::{PolicyRouting, RouteMetrics};
+use causeway_route::{AdvertMetrics, PolicyRouting, RouteMetrics, RouterAdvertiser};
 use causeway_runtime::admin::Admin;
 use causeway_runtime::{readiness::Readiness, reload, service, signals, telemetry, Shutdown};
 
@@ -30,11 +30,13 @@ impl Only {
                 cfg.dhcp = None;
                 cfg.proxy = None;
                 cfg.routing = None;
+                cfg.router_advertisements = None;
             }
             Only::Proxy => {
                 cfg.dhcp = None;
                 cfg.dns = None;
                 cfg.routing = None;
+                cfg.router_advertisements = None;
             }
         }
         cfg
@@ -304,6 +306,25 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
         }
         None => None,
     };
+    let adverts = match &cfg.router_advertisements {
+        Some(ra_cfg) => {
+            let ready = readiness.register("router advertisements");
+            let metrics = AdvertMetrics::new(&registry)
+                .context("registering router advertisement metrics")?;
+            // Under HA the peer goes on as the same router after a
+            // handover, so stopping must not withdraw it from the hosts.
+            let adverts = RouterAdvertiser::start(
+                ra_cfg.clone(),
+                Some(metrics),
+                stop.clone(),
+                cfg.ha.is_none(),
+            )
+            .context("router advertisements failed to start")?;
+            ready.set(true);
+            Some(adverts)
+        }
+        None => None,
+    };
     let (admin_addr, admin_task) = admin
         .bind(
             cfg.admin.listen,
@@ -350,6 +371,7 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
                         }
                         service::reload(dns.as_ref(), next.dns.as_ref()).await;
                         service::reload(proxy.as_ref(), next.proxy.as_ref()).await;
+                        service::reload(adverts.as_ref(), next.router_advertisements.as_ref()).await;
                         warn_restart_only(&running, &next);
                         warn_unreachable(&next);
                         tracing::info!(?cause, "config reloaded");
@@ -374,6 +396,7 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
     }
     // Clients' connections first (up to the deadline), then what is
     // durable: DHCP last, so every lease queued reaches the disk.
+    service::stop(adverts, DRAIN_DEADLINE).await;
     service::stop(proxy, DRAIN_DEADLINE).await;
     service::stop(dns, DRAIN_DEADLINE).await;
     service::stop(dhcp, DRAIN_DEADLINE).await;
@@ -401,6 +424,14 @@ fn restart_only_changes(running: &Config, next: &Config) -> Vec<String> {
                 "dhcp.leaseFile changed from {} to {}: the lease store cannot move while the server runs (every acknowledged lease is in the first); put it back, or stop the server, move the file and start it again",
                 a.lease_file.display(),
                 b.lease_file.display()
+            ));
+        }
+    }
+    if let (Some(a), Some(b)) = (&running.router_advertisements, &next.router_advertisements) {
+        if a.interface != b.interface {
+            out.push(format!(
+                "routerAdvertisements.interface changed from {} to {}: the advertising socket is bound to its interface at start",
+                a.interface, b.interface
             ));
         }
     }

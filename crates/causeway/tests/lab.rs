@@ -20,6 +20,7 @@ mod dhcp_floods;
 mod dpu_boot_lab;
 mod ha_lab;
 mod mission_lab;
+mod ra_lab;
 mod relay_lab;
 mod route_netns;
 mod vlan_lab;

@@ -1,0 +1,276 @@
+//! Router advertisements read by the other side: the Linux kernel of a
+//! host namespace (SLAAC with `accept_ra=2`, default routes from the router
+//! lifetime) and `rdisc6` from ndisc6, an independent decoder of every
+//! option (RDNSS and DNSSL included, which the kernel leaves to user
+//! space).
+//!
+//! ```text
+//!  host (kernel SLAAC, rdisc6) ── veth ── causeway (routerAdvertisements)
+//! ```
+//!
+//! Needs root (it prints a SKIP line otherwise).
+
+use crate::support;
+
+use std::fs;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use support::{metric, poll_until, root_or_skip, tool, AdminAt, Appliance, Netns};
+
+const RTR_IF: &str = "cw-ra0";
+const HOST_IF: &str = "cw-rah0";
+const ADMIN_PORT: u16 = 9090;
+const PREFIX: &str = "fd42:10::";
+
+fn sysctl(ns: &Netns, setting: &str) {
+    support::run(ns.command("sysctl").args(["-q", "-w", setting]));
+}
+
+/// A router namespace whose interfaces skip duplicate address detection,
+/// so its link-local address is usable at once, and a host namespace that
+/// takes router advertisements, its link down until the test raises it.
+fn link(host_dad: bool) -> (Netns, Netns) {
+    let rtr = Netns::new("ra");
+    let host = Netns::new("rah");
+    sysctl(&rtr, "net.ipv6.conf.default.accept_dad=0");
+    if !host_dad {
+        sysctl(&host, "net.ipv6.conf.default.accept_dad=0");
+    }
+    rtr.veth_to(RTR_IF, Some("02:00:00:00:0a:01"), &host, HOST_IF, None);
+    host.ip(&["link", "set", HOST_IF, "down"]);
+    sysctl(&host, &format!("net.ipv6.conf.{HOST_IF}.accept_ra=2"));
+    (rtr, host)
+}
+
+fn start(dir: &Path, rtr: &Netns, section: &str) -> Appliance {
+    let config = dir.join("causeway.yaml");
+    fs::write(
+        &config,
+        format!(
+            "log: {{level: debug}}\nadmin: {{listen: \"127.0.0.1:{ADMIN_PORT}\"}}\ncluster: {{name: hosted, baseDomain: example.com}}\nrouterAdvertisements:\n  interface: {RTR_IF}\n{section}"
+        ),
+    )
+    .unwrap();
+    Appliance::start(
+        "causeway",
+        dir,
+        Some(rtr),
+        &config,
+        AdminAt::Netns {
+            ns: rtr.name().to_owned(),
+            port: ADMIN_PORT,
+        },
+    )
+}
+
+/// The host's global addresses in the prefix, with their flags.
+fn slaac_addresses(host: &Netns) -> Vec<String> {
+    host.ip(&[
+        "-6", "-o", "addr", "show", "dev", HOST_IF, "scope", "global",
+    ])
+    .lines()
+    .filter(|l| l.contains(PREFIX))
+    .map(str::to_owned)
+    .collect()
+}
+
+fn default_routes(host: &Netns) -> String {
+    host.ip(&["-6", "route", "show", "default", "dev", HOST_IF])
+}
+
+fn rdisc6(host: &Netns) -> String {
+    let rdisc6 = tool("rdisc6", "ndisc6");
+    // -1: the first advertisement; -r 3 -w 2000: three solicitations two
+    // seconds apart at most, so the call is bounded.
+    support::run(
+        host.command(rdisc6)
+            .args(["-1", "-r", "3", "-w", "2000", HOST_IF]),
+    )
+}
+
+fn field<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+    text.lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            (k.trim() == name).then(|| v.trim())
+        })
+        .collect()
+}
+
+#[test]
+fn a_host_forms_its_slaac_address_within_a_second_of_link_up_and_reads_dns_from_the_advertisement()
+{
+    if !root_or_skip(
+        "a_host_forms_its_slaac_address_within_a_second_of_link_up_and_reads_dns_from_the_advertisement",
+    ) {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("causeway-ra-")
+        .tempdir()
+        .unwrap();
+    // The host skips DAD, so the time measured is the solicitation's
+    // answer and nothing of the host's own waiting.
+    let (rtr, host) = link(false);
+    let appliance = start(
+        dir.path(),
+        &rtr,
+        &format!(
+            "  prefixes: [{{prefix: '{PREFIX}/64'}}]\n  mtu: 1400\n  dnsServers: ['{PREFIX}53']\n"
+        ),
+    );
+
+    let up = Instant::now();
+    host.ip(&["link", "set", HOST_IF, "up"]);
+    let formed = poll_until(Duration::from_secs(10), || {
+        (!slaac_addresses(&host).is_empty()).then(|| up.elapsed())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "no SLAAC address in {PREFIX}/64 within 10 s:\n{}\n{}",
+            host.ip(&["-6", "addr"]),
+            appliance.proc.describe()
+        )
+    });
+    eprintln!("SLAAC address formed {formed:?} after link up");
+    assert!(
+        formed < Duration::from_secs(1),
+        "the SLAAC address took {formed:?} after link up (goal: under 1 s)"
+    );
+    let routes = default_routes(&host);
+    assert!(
+        routes.contains("via fe80::") && routes.contains("proto ra"),
+        "the kernel took causeway as its default router: {routes:?}"
+    );
+
+    let seen = rdisc6(&host);
+    assert_eq!(
+        field(&seen, "Router lifetime")[0].split_whitespace().next(),
+        Some("1800"),
+        "{seen}"
+    );
+    assert_eq!(field(&seen, "Prefix"), [format!("{PREFIX}/64")], "{seen}");
+    assert_eq!(field(&seen, "Autonomous address conf."), ["Yes"], "{seen}");
+    assert_eq!(
+        field(&seen, "MTU")[0].split_whitespace().next(),
+        Some("1400"),
+        "{seen}"
+    );
+    assert_eq!(
+        field(&seen, "Recursive DNS server"),
+        [format!("{PREFIX}53")],
+        "{seen}"
+    );
+    assert_eq!(
+        field(&seen, "DNS search list"),
+        ["hosted.example.com"],
+        "{seen}"
+    );
+    assert_eq!(
+        field(&seen, "Source link-layer address"),
+        ["02:00:00:00:0A:01"],
+        "{seen}"
+    );
+    let metrics = appliance.metrics();
+    let answered = metric(
+        &metrics,
+        "causeway_ra_solicitations_total{result=\"answered\"}",
+    );
+    assert!(
+        answered >= Some(2.0),
+        "the kernel's and rdisc6's solicitations: {answered:?}"
+    );
+
+    // Stopping withdraws the router (lifetime 0) but not the prefix.
+    appliance.stop();
+    let withdrawn = poll_until(Duration::from_secs(5), || {
+        default_routes(&host).trim().is_empty().then_some(())
+    });
+    assert!(
+        withdrawn.is_some(),
+        "the default route outlived the final advertisement: {}",
+        default_routes(&host)
+    );
+    assert!(
+        !slaac_addresses(&host).is_empty(),
+        "the address stays for its valid lifetime"
+    );
+}
+
+#[test]
+fn a_replica_without_the_router_address_is_quiet_and_advertises_within_seconds_of_taking_it() {
+    if !root_or_skip(
+        "a_replica_without_the_router_address_is_quiet_and_advertises_within_seconds_of_taking_it",
+    ) {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("causeway-ra-")
+        .tempdir()
+        .unwrap();
+    let (rtr, host) = link(true);
+    // Router lifetime 0: the prefix and the DNS server, but not a default
+    // router; from fe80::1, the address a takeover moves.
+    let appliance = start(
+        dir.path(),
+        &rtr,
+        &format!(
+            "  prefixes: [{{prefix: '{PREFIX}/64'}}]\n  routerLifetime: 0\n  source: 'fe80::1'\n  dnsServers: ['{PREFIX}53']\n  searchDomains: [example.net]\n"
+        ),
+    );
+    host.ip(&["link", "set", HOST_IF, "up"]);
+    appliance.wait_metric_at_least(
+        "causeway_ra_send_failures_total{reason=\"no_source\"}",
+        2.0,
+        Duration::from_secs(10),
+    );
+    assert!(
+        slaac_addresses(&host).is_empty(),
+        "a replica without the router address advertised: {:?}",
+        slaac_addresses(&host)
+    );
+
+    let taken = Instant::now();
+    rtr.ip(&["addr", "add", "fe80::1/64", "dev", RTR_IF, "nodad"]);
+    let formed = poll_until(Duration::from_secs(10), || {
+        (!slaac_addresses(&host).is_empty()).then(|| taken.elapsed())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "no SLAAC address within 10 s of the router address arriving:\n{}\n{}",
+            host.ip(&["-6", "addr"]),
+            appliance.proc.describe()
+        )
+    });
+    eprintln!("SLAAC address formed {formed:?} after the router address arrived");
+    // One quiet retry (1 s) and the host's DAD of its new address (1 s).
+    assert!(
+        formed < Duration::from_secs(3),
+        "advertising began {formed:?} after the router address arrived"
+    );
+    assert!(
+        default_routes(&host).trim().is_empty(),
+        "router lifetime 0 made a default route: {}",
+        default_routes(&host)
+    );
+    // rdisc6 solicits from the host's link-local address, usable once the
+    // host's own duplicate address detection is done.
+    poll_until(Duration::from_secs(5), || {
+        let ll = host.ip(&["-6", "-o", "addr", "show", "dev", HOST_IF, "scope", "link"]);
+        (!ll.is_empty() && !ll.contains("tentative")).then_some(())
+    })
+    .expect("the host's link-local address left DAD");
+    let seen = rdisc6(&host);
+    assert!(
+        seen.contains("from fe80::1\n") || seen.trim_end().ends_with("from fe80::1"),
+        "{seen}"
+    );
+    assert_eq!(
+        field(&seen, "Router lifetime")[0].split_whitespace().next(),
+        Some("0"),
+        "{seen}"
+    );
+    assert_eq!(field(&seen, "DNS search list"), ["example.net"], "{seen}");
+    appliance.stop();
+}
