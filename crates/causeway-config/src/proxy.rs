@@ -19,6 +19,8 @@ pub struct FileProxy {
     #[serde(default = "yes")]
     pub enabled: bool,
     pub listen_address: Option<String>,
+    /// A v6 address every listener binds as well, for a dual-stack VLAN.
+    pub listen_address_v6: Option<String>,
     pub control_plane_namespace: Option<String>,
     /// The kube-apiserver Service's name in the control-plane namespace.
     pub api_server_service: Option<String>,
@@ -507,6 +509,43 @@ pub(crate) fn validate(
             proxy_protocol,
         })
         .collect();
+    let listen_v6 =
+        p.listen_address_v6
+            .as_deref()
+            .and_then(|t| match t.trim().parse::<std::net::Ipv6Addr>() {
+                Ok(ip) if listen_ip == IpAddr::V6(ip) => {
+                    c.push(
+                        "proxy.listenAddressV6",
+                        format!("{ip} is also proxy.listenAddress"),
+                    );
+                    None
+                }
+                Ok(ip) if ip.is_multicast() => {
+                    c.push(
+                        "proxy.listenAddressV6",
+                        format!("{ip} is a multicast address"),
+                    );
+                    None
+                }
+                Ok(ip) => Some(ip),
+                Err(_) => {
+                    c.push(
+                        "proxy.listenAddressV6",
+                        format!("{t} is not an IPv6 address"),
+                    );
+                    None
+                }
+            });
+    if let Some(v6) = listen_v6 {
+        let v6_listeners: Vec<Listener> = listeners
+            .iter()
+            .map(|l| Listener {
+                listen: SocketAddr::new(IpAddr::V6(v6), l.listen.port()),
+                ..l.clone()
+            })
+            .collect();
+        listeners.extend(v6_listeners);
+    }
     if let Some(port) = p.external_port {
         let https = listeners.iter().find(|l| l.listen.port() == 443).cloned();
         match https {

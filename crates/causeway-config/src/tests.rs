@@ -1044,3 +1044,38 @@ routerAdvertisements:
         "{errs:?}"
     );
 }
+
+#[test]
+fn a_v6_proxy_address_binds_every_listener_in_both_families() {
+    let cfg = Config::from_yaml(&format!(
+        "{VLAN}proxy:\n  listenAddressV6: 'fd42:10::2'\n  ingressHttps: '10.0.0.5:443'\n"
+    ))
+    .unwrap();
+    let listens: Vec<String> = cfg
+        .proxy
+        .unwrap()
+        .listeners
+        .iter()
+        .map(|l| l.listen.to_string())
+        .collect();
+    assert_eq!(listens.len(), 4, "{listens:?}");
+    for port in [443, 6443] {
+        assert!(
+            listens.contains(&format!("192.168.100.2:{port}"))
+                && listens.contains(&format!("[fd42:10::2]:{port}")),
+            "{port} in both families: {listens:?}"
+        );
+    }
+    let errs = errors(&format!("{VLAN}proxy:\n  listenAddressV6: 'ff02::1'\n"));
+    assert!(
+        errs.iter()
+            .any(|e| e == "proxy.listenAddressV6: ff02::1 is a multicast address"),
+        "{errs:?}"
+    );
+    let errs = errors(&format!("{VLAN}proxy:\n  listenAddressV6: 10.0.0.1\n"));
+    assert!(
+        errs.iter()
+            .any(|e| e == "proxy.listenAddressV6: 10.0.0.1 is not an IPv6 address"),
+        "{errs:?}"
+    );
+}

@@ -67,7 +67,16 @@ pub(crate) fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ProxyError
     // A service address that moves between HA replicas is bound before this
     // replica holds it; connections arrive once it does.
     if causeway_runtime::ha::is_floating(addr.ip()) {
-        s.set_freebind(true).map_err(fail)?;
+        if addr.is_ipv6() {
+            s.set_freebind_ipv6(true).map_err(fail)?;
+        } else {
+            s.set_freebind(true).map_err(fail)?;
+        }
+    }
+    if addr.is_ipv6() {
+        // `[::]:port` beside `0.0.0.0:port` (the external port) binds v6
+        // alone instead of failing on the v4 one.
+        s.set_only_v6(true).map_err(fail)?;
     }
     s.bind(&addr.into()).map_err(fail)?;
     s.listen(1024).map_err(fail)?;

@@ -1520,3 +1520,47 @@ fn out_of_descriptors_the_tcp_accept_loop_backs_off_instead_of_spinning_and_reco
         "the queued client waited {answered_in:?} after descriptors came back"
     );
 }
+
+#[test]
+fn a_client_over_v6_gets_both_families_and_reverse_names_under_ip6_arpa() {
+    let dir = tempdir();
+    let port = support::reserved_port_on(Ipv4Addr::LOCALHOST);
+    let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let v6 = SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port));
+    let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, support::reserved_port()));
+    let config = format!(
+        r#"log: {{level: info}}
+admin: {{listen: "{admin}"}}
+cluster: {{name: hc1, baseDomain: example.test}}
+dns:
+  listen: ["{v4}", "{v6}"]
+  proxyAddress: {PROXY}
+  proxyAddressV6: "fd42:10::2"
+  upstreams: ["127.0.0.1:9"]
+  records:
+    - {{name: registry, type: AAAA, value: "fd42:10::20"}}
+    - {{name: "fd42:10::20", type: PTR, value: registry}}
+"#
+    );
+    let server = Server::start("dns", dir, v4, admin, &config);
+    for (server_at, transport) in [(v6, "+notcp"), (v6, "+tcp"), (server.dns, "+notcp")] {
+        let aaaa = dig_ok(server_at, &[&fqdn("api"), "AAAA", transport]);
+        assert_eq!(aaaa.answers("AAAA"), ["fd42:10::2"], "{}", aaaa.raw);
+        let a = dig_ok(server_at, &[&fqdn("api-int"), "A", transport]);
+        assert_eq!(a.answers("A"), [PROXY], "{}", a.raw);
+    }
+    let registry = dig_ok(v6, &[&fqdn("registry"), "AAAA"]);
+    assert_eq!(
+        registry.answers("AAAA"),
+        ["fd42:10::20"],
+        "{}",
+        registry.raw
+    );
+    let ptr = dig_ok(v6, &["-x", "fd42:10::20"]);
+    assert_eq!(
+        ptr.answers("PTR"),
+        [format!("registry.{ZONE}.")],
+        "{}",
+        ptr.raw
+    );
+}

@@ -47,7 +47,11 @@ fn tls_upstream_at(dir: &Path, name: &str, ip: &str, port: u16) -> (Guard, PathB
     let (pem, key) = support::tls_cert(dir, name, &[name]);
     let child = Command::new("openssl")
         .args(["s_server", "-quiet", "-www", "-accept"])
-        .arg(format!("{ip}:{port}"))
+        .arg(if ip.contains(':') {
+            format!("[{ip}]:{port}")
+        } else {
+            format!("{ip}:{port}")
+        })
         .arg("-cert")
         .arg(&pem)
         .arg("-key")
@@ -1245,4 +1249,58 @@ fn a_reload_raises_and_lowers_a_listeners_limit_without_closing_connections() {
         held() == 1
     });
     let _ = proxy.child.0.kill();
+}
+
+/// The subject a TLS client sees through the proxy at `host:port`.
+fn subject_through_at(host: &str, port: u16, sni: Option<&str>) -> String {
+    let mut cmd = Command::new("openssl");
+    cmd.args(["s_client", "-connect"])
+        .arg(format!("{host}:{port}"));
+    match sni {
+        Some(n) => cmd.args(["-servername", n]),
+        None => cmd.arg("-noservername"),
+    };
+    support::s_client_subject(&mut cmd)
+}
+
+#[test]
+fn dual_stack_listeners_route_by_name_and_by_v6_source_to_upstreams_of_either_family() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_oauth, oauth_port, _) = tls_upstream(dir.path(), "oauth.hc1.example.com");
+    let apps_port = support::reserved_port();
+    let (_apps, _) = tls_upstream_at(dir.path(), "ingress.apps.hc1.example.com", "::1", apps_port);
+    let ign_port = support::reserved_port();
+    let (_ign, _) = tls_upstream_at(dir.path(), "ignition.hc1.example.com", "::1", ign_port);
+    let (_other, other_port, _) = tls_upstream(dir.path(), "other.hc1.example.com");
+    let sni_port = support::reserved_port();
+    let proxy = start_proxy(
+        dir.path(),
+        &format!(
+            "  listenAddressV6: '::1'\n  listeners:\n    - port: {sni_port}\n      routes:\n        - {{sni: oauth.hc1.example.com, upstream: \"127.0.0.1:{oauth_port}\"}}\n        - {{sni: \"*.apps.hc1.example.com\", upstream: \"[::1]:{apps_port}\"}}\n        - {{sources: ['::1/128'], upstream: \"[::1]:{ign_port}\"}}\n      default: \"127.0.0.1:{other_port}\"\n"
+        ),
+    );
+    let cases = [
+        ("[::1]", Some("oauth.hc1.example.com"), "oauth.hc1"),
+        ("[::1]", Some("x.apps.hc1.example.com"), "ingress.apps"),
+        ("127.0.0.1", Some("x.apps.hc1.example.com"), "ingress.apps"),
+        // The route by source takes a v6 client without a name; a v4
+        // client without one gets the default.
+        ("[::1]", None, "ignition"),
+        ("127.0.0.1", None, "other.hc1"),
+    ];
+    for (host, sni, want) in cases {
+        let subject = subject_through_at(host, sni_port, sni);
+        assert!(
+            subject.contains(want),
+            "{host} with SNI {sni:?} reached {subject:?}, not {want}"
+        );
+    }
+    // One port, both families: the listener's series count both.
+    assert_eq!(
+        metric(
+            proxy.admin,
+            &format!("causeway_proxy_connections_total{{listener=\"{sni_port}\"}}")
+        ),
+        Some(5.0)
+    );
 }
