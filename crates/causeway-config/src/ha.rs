@@ -57,6 +57,11 @@ pub struct FileHa {
     pub interface: String,
     /// The service addresses, with their prefix (`192.168.10.2/24`).
     pub addresses: Vec<String>,
+    /// The v6 service addresses, with their prefix (`fd42:10::2/64`),
+    /// moved with the v4 ones; a link-local one (`fe80::1/64`) keeps the
+    /// router advertisements' source across a failover.
+    #[serde(default)]
+    pub addresses_v6: Vec<String>,
     /// A higher-priority replica takes the addresses back from a lower one
     /// once it is in sync.
     #[serde(default)]
@@ -123,6 +128,7 @@ pub struct HaConfig {
     pub key_file: PathBuf,
     pub interface: String,
     pub addresses: Vec<Ipv4Net>,
+    pub addresses_v6: Vec<ipnet::Ipv6Net>,
     pub preempt: bool,
     pub advert_interval: Duration,
     pub dead_adverts: u32,
@@ -322,6 +328,42 @@ pub(crate) fn validate(c: &mut Collector, h: FileHa) -> Option<HaConfig> {
     if h.addresses.is_empty() {
         c.push("ha.addresses", "needs at least one service address");
     }
+    let addresses_v6: Vec<(usize, ipnet::Ipv6Net)> = h
+        .addresses_v6
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| {
+            let path = format!("ha.addressesV6[{i}]");
+            match t.trim().parse::<ipnet::Ipv6Net>() {
+                Ok(n) if n.addr().is_multicast() || n.addr().is_unspecified() => {
+                    c.push(path, format!("{t} is not a unicast address"));
+                    None
+                }
+                Ok(n) => {
+                    if n.addr().segments()[0] & 0xffc0 != 0xfe80 {
+                        crate::ra::refuse_ovn_overlap_v6(c, &path, n.trunc());
+                    }
+                    Some((i, n))
+                }
+                Err(_) => {
+                    c.push(
+                        path,
+                        format!("{t} is not a v6 address with its prefix, such as fd42:10::2/64"),
+                    );
+                    None
+                }
+            }
+        })
+        .collect();
+    for (k, (i, a)) in addresses_v6.iter().enumerate() {
+        if let Some((j, _)) = addresses_v6[..k].iter().find(|(_, o)| o.addr() == a.addr()) {
+            c.push(
+                format!("ha.addressesV6[{i}]"),
+                format!("{} is also ha.addressesV6[{j}]", a.addr()),
+            );
+        }
+    }
+    let addresses_v6: Vec<ipnet::Ipv6Net> = addresses_v6.into_iter().map(|(_, n)| n).collect();
     let advert_interval = h
         .advert_interval
         .as_ref()
@@ -414,6 +456,7 @@ pub(crate) fn validate(c: &mut Collector, h: FileHa) -> Option<HaConfig> {
         key_file: h.key_file,
         interface: h.interface,
         addresses,
+        addresses_v6,
         preempt: h.preempt,
         advert_interval,
         dead_adverts,

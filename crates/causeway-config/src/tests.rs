@@ -1079,3 +1079,28 @@ fn a_v6_proxy_address_binds_every_listener_in_both_families() {
         "{errs:?}"
     );
 }
+
+#[test]
+fn ha_v6_addresses_are_unicast_outside_the_ovn_join_subnets_and_distinct() {
+    let cfg = Config::from_yaml(&format!(
+        "{HA}  addressesV6: ['fd42:10::2/64', 'fe80::1/64']\n"
+    ))
+    .unwrap();
+    assert_eq!(cfg.ha.unwrap().addresses_v6.len(), 2);
+    let errs = errors(&format!(
+        "{HA}  addressesV6: ['fd99::2/64', 'ff02::1/64', 'fd42:10::2', 'fe80::1/64', 'fe80::1/10']\n"
+    ));
+    let want = [
+        "ha.addressesV6[0]: fd99::/64 overlaps fd99::/64, inside fd97::/64–fd99::/64",
+        "ha.addressesV6[1]: ff02::1/64 is not a unicast address",
+        "ha.addressesV6[2]: fd42:10::2 is not a v6 address with its prefix",
+        "ha.addressesV6[4]: fe80::1 is also ha.addressesV6[3]",
+    ];
+    for w in want {
+        assert!(
+            errs.iter().any(|e| e.starts_with(w)),
+            "no error starting {w:?} in:\n{}",
+            errs.join("\n")
+        );
+    }
+}

@@ -289,7 +289,11 @@ fn bind_error(addr: SocketAddr, e: &io::Error) -> DnsError {
 /// this replica holds it: queries reach the socket once it does.
 fn floating_bind(socket: &Socket, addr: SocketAddr) -> io::Result<()> {
     if causeway_runtime::ha::is_floating(addr.ip()) {
-        socket.set_freebind(true)?;
+        if addr.is_ipv6() {
+            socket.set_freebind_ipv6(true)?;
+        } else {
+            socket.set_freebind(true)?;
+        }
     }
     Ok(())
 }

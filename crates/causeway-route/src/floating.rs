@@ -7,7 +7,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use crate::netlink::{Kernel, NetlinkError};
 
@@ -29,6 +29,7 @@ pub struct FloatingAddresses {
     kernel: Kernel,
     interface: String,
     addresses: Vec<Ipv4Net>,
+    addresses_v6: Vec<Ipv6Net>,
     /// The announcements still to come after a take: a release cancels
     /// them, so a replica that gave the addresses up never announces them.
     reannounce: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
@@ -54,8 +55,23 @@ impl FloatingAddresses {
             kernel: Kernel::connect().map_err(FloatingError::Connect)?,
             interface: interface.to_string(),
             addresses,
+            addresses_v6: Vec::new(),
             reannounce: std::sync::Mutex::new(None),
         })
+    }
+
+    /// The v6 service addresses, moved with the v4 ones and announced by
+    /// unsolicited neighbour advertisements.
+    pub fn with_v6(mut self, addresses: Vec<Ipv6Net>) -> Self {
+        self.addresses_v6 = addresses;
+        self
+    }
+
+    fn targets(&self) -> Targets {
+        Targets {
+            v4: self.addresses.iter().map(|n| n.addr()).collect(),
+            v6: self.addresses_v6.iter().map(|n| n.addr()).collect(),
+        }
     }
 
     pub fn interface(&self) -> &str {
@@ -75,10 +91,13 @@ impl FloatingAddresses {
         for net in &self.addresses {
             self.kernel.add_address(index, *net).await?;
         }
+        for net in &self.addresses_v6 {
+            self.kernel.add_address_v6(index, *net).await?;
+        }
         if let Some(mac) = mac {
-            let ips: Vec<_> = self.addresses.iter().map(|n| n.addr()).collect();
-            announce_all(index, mac, &ips);
-            let later = spawn_reannounce(move || announce_all(index, mac, &ips));
+            let targets = self.targets();
+            announce_all(index, mac, &targets);
+            let later = spawn_reannounce(move || announce_all(index, mac, &targets));
             let earlier = self
                 .reannounce
                 .lock()
@@ -114,26 +133,51 @@ impl FloatingAddresses {
         for net in &self.addresses {
             self.kernel.remove_address(index, *net).await?;
         }
+        for net in &self.addresses_v6 {
+            self.kernel.remove_address_v6(index, *net).await?;
+        }
         Ok(())
     }
 
     /// Which of the service addresses the interface holds now.
-    pub async fn held(&self) -> Result<Vec<Ipv4Net>, FloatingError> {
+    pub async fn held(&self) -> Result<Vec<IpNet>, FloatingError> {
         let (index, _) = self.index_and_mac().await?;
         let on = self.kernel.addresses(index).await?;
-        Ok(self
+        let mut held: Vec<IpNet> = self
             .addresses
             .iter()
             .filter(|n| on.iter().any(|o| o.addr() == n.addr()))
-            .copied()
-            .collect())
+            .map(|n| IpNet::V4(*n))
+            .collect();
+        if !self.addresses_v6.is_empty() {
+            let on = self.kernel.addresses_v6(index).await?;
+            held.extend(
+                self.addresses_v6
+                    .iter()
+                    .filter(|n| on.iter().any(|o| o.addr() == n.addr()))
+                    .map(|n| IpNet::V6(*n)),
+            );
+        }
+        Ok(held)
     }
 }
 
-fn announce_all(index: u32, mac: [u8; 6], ips: &[std::net::Ipv4Addr]) {
-    for ip in ips {
+/// What a take announces.
+#[derive(Clone)]
+struct Targets {
+    v4: Vec<std::net::Ipv4Addr>,
+    v6: Vec<std::net::Ipv6Addr>,
+}
+
+fn announce_all(index: u32, mac: [u8; 6], targets: &Targets) {
+    for ip in &targets.v4 {
         if let Err(e) = crate::garp::announce(index, mac, *ip) {
             tracing::warn!(address = %IpAddr::V4(*ip), error = %e, "gratuitous ARP not sent; hosts keep the old MAC until their ARP entry ages");
+        }
+    }
+    if !targets.v6.is_empty() {
+        if let Err(e) = crate::na::announce(index, mac, &targets.v6) {
+            tracing::warn!(addresses = ?targets.v6, error = %e, "neighbour advertisement not sent; hosts keep the old MAC until their neighbour entry is probed again");
         }
     }
 }
@@ -153,10 +197,7 @@ impl causeway_runtime::ha::Addresses for FloatingAddresses {
 
     async fn announce(&self) {
         match self.index_and_mac().await {
-            Ok((index, Some(mac))) => {
-                let ips: Vec<_> = self.addresses.iter().map(|n| n.addr()).collect();
-                announce_all(index, mac, &ips);
-            }
+            Ok((index, Some(mac))) => announce_all(index, mac, &self.targets()),
             Ok((_, None)) => {}
             Err(e) => tracing::warn!(error = %e, "service addresses not announced again"),
         }

@@ -15,6 +15,7 @@ pub mod advertiser;
 pub mod floating;
 mod garp;
 pub mod metrics;
+pub mod na;
 pub mod netlink;
 pub mod plan;
 pub mod ra;

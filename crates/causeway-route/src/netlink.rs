@@ -6,8 +6,8 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr};
 
 use futures::stream::{Stream, StreamExt, TryStreamExt};
-use ipnet::Ipv4Net;
-use netlink_packet_route::address::AddressAttribute;
+use ipnet::{Ipv4Net, Ipv6Net};
+use netlink_packet_route::address::{AddressAttribute, AddressFlags};
 use netlink_packet_route::link::{LinkAttribute, LinkFlags};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType,
@@ -172,6 +172,61 @@ impl Kernel {
             .address()
             .add(index, IpAddr::V4(net.addr()), net.prefix_len());
         settled(request.execute().await, format!("add address {net}"))
+    }
+
+    /// Adds a v6 address usable at once: without duplicate address
+    /// detection, since the address moves from a replica that may answer
+    /// for it a moment longer, and a takeover cannot wait out DAD (or fail
+    /// it).
+    pub async fn add_address_v6(&self, index: u32, net: Ipv6Net) -> Result<(), NetlinkError> {
+        let mut request =
+            self.handle
+                .address()
+                .add(index, IpAddr::V6(net.addr()), net.prefix_len());
+        request
+            .message_mut()
+            .attributes
+            .push(AddressAttribute::Flags(AddressFlags::Nodad));
+        settled(request.execute().await, format!("add address {net}"))
+    }
+
+    /// Removes a v6 address; one not there is gone already.
+    pub async fn remove_address_v6(&self, index: u32, net: Ipv6Net) -> Result<(), NetlinkError> {
+        let message = rtnetlink::AddressMessageBuilder::<std::net::Ipv6Addr>::new()
+            .index(index)
+            .address(net.addr(), net.prefix_len())
+            .build();
+        let result = self.handle.address().del(message).execute().await;
+        match settled(result, format!("remove address {net}")) {
+            Err(e) if e.errno == Some(EADDRNOTAVAIL) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// The v6 addresses on an interface.
+    pub async fn addresses_v6(&self, index: u32) -> Result<Vec<Ipv6Net>, NetlinkError> {
+        let mut request = self.handle.address().get().set_link_index_filter(index);
+        request.message_mut().header.family = AddressFamily::Inet6;
+        let mut stream = request.execute();
+        let mut out = Vec::new();
+        loop {
+            let msg = match stream.try_next().await {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(e) => return Err(NetlinkError::new("list addresses", &e)),
+            };
+            if msg.header.index != index {
+                continue;
+            }
+            let address = msg.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Address(IpAddr::V6(ip)) => Some(*ip),
+                _ => None,
+            });
+            if let Some(net) = address.and_then(|ip| Ipv6Net::new(ip, msg.header.prefix_len).ok()) {
+                out.push(net);
+            }
+        }
+        Ok(out)
     }
 
     /// Removes an IPv4 address from an interface; one not there is gone

@@ -58,7 +58,11 @@ pub fn read_key(cfg: &HaConfig) -> anyhow::Result<Vec<u8>> {
 /// Failures are logged, not fatal: the election's own start tries again.
 pub async fn release_left_addresses(cfg: &HaConfig) {
     let released = match FloatingAddresses::new(&cfg.interface, cfg.addresses.clone()) {
-        Ok(addresses) => addresses.release().await.map_err(|e| e.to_string()),
+        Ok(addresses) => addresses
+            .with_v6(cfg.addresses_v6.clone())
+            .release()
+            .await
+            .map_err(|e| e.to_string()),
         Err(e) => Err(e.to_string()),
     };
     match released {
@@ -86,7 +90,8 @@ pub fn release_now(config: &std::path::Path) -> anyhow::Result<()> {
         .context("starting a runtime for netlink")?;
     runtime.block_on(async {
         let addresses = FloatingAddresses::new(&ha.interface, ha.addresses.clone())
-            .with_context(|| format!("opening netlink for {}", ha.interface))?;
+            .with_context(|| format!("opening netlink for {}", ha.interface))?
+            .with_v6(ha.addresses_v6.clone());
         let held = addresses.held().await.unwrap_or_default();
         addresses
             .release()
@@ -127,7 +132,11 @@ pub async fn start(
         }
     };
     causeway_runtime::ha::set_floating(
-        cfg.addresses.iter().map(|n| IpAddr::V4(n.addr())).collect(),
+        cfg.addresses
+            .iter()
+            .map(|n| IpAddr::V4(n.addr()))
+            .chain(cfg.addresses_v6.iter().map(|n| IpAddr::V6(n.addr())))
+            .collect(),
     );
     let dead_after = cfg.dead_after();
     let (mode, api_timeout, renew_interval) = match (&cfg.mode, &cfg.lease) {
@@ -170,7 +179,8 @@ pub async fn start(
     let metrics = HaMetrics::new(registry).context("registering the HA metrics")?;
     let addresses = Arc::new(
         FloatingAddresses::new(&cfg.interface, cfg.addresses.clone())
-            .context("opening netlink for the service addresses")?,
+            .context("opening netlink for the service addresses")?
+            .with_v6(cfg.addresses_v6.clone()),
     );
     let leadership = match mode {
         Mode::Peer => Leadership::start(settings, addresses, None::<Arc<NoWitness>>, metrics).await,

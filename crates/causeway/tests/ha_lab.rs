@@ -1879,3 +1879,165 @@ fn ha_release_removes_the_service_address_a_killed_replica_left() {
         "the unit does not release the address when the process ends"
     );
 }
+
+const SERVICE_V6: &str = "fd42:50::2";
+
+/// The lab's config on a dual-stack VLAN: a v6 service address and the
+/// floating link-local router address move with the v4 one, DNS and the
+/// proxy listen on the v6 address too, and router advertisements leave
+/// from fe80::1.
+fn dual_stack(text: &str) -> String {
+    let text = text
+        .replacen(
+            "dns:\n  upstreams",
+            &format!(
+                "dns:\n  listen: [\"{SERVICE_IP}:53\", \"[{SERVICE_V6}]:53\"]\n  proxyAddressV6: \"{SERVICE_V6}\"\n  upstreams"
+            ),
+            1,
+        )
+        .replacen(
+            "proxy:\n  healthCheck",
+            &format!("proxy:\n  listenAddressV6: \"{SERVICE_V6}\"\n  healthCheck"),
+            1,
+        );
+    assert!(text.ends_with("deadAdverts: 3\n"), "the ha block is last");
+    format!(
+        "{text}  addressesV6: [\"{SERVICE_V6}/64\", \"fe80::1/64\"]\nrouterAdvertisements:\n  prefixes: [{{prefix: 'fd42:50::/64'}}]\n  dnsServers: ['{SERVICE_V6}']\n  source: 'fe80::1'\n"
+    )
+}
+
+fn dig_v6_ok(lab: &Lab) -> bool {
+    client_cmd(lab, tool("dig", "bind9-dnsutils"))
+        .args([
+            &format!("@{SERVICE_V6}"),
+            "api.hc1.example.com",
+            "AAAA",
+            "+short",
+            "+tries=1",
+            "+time=1",
+        ])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == SERVICE_V6)
+}
+
+fn proxy_v6_ok(lab: &Lab) -> bool {
+    client_cmd(lab, "timeout")
+        .stderr(Stdio::null())
+        .args([
+            "1",
+            "bash",
+            "-c",
+            &format!(
+                "exec 3<>/dev/tcp/{SERVICE_V6}/6443 && echo ping >&3 && read -r line <&3 && [ \"$line\" = ping ]"
+            ),
+        ])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn mac_of(ns: &Netns, interface: &str) -> String {
+    let link = ns.ip(&["-o", "link", "show", interface]);
+    link.split("link/ether ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn peer_mode_a_kill_9_moves_the_v6_address_and_the_router_within_the_v4_bounds() {
+    if !root_or_skip("peer_mode_a_kill_9_moves_the_v6_address_and_the_router_within_the_v4_bounds")
+    {
+        return;
+    }
+    let _serial = one_at_a_time();
+    let mut lab = Lab::new(Mode::Peer, None);
+    for r in &lab.replicas {
+        let text = fs::read_to_string(&r.config).unwrap();
+        fs::write(&r.config, dual_stack(&text)).unwrap();
+    }
+    // The client takes the advertisements: its default route is the
+    // floating router address, whichever replica holds it.
+    support::run(
+        lab.client
+            .command("sysctl")
+            .args(["-q", "-w", "net.ipv6.conf.eth0.accept_ra=2"]),
+    );
+    lab.start(0);
+    lab.start(1);
+    let active = lab.wait_pair(Duration::from_secs(30));
+    let slaac = poll_until(Duration::from_secs(10), || {
+        let addrs = lab
+            .client
+            .ip(&["-6", "-o", "addr", "show", "dev", "eth0", "scope", "global"]);
+        (addrs.contains("fd42:50::") && !addrs.contains("tentative")).then_some(())
+    });
+    assert!(
+        slaac.is_some(),
+        "the client formed no address from the active's advertisement:\n{}\n{}",
+        lab.client.ip(&["-6", "addr"]),
+        lab.describe()
+    );
+    let router = lab.client.ip(&["-6", "route", "show", "default"]);
+    assert!(router.contains("via fe80::1 "), "{router}");
+    assert!(
+        dig_v6_ok(&lab),
+        "DNS over v6 before the kill\n{}",
+        lab.describe()
+    );
+    assert!(proxy_v6_ok(&lab), "the proxy over v6 before the kill");
+
+    let standby = 1 - active;
+    let killed_at = Instant::now();
+    lab.replicas[active].proc.as_mut().unwrap().kill9();
+    unit_stop_post(&lab, active);
+    let limit = DNS_PROXY_LIMIT;
+    let every = Duration::from_millis(100);
+    let (dns, proxy) = std::thread::scope(|s| {
+        let dns =
+            s.spawn(|| first_success_overlapping(killed_at, limit, every, || dig_v6_ok(&lab)));
+        let proxy =
+            s.spawn(|| first_success_overlapping(killed_at, limit, every, || proxy_v6_ok(&lab)));
+        (dns.join().unwrap(), proxy.join().unwrap())
+    });
+    eprintln!("v6 after a kill -9: DNS {dns:?}, proxy {proxy:?}");
+    let dns = dns.unwrap_or_else(|| {
+        panic!(
+            "DNS over v6 did not answer within {limit:?} of the kill\n{}\n{}",
+            lab.client.ip(&["-6", "neigh"]),
+            lab.describe()
+        )
+    });
+    let proxy = proxy.unwrap_or_else(|| {
+        panic!(
+            "the proxy over v6 did not answer within {limit:?} of the kill\n{}",
+            lab.describe()
+        )
+    });
+    assert!(dns < limit && proxy < limit);
+    // The neighbour advertisement moved the client's entry for both
+    // addresses to the new active's MAC.
+    let new_mac = mac_of(&lab.replicas[standby].ns, "net1");
+    for target in [SERVICE_V6, "fe80::1"] {
+        let neigh = lab
+            .client
+            .ip(&["-6", "neigh", "show", target, "dev", "eth0"]);
+        assert!(
+            neigh.contains(&new_mac),
+            "the client's entry for {target} is not the new active's MAC {new_mac}: {neigh}"
+        );
+    }
+    // The router is the same one: still fe80::1, advertising again.
+    let router = lab.client.ip(&["-6", "route", "show", "default"]);
+    assert!(router.contains("via fe80::1 "), "{router}");
+    let rdisc6 = support::run(
+        lab.client
+            .command(tool("rdisc6", "ndisc6"))
+            .args(["-1", "-r", "3", "-w", "2000", "eth0"]),
+    );
+    assert!(rdisc6.contains("from fe80::1"), "{rdisc6}");
+    assert!(
+        lab.metric(standby, "causeway_ra_sent_total{kind=\"multicast\"}") >= Some(1.0),
+        "the new active advertised"
+    );
+}

@@ -199,6 +199,8 @@ fn ha_section(
         key_file: format!("{HA_DIR}/{HA_KEY}").into(),
         interface: VLAN_INTERFACE.into(),
         addresses: vec![address],
+        // The Infra has no v6 network yet.
+        addresses_v6: Vec::new(),
         preempt: false,
         advert_interval: None,
         dead_adverts: None,
