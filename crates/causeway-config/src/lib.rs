@@ -53,7 +53,10 @@ pub use ra::{
     AdvertisedPrefix, FilePrefix, FileRouterAdvertisements, RouterAdvertConfig,
     DEFAULT_MAX_INTERVAL as DEFAULT_RA_MAX_INTERVAL,
 };
-pub use routing::{FileRouting, RoutedInterface, RoutingConfig, DEFAULT_PRIORITY, DEFAULT_TABLE};
+pub use routing::{
+    FileRoutedV6, FileRouting, RoutedInterface, RoutedV6, RoutingConfig, DEFAULT_PRIORITY,
+    DEFAULT_TABLE,
+};
 
 use std::path::Path;
 

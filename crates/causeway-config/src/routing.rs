@@ -1,9 +1,9 @@
 //! The `routing:` section: policy routing so replies leave through the
 //! VLAN interface a request came in on.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
 use crate::collector::{yes, Collector};
@@ -25,6 +25,21 @@ pub struct FileRouting {
     /// Set `rp_filter` to loose (2) on each routed interface.
     #[serde(default = "yes")]
     pub loose_rp_filter: bool,
+    /// The `network` interface's v6 side, for a dual-stack VLAN.
+    pub ipv6: Option<FileRoutedV6>,
+}
+
+/// An interface's v6 prefix, its own address there and the router, routed
+/// in the v6 table of the same number with the same rule priority.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileRoutedV6 {
+    pub cidr: String,
+    pub address: String,
+    /// Inside `cidr`, or link-local as v6 routers usually are.
+    pub gateway: String,
+    #[serde(default)]
+    pub extra_routes: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -38,6 +53,7 @@ pub struct FileRoutedInterface {
     pub priority: Option<u32>,
     #[serde(default)]
     pub extra_routes: Vec<String>,
+    pub ipv6: Option<FileRoutedV6>,
 }
 
 /// One VLAN interface and the routing table that answers from it.
@@ -51,6 +67,76 @@ pub struct RoutedInterface {
     pub priority: u32,
     /// Remote subnets reached through `gateway`, besides the default route.
     pub extra_routes: Vec<Ipv4Net>,
+    pub ipv6: Option<RoutedV6>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutedV6 {
+    pub cidr: Ipv6Net,
+    pub address: Ipv6Addr,
+    pub gateway: Ipv6Addr,
+    pub extra_routes: Vec<Ipv6Net>,
+}
+
+fn routed_v6(c: &mut Collector, path: &str, f: &FileRoutedV6) -> Option<RoutedV6> {
+    let cidr = match f.cidr.trim().parse::<Ipv6Net>() {
+        Ok(n) => Some(n.trunc()),
+        Err(_) => {
+            c.push(
+                format!("{path}.cidr"),
+                format!("{} is not an IPv6 CIDR such as fd42:10::/64", f.cidr),
+            );
+            None
+        }
+    };
+    let v6 = |c: &mut Collector, field: &str, text: &str| match text.trim().parse::<Ipv6Addr>() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            c.push(
+                format!("{path}.{field}"),
+                format!("{text} is not an IPv6 address"),
+            );
+            None
+        }
+    };
+    let address = v6(c, "address", &f.address);
+    let gateway = v6(c, "gateway", &f.gateway);
+    let extra_routes: Vec<Ipv6Net> = f
+        .extra_routes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| match t.trim().parse::<Ipv6Net>() {
+            Ok(n) => Some(n.trunc()),
+            Err(_) => {
+                c.push(
+                    format!("{path}.extraRoutes[{i}]"),
+                    format!("{t} is not an IPv6 CIDR"),
+                );
+                None
+            }
+        })
+        .collect();
+    let (cidr, address, gateway) = (cidr?, address?, gateway?);
+    crate::ra::refuse_ovn_overlap_v6(c, &format!("{path}.cidr"), cidr);
+    if !cidr.contains(&address) {
+        c.push(
+            format!("{path}.address"),
+            format!("{address} is not in {cidr}"),
+        );
+    }
+    let link_local = gateway.segments()[0] & 0xffc0 == 0xfe80;
+    if !link_local && !cidr.contains(&gateway) {
+        c.push(
+            format!("{path}.gateway"),
+            format!("{gateway} is neither in {cidr} nor link-local"),
+        );
+    }
+    Some(RoutedV6 {
+        cidr,
+        address,
+        gateway,
+        extra_routes,
+    })
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -156,12 +242,20 @@ pub(crate) fn validate(
             table,
             priority,
             extra_routes: nets(c, "routing.extraRoutes", &r.extra_routes),
+            ipv6: r
+                .ipv6
+                .as_ref()
+                .and_then(|v| routed_v6(c, "routing.ipv6", v)),
         });
     } else {
-        if r.table.is_some() || r.priority.is_some() || !r.extra_routes.is_empty() {
+        if r.table.is_some()
+            || r.priority.is_some()
+            || !r.extra_routes.is_empty()
+            || r.ipv6.is_some()
+        {
             c.push(
                 "routing",
-                "with interfaces listed, give table, priority and extraRoutes per interface",
+                "with interfaces listed, give table, priority, extraRoutes and ipv6 per interface",
             );
         }
         for (i, f) in r.interfaces.iter().enumerate() {
@@ -187,6 +281,10 @@ pub(crate) fn validate(
             let address = ip(c, &format!("{path}.address"), &f.address);
             let gateway = ip(c, &format!("{path}.gateway"), &f.gateway);
             let extra_routes = nets(c, &format!("{path}.extraRoutes"), &f.extra_routes);
+            let ipv6 = f
+                .ipv6
+                .as_ref()
+                .and_then(|v| routed_v6(c, &format!("{path}.ipv6"), v));
             if let (Some(cidr), Some(address), Some(gateway)) = (cidr, address, gateway) {
                 if !cidr.contains(&address) {
                     c.push(
@@ -208,6 +306,7 @@ pub(crate) fn validate(
                     table,
                     priority,
                     extra_routes,
+                    ipv6,
                 });
             }
         }

@@ -478,6 +478,7 @@ fn routing_derives_from_the_network() {
             table: 100,
             priority: 1000,
             extra_routes: vec!["10.20.0.0/16".parse().unwrap()],
+            ipv6: None,
         }]
     );
 }
@@ -1100,6 +1101,34 @@ fn ha_v6_addresses_are_unicast_outside_the_ovn_join_subnets_and_distinct() {
         assert!(
             errs.iter().any(|e| e.starts_with(w)),
             "no error starting {w:?} in:\n{}",
+            errs.join("\n")
+        );
+    }
+}
+
+#[test]
+fn routing_takes_a_v6_side_in_its_own_table_of_the_same_number() {
+    let r = Config::from_yaml(&format!(
+        "{VLAN}routing:\n  ipv6: {{cidr: 'fd42:10::/64', address: 'fd42:10::2', gateway: 'fe80::1', extraRoutes: ['fd43::/48']}}\n"
+    ))
+    .unwrap()
+    .routing
+    .unwrap();
+    let v6 = r.interfaces[0].ipv6.as_ref().unwrap();
+    assert_eq!(v6.cidr.to_string(), "fd42:10::/64");
+    assert_eq!(v6.gateway.to_string(), "fe80::1");
+    let errs = errors(&format!(
+        "{VLAN}routing:\n  ipv6: {{cidr: 'fd98::/64', address: 'fd42:10::2', gateway: 'fd42:11::1', extraRoutes: [nope]}}\n"
+    ));
+    for want in [
+        "routing.ipv6.cidr: fd98::/64 overlaps fd98::/64",
+        "routing.ipv6.address: fd42:10::2 is not in fd98::/64",
+        "routing.ipv6.gateway: fd42:11::1 is neither in fd98::/64 nor link-local",
+        "routing.ipv6.extraRoutes[0]: nope is not an IPv6 CIDR",
+    ] {
+        assert!(
+            errs.iter().any(|e| e.starts_with(want)),
+            "no error starting {want:?} in:\n{}",
             errs.join("\n")
         );
     }

@@ -3,10 +3,10 @@
 //! that carry [`PROTOCOL`] are ever read back as ours or removed.
 
 use std::io;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures::stream::{Stream, StreamExt, TryStreamExt};
-use ipnet::{Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use netlink_packet_route::address::{AddressAttribute, AddressFlags};
 use netlink_packet_route::link::{LinkAttribute, LinkFlags};
 use netlink_packet_route::route::{
@@ -229,6 +229,48 @@ impl Kernel {
         Ok(out)
     }
 
+    /// The v6 addresses on an interface that the kernel routes from:
+    /// neither tentative (DAD running) nor failed DAD.
+    pub async fn usable_addresses_v6(&self, index: u32) -> Result<Vec<Ipv6Addr>, NetlinkError> {
+        let mut request = self.handle.address().get().set_link_index_filter(index);
+        request.message_mut().header.family = AddressFamily::Inet6;
+        let mut stream = request.execute();
+        let mut out = Vec::new();
+        let unusable = AddressFlags::Tentative | AddressFlags::Dadfailed;
+        loop {
+            let msg = match stream.try_next().await {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(e) => return Err(NetlinkError::new("list addresses", &e)),
+            };
+            if msg.header.index != index {
+                continue;
+            }
+            // The full flags come as an attribute; the header holds the
+            // first eight of them.
+            let flags = msg
+                .attributes
+                .iter()
+                .find_map(|a| match a {
+                    AddressAttribute::Flags(f) => Some(*f),
+                    _ => None,
+                })
+                .unwrap_or_else(|| {
+                    AddressFlags::from_bits_retain(u32::from(msg.header.flags.bits()))
+                });
+            if flags.intersects(unusable) {
+                continue;
+            }
+            if let Some(ip) = msg.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Address(IpAddr::V6(ip)) => Some(*ip),
+                _ => None,
+            }) {
+                out.push(ip);
+            }
+        }
+        Ok(out)
+    }
+
     /// Removes an IPv4 address from an interface; one not there is gone
     /// already.
     pub async fn remove_address(&self, index: u32, net: Ipv4Net) -> Result<(), NetlinkError> {
@@ -244,113 +286,155 @@ impl Kernel {
         }
     }
 
-    /// The IPv4 rules that carry our protocol, with the kernel's messages
-    /// (needed to remove them).
+    /// The rules of both families that carry our protocol, with the
+    /// kernel's messages (needed to remove them).
     pub async fn owned_rules(&self) -> Result<Vec<(Rule, RuleMessage)>, NetlinkError> {
-        let mut stream = self.handle.rule().get(IpVersion::V4).execute();
         let mut out = Vec::new();
-        loop {
-            let msg = match stream.try_next().await {
-                Ok(Some(m)) => m,
-                Ok(None) => break,
-                Err(e) => return Err(NetlinkError::new("list rules", &e)),
-            };
-            let mut rule = Rule {
-                // The kernel leaves the priority out when it is 0.
-                priority: 0,
-                table: u32::from(msg.header.table),
-                from: Ipv4Net::default(),
-                action: match msg.header.action {
-                    NlRuleAction::ToTable => RuleAction::ToTable,
-                    other => RuleAction::Other(u8::from(other)),
-                },
-            };
-            let mut ours = false;
-            for attr in &msg.attributes {
-                match attr {
-                    RuleAttribute::Priority(p) => rule.priority = *p,
-                    // Tables past 255 only fit in the attribute.
-                    RuleAttribute::Table(t) => rule.table = *t,
-                    RuleAttribute::Source(IpAddr::V4(ip)) => {
-                        rule.from = Ipv4Net::new(*ip, msg.header.src_len).unwrap_or_default();
+        for version in [IpVersion::V4, IpVersion::V6] {
+            let v6 = version == IpVersion::V6;
+            let mut stream = self.handle.rule().get(version).execute();
+            loop {
+                let msg = match stream.try_next().await {
+                    Ok(Some(m)) => m,
+                    Ok(None) => break,
+                    Err(e) => return Err(NetlinkError::new("list rules", &e)),
+                };
+                let mut rule = Rule {
+                    // The kernel leaves the priority out when it is 0.
+                    priority: 0,
+                    table: u32::from(msg.header.table),
+                    from: if v6 {
+                        IpNet::V6(Ipv6Net::default())
+                    } else {
+                        IpNet::V4(Ipv4Net::default())
+                    },
+                    action: match msg.header.action {
+                        NlRuleAction::ToTable => RuleAction::ToTable,
+                        other => RuleAction::Other(u8::from(other)),
+                    },
+                };
+                let mut ours = false;
+                for attr in &msg.attributes {
+                    match attr {
+                        RuleAttribute::Priority(p) => rule.priority = *p,
+                        // Tables past 255 only fit in the attribute.
+                        RuleAttribute::Table(t) => rule.table = *t,
+                        RuleAttribute::Source(ip) => {
+                            if let Ok(net) = IpNet::new(*ip, msg.header.src_len) {
+                                rule.from = net;
+                            }
+                        }
+                        RuleAttribute::Protocol(p) => ours = *p == protocol(),
+                        _ => {}
                     }
-                    RuleAttribute::Protocol(p) => ours = *p == protocol(),
-                    _ => {}
                 }
-            }
-            if ours {
-                out.push((rule, msg));
+                if ours {
+                    out.push((rule, msg));
+                }
             }
         }
         Ok(out)
     }
 
-    /// The IPv4 routes, in any table, that carry our protocol.
+    /// The routes of both families, in any table, that carry our
+    /// protocol.
     pub async fn owned_routes(&self) -> Result<Vec<(Route, RouteMessage)>, NetlinkError> {
         // Without strict checking the kernel dumps every table and ignores
         // the filter, so ownership is decided here.
-        let filter = RouteMessageBuilder::<Ipv4Addr>::new()
-            .protocol(RouteProtocol::Unspec)
-            .kind(RouteType::Unspec)
-            .build();
-        let mut stream = self.handle.route().get(filter).execute();
+        let filters = [
+            RouteMessageBuilder::<Ipv4Addr>::new()
+                .protocol(RouteProtocol::Unspec)
+                .kind(RouteType::Unspec)
+                .build(),
+            RouteMessageBuilder::<Ipv6Addr>::new()
+                .protocol(RouteProtocol::Unspec)
+                .kind(RouteType::Unspec)
+                .build(),
+        ];
         let mut out = Vec::new();
-        loop {
-            let msg = match stream.try_next().await {
-                Ok(Some(m)) => m,
-                Ok(None) => break,
-                Err(e) => return Err(NetlinkError::new("list routes", &e)),
-            };
-            if msg.header.protocol != protocol() {
-                continue;
-            }
-            let mut route = Route {
-                table: u32::from(msg.header.table),
-                destination: Ipv4Net::default(),
-                gateway: None,
-                source: None,
-                interface: 0,
-                scope: if msg.header.scope == RouteScope::Link {
-                    Scope::Link
-                } else {
-                    Scope::Universe
-                },
-            };
-            let prefix = msg.header.destination_prefix_length;
-            for attr in &msg.attributes {
-                match attr {
-                    RouteAttribute::Table(t) => route.table = *t,
-                    RouteAttribute::Destination(RouteAddress::Inet(ip)) => {
-                        route.destination = Ipv4Net::new(*ip, prefix).unwrap_or_default();
-                    }
-                    RouteAttribute::Gateway(RouteAddress::Inet(ip)) => route.gateway = Some(*ip),
-                    RouteAttribute::PrefSource(RouteAddress::Inet(ip)) => route.source = Some(*ip),
-                    RouteAttribute::Oif(i) => route.interface = *i,
-                    _ => {}
+        for filter in filters {
+            let v6 = filter.header.address_family == AddressFamily::Inet6;
+            let mut stream = self.handle.route().get(filter).execute();
+            loop {
+                let msg = match stream.try_next().await {
+                    Ok(Some(m)) => m,
+                    Ok(None) => break,
+                    Err(e) => return Err(NetlinkError::new("list routes", &e)),
+                };
+                if msg.header.protocol != protocol() {
+                    continue;
                 }
+                let mut route = Route {
+                    table: u32::from(msg.header.table),
+                    destination: if v6 {
+                        IpNet::V6(Ipv6Net::default())
+                    } else {
+                        IpNet::V4(Ipv4Net::default())
+                    },
+                    gateway: None,
+                    source: None,
+                    interface: 0,
+                    scope: if msg.header.scope == RouteScope::Link {
+                        Scope::Link
+                    } else {
+                        Scope::Universe
+                    },
+                };
+                let prefix = msg.header.destination_prefix_length;
+                let ip = |a: &RouteAddress| match a {
+                    RouteAddress::Inet(ip) => Some(IpAddr::V4(*ip)),
+                    RouteAddress::Inet6(ip) => Some(IpAddr::V6(*ip)),
+                    _ => None,
+                };
+                for attr in &msg.attributes {
+                    match attr {
+                        RouteAttribute::Table(t) => route.table = *t,
+                        RouteAttribute::Destination(a) => {
+                            if let Some(net) = ip(a).and_then(|ip| IpNet::new(ip, prefix).ok()) {
+                                route.destination = net;
+                            }
+                        }
+                        RouteAttribute::Gateway(a) => route.gateway = ip(a),
+                        RouteAttribute::PrefSource(a) => route.source = ip(a),
+                        RouteAttribute::Oif(i) => route.interface = *i,
+                        _ => {}
+                    }
+                }
+                out.push((route, msg));
             }
-            out.push((route, msg));
         }
         Ok(out)
     }
 
     pub async fn add_rule(&self, rule: &Rule) -> Result<(), NetlinkError> {
-        let mut request = self
+        // The action is set explicitly: a rule with no action is accepted,
+        // and every lookup through it then fails.
+        let add = self
             .handle
             .rule()
             .add()
-            .v4()
-            .source_prefix(rule.from.addr(), rule.from.prefix_len())
             .table_id(rule.table)
             .priority(rule.priority)
-            // Set explicitly: a rule with no action is accepted, and every
-            // lookup through it then fails.
             .action(NlRuleAction::ToTable);
-        request
-            .message_mut()
-            .attributes
-            .push(RuleAttribute::Protocol(protocol()));
-        settled(request.execute().await, format!("add rule \"{rule}\""))
+        let result = match rule.from {
+            IpNet::V4(from) => {
+                let mut request = add.v4().source_prefix(from.addr(), from.prefix_len());
+                request
+                    .message_mut()
+                    .attributes
+                    .push(RuleAttribute::Protocol(protocol()));
+                request.execute().await
+            }
+            IpNet::V6(from) => {
+                let mut request = add.v6().source_prefix(from.addr(), from.prefix_len());
+                request
+                    .message_mut()
+                    .attributes
+                    .push(RuleAttribute::Protocol(protocol()));
+                request.execute().await
+            }
+        };
+        settled(result, format!("add rule \"{rule}\""))
     }
 
     pub async fn remove_rule(&self, rule: &Rule, msg: RuleMessage) -> Result<(), NetlinkError> {
@@ -361,26 +445,52 @@ impl Kernel {
     }
 
     pub async fn add_route(&self, route: &Route, name: &str) -> Result<(), NetlinkError> {
-        let mut builder = RouteMessageBuilder::<Ipv4Addr>::new()
-            .table_id(route.table)
-            .output_interface(route.interface)
-            .protocol(protocol())
-            .scope(match route.scope {
-                Scope::Link => RouteScope::Link,
-                Scope::Universe => RouteScope::Universe,
-            });
-        if route.destination.prefix_len() > 0 {
-            builder = builder
-                .destination_prefix(route.destination.addr(), route.destination.prefix_len());
-        }
-        if let Some(g) = route.gateway {
-            builder = builder.gateway(g);
-        }
-        if let Some(s) = route.source {
-            builder = builder.pref_source(s);
-        }
+        let scope = match route.scope {
+            Scope::Link => RouteScope::Link,
+            Scope::Universe => RouteScope::Universe,
+        };
+        // One builder per family: its address types are fixed by it. A
+        // gateway or source of the other family is a plan error, dropped.
+        let message = match route.destination {
+            IpNet::V4(destination) => {
+                let mut builder = RouteMessageBuilder::<Ipv4Addr>::new()
+                    .table_id(route.table)
+                    .output_interface(route.interface)
+                    .protocol(protocol())
+                    .scope(scope);
+                if destination.prefix_len() > 0 {
+                    builder =
+                        builder.destination_prefix(destination.addr(), destination.prefix_len());
+                }
+                if let Some(IpAddr::V4(g)) = route.gateway {
+                    builder = builder.gateway(g);
+                }
+                if let Some(IpAddr::V4(s)) = route.source {
+                    builder = builder.pref_source(s);
+                }
+                builder.build()
+            }
+            IpNet::V6(destination) => {
+                let mut builder = RouteMessageBuilder::<Ipv6Addr>::new()
+                    .table_id(route.table)
+                    .output_interface(route.interface)
+                    .protocol(protocol())
+                    .scope(scope);
+                if destination.prefix_len() > 0 {
+                    builder =
+                        builder.destination_prefix(destination.addr(), destination.prefix_len());
+                }
+                if let Some(IpAddr::V6(g)) = route.gateway {
+                    builder = builder.gateway(g);
+                }
+                if let Some(IpAddr::V6(s)) = route.source {
+                    builder = builder.pref_source(s);
+                }
+                builder.build()
+            }
+        };
         settled(
-            self.handle.route().add(builder.build()).execute().await,
+            self.handle.route().add(message).execute().await,
             format!("add route \"{}\"", route.display(name)),
         )
     }
@@ -417,16 +527,20 @@ fn settled(result: Result<(), rtnetlink::Error>, what: String) -> Result<(), Net
 pub enum Event {
     /// A link appeared, changed state or went away.
     Link { index: u32 },
-    /// An IPv4 address was added to or removed from a link.
+    /// An address was added to or removed from a link (or finished DAD).
     Address { index: u32 },
     /// Events were lost (the socket's buffer overflowed): resync everything.
     Lost,
 }
 
-/// Link and IPv4 address events, on a connection of their own.
+/// Link and address events of both families, on a connection of their
+/// own.
 pub fn events() -> io::Result<impl Stream<Item = Event> + Unpin + Send> {
-    let (connection, _, messages) =
-        rtnetlink::new_multicast_connection(&[MulticastGroup::Link, MulticastGroup::Ipv4Ifaddr])?;
+    let (connection, _, messages) = rtnetlink::new_multicast_connection(&[
+        MulticastGroup::Link,
+        MulticastGroup::Ipv4Ifaddr,
+        MulticastGroup::Ipv6Ifaddr,
+    ])?;
     tokio::spawn(connection);
     Ok(messages.filter_map(|(msg, _)| futures::future::ready(event_of(msg))))
 }

@@ -3,10 +3,10 @@
 //! writes what this module decides.
 
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use causeway_config::RoutedInterface;
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 /// The route protocol number (`proto` in `ip route`/`ip rule`) that marks
 /// what causeway installed. Anything else is never touched.
@@ -26,8 +26,9 @@ pub enum RuleAction {
 pub struct Rule {
     pub priority: u32,
     pub table: u32,
-    /// The source selector: `from <address>/32`.
-    pub from: Ipv4Net,
+    /// The source selector: `from <address>/32` (or `/128`); its family
+    /// is the rule's.
+    pub from: IpNet,
     pub action: RuleAction,
 }
 
@@ -40,10 +41,11 @@ pub enum Scope {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     pub table: u32,
-    pub destination: Ipv4Net,
-    pub gateway: Option<Ipv4Addr>,
+    /// Its family is the route's.
+    pub destination: IpNet,
+    pub gateway: Option<IpAddr>,
     /// The preferred source (`src`).
-    pub source: Option<Ipv4Addr>,
+    pub source: Option<IpAddr>,
     /// The output interface's index.
     pub interface: u32,
     pub scope: Scope,
@@ -102,22 +104,23 @@ pub fn wanted(iface: &RoutedInterface, index: u32) -> (Rule, Vec<Route>) {
     let rule = Rule {
         priority: iface.priority,
         table: iface.table,
-        from: Ipv4Net::from(iface.address),
+        from: IpNet::V4(Ipv4Net::from(iface.address)),
         action: RuleAction::ToTable,
     };
+    let gateway = Some(IpAddr::V4(iface.gateway));
     let mut routes = vec![
         Route {
             table: iface.table,
-            destination: iface.cidr.trunc(),
+            destination: IpNet::V4(iface.cidr.trunc()),
             gateway: None,
-            source: Some(iface.address),
+            source: Some(IpAddr::V4(iface.address)),
             interface: index,
             scope: Scope::Link,
         },
         Route {
             table: iface.table,
-            destination: Ipv4Net::default(),
-            gateway: Some(iface.gateway),
+            destination: IpNet::V4(Ipv4Net::default()),
+            gateway,
             source: None,
             interface: index,
             scope: Scope::Universe,
@@ -126,14 +129,44 @@ pub fn wanted(iface: &RoutedInterface, index: u32) -> (Rule, Vec<Route>) {
     for extra in &iface.extra_routes {
         routes.push(Route {
             table: iface.table,
-            destination: extra.trunc(),
-            gateway: Some(iface.gateway),
+            destination: IpNet::V4(extra.trunc()),
+            gateway,
             source: None,
             interface: index,
             scope: Scope::Universe,
         });
     }
     (rule, routes)
+}
+
+/// The v6 rule and routes of an interface with a v6 side: the v6 table of
+/// the same number, at the same priority. Every v6 route is scope
+/// universe, as the kernel keeps v6 routes whatever scope is asked for.
+pub fn wanted_v6(iface: &RoutedInterface, index: u32) -> Option<(Rule, Vec<Route>)> {
+    let v6 = iface.ipv6.as_ref()?;
+    let rule = Rule {
+        priority: iface.priority,
+        table: iface.table,
+        from: IpNet::V6(Ipv6Net::from(v6.address)),
+        action: RuleAction::ToTable,
+    };
+    let gateway = Some(IpAddr::V6(v6.gateway));
+    let route = |destination: Ipv6Net, gateway: Option<IpAddr>, source: Option<IpAddr>| Route {
+        table: iface.table,
+        destination: IpNet::V6(destination),
+        gateway,
+        source,
+        interface: index,
+        scope: Scope::Universe,
+    };
+    let mut routes = vec![
+        route(v6.cidr.trunc(), None, Some(IpAddr::V6(v6.address))),
+        route(Ipv6Net::default(), gateway, None),
+    ];
+    for extra in &v6.extra_routes {
+        routes.push(route(extra.trunc(), gateway, None));
+    }
+    Some((rule, routes))
 }
 
 /// The steps from what is installed (only what carries [`PROTOCOL`]) to
@@ -196,11 +229,12 @@ mod tests {
         RoutedInterface {
             interface: "net1".into(),
             cidr: "192.168.100.7/24".parse().unwrap(),
-            address: Ipv4Addr::new(192, 168, 100, 2),
-            gateway: Ipv4Addr::new(192, 168, 100, 1),
+            address: std::net::Ipv4Addr::new(192, 168, 100, 2),
+            gateway: std::net::Ipv4Addr::new(192, 168, 100, 1),
             table: 100,
             priority: 1000,
             extra_routes: vec!["10.20.0.0/16".parse().unwrap()],
+            ipv6: None,
         }
     }
 
@@ -254,7 +288,7 @@ mod tests {
     fn unwanted_and_changed_routes_go_duplicates_too() {
         let (rule, routes) = wanted(&net1(), 7);
         let mut moved = net1();
-        moved.gateway = Ipv4Addr::new(192, 168, 100, 254);
+        moved.gateway = std::net::Ipv4Addr::new(192, 168, 100, 254);
         moved.extra_routes.clear();
         let (_, now) = wanted(&moved, 7);
         let c = diff(
@@ -276,5 +310,31 @@ mod tests {
         let c = diff(&[rule.clone()], &after, &[rule], &before);
         assert_eq!(c.remove_routes, before);
         assert_eq!(c.add_routes, after);
+    }
+
+    #[test]
+    fn a_v6_side_wants_its_own_rule_and_routes_in_the_same_numbered_table() {
+        let mut iface = net1();
+        iface.ipv6 = Some(causeway_config::RoutedV6 {
+            cidr: "fd42:10::/64".parse().unwrap(),
+            address: "fd42:10::2".parse().unwrap(),
+            gateway: "fe80::1".parse().unwrap(),
+            extra_routes: vec!["fd43::/48".parse().unwrap()],
+        });
+        assert!(wanted_v6(&net1(), 7).is_none());
+        let (rule, routes) = wanted_v6(&iface, 7).unwrap();
+        assert_eq!(rule.to_string(), "1000: from fd42:10::2/128 lookup 100");
+        let shown: Vec<String> = routes
+            .iter()
+            .map(|r| r.display("net1").to_string())
+            .collect();
+        assert_eq!(
+            shown,
+            vec![
+                "fd42:10::/64 dev net1 src fd42:10::2 table 100",
+                "default via fe80::1 dev net1 table 100",
+                "fd43::/48 via fe80::1 dev net1 table 100",
+            ]
+        );
     }
 }

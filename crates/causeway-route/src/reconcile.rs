@@ -15,7 +15,7 @@ use tokio::sync::Mutex;
 
 use crate::metrics::RouteMetrics;
 use crate::netlink::{events, Kernel, NetlinkError};
-use crate::plan::{diff, wanted, Changes, Route, Rule};
+use crate::plan::{diff, wanted, wanted_v6, Changes, Route, Rule};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RouteError {
@@ -45,6 +45,9 @@ pub enum Status {
     LinkDown,
     LinkMissing,
     AddressMissing,
+    /// The v4 side routed; the v6 address is not on the link yet (or is
+    /// still tentative: the kernel takes no route from it until DAD ends).
+    V6AddressMissing,
 }
 
 impl Status {
@@ -54,6 +57,7 @@ impl Status {
             Status::LinkDown => "link down",
             Status::LinkMissing => "interface missing",
             Status::AddressMissing => "address missing",
+            Status::V6AddressMissing => "v6 address missing",
         }
     }
 }
@@ -144,7 +148,38 @@ impl Reconciler {
         strict: bool,
         s: &mut Survey,
     ) -> Result<Status, RouteError> {
-        let Some(link) = self.kernel.link(&iface.interface).await? else {
+        let link = self.kernel.link(&iface.interface).await?;
+        let status = self.survey_v4(iface, strict, s, link.as_ref()).await?;
+        let Some((rule, routes)) = wanted_v6(iface, link.as_ref().map_or(0, |l| l.index)) else {
+            return Ok(status);
+        };
+        // The v6 side never fails a start: its address may come from the
+        // HA takeover or finish DAD after the process starts, and the
+        // address event then reconciles again.
+        s.want_rules.push(rule);
+        let Some(link) = link.filter(|l| l.up) else {
+            return Ok(status);
+        };
+        let address = iface.ipv6.as_ref().map(|v| v.address);
+        let usable = self.kernel.usable_addresses_v6(link.index).await?;
+        if address.is_some_and(|a| usable.contains(&a)) {
+            s.want_routes.extend(routes);
+            Ok(status)
+        } else if status == Status::Routed {
+            Ok(Status::V6AddressMissing)
+        } else {
+            Ok(status)
+        }
+    }
+
+    async fn survey_v4(
+        &self,
+        iface: &RoutedInterface,
+        strict: bool,
+        s: &mut Survey,
+        link: Option<&crate::netlink::Link>,
+    ) -> Result<Status, RouteError> {
+        let Some(link) = link else {
             if strict {
                 return Err(RouteError::InterfaceMissing(iface.interface.clone()));
             }

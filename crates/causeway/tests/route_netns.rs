@@ -265,3 +265,80 @@ fn the_appliance_restores_routes_after_a_link_flap() {
         "{m}"
     );
 }
+
+/// A v6 client routed to the VLAN (fd43::5, behind the gateway
+/// fd42:10::1) pings the appliance's v6 address; the appliance's main
+/// table has no route back, so only the v6 policy route answers it.
+fn ping6_from_routed_client(vlan: &Netns) -> bool {
+    vlan.command("ping")
+        .args(["-6", "-c", "2", "-W", "2", "-I", "fd43::5", "fd42:10::2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[test]
+fn a_routed_v6_client_is_answered_through_the_v6_table_of_the_same_number() {
+    if !root_or_skip("a_routed_v6_client_is_answered_through_the_v6_table_of_the_same_number") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (appl, vlan) = lab();
+    appl.ip(&["addr", "add", "fd42:10::2/64", "dev", "net1", "nodad"]);
+    vlan.ip(&["addr", "add", "fd42:10::1/64", "dev", "gw0", "nodad"]);
+    vlan.ip(&["addr", "add", "fd43::5/128", "dev", "lo"]);
+    // Neighbour discovery on a link just up waits for its link-local
+    // addresses to leave DAD.
+    for (ns, dev) in [(&appl, "net1"), (&vlan, "gw0")] {
+        poll_until(Duration::from_secs(5), || {
+            let ll = ns.ip(&["-6", "-o", "addr", "show", "dev", dev, "scope", "link"]);
+            (!ll.is_empty() && !ll.contains("tentative")).then_some(())
+        })
+        .expect("link-local addresses out of DAD");
+    }
+    assert!(
+        !ping6_from_routed_client(&vlan),
+        "the routed client was answered before any policy routing"
+    );
+    let cfg = config(
+        dir.path(),
+        "  ipv6: {cidr: 'fd42:10::/64', address: 'fd42:10::2', gateway: 'fd42:10::1', extraRoutes: ['fd44::/48']}\n",
+    );
+    let out = ok(&causeway_route(&appl, "apply", &cfg));
+    assert!(out.contains("net1: routed"), "{out}");
+    let rules = appl.ip(&["-6", "rule", "show"]);
+    assert!(
+        rules.contains("1000:\tfrom fd42:10::2 lookup 100 proto 240"),
+        "{rules}"
+    );
+    let routes = appl.ip(&["-6", "route", "show", "table", "100"]);
+    for want in [
+        "fd42:10::/64 dev net1 proto 240 src fd42:10::2",
+        "fd44::/48 via fd42:10::1 dev net1 proto 240",
+        "default via fd42:10::1 dev net1 proto 240",
+    ] {
+        assert!(routes.contains(want), "missing {want:?} in:\n{routes}");
+    }
+    // The v4 side is there as before.
+    assert!(table_100(&appl).contains(DEFAULT_ROUTE));
+    assert!(
+        ping6_from_routed_client(&vlan),
+        "the routed v6 client got no answer with the v6 policy route in place:\n{}",
+        appl.ip(&["-6", "route", "show", "table", "all"])
+    );
+
+    let out = ok(&causeway_route(&appl, "apply", &cfg));
+    assert!(out.contains("0 change(s)"), "{out}");
+    let shown = ok(&causeway_route(&appl, "show", &cfg));
+    assert!(
+        !shown.contains("missing") && !shown.contains("unwanted"),
+        "{shown}"
+    );
+
+    let out = ok(&causeway_route(&appl, "flush", &cfg));
+    // Three v4 entries (the rule, the on-link and default routes), four v6.
+    assert!(out.contains("removed 7"), "{out}");
+    assert!(!appl.ip(&["-6", "rule", "show"]).contains("proto 240"));
+    assert!(!ping6_from_routed_client(&vlan), "answered after the flush");
+}

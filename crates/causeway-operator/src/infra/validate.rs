@@ -906,6 +906,7 @@ impl Render<'_> {
                 // /proc/sys is read-only in a container, and a new pod
                 // network namespace starts with rp_filter off.
                 loose_rp_filter: false,
+                ipv6: None,
             }),
             ..FileConfig::default()
         };
