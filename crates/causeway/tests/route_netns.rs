@@ -285,6 +285,18 @@ fn a_routed_v6_client_is_answered_through_the_v6_table_of_the_same_number() {
     }
     let dir = tempfile::tempdir().unwrap();
     let (appl, vlan) = lab();
+    let cfg = config(
+        dir.path(),
+        "  ipv6: {cidr: 'fd42:10::/64', address: 'fd42:10::2', gateway: 'fd42:10::1', extraRoutes: ['fd44::/48']}\n",
+    );
+    // Before the v6 address is there: the v4 side is routed, the v6 rule
+    // waits in place, and the start does not fail.
+    let out = ok(&causeway_route(&appl, "apply", &cfg));
+    assert!(out.contains("net1: v6 address missing"), "{out}");
+    assert!(appl
+        .ip(&["-6", "route", "show", "table", "100"])
+        .trim()
+        .is_empty());
     appl.ip(&["addr", "add", "fd42:10::2/64", "dev", "net1", "nodad"]);
     vlan.ip(&["addr", "add", "fd42:10::1/64", "dev", "gw0", "nodad"]);
     vlan.ip(&["addr", "add", "fd43::5/128", "dev", "lo"]);
@@ -299,11 +311,7 @@ fn a_routed_v6_client_is_answered_through_the_v6_table_of_the_same_number() {
     }
     assert!(
         !ping6_from_routed_client(&vlan),
-        "the routed client was answered before any policy routing"
-    );
-    let cfg = config(
-        dir.path(),
-        "  ipv6: {cidr: 'fd42:10::/64', address: 'fd42:10::2', gateway: 'fd42:10::1', extraRoutes: ['fd44::/48']}\n",
+        "the routed client was answered before the v6 routes were in place"
     );
     let out = ok(&causeway_route(&appl, "apply", &cfg));
     assert!(out.contains("net1: routed"), "{out}");
