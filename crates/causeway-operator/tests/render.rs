@@ -1382,3 +1382,164 @@ fn apps_ingress_on_the_infra_is_kept_and_its_attachment_given() {
         ("hc2", "hc2", "example.net")
     );
 }
+
+/// The reference Infra on a dual-stack VLAN: the additive fields only.
+fn dual_stack() -> Infra {
+    let mut infra = reference();
+    infra.spec.network_config.ipv6 = Some(causeway_operator::infra::crd::NetworkV6 {
+        cidr: "fd42:100::/64".into(),
+        gateway: "fe80::1".into(),
+    });
+    let comps = &mut infra.spec.infra_components;
+    comps.dhcp.as_mut().unwrap().server_ipv6 = Some("fd42:100::2".into());
+    comps.dns.as_mut().unwrap().server_ipv6 = Some("fd42:100::3/64".into());
+    comps.proxy.as_mut().unwrap().server_ipv6 = Some("fd42:100::10".into());
+    infra
+}
+
+#[test]
+fn a_dual_stack_infra_serves_dns_and_the_proxy_over_v6_and_routes_v6_replies() {
+    let infra = dual_stack();
+    let plan = plan_of(&infra);
+    let dns = plan_config(&plan, Component::Dns).dns.unwrap();
+    assert_eq!(
+        dns.listen
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["192.168.100.3:53", "[fd42:100::3]:53"]
+    );
+    let proxy = plan_config(&plan, Component::Proxy).proxy.unwrap();
+    assert!(
+        proxy
+            .listeners
+            .iter()
+            .any(|l| l.listen.to_string() == "[fd42:100::10]:6443"),
+        "{:?}",
+        proxy.listeners
+    );
+    // AAAA for the proxied names: the proxy's v6 address.
+    let text = &plan.component(Component::Dns).unwrap().config_text;
+    assert!(text.contains("proxyAddressV6: fd42:100::10"), "{text}");
+    for component in [Component::Dhcp, Component::Dns, Component::Proxy] {
+        let routing = plan_config(&plan, component).routing.unwrap();
+        let v6 = routing.interfaces[0].ipv6.as_ref().unwrap();
+        assert_eq!(v6.cidr.to_string(), "fd42:100::/64");
+        assert_eq!(v6.gateway.to_string(), "fe80::1");
+    }
+    // Both addresses on the VLAN attachment.
+    let r = render(&plan, &owner(), &settings());
+    let dns_pod = r
+        .components
+        .iter()
+        .find(|c| c.component.name() == "dns")
+        .unwrap();
+    let Workload::Deployment(d) = &dns_pod.workload else {
+        panic!("one DNS replica runs as a Deployment")
+    };
+    let annotations = d
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .annotations
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        annotations["k8s.v1.cni.cncf.io/networks"],
+        r#"[{"interface":"net1","ips":["192.168.100.3/24","fd42:100::3/64"],"name":"vlan100","namespace":"default"}]"#
+    );
+    // Without the v6 fields nothing changes: the Go operator's manifest
+    // means what it meant.
+    let v4 = plan_of(&reference());
+    let text = &v4.component(Component::Dns).unwrap().config_text;
+    assert!(!text.contains("V6") && !text.contains("ipv6"), "{text}");
+}
+
+#[test]
+fn a_dual_stack_pair_moves_the_v6_address_too() {
+    let mut infra = dual_stack();
+    infra.spec.infra_components.dns.as_mut().unwrap().replicas = Some(2);
+    let plan = plan_of(&infra);
+    let ha = plan_config(&plan, Component::Dns).ha.unwrap();
+    assert_eq!(
+        ha.addresses_v6
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["fd42:100::3/64"]
+    );
+}
+
+#[test]
+fn bad_v6_fields_get_their_precise_messages() {
+    type Change = fn(&mut Infra);
+    let table: Vec<(&str, Change, &str)> = vec![
+        (
+            "v6 address without a v6 network",
+            |i| i.spec.network_config.ipv6 = None,
+            "infraComponents.dhcp.serverIPv6: needs networkConfig.ipv6 (the VLAN's IPv6 prefix)",
+        ),
+        (
+            "bad v6 cidr",
+            |i| i.spec.network_config.ipv6.as_mut().unwrap().cidr = "fd42::/129".into(),
+            r#"networkConfig.ipv6.cidr: "fd42::/129" is not an IPv6 CIDR such as fd42:10::/64"#,
+        ),
+        (
+            "v6 address outside",
+            |i| {
+                i.spec.infra_components.dns.as_mut().unwrap().server_ipv6 =
+                    Some("fd43::3".into())
+            },
+            "infraComponents.dns.serverIPv6: fd43::3 is outside networkConfig.ipv6.cidr fd42:100::/64",
+        ),
+        (
+            "v6 address twice",
+            |i| {
+                i.spec.infra_components.proxy.as_mut().unwrap().server_ipv6 =
+                    Some("fd42:100::3".into())
+            },
+            "infraComponents.proxy.serverIPv6: fd42:100::3 is also infraComponents.dns.serverIPv6",
+        ),
+        (
+            "v6 prefix length differs",
+            |i| {
+                i.spec.infra_components.dns.as_mut().unwrap().server_ipv6 =
+                    Some("fd42:100::3/80".into())
+            },
+            "infraComponents.dns.serverIPv6: prefix /80 differs from networkConfig.ipv6.cidr fd42:100::/64",
+        ),
+        (
+            "a v6 VLAN inside OVN's join subnets",
+            |i| {
+                i.spec.network_config.ipv6.as_mut().unwrap().cidr = "fd99::/64".into();
+                let c = &mut i.spec.infra_components;
+                c.dhcp.as_mut().unwrap().server_ipv6 = Some("fd99::2".into());
+                c.dns.as_mut().unwrap().server_ipv6 = Some("fd99::3".into());
+                c.proxy.as_mut().unwrap().server_ipv6 = Some("fd99::10".into());
+            },
+            "networkConfig.ipv6.cidr: fd99::/64 overlaps fd99::/64, inside fd97::/64–fd99::/64",
+        ),
+    ];
+    for (what, change, want) in table {
+        let mut infra = dual_stack();
+        change(&mut infra);
+        let errors = validate(
+            &infra.spec,
+            "example-infra",
+            "clusters",
+            None,
+            &no_services,
+            &[],
+        )
+        .err()
+        .unwrap_or_else(|| panic!("{what}: accepted"));
+        assert!(
+            errors.iter().any(|e| e.starts_with(want)),
+            "{what}: no error starting {want:?} in {errors:#?}"
+        );
+    }
+}

@@ -154,6 +154,22 @@ pub struct NetworkConfig {
     /// The RouteAdvertisements (cluster-scoped) of a BGP-exposed network.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route_advertisements_ref: Option<NamedRef>,
+    /// A causeway addition for a dual-stack VLAN: its IPv6 prefix and
+    /// router. Each component given `serverIPv6` then serves over v6 too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<NetworkV6>,
+}
+
+/// The VLAN's IPv6 side.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkV6 {
+    /// The VLAN's IPv6 prefix, such as fd42:10::/64.
+    pub cidr: String,
+    /// The VLAN's IPv6 router (often link-local, fe80::1): the pods' v6
+    /// replies to routed clients go through it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub gateway: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -249,6 +265,14 @@ pub struct DhcpSpec {
     /// VLAN's prefix length (`192.168.100.2/24`).
     #[serde(rename = "serverIP", default, skip_serializing_if = "Option::is_none")]
     pub server_ip: Option<String>,
+    /// A causeway addition: the pod's static IPv6 address on the VLAN
+    /// (inside networkConfig.ipv6.cidr), optionally with its prefix length.
+    #[serde(
+        rename = "serverIPv6",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub server_ipv6: Option<String>,
     /// 1 (the default) or 2, a causeway addition: two pods run the
     /// component, one active holding serverIP and one standing by; a
     /// coordination.k8s.io Lease settles which.
@@ -275,6 +299,7 @@ impl Default for DhcpSpec {
         DhcpSpec {
             enabled: true,
             server_ip: None,
+            server_ipv6: None,
             replicas: None,
             range_start: None,
             range_end: None,
@@ -303,6 +328,14 @@ pub struct DnsSpec {
     /// VLAN's prefix length); the DNS server DHCP hands out.
     #[serde(rename = "serverIP", default, skip_serializing_if = "Option::is_none")]
     pub server_ip: Option<String>,
+    /// A causeway addition: the pod's static IPv6 address on the VLAN
+    /// (inside networkConfig.ipv6.cidr), optionally with its prefix length.
+    #[serde(
+        rename = "serverIPv6",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub server_ipv6: Option<String>,
     /// 1 (the default) or 2, a causeway addition: two pods run the
     /// component, one active holding serverIP and one standing by; a
     /// coordination.k8s.io Lease settles which.
@@ -325,6 +358,7 @@ impl Default for DnsSpec {
         DnsSpec {
             enabled: true,
             server_ip: None,
+            server_ipv6: None,
             replicas: None,
             base_domain: None,
             cluster_name: None,
@@ -354,6 +388,14 @@ pub struct ProxySpec {
     /// and, with an ingress target, *.apps resolve to it on the VLAN.
     #[serde(rename = "serverIP", default, skip_serializing_if = "Option::is_none")]
     pub server_ip: Option<String>,
+    /// A causeway addition: the pod's static IPv6 address on the VLAN
+    /// (inside networkConfig.ipv6.cidr), optionally with its prefix length.
+    #[serde(
+        rename = "serverIPv6",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub server_ipv6: Option<String>,
     /// 1 (the default) or 2, a causeway addition: two pods run the
     /// component, one active holding serverIP and one standing by; a
     /// coordination.k8s.io Lease settles which.
@@ -421,6 +463,7 @@ impl Default for ProxySpec {
         ProxySpec {
             enabled: true,
             server_ip: None,
+            server_ipv6: None,
             replicas: None,
             internal_proxy_service: None,
             control_plane_namespace: None,

@@ -123,6 +123,8 @@ pub struct Settings {
 pub struct ComponentPlan {
     pub component: Component,
     pub server_ip: Ipv4Addr,
+    /// Its static v6 address on a dual-stack VLAN.
+    pub server_ipv6: Option<std::net::Ipv6Addr>,
     /// 1, or 2 for an active and a standby replica.
     pub replicas: i32,
     /// The config as the ConfigMap holds it (YAML), already validated.
@@ -133,6 +135,8 @@ pub struct ComponentPlan {
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub cidr: Ipv4Net,
+    /// The VLAN's v6 prefix, on a dual-stack VLAN.
+    pub cidr_v6: Option<ipnet::Ipv6Net>,
     pub nad_name: String,
     pub nad_namespace: String,
     pub components: Vec<ComponentPlan>,

@@ -238,12 +238,22 @@ pub fn appliance_config(plan: &Plan, component: Component) -> String {
 
 /// The Multus annotation: the VLAN attachment with this pod's static
 /// address and the VLAN's prefix length.
-pub fn networks_annotation(plan: &Plan, address: std::net::Ipv4Addr) -> String {
+pub fn networks_annotation(
+    plan: &Plan,
+    address: std::net::Ipv4Addr,
+    address_v6: Option<std::net::Ipv6Addr>,
+) -> String {
+    let v6 = address_v6
+        .zip(plan.cidr_v6)
+        .map(|(a, net)| format!("{a}/{}", net.prefix_len()));
+    let ips: Vec<String> = std::iter::once(format!("{address}/{}", plan.cidr.prefix_len()))
+        .chain(v6)
+        .collect();
     serde_json::json!([{
         "name": plan.nad_name,
         "namespace": plan.nad_namespace,
         "interface": VLAN_INTERFACE,
-        "ips": [format!("{address}/{}", plan.cidr.prefix_len())],
+        "ips": ips,
     }])
     .to_string()
 }
@@ -418,7 +428,11 @@ fn pod_template(
     let networks = if replicated {
         replica_networks_annotation(plan)
     } else {
-        networks_annotation(plan, address)
+        networks_annotation(
+            plan,
+            address,
+            plan.component(component).and_then(|c| c.server_ipv6),
+        )
     };
     PodTemplateSpec {
         metadata: Some(ObjectMeta {

@@ -9,14 +9,14 @@
 //! not the VLAN's, a Service that is not there) is checked here; everything
 //! about addresses, ranges, names and durations is the validator's.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use causeway_config::{
     Config, FileAdmin, FileCluster, FileConfig, FileDhcp, FileDhcpListen, FileDns, FileDuration,
     FileHa, FileHaLease, FileLog, FileNetwork, FileProxy, FileRange, FileRecord, FileReplica,
-    FileReservation, FileRouting, FileServedCluster, FileSubnet, FileView, HaMode,
+    FileReservation, FileRoutedV6, FileRouting, FileServedCluster, FileSubnet, FileView, HaMode,
 };
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde_json::Value;
 
 use super::attachment::{
@@ -403,7 +403,10 @@ pub fn validate(
         if replicas > 1 {
             render.ha(&mut file, &mut origins, *component, own_path, address);
         }
-        if let Some(plan) = checked(&mut e, &mut unplaced, *component, replicas, &file, &origins) {
+        if let Some(mut plan) =
+            checked(&mut e, &mut unplaced, *component, replicas, &file, &origins)
+        {
+            plan.server_ipv6 = placed.v6_of(*component);
             components.push(plan);
         }
     }
@@ -426,6 +429,7 @@ pub fn validate(
     };
     Ok(Plan {
         cidr,
+        cidr_v6: placed.cidr_v6,
         nad_name: network.nad_name,
         nad_namespace: network.nad_namespace,
         components,
@@ -680,6 +684,9 @@ struct Placed {
     /// out (its error is reported).
     servers: Vec<(Component, &'static str, String)>,
     replica_counts: Vec<(Component, i32)>,
+    /// The VLAN's v6 prefix and each component's v6 address, where given.
+    cidr_v6: Option<Ipv6Net>,
+    servers_v6: Vec<(Component, Ipv6Addr)>,
 }
 
 impl Placed {
@@ -688,6 +695,13 @@ impl Placed {
             .iter()
             .find(|(k, _)| *k == c)
             .map_or(1, |(_, n)| *n)
+    }
+
+    fn v6_of(&self, c: Component) -> Option<Ipv6Addr> {
+        self.servers_v6
+            .iter()
+            .find(|(k, _)| *k == c)
+            .map(|(_, a)| *a)
     }
 
     fn address_of(&self, c: Component) -> Option<String> {
@@ -700,10 +714,83 @@ impl Placed {
 
 fn place_components(e: &mut Errors, spec: &InfraSpec, cidr: Ipv4Net, infra_name: &str) -> Placed {
     let comps = &spec.infra_components;
+    let cidr_v6 =
+        spec.network_config
+            .ipv6
+            .as_ref()
+            .and_then(|v6| match v6.cidr.trim().parse::<Ipv6Net>() {
+                Ok(n) => Some(n.trunc()),
+                Err(_) => {
+                    e.fail(format!(
+                        "networkConfig.ipv6.cidr: {:?} is not an IPv6 CIDR such as fd42:10::/64",
+                        v6.cidr
+                    ));
+                    None
+                }
+            });
     let mut placed = Placed {
         servers: Vec::new(),
         replica_counts: Vec::new(),
+        cidr_v6,
+        servers_v6: Vec::new(),
     };
+    let given_v6 = [
+        (
+            Component::Dhcp,
+            comps.dhcp_enabled().and_then(|d| d.server_ipv6.as_deref()),
+        ),
+        (
+            Component::Dns,
+            comps.dns_enabled().and_then(|d| d.server_ipv6.as_deref()),
+        ),
+        (
+            Component::Proxy,
+            comps.proxy_enabled().and_then(|p| p.server_ipv6.as_deref()),
+        ),
+    ];
+    for (component, text) in given_v6 {
+        let Some(text) = text.map(str::trim).filter(|t| !t.is_empty()) else {
+            continue;
+        };
+        let path = format!("infraComponents.{}.serverIPv6", component.name());
+        let Some(net) = placed.cidr_v6 else {
+            if spec.network_config.ipv6.is_none() {
+                e.fail(format!(
+                    "{path}: needs networkConfig.ipv6 (the VLAN's IPv6 prefix)"
+                ));
+            }
+            continue;
+        };
+        let (address, prefix) = match text.split_once('/') {
+            Some((a, p)) => (a.trim(), Some(p.trim())),
+            None => (text, None),
+        };
+        let Ok(address) = address.parse::<Ipv6Addr>() else {
+            e.fail(format!("{path}: {address:?} is not an IPv6 address"));
+            continue;
+        };
+        if prefix.is_some_and(|p| p.parse::<u8>().ok() != Some(net.prefix_len())) {
+            e.fail(format!(
+                "{path}: prefix /{} differs from networkConfig.ipv6.cidr {net}",
+                prefix.unwrap_or_default()
+            ));
+            continue;
+        }
+        if !net.contains(&address) {
+            e.fail(format!(
+                "{path}: {address} is outside networkConfig.ipv6.cidr {net}"
+            ));
+            continue;
+        }
+        if let Some((other, _)) = placed.servers_v6.iter().find(|(_, a)| *a == address) {
+            e.fail(format!(
+                "{path}: {address} is also infraComponents.{}.serverIPv6",
+                other.name()
+            ));
+            continue;
+        }
+        placed.servers_v6.push((component, address));
+    }
     let enabled = [
         (
             Component::Dhcp,
@@ -906,7 +993,7 @@ impl Render<'_> {
                 // /proc/sys is read-only in a container, and a new pod
                 // network namespace starts with rp_filter off.
                 loose_rp_filter: false,
-                ipv6: None,
+                ipv6: self.routing_v6(component, &mut origins),
             }),
             ..FileConfig::default()
         };
@@ -1020,10 +1107,19 @@ impl Render<'_> {
             ],
             None => Vec::new(),
         };
+        let own_v6 = self.placed.v6_of(Component::Dns);
+        if own_v6.is_some() {
+            origins.add("dns.listen[1]", "infraComponents.dns.serverIPv6");
+        }
+        let proxy_v6 = self.placed.v6_of(Component::Proxy);
+        origins.add("dns.proxyAddressV6", "infraComponents.proxy.serverIPv6");
         file.dns = Some(FileDns {
             enabled: true,
-            listen: vec![format!("{address}:53")],
+            listen: std::iter::once(format!("{address}:53"))
+                .chain(own_v6.map(|a| format!("[{a}]:53")))
+                .collect(),
             proxy_address: proxy,
+            proxy_address_v6: proxy_v6.map(|a| a.to_string()),
             ingress_address: if views.is_empty() { apps } else { None },
             upstreams: net.dns_servers.clone(),
             records: d
@@ -1041,6 +1137,29 @@ impl Render<'_> {
         });
     }
 
+    /// The component's v6 policy routing, when it has a v6 address and the
+    /// VLAN a v6 router to answer routed clients through.
+    fn routing_v6(&self, component: Component, origins: &mut Origins) -> Option<FileRoutedV6> {
+        let address = self.placed.v6_of(component)?;
+        let net = self.placed.cidr_v6?;
+        let gateway = self.spec.network_config.ipv6.as_ref()?.gateway.trim();
+        if gateway.is_empty() {
+            return None;
+        }
+        origins.add("routing.ipv6.cidr", "networkConfig.ipv6.cidr");
+        origins.add("routing.ipv6.gateway", "networkConfig.ipv6.gateway");
+        origins.add(
+            "routing.ipv6.address",
+            format!("infraComponents.{}.serverIPv6", component.name()),
+        );
+        Some(FileRoutedV6 {
+            cidr: net.to_string(),
+            address: address.to_string(),
+            gateway: gateway.to_string(),
+            extra_routes: Vec::new(),
+        })
+    }
+
     /// Two replicas: the `ha` section, `address` moving between them.
     fn ha(
         &self,
@@ -1055,12 +1174,20 @@ impl Render<'_> {
             "ha",
             format!("infraComponents.{}.replicas", component.name()),
         );
-        file.ha = Some(ha_section(
+        let mut ha = ha_section(
             self.infra_name,
             self.infra_namespace,
             component,
             format!("{address}/{}", self.cidr.prefix_len()),
-        ));
+        );
+        if let (Some(a), Some(net)) = (self.placed.v6_of(component), self.placed.cidr_v6) {
+            origins.add(
+                "ha.addressesV6",
+                format!("infraComponents.{}.serverIPv6", component.name()),
+            );
+            ha.addresses_v6 = vec![format!("{a}/{}", net.prefix_len())];
+        }
+        file.ha = Some(ha);
     }
 
     fn proxy(&self, file: &mut FileConfig, origins: &mut Origins, p: &ProxySpec, address: &str) {
@@ -1076,9 +1203,11 @@ impl Render<'_> {
         origins.add("proxy.ingressHttps", "infraComponents.proxy.ingressHttps");
         origins.add("proxy.ingressHttp", "infraComponents.proxy.ingressHttp");
         origins.add("proxy.extraListeners", "infraComponents.proxy.extraRoutes");
+        origins.add("proxy.listenAddressV6", "infraComponents.proxy.serverIPv6");
         file.proxy = Some(FileProxy {
             enabled: true,
             listen_address: Some(address.to_string()),
+            listen_address_v6: self.placed.v6_of(Component::Proxy).map(|a| a.to_string()),
             control_plane_namespace: self.control_plane_namespace.clone(),
             api_server_service: p.api_server_service.clone(),
             ingress_https: p.ingress_https.clone(),
@@ -1119,6 +1248,8 @@ fn checked(
             Some(ComponentPlan {
                 component,
                 server_ip,
+                // Set by the caller, which placed it.
+                server_ipv6: None,
                 replicas,
                 config_text: text,
             })
