@@ -97,7 +97,7 @@ if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
   # writes what it finds to the uncommitted fuzz/corpus/<target>. The
   # targets build once, together, under target/ (so a cached target/ keeps
   # their dependencies too), then run two at a time: libFuzzer uses one core.
-  fuzz_targets=(dhcp_engine dns_query dns_fastpath dns_response lease_log client_hello config router_solicitation)
+  fuzz_targets=(dhcp_engine dns_query dns_fastpath dns_response lease_log client_hello config router_solicitation dhcp6_message)
   (cd fuzz && cargo +nightly fuzz build --target-dir ../target/fuzz)
   fuzz_one() {
     mkdir -p "fuzz/corpus/$1"

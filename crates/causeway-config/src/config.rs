@@ -28,6 +28,7 @@ pub struct FileConfig {
     pub routing: Option<crate::routing::FileRouting>,
     pub ha: Option<crate::ha::FileHa>,
     pub router_advertisements: Option<crate::ra::FileRouterAdvertisements>,
+    pub dhcp6: Option<crate::dhcp6::FileDhcp6>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -46,6 +47,7 @@ pub struct Config {
     pub routing: Option<crate::routing::RoutingConfig>,
     pub ha: Option<crate::ha::HaConfig>,
     pub router_advertisements: Option<crate::ra::RouterAdvertConfig>,
+    pub dhcp6: Option<crate::dhcp6::Dhcp6Config>,
 }
 
 pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
@@ -124,6 +126,16 @@ pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
         _ => None,
     };
 
+    let dhcp6 = match file.dhcp6 {
+        Some(d) if d.enabled => crate::dhcp6::validate(
+            &mut c,
+            d,
+            network.as_ref().and_then(|n| n.interface.as_deref()),
+            cluster.as_ref(),
+        ),
+        _ => None,
+    };
+
     if c.errors.is_empty() {
         Ok(Config {
             log,
@@ -137,6 +149,7 @@ pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
             routing,
             ha,
             router_advertisements,
+            dhcp6,
         })
     } else {
         Err(ConfigErrors(c.errors))

@@ -14,6 +14,7 @@ mod clusters;
 mod collector;
 mod config;
 mod dhcp;
+mod dhcp6;
 mod dns;
 mod error;
 mod ha;
@@ -34,6 +35,7 @@ pub use dhcp::{
     SubnetOptions, DEFAULT_DECLINE_PROBATION, DEFAULT_LEASE_FILE, DEFAULT_LEASE_TIME,
     DEFAULT_MAX_IN_FLIGHT, DEFAULT_OFFER_TIMEOUT, DEFAULT_RATE_LIMIT_PER_CLIENT,
 };
+pub use dhcp6::{Dhcp6Config, FileDhcp6};
 pub use dns::{
     reverse_name, CacheConfig, DnsConfig, DnsRecord, DnsView, FileCache, FileDns, FileRecord,
     FileView, RecordData, UpstreamPolicy, MAX_UPSTREAMS, PROXIED_NAMES, SYSTEM_UPSTREAMS,

@@ -1133,3 +1133,39 @@ fn routing_takes_a_v6_side_in_its_own_table_of_the_same_number() {
         );
     }
 }
+
+#[test]
+fn dhcp6_serves_the_clusters_domain_by_default_and_refuses_what_clients_would_not_take() {
+    let d = Config::from_yaml(&format!(
+        "{VLAN}dhcp6:\n  dnsServers: ['fd42:10::53']\n  informationRefreshTime: 1h\n"
+    ))
+    .unwrap()
+    .dhcp6
+    .unwrap();
+    assert_eq!(d.interface, "net1");
+    assert_eq!(d.domain_search, ["hc1.example.com"]);
+    assert_eq!(d.information_refresh_time.map(|t| t.as_secs()), Some(3600));
+    let errs = errors(
+        "dhcp6:\n  dnsServers: ['ff02::1', nope]\n  domainSearch: ['bad name']\n  informationRefreshTime: 1m\n  serverDuid: '00'\n",
+    );
+    for want in [
+        "dhcp6.interface: is required",
+        "dhcp6.dnsServers[0]: ff02::1 is not a unicast address",
+        "dhcp6.dnsServers[1]: nope is not an IPv6 address",
+        "dhcp6.domainSearch[0]: bad name is not a DNS name",
+        "dhcp6.informationRefreshTime: 1m is outside 10m",
+        "dhcp6.serverDuid: 00 is not a DUID",
+    ] {
+        assert!(
+            errs.iter().any(|e| e.starts_with(want)),
+            "no error starting {want:?} in:\n{}",
+            errs.join("\n")
+        );
+    }
+    let errs = errors("dhcp6: {interface: net1}\n");
+    assert!(
+        errs.iter()
+            .any(|e| e.starts_with("dhcp6.dnsServers: serves nothing")),
+        "{errs:?}"
+    );
+}

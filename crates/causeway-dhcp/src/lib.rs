@@ -8,7 +8,8 @@
 //! server ([`DhcpServer`]) sends a reply only after its lease change is on
 //! stable storage.
 //!
-//! It is not a general DHCP server: DHCPv4 only (no DHCPv6), and it sends
+//! It is not a general DHCP server: of DHCPv6 it serves the stateless
+//! part only ([`v6`], [`server6`]; no addresses from pools), and it sends
 //! no DNS updates of its own (whoever runs it is told of each lease through
 //! a [`LeaseObserver`]). It does not parse config files; it takes
 //! [`causeway_config::DhcpConfig`].
@@ -27,9 +28,11 @@ pub mod pool;
 pub mod replica;
 pub mod reply;
 pub mod server;
+pub mod server6;
 #[cfg(test)]
 mod sim;
 pub mod store;
+pub mod v6;
 pub mod wire;
 
 pub use client::ClientKey;
@@ -37,6 +40,7 @@ pub use engine::{Destination, Engine, Ignored, Ingress, Outcome, PoolStats, Repl
 pub use lease::{Lease, LeaseObserver, LeaseRecord, LeaseState};
 pub use metrics::DhcpMetrics;
 pub use server::{unix_now, DhcpError, DhcpServer};
+pub use server6::{Dhcp6Error, Dhcp6Metrics, Dhcp6Server};
 pub use store::{parse_log, read_log, LeaseStore, Recovery, StoreError};
 
 /// Feeds arbitrary bytes through decode and the engine, as a fuzz target and

@@ -341,7 +341,14 @@ async fn run(
                             if let Some(m) = &metrics {
                                 m.send_failures.with_label_values(&["error"]).inc();
                             }
-                            tracing::warn!(interface = %cfg.interface, %to, "router advertisement not sent: {e}");
+                            // A link without carrier refuses every send
+                            // until it comes up: not worth a warning each.
+                            let down = matches!(e.raw_os_error(), Some(libc::ENETDOWN | libc::ENOBUFS));
+                            if down {
+                                tracing::debug!(interface = %cfg.interface, %to, "router advertisement not sent, the link is down: {e}");
+                            } else {
+                                tracing::warn!(interface = %cfg.interface, %to, "router advertisement not sent: {e}");
+                            }
                         }
                     }
                 }

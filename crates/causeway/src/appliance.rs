@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use causeway_config::{Config, LogFormat};
-use causeway_dhcp::{DhcpMetrics, DhcpServer, LeaseObserver, LeaseState};
+use causeway_dhcp::{
+    Dhcp6Metrics, Dhcp6Server, DhcpMetrics, DhcpServer, LeaseObserver, LeaseState,
+};
 use causeway_dns::{DnsMetrics, DnsServer, DynamicNames};
 use causeway_proxy::{ProxyMetrics, ProxyServer};
 use causeway_route::{AdvertMetrics, PolicyRouting, RouteMetrics, RouterAdvertiser};
@@ -31,12 +33,14 @@ impl Only {
                 cfg.proxy = None;
                 cfg.routing = None;
                 cfg.router_advertisements = None;
+                cfg.dhcp6 = None;
             }
             Only::Proxy => {
                 cfg.dhcp = None;
                 cfg.dns = None;
                 cfg.routing = None;
                 cfg.router_advertisements = None;
+                cfg.dhcp6 = None;
             }
         }
         cfg
@@ -325,6 +329,17 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
         }
         None => None,
     };
+    let dhcp6 = match &cfg.dhcp6 {
+        Some(d6) => {
+            let ready = readiness.register("dhcp6");
+            let metrics = Dhcp6Metrics::new(&registry).context("registering DHCPv6 metrics")?;
+            let server =
+                Dhcp6Server::start(d6, metrics, stop.clone()).context("DHCPv6 failed to start")?;
+            ready.set(true);
+            Some(server)
+        }
+        None => None,
+    };
     let (admin_addr, admin_task) = admin
         .bind(
             cfg.admin.listen,
@@ -372,6 +387,7 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
                         service::reload(dns.as_ref(), next.dns.as_ref()).await;
                         service::reload(proxy.as_ref(), next.proxy.as_ref()).await;
                         service::reload(adverts.as_ref(), next.router_advertisements.as_ref()).await;
+                        service::reload(dhcp6.as_ref(), next.dhcp6.as_ref()).await;
                         warn_restart_only(&running, &next);
                         warn_unreachable(&next);
                         tracing::info!(?cause, "config reloaded");
@@ -397,6 +413,7 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
     // Clients' connections first (up to the deadline), then what is
     // durable: DHCP last, so every lease queued reaches the disk.
     service::stop(adverts, DRAIN_DEADLINE).await;
+    service::stop(dhcp6, DRAIN_DEADLINE).await;
     service::stop(proxy, DRAIN_DEADLINE).await;
     service::stop(dns, DRAIN_DEADLINE).await;
     service::stop(dhcp, DRAIN_DEADLINE).await;

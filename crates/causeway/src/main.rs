@@ -392,6 +392,10 @@ fn check(path: &std::path::Path) -> ExitCode {
                 cfg.proxy.as_ref().map(|_| "proxy"),
                 cfg.routing.as_ref().map(|_| "routing"),
                 cfg.ha.as_ref().map(|_| "ha"),
+                cfg.router_advertisements
+                    .as_ref()
+                    .map(|_| "routerAdvertisements"),
+                cfg.dhcp6.as_ref().map(|_| "dhcp6"),
             ]
             .into_iter()
             .flatten()

@@ -29,6 +29,10 @@ fn check_accepts_the_examples() {
             "examples/appliance-clusters.yaml",
             "dhcp, dns, proxy, routing",
         ),
+        (
+            "examples/dual-stack.yaml",
+            "dhcp, dns, proxy, routing, routerAdvertisements, dhcp6",
+        ),
     ];
     // Every example on disk is checked: one added without a line above
     // would otherwise ship unvalidated.

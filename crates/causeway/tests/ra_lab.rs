@@ -274,3 +274,149 @@ fn a_replica_without_the_router_address_is_quiet_and_advertises_within_seconds_o
     assert_eq!(field(&seen, "DNS search list"), ["example.net"], "{seen}");
     appliance.stop();
 }
+
+/// A shell hook that records the DHCPv6 answer a client passes it, and
+/// changes nothing on the machine.
+fn dhcp6_hook(hook: &Path, log: &Path) {
+    fs::write(
+        hook,
+        format!(
+            "#!/bin/sh\n# causeway test hook: records the DHCPv6 options; never resolv.conf, routes or the hostname.\necho \"reason=$reason dns=$new_dhcp6_name_servers$new_dhcp6_domain_name_servers search=$new_dhcp6_domain_search\" >> '{}'\nexit 0\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    let executable = <fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755);
+    fs::set_permissions(hook, executable).unwrap();
+}
+
+fn link_local_ready(ns: &Netns, dev: &str) {
+    poll_until(Duration::from_secs(5), || {
+        let ll = ns.ip(&["-6", "-o", "addr", "show", "dev", dev, "scope", "link"]);
+        (!ll.is_empty() && !ll.contains("tentative")).then_some(())
+    })
+    .expect("the link-local address left DAD");
+}
+
+const STATELESS: &str = "  prefixes: [{prefix: 'fd42:10::/64'}]\n  otherConfig: true\ndhcp6:\n  interface: cw-ra0\n  dnsServers: ['fd42:10::53', 'fd42:10::54']\n  domainSearch: [hosted.example.com, example.com]\n";
+
+#[test]
+fn dhclient_in_stateless_mode_gets_dns_servers_and_search_domains_from_dhcpv6() {
+    if !root_or_skip("dhclient_in_stateless_mode_gets_dns_servers_and_search_domains_from_dhcpv6") {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("causeway-dhcp6-")
+        .tempdir()
+        .unwrap();
+    let (rtr, host) = link(false);
+    let appliance = start(dir.path(), &rtr, STATELESS);
+    host.ip(&["link", "set", HOST_IF, "up"]);
+    link_local_ready(&host, HOST_IF);
+    let (hook, log) = (dir.path().join("hook6.sh"), dir.path().join("hook6.log"));
+    dhcp6_hook(&hook, &log);
+    fs::write(dir.path().join("dhclient6.conf"), "").unwrap();
+    let dhclient = tool("dhclient", "isc-dhcp-client");
+    let out = support::run(
+        host.command("timeout")
+            .arg("20")
+            .arg(&dhclient)
+            .args(["-6", "-S", "-1", "-v", "-cf"])
+            .arg(dir.path().join("dhclient6.conf"))
+            .arg("-sf")
+            .arg(&hook)
+            .arg("-lf")
+            .arg(dir.path().join("dhclient6.leases"))
+            .arg("-pf")
+            .arg(dir.path().join("dhclient6.pid"))
+            .arg(HOST_IF),
+    );
+    let recorded = fs::read_to_string(&log).unwrap_or_default();
+    // ISC dhclient runs its hook for a stateless answer with the reason
+    // RENEW6 (INFORM6 in some of its versions).
+    let inform = recorded
+        .lines()
+        .find(|l| l.starts_with("reason=INFORM6") || l.starts_with("reason=RENEW6"))
+        .unwrap_or_else(|| {
+            panic!(
+                "no stateless answer from dhclient:\n{recorded}\n{out}\n{}",
+                appliance.proc.describe()
+            )
+        });
+    assert!(inform.contains("dns=fd42:10::53 fd42:10::54"), "{inform}");
+    assert!(
+        inform.contains("search=hosted.example.com. example.com."),
+        "{inform}"
+    );
+    let metrics = appliance.metrics();
+    assert_eq!(
+        metric(&metrics, "causeway_dhcp6_replies_total{path=\"direct\"}"),
+        Some(1.0)
+    );
+    let _ = fs::remove_file(dir.path().join("dhclient6.pid"));
+    appliance.stop();
+}
+
+#[test]
+fn dhcpcd_follows_the_o_flag_to_stateless_dhcpv6_beside_its_slaac_address() {
+    if !root_or_skip("dhcpcd_follows_the_o_flag_to_stateless_dhcpv6_beside_its_slaac_address") {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("causeway-dhcp6-")
+        .tempdir()
+        .unwrap();
+    let (rtr, host) = link(false);
+    let appliance = start(dir.path(), &rtr, STATELESS);
+    let (hook, log) = (dir.path().join("hook6.sh"), dir.path().join("hook6.log"));
+    dhcp6_hook(&hook, &log);
+    // dhcpcd keeps its state under /run/dhcpcd and /var/lib/dhcpcd, fixed
+    // at build time: a private mount namespace puts both in the temp dir.
+    let (run_dir, lib_dir) = (dir.path().join("run"), dir.path().join("lib"));
+    fs::create_dir_all(&run_dir).unwrap();
+    fs::create_dir_all(lib_dir.join("dhcpcd")).unwrap();
+    let conf = dir.path().join("dhcpcd.conf");
+    // IPv6 only: dhcpcd solicits the advertisement itself, forms the
+    // SLAAC address, and on the O flag asks DHCPv6 for the rest.
+    fs::write(
+        &conf,
+        "ipv6only\noption domain_name_servers, domain_search\n",
+    )
+    .unwrap();
+    host.ip(&["link", "set", HOST_IF, "up"]);
+    let dhcpcd = tool("dhcpcd", "dhcpcd-base");
+    let mut cmd = host.command(tool("unshare", "util-linux"));
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c"]);
+    cmd.arg(r#"mount --bind "$1" /run && mount --bind "$2" /var/lib && exec "$3" -6 -B -d -f "$4" -c "$5" "$6""#)
+        .arg("sh")
+        .arg(&run_dir)
+        .arg(&lib_dir)
+        .arg(&dhcpcd)
+        .arg(&conf)
+        .arg(&hook)
+        .arg(HOST_IF);
+    let client = support::Proc::spawn("dhcpcd", dir.path(), &mut cmd);
+    let found = poll_until(Duration::from_secs(20), || {
+        fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.contains("dns=fd42:10::53"))
+            .map(str::to_owned)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "dhcpcd passed no DHCPv6 DNS servers to its hook:\n{}\n{}\n{}",
+            fs::read_to_string(&log).unwrap_or_default(),
+            client.describe(),
+            appliance.proc.describe()
+        )
+    });
+    assert!(found.contains("fd42:10::54"), "{found}");
+    assert!(found.contains("hosted.example.com"), "{found}");
+    assert!(
+        !slaac_addresses(&host).is_empty(),
+        "the SLAAC address beside it"
+    );
+    drop(client);
+    appliance.stop();
+}
