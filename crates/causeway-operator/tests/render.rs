@@ -1389,6 +1389,7 @@ fn dual_stack() -> Infra {
     infra.spec.network_config.ipv6 = Some(causeway_operator::infra::crd::NetworkV6 {
         cidr: "fd42:100::/64".into(),
         gateway: "fe80::1".into(),
+        router_advertisements: false,
     });
     let comps = &mut infra.spec.infra_components;
     comps.dhcp.as_mut().unwrap().server_ipv6 = Some("fd42:100::2".into());
@@ -1542,4 +1543,57 @@ fn bad_v6_fields_get_their_precise_messages() {
             "{what}: no error starting {want:?} in {errors:#?}"
         );
     }
+}
+
+#[test]
+fn the_dhcp_pod_advertises_the_v6_prefix_and_answers_stateless_dhcpv6_when_asked() {
+    let mut infra = dual_stack();
+    assert!(plan_config(&plan_of(&infra), Component::Dhcp)
+        .router_advertisements
+        .is_none());
+    infra
+        .spec
+        .network_config
+        .ipv6
+        .as_mut()
+        .unwrap()
+        .router_advertisements = true;
+    let dhcp = plan_config(&plan_of(&infra), Component::Dhcp);
+    let ra = dhcp.router_advertisements.unwrap();
+    assert_eq!(ra.interface, "net1");
+    assert_eq!(ra.prefixes[0].prefix.to_string(), "fd42:100::/64");
+    assert!(ra.prefixes[0].autonomous && ra.other_config && !ra.managed);
+    assert!(
+        ra.router_lifetime.is_zero(),
+        "the VLAN's router stays the default router"
+    );
+    assert_eq!(
+        ra.dns_servers,
+        ["fd42:100::3".parse::<std::net::Ipv6Addr>().unwrap()]
+    );
+    assert_eq!(ra.search_domains, ["my-cluster.example.com"]);
+    let d6 = dhcp.dhcp6.unwrap();
+    assert_eq!(d6.dns_servers, ra.dns_servers);
+    assert_eq!(d6.domain_search, ["my-cluster.example.com"]);
+    // The DNS and proxy pods advertise nothing.
+    for c in [Component::Dns, Component::Proxy] {
+        let cfg = plan_config(&plan_of(&infra), c);
+        assert!(cfg.router_advertisements.is_none() && cfg.dhcp6.is_none());
+    }
+    infra.spec.infra_components.dhcp = None;
+    let errors = validate(
+        &infra.spec,
+        "example-infra",
+        "clusters",
+        None,
+        &no_services,
+        &[],
+    )
+    .err()
+    .unwrap();
+    assert!(
+        errors.iter().any(|e| e
+            .starts_with("networkConfig.ipv6.routerAdvertisements: needs infraComponents.dhcp")),
+        "{errors:#?}"
+    );
 }

@@ -170,6 +170,11 @@ pub struct NetworkV6 {
     /// replies to routed clients go through it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub gateway: String,
+    /// The DHCP pod advertises the prefix (SLAAC, router lifetime 0: the
+    /// VLAN's router stays the default router) with the O flag and the DNS
+    /// pod's serverIPv6, and answers stateless DHCPv6 with the same.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub router_advertisements: bool,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -728,6 +728,15 @@ fn place_components(e: &mut Errors, spec: &InfraSpec, cidr: Ipv4Net, infra_name:
                     None
                 }
             });
+    if spec
+        .network_config
+        .ipv6
+        .as_ref()
+        .is_some_and(|v| v.router_advertisements)
+        && comps.dhcp_enabled().is_none()
+    {
+        e.fail("networkConfig.ipv6.routerAdvertisements: needs infraComponents.dhcp, whose pod sends them");
+    }
     let mut placed = Placed {
         servers: Vec::new(),
         replica_counts: Vec::new(),
@@ -1068,6 +1077,7 @@ impl Render<'_> {
             }],
             ..FileDhcp::default()
         });
+        self.advertise_v6(file, origins);
         if d.range_start.as_deref().is_none_or(|s| s.trim().is_empty()) {
             e.fail("infraComponents.dhcp.rangeStart: required when the component is enabled");
         }
@@ -1158,6 +1168,65 @@ impl Render<'_> {
             gateway: gateway.to_string(),
             extra_routes: Vec::new(),
         })
+    }
+
+    /// `networkConfig.ipv6.routerAdvertisements`: the DHCP pod announces the
+    /// prefix and answers stateless DHCPv6. Neither needs HA: with router
+    /// lifetime 0 no replica becomes a router, and both replicas of a pair
+    /// advertise and answer the same, which hosts take from either.
+    fn advertise_v6(&self, file: &mut FileConfig, origins: &mut Origins) {
+        let Some(v6) = self.spec.network_config.ipv6.as_ref() else {
+            return;
+        };
+        let Some(net) = self.placed.cidr_v6.filter(|_| v6.router_advertisements) else {
+            return;
+        };
+        let dns: Vec<String> = self
+            .placed
+            .v6_of(Component::Dns)
+            .map(|a| a.to_string())
+            .into_iter()
+            .collect();
+        origins.add(
+            "routerAdvertisements.prefixes[0].prefix",
+            "networkConfig.ipv6.cidr",
+        );
+        origins.add(
+            "routerAdvertisements.dnsServers[0]",
+            "infraComponents.dns.serverIPv6",
+        );
+        origins.add("dhcp6.dnsServers", "infraComponents.dns.serverIPv6");
+        origins.add("dhcp6", "networkConfig.ipv6.routerAdvertisements");
+        file.router_advertisements = Some(causeway_config::FileRouterAdvertisements {
+            enabled: true,
+            interface: None,
+            prefixes: vec![causeway_config::FilePrefix {
+                prefix: net.to_string(),
+                on_link: true,
+                autonomous: true,
+                valid_lifetime: None,
+                preferred_lifetime: None,
+            }],
+            managed: false,
+            other_config: true,
+            router_lifetime: Some(FileDuration::Seconds(0)),
+            min_interval: None,
+            max_interval: None,
+            hop_limit: None,
+            mtu: None,
+            dns_servers: dns.clone(),
+            search_domains: None,
+            dns_lifetime: None,
+            source: None,
+        });
+        file.dhcp6 = Some(causeway_config::FileDhcp6 {
+            enabled: true,
+            interface: None,
+            dns_servers: dns,
+            domain_search: None,
+            information_refresh_time: None,
+            server_duid: None,
+        });
     }
 
     /// Two replicas: the `ha` section, `address` moving between them.
