@@ -75,8 +75,8 @@ struct Lab {
     vm: Netns,
     remote: Netns,
     appl: Netns,
+    router: Netns,
     // Kept for their Drop: namespaces go, processes stop.
-    _router: Netns,
     _vlan: Netns,
     pod: Netns,
     _servers: Vec<Proc>,
@@ -186,7 +186,7 @@ impl Lab {
             vm,
             remote,
             appl,
-            _router: router,
+            router,
             _vlan: vlan,
             pod,
             _servers: servers,
@@ -600,4 +600,163 @@ fn hold(lab: &Lab) {
     if let Ok(tty) = fs::File::open("/dev/tty") {
         let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(tty), &mut line);
     }
+}
+
+const APPLIANCE_V6: &str = "fd42:100::2";
+
+/// The first AAAA answer for `name` from `server`, asked from `ns`.
+fn dig_aaaa(ns: &Netns, server: &str, name: &str) -> Option<String> {
+    let out = ns
+        .command(tool("dig", "bind9-dnsutils"))
+        .arg(format!("@{server}"))
+        .args([name, "AAAA", "+short", "+tries=1", "+time=2"])
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::trim)
+        .find(|l| l.parse::<std::net::Ipv6Addr>().is_ok())
+        .map(str::to_string)
+}
+
+/// The lab on a dual-stack VLAN: the router also routes fd42:200::/64 (the
+/// remote) onto fd42:100::/64, the VM takes router advertisements, and the
+/// appliance serves both families.
+#[test]
+fn a_vm_on_the_dual_stack_vlan_resolves_aaaa_and_reaches_the_api_over_v6_and_v4() {
+    if !root_or_skip("a_vm_on_the_dual_stack_vlan_resolves_aaaa_and_reaches_the_api_over_v6_and_v4")
+    {
+        return;
+    }
+    let lab = Lab::up();
+    sysctl(&lab.vm, "net.ipv6.conf.eth0.accept_ra=2");
+    lab.appl.ip(&[
+        "addr",
+        "add",
+        &format!("{APPLIANCE_V6}/64"),
+        "dev",
+        "net1",
+        "nodad",
+    ]);
+    lab.router
+        .ip(&["addr", "add", "fd42:100::1/64", "dev", "vlan0", "nodad"]);
+    lab.router
+        .ip(&["addr", "add", "fd42:200::1/64", "dev", "rem0", "nodad"]);
+    sysctl(&lab.router, "net.ipv6.conf.all.forwarding=1");
+    lab.remote
+        .ip(&["addr", "add", "fd42:200::10/64", "dev", "eth0", "nodad"]);
+    lab.remote
+        .ip(&["-6", "route", "add", "default", "via", "fd42:200::1"]);
+    let leases = lab.dir.path().join("leases.jsonl");
+    let config = lab.dir.path().join("dual-stack.yaml");
+    fs::write(
+        &config,
+        format!(
+            r#"admin: {{listen: "127.0.0.1:{ADMIN_PORT}"}}
+cluster: {{name: hc1, baseDomain: example.com}}
+network:
+  interface: net1
+  cidr: 192.168.100.0/24
+  gateway: 192.168.100.1
+  address: {APPLIANCE_IP}
+routing:
+  extraRoutes: [192.168.200.0/24]
+  ipv6: {{cidr: "fd42:100::/64", address: "{APPLIANCE_V6}", gateway: "fd42:100::1"}}
+dhcp:
+  leaseFile: {leases}
+  subnets:
+    - pools: [{{start: 192.168.100.100, end: 192.168.100.150}}]
+dns:
+  listen: ["{APPLIANCE_IP}:53", "[{APPLIANCE_V6}]:53"]
+  proxyAddressV6: "{APPLIANCE_V6}"
+  upstreams: ["10.0.0.1"]
+proxy:
+  listenAddressV6: "{APPLIANCE_V6}"
+  resolvers: ["10.0.0.1"]
+routerAdvertisements:
+  prefixes: [{{prefix: "fd42:100::/64"}}]
+  routerLifetime: 0
+  dnsServers: ["{APPLIANCE_V6}"]
+"#,
+            leases = leases.display()
+        ),
+    )
+    .unwrap();
+    let (appliance, _) = lab.start_appliance("causeway", &config);
+
+    // The VM forms its v6 address from causeway's advertisement.
+    let vm_v6 = poll_until(Duration::from_secs(10), || {
+        let addrs = lab
+            .vm
+            .ip(&["-6", "-o", "addr", "show", "dev", "eth0", "scope", "global"]);
+        (addrs.contains("fd42:100::") && !addrs.contains("tentative")).then_some(addrs)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the VM formed no address in fd42:100::/64:\n{}\n{}",
+            lab.vm.ip(&["-6", "addr"]),
+            appliance.proc.describe()
+        )
+    });
+    assert!(vm_v6.contains("dynamic"), "{vm_v6}");
+
+    // Over v6: AAAA for api at the proxy's v6 address, then TLS to the
+    // kube-apiserver stand-in (on the v4 pod network) through the proxy,
+    // verified against the stand-in's own certificate.
+    let api = dig_aaaa(&lab.vm, APPLIANCE_V6, &format!("api.{ZONE}"));
+    assert_eq!(api.as_deref(), Some(APPLIANCE_V6));
+    let page = curl(
+        &lab.vm,
+        &lab.certs["kube-apiserver"],
+        &format!("api.{ZONE}"),
+        6443,
+        &format!("[{APPLIANCE_V6}]"),
+    )
+    .unwrap_or_else(|e| panic!("api over v6 through the proxy: {e}"));
+    assert!(page.contains("s_server"), "{page}");
+    // And over v4 from the same VM (its v4 address is static here).
+    lab.vm
+        .ip(&["addr", "add", "192.168.100.77/24", "dev", "eth0"]);
+    assert_eq!(
+        dig(&lab.vm, APPLIANCE_IP, &format!("api.{ZONE}"), 3).as_deref(),
+        Some(APPLIANCE_IP)
+    );
+    curl(
+        &lab.vm,
+        &lab.certs["kube-apiserver"],
+        &format!("api.{ZONE}"),
+        6443,
+        APPLIANCE_IP,
+    )
+    .unwrap_or_else(|e| panic!("api over v4 through the proxy: {e}"));
+
+    // A client on a routed v6 network: its answers leave through net1 and
+    // the VLAN's router only by the v6 policy route (the appliance has no
+    // v6 default route of its own).
+    let remote_api = dig_aaaa(&lab.remote, APPLIANCE_V6, &format!("api.{ZONE}"));
+    assert_eq!(
+        remote_api.as_deref(),
+        Some(APPLIANCE_V6),
+        "the routed v6 client:\n{}",
+        lab.appl.ip(&["-6", "route", "show", "table", "all"])
+    );
+    curl(
+        &lab.remote,
+        &lab.certs["kube-apiserver"],
+        &format!("api.{ZONE}"),
+        6443,
+        &format!("[{APPLIANCE_V6}]"),
+    )
+    .unwrap_or_else(|e| panic!("the routed v6 client through the proxy: {e}"));
+    // Without the v6 policy rule the routed client is not answered (the
+    // appliance puts it back at its next resync, 30 s away).
+    lab.appl
+        .ip(&["-6", "rule", "del", "from", APPLIANCE_V6, "lookup", "100"]);
+    assert_eq!(
+        dig_aaaa(&lab.remote, APPLIANCE_V6, &format!("api.{ZONE}")),
+        None,
+        "answered without the v6 policy rule"
+    );
+    appliance.stop();
 }
