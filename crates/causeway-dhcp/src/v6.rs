@@ -453,4 +453,45 @@ mod tests {
         ];
         assert_eq!(s.handle(&nested), Err(Ignored6::Malformed));
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2048))]
+
+        /// On the stable toolchain, what the fuzz target checks on nightly:
+        /// any bytes after a valid header (an Information-Request's, or a
+        /// Relay-Forward's around one) are answered or refused, never a
+        /// panic, and a direct answer is a Reply that decodes.
+        #[test]
+        fn any_options_are_answered_or_refused(
+            options in proptest::collection::vec(
+                (
+                    proptest::sample::select(vec![1u16, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 16, 17, 19, 20, 23, 24, 25, 26, 32, 39, 56]),
+                    proptest::option::of(0u16..48),
+                    proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+                ),
+                0..8,
+            ),
+            relayed in proptest::prelude::any::<bool>(),
+        ) {
+            let s = server();
+            // Options of the codes that have a structure, with a length
+            // that is the value's or (Some) any other: short fixed parts,
+            // wrong fixed sizes and nesting are what break decoders.
+            let mut inner = vec![11, 1, 2, 3];
+            for (code, declared, value) in &options {
+                let len = declared.unwrap_or(u16::try_from(value.len()).unwrap_or(0));
+                inner.extend_from_slice(&code.to_be_bytes());
+                inner.extend_from_slice(&len.to_be_bytes());
+                inner.extend_from_slice(value);
+            }
+            let bytes = if relayed { relay_forward(0, &inner, None) } else { inner };
+            if let Ok(answer) = s.handle(&bytes) {
+                if answer.relays == 0 {
+                    proptest::prop_assert_eq!(decode(&answer.bytes).msg_type(), MessageType::Reply);
+                } else {
+                    proptest::prop_assert_eq!(answer.bytes[0], RELAY_REPL);
+                }
+            }
+        }
+    }
 }

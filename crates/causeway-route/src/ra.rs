@@ -475,4 +475,38 @@ mod tests {
         assert_eq!(due.len(), MAX_PENDING_UNICAST + 1);
         assert_eq!(due.last(), Some(&Due::Multicast));
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2048))]
+
+        /// Any solicitation bytes, hop limit and source are read or refused
+        /// without a panic; a valid one keeps the schedule's answer within
+        /// 3.5 s and its pending answers within their bound.
+        #[test]
+        fn any_solicitation_is_read_or_refused(
+            body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..120),
+            hop in proptest::option::of(proptest::prelude::any::<u8>()),
+            from in proptest::prelude::any::<u16>(),
+        ) {
+            let source = if from == 0 {
+                Ipv6Addr::UNSPECIFIED
+            } else {
+                Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, from)
+            };
+            let mut rs = vec![ROUTER_SOLICITATION, 0, 0, 0, 0, 0, 0, 0];
+            rs.extend_from_slice(&body);
+            for bytes in [&rs[..], &body[..]] {
+                if let Ok(s) = parse_solicitation(bytes, source, hop) {
+                    let t0 = Instant::now();
+                    let mut schedule =
+                        Schedule::new(t0, Duration::from_secs(200), Duration::from_secs(600), 1);
+                    schedule.take_due(t0);
+                    schedule.on_solicitation(t0, &s);
+                    proptest::prop_assert!(
+                        schedule.next_deadline() <= t0 + MIN_DELAY_BETWEEN_RAS + MAX_RA_DELAY
+                    );
+                }
+            }
+        }
+    }
 }
