@@ -368,11 +368,19 @@ async fn one_infra_serves_two_clusters_and_reports_and_settles_every_conflict() 
     .await;
     assert_eq!(cfg.clusters[0].domain(), "hc1.example.com");
     wait_policy(&client, &op, "clusters-hc2", false).await;
-    let (s, reason, message) = infra_condition(&client, "Attachments").await.unwrap();
-    assert_eq!(
-        (s.as_str(), reason.as_str()),
-        ("False", "DuplicateHostedCluster")
-    );
+    // The Infra's status is written by its own reconcile, which may come
+    // after the attachments' and the proxy's config (a CI run read it
+    // still "True, Served" right after the config changed).
+    let message = eventually(
+        "the Infra's Attachments condition False (DuplicateHostedCluster)",
+        WAIT,
+        Some(&op),
+        || async {
+            let (s, reason, message) = infra_condition(&client, "Attachments").await?;
+            (s == "False" && reason == "DuplicateHostedCluster").then_some(message)
+        },
+    )
+    .await;
     assert!(
         message.starts_with("1 of 3 attachments served"),
         "{message}"
