@@ -135,6 +135,12 @@ pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
         ),
         _ => None,
     };
+    if dhcp6.as_ref().is_some_and(|d| d.stateful.is_some()) && dhcp.is_none() {
+        c.push(
+            "dhcp6.pools",
+            "leased DHCPv6 addresses are kept in the dhcp section's lease file, beside the v4 leases: configure dhcp (its leaseFile) as well",
+        );
+    }
 
     if c.errors.is_empty() {
         Ok(Config {

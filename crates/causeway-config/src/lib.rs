@@ -35,7 +35,9 @@ pub use dhcp::{
     SubnetOptions, DEFAULT_DECLINE_PROBATION, DEFAULT_LEASE_FILE, DEFAULT_LEASE_TIME,
     DEFAULT_MAX_IN_FLIGHT, DEFAULT_OFFER_TIMEOUT, DEFAULT_RATE_LIMIT_PER_CLIENT,
 };
-pub use dhcp6::{Dhcp6Config, FileDhcp6};
+pub use dhcp6::{
+    Dhcp6Config, FileDhcp6, FilePool6, FileReservation6, Pool6, Reservation6, Stateful6,
+};
 pub use dns::{
     reverse_name, CacheConfig, DnsConfig, DnsRecord, DnsView, FileCache, FileDns, FileRecord,
     FileView, RecordData, UpstreamPolicy, MAX_UPSTREAMS, PROXIED_NAMES, SYSTEM_UPSTREAMS,

@@ -5,7 +5,7 @@
 //! in, sends the reply, and must make `commit` durable before it does.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 
 use causeway_config::{valid_label, ClientMatch, DhcpConfig, NameRules, Reservation, Subnet};
 use dhcproto::v4::{DhcpOption, Message, MessageType, Opcode, OptionCode};
@@ -504,10 +504,12 @@ impl Engine {
         }
     }
 
-    /// Loads leases recovered from the store, in the order they were written.
+    /// Loads leases recovered from the store, in the order they were
+    /// written. DHCPv6 records are not this engine's and are passed over;
+    /// the count returned is of v4 records that could not be read.
     pub fn restore<'a>(&mut self, records: impl IntoIterator<Item = &'a LeaseRecord>) -> usize {
         let mut skipped = 0;
-        for r in records {
+        for r in records.into_iter().filter(|r| r.ip.is_ipv4()) {
             let Some(lease) = Lease::from_record(r) else {
                 skipped += 1;
                 continue;
@@ -693,7 +695,8 @@ impl Engine {
     /// Notes that `record` is on its way to the store; `before` is the
     /// lease at its address before the engine changed it.
     fn track(&mut self, record: &LeaseRecord, before: Option<Lease>) {
-        let entry = self.unsettled.entry(record.ip).or_insert(Unsettled {
+        let IpAddr::V4(ip) = record.ip else { return };
+        let entry = self.unsettled.entry(ip).or_insert(Unsettled {
             durable: before,
             in_flight: 0,
         });
@@ -706,7 +709,10 @@ impl Engine {
     /// client's address goes back to its offer (which runs out), a renewal
     /// back to the lease it renewed. Returns whether a change was undone.
     pub fn settle(&mut self, record: &LeaseRecord, durable: bool) -> bool {
-        let Some(entry) = self.unsettled.get_mut(&record.ip) else {
+        let IpAddr::V4(ip) = record.ip else {
+            return false;
+        };
+        let Some(entry) = self.unsettled.get_mut(&ip) else {
             return false;
         };
         entry.in_flight = entry.in_flight.saturating_sub(1);
@@ -718,15 +724,10 @@ impl Engine {
             }
             return false;
         }
-        let Some(entry) = self.unsettled.remove(&record.ip) else {
+        let Some(entry) = self.unsettled.remove(&ip) else {
             return false;
         };
-        if durable
-            || !self
-                .leases
-                .get(&record.ip)
-                .is_some_and(|l| same_change(l, record))
-        {
+        if durable || !self.leases.get(&ip).is_some_and(|l| same_change(l, record)) {
             return false;
         }
         match entry.durable {
@@ -734,13 +735,13 @@ impl Engine {
                 if lease.state != LeaseState::Declined && lease.state != LeaseState::Released {
                     self.by_client.insert(&lease.client, lease.ip);
                 }
-                self.leases.insert(record.ip, lease);
+                self.leases.insert(ip, lease);
             }
             None => {
-                self.leases.remove(&record.ip);
+                self.leases.remove(&ip);
             }
         }
-        self.mark(record.ip);
+        self.mark(ip);
         true
     }
 

@@ -1,7 +1,7 @@
 //! The engine's specification, message by message.
 
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 
 use causeway_config::Config;
 use dhcproto::v4::{DhcpOption, Flags, Message, MessageType, Opcode, OptionCode};
@@ -1367,7 +1367,10 @@ fn a_move_logs_the_release_of_the_address_left() {
     ));
     assert_eq!(kind(&ack), MessageType::Ack);
     let vacated = vacated.expect("the old address's release is logged");
-    assert_eq!((vacated.ip, vacated.state), (old, LeaseState::Released));
+    assert_eq!(
+        (vacated.ip, vacated.state),
+        (IpAddr::V4(old), LeaseState::Released)
+    );
     assert_eq!(commit.unwrap().ip, reserved);
     // The reservation is outside the pool: the pool's one lease was the old.
     assert_eq!(
@@ -1395,7 +1398,10 @@ fn an_address_whose_newest_line_is_unreadable_goes_to_nobody() {
     restarted.restore(&records);
     let held = restarted.hold_unreadable(NOW + 60, &unreadable);
     assert_eq!(held.len(), 1);
-    assert_eq!((held[0].ip, held[0].state), (ip, LeaseState::Declined));
+    assert_eq!(
+        (held[0].ip, held[0].state),
+        (IpAddr::V4(ip), LeaseState::Declined)
+    );
     assert_eq!(
         held[0].expires,
         NOW + 60 + 3600,
@@ -1492,7 +1498,7 @@ fn active_records(first: Ipv4Addr, n: u32, expires: u64) -> Vec<crate::LeaseReco
             let [a, b, c, d] = ip.octets();
             let hw = [0x52, 0x54, a, b, c, d];
             crate::LeaseRecord {
-                ip,
+                ip: ip.into(),
                 client: ClientKey::from_hardware(1, &hw).to_hex(),
                 hw: hw
                     .iter()

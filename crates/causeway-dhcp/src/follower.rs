@@ -337,6 +337,13 @@ fn install_snapshot(path: &Path, bytes: &[u8]) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn v4(ip: std::net::IpAddr) -> u32 {
+        match ip {
+            std::net::IpAddr::V4(a) => u32::from(a),
+            std::net::IpAddr::V6(_) => u32::MAX,
+        }
+    }
     use crate::lease::{LeaseRecord, LeaseState};
     use crate::replica::{frame_header, join_hold, Replicator, BATCH, HEADER, KEEPALIVE};
     use crate::store::read_log;
@@ -346,7 +353,7 @@ mod tests {
 
     fn record(i: u32) -> LeaseRecord {
         LeaseRecord {
-            ip: Ipv4Addr::from(0x0a00_0000 + i),
+            ip: Ipv4Addr::from(0x0a00_0000 + i).into(),
             client: format!("01:00:00:00:{:02x}:{:02x}", i >> 8 & 0xff, i & 0xff),
             hw: "00:00:00:00:00:01".into(),
             state: LeaseState::Active,
@@ -651,14 +658,14 @@ mod tests {
             .lock()
             .unwrap()
             .iter()
-            .map(|r| u32::from(r.ip) - 0x0a00_0000)
+            .map(|r| v4(r.ip) - 0x0a00_0000)
             .collect();
         let holds = |path: &Path| -> Vec<u32> {
             let mut ips: Vec<u32> = read_log(path)
                 .unwrap()
                 .records
                 .iter()
-                .map(|r| u32::from(r.ip) - 0x0a00_0000)
+                .map(|r| v4(r.ip) - 0x0a00_0000)
                 .collect();
             ips.sort_unstable();
             ips.dedup();
@@ -676,7 +683,7 @@ mod tests {
             .unwrap()
             .records
             .iter()
-            .filter(|r| u32::from(r.ip) >= 0x0a00_0000 + 100)
+            .filter(|r| v4(r.ip) >= 0x0a00_0000 + 100)
             .all(|r| r.term == 3);
         assert!(
             kept_term,

@@ -1,6 +1,6 @@
 //! A lease as the engine holds it, and the record form the store keeps.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use serde::{Deserialize, Serialize};
 
@@ -40,7 +40,7 @@ impl Lease {
 
     pub fn to_record(&self) -> LeaseRecord {
         LeaseRecord {
-            ip: self.ip,
+            ip: IpAddr::V4(self.ip),
             client: self.client.to_hex(),
             hw: hex(&self.hw),
             state: self.state,
@@ -50,11 +50,14 @@ impl Lease {
         }
     }
 
+    /// `None` for a record that is not a v4 lease (a DHCPv6 one, which
+    /// [`crate::lease6`] keeps) or whose client id is not hex.
     pub fn from_record(r: &LeaseRecord) -> Option<Lease> {
+        let IpAddr::V4(ip) = r.ip else { return None };
         let client = causeway_config::parse_hex(&r.client)?;
         let hw = causeway_config::parse_mac(&r.hw).unwrap_or([0; 6]);
         Some(Lease {
-            ip: r.ip,
+            ip,
             client: ClientKey::new(&client),
             hw,
             state: r.state,
@@ -67,7 +70,9 @@ impl Lease {
 /// One line of the lease log, and one entry of `causeway leases --json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseRecord {
-    pub ip: Ipv4Addr,
+    /// A v4 lease's address, or a DHCPv6 lease's (a record kind of its
+    /// own in the same log: its client is the IAID and DUID).
+    pub ip: IpAddr,
     pub client: String,
     pub hw: String,
     pub state: LeaseState,

@@ -21,6 +21,7 @@ pub mod follower;
 pub mod ha;
 mod index;
 pub mod lease;
+pub mod lease6;
 pub mod limits;
 pub mod merge;
 pub mod metrics;

@@ -15,7 +15,7 @@
 //! what it lacks: so a lease one of them acknowledged alone is not lost
 //! when the other's log becomes the pair's.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use crate::lease::{LeaseRecord, LeaseState};
 
@@ -31,8 +31,13 @@ impl Share {
         Share { first: name < peer }
     }
 
-    pub fn holds(self, ip: Ipv4Addr) -> bool {
-        (u32::from(ip) & 1 == 0) == self.first
+    /// The halves are the even and the odd addresses, of either family.
+    pub fn holds(self, ip: impl Into<IpAddr>) -> bool {
+        let last = match ip.into() {
+            IpAddr::V4(a) => a.octets()[3],
+            IpAddr::V6(a) => a.octets()[15],
+        };
+        (last & 1 == 0) == self.first
     }
 }
 
@@ -109,7 +114,7 @@ pub fn judge(ours: Option<Held<'_>>, theirs: &LeaseRecord, now: u64) -> Judgemen
 
 /// The newest record for each address in a log, in address order.
 pub fn newest(records: &[LeaseRecord]) -> Vec<&LeaseRecord> {
-    let mut by_ip: std::collections::BTreeMap<Ipv4Addr, &LeaseRecord> = Default::default();
+    let mut by_ip: std::collections::BTreeMap<IpAddr, &LeaseRecord> = Default::default();
     for r in records {
         by_ip.insert(r.ip, r);
     }
@@ -122,7 +127,7 @@ mod tests {
 
     fn record(ip: [u8; 4], client: &str, state: LeaseState, expires: u64) -> LeaseRecord {
         LeaseRecord {
-            ip: Ipv4Addr::from(ip),
+            ip: std::net::Ipv4Addr::from(ip).into(),
             client: client.into(),
             hw: "00:00:00:00:00:01".into(),
             state,
@@ -137,7 +142,7 @@ mod tests {
         let (a, b) = (Share::of("a", "b"), Share::of("b", "a"));
         assert!(a.first && !b.first);
         for n in 0..1024u32 {
-            let ip = Ipv4Addr::from(0x0a00_0000 + n);
+            let ip = std::net::Ipv4Addr::from(0x0a00_0000 + n);
             assert!(a.holds(ip) != b.holds(ip), "{ip} in both shares or neither");
         }
     }

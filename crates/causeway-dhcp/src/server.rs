@@ -215,7 +215,13 @@ impl DhcpServer {
             tolerance: cfg.clock_behind_tolerance,
             store_healthy: store_healthy.clone(),
             ready: ready.clone(),
-            unreadable,
+            unreadable: unreadable
+                .iter()
+                .filter_map(|ip| match ip {
+                    std::net::IpAddr::V4(v4) => Some(*v4),
+                    std::net::IpAddr::V6(_) => None,
+                })
+                .collect(),
         };
         let open = gate.try_open(&shared, true);
         let mut tasks = Vec::new();

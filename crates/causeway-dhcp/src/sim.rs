@@ -86,6 +86,14 @@ struct Lease {
 const BASE: u32 = 0x0a00_0000;
 const FOREVER: u64 = u64::MAX / 2;
 
+/// The simulation leases v4 addresses only.
+fn v4_bits(ip: std::net::IpAddr) -> u32 {
+    match ip {
+        std::net::IpAddr::V4(a) => u32::from(a),
+        std::net::IpAddr::V6(_) => u32::MAX,
+    }
+}
+
 fn addr(offset: u32) -> std::net::Ipv4Addr {
     std::net::Ipv4Addr::from(BASE + offset)
 }
@@ -93,7 +101,7 @@ fn addr(offset: u32) -> std::net::Ipv4Addr {
 impl Lease {
     fn record(&self) -> LeaseRecord {
         LeaseRecord {
-            ip: addr(self.ip),
+            ip: addr(self.ip).into(),
             client: self.client.to_string(),
             hw: String::new(),
             state: LeaseState::Active,
@@ -1170,7 +1178,7 @@ impl Sim {
         let records: Vec<LeaseRecord> = theirs.iter().map(|l| l.record()).collect();
         let mut adopted = 0;
         for t in newest(&records) {
-            let ip = u32::from(t.ip) - BASE;
+            let ip = v4_bits(t.ip) - BASE;
             let r = &mut self.replicas[i];
             let ours = r.memory.get(&ip).map(|l| (l.client.to_string(), l.term));
             let held = ours.as_ref().map(|(client, term)| Held {

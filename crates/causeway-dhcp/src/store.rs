@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
@@ -87,7 +87,7 @@ pub struct Recovery {
     pub torn_tail_bytes: usize,
     /// Skipped lines whose address could still be read, each with the
     /// number of records read before it.
-    pub unreadable: Vec<(usize, Ipv4Addr)>,
+    pub unreadable: Vec<(usize, IpAddr)>,
 }
 
 impl Recovery {
@@ -95,8 +95,8 @@ impl Recovery {
     /// is lost, and the older record that would otherwise stand for the
     /// address may give it back to a client that no longer holds it while
     /// another does; so these are held back (see [`crate::Engine::hold_unreadable`]).
-    pub fn unreadable_newest(&self) -> Vec<Ipv4Addr> {
-        let mut out: Vec<Ipv4Addr> = self
+    pub fn unreadable_newest(&self) -> Vec<IpAddr> {
+        let mut out: Vec<IpAddr> = self
             .unreadable
             .iter()
             .filter(|(after, ip)| !self.records[*after..].iter().any(|r| r.ip == *ip))
@@ -110,7 +110,7 @@ impl Recovery {
 
 /// The address of a line that does not parse as a record, if it can still
 /// be read: the text after its `"ip":"`.
-fn salvage_address(line: &[u8]) -> Option<Ipv4Addr> {
+fn salvage_address(line: &[u8]) -> Option<IpAddr> {
     const KEY: &[u8] = b"\"ip\":\"";
     let start = line.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
     let rest = line.get(start..)?;
@@ -569,7 +569,7 @@ impl Writer {
             .map_or(0, |d| d.as_secs());
         let our_log = parse_log(&ours);
         let their_log = parse_log(theirs);
-        let held: std::collections::HashMap<std::net::Ipv4Addr, &LeaseRecord> =
+        let held: std::collections::HashMap<IpAddr, &LeaseRecord> =
             crate::merge::newest(&our_log.records)
                 .into_iter()
                 .map(|r| (r.ip, r))
@@ -893,7 +893,7 @@ fn each_record(
 /// the log to a temporary file. Two passes keep memory to one offset per
 /// address.
 fn compact_prefix(path: &Path, covers: u64) -> io::Result<Compacted> {
-    let mut newest: HashMap<Ipv4Addr, u64> = HashMap::new();
+    let mut newest: HashMap<IpAddr, u64> = HashMap::new();
     each_record(path, covers, |record, _, offset| {
         newest.insert(record.ip, offset);
         Ok(())
@@ -1010,7 +1010,7 @@ pub(crate) mod tests {
 
     fn record(i: u32, state: LeaseState) -> LeaseRecord {
         LeaseRecord {
-            ip: Ipv4Addr::from(0x0a00_0000 + i),
+            ip: std::net::Ipv4Addr::from(0x0a00_0000 + i).into(),
             client: format!("01:00:00:00:{:02x}:{:02x}", i >> 8 & 0xff, i & 0xff),
             hw: "00:00:00:00:00:01".into(),
             state,
@@ -1144,7 +1144,7 @@ pub(crate) mod tests {
         assert_eq!(parsed.corrupt_lines, 2);
         assert_eq!(
             parsed.unreadable_newest(),
-            vec![Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 3)]
+            vec![IpAddr::from([10, 0, 0, 1]), IpAddr::from([10, 0, 0, 3])]
         );
         let superseded = [log, good("10.0.0.1"), good("10.0.0.3")].concat();
         assert!(parse_log(superseded.as_bytes())

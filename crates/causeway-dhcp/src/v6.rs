@@ -17,6 +17,8 @@ const RELAY_FORW: u8 = 12;
 const RELAY_REPL: u8 = 13;
 const OPTION_RELAY_MSG: u16 = 9;
 const OPTION_INTERFACE_ID: u16 = 18;
+/// RFC 6939.
+const OPTION_CLIENT_LINKLAYER_ADDR: u16 = 79;
 /// RFC 8415 section 7.6: relays nest at most this deep.
 const HOP_COUNT_LIMIT: u8 = 8;
 /// The relay header: type, hop count, link address, peer address.
@@ -37,8 +39,16 @@ pub enum Ignored6 {
     OtherServer,
     #[error("an Information-Request with an IA option (RFC 8415 section 16.12)")]
     InformationRequestWithIa,
-    #[error("a message type this stateless server does not answer")]
+    #[error("a message type this server does not answer (or stateful without pools)")]
     NotServed,
+    #[error("no Client Identifier")]
+    NoClientId,
+    #[error("a Solicit, Rebind or Confirm that names a server (RFC 8415 section 16)")]
+    ServerIdNotAllowed,
+    #[error("a Confirm without addresses (RFC 8415 section 18.3.3)")]
+    NothingToConfirm,
+    #[error("no server here holds the leases (a standby, or no dhcp section)")]
+    NoLeaseStore,
 }
 
 impl Ignored6 {
@@ -52,10 +62,14 @@ impl Ignored6 {
             Ignored6::OtherServer => "other_server",
             Ignored6::InformationRequestWithIa => "information_request_with_ia",
             Ignored6::NotServed => "not_served",
+            Ignored6::NoClientId => "no_client_id",
+            Ignored6::ServerIdNotAllowed => "server_id_not_allowed",
+            Ignored6::NothingToConfirm => "nothing_to_confirm",
+            Ignored6::NoLeaseStore => "no_lease_store",
         }
     }
 
-    pub const ALL: [Ignored6; 7] = [
+    pub const ALL: [Ignored6; 11] = [
         Ignored6::Malformed,
         Ignored6::MalformedRelay,
         Ignored6::TooManyRelays,
@@ -63,6 +77,10 @@ impl Ignored6 {
         Ignored6::OtherServer,
         Ignored6::InformationRequestWithIa,
         Ignored6::NotServed,
+        Ignored6::NoClientId,
+        Ignored6::ServerIdNotAllowed,
+        Ignored6::NothingToConfirm,
+        Ignored6::NoLeaseStore,
     ];
 }
 
@@ -114,76 +132,24 @@ impl Stateless {
 
     /// The reply to a datagram received on port 547, or why there is none.
     pub fn handle(&self, bytes: &[u8]) -> Result<Answer, Ignored6> {
-        self.handle_at(bytes, 0)
-    }
-
-    fn handle_at(&self, bytes: &[u8], depth: u8) -> Result<Answer, Ignored6> {
-        match bytes.first() {
-            Some(&RELAY_FORW) => self.relayed(bytes, depth),
-            Some(_) => Ok(Answer {
-                bytes: self.client(bytes)?,
-                relays: depth,
-            }),
-            None => Err(Ignored6::Malformed),
-        }
-    }
-
-    fn relayed(&self, bytes: &[u8], depth: u8) -> Result<Answer, Ignored6> {
-        if bytes.len() < RELAY_HEADER {
-            return Err(Ignored6::MalformedRelay);
-        }
-        let hop_count = bytes[1];
-        if hop_count >= HOP_COUNT_LIMIT || depth >= HOP_COUNT_LIMIT {
-            return Err(Ignored6::TooManyRelays);
-        }
-        let mut inner = None;
-        let mut interface_id = None;
-        let mut rest = &bytes[RELAY_HEADER..];
-        while !rest.is_empty() {
-            if rest.len() < 4 {
-                return Err(Ignored6::MalformedRelay);
-            }
-            let code = u16::from_be_bytes([rest[0], rest[1]]);
-            let len = usize::from(u16::from_be_bytes([rest[2], rest[3]]));
-            let value = rest.get(4..4 + len).ok_or(Ignored6::MalformedRelay)?;
-            match code {
-                OPTION_RELAY_MSG => inner = Some(value),
-                OPTION_INTERFACE_ID => interface_id = Some(value),
-                _ => {}
-            }
-            rest = &rest[4 + len..];
-        }
-        let inner = inner.ok_or(Ignored6::NoRelayMessage)?;
-        let answer = self.handle_at(inner, depth + 1)?;
-        // RFC 8415 section 19.3: the same header, the Interface-Id echoed,
-        // the reply inside a Relay Message option.
-        let mut out = Vec::with_capacity(RELAY_HEADER + 8 + answer.bytes.len() + 64);
-        out.push(RELAY_REPL);
-        out.extend_from_slice(&bytes[1..RELAY_HEADER]);
-        for (code, value) in interface_id
-            .map(|v| (OPTION_INTERFACE_ID, v))
-            .into_iter()
-            .chain([(OPTION_RELAY_MSG, answer.bytes.as_slice())])
-        {
-            let len = u16::try_from(value.len()).map_err(|_| Ignored6::MalformedRelay)?;
-            out.extend_from_slice(&code.to_be_bytes());
-            out.extend_from_slice(&len.to_be_bytes());
-            out.extend_from_slice(value);
-        }
+        let relayed = unwrap_relays(bytes)?;
+        let reply = self.client(relayed.client)?;
         Ok(Answer {
-            bytes: out,
-            relays: answer.relays,
+            relays: relayed.depth(),
+            bytes: relayed.wrap(&reply)?,
         })
     }
 
     fn client(&self, bytes: &[u8]) -> Result<Vec<u8>, Ignored6> {
-        if bytes.len() < 4 || !options_decodable(&bytes[4..], 0) {
-            return Err(Ignored6::Malformed);
-        }
-        let msg = Message::decode(&mut Decoder::new(bytes)).map_err(|_| Ignored6::Malformed)?;
+        let msg = decode_client(bytes)?;
         if msg.msg_type() != MessageType::InformationRequest {
             return Err(Ignored6::NotServed);
         }
+        self.information_reply(&msg)
+    }
+
+    /// The Reply to an Information-Request.
+    pub fn information_reply(&self, msg: &Message) -> Result<Vec<u8>, Ignored6> {
         let opts = msg.opts();
         if opts.get(OptionCode::IANA).is_some()
             || opts.get(OptionCode::IATA).is_some()
@@ -208,20 +174,167 @@ impl Stateless {
         if let Some(DhcpOption::ClientId(id)) = opts.get(OptionCode::ClientId) {
             out.insert(DhcpOption::ClientId(id.clone()));
         }
+        self.add_configuration(msg, out, &wanted);
+        if let Some(t) = self.refresh {
+            out.insert(DhcpOption::InformationRefreshTime(t));
+        }
+        encode(&reply)
+    }
+
+    /// The DNS servers and search domains the client asked for (all of
+    /// them when it sent no Option Request option).
+    pub fn add_configuration(
+        &self,
+        _msg: &Message,
+        out: &mut dhcproto::v6::DhcpOptions,
+        wanted: &dyn Fn(OptionCode) -> bool,
+    ) {
         if !self.dns_servers.is_empty() && wanted(OptionCode::DomainNameServers) {
             out.insert(DhcpOption::DomainNameServers(self.dns_servers.clone()));
         }
         if !self.domain_search.is_empty() && wanted(OptionCode::DomainSearchList) {
             out.insert(DhcpOption::DomainSearchList(self.domain_search.clone()));
         }
-        if let Some(t) = self.refresh {
-            out.insert(DhcpOption::InformationRefreshTime(t));
+    }
+}
+
+/// Whether the client's Option Request option names `code` (true when it
+/// sent none: such a client is given everything).
+pub fn requested(msg: &Message, code: OptionCode) -> bool {
+    match msg.opts().get(OptionCode::ORO) {
+        Some(DhcpOption::ORO(oro)) => oro.opts.contains(&code),
+        _ => true,
+    }
+}
+
+pub(crate) fn encode(msg: &Message) -> Result<Vec<u8>, Ignored6> {
+    let mut buf = Vec::with_capacity(160);
+    msg.encode(&mut Encoder::new(&mut buf))
+        .map_err(|_| Ignored6::Malformed)?;
+    Ok(buf)
+}
+
+/// A client's message (not a relay's), decoded only once its options are
+/// known to be safe for dhcproto to read.
+pub fn decode_client(bytes: &[u8]) -> Result<Message, Ignored6> {
+    if bytes.len() < 4 || !options_decodable(&bytes[4..], 0) {
+        return Err(Ignored6::Malformed);
+    }
+    Message::decode(&mut Decoder::new(bytes)).map_err(|_| Ignored6::Malformed)
+}
+
+/// What a relay added on the way in: its header and the Interface-Id to
+/// echo on the way out.
+#[derive(Debug, Clone)]
+struct RelayHop<'a> {
+    /// Hop count, link address and peer address (bytes 1..34 of its header).
+    header: &'a [u8],
+    interface_id: Option<&'a [u8]>,
+}
+
+/// A datagram on port 547 with its relay wrappers taken off.
+#[derive(Debug, Clone)]
+pub struct Relayed<'a> {
+    /// The relays, outermost first.
+    hops: Vec<RelayHop<'a>>,
+    /// The client's own message.
+    pub client: &'a [u8],
+    /// The client's link-layer address as the relay nearest it saw it
+    /// (RFC 6939's option, Ethernet only).
+    pub client_link_layer: Option<[u8; 6]>,
+    /// The link address of the relay nearest the client: which link the
+    /// client is on (unspecified when that relay leaves it to the
+    /// Interface-Id).
+    pub link_address: Option<Ipv6Addr>,
+}
+
+impl Relayed<'_> {
+    /// How many relays the request came through (0: direct).
+    pub fn depth(&self) -> u8 {
+        u8::try_from(self.hops.len()).unwrap_or(u8::MAX)
+    }
+
+    /// Puts `reply` inside a Relay-Reply for each relay, innermost first
+    /// (RFC 8415 section 19.3: the same header, the Interface-Id echoed).
+    pub fn wrap(&self, reply: &[u8]) -> Result<Vec<u8>, Ignored6> {
+        let mut out = reply.to_vec();
+        for hop in self.hops.iter().rev() {
+            let mut outer = Vec::with_capacity(RELAY_HEADER + 8 + out.len() + 64);
+            outer.push(RELAY_REPL);
+            outer.extend_from_slice(hop.header);
+            for (code, value) in hop
+                .interface_id
+                .map(|v| (OPTION_INTERFACE_ID, v))
+                .into_iter()
+                .chain([(OPTION_RELAY_MSG, out.as_slice())])
+            {
+                let len = u16::try_from(value.len()).map_err(|_| Ignored6::MalformedRelay)?;
+                outer.extend_from_slice(&code.to_be_bytes());
+                outer.extend_from_slice(&len.to_be_bytes());
+                outer.extend_from_slice(value);
+            }
+            out = outer;
         }
-        let mut buf = Vec::with_capacity(128);
-        reply
-            .encode(&mut Encoder::new(&mut buf))
-            .map_err(|_| Ignored6::Malformed)?;
-        Ok(buf)
+        Ok(out)
+    }
+}
+
+/// Takes the Relay-Forward wrappers off a datagram (up to 8, RFC 8415
+/// section 7.6), keeping what the reply needs to go back through them.
+pub fn unwrap_relays(bytes: &[u8]) -> Result<Relayed<'_>, Ignored6> {
+    let mut relayed = Relayed {
+        hops: Vec::new(),
+        client: bytes,
+        client_link_layer: None,
+        link_address: None,
+    };
+    loop {
+        match relayed.client.first() {
+            Some(&RELAY_FORW) => {}
+            Some(_) => return Ok(relayed),
+            None => return Err(Ignored6::Malformed),
+        }
+        let bytes = relayed.client;
+        if bytes.len() < RELAY_HEADER {
+            return Err(Ignored6::MalformedRelay);
+        }
+        if bytes[1] >= HOP_COUNT_LIMIT || relayed.hops.len() >= usize::from(HOP_COUNT_LIMIT) {
+            return Err(Ignored6::TooManyRelays);
+        }
+        let mut inner = None;
+        let mut interface_id = None;
+        let mut link_layer = None;
+        let mut rest = &bytes[RELAY_HEADER..];
+        while !rest.is_empty() {
+            if rest.len() < 4 {
+                return Err(Ignored6::MalformedRelay);
+            }
+            let code = u16::from_be_bytes([rest[0], rest[1]]);
+            let len = usize::from(u16::from_be_bytes([rest[2], rest[3]]));
+            let value = rest.get(4..4 + len).ok_or(Ignored6::MalformedRelay)?;
+            match code {
+                OPTION_RELAY_MSG => inner = Some(value),
+                OPTION_INTERFACE_ID => interface_id = Some(value),
+                // Link-layer type 1 (Ethernet), then the address.
+                OPTION_CLIENT_LINKLAYER_ADDR if len == 8 && value[..2] == [0, 1] => {
+                    link_layer = <[u8; 6]>::try_from(&value[2..]).ok();
+                }
+                _ => {}
+            }
+            rest = &rest[4 + len..];
+        }
+        // Each relay nearer the client overrides what a farther one said.
+        if link_layer.is_some() {
+            relayed.client_link_layer = link_layer;
+        }
+        let mut link = [0u8; 16];
+        link.copy_from_slice(&bytes[2..18]);
+        relayed.link_address = Some(Ipv6Addr::from(link));
+        relayed.hops.push(RelayHop {
+            header: &bytes[1..RELAY_HEADER],
+            interface_id,
+        });
+        relayed.client = inner.ok_or(Ignored6::NoRelayMessage)?;
     }
 }
 

@@ -99,15 +99,19 @@ fn dhcp_names(
     registry.register(Box::new(refused.clone()))?;
     let names = names.clone();
     Ok(Some(Arc::new(move |lease: &causeway_dhcp::LeaseRecord| {
+        // DHCPv6 leases carry no name into DNS (see docs/dhcp.md).
+        let std::net::IpAddr::V4(ip) = lease.ip else {
+            return;
+        };
         match (lease.state, &lease.hostname) {
             (LeaseState::Active, Some(host)) => {
-                names.register(host, lease.ip, lease.expires);
+                names.register(host, ip, lease.expires);
                 names.forget_expired_if_due(causeway_runtime::clock::unix_now());
             }
             // A renewal without a name (no option 12) carries none: the
             // address's old name goes now, not at the old lease's expiry.
             (LeaseState::Active, None) | (LeaseState::Released | LeaseState::Declined, _) => {
-                names.unregister(lease.ip)
+                names.unregister(ip)
             }
             _ => {}
         }

@@ -1226,6 +1226,12 @@ impl Render<'_> {
             domain_search: None,
             information_refresh_time: None,
             server_duid: None,
+            prefix: None,
+            pools: Vec::new(),
+            reservations: Vec::new(),
+            preferred_lifetime: None,
+            valid_lifetime: None,
+            rapid_commit: false,
         });
     }
 
