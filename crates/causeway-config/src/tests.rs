@@ -1169,3 +1169,58 @@ fn dhcp6_serves_the_clusters_domain_by_default_and_refuses_what_clients_would_no
         "{errs:?}"
     );
 }
+
+#[test]
+fn dhcp6_pools_and_reservations_lease_addresses_and_bad_ones_get_their_precise_messages() {
+    let d = Config::from_yaml(&format!(
+        "{VLAN}dhcp6:\n  prefix: fd42:10::/64\n  pools: [{{start: 'fd42:10::100', end: 'fd42:10::1ff'}}]\n  reservations: [{{duid: '00030001020000000009', ip: 'fd42:10::50'}}, {{mac: '02:00:00:00:00:0a', ip: 'fd42:10::51', hostname: w1}}]\n  rapidCommit: true\n"
+    ))
+    .unwrap()
+    .dhcp6
+    .unwrap();
+    let s = d.stateful.unwrap();
+    assert_eq!(s.pools.len(), 1);
+    assert_eq!(s.reservations[1].mac, Some([2, 0, 0, 0, 0, 0x0a]));
+    assert_eq!(s.preferred_lifetime.as_secs(), 3600);
+    assert_eq!(s.valid_lifetime.as_secs(), 7200, "twice the preferred");
+    assert!(s.rapid_commit);
+    let errs = errors(&format!(
+        "{VLAN}dhcp6:\n  prefix: fd99::/64\n  pools: [{{start: 'fd99::9', end: 'fd99::1'}}, {{start: 'fd42:11::1', end: 'fd42:11::2'}}, {{start: '::', end: 'ffff::'}}]\n  reservations: [{{ip: 'fd99::5'}}, {{duid: zz, mac: nope, ip: 'fd99::6', hostname: 'a.b'}}]\n  preferredLifetime: 2h\n  validLifetime: 1h\n"
+    ));
+    for want in [
+        "dhcp6.prefix: fd99::/64 overlaps fd99::/64",
+        "dhcp6.pools[0]: starts after it ends",
+        "dhcp6.pools[1]: fd42:11::1–fd42:11::2 is not inside the prefix fd99::/64",
+        "dhcp6.pools[2]: spans more than 2^32 addresses",
+        "dhcp6.reservations[0]: names no client",
+        "dhcp6.reservations[1].duid: zz is not a DUID",
+        "dhcp6.reservations[1].mac: nope is not a MAC address",
+        "dhcp6.reservations[1].hostname: a.b is not a host name",
+        "dhcp6.preferredLifetime: is longer than validLifetime",
+    ] {
+        assert!(
+            errs.iter().any(|e| e.starts_with(want)),
+            "no error starting {want:?} in:\n{}",
+            errs.join("\n")
+        );
+    }
+    // The leases live in the dhcp section's log.
+    let no_dhcp = VLAN.replace("dhcp: {}\n", "");
+    let errs = errors(&format!(
+        "{no_dhcp}dhcp6:\n  prefix: fd42:10::/64\n  pools: [{{start: 'fd42:10::1', end: 'fd42:10::2'}}]\n"
+    ));
+    assert!(
+        errs.iter().any(|e| e.starts_with(
+            "dhcp6.pools: leased DHCPv6 addresses are kept in the dhcp section's lease file"
+        )),
+        "{errs:?}"
+    );
+    let errs = errors(&format!(
+        "{VLAN}dhcp6:\n  dnsServers: ['fd42:10::53']\n  rapidCommit: true\n"
+    ));
+    assert!(
+        errs.iter()
+            .any(|e| e.starts_with("dhcp6.rapidCommit: applies to leased addresses")),
+        "{errs:?}"
+    );
+}

@@ -59,6 +59,8 @@ pub struct HaDhcpParts {
     pub metrics: DhcpMetrics,
     pub observer: Option<LeaseObserver>,
     pub ready: ReadyHandle,
+    /// Where stateful DHCPv6 finds the active's store.
+    pub v6: Option<crate::V6Port>,
 }
 
 impl HaDhcp {
@@ -167,6 +169,12 @@ impl Switch {
     async fn become_(&self, role: Role) {
         let mut slot = self.slot.lock().await;
         let current = std::mem::replace(&mut slot.role, DhcpRole::Idle);
+        if role != Role::Active {
+            // A standby leases nothing, over either family.
+            if let Some(port) = &self.parts.v6 {
+                port.detach();
+            }
+        }
         match (role, current) {
             (Role::Active, DhcpRole::Serving(s, t)) => slot.role = DhcpRole::Serving(s, t),
             (Role::Standby, DhcpRole::Following(f)) => slot.role = DhcpRole::Following(f),
@@ -185,6 +193,9 @@ impl Switch {
                 .await;
                 match started {
                     Ok(server) => {
+                        if let Some(port) = &self.parts.v6 {
+                            server.serve_v6(port);
+                        }
                         let source: LeaseSource = Arc::new(server.lease_source());
                         *self.leases.lock().unwrap_or_else(|p| p.into_inner()) =
                             Some(source.clone());

@@ -40,7 +40,7 @@ pub use client::ClientKey;
 pub use engine::{Destination, Engine, Ignored, Ingress, Outcome, PoolStats, Reply};
 pub use lease::{Lease, LeaseObserver, LeaseRecord, LeaseState};
 pub use metrics::DhcpMetrics;
-pub use server::{unix_now, DhcpError, DhcpServer};
+pub use server::{unix_now, DhcpError, DhcpServer, SendReply, V6Port};
 pub use server6::{Dhcp6Error, Dhcp6Metrics, Dhcp6Server};
 pub use store::{parse_log, read_log, LeaseStore, Recovery, StoreError};
 

@@ -19,8 +19,10 @@ use crate::clock::{self, unix_secs, ClockCheck, LeaseClock};
 use crate::engine::{Destination, Engine, Ignored, Ingress, Outcome, CLIENT_PORT, SERVER_PORT};
 use crate::lease::LeaseObserver;
 use crate::lease::{Lease, LeaseRecord};
+use crate::lease6::Leases6;
 use crate::metrics::{message_type_label, DhcpMetrics};
 use crate::store::{HealthObserver, LeaseStore, StoreError};
+use crate::v6::{Ignored6, Relayed};
 use crate::wire;
 
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +54,15 @@ struct Shared {
     /// Seconds the lease clock was anchored behind this machine's wall
     /// clock at start, to match a peer's (not a step of the wall clock).
     anchored_behind: AtomicU64,
+    /// Stateful DHCPv6: its leases live in this server's store.
+    v6: Mutex<V6Side>,
+}
+
+/// The DHCPv6 half of a server's leases.
+struct V6Side {
+    leases: Option<Leases6>,
+    /// v6 records recovered (or adopted) before DHCPv6 was configured.
+    waiting: Vec<LeaseRecord>,
 }
 
 /// Where records adopted from a rejoining standby's log go.
@@ -68,11 +79,24 @@ impl Shared {
             return;
         }
         self.engine().adopt(records);
+        {
+            let mut v6 = self.v6();
+            match &mut v6.leases {
+                Some(l) => l.adopt(records),
+                None => v6
+                    .waiting
+                    .extend(records.iter().filter(|r| r.ip.is_ipv6()).cloned()),
+            }
+        }
         if let Some(observe) = &self.observer {
             for r in records {
                 observe(r);
             }
         }
+    }
+
+    fn v6(&self) -> MutexGuard<'_, V6Side> {
+        self.v6.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn engine(&self) -> MutexGuard<'_, Engine> {
@@ -183,6 +207,12 @@ impl DhcpServer {
             torn_tail_bytes = recovery.torn_tail_bytes,
             "lease store recovered"
         );
+        let waiting: Vec<LeaseRecord> = recovery
+            .records
+            .iter()
+            .filter(|r| r.ip.is_ipv6())
+            .cloned()
+            .collect();
         drop(recovery);
         if let Some(observe) = &observer {
             for lease in engine.leases() {
@@ -201,6 +231,10 @@ impl DhcpServer {
             clock: lease_clock,
             offset_reported: std::sync::atomic::AtomicBool::new(false),
             anchored_behind: AtomicU64::new(0),
+            v6: Mutex::new(V6Side {
+                leases: None,
+                waiting,
+            }),
         });
         {
             let mut target = adopt_into.lock().unwrap_or_else(|p| p.into_inner());
@@ -274,6 +308,11 @@ impl DhcpServer {
         Ok(())
     }
 
+    /// Serves stateful DHCPv6 through `port` from this server's store.
+    pub fn serve_v6(&self, port: &V6Port) {
+        port.attach(&self.shared);
+    }
+
     pub fn leases(&self) -> Vec<LeaseRecord> {
         self.lease_source()()
     }
@@ -288,6 +327,9 @@ impl DhcpServer {
             // large table never stalls the DHCP path.
             let snapshot: Vec<Lease> = shared.engine().leases().cloned().collect();
             let mut out: Vec<LeaseRecord> = snapshot.iter().map(Lease::to_record).collect();
+            if let Some(l) = &shared.v6().leases {
+                out.extend(l.records());
+            }
             out.sort_unstable_by_key(|r| r.ip);
             out
         }
@@ -827,5 +869,167 @@ impl causeway_runtime::Service for DhcpServer {
     /// those are acknowledged or about to be.
     async fn stop(self, _deadline: std::time::Duration) {
         self.wait().await
+    }
+}
+
+/// Where the DHCPv6 server hands the messages that lease addresses: the
+/// DHCP server whose store keeps the leases, while one serves here (under
+/// high availability, only on the active).
+#[derive(Clone, Default)]
+pub struct V6Port {
+    inner: Arc<Mutex<PortInner>>,
+}
+
+#[derive(Default)]
+struct PortInner {
+    server: std::sync::Weak<Shared>,
+    config: Option<(causeway_config::Dhcp6Config, Vec<u8>)>,
+}
+
+/// Sends a reply once its leases are durable (on the store's thread).
+pub type SendReply = Box<dyn FnOnce(Vec<u8>) + Send>;
+
+impl V6Port {
+    pub fn new() -> V6Port {
+        V6Port::default()
+    }
+
+    fn inner(&self) -> MutexGuard<'_, PortInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn attach(&self, shared: &Arc<Shared>) {
+        let mut inner = self.inner();
+        inner.server = Arc::downgrade(shared);
+        if let Some((cfg, duid)) = &inner.config {
+            configure(shared, cfg, duid);
+        }
+    }
+
+    /// Stops leasing through this port until a server attaches again.
+    pub fn detach(&self) {
+        self.inner().server = std::sync::Weak::new();
+    }
+
+    /// The DHCPv6 config and the server's DUID; applied to the server now
+    /// and to every server attached later.
+    pub fn configure(&self, cfg: &causeway_config::Dhcp6Config, duid: Vec<u8>) {
+        let mut inner = self.inner();
+        if let Some(shared) = inner.server.upgrade() {
+            configure(&shared, cfg, &duid);
+        }
+        inner.config = Some((cfg.clone(), duid));
+    }
+
+    /// Every DHCPv6 lease of the attached server, for the admin endpoint.
+    pub fn records(&self) -> Vec<LeaseRecord> {
+        let server = self.inner().server.upgrade();
+        server
+            .and_then(|s| s.v6().leases.as_ref().map(Leases6::records))
+            .unwrap_or_default()
+    }
+
+    /// Answers a client's message: `send` is called with the reply at
+    /// once when nothing is leased, or on the store's thread once every
+    /// lease change is durable (never when one is not).
+    pub fn handle(
+        &self,
+        relayed: &Relayed,
+        msg: &dhcproto::v6::Message,
+        send: SendReply,
+    ) -> Result<dhcproto::v6::MessageType, Ignored6> {
+        let Some(shared) = self.inner().server.upgrade() else {
+            return Err(Ignored6::NoLeaseStore);
+        };
+        let Some(now) = shared.clock.now() else {
+            return Err(Ignored6::NoLeaseStore);
+        };
+        // Under high availability with no standby confirming, new
+        // addresses come from this replica's share only.
+        let share = shared.store.share();
+        let mut v6 = shared.v6();
+        let leases = v6.leases.as_mut().ok_or(Ignored6::NotServed)?;
+        let out = leases.handle(now, relayed, msg, share)?;
+        if out.commit.is_empty() {
+            drop(v6);
+            send(out.reply);
+            return Ok(out.kind);
+        }
+        // The reply waits for the last of its records; one that fails
+        // keeps it from being sent at all.
+        let pending = Arc::new(std::sync::atomic::AtomicUsize::new(out.commit.len()));
+        let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reply = Arc::new(Mutex::new(Some((out.reply, send))));
+        for record in out.commit {
+            let (pending, failed, reply) = (pending.clone(), failed.clone(), reply.clone());
+            let done_shared = shared.clone();
+            let settled = record.clone();
+            shared.in_flight.fetch_add(1, Ordering::Relaxed);
+            shared.metrics.in_flight.inc();
+            // Called with the v6 lock held, so the log has the records in
+            // the order the engine made them.
+            shared.store.append_chosen(
+                record,
+                Box::new(move |durable| {
+                    let m = &done_shared.metrics;
+                    done_shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+                    m.in_flight.dec();
+                    let on_disk = durable.is_ok() || durable == Err(crate::store::WITHHELD);
+                    if let Some(l) = done_shared.v6().leases.as_mut() {
+                        if l.settle(&settled, on_disk) {
+                            m.changes_undone.inc();
+                        }
+                    }
+                    if durable.is_err() {
+                        failed.store(true, Ordering::Relaxed);
+                    } else if let Some(observe) = &done_shared.observer {
+                        observe(&settled);
+                    }
+                    if pending.fetch_sub(1, Ordering::AcqRel) == 1
+                        && !failed.load(Ordering::Relaxed)
+                    {
+                        let taken = reply.lock().unwrap_or_else(|p| p.into_inner()).take();
+                        if let Some((bytes, send)) = taken {
+                            send(bytes);
+                        }
+                    }
+                }),
+                share.is_none(),
+            );
+        }
+        Ok(out.kind)
+    }
+}
+
+fn configure(shared: &Shared, cfg: &causeway_config::Dhcp6Config, duid: &[u8]) {
+    let mut v6 = shared.v6();
+    let reconfigured = match &mut v6.leases {
+        Some(l) => l.reconfigure(cfg, duid.to_vec()),
+        None => false,
+    };
+    if reconfigured {
+        return;
+    }
+    match Leases6::new(cfg, duid.to_vec()) {
+        Some(mut leases) => {
+            let waiting = std::mem::take(&mut v6.waiting);
+            let skipped = leases.restore(&waiting);
+            let records = leases.records();
+            shared.metrics.corrupt_lines.inc_by(skipped as u64);
+            tracing::info!(leases = records.len(), skipped, "DHCPv6 leases recovered");
+            if let Some(observe) = &shared.observer {
+                for r in &records {
+                    observe(r);
+                }
+            }
+            v6.leases = Some(leases);
+        }
+        None => {
+            // Leasing turned off: the leases wait, as read, for it to
+            // come back (they stay in the log either way).
+            if let Some(l) = v6.leases.take() {
+                v6.waiting = l.records();
+            }
+        }
     }
 }

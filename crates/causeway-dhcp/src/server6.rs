@@ -1,11 +1,13 @@
-//! The stateless DHCPv6 server on the wire: UDP port 547 on the VLAN
-//! interface, the All_DHCP_Relay_Agents_and_Servers group (ff02::1:2)
-//! joined there, each request answered by [`crate::v6::Stateless`] to the
-//! address it came from (a client's link-local address and port 546, or a
-//! relay's address and port 547).
+//! The DHCPv6 server on the wire: UDP port 547 on the VLAN interface, the
+//! All_DHCP_Relay_Agents_and_Servers group (ff02::1:2) joined there, each
+//! request answered to the address it came from (a client's link-local
+//! address and port 546, or a relay's address and port 547).
 //!
-//! Nothing is stored: a stateless reply depends on the config alone, so
-//! there is nothing to make durable before it is sent.
+//! An Information-Request is answered here from the config alone
+//! ([`crate::v6::Stateless`]): nothing to make durable. Every message that
+//! leases addresses goes through a [`V6Port`] to the DHCP server whose
+//! store keeps the leases ([`crate::lease6`]), and its reply leaves only
+//! once the lease is on disk.
 
 use std::io;
 use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
@@ -18,7 +20,9 @@ use prometheus::{IntCounterVec, Opts, Registry};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::task::JoinHandle;
 
-use crate::v6::{duid_ll, Ignored6, Stateless};
+use crate::server::V6Port;
+use crate::v6::{decode_client, duid_ll, unwrap_relays, Ignored6, Stateless};
+use dhcproto::v6::MessageType;
 
 const SERVER_PORT: u16 = 547;
 const ALL_DHCP_AGENTS: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 1, 2);
@@ -37,6 +41,8 @@ pub struct Dhcp6Metrics {
     replies: IntCounterVec,
     /// Datagrams not answered, by reason.
     dropped: IntCounterVec,
+    /// Replies sent, by type (advertise, reply).
+    sent: IntCounterVec,
 }
 
 impl Dhcp6Metrics {
@@ -56,7 +62,18 @@ impl Dhcp6Metrics {
                 ),
                 &["reason"],
             )?,
+            sent: IntCounterVec::new(
+                Opts::new(
+                    "causeway_dhcp6_sent_total",
+                    "DHCPv6 replies sent, by message type (advertise, reply)",
+                ),
+                &["type"],
+            )?,
         };
+        registry.register(Box::new(m.sent.clone()))?;
+        for kind in ["advertise", "reply"] {
+            m.sent.with_label_values(&[kind]);
+        }
         registry.register(Box::new(m.replies.clone()))?;
         registry.register(Box::new(m.dropped.clone()))?;
         for path in ["direct", "relayed"] {
@@ -73,6 +90,7 @@ impl Dhcp6Metrics {
 pub struct Dhcp6Server {
     answers: Arc<RwLock<(Dhcp6Config, Stateless)>>,
     mac_duid: Vec<u8>,
+    port: Option<V6Port>,
     task: JoinHandle<()>,
 }
 
@@ -95,10 +113,13 @@ fn open(interface: &str) -> io::Result<tokio::net::UdpSocket> {
 
 impl Dhcp6Server {
     /// Must run inside a tokio runtime.
+    /// `port` leads to the DHCP server that keeps the leases; required
+    /// when the config leases addresses (`dhcp6.pools`/`reservations`).
     pub fn start(
         cfg: &Dhcp6Config,
         metrics: Dhcp6Metrics,
         stop: Shutdown,
+        port: Option<V6Port>,
     ) -> Result<Dhcp6Server, Dhcp6Error> {
         let fail = |reason: String| Dhcp6Error::Listen {
             interface: cfg.interface.clone(),
@@ -111,25 +132,42 @@ impl Dhcp6Server {
         let mac_duid = duid_ll(mac.unwrap_or_default());
         let socket = open(&cfg.interface).map_err(|e| fail(e.to_string()))?;
         let stateless = Stateless::new(cfg, mac_duid.clone());
+        if cfg.stateful.is_some() && port.is_none() {
+            return Err(fail(
+                "leasing addresses needs the dhcp section's lease store".into(),
+            ));
+        }
+        if let Some(port) = &port {
+            port.configure(cfg, mac_duid.clone());
+        }
         tracing::info!(
             interface = %cfg.interface,
             dns_servers = cfg.dns_servers.len(),
             domains = cfg.domain_search.len(),
-            "stateless DHCPv6 listening on [::]:547"
+            stateful = cfg.stateful.is_some(),
+            "DHCPv6 listening on [::]:547"
         );
         let answers = Arc::new(RwLock::new((cfg.clone(), stateless)));
-        let task = tokio::spawn(serve(socket, answers.clone(), metrics, stop));
+        let task = tokio::spawn(serve(
+            Arc::new(socket),
+            answers.clone(),
+            port.clone(),
+            metrics,
+            stop,
+        ));
         Ok(Dhcp6Server {
             answers,
             mac_duid,
+            port,
             task,
         })
     }
 }
 
 async fn serve(
-    socket: tokio::net::UdpSocket,
+    socket: Arc<tokio::net::UdpSocket>,
     answers: Arc<RwLock<(Dhcp6Config, Stateless)>>,
+    port: Option<V6Port>,
     metrics: Dhcp6Metrics,
     stop: Shutdown,
 ) {
@@ -146,39 +184,90 @@ async fn serve(
                 }
             },
         };
-        let answer = {
-            let guard = answers.read().unwrap_or_else(|p| p.into_inner());
-            guard.1.handle(&buf[..len])
+        let to = match from {
+            SocketAddr::V6(a) => {
+                SocketAddr::V6(SocketAddrV6::new(*a.ip(), a.port(), 0, a.scope_id()))
+            }
+            other => other,
         };
-        match answer {
-            Ok(answer) => {
-                let to = match from {
-                    SocketAddr::V6(a) => {
-                        SocketAddr::V6(SocketAddrV6::new(*a.ip(), a.port(), 0, a.scope_id()))
-                    }
-                    other => other,
-                };
-                match socket.send_to(&answer.bytes, to).await {
-                    Ok(_) => {
-                        let path = if answer.relays > 0 {
-                            "relayed"
-                        } else {
-                            "direct"
-                        };
-                        metrics.replies.with_label_values(&[path]).inc();
-                    }
-                    Err(e) => {
-                        metrics.dropped.with_label_values(&["send_failed"]).inc();
-                        tracing::debug!(%to, error = %e, "DHCPv6 reply not sent");
-                    }
-                }
-            }
-            Err(reason) => {
-                metrics.dropped.with_label_values(&[reason.label()]).inc();
-                tracing::debug!(%from, %reason, "DHCPv6 datagram not answered");
-            }
+        if let Err(reason) = answer(&buf[..len], to, &socket, &answers, port.as_ref(), &metrics) {
+            metrics.dropped.with_label_values(&[reason.label()]).inc();
+            tracing::debug!(%from, %reason, "DHCPv6 datagram not answered");
         }
     }
+}
+
+fn answer(
+    bytes: &[u8],
+    to: SocketAddr,
+    socket: &Arc<tokio::net::UdpSocket>,
+    answers: &RwLock<(Dhcp6Config, Stateless)>,
+    port: Option<&V6Port>,
+    metrics: &Dhcp6Metrics,
+) -> Result<(), Ignored6> {
+    let relayed = unwrap_relays(bytes)?;
+    let msg = decode_client(relayed.client)?;
+    let path = relayed.path.clone();
+    let sender = {
+        let (socket, metrics) = (socket.clone(), metrics.clone());
+        move |kind: &'static str, reply: Vec<u8>| {
+            let bytes = match path.wrap(&reply) {
+                Ok(b) => b,
+                Err(reason) => {
+                    metrics.dropped.with_label_values(&[reason.label()]).inc();
+                    return;
+                }
+            };
+            // A datagram socket's send does not wait for anything but
+            // buffer space; when that is short, the client retransmits.
+            match socket.try_send_to(&bytes, to) {
+                Ok(_) => {
+                    let how = if path.depth() > 0 {
+                        "relayed"
+                    } else {
+                        "direct"
+                    };
+                    metrics.replies.with_label_values(&[how]).inc();
+                    metrics.sent.with_label_values(&[kind]).inc();
+                }
+                Err(e) => {
+                    metrics.dropped.with_label_values(&["send_failed"]).inc();
+                    tracing::debug!(%to, error = %e, "DHCPv6 reply not sent");
+                }
+            }
+        }
+    };
+    if msg.msg_type() == MessageType::InformationRequest {
+        let reply = {
+            let guard = answers.read().unwrap_or_else(|p| p.into_inner());
+            guard.1.information_reply(&msg)?
+        };
+        sender("reply", reply);
+        return Ok(());
+    }
+    let Some(port) = port else {
+        return Err(Ignored6::NotServed);
+    };
+    let kind = match msg.msg_type() {
+        MessageType::Solicit => "advertise",
+        _ => "reply",
+    };
+    // A Solicit with Rapid Commit is answered by a Reply: counted as such
+    // from what the engine says below.
+    let kind_cell = Arc::new(std::sync::Mutex::new(kind));
+    let cell = kind_cell.clone();
+    let answered = port.handle(
+        &relayed,
+        &msg,
+        Box::new(move |reply| {
+            let kind = *cell.lock().unwrap_or_else(|p| p.into_inner());
+            sender(kind, reply);
+        }),
+    )?;
+    if answered == MessageType::Reply {
+        *kind_cell.lock().unwrap_or_else(|p| p.into_inner()) = "reply";
+    }
+    Ok(())
 }
 
 impl causeway_runtime::Service for Dhcp6Server {
@@ -194,7 +283,17 @@ impl causeway_runtime::Service for Dhcp6Server {
                 next: cfg.interface.clone(),
             });
         }
+        if cfg.stateful.is_some() && self.port.is_none() {
+            return Err(Dhcp6Error::Listen {
+                interface: cfg.interface.clone(),
+                reason: "leasing addresses needs the dhcp section's lease store; restart with it"
+                    .into(),
+            });
+        }
         *guard = (cfg.clone(), Stateless::new(cfg, self.mac_duid.clone()));
+        if let Some(port) = &self.port {
+            port.configure(cfg, self.mac_duid.clone());
+        }
         Ok(())
     }
 

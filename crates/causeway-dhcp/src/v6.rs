@@ -148,7 +148,8 @@ impl Stateless {
         self.information_reply(&msg)
     }
 
-    /// The Reply to an Information-Request.
+    /// The Reply to an Information-Request, or why RFC 8415 section
+    /// 16.12 says to send none.
     pub fn information_reply(&self, msg: &Message) -> Result<Vec<u8>, Ignored6> {
         let opts = msg.opts();
         if opts.get(OptionCode::IANA).is_some()
@@ -226,29 +227,20 @@ pub fn decode_client(bytes: &[u8]) -> Result<Message, Ignored6> {
 /// What a relay added on the way in: its header and the Interface-Id to
 /// echo on the way out.
 #[derive(Debug, Clone)]
-struct RelayHop<'a> {
+struct RelayHop {
     /// Hop count, link address and peer address (bytes 1..34 of its header).
-    header: &'a [u8],
-    interface_id: Option<&'a [u8]>,
+    header: Vec<u8>,
+    interface_id: Option<Vec<u8>>,
 }
 
-/// A datagram on port 547 with its relay wrappers taken off.
-#[derive(Debug, Clone)]
-pub struct Relayed<'a> {
-    /// The relays, outermost first.
-    hops: Vec<RelayHop<'a>>,
-    /// The client's own message.
-    pub client: &'a [u8],
-    /// The client's link-layer address as the relay nearest it saw it
-    /// (RFC 6939's option, Ethernet only).
-    pub client_link_layer: Option<[u8; 6]>,
-    /// The link address of the relay nearest the client: which link the
-    /// client is on (unspecified when that relay leaves it to the
-    /// Interface-Id).
-    pub link_address: Option<Ipv6Addr>,
+/// The relays a request came through, outermost first: what a reply sent
+/// later (once its lease is durable) needs to go back through them.
+#[derive(Debug, Clone, Default)]
+pub struct RelayPath {
+    hops: Vec<RelayHop>,
 }
 
-impl Relayed<'_> {
+impl RelayPath {
     /// How many relays the request came through (0: direct).
     pub fn depth(&self) -> u8 {
         u8::try_from(self.hops.len()).unwrap_or(u8::MAX)
@@ -261,9 +253,10 @@ impl Relayed<'_> {
         for hop in self.hops.iter().rev() {
             let mut outer = Vec::with_capacity(RELAY_HEADER + 8 + out.len() + 64);
             outer.push(RELAY_REPL);
-            outer.extend_from_slice(hop.header);
+            outer.extend_from_slice(&hop.header);
             for (code, value) in hop
                 .interface_id
+                .as_deref()
                 .map(|v| (OPTION_INTERFACE_ID, v))
                 .into_iter()
                 .chain([(OPTION_RELAY_MSG, out.as_slice())])
@@ -279,11 +272,36 @@ impl Relayed<'_> {
     }
 }
 
+/// A datagram on port 547 with its relay wrappers taken off.
+#[derive(Debug, Clone)]
+pub struct Relayed<'a> {
+    pub path: RelayPath,
+    /// The client's own message.
+    pub client: &'a [u8],
+    /// The client's link-layer address as the relay nearest it saw it
+    /// (RFC 6939's option, Ethernet only).
+    pub client_link_layer: Option<[u8; 6]>,
+    /// The link address of the relay nearest the client: which link the
+    /// client is on (unspecified when that relay leaves it to the
+    /// Interface-Id).
+    pub link_address: Option<Ipv6Addr>,
+}
+
+impl Relayed<'_> {
+    pub fn depth(&self) -> u8 {
+        self.path.depth()
+    }
+
+    pub fn wrap(&self, reply: &[u8]) -> Result<Vec<u8>, Ignored6> {
+        self.path.wrap(reply)
+    }
+}
+
 /// Takes the Relay-Forward wrappers off a datagram (up to 8, RFC 8415
 /// section 7.6), keeping what the reply needs to go back through them.
 pub fn unwrap_relays(bytes: &[u8]) -> Result<Relayed<'_>, Ignored6> {
     let mut relayed = Relayed {
-        hops: Vec::new(),
+        path: RelayPath::default(),
         client: bytes,
         client_link_layer: None,
         link_address: None,
@@ -298,7 +316,7 @@ pub fn unwrap_relays(bytes: &[u8]) -> Result<Relayed<'_>, Ignored6> {
         if bytes.len() < RELAY_HEADER {
             return Err(Ignored6::MalformedRelay);
         }
-        if bytes[1] >= HOP_COUNT_LIMIT || relayed.hops.len() >= usize::from(HOP_COUNT_LIMIT) {
+        if bytes[1] >= HOP_COUNT_LIMIT || relayed.path.hops.len() >= usize::from(HOP_COUNT_LIMIT) {
             return Err(Ignored6::TooManyRelays);
         }
         let mut inner = None;
@@ -330,9 +348,9 @@ pub fn unwrap_relays(bytes: &[u8]) -> Result<Relayed<'_>, Ignored6> {
         let mut link = [0u8; 16];
         link.copy_from_slice(&bytes[2..18]);
         relayed.link_address = Some(Ipv6Addr::from(link));
-        relayed.hops.push(RelayHop {
-            header: &bytes[1..RELAY_HEADER],
-            interface_id,
+        relayed.path.hops.push(RelayHop {
+            header: bytes[1..RELAY_HEADER].to_vec(),
+            interface_id: interface_id.map(<[u8]>::to_vec),
         });
         relayed.client = inner.ok_or(Ignored6::NoRelayMessage)?;
     }

@@ -241,6 +241,12 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
     }
     // Under HA, DHCP runs as the role says: the server on the active, the
     // lease stream's follower on the standby.
+    // Stateful DHCPv6 keeps its leases in the DHCP server's store.
+    let v6_port = cfg
+        .dhcp6
+        .as_ref()
+        .filter(|d| d.stateful.is_some() && cfg.dhcp.is_some())
+        .map(|_| causeway_dhcp::V6Port::new());
     let ha_dhcp = match (&cfg.dhcp, &ha) {
         (Some(dhcp_cfg), Some(ha)) => {
             let ready = readiness.register("dhcp");
@@ -255,6 +261,7 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
                     metrics,
                     observer,
                     ready,
+                    v6: v6_port.clone(),
                 },
                 &registry,
                 stop.clone(),
@@ -281,6 +288,9 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
             )
             .await
             .context("DHCP failed to start")?;
+            if let Some(port) = &v6_port {
+                server.serve_v6(port);
+            }
             let leases = server.lease_source();
             admin = admin.json(
                 "/leases",
@@ -337,8 +347,8 @@ async fn serve(path: Option<PathBuf>, cfg: Config, only: Only) -> anyhow::Result
         Some(d6) => {
             let ready = readiness.register("dhcp6");
             let metrics = Dhcp6Metrics::new(&registry).context("registering DHCPv6 metrics")?;
-            let server =
-                Dhcp6Server::start(d6, metrics, stop.clone()).context("DHCPv6 failed to start")?;
+            let server = Dhcp6Server::start(d6, metrics, stop.clone(), v6_port.clone())
+                .context("DHCPv6 failed to start")?;
             ready.set(true);
             Some(server)
         }

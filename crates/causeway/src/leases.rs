@@ -23,6 +23,18 @@ pub fn run(config: &Path, json: bool) -> anyhow::Result<()> {
     let mut engine = Engine::new(&dhcp);
     engine.restore(&log.records);
     let mut leases: Vec<LeaseRecord> = engine.leases().map(|l| l.to_record()).collect();
+    // DHCPv6 leases share the log; the v6 engine's recovery reads them.
+    if let Some(v6) = cfg
+        .dhcp6
+        .as_ref()
+        .and_then(|d6| causeway_dhcp::lease6::Leases6::new(d6, Vec::new()))
+        .map(|mut v6| {
+            v6.restore(&log.records);
+            v6
+        })
+    {
+        leases.extend(v6.records());
+    }
     leases.sort_by_key(|r| r.ip);
     if json {
         outln!("{}", serde_json::to_string_pretty(&leases)?)?;
@@ -30,7 +42,7 @@ pub fn run(config: &Path, json: bool) -> anyhow::Result<()> {
     }
     let now = unix_now();
     outln!(
-        "{:<16} {:<9} {:<12} {:<20} {:<24} HOSTNAME",
+        "{:<24} {:<9} {:<12} {:<20} {:<24} HOSTNAME",
         "ADDRESS",
         "STATE",
         "EXPIRES",
@@ -51,7 +63,7 @@ pub fn run(config: &Path, json: bool) -> anyhow::Result<()> {
             "-".into()
         };
         outln!(
-            "{:<16} {:<9} {:<12} {:<20} {:<24} {}",
+            "{:<24} {:<9} {:<12} {:<20} {:<24} {}",
             l.ip,
             state,
             expires,

@@ -14,6 +14,7 @@ mod monitored;
 mod support;
 
 mod clusters_lab;
+mod dhcp6_lab;
 mod dhcp_e2e;
 mod dhcp_faults;
 mod dhcp_floods;
