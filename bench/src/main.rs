@@ -1,6 +1,6 @@
 //! `causeway-bench`: load generators for causeway's services that also
 //! work against other implementations, so numbers are comparable. Each
-//! protocol is a subcommand: `dhcp`, `dns` and `proxy`; `dns-floor` is the
+//! protocol is a subcommand: `dhcp`, `dhcp6`, `dns` and `proxy`; `dns-floor` is the
 //! reference responder the DNS comparison measures servers against;
 //! `operator` measures the Kubernetes operator at scale.
 //!
@@ -9,6 +9,7 @@
 //! nothing; the comparisons' scripts and the tests do that.
 
 mod dhcp;
+mod dhcp6;
 mod dns;
 mod load;
 mod operator;
@@ -33,6 +34,9 @@ enum Command {
     /// DHCPv4 DORA load against any DHCPv4 server (causeway, Kea, ISC
     /// dhcpd, dnsmasq), in relay mode by default
     Dhcp(dhcp::DhcpArgs),
+    /// DHCPv6 Solicit/Advertise/Request/Reply load (or Rapid Commit) as a
+    /// relay, against any DHCPv6 server (causeway, Kea)
+    Dhcp6(dhcp6::Dhcp6Args),
     /// DNS query load (dnsperf-like) against any resolver (causeway,
     /// unbound, knot-resolver, dnsmasq): throughput, losses, latency and
     /// the rcode mix
@@ -62,6 +66,7 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     match cli.command {
         Command::Dhcp(args) => rt.block_on(dhcp::run(args)),
+        Command::Dhcp6(args) => rt.block_on(dhcp6::run(args)),
         Command::Dns(args) => rt.block_on(dns::run(args)),
         Command::DnsFloor(args) => rt.block_on(dns::floor::run(args)),
         Command::Proxy(args) => rt.block_on(proxy::run(args)),
