@@ -66,6 +66,12 @@ pub struct Dhcp6Args {
     /// on stderr)
     #[arg(long)]
     pub json: bool,
+
+    /// Append "<duid> <ip>" (the DUID in hex) for every completed exchange,
+    /// flushed at once: lets a crash test know which leases the server
+    /// acknowledged
+    #[arg(long, value_name = "FILE")]
+    pub acked_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,6 +120,7 @@ struct Bench {
     lat: LatencyRecorder,
     meter: RateMeter,
     last_reply_at: Option<Instant>,
+    acked: Option<std::fs::File>,
 }
 
 /// What a server's reply says, as far as a measurement needs.
@@ -238,9 +245,22 @@ impl Bench {
         }
     }
 
-    fn finish(&mut self, xid: [u8; 3], now: Instant, completed: bool) {
+    fn finish(&mut self, xid: [u8; 3], now: Instant, address: Option<Ipv6Addr>) {
         if let Some(ex) = self.inflight.remove(&xid) {
-            if completed {
+            if let (Some(addr), true) = (address, self.acked.is_some()) {
+                use std::io::Write as _;
+                let duid: String = self
+                    .duid(ex.client)
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect();
+                // Written unbuffered: a line is on its way to the file
+                // before the next reply is read.
+                if let Some(file) = self.acked.as_mut() {
+                    let _ = writeln!(file, "{duid} {addr}");
+                }
+            }
+            if address.is_some() {
                 self.c.completed += 1;
                 if let Some(seen) = self.served.get_mut(ex.client as usize) {
                     if !*seen {
@@ -369,7 +389,7 @@ impl LoadGenerator for Bench {
             (Phase::Soliciting, MessageType::Advertise) => {
                 self.c.advertises += 1;
                 let (Some(addr), Some(server_id)) = (reply.address, reply.server_id) else {
-                    self.finish(reply.xid, now, false);
+                    self.finish(reply.xid, now, None);
                     return Ok(());
                 };
                 let bytes = self.message(
@@ -385,8 +405,7 @@ impl LoadGenerator for Bench {
                 self.send(&bytes).await;
             }
             (Phase::Requesting, MessageType::Reply) | (Phase::Soliciting, MessageType::Reply) => {
-                let done = reply.address.is_some();
-                self.finish(reply.xid, now, done);
+                self.finish(reply.xid, now, reply.address);
             }
             _ => self.c.unexpected += 1,
         }
@@ -470,6 +489,16 @@ pub async fn run(args: Dhcp6Args) -> anyhow::Result<()> {
         lat: LatencyRecorder::new(),
         meter: RateMeter::new(now),
         last_reply_at: None,
+        acked: match &args.acked_file {
+            Some(path) => Some(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .with_context(|| format!("opening {}", path.display()))?,
+            ),
+            None => None,
+        },
         args: args.clone(),
     };
     eprintln!(

@@ -311,3 +311,201 @@ fn dhcpcd_follows_the_m_flag_to_a_leased_address() {
     drop(client);
     appliance.stop();
 }
+
+/// The lease log's newest record per address, as `causeway leases --json`
+/// reads it (both engines' recovery): address -> (state, client, hw).
+fn store_view(config: &Path) -> std::collections::HashMap<String, (String, String, String)> {
+    support::leases(config)
+        .into_iter()
+        .map(|l| {
+            (
+                l.ip,
+                (
+                    l.state,
+                    l.client.replace(':', "").to_ascii_lowercase(),
+                    l.hw.to_ascii_lowercase(),
+                ),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn every_acknowledged_v6_and_v4_lease_survives_kill_9_under_mixed_load_in_one_store() {
+    let test = "every_acknowledged_v6_and_v4_lease_survives_kill_9_under_mixed_load_in_one_store";
+    if !root_or_skip(test) {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("causeway-dhcp6-")
+        .tempdir()
+        .unwrap();
+    let (rtr, host) = link();
+    rtr.ip(&["-6", "addr", "add", "fd42:10::1/64", "dev", RTR_IF, "nodad"]);
+    host.ip(&[
+        "-6",
+        "addr",
+        "add",
+        "fd42:10::2/64",
+        "dev",
+        HOST_IF,
+        "nodad",
+    ]);
+    let config = dir.path().join("causeway.yaml");
+    fs::write(
+        &config,
+        format!(
+            "log: {{level: info}}\nadmin: {{listen: \"127.0.0.1:{ADMIN_PORT}\"}}\n\
+             network: {{interface: {RTR_IF}, cidr: 192.168.77.0/24, gateway: 192.168.77.254, address: 192.168.77.1}}\n\
+             dhcp:\n  listen: [{{address: \"127.0.0.1:6767\"}}]\n  leaseFile: {}\n  leaseTime: 1h\n  subnets:\n    - {{cidr: 10.200.0.0/16, relayAddresses: [127.0.0.1], serverId: 127.0.0.1}}\n\
+             dhcp6:\n  interface: {RTR_IF}\n  dnsServers: ['fd42:10::53']\n  prefix: fd42:10::/64\n  pools: [{{start: 'fd42:10::1:0', end: 'fd42:10::1:ffff'}}]\n",
+            lease_file(dir.path()).display()
+        ),
+    )
+    .unwrap();
+    let admin = AdminAt::Netns {
+        ns: rtr.name().to_owned(),
+        port: ADMIN_PORT,
+    };
+    let mut server = Appliance::start("causeway-1", dir.path(), Some(&rtr), &config, admin.clone());
+    let (acked6, acked4) = (dir.path().join("acked6.txt"), dir.path().join("acked4.txt"));
+    // DHCPv6 from the host as a relay, DHCPv4 relayed on the router's
+    // loopback: both into the same log, each bounded in rate and time.
+    let mut load6 = host.command(support::bench_bin());
+    load6
+        .args([
+            "dhcp6",
+            "--server",
+            "[fd42:10::1]:547",
+            "--bind",
+            "[fd42:10::2]:547",
+        ])
+        .args(["--link-address", "fd42:10::2", "--clients", "20000"])
+        .args([
+            "--rate",
+            "2000",
+            "--duration",
+            "30s",
+            "--json",
+            "--acked-file",
+        ])
+        .arg(&acked6);
+    let mut load6 = support::Proc::spawn("bench-dhcp6", dir.path(), &mut load6);
+    let mut load4 = rtr.command(support::bench_bin());
+    load4
+        .args([
+            "dhcp",
+            "--server",
+            "127.0.0.1:6767",
+            "--bind",
+            "127.0.0.1:0",
+        ])
+        .args([
+            "--clients",
+            "20000",
+            "--rate",
+            "1000",
+            "--duration",
+            "30s",
+            "--json",
+        ])
+        .arg("--acked-file")
+        .arg(&acked4);
+    let mut load4 = support::Proc::spawn("bench-dhcp4", dir.path(), &mut load4);
+    support::wait_for(
+        "2000 DHCPv6 and 1000 DHCPv4 acknowledged leases",
+        Duration::from_secs(60),
+        || {
+            (support::complete_lines(&acked6).len() >= 2000
+                && support::complete_lines(&acked4).len() >= 1000)
+                .then_some(())
+        },
+        || {
+            format!(
+                "{}\n{}\n{}",
+                load6.describe(),
+                load4.describe(),
+                server.proc.describe()
+            )
+        },
+    );
+    server.proc.kill9();
+    for load in [&mut load6, &mut load4] {
+        load.signal("INT");
+        load.wait_exit(Duration::from_secs(15));
+    }
+    drop(server);
+    let store = store_view(&config);
+    // IAID 1 then the DUID: the client key of a v6 record.
+    let mut missing6 = Vec::new();
+    let acked: std::collections::HashMap<String, String> = support::complete_lines(&acked6)
+        .iter()
+        .filter_map(|l| {
+            l.split_once(' ')
+                .map(|(d, ip)| (d.to_owned(), ip.to_owned()))
+        })
+        .collect();
+    assert!(
+        acked.len() >= 2000,
+        "only {} DUIDs acknowledged",
+        acked.len()
+    );
+    for (duid, ip) in &acked {
+        let want = format!("00000001{duid}");
+        match store.get(ip) {
+            Some((state, client, _)) if state == "active" && *client == want => {}
+            other => missing6.push((ip.clone(), other.cloned())),
+        }
+    }
+    assert!(
+        missing6.is_empty(),
+        "{} of {} acknowledged DHCPv6 leases are not active for their client after kill -9, e.g. {:?}",
+        missing6.len(),
+        acked.len(),
+        &missing6[..missing6.len().min(5)]
+    );
+    let mut missing4 = Vec::new();
+    let acked4_leases: std::collections::HashMap<String, String> = support::complete_lines(&acked4)
+        .iter()
+        .filter_map(|l| {
+            l.split_once(' ')
+                .map(|(m, ip)| (m.to_ascii_lowercase(), ip.to_owned()))
+        })
+        .collect();
+    for (mac, ip) in &acked4_leases {
+        match store.get(ip) {
+            Some((state, _, hw)) if state == "active" && hw == mac => {}
+            other => missing4.push((ip.clone(), other.cloned())),
+        }
+    }
+    assert!(
+        missing4.is_empty(),
+        "{} of {} acknowledged DHCPv4 leases are not active after kill -9, e.g. {:?}",
+        missing4.len(),
+        acked4_leases.len(),
+        &missing4[..missing4.len().min(5)]
+    );
+    // The restarted server's engine holds them too (its /leases lists what
+    // the engines hold, not the log).
+    let server = Appliance::start("causeway-2", dir.path(), Some(&rtr), &config, admin.clone());
+    let (status, body) = admin
+        .get("/leases")
+        .expect("the admin server answered /leases");
+    assert_eq!(status, 200, "{body}");
+    let leases: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let held: std::collections::HashSet<String> = leases
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["state"] == "active")
+        .filter_map(|l| l["ip"].as_str().map(str::to_owned))
+        .collect();
+    let lost: Vec<&String> = acked.values().filter(|ip| !held.contains(*ip)).collect();
+    assert!(
+        lost.is_empty(),
+        "the restarted server does not hold {} of them, e.g. {:?}",
+        lost.len(),
+        &lost[..lost.len().min(5)]
+    );
+    server.stop();
+}
