@@ -1902,7 +1902,8 @@ fn dual_stack(text: &str) -> String {
         );
     assert!(text.ends_with("deadAdverts: 3\n"), "the ha block is last");
     format!(
-        "{text}  addressesV6: [\"{SERVICE_V6}/64\", \"fe80::1/64\"]\nrouterAdvertisements:\n  prefixes: [{{prefix: 'fd42:50::/64'}}]\n  dnsServers: ['{SERVICE_V6}']\n  source: 'fe80::1'\n"
+        "{text}  addressesV6: [\"{SERVICE_V6}/64\", \"fe80::1/64\"]\nrouterAdvertisements:\n  prefixes: [{{prefix: 'fd42:50::/64'}}]\n  dnsServers: ['{SERVICE_V6}']\n  source: 'fe80::1'\n\
+         dhcp6:\n  interface: net1\n  dnsServers: ['{SERVICE_V6}']\n  prefix: fd42:50::/64\n  pools: [{{start: 'fd42:50::1:0', end: 'fd42:50::1:ffff'}}]\n"
     )
 }
 
@@ -1986,6 +1987,40 @@ fn peer_mode_a_kill_9_moves_the_v6_address_and_the_router_within_the_v4_bounds()
         lab.describe()
     );
     assert!(proxy_v6_ok(&lab), "the proxy over v6 before the kill");
+    // Stateful DHCPv6 through the v6 service address, the client posing
+    // as a relay on an address of its own, every Reply in `acked6`.
+    lab.client.ip(&[
+        "-6",
+        "addr",
+        "add",
+        "fd42:50::100/64",
+        "dev",
+        "eth0",
+        "nodad",
+    ]);
+    let acked6 = lab.dir.path().join("acked6.txt");
+    let mut load6 = Proc::spawn(
+        "dhcp6-load",
+        lab.dir.path(),
+        lab.client
+            .command(bench_bin())
+            .args(["dhcp6", "--server", &format!("[{SERVICE_V6}]:547")])
+            .args([
+                "--bind",
+                "[fd42:50::100]:547",
+                "--link-address",
+                "fd42:50::100",
+            ])
+            .args(["--clients", "100", "--rate", "100", "--timeout", "500ms"])
+            .args(["--duration", "60s", "--json", "--acked-file"])
+            .arg(&acked6),
+    );
+    support::wait_for(
+        "DHCPv6 leases through the service address",
+        Duration::from_secs(20),
+        || (support::complete_lines(&acked6).len() >= 100).then_some(()),
+        || format!("{}\n{}", load6.describe(), lab.describe()),
+    );
 
     let standby = 1 - active;
     let killed_at = Instant::now();
@@ -2039,5 +2074,43 @@ fn peer_mode_a_kill_9_moves_the_v6_address_and_the_router_within_the_v4_bounds()
     assert!(
         lab.metric(standby, "causeway_ra_sent_total{kind=\"multicast\"}") >= Some(1.0),
         "the new active advertised"
+    );
+    // DHCPv6 resumed on the new active, and no lease it acknowledged on
+    // either replica is missing from the new active's log.
+    let before_resume = support::complete_lines(&acked6).len();
+    support::wait_for(
+        "DHCPv6 Replies from the new active",
+        Duration::from_secs(20),
+        || (support::complete_lines(&acked6).len() >= before_resume + 100).then_some(()),
+        || format!("{}\n{}", load6.describe(), lab.describe()),
+    );
+    load6.signal("INT");
+    load6.wait_exit(Duration::from_secs(15));
+    let acked: std::collections::HashMap<String, String> = support::complete_lines(&acked6)
+        .iter()
+        .filter_map(|l| {
+            l.split_once(' ')
+                .map(|(d, ip)| (ip.to_owned(), d.to_owned()))
+        })
+        .collect();
+    let held: std::collections::HashMap<String, String> = leases(&lab.replicas[standby].config)
+        .into_iter()
+        .filter(|l| l.state == "active" && l.ip.contains(':'))
+        .map(|l| (l.ip, l.client.replace(':', "")))
+        .collect();
+    let missing: Vec<_> = acked
+        .iter()
+        .filter(|(ip, duid)| held.get(*ip) != Some(&format!("00000001{duid}")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} addresses acknowledged over DHCPv6 are not active for their client in the new active's log, e.g. {:?}",
+        missing.len(),
+        acked.len(),
+        &missing[..missing.len().min(5)]
+    );
+    eprintln!(
+        "DHCPv6 across the kill: {} addresses acknowledged, all kept",
+        acked.len()
     );
 }
