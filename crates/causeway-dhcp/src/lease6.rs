@@ -305,14 +305,17 @@ impl Leases6 {
             Some(&r) => {
                 // The reserved machine may come back with a new DUID (a
                 // DUID-LLT's time changes with a reinstall): a lease its
-                // old DUID holds is its own, not another client's.
+                // old DUID holds is its own, not another client's. Under
+                // the same DUID another IA is another use at the same
+                // time, and does not share the address.
                 let res = &self.cfg.reservations[r];
                 let same_machine = |l: &Lease6| {
-                    (res.mac.is_some() && l.hw == res.mac)
-                        || res
-                            .duid
-                            .as_deref()
-                            .is_some_and(|d| l.binding.get(4..) == Some(d))
+                    l.binding.get(4..) != Some(who.duid)
+                        && ((res.mac.is_some() && l.hw == res.mac)
+                            || res
+                                .duid
+                                .as_deref()
+                                .is_some_and(|d| l.binding.get(4..) == Some(d)))
                 };
                 if let Some(l) = self.leases.get(&ip) {
                     if l.state != LeaseState::Declined && same_machine(l) {
@@ -503,6 +506,18 @@ impl Leases6 {
                 }
             }
             _ => return Err(Ignored6::NotServed),
+        }
+        // RFC 8415 section 13.1: the relay's link address names the
+        // client's link; one outside the prefix is a link this server
+        // has no addresses for (unspecified: the relay left it to the
+        // Interface-Id, and the one prefix is the answer).
+        if let Some(link) = relayed.link_address {
+            let on_link = link.is_unspecified()
+                || link.segments()[0] & 0xffc0 == 0xfe80
+                || self.cfg.prefix.contains(&link);
+            if !on_link && kind != MessageType::Confirm {
+                return Err(Ignored6::OtherLink);
+            }
         }
         let who = Asker {
             duid,
@@ -1187,6 +1202,33 @@ mod tests {
     }
 
     #[test]
+    fn a_relay_on_another_link_is_not_given_this_links_addresses() {
+        let mut e = engine(&pool("fd42:10::100", "fd42:10::1ff"));
+        let inner = message(
+            MessageType::Solicit,
+            &duid_llt([2, 0, 0, 0, 0, 9], 1),
+            false,
+            &[(1, &[])],
+        );
+        let relay = |link: &str| {
+            let mut r = vec![12, 0];
+            r.extend_from_slice(&a(link).octets());
+            r.extend_from_slice(&a("fe80::99").octets());
+            r.extend_from_slice(&9u16.to_be_bytes());
+            r.extend_from_slice(&(inner.len() as u16).to_be_bytes());
+            r.extend_from_slice(&inner);
+            r
+        };
+        assert_eq!(
+            send(&mut e, NOW, &relay("fd42:99::1")).err(),
+            Some(Ignored6::OtherLink)
+        );
+        for link in ["fd42:10::1", "::"] {
+            assert!(send(&mut e, NOW, &relay(link)).is_ok(), "{link}");
+        }
+    }
+
+    #[test]
     fn leases_come_back_from_their_records_and_a_change_that_failed_to_reach_disk_is_undone() {
         let mut e = engine(&pool("fd42:10::100", "fd42:10::1ff"));
         let duid = duid_llt([2, 0, 0, 0, 0, 9], 1);
@@ -1281,5 +1323,77 @@ mod tests {
         .unwrap();
         assert!(got.contains(&leased(&later)[0].0));
         assert_eq!(e.stats(NOW + 7201).active, 1);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// Any sequence of messages from a few clients over a small pool:
+        /// every answer decodes, no address is given with a lifetime to a
+        /// second client while the first's lease on it runs (unless that
+        /// client gave it back), and a restart from the records written
+        /// holds every lease the engine had written.
+        #[test]
+        fn no_address_is_leased_to_two_clients_and_the_records_rebuild_the_leases(
+            steps in proptest::collection::vec(
+                (0u8..4, 0u8..7, 1u32..3, proptest::option::of(0usize..6), 0u64..2000),
+                1..60,
+            ),
+        ) {
+            let mut e = engine(&format!(
+                "{}  reservations: [{{mac: '02:00:00:00:00:03', ip: 'fd42:10::50'}}]\n  rapidCommit: true\n",
+                pool("fd42:10::100", "fd42:10::103")
+            ));
+            let addrs = ["fd42:10::100", "fd42:10::101", "fd42:10::102", "fd42:10::103", "fd42:10::50", "fd42:11::1"].map(a);
+            let kinds = [
+                MessageType::Solicit, MessageType::Request, MessageType::Renew, MessageType::Rebind,
+                MessageType::Release, MessageType::Decline, MessageType::Confirm,
+            ];
+            let mut now = NOW;
+            // Address -> (client, IAID, valid until), from the replies.
+            let mut given: HashMap<Ipv6Addr, (u8, u32, u64)> = HashMap::new();
+            let mut written: Vec<LeaseRecord> = Vec::new();
+            for (client, kind, iaid, addr, advance) in steps {
+                now += advance;
+                let kind = kinds[usize::from(kind)];
+                let with_server = matches!(kind, MessageType::Request | MessageType::Renew | MessageType::Release | MessageType::Decline);
+                let listed: Vec<Ipv6Addr> = addr.map(|i| addrs[i]).into_iter().collect();
+                let bytes = message(kind, &duid_llt([2, 0, 0, 0, 0, client], 1), with_server, &[(iaid, &listed)]);
+                let Ok((reply, records)) = send(&mut e, now, &bytes) else { continue };
+                written.extend(records);
+                if matches!(kind, MessageType::Release | MessageType::Decline) {
+                    for ip in &listed {
+                        if given.get(ip).is_some_and(|g| g.0 == client && g.1 == iaid) {
+                            given.remove(ip);
+                        }
+                    }
+                }
+                if reply.msg_type() != MessageType::Reply {
+                    continue;
+                }
+                for (ip, valid) in leased(&reply).into_iter().filter(|l| l.1 > 0) {
+                    if let Some(&(other, other_iaid, until)) = given.get(&ip) {
+                        proptest::prop_assert!(
+                            (other, other_iaid) == (client, iaid) || until <= now,
+                            "{ip} given to client {client}/{iaid} while client {other}/{other_iaid} holds it until {until} (now {now})"
+                        );
+                    }
+                    given.insert(ip, (client, iaid, now + u64::from(valid)));
+                }
+            }
+            let mut restarted = engine(&format!(
+                "{}  reservations: [{{mac: '02:00:00:00:00:03', ip: 'fd42:10::50'}}]\n  rapidCommit: true\n",
+                pool("fd42:10::100", "fd42:10::103")
+            ));
+            proptest::prop_assert_eq!(restarted.restore(&written), 0);
+            let on_disk: HashMap<IpAddr, LeaseRecord> = restarted.records().into_iter().map(|r| (r.ip, r)).collect();
+            for r in e.records().into_iter().filter(|r| r.state != LeaseState::Offered) {
+                let back = on_disk.get(&r.ip);
+                proptest::prop_assert!(
+                    back.is_some_and(|b| b.client == r.client && b.expires == r.expires && (b.state == r.state || b.state == LeaseState::Released)),
+                    "{:?} came back as {:?}", r, back
+                );
+            }
+        }
     }
 }

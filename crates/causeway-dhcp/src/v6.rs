@@ -49,6 +49,8 @@ pub enum Ignored6 {
     NothingToConfirm,
     #[error("no server here holds the leases (a standby, or no dhcp section)")]
     NoLeaseStore,
+    #[error("relayed from another link: the relay's link address is outside dhcp6.prefix")]
+    OtherLink,
 }
 
 impl Ignored6 {
@@ -66,10 +68,11 @@ impl Ignored6 {
             Ignored6::ServerIdNotAllowed => "server_id_not_allowed",
             Ignored6::NothingToConfirm => "nothing_to_confirm",
             Ignored6::NoLeaseStore => "no_lease_store",
+            Ignored6::OtherLink => "other_link",
         }
     }
 
-    pub const ALL: [Ignored6; 11] = [
+    pub const ALL: [Ignored6; 12] = [
         Ignored6::Malformed,
         Ignored6::MalformedRelay,
         Ignored6::TooManyRelays,
@@ -81,6 +84,7 @@ impl Ignored6 {
         Ignored6::ServerIdNotAllowed,
         Ignored6::NothingToConfirm,
         Ignored6::NoLeaseStore,
+        Ignored6::OtherLink,
     ];
 }
 
