@@ -135,6 +135,17 @@ pub fn validate(file: FileConfig) -> Result<Config, ConfigErrors> {
         ),
         _ => None,
     };
+    // DHCPv6 names get their reverse names from the DNS server too.
+    let mut dns = dns;
+    if let (Some(dns), Some(prefix)) = (
+        dns.as_mut(),
+        dhcp6
+            .as_ref()
+            .and_then(|d| d.stateful.as_ref())
+            .map(|s| s.prefix),
+    ) {
+        dns.reverse_v6 = Some(prefix);
+    }
     if dhcp6.as_ref().is_some_and(|d| d.stateful.is_some()) && dhcp.is_none() {
         c.push(
             "dhcp6.pools",

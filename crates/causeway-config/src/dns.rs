@@ -132,6 +132,9 @@ pub struct DnsConfig {
     pub other_zones: Vec<String>,
     /// The VLAN, whose reverse names this server answers.
     pub reverse: Option<Ipv4Net>,
+    /// The VLAN's DHCPv6 prefix (`dhcp6.prefix`), whose reverse names
+    /// under ip6.arpa this server answers.
+    pub reverse_v6: Option<ipnet::Ipv6Net>,
     /// Views in order; the first whose clients match wins. The last one is
     /// the default and matches every client.
     pub views: Vec<DnsView>,
@@ -701,6 +704,7 @@ pub(crate) fn validate(
         zone: zone.map(str::to_string),
         other_zones,
         reverse: network.map(|n| n.cidr),
+        reverse_v6: None,
         views,
         upstreams,
         system_upstreams,

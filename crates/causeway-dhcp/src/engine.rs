@@ -1400,7 +1400,7 @@ fn destination(req: &Message, source: SocketAddrV4, kind: MessageType) -> Destin
     Destination::Broadcast
 }
 
-fn sanitize_hostname(name: &str) -> Option<String> {
+pub(crate) fn sanitize_hostname(name: &str) -> Option<String> {
     let label = name.split('.').next()?.to_ascii_lowercase();
     valid_label(&label, NameRules::HOST).then_some(label)
 }

@@ -118,6 +118,9 @@ pub struct Leases6 {
     pool_size: u128,
     cursor: u128,
     unsettled: HashMap<Ipv6Addr, Unsettled6>,
+    /// Which address each name was last written with (checked against
+    /// the lease there before use): at most one entry per lease.
+    names: HashMap<Box<str>, Ipv6Addr>,
 }
 
 /// The link-layer address in a DUID-LLT (type 1) or DUID-LL (type 3) of
@@ -155,6 +158,7 @@ impl Leases6 {
             by_mac: HashMap::new(),
             cursor: 0,
             unsettled: HashMap::new(),
+            names: HashMap::new(),
         };
         l.index_config();
         Some(l)
@@ -235,6 +239,14 @@ impl Leases6 {
             if old.binding != lease.binding && self.by_binding.get(&old.binding) == Some(&ip) {
                 self.by_binding.remove(&old.binding);
             }
+            if let Some(name) = &old.hostname {
+                if self.names.get(name) == Some(&ip) && old.hostname != lease.hostname {
+                    self.names.remove(name);
+                }
+            }
+        }
+        if let Some(name) = &lease.hostname {
+            self.names.insert(name.clone(), ip);
         }
         if lease.state == LeaseState::Declined {
             if self.by_binding.get(&lease.binding) == Some(&ip) {
@@ -373,6 +385,31 @@ impl Leases6 {
             }
         }
         None
+    }
+
+    /// The name the lease at `ip` is registered under: the reservation's,
+    /// else the first label of the client's FQDN option (RFC 4704) when
+    /// no other client's lease or reservation holds it. A request without
+    /// the option carries no name, as a v4 renewal without option 12.
+    fn hostname_for(&self, now: u64, msg: &Message, who: &Asker, ip: Ipv6Addr) -> Option<Box<str>> {
+        let reservation = self.reservation_of(who);
+        if let Some(name) = reservation.and_then(|r| self.cfg.reservations[r].hostname.as_deref()) {
+            return Some(name.into());
+        }
+        let wanted = client_fqdn(msg)?;
+        let reserved_for_another =
+            self.cfg.reservations.iter().enumerate().any(|(i, r)| {
+                Some(i) != reservation && r.hostname.as_deref() == Some(wanted.as_str())
+            });
+        let held_by_another = self.names.get(wanted.as_str()).is_some_and(|&other| {
+            other != ip
+                && self.leases.get(&other).is_some_and(|l| {
+                    l.holds(now)
+                        && l.hostname.as_deref() == Some(wanted.as_str())
+                        && l.binding.get(4..) != Some(who.duid)
+                })
+        });
+        (!reserved_for_another && !held_by_another).then(|| wanted.into())
     }
 
     fn set(&mut self, ip: Ipv6Addr, lease: Lease6, commit: &mut Vec<LeaseRecord>) {
@@ -555,10 +592,7 @@ impl Leases6 {
                     match self.choose(now, &binding, &who, &hints, share) {
                         Some(ip) => {
                             any = true;
-                            let hostname = self
-                                .reservation_of(&who)
-                                .and_then(|r| self.cfg.reservations[r].hostname.as_deref())
-                                .map(Into::into);
+                            let hostname = self.hostname_for(now, msg, &who, ip);
                             let (state, expires) = if bind {
                                 (LeaseState::Active, now + u64::from(self.times().3))
                             } else {
@@ -633,7 +667,7 @@ impl Leases6 {
                         .collect();
                     match kept {
                         Some(ip) => {
-                            let hostname = self.leases.get(&ip).and_then(|l| l.hostname.clone());
+                            let hostname = self.hostname_for(now, msg, &who, ip);
                             self.set(
                                 ip,
                                 Lease6 {
@@ -725,6 +759,19 @@ impl Leases6 {
             commit,
         })
     }
+}
+
+/// The host name in a Client FQDN option (RFC 4704 section 4: a flags
+/// byte, then a name in DNS wire format, whole or partial): its first
+/// label, when it is a valid host name.
+fn client_fqdn(msg: &Message) -> Option<String> {
+    let Some(DhcpOption::Unknown(opt)) = msg.opts().get(OptionCode::ClientFqdn) else {
+        return None;
+    };
+    let data = opt.data();
+    let len = usize::from(*data.get(1)?);
+    let label = data.get(2..2 + len)?;
+    crate::engine::sanitize_hostname(std::str::from_utf8(label).ok()?)
 }
 
 fn binding_key(iaid: u32, duid: &[u8]) -> Box<[u8]> {
@@ -1199,6 +1246,58 @@ mod tests {
         )
         .unwrap();
         assert_ne!(leased(&other)[0].0, a("fd42:10::50"));
+    }
+
+    fn with_fqdn(bytes: Vec<u8>, name: &str) -> Vec<u8> {
+        let mut m = Message::decode(&mut Decoder::new(&bytes)).unwrap();
+        let mut data = vec![0, name.len() as u8];
+        data.extend_from_slice(name.as_bytes());
+        m.opts_mut()
+            .insert(DhcpOption::Unknown(dhcproto::v6::UnknownOption::new(
+                OptionCode::ClientFqdn,
+                data,
+            )));
+        let mut buf = Vec::new();
+        m.encode(&mut Encoder::new(&mut buf)).unwrap();
+        buf
+    }
+
+    #[test]
+    fn the_client_fqdn_names_the_lease_unless_another_client_holds_the_name() {
+        let mut e = engine(&format!(
+            "{}  reservations: [{{mac: '02:00:00:00:00:07', ip: 'fd42:10::50', hostname: infra-0}}]\n",
+            pool("fd42:10::100", "fd42:10::1ff")
+        ));
+        let first = duid_llt([2, 0, 0, 0, 0, 9], 1);
+        let req = |duid: &[u8], name: &str| {
+            with_fqdn(message(MessageType::Request, duid, true, &[(1, &[])]), name)
+        };
+        let (_, w) = send(&mut e, NOW, &req(&first, "Worker-6")).unwrap();
+        assert_eq!(w[0].hostname.as_deref(), Some("worker-6"));
+        // Another client asking for the same name gets the lease, not it.
+        let second = duid_llt([2, 0, 0, 0, 0, 8], 1);
+        let (_, w) = send(&mut e, NOW, &req(&second, "worker-6")).unwrap();
+        assert_eq!(w[0].hostname, None);
+        // Nor a reserved client's name.
+        let (_, w) = send(&mut e, NOW, &req(&second, "infra-0")).unwrap();
+        assert_eq!(w[0].hostname, None);
+        // The reserved client is named by its reservation, whatever it asks.
+        let (_, w) = send(&mut e, NOW, &req(&duid_llt([2, 0, 0, 0, 0, 7], 1), "other")).unwrap();
+        assert_eq!(w[0].hostname.as_deref(), Some("infra-0"));
+        // A renewal without the option carries no name; the name is free
+        // for another client then.
+        let (_, w) = send(
+            &mut e,
+            NOW + 10,
+            &message(MessageType::Renew, &first, true, &[(1, &[])]),
+        )
+        .unwrap();
+        assert_eq!(w[0].hostname, None);
+        let (_, w) = send(&mut e, NOW + 10, &req(&second, "worker-6")).unwrap();
+        assert_eq!(w[0].hostname.as_deref(), Some("worker-6"));
+        // An invalid name is no name.
+        let (_, w) = send(&mut e, NOW + 10, &req(&first, "bad_name")).unwrap();
+        assert_eq!(w[0].hostname, None);
     }
 
     #[test]

@@ -5,14 +5,14 @@
 //! the `now` the caller passes).
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use causeway_config::{DnsConfig, DnsRecord, RecordData};
 use hickory_proto::rr::rdata::{A, AAAA, CNAME, PTR, SOA, SRV, TXT};
 use hickory_proto::rr::{LowerName, Name, RData, Record, RecordType};
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 const MAX_CNAME_CHAIN: usize = 8;
 
@@ -56,7 +56,9 @@ pub struct LocalAnswer {
     pub authority: Vec<Record>,
 }
 
-/// Names DHCP leases register: `<hostname>.<zone>` and its reverse.
+/// Names DHCP leases register: `<hostname>.<zone>` and its reverse, an
+/// A record from a DHCPv4 lease and an AAAA record from a DHCPv6 one (a
+/// dual-stack host has both under one name).
 #[derive(Debug, Default)]
 pub struct DynamicNames {
     zone: Option<Name>,
@@ -69,16 +71,20 @@ pub struct DynamicNames {
 
 #[derive(Debug, Default)]
 struct DynamicInner {
-    forward: HashMap<LowerName, (Ipv4Addr, u64)>,
+    /// A records.
+    forward: HashMap<LowerName, (IpAddr, u64)>,
+    /// AAAA records.
+    forward6: HashMap<LowerName, (IpAddr, u64)>,
     reverse: HashMap<LowerName, (Name, u64)>,
     /// Expired names are swept once the table passes this size, which then
     /// doubles past what is left: amortised, however fast names churn.
     sweep_at: usize,
 }
 
-/// Names learned from DHCP, at most: as many as a /16 has addresses. Past
-/// it a new name is not registered (and counted), so no client can grow
-/// the table without bound by renaming itself.
+/// Names learned from DHCP, at most, of both families together: as many
+/// as a /16 has addresses. Past it a new name is not registered (and
+/// counted), so no client can grow the table without bound by renaming
+/// itself.
 pub const MAX_DHCP_NAMES: usize = 65_536;
 /// The table is swept for expired names no sooner than at this size.
 const SWEEP_FLOOR: usize = 512;
@@ -95,9 +101,11 @@ impl DynamicNames {
         }
     }
 
-    /// How many names are held (expired ones included until swept).
+    /// How many names are held, per family (expired ones included until
+    /// swept).
     pub fn len(&self) -> usize {
-        self.read().forward.len()
+        let d = self.read();
+        d.forward.len() + d.forward6.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -113,39 +121,48 @@ impl DynamicNames {
     /// enough since the last sweep for it to be worth the scan.
     pub fn forget_expired_if_due(&self, now: u64) {
         let mut d = self.write();
-        if d.forward.len() + d.reverse.len() < d.sweep_at.max(SWEEP_FLOOR) {
+        let size = |d: &DynamicInner| d.forward.len() + d.forward6.len() + d.reverse.len();
+        if size(&d) < d.sweep_at.max(SWEEP_FLOOR) {
             return;
         }
         d.forward.retain(|_, (_, expires)| *expires > now);
+        d.forward6.retain(|_, (_, expires)| *expires > now);
         d.reverse.retain(|_, (_, expires)| *expires > now);
-        d.sweep_at = 2 * (d.forward.len() + d.reverse.len());
+        d.sweep_at = 2 * size(&d);
         self.generation.fetch_add(1, Ordering::Release);
     }
 
     /// Registers (or refreshes) `host` at `ip` until `expires` (unix
-    /// seconds). Refused past [`MAX_DHCP_NAMES`] (see [`Self::refused`]).
-    pub fn register(&self, host: &str, ip: Ipv4Addr, expires: u64) {
+    /// seconds): an A record for a v4 address, AAAA for v6, with its
+    /// reverse name. Refused past [`MAX_DHCP_NAMES`] (see [`Self::refused`]).
+    pub fn register(&self, host: &str, ip: impl Into<IpAddr>, expires: u64) {
+        let ip = ip.into();
         let Some(zone) = &self.zone else { return };
         let Ok(fqdn) = Name::from_ascii(host).and_then(|h| h.append_domain(zone)) else {
             return;
         };
-        let Ok(rev) = Name::from_ascii(causeway_config::reverse_name(IpAddr::V4(ip))) else {
+        let Ok(rev) = Name::from_ascii(causeway_config::reverse_name(ip)) else {
             return;
         };
         let key = LowerName::from(&fqdn);
         let rev = LowerName::from(rev);
         let mut d = self.write();
-        if !d.forward.contains_key(&key) && d.forward.len() >= MAX_DHCP_NAMES {
+        let held = d.forward.len() + d.forward6.len();
+        let d = &mut *d;
+        let forward = if ip.is_ipv4() {
+            &mut d.forward
+        } else {
+            &mut d.forward6
+        };
+        if !forward.contains_key(&key) && held >= MAX_DHCP_NAMES {
             self.refused.fetch_add(1, Ordering::Relaxed);
             return;
         }
         // A host that moved must not keep its old reverse entry, but only
         // its own: the old address may be another host's by now.
-        if let Some((old_ip, _)) = d.forward.insert(key.clone(), (ip, expires)) {
+        if let Some((old_ip, _)) = forward.insert(key.clone(), (ip, expires)) {
             if old_ip != ip {
-                if let Ok(old_rev) =
-                    Name::from_ascii(causeway_config::reverse_name(IpAddr::V4(old_ip)))
-                {
+                if let Ok(old_rev) = Name::from_ascii(causeway_config::reverse_name(old_ip)) {
                     let old_rev = LowerName::from(old_rev);
                     if d.reverse
                         .get(&old_rev)
@@ -160,16 +177,17 @@ impl DynamicNames {
         // before a rename, no longer resolves to it.
         if let Some((previous, _)) = d.reverse.insert(rev, (fqdn, expires)) {
             let previous = LowerName::from(&previous);
-            if previous != key && d.forward.get(&previous).is_some_and(|(a, _)| *a == ip) {
-                d.forward.remove(&previous);
+            if previous != key && forward.get(&previous).is_some_and(|(a, _)| *a == ip) {
+                forward.remove(&previous);
             }
         }
         self.generation.fetch_add(1, Ordering::Release);
     }
 
     /// Forgets whatever name `ip` carries.
-    pub fn unregister(&self, ip: Ipv4Addr) {
-        let Ok(rev) = Name::from_ascii(causeway_config::reverse_name(IpAddr::V4(ip))) else {
+    pub fn unregister(&self, ip: impl Into<IpAddr>) {
+        let ip = ip.into();
+        let Ok(rev) = Name::from_ascii(causeway_config::reverse_name(ip)) else {
             return;
         };
         let mut d = self.write();
@@ -179,8 +197,13 @@ impl DynamicNames {
             return;
         };
         let key = LowerName::from(&fqdn);
-        if d.forward.get(&key).is_some_and(|(a, _)| *a == ip) {
-            d.forward.remove(&key);
+        let forward = if ip.is_ipv4() {
+            &mut d.forward
+        } else {
+            &mut d.forward6
+        };
+        if forward.get(&key).is_some_and(|(a, _)| *a == ip) {
+            forward.remove(&key);
         }
         self.generation.fetch_add(1, Ordering::Release);
     }
@@ -199,10 +222,20 @@ impl DynamicNames {
 
     fn lookup(&self, name: &LowerName, now: u64, ttl: u32) -> Option<Vec<Record>> {
         let d = self.read();
-        if let Some((ip, expires)) = d.forward.get(name) {
-            if *expires > now {
-                return Some(vec![Record::from_rdata(name.into(), ttl, RData::A(A(*ip)))]);
-            }
+        let records: Vec<Record> = [d.forward.get(name), d.forward6.get(name)]
+            .into_iter()
+            .flatten()
+            .filter(|(_, expires)| *expires > now)
+            .map(|(ip, _)| {
+                let data = match ip {
+                    IpAddr::V4(a) => RData::A(A(*a)),
+                    IpAddr::V6(a) => RData::AAAA(AAAA(*a)),
+                };
+                Record::from_rdata(name.into(), ttl, data)
+            })
+            .collect();
+        if !records.is_empty() {
+            return Some(records);
         }
         if let Some((target, expires)) = d.reverse.get(name) {
             if *expires > now {
@@ -283,6 +316,27 @@ fn reverse_zones(net: Ipv4Net) -> Vec<Name> {
         .collect()
 }
 
+/// The reverse zone of a v6 prefix, at the whole nibble at or above its
+/// length: `0.1.0.0.2.4.d.f.ip6.arpa.` for fd42:10::/64 (at most /124).
+fn reverse_zone_v6(net: Ipv6Net) -> Option<Name> {
+    let nibbles = usize::from(net.prefix_len() / 4).min(31);
+    let hex: Vec<char> = net
+        .network()
+        .octets()
+        .iter()
+        .flat_map(|b| [b >> 4, b & 0xf])
+        .take(nibbles)
+        .filter_map(|n| char::from_digit(u32::from(n), 16))
+        .collect();
+    let labels: Vec<String> = hex.iter().rev().map(char::to_string).collect();
+    let text = if labels.is_empty() {
+        "ip6.arpa.".to_string()
+    } else {
+        format!("{}.ip6.arpa.", labels.join("."))
+    };
+    Name::from_ascii(text).ok()
+}
+
 fn soa(apex: &Name, cluster_zone: Option<&Name>, ttl: u32, serial: u32) -> Record {
     let host = cluster_zone.unwrap_or(apex);
     let mname = Name::from_ascii("causeway")
@@ -330,6 +384,12 @@ impl Authority {
                     soa: soa(&apex, cluster_zone.as_ref(), cfg.ttl, serial),
                 });
             }
+        }
+        if let Some(apex) = cfg.reverse_v6.and_then(reverse_zone_v6) {
+            zones.push(Zone {
+                apex: LowerName::from(&apex),
+                soa: soa(&apex, cluster_zone.as_ref(), cfg.ttl, serial),
+            });
         }
         let mut views = Vec::new();
         for v in &cfg.views {

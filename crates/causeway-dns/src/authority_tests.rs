@@ -1,5 +1,6 @@
 use super::*;
 use causeway_config::Config;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
 const NOW: u64 = 1_700_000_000;
@@ -318,4 +319,58 @@ fn a_wildcard_parent_without_names_of_its_own_answers_uniformly() {
     // svc has a name of its own below it, so its answers are not uniform.
     assert_eq!(a.uniform_wildcard(0, &q("x.svc.hc1.example.com.")), None);
     assert_eq!(a.uniform_wildcard(0, &q("api.hc1.example.com.")), None);
+}
+
+/// A DHCPv6 lease's name: AAAA beside the same host's A, PTR under the
+/// prefix's ip6.arpa zone, each family following its own lease, and the
+/// bound counting both families.
+#[test]
+fn dhcpv6_names_answer_aaaa_beside_a_and_ptr_under_ip6_arpa() {
+    let yaml = "cluster: {name: hc1, baseDomain: example.com}\nnetwork: {interface: net1, cidr: 192.168.100.0/24, gateway: 192.168.100.1, address: 192.168.100.2}\n\
+                dhcp: {}\ndns: {listen: ['127.0.0.1:5353']}\n\
+                dhcp6: {prefix: 'fd42:10::/64', pools: [{start: 'fd42:10::100', end: 'fd42:10::1ff'}]}\n";
+    let cfg = Config::from_yaml(yaml).unwrap().dns.unwrap();
+    let dynamic = Arc::new(DynamicNames::for_zone(cfg.zone.as_deref()));
+    let a = Authority::new(&cfg, dynamic.clone(), 1).unwrap();
+    let v4 = Ipv4Addr::new(192, 168, 100, 120);
+    let v6: Ipv6Addr = "fd42:10::105".parse().unwrap();
+    dynamic.register("worker-6", v4, NOW + 60);
+    dynamic.register("worker-6", v6, NOW + 60);
+    assert_eq!(dynamic.len(), 2);
+    assert_eq!(
+        addrs(&answer(
+            &a,
+            0,
+            "worker-6.hc1.example.com.",
+            RecordType::AAAA
+        )),
+        vec!["fd42:10::105"]
+    );
+    assert_eq!(
+        addrs(&answer(&a, 0, "worker-6.hc1.example.com.", RecordType::A)),
+        vec!["192.168.100.120"]
+    );
+    let rev = "5.0.1.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.1.0.0.2.4.d.f.ip6.arpa.";
+    assert_eq!(
+        addrs(&answer(&a, 0, rev, RecordType::PTR)),
+        vec!["worker-6.hc1.example.com."]
+    );
+    // An address of the prefix without a name is ours to deny, not to
+    // forward.
+    let other = "6.0.1.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.1.0.0.2.4.d.f.ip6.arpa.";
+    assert!(answer(&a, 0, other, RecordType::PTR).nxdomain);
+    // The v6 lease ends: the AAAA and its PTR go, the A stays.
+    dynamic.unregister(v6);
+    assert!(addrs(&answer(
+        &a,
+        0,
+        "worker-6.hc1.example.com.",
+        RecordType::AAAA
+    ))
+    .is_empty());
+    assert!(answer(&a, 0, rev, RecordType::PTR).nxdomain);
+    assert_eq!(
+        addrs(&answer(&a, 0, "worker-6.hc1.example.com.", RecordType::A)),
+        vec!["192.168.100.120"]
+    );
 }

@@ -99,10 +99,8 @@ fn dhcp_names(
     registry.register(Box::new(refused.clone()))?;
     let names = names.clone();
     Ok(Some(Arc::new(move |lease: &causeway_dhcp::LeaseRecord| {
-        // DHCPv6 leases carry no name into DNS (see docs/dhcp.md).
-        let std::net::IpAddr::V4(ip) = lease.ip else {
-            return;
-        };
+        // A for a v4 lease, AAAA for a v6 one, under the same rules.
+        let ip = lease.ip;
         match (lease.state, &lease.hostname) {
             (LeaseState::Active, Some(host)) => {
                 names.register(host, ip, lease.expires);

@@ -118,10 +118,20 @@ fn logged(dir: &Path, ip: &str) -> Vec<serde_json::Value> {
 /// `timeout`) with its own lease file and DUID type, and returns the
 /// address it was bound to and the DUID it used.
 fn dhclient_once(host: &Netns, dir: &Path, lease_db: &str, duid_type: &str) -> (String, String) {
+    dhclient_with(host, dir, lease_db, duid_type, "")
+}
+
+fn dhclient_with(
+    host: &Netns,
+    dir: &Path,
+    lease_db: &str,
+    duid_type: &str,
+    conf_text: &str,
+) -> (String, String) {
     let (hook, log) = (dir.join("hook6.sh"), dir.join(format!("{lease_db}.log")));
     recording_hook(&hook, &log);
     let conf = dir.join("dhclient6.conf");
-    fs::write(&conf, "").unwrap();
+    fs::write(&conf, conf_text).unwrap();
     let dhclient = tool("dhclient", "isc-dhcp-client");
     let pid = dir.join(format!("{lease_db}.pid"));
     let out = support::run(
@@ -205,6 +215,48 @@ fn dhclient_is_given_a_pool_address_whose_lease_is_on_disk_and_renews_it() {
         metric(&metrics, "causeway_dhcp6_sent_total{type=\"reply\"}").unwrap_or(0.0) >= 2.0,
         "{metrics}"
     );
+    appliance.stop();
+}
+
+#[test]
+fn a_client_that_sends_its_name_resolves_by_aaaa_and_its_address_by_ptr() {
+    if !root_or_skip("a_client_that_sends_its_name_resolves_by_aaaa_and_its_address_by_ptr") {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("causeway-dhcp6-")
+        .tempdir()
+        .unwrap();
+    let (rtr, host) = link();
+    let appliance = start(
+        dir.path(),
+        &rtr,
+        "dns: {listen: ['127.0.0.1:5353'], upstreams: ['127.0.0.1:9']}\n",
+    );
+    link_local_ready(&host, HOST_IF);
+    let (ip, _) = dhclient_with(
+        &host,
+        dir.path(),
+        "named.leases",
+        "LL",
+        "send fqdn.fqdn \"worker-6\";\n",
+    );
+    let dig = |args: &[&str]| {
+        support::run(
+            rtr.command(tool("dig", "bind9-dnsutils"))
+                .args(["@127.0.0.1", "-p", "5353", "+short", "+tries=1", "+time=2"])
+                .args(args),
+        )
+        .trim()
+        .to_owned()
+    };
+    let name = "worker-6.hosted.example.com";
+    // The observer registers the name once the lease is durable, which
+    // the Reply already waited for.
+    assert_eq!(dig(&[name, "AAAA"]), ip);
+    assert_eq!(dig(&["-x", &ip]), format!("{name}."));
+    let records = logged(dir.path(), &ip);
+    assert_eq!(records.last().unwrap()["hostname"], "worker-6");
     appliance.stop();
 }
 
