@@ -1390,6 +1390,7 @@ fn dual_stack() -> Infra {
         cidr: "fd42:100::/64".into(),
         gateway: "fe80::1".into(),
         router_advertisements: false,
+        dhcp_range: None,
     });
     let comps = &mut infra.spec.infra_components;
     comps.dhcp.as_mut().unwrap().server_ipv6 = Some("fd42:100::2".into());
@@ -1596,4 +1597,80 @@ fn the_dhcp_pod_advertises_the_v6_prefix_and_answers_stateless_dhcpv6_when_asked
             .starts_with("networkConfig.ipv6.routerAdvertisements: needs infraComponents.dhcp")),
         "{errors:#?}"
     );
+}
+
+#[test]
+fn a_dhcp_range_makes_the_dhcp_pod_lease_v6_addresses_with_the_m_flag() {
+    let mut infra = dual_stack();
+    {
+        let v6 = infra.spec.network_config.ipv6.as_mut().unwrap();
+        v6.router_advertisements = true;
+        v6.dhcp_range = Some(causeway_operator::infra::crd::RangeV6 {
+            start: "fd42:100::1000".into(),
+            end: "fd42:100::1fff".into(),
+        });
+    }
+    let dhcp = plan_config(&plan_of(&infra), Component::Dhcp);
+    let ra = dhcp.router_advertisements.as_ref().unwrap();
+    assert!(ra.managed, "the M flag tells hosts to lease");
+    let stateful = dhcp.dhcp6.as_ref().unwrap().stateful.clone().unwrap();
+    assert_eq!(stateful.prefix.to_string(), "fd42:100::/64");
+    assert_eq!(
+        (
+            stateful.pools[0].start.to_string(),
+            stateful.pools[0].end.to_string()
+        ),
+        ("fd42:100::1000".into(), "fd42:100::1fff".into())
+    );
+    // The leases live in the DHCP pod's lease store, which it has.
+    assert!(dhcp.dhcp.is_some());
+    // Without advertisements the pod still leases (hosts that ask on
+    // their own), and advertises nothing.
+    infra
+        .spec
+        .network_config
+        .ipv6
+        .as_mut()
+        .unwrap()
+        .router_advertisements = false;
+    let dhcp = plan_config(&plan_of(&infra), Component::Dhcp);
+    assert!(dhcp.router_advertisements.is_none());
+    assert!(dhcp.dhcp6.unwrap().stateful.is_some());
+    for (start, end, want) in [
+        (
+            "fd42:200::1",
+            "fd42:100::2",
+            "networkConfig.ipv6.dhcpRange.start: fd42:200::1 is outside networkConfig.ipv6.cidr",
+        ),
+        (
+            "fd42:100::9",
+            "fd42:100::1",
+            "networkConfig.ipv6.dhcpRange: starts after it ends",
+        ),
+        (
+            "nope",
+            "fd42:100::1",
+            "networkConfig.ipv6.dhcpRange.start: \"nope\" is not an IPv6 address",
+        ),
+    ] {
+        infra.spec.network_config.ipv6.as_mut().unwrap().dhcp_range =
+            Some(causeway_operator::infra::crd::RangeV6 {
+                start: start.into(),
+                end: end.into(),
+            });
+        let errors = validate(
+            &infra.spec,
+            "example-infra",
+            "clusters",
+            None,
+            &no_services,
+            &[],
+        )
+        .err()
+        .unwrap();
+        assert!(
+            errors.iter().any(|e| e.starts_with(want)),
+            "{want}: {errors:#?}"
+        );
+    }
 }

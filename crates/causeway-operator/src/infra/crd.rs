@@ -175,6 +175,19 @@ pub struct NetworkV6 {
     /// pod's serverIPv6, and answers stateless DHCPv6 with the same.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub router_advertisements: bool,
+    /// Stateful DHCPv6: the DHCP pod leases v6 addresses (IA_NA) from
+    /// this range of the prefix, kept in its lease store beside the v4
+    /// leases; with routerAdvertisements the M flag tells hosts to ask.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhcp_range: Option<RangeV6>,
+}
+
+/// A range of v6 addresses, both ends included.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RangeV6 {
+    pub start: String,
+    pub end: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

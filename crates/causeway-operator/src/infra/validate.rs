@@ -737,6 +737,39 @@ fn place_components(e: &mut Errors, spec: &InfraSpec, cidr: Ipv4Net, infra_name:
     {
         e.fail("networkConfig.ipv6.routerAdvertisements: needs infraComponents.dhcp, whose pod sends them");
     }
+    if let Some(range) = spec
+        .network_config
+        .ipv6
+        .as_ref()
+        .and_then(|v| v.dhcp_range.as_ref())
+    {
+        if comps.dhcp_enabled().is_none() {
+            e.fail("networkConfig.ipv6.dhcpRange: needs infraComponents.dhcp, whose pod leases the addresses");
+        }
+        let mut end_of = |what: &str, text: &str| match text.trim().parse::<Ipv6Addr>() {
+            Ok(a) if cidr_v6.is_none_or(|n| n.contains(&a)) => Some(a),
+            Ok(a) => {
+                e.fail(format!(
+                    "networkConfig.ipv6.dhcpRange.{what}: {a} is outside networkConfig.ipv6.cidr"
+                ));
+                None
+            }
+            Err(_) => {
+                e.fail(format!(
+                    "networkConfig.ipv6.dhcpRange.{what}: {text:?} is not an IPv6 address"
+                ));
+                None
+            }
+        };
+        if let (Some(start), Some(end)) = (end_of("start", &range.start), end_of("end", &range.end))
+        {
+            if u128::from(start) > u128::from(end) {
+                e.fail(format!(
+                    "networkConfig.ipv6.dhcpRange: starts after it ends ({start} > {end})"
+                ));
+            }
+        }
+    }
     let mut placed = Placed {
         servers: Vec::new(),
         replica_counts: Vec::new(),
@@ -1174,13 +1207,33 @@ impl Render<'_> {
     /// prefix and answers stateless DHCPv6. Neither needs HA: with router
     /// lifetime 0 no replica becomes a router, and both replicas of a pair
     /// advertise and answer the same, which hosts take from either.
+    /// `networkConfig.ipv6.dhcpRange`: the DHCP pod leases addresses too,
+    /// in its lease store (replicated with the v4 leases under HA), and
+    /// the advertisement carries the M flag.
     fn advertise_v6(&self, file: &mut FileConfig, origins: &mut Origins) {
         let Some(v6) = self.spec.network_config.ipv6.as_ref() else {
             return;
         };
-        let Some(net) = self.placed.cidr_v6.filter(|_| v6.router_advertisements) else {
+        let Some(net) = self
+            .placed
+            .cidr_v6
+            .filter(|_| v6.router_advertisements || v6.dhcp_range.is_some())
+        else {
             return;
         };
+        let pools: Vec<causeway_config::FilePool6> = v6
+            .dhcp_range
+            .iter()
+            .map(|r| causeway_config::FilePool6 {
+                start: r.start.trim().to_string(),
+                end: r.end.trim().to_string(),
+            })
+            .collect();
+        let stateful = !pools.is_empty();
+        if stateful {
+            origins.add("dhcp6.prefix", "networkConfig.ipv6.cidr");
+            origins.add("dhcp6.pools", "networkConfig.ipv6.dhcpRange");
+        }
         let dns: Vec<String> = self
             .placed
             .v6_of(Component::Dns)
@@ -1197,28 +1250,30 @@ impl Render<'_> {
         );
         origins.add("dhcp6.dnsServers", "infraComponents.dns.serverIPv6");
         origins.add("dhcp6", "networkConfig.ipv6.routerAdvertisements");
-        file.router_advertisements = Some(causeway_config::FileRouterAdvertisements {
-            enabled: true,
-            interface: None,
-            prefixes: vec![causeway_config::FilePrefix {
-                prefix: net.to_string(),
-                on_link: true,
-                autonomous: true,
-                valid_lifetime: None,
-                preferred_lifetime: None,
-            }],
-            managed: false,
-            other_config: true,
-            router_lifetime: Some(FileDuration::Seconds(0)),
-            min_interval: None,
-            max_interval: None,
-            hop_limit: None,
-            mtu: None,
-            dns_servers: dns.clone(),
-            search_domains: None,
-            dns_lifetime: None,
-            source: None,
-        });
+        file.router_advertisements =
+            v6.router_advertisements
+                .then(|| causeway_config::FileRouterAdvertisements {
+                    enabled: true,
+                    interface: None,
+                    prefixes: vec![causeway_config::FilePrefix {
+                        prefix: net.to_string(),
+                        on_link: true,
+                        autonomous: true,
+                        valid_lifetime: None,
+                        preferred_lifetime: None,
+                    }],
+                    managed: stateful,
+                    other_config: true,
+                    router_lifetime: Some(FileDuration::Seconds(0)),
+                    min_interval: None,
+                    max_interval: None,
+                    hop_limit: None,
+                    mtu: None,
+                    dns_servers: dns.clone(),
+                    search_domains: None,
+                    dns_lifetime: None,
+                    source: None,
+                });
         file.dhcp6 = Some(causeway_config::FileDhcp6 {
             enabled: true,
             interface: None,
@@ -1226,8 +1281,8 @@ impl Render<'_> {
             domain_search: None,
             information_refresh_time: None,
             server_duid: None,
-            prefix: None,
-            pools: Vec::new(),
+            prefix: stateful.then(|| net.to_string()),
+            pools,
             reservations: Vec::new(),
             preferred_lifetime: None,
             valid_lifetime: None,
