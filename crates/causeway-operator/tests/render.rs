@@ -1624,6 +1624,16 @@ fn a_dhcp_range_makes_the_dhcp_pod_lease_v6_addresses_with_the_m_flag() {
     );
     // The leases live in the DHCP pod's lease store, which it has.
     assert!(dhcp.dhcp.is_some());
+    // Both replicas of a pair answer with one DUID, stable across renders.
+    let duid = dhcp.dhcp6.as_ref().unwrap().server_duid.clone().unwrap();
+    assert_eq!(&duid[..4], &[0, 3, 0, 1]);
+    assert_eq!(
+        plan_config(&plan_of(&infra), Component::Dhcp)
+            .dhcp6
+            .unwrap()
+            .server_duid,
+        Some(duid)
+    );
     // Without advertisements the pod still leases (hosts that ask on
     // their own), and advertises nothing.
     infra

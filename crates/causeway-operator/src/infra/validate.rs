@@ -945,6 +945,22 @@ fn served_control_plane_namespaces(
     Vec::new()
 }
 
+/// The DHCP pods' DHCPv6 server DUID: a DUID-LL of a locally
+/// administered MAC taken from the Infra's namespace and name (FNV-1a), the
+/// same for every replica and every reconcile.
+fn pair_duid(namespace: &str, name: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in namespace.bytes().chain([b'/']).chain(name.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let b = h.to_be_bytes();
+    format!(
+        "00:03:00:01:02:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        b[3], b[4], b[5], b[6], b[7]
+    )
+}
+
 /// What every component's config is built from, settled once.
 struct Render<'a> {
     spec: &'a InfraSpec,
@@ -1280,7 +1296,10 @@ impl Render<'_> {
             dns_servers: dns,
             domain_search: None,
             information_refresh_time: None,
-            server_duid: None,
+            // One DUID for both replicas of a pair: a client renews with
+            // the Server Identifier it was given, which another DUID on a
+            // new active would have to discard.
+            server_duid: stateful.then(|| pair_duid(self.infra_namespace, self.infra_name)),
             prefix: stateful.then(|| net.to_string()),
             pools,
             reservations: Vec::new(),
