@@ -15,6 +15,9 @@ pub struct DhcpMetrics {
     pub reply_seconds: HistogramVec,
     pub pool_addresses: IntGaugeVec,
     pub leases: IntGauge,
+    /// DHCPv6 addresses by state: total (pools and reservations), leased,
+    /// declined.
+    pub addresses6: IntGaugeVec,
     pub in_flight: IntGauge,
     pub commit_seconds: Histogram,
     pub batch_size: Histogram,
@@ -75,6 +78,13 @@ impl DhcpMetrics {
                 &["subnet", "pool", "state"],
             )?,
             leases: IntGauge::new("causeway_dhcp_lease_records", "Lease records held in memory")?,
+            addresses6: IntGaugeVec::new(
+                Opts::new(
+                    "causeway_dhcp6_addresses",
+                    "DHCPv6 addresses by state: total (pools and reservations), leased, declined",
+                ),
+                &["state"],
+            )?,
             in_flight: IntGauge::new("causeway_dhcp_in_flight", "Replies waiting for their lease to be durable")?,
             commit_seconds: Histogram::with_opts(
                 HistogramOpts::new("causeway_dhcp_store_commit_seconds", "Time to write and fsync one batch of lease records")
@@ -103,6 +113,7 @@ impl DhcpMetrics {
         registry.register(Box::new(m.reply_seconds.clone()))?;
         registry.register(Box::new(m.pool_addresses.clone()))?;
         registry.register(Box::new(m.leases.clone()))?;
+        registry.register(Box::new(m.addresses6.clone()))?;
         registry.register(Box::new(m.in_flight.clone()))?;
         registry.register(Box::new(m.commit_seconds.clone()))?;
         registry.register(Box::new(m.batch_size.clone()))?;

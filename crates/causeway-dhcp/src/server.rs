@@ -829,10 +829,29 @@ async fn housekeeping(shared: Arc<Shared>, shutdown: Shutdown) {
             (engine.pool_stats(now), engine.lease_count())
         };
         shared.metrics.record_pools(&stats);
+        let (v6_stats, v6_count) = {
+            let v6 = shared.v6();
+            match &v6.leases {
+                Some(l) => (Some(l.stats(now)), l.lease_count()),
+                None => (None, 0),
+            }
+        };
+        if let Some(s) = v6_stats {
+            let gauge = |state: &str, n: u128| {
+                shared
+                    .metrics
+                    .addresses6
+                    .with_label_values(&[state])
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            };
+            gauge("total", s.size);
+            gauge("leased", u128::from(s.active));
+            gauge("declined", u128::from(s.declined));
+        }
         shared
             .metrics
             .leases
-            .set(i64::try_from(count).unwrap_or(i64::MAX));
+            .set(i64::try_from(count + v6_count).unwrap_or(i64::MAX));
     }
 }
 

@@ -94,11 +94,6 @@ pub struct Dhcp6Server {
     task: JoinHandle<()>,
 }
 
-fn interface_mac(interface: &str) -> Option<[u8; 6]> {
-    let text = std::fs::read_to_string(format!("/sys/class/net/{interface}/address")).ok()?;
-    causeway_config::parse_mac(text.trim()).filter(|m| *m != [0; 6])
-}
-
 fn open(interface: &str) -> io::Result<tokio::net::UdpSocket> {
     let index = nix::net::if_::if_nametoindex(interface).map_err(io::Error::from)?;
     let socket = Socket::new(Domain::IPV6, Type::DGRAM, Some(Protocol::UDP))?;
@@ -125,7 +120,7 @@ impl Dhcp6Server {
             interface: cfg.interface.clone(),
             reason,
         };
-        let mac = interface_mac(&cfg.interface);
+        let mac = causeway_runtime::link::interface_mac(&cfg.interface);
         // Without a MAC (a tunnel, a test's dummy link) the DUID is still
         // stable: DUID-LL of zeros would be shared by every such server,
         // so a config's serverDuid is then the way to tell them apart.

@@ -111,11 +111,6 @@ struct Link {
     mac: Option<[u8; 6]>,
 }
 
-fn interface_mac(interface: &str) -> Option<[u8; 6]> {
-    let text = std::fs::read_to_string(format!("/sys/class/net/{interface}/address")).ok()?;
-    causeway_config::parse_mac(text.trim()).filter(|m| *m != [0; 6])
-}
-
 /// Lets only router solicitations through to the socket: a raw ICMPv6
 /// socket otherwise gets a copy of every neighbour discovery message and
 /// echo on the link.
@@ -179,7 +174,7 @@ fn open(interface: &str) -> Result<Link, AdvertError> {
     Ok(Link {
         socket,
         index,
-        mac: interface_mac(interface),
+        mac: causeway_runtime::link::interface_mac(interface),
     })
 }
 

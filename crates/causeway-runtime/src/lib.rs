@@ -13,6 +13,7 @@ pub mod cpus;
 pub mod endpoint;
 pub mod fds;
 pub mod ha;
+pub mod link;
 pub mod listen;
 pub mod readiness;
 pub mod reload;

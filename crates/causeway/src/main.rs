@@ -395,7 +395,13 @@ fn check(path: &std::path::Path) -> ExitCode {
                 cfg.router_advertisements
                     .as_ref()
                     .map(|_| "routerAdvertisements"),
-                cfg.dhcp6.as_ref().map(|_| "dhcp6"),
+                cfg.dhcp6.as_ref().map(|d| {
+                    if d.stateful.is_some() {
+                        "dhcp6 (leasing)"
+                    } else {
+                        "dhcp6"
+                    }
+                }),
             ]
             .into_iter()
             .flatten()

@@ -31,7 +31,7 @@ fn check_accepts_the_examples() {
         ),
         (
             "examples/dual-stack.yaml",
-            "dhcp, dns, proxy, routing, routerAdvertisements, dhcp6",
+            "dhcp, dns, proxy, routing, routerAdvertisements, dhcp6 (leasing)",
         ),
     ];
     // Every example on disk is checked: one added without a line above

@@ -215,6 +215,21 @@ fn dhclient_is_given_a_pool_address_whose_lease_is_on_disk_and_renews_it() {
         metric(&metrics, "causeway_dhcp6_sent_total{type=\"reply\"}").unwrap_or(0.0) >= 2.0,
         "{metrics}"
     );
+    // The pool gauges, refreshed every 5 s: 256 addresses, one leased.
+    let gauges = poll_until(Duration::from_secs(8), || {
+        let m = appliance.metrics();
+        (metric(&m, "causeway_dhcp6_addresses{state=\"leased\"}") == Some(1.0)).then_some(m)
+    })
+    .unwrap_or_else(|| appliance.metrics());
+    assert_eq!(
+        metric(&gauges, "causeway_dhcp6_addresses{state=\"leased\"}"),
+        Some(1.0),
+        "{gauges}"
+    );
+    assert_eq!(
+        metric(&gauges, "causeway_dhcp6_addresses{state=\"total\"}"),
+        Some(256.0)
+    );
     appliance.stop();
 }
 
