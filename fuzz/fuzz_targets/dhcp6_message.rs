@@ -47,7 +47,10 @@ fuzz_target!(|data: &[u8]| {
             relayed.wrap(&out.reply).expect("a reply fits its relays");
             let held = leases.records();
             for r in &out.commit {
-                assert!(held.contains(r), "a committed record is what the engine holds");
+                assert!(
+                    held.contains(r),
+                    "a committed record is what the engine holds"
+                );
                 leases.settle(r, true);
             }
         }

@@ -18,7 +18,11 @@ fuzz_target!(|data: &[u8]| {
         Ok(p) => p,
         Err(e) => panic!("the fast path read a query the full parser refuses: {e:?}"),
     };
-    assert_eq!(fastpath::key_of(&parsed), key, "the two paths file one query under two keys");
+    assert_eq!(
+        fastpath::key_of(&parsed),
+        key,
+        "the two paths file one query under two keys"
+    );
     let mut response = data.to_vec();
     assert!(fastpath::patch(&mut response, &q, data));
 });

@@ -25,14 +25,18 @@ thread_local! {
     static AUTHORITY: Authority = {
         let cfg = Config::from_yaml(CONFIG).expect("fuzz config is valid").dns.expect("dns enabled");
         let names = Arc::new(DynamicNames::for_zone(cfg.zone.as_deref()));
-        names.register("vm1", "192.168.100.77".parse().expect("address"), u64::MAX);
+        names.register("vm1", "192.168.100.77".parse::<std::net::Ipv4Addr>().expect("address"), u64::MAX);
         Authority::new(&cfg, names, 1).expect("records build")
     };
 }
 
 fuzz_target!(|data: &[u8]| {
     AUTHORITY.with(|auth| {
-        let client = if data.first().is_some_and(|b| b & 1 == 1) { "192.168.100.5" } else { "127.0.0.1" };
+        let client = if data.first().is_some_and(|b| b & 1 == 1) {
+            "192.168.100.5"
+        } else {
+            "127.0.0.1"
+        };
         let _ = drive_bytes(auth, data, client.parse().expect("address"), 1_700_000_000);
     });
 });

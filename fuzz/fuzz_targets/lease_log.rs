@@ -27,10 +27,16 @@ fuzz_target!(|data: &[u8]| {
     let recovery = parse_log(data);
     let whole = data.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
     assert_eq!(recovery.torn_tail_bytes, data.len() - whole);
-    let lines = data[..whole].split(|b| *b == b'\n').filter(|l| !l.is_empty()).count();
+    let lines = data[..whole]
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .count();
     assert_eq!(recovery.records.len() + recovery.corrupt_lines, lines);
 
-    let cfg = Config::from_yaml(CONFIG).expect("fuzz config is valid").dhcp.expect("dhcp enabled");
+    let cfg = Config::from_yaml(CONFIG)
+        .expect("fuzz config is valid")
+        .dhcp
+        .expect("dhcp enabled");
     let mut engine = Engine::new(&cfg);
     engine.restore(&recovery.records);
     let mut seen = HashSet::new();
