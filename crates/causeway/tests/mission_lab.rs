@@ -81,6 +81,10 @@ const VLAN_CIDR: &str = "192.168.60.0/24";
 const DHCP_IP: &str = "192.168.60.2";
 const DNS_IP: &str = "192.168.60.3";
 const PROXY_IP: &str = "192.168.60.10";
+/// The VLAN is dual-stack: each pod has a v6 address beside its v4 one.
+const VLAN_CIDR_V6: &str = "fd42:60::/64";
+const DNS_IP_V6: &str = "fd42:60::3";
+const PROXY_IP_V6: &str = "fd42:60::10";
 const POD_GATEWAY: &str = "10.128.0.1";
 const KUBERNETES_VIP: &str = "10.96.0.1";
 const API_VIP: &str = "10.96.0.20";
@@ -645,6 +649,13 @@ impl KubeletState {
         self.next += 1;
         let ip = Ipv4Addr::new(10, 128, 0, n);
         let net = Netns::new(&format!("pod{n}"));
+        // The VLAN's v6 addresses are usable at once, as a CNI that has
+        // checked them for duplicates leaves them.
+        support::run(net.command("sysctl").args([
+            "-q",
+            "-w",
+            "net.ipv6.conf.default.accept_dad=0",
+        ]));
         net.veth_to("eth0", None, &self.podnet, &format!("p{n}"), None);
         self.podnet
             .ip(&["link", "set", &format!("p{n}"), "master", "br0"]);
@@ -793,6 +804,12 @@ struct Worker {
 impl Worker {
     fn start(vlan: &Netns, dir: &Path) -> Worker {
         let net = Netns::new("worker");
+        for setting in [
+            "net.ipv6.conf.default.accept_dad=0",
+            "net.ipv6.conf.default.accept_ra=2",
+        ] {
+            support::run(net.command("sysctl").args(["-q", "-w", setting]));
+        }
         net.veth_to("eth0", Some(WORKER_MAC), vlan, "vw", None);
         vlan.ip(&["link", "set", "vw", "master", "br0"]);
         let dir = dir.join("worker");
@@ -827,6 +844,58 @@ impl Worker {
             hook_log,
             _dhclient: dhclient,
         }
+    }
+
+    /// Runs `dhclient -6` once (stateful, bounded), with a hook that puts
+    /// the leased address on eth0 of the worker's namespace and records
+    /// it; returns the address.
+    fn dhcp6(&self, step: &str) -> String {
+        let log = self.dir.join("hook6.log");
+        let hook = self.dir.join("hook6.sh");
+        fs::write(
+            &hook,
+            format!(
+                "#!/bin/sh\n# mission lab hook: the leased v6 address on the worker's eth0 only.\ncase $reason in BOUND6|RENEW6|REBIND6) ip -6 addr replace \"$new_ip6_address/128\" dev \"$interface\" ;; esac\necho \"$reason ip6=$new_ip6_address\" >> '{}'\nexit 0\n",
+                log.display()
+            ),
+        )
+        .unwrap();
+        fs::set_permissions(&hook, fs::Permissions::from_mode(0o755)).unwrap();
+        let conf = self.dir.join("dhclient6.conf");
+        fs::write(&conf, "").unwrap();
+        let pid = self.dir.join("dhclient6.pid");
+        let out = self.try_run(
+            "timeout",
+            &[
+                "25",
+                tool("dhclient", "isc-dhcp-client").to_str().unwrap(),
+                "-6",
+                "-1",
+                "-v",
+                "-cf",
+                conf.to_str().unwrap(),
+                "-sf",
+                hook.to_str().unwrap(),
+                "-lf",
+                self.dir.join("dhclient6.leases").to_str().unwrap(),
+                "-pf",
+                pid.to_str().unwrap(),
+                "eth0",
+            ],
+        );
+        // Bound, it went to the background: stopped here (without a
+        // Release), its address left on eth0.
+        if let Ok(p) = fs::read_to_string(&pid) {
+            if let Ok(p) = p.trim().parse::<u32>() {
+                support::signal(p, "TERM");
+            }
+        }
+        let recorded = fs::read_to_string(&log).unwrap_or_default();
+        recorded
+            .lines()
+            .find_map(|l| l.strip_prefix("BOUND6 ip6="))
+            .map(str::to_string)
+            .unwrap_or_else(|| step_failed(step, format!("no BOUND6 event: {recorded}\n{out:?}")))
     }
 
     fn events(&self) -> Vec<String> {
@@ -1098,10 +1167,11 @@ spec:
     networkAttachmentDefinition: vlan60
     networkAttachmentNamespace: {INFRA_NS}
     dnsServers: ["{upstream}"]
+    ipv6: {{cidr: "{VLAN_CIDR_V6}", routerAdvertisements: true, dhcpRange: {{start: "fd42:60::100", end: "fd42:60::1ff"}}}}
   infraComponents:
-    dhcp: {{enabled: true, serverIP: "{DHCP_IP}", rangeStart: "192.168.60.100", rangeEnd: "192.168.60.120", leaseTime: "{lease_time}"}}
-    dns: {{enabled: true, serverIP: "{DNS_IP}", baseDomain: example.test, clusterName: e2e}}
-    proxy: {{enabled: true, serverIP: "{PROXY_IP}", controlPlaneNamespace: {CP_NS}, replicas: {proxy_replicas}}}
+    dhcp: {{enabled: true, serverIP: "{DHCP_IP}", serverIPv6: "fd42:60::2", rangeStart: "192.168.60.100", rangeEnd: "192.168.60.120", leaseTime: "{lease_time}"}}
+    dns: {{enabled: true, serverIP: "{DNS_IP}", serverIPv6: "{DNS_IP_V6}", baseDomain: example.test, clusterName: e2e}}
+    proxy: {{enabled: true, serverIP: "{PROXY_IP}", serverIPv6: "{PROXY_IP_V6}", controlPlaneNamespace: {CP_NS}, replicas: {proxy_replicas}}}
 "#
     )
 }
@@ -1572,6 +1642,49 @@ async fn a_worker_on_the_vlan_boots_joins_and_uses_its_cluster_through_the_rende
     let read: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(read["metadata"]["name"], WORKER, "step read its own Node");
     marks.push(("Node registered and read as the node", began.elapsed()));
+
+    println!("step: over v6, the worker leases an address by DHCPv6, resolves api to AAAA and calls the API");
+    let leased6 = worker.dhcp6("DHCPv6");
+    let v6: std::net::Ipv6Addr = leased6.parse().unwrap();
+    assert!(
+        ("fd42:60::100".parse::<std::net::Ipv6Addr>().unwrap()
+            ..="fd42:60::1ff".parse::<std::net::Ipv6Addr>().unwrap())
+            .contains(&v6),
+        "step DHCPv6: {leased6} is outside the Infra's dhcpRange"
+    );
+    let aaaa = worker.run(
+        "AAAA for api",
+        "dig",
+        &[
+            "+short",
+            "+time=2",
+            "+tries=1",
+            &format!("@{DNS_IP_V6}"),
+            &format!("api.{ZONE}"),
+            "AAAA",
+        ],
+    );
+    assert_eq!(aaaa.trim(), PROXY_IP_V6, "step AAAA for api");
+    let over_v6 = worker
+        .https(
+            &format!("api.{ZONE}"),
+            &format!("[{PROXY_IP_V6}]"),
+            6443,
+            &own,
+            &cluster_ca,
+            &kubelet_tls,
+        )
+        .unwrap_or_else(|e| step_failed("the API over v6", e));
+    assert_eq!(over_v6.0, 200, "step the API over v6: {}", over_v6.1);
+    assert!(
+        over_v6.1.contains(WORKER),
+        "step the API over v6: {}",
+        over_v6.1
+    );
+    marks.push((
+        "v6: DHCPv6 lease, AAAA, the API through the proxy",
+        began.elapsed(),
+    ));
 
     println!("step: fault: the proxy pod's container killed mid-session");
     let (proxy_pod, before) = kubelet.ready_pod("proxy").unwrap();
