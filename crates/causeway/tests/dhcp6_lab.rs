@@ -322,9 +322,6 @@ fn dhcpcd_follows_the_m_flag_to_a_leased_address() {
     let appliance = start(dir.path(), &rtr, "");
     let (hook, log) = (dir.path().join("hook6.sh"), dir.path().join("hook6.log"));
     recording_hook(&hook, &log);
-    let (run_dir, lib_dir) = (dir.path().join("run"), dir.path().join("lib"));
-    fs::create_dir_all(&run_dir).unwrap();
-    fs::create_dir_all(lib_dir.join("dhcpcd")).unwrap();
     let conf = dir.path().join("dhcpcd.conf");
     // The advertisement's M flag makes dhcpcd ask for an address (IA_NA);
     // the prefix is not autonomous, so no SLAAC address stands beside it.
@@ -333,18 +330,7 @@ fn dhcpcd_follows_the_m_flag_to_a_leased_address() {
         "ipv6only\nnohook resolv.conf\noption domain_name_servers, domain_search\n",
     )
     .unwrap();
-    let dhcpcd = tool("dhcpcd", "dhcpcd-base");
-    let mut cmd = host.command(tool("unshare", "util-linux"));
-    cmd.args(["--mount", "--propagation", "private", "sh", "-c"]);
-    cmd.arg(r#"mount --bind "$1" /run && mount --bind "$2" /var/lib && exec "$3" -6 -B -d -f "$4" -c "$5" "$6""#)
-        .arg("sh")
-        .arg(&run_dir)
-        .arg(&lib_dir)
-        .arg(&dhcpcd)
-        .arg(&conf)
-        .arg(&hook)
-        .arg(HOST_IF);
-    let client = support::Proc::spawn("dhcpcd", dir.path(), &mut cmd);
+    let client = support::dhcpcd6(&host, dir.path(), &conf, &hook, HOST_IF);
     let bound = poll_until(Duration::from_secs(25), || {
         fs::read_to_string(&log)
             .unwrap_or_default()

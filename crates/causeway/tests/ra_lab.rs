@@ -387,11 +387,6 @@ fn dhcpcd_follows_the_o_flag_to_stateless_dhcpv6_beside_its_slaac_address() {
     let appliance = start(dir.path(), &rtr, STATELESS);
     let (hook, log) = (dir.path().join("hook6.sh"), dir.path().join("hook6.log"));
     dhcp6_hook(&hook, &log);
-    // dhcpcd keeps its state under /run/dhcpcd and /var/lib/dhcpcd, fixed
-    // at build time: a private mount namespace puts both in the temp dir.
-    let (run_dir, lib_dir) = (dir.path().join("run"), dir.path().join("lib"));
-    fs::create_dir_all(&run_dir).unwrap();
-    fs::create_dir_all(lib_dir.join("dhcpcd")).unwrap();
     let conf = dir.path().join("dhcpcd.conf");
     // IPv6 only: dhcpcd solicits the advertisement itself, forms the
     // SLAAC address, and on the O flag asks DHCPv6 for the rest.
@@ -401,18 +396,7 @@ fn dhcpcd_follows_the_o_flag_to_stateless_dhcpv6_beside_its_slaac_address() {
     )
     .unwrap();
     host.ip(&["link", "set", HOST_IF, "up"]);
-    let dhcpcd = tool("dhcpcd", "dhcpcd-base");
-    let mut cmd = host.command(tool("unshare", "util-linux"));
-    cmd.args(["--mount", "--propagation", "private", "sh", "-c"]);
-    cmd.arg(r#"mount --bind "$1" /run && mount --bind "$2" /var/lib && exec "$3" -6 -B -d -f "$4" -c "$5" "$6""#)
-        .arg("sh")
-        .arg(&run_dir)
-        .arg(&lib_dir)
-        .arg(&dhcpcd)
-        .arg(&conf)
-        .arg(&hook)
-        .arg(HOST_IF);
-    let client = support::Proc::spawn("dhcpcd", dir.path(), &mut cmd);
+    let client = support::dhcpcd6(&host, dir.path(), &conf, &hook, HOST_IF);
     let found = poll_until(Duration::from_secs(20), || {
         fs::read_to_string(&log)
             .unwrap_or_default()

@@ -1323,3 +1323,25 @@ pub fn dns_floor_upstream(dir: &Path, addr: SocketAddr) -> Proc {
         ]),
     )
 }
+
+/// `dhcpcd -6` in the foreground on `interface` inside `ns`, with `conf`
+/// and the test's own `hook`. dhcpcd keeps its state under /run/dhcpcd and
+/// /var/lib/dhcpcd, fixed at build time: a private mount namespace puts
+/// both in `dir`, so the machine's are never touched.
+pub fn dhcpcd6(ns: &Netns, dir: &Path, conf: &Path, hook: &Path, interface: &str) -> Proc {
+    let (run_dir, lib_dir) = (dir.join("run"), dir.join("lib"));
+    fs::create_dir_all(&run_dir).unwrap();
+    fs::create_dir_all(lib_dir.join("dhcpcd")).unwrap();
+    let dhcpcd = tool("dhcpcd", "dhcpcd-base");
+    let mut cmd = ns.command(tool("unshare", "util-linux"));
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c"]);
+    cmd.arg(r#"mount --bind "$1" /run && mount --bind "$2" /var/lib && exec "$3" -6 -B -d -f "$4" -c "$5" "$6""#)
+        .arg("sh")
+        .arg(&run_dir)
+        .arg(&lib_dir)
+        .arg(&dhcpcd)
+        .arg(conf)
+        .arg(hook)
+        .arg(interface);
+    Proc::spawn("dhcpcd", dir, &mut cmd)
+}
