@@ -94,6 +94,8 @@ pub struct Outcome6 {
 /// An address change on its way to the store, and the lease it replaced.
 struct Unsettled6 {
     durable: Option<Lease6>,
+    /// The newest change handed to the store for the address.
+    latest: Lease6,
     in_flight: u32,
 }
 
@@ -414,12 +416,23 @@ impl Leases6 {
 
     fn set(&mut self, ip: Ipv6Addr, lease: Lease6, commit: &mut Vec<LeaseRecord>) {
         let record = lease.record(ip);
-        let before = self.leases.get(&ip).cloned();
-        let entry = self.unsettled.entry(ip).or_insert(Unsettled6 {
-            durable: before,
-            in_flight: 0,
-        });
-        entry.in_flight += 1;
+        match self.unsettled.get_mut(&ip) {
+            Some(entry) => {
+                entry.in_flight += 1;
+                entry.latest = lease.clone();
+            }
+            None => {
+                let before = self.leases.get(&ip).cloned();
+                self.unsettled.insert(
+                    ip,
+                    Unsettled6 {
+                        durable: before,
+                        latest: lease.clone(),
+                        in_flight: 1,
+                    },
+                );
+            }
+        }
         self.take(ip, lease);
         commit.push(record);
     }
@@ -444,10 +457,9 @@ impl Leases6 {
         let Some(entry) = self.unsettled.remove(&ip) else {
             return false;
         };
-        let unchanged = self
-            .leases
-            .get(&ip)
-            .is_some_and(|l| l.record(ip) == *record);
+        // The last change is the one settling; whether the engine still
+        // holds it, or has moved on in memory (an offer), decides the undo.
+        let unchanged = self.leases.get(&ip) == Some(&entry.latest);
         if durable || !unchanged {
             return false;
         }
