@@ -62,6 +62,12 @@ pub struct Dhcp6Args {
     #[arg(long)]
     pub rapid_commit: bool,
 
+    /// Hostile: stop at the Advertise and never Request, so the server is
+    /// asked for addresses it never leases (with many clients, a flood of
+    /// fresh DUIDs). An Advertise with an address completes the exchange
+    #[arg(long, conflicts_with = "rapid_commit")]
+    pub solicit_only: bool,
+
     /// Print the final summary as one JSON object on stdout (progress stays
     /// on stderr)
     #[arg(long)]
@@ -247,7 +253,9 @@ impl Bench {
 
     fn finish(&mut self, xid: [u8; 3], now: Instant, address: Option<Ipv6Addr>) {
         if let Some(ex) = self.inflight.remove(&xid) {
-            if let (Some(addr), true) = (address, self.acked.is_some()) {
+            // An Advertise (with --solicit-only) leases nothing.
+            let leased = address.filter(|_| !self.args.solicit_only);
+            if let (Some(addr), true) = (leased, self.acked.is_some()) {
                 use std::io::Write as _;
                 let duid: String = self
                     .duid(ex.client)
@@ -386,6 +394,10 @@ impl LoadGenerator for Bench {
             return Ok(());
         }
         match (phase, reply.kind) {
+            (Phase::Soliciting, MessageType::Advertise) if self.args.solicit_only => {
+                self.c.advertises += 1;
+                self.finish(reply.xid, now, reply.address);
+            }
             (Phase::Soliciting, MessageType::Advertise) => {
                 self.c.advertises += 1;
                 let (Some(addr), Some(server_id)) = (reply.address, reply.server_id) else {

@@ -22,8 +22,6 @@ use crate::lease::{LeaseRecord, LeaseState};
 use crate::merge::Share;
 use crate::v6::{encode, requested, Ignored6, Relayed, Stateless};
 
-/// How long an Advertise holds its address for the client's Request.
-const OFFER_SECS: u64 = 30;
 /// The most addresses one allocation looks at before giving up: a pool
 /// of many millions is never scanned whole under the engine's lock. A
 /// pool this small is searched entirely, so "exhausted" is then exact.
@@ -604,30 +602,21 @@ impl Leases6 {
                     match self.choose(now, &binding, &who, &hints, share) {
                         Some(ip) => {
                             any = true;
-                            let hostname = self.hostname_for(now, msg, &who, ip);
-                            let (state, expires) = if bind {
-                                (LeaseState::Active, now + u64::from(self.times().3))
-                            } else {
-                                (LeaseState::Offered, now + OFFER_SECS)
-                            };
-                            let lease = Lease6 {
-                                binding: binding.clone(),
-                                hw: who.hw,
-                                state,
-                                expires,
-                                hostname,
-                            };
-                            let keeps_active = self.leases.get(&ip).is_some_and(|l| {
-                                l.state == LeaseState::Active
-                                    && l.binding == binding
-                                    && l.holds(now)
-                            });
+                            // An Advertise holds nothing: the address is
+                            // chosen again (the client's hint first) when
+                            // the Request comes, so Solicits that are never
+                            // followed up cost no memory, however many
+                            // DUIDs they come from.
                             if bind {
+                                let hostname = self.hostname_for(now, msg, &who, ip);
+                                let lease = Lease6 {
+                                    binding: binding.clone(),
+                                    hw: who.hw,
+                                    state: LeaseState::Active,
+                                    expires: now + u64::from(self.times().3),
+                                    hostname,
+                                };
                                 self.set(ip, lease, &mut commit);
-                            } else if !keeps_active {
-                                // An offer is held in memory only: a crash
-                                // loses nothing a client was promised.
-                                self.take(ip, lease);
                             }
                             answered.push(self.ia(ia.id, &[(ip, true)], None));
                         }
@@ -982,6 +971,27 @@ mod tests {
         )
         .unwrap();
         assert_ne!(leased(&other)[0].0, offered[0].0);
+    }
+
+    /// Hostile: Solicits from ever new DUIDs, never followed by a Request,
+    /// leave nothing behind, however large the pool: an Advertise holds
+    /// no state.
+    #[test]
+    fn a_solicit_flood_from_fresh_duids_leaves_no_entry_behind() {
+        let mut e = engine(&pool("fd42:10::1:0:0", "fd42:10::1:ffff:ffff"));
+        for i in 0..50_000u32 {
+            let b = i.to_be_bytes();
+            let duid = duid_llt([2, 9, b[0], b[1], b[2], b[3]], 1);
+            let (adv, _) = send(
+                &mut e,
+                NOW,
+                &message(MessageType::Solicit, &duid, false, &[(1, &[])]),
+            )
+            .unwrap();
+            assert_eq!(leased(&adv).len(), 1);
+        }
+        assert_eq!(e.lease_count(), 0, "entries left by unanswered Advertises");
+        assert_eq!(e.by_binding.len(), 0);
     }
 
     #[test]
