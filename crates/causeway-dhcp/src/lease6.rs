@@ -994,6 +994,67 @@ mod tests {
         assert_eq!(e.by_binding.len(), 0);
     }
 
+    /// A request looks at no more than 65,536 addresses: a pool whose
+    /// first 65,536 are leased answers NoAddrsAvail once, and the next
+    /// request, the cursor moved on, finds the free ones beyond.
+    #[test]
+    fn a_request_looks_at_a_bounded_window_and_the_next_goes_on_from_it() {
+        let mut e = engine(&pool("fd42:10::1:0", "fd42:10::2:ffff"));
+        let taken: Vec<LeaseRecord> = (0..65_536u128)
+            .map(|i| LeaseRecord {
+                ip: IpAddr::V6(Ipv6Addr::from(u128::from(a("fd42:10::1:0")) + i)),
+                client: hex(&binding_key(
+                    1,
+                    &duid_llt([2, 8, 0, 0, (i >> 8) as u8, i as u8], 1),
+                )),
+                hw: String::new(),
+                state: LeaseState::Active,
+                expires: NOW + 3600,
+                hostname: None,
+                term: 0,
+            })
+            .collect();
+        assert_eq!(e.restore(&taken), 0);
+        let duid = duid_llt([2, 0, 0, 0, 0, 9], 1);
+        let (first, _) = send(
+            &mut e,
+            NOW,
+            &message(MessageType::Request, &duid, true, &[(1, &[])]),
+        )
+        .unwrap();
+        assert_eq!(ia_status(&first), vec![Status::NoAddrsAvail]);
+        let (second, _) = send(
+            &mut e,
+            NOW,
+            &message(MessageType::Request, &duid, true, &[(1, &[])]),
+        )
+        .unwrap();
+        assert_eq!(leased(&second)[0].0, a("fd42:10::2:0"));
+    }
+
+    /// A reload keeps every lease, even one whose pool it removes.
+    #[test]
+    fn a_reload_keeps_the_leases() {
+        let mut e = engine(&pool("fd42:10::100", "fd42:10::1ff"));
+        let duid = duid_llt([2, 0, 0, 0, 0, 9], 1);
+        send(
+            &mut e,
+            NOW,
+            &message(MessageType::Request, &duid, true, &[(1, &[])]),
+        )
+        .unwrap();
+        let before = e.records();
+        let cfg = Config::from_yaml(
+            "network: {interface: net1, cidr: 10.0.0.0/24, gateway: 10.0.0.1, address: 10.0.0.2}\ndhcp: {}\n\
+             dhcp6:\n  interface: net1\n  prefix: fd42:10::/64\n  pools: [{start: 'fd42:10::200', end: 'fd42:10::2ff'}]\n",
+        )
+        .unwrap()
+        .dhcp6
+        .unwrap();
+        assert!(e.reconfigure(&cfg, crate::v6::duid_ll(SERVER)));
+        assert_eq!(e.records(), before);
+    }
+
     #[test]
     fn rapid_commit_binds_at_once_only_when_configured() {
         let mut off = engine(&pool("fd42:10::100", "fd42:10::1ff"));

@@ -1052,3 +1052,33 @@ fn configure(shared: &Shared, cfg: &causeway_config::Dhcp6Config, duid: &[u8]) {
         }
     }
 }
+
+#[cfg(test)]
+mod v6_port_tests {
+    use super::*;
+
+    /// A port no server is attached to (a standby's, or one whose server
+    /// detached it on losing the active role) leases nothing.
+    #[test]
+    fn a_port_without_its_server_leases_nothing() {
+        let mut m =
+            dhcproto::v6::Message::new_with_id(dhcproto::v6::MessageType::Solicit, [1, 2, 3]);
+        m.opts_mut().insert(dhcproto::v6::DhcpOption::ClientId(vec![
+            0, 3, 0, 1, 2, 0, 0, 0, 0, 9,
+        ]));
+        let bytes = crate::v6::encode(&m).unwrap();
+        let relayed = crate::v6::unwrap_relays(&bytes).unwrap();
+        let msg = crate::v6::decode_client(relayed.client).unwrap();
+        let port = V6Port::new();
+        let sent = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = sent.clone();
+        let got = port.handle(
+            &relayed,
+            &msg,
+            Box::new(move |_| flag.store(true, Ordering::Relaxed)),
+        );
+        assert_eq!(got.err(), Some(Ignored6::NoLeaseStore));
+        port.detach();
+        assert!(!sent.load(Ordering::Relaxed));
+    }
+}

@@ -374,3 +374,21 @@ fn dhcpv6_names_answer_aaaa_beside_a_and_ptr_under_ip6_arpa() {
         vec!["192.168.100.120"]
     );
 }
+
+/// The bound on DHCP names counts both families: a table full of v4 names
+/// takes no new v6 name.
+#[test]
+fn the_dhcp_name_bound_counts_both_families() {
+    let (_a, dynamic) = authority("  listen: ['127.0.0.1:5353']\n");
+    for i in 0..MAX_DHCP_NAMES as u32 {
+        dynamic.register(&format!("h{i}"), Ipv4Addr::from(0x0a00_0000 + i), NOW + 60);
+    }
+    assert_eq!(dynamic.len(), MAX_DHCP_NAMES);
+    dynamic.register(
+        "one-more",
+        "fd42:10::1".parse::<Ipv6Addr>().unwrap(),
+        NOW + 60,
+    );
+    assert_eq!(dynamic.len(), MAX_DHCP_NAMES);
+    assert_eq!(dynamic.refused(), 1);
+}

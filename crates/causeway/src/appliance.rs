@@ -528,5 +528,18 @@ mod tests {
         observe(&lease([10, 0, 0, 6], Some("node2"), LeaseState::Active));
         observe(&lease([10, 0, 0, 7], None, LeaseState::Active));
         assert_eq!(names.len(), 1);
+        // A DHCPv6 lease under the same rules: named, then renewed without
+        // the FQDN option, then released.
+        let v6 = |hostname: Option<&str>, state| causeway_dhcp::LeaseRecord {
+            ip: "fd42:10::105".parse().expect("an address"),
+            ..lease([0; 4], hostname, state)
+        };
+        observe(&v6(Some("node6"), LeaseState::Active));
+        assert_eq!(names.len(), 2, "the v6 name is registered beside node2");
+        observe(&v6(None, LeaseState::Active));
+        assert_eq!(names.len(), 1, "the v6 name outlived a renewal without it");
+        observe(&v6(Some("node6"), LeaseState::Active));
+        observe(&v6(Some("node6"), LeaseState::Released));
+        assert_eq!(names.len(), 1, "the v6 name outlived its release");
     }
 }
