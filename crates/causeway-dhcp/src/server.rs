@@ -905,8 +905,9 @@ struct PortInner {
     config: Option<(causeway_config::Dhcp6Config, Vec<u8>)>,
 }
 
-/// Sends a reply once its leases are durable (on the store's thread).
-pub type SendReply = Box<dyn FnOnce(Vec<u8>) + Send>;
+/// Sends a reply, of the type given, once its leases are durable (on the
+/// store's thread).
+pub type SendReply = Box<dyn FnOnce(Vec<u8>, dhcproto::v6::MessageType) + Send>;
 
 impl V6Port {
     pub fn new() -> V6Port {
@@ -956,7 +957,7 @@ impl V6Port {
         relayed: &Relayed,
         msg: &dhcproto::v6::Message,
         send: SendReply,
-    ) -> Result<dhcproto::v6::MessageType, Ignored6> {
+    ) -> Result<(), Ignored6> {
         let Some(shared) = self.inner().server.upgrade() else {
             return Err(Ignored6::NoLeaseStore);
         };
@@ -971,13 +972,14 @@ impl V6Port {
         let out = leases.handle(now, relayed, msg, share)?;
         if out.commit.is_empty() {
             drop(v6);
-            send(out.reply);
-            return Ok(out.kind);
+            send(out.reply, out.kind);
+            return Ok(());
         }
         // The reply waits for the last of its records; one that fails
         // keeps it from being sent at all.
         let pending = Arc::new(std::sync::atomic::AtomicUsize::new(out.commit.len()));
         let failed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let kind = out.kind;
         let reply = Arc::new(Mutex::new(Some((out.reply, send))));
         for record in out.commit {
             let (pending, failed, reply) = (pending.clone(), failed.clone(), reply.clone());
@@ -1009,14 +1011,14 @@ impl V6Port {
                     {
                         let taken = reply.lock().unwrap_or_else(|p| p.into_inner()).take();
                         if let Some((bytes, send)) = taken {
-                            send(bytes);
+                            send(bytes, kind);
                         }
                     }
                 }),
                 share.is_none(),
             );
         }
-        Ok(out.kind)
+        Ok(())
     }
 }
 
@@ -1075,7 +1077,7 @@ mod v6_port_tests {
         let got = port.handle(
             &relayed,
             &msg,
-            Box::new(move |_| flag.store(true, Ordering::Relaxed)),
+            Box::new(move |_, _| flag.store(true, Ordering::Relaxed)),
         );
         assert_eq!(got.err(), Some(Ignored6::NoLeaseStore));
         port.detach();

@@ -243,26 +243,19 @@ fn answer(
     let Some(port) = port else {
         return Err(Ignored6::NotServed);
     };
-    let kind = match msg.msg_type() {
-        MessageType::Solicit => "advertise",
-        _ => "reply",
-    };
-    // A Solicit with Rapid Commit is answered by a Reply: counted as such
-    // from what the engine says below.
-    let kind_cell = Arc::new(std::sync::Mutex::new(kind));
-    let cell = kind_cell.clone();
-    let answered = port.handle(
+    port.handle(
         &relayed,
         &msg,
-        Box::new(move |reply| {
-            let kind = *cell.lock().unwrap_or_else(|p| p.into_inner());
-            sender(kind, reply);
+        Box::new(move |reply, kind| {
+            // A Solicit is answered by an Advertise, or by a Reply with
+            // Rapid Commit.
+            let label = match kind {
+                MessageType::Advertise => "advertise",
+                _ => "reply",
+            };
+            sender(label, reply);
         }),
-    )?;
-    if answered == MessageType::Reply {
-        *kind_cell.lock().unwrap_or_else(|p| p.into_inner()) = "reply";
-    }
-    Ok(())
+    )
 }
 
 impl causeway_runtime::Service for Dhcp6Server {
