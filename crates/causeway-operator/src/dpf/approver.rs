@@ -339,6 +339,22 @@ impl Sessions {
 
 /// Runs sessions for one provisioner until it is gone, backing off while
 /// its hosted cluster cannot be reached.
+/// Removes a session's `causeway_operator_csr_pending` series when
+/// dropped with the session's task.
+struct PendingGauge {
+    ctx: Arc<Context>,
+    namespace: String,
+    name: String,
+}
+
+impl Drop for PendingGauge {
+    fn drop(&mut self) {
+        if let Some(m) = &self.ctx.metrics {
+            m.csr_pending(&self.namespace, &self.name, None);
+        }
+    }
+}
+
 async fn supervise(ctx: Arc<Context>, key: ObjectRef<DPFHCPProvisioner>) {
     let Some(namespace) = key.namespace.clone() else {
         return;
@@ -346,6 +362,14 @@ async fn supervise(ctx: Arc<Context>, key: ObjectRef<DPFHCPProvisioner>) {
     if let Some(m) = &ctx.metrics {
         m.approver_started(&namespace, &key.name);
     }
+    // The session's pending-CSR gauge goes when the task does, aborted or
+    // ended: the stop callback's removal can run while a pass on another
+    // worker is setting it, which left the series behind once in CI.
+    let _gauge = PendingGauge {
+        ctx: ctx.clone(),
+        namespace: namespace.clone(),
+        name: key.name.clone(),
+    };
     let mut delay = BACKOFF_MIN;
     let mut last_reason = "";
     loop {
