@@ -4,14 +4,15 @@
 //! any failure) on either side ends both directions at once and resets the
 //! other side too.
 //!
-//! On Linux each direction moves bytes with splice(2) through a pipe, so
-//! they never enter user space; where splice is refused it falls back to
-//! a buffered copy.
+//! Each direction copies through a per-thread buffer while its reads are
+//! small and, on Linux, moves bulk with splice(2) through a pipe, so big
+//! transfers never enter user space (see [`Pace`]); where splice is
+//! refused it keeps copying.
 
 use std::cell::RefCell;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use causeway_runtime::fds::{FdBudget, Holder};
@@ -105,6 +106,8 @@ pub struct Relayed {
     pub up: u64,
     pub down: u64,
     pub ended: Ended,
+    /// Stretches of either direction moved by splice.
+    pub splice_stretches: u32,
 }
 
 /// Counts bytes each way and remembers when any last moved.
@@ -115,6 +118,7 @@ struct Activity {
     down: AtomicU64,
     /// Directions that have ended.
     ended: AtomicU8,
+    splice_stretches: AtomicU32,
 }
 
 impl Activity {
@@ -153,6 +157,7 @@ pub async fn relay(client: &TcpStream, upstream: &TcpStream, idle: Duration) -> 
         up: AtomicU64::new(0),
         down: AtomicU64::new(0),
         ended: AtomicU8::new(0),
+        splice_stretches: AtomicU32::new(0),
     };
     let both = async {
         // The first failure ends both directions: the other one may be
@@ -190,6 +195,7 @@ pub async fn relay(client: &TcpStream, upstream: &TcpStream, idle: Duration) -> 
         up: activity.up.load(Ordering::Relaxed),
         down: activity.down.load(Ordering::Relaxed),
         ended,
+        splice_stretches: activity.splice_stretches.load(Ordering::Relaxed),
     }
 }
 
@@ -214,25 +220,33 @@ async fn one_way(
     activity: &Activity,
     up: bool,
 ) -> io::Result<()> {
-    // The first bytes go through a small buffer: a short exchange (and an
-    // idle connection) never pays for a pipe. Past that, splice.
-    let result = match copied(from, to, activity, up, Some(SPLICE_AFTER)).await {
-        Ok(Copy::Eof) => Ok(()),
+    // Bytes go through a small buffer until the direction turns bulk (see
+    // [`Pace`]): a short exchange, an idle connection and a stream of small
+    // messages never pay for a pipe. Bulk goes by splice, and back to the
+    // buffer when it turns small again.
+    let result = loop {
+        match copied(from, to, activity, up, true).await {
+            Ok(Copy::Eof) => break Ok(()),
+            Ok(Copy::Bulk) => {}
+            Err(e) => break Err(e),
+        }
         // A pipe is two more descriptors: taken from the process's budget
         // first, so bulk transfers can never use up what DNS and the lease
         // store need. Without one, the bytes are copied as before.
-        Ok(Copy::Limit) => match FdBudget::global().try_reserve(Holder::ProxyPipe, 2) {
-            Some(reserved) => match nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC) {
-                Ok(pipe) => {
-                    let result = spliced(from, to, pipe, activity, up).await;
-                    drop(reserved);
-                    result
-                }
-                Err(_) => copied(from, to, activity, up, None).await.map(|_| ()),
-            },
-            None => copied(from, to, activity, up, None).await.map(|_| ()),
-        },
-        Err(e) => Err(e),
+        let Some(reserved) = FdBudget::global().try_reserve(Holder::ProxyPipe, 2) else {
+            break copied(from, to, activity, up, false).await.map(|_| ());
+        };
+        let Ok(pipe) = nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC) else {
+            break copied(from, to, activity, up, false).await.map(|_| ());
+        };
+        activity.splice_stretches.fetch_add(1, Ordering::Relaxed);
+        let spliced = spliced(from, to, pipe, activity, up).await;
+        drop(reserved);
+        match spliced {
+            Ok(Splice::Eof) => break Ok(()),
+            Ok(Splice::Small) => {}
+            Err(e) => break Err(e),
+        }
     };
     // The first direction to reach EOF half-closes the other side. When the
     // second ends, the relay is over and closing both sockets sends the
@@ -242,6 +256,67 @@ async fn one_way(
         shutdown_write(to);
     }
     result
+}
+
+/// When one direction moves from the buffered copy to splice and back.
+///
+/// splice(2) costs two calls a read (socket to pipe, pipe to socket) and,
+/// with edge-triggered readiness, often a third that finds nothing; a
+/// buffered copy costs a read and a write. Splice only pays when reads are
+/// big, so a direction splices once its reads have filled the copy buffer
+/// [`SPLICE_AFTER`] bytes' worth (the sender is ahead of the proxy), and
+/// goes back to copying after [`SMALL_SPLICES`] splices in a row that
+/// moved less than the copy buffer holds. Keep-alive requests of a few
+/// kilobytes (a kubelet's, a watch's events) used to cross into splice
+/// after their first 64 KB in all and pay for it for the connection's
+/// life.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Pace {
+    /// Bytes of reads that filled the copy buffer, since the last splice.
+    full_reads: u64,
+    /// Splices in a row that moved less than [`COPY_CHUNK`].
+    small_splices: u32,
+}
+
+impl Pace {
+    /// After a buffered read of `n` bytes: whether to splice from now on.
+    fn copied(&mut self, n: usize) -> bool {
+        if n >= COPY_CHUNK {
+            self.full_reads += n as u64;
+        }
+        if self.full_reads >= SPLICE_AFTER {
+            *self = Pace::default();
+            return true;
+        }
+        false
+    }
+
+    /// After a splice that moved `n` bytes: whether to copy from now on.
+    fn spliced(&mut self, n: usize) -> bool {
+        if n >= COPY_CHUNK {
+            self.small_splices = 0;
+            return false;
+        }
+        self.small_splices += 1;
+        if self.small_splices >= SMALL_SPLICES {
+            *self = Pace::default();
+            return true;
+        }
+        false
+    }
+}
+
+/// Bytes of full buffered reads after which a direction splices.
+const SPLICE_AFTER: u64 = 64 * 1024;
+
+/// Small splices in a row after which a direction copies again.
+const SMALL_SPLICES: u32 = 16;
+
+/// How a splicing stretch of a direction stopped.
+enum Splice {
+    Eof,
+    /// Its reads turned small; the pipe is empty and the copy takes over.
+    Small,
 }
 
 fn splice_flags() -> SpliceFFlags {
@@ -254,8 +329,9 @@ async fn spliced(
     (pipe_r, pipe_w): (OwnedFd, OwnedFd),
     activity: &Activity,
     up: bool,
-) -> io::Result<()> {
+) -> io::Result<Splice> {
     let mut chunk = CHUNK;
+    let mut pace = Pace::default();
     // Growing is tried once per direction; the slot lives as long as it.
     let mut growth_tried = false;
     let mut _bulk: Option<BulkSlot> = None;
@@ -271,12 +347,14 @@ async fn spliced(
         let n = match from.try_io(Interest::READABLE, || {
             splice(from, None, &pipe_w, None, chunk, splice_flags()).map_err(io::Error::from)
         }) {
-            Ok(0) => return Ok(()),
+            Ok(0) => return Ok(Splice::Eof),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             // Sockets that cannot splice (never on Linux TCP, but be sure).
             Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => {
-                return copied(from, to, activity, up, None).await.map(|_| ())
+                return copied(from, to, activity, up, false)
+                    .await
+                    .map(|_| Splice::Eof)
             }
             Err(e) => return Err(e),
         };
@@ -292,18 +370,19 @@ async fn spliced(
             }
         }
         activity.touch(up, n);
+        // The pipe is empty here: what was read has all been written.
+        if pace.spliced(n) {
+            return Ok(Splice::Small);
+        }
     }
 }
 
 /// How a buffered copy stopped.
 enum Copy {
     Eof,
-    /// It moved `limit` bytes; the rest is for splice.
-    Limit,
+    /// Its reads turned bulk; the rest is for splice.
+    Bulk,
 }
-
-/// Bytes moved by buffered copy before a direction switches to splice.
-const SPLICE_AFTER: u64 = 64 * 1024;
 
 /// Bytes read at once by a buffered copy.
 const COPY_CHUNK: usize = 16 * 1024;
@@ -356,13 +435,10 @@ async fn copied(
     to: &TcpStream,
     activity: &Activity,
     up: bool,
-    limit: Option<u64>,
+    may_splice: bool,
 ) -> io::Result<Copy> {
-    let mut moved = 0u64;
+    let mut pace = Pace::default();
     loop {
-        if limit.is_some_and(|l| moved >= l) {
-            return Ok(Copy::Limit);
-        }
         from.readable().await?;
         let mut step = None;
         // A short read drained the socket (a stream socket returns all it
@@ -398,8 +474,10 @@ async fn copied(
                 }
             }
         }
-        moved += n as u64;
         activity.touch(up, n);
+        if may_splice && pace.copied(n) {
+            return Ok(Copy::Bulk);
+        }
     }
 }
 
@@ -488,6 +566,157 @@ mod tests {
         drop(writer.await.unwrap());
         let r = task.await.unwrap();
         assert_eq!(r.up, payload.len() as u64);
+    }
+
+    #[test]
+    fn small_reads_never_splice_however_many_bytes_they_add_up_to() {
+        // 100 MB of 1 KB keep-alive requests: before the pace, a direction
+        // spliced once it had moved 64 KB in all.
+        let mut pace = Pace::default();
+        for _ in 0..100_000 {
+            assert!(!pace.copied(1024));
+        }
+        // Reads just short of the buffer are small reads too.
+        for _ in 0..1000 {
+            assert!(!pace.copied(COPY_CHUNK - 1));
+        }
+    }
+
+    #[test]
+    fn full_reads_splice_after_the_threshold_and_small_splices_copy_again() {
+        let mut pace = Pace::default();
+        let full_reads_needed = (SPLICE_AFTER as usize).div_ceil(COPY_CHUNK);
+        for i in 1..=full_reads_needed {
+            // Small reads between full ones neither count nor reset.
+            assert!(!pace.copied(100));
+            assert_eq!(
+                pace.copied(COPY_CHUNK),
+                i == full_reads_needed,
+                "full read {i}"
+            );
+        }
+        let mut pace = Pace::default();
+        for round in 0..3 {
+            for i in 1..=SMALL_SPLICES {
+                assert_eq!(
+                    pace.spliced(512),
+                    i == SMALL_SPLICES,
+                    "round {round}, small splice {i}"
+                );
+            }
+        }
+        // A big splice between small ones starts the count again.
+        for _ in 1..SMALL_SPLICES {
+            assert!(!pace.spliced(512));
+        }
+        assert!(!pace.spliced(CHUNK));
+        for _ in 1..SMALL_SPLICES {
+            assert!(!pace.spliced(512));
+        }
+        assert!(pace.spliced(512));
+    }
+
+    #[tokio::test]
+    async fn a_keep_alive_exchange_of_small_messages_never_splices() {
+        let (mut client, mut upstream, task) = pair(Duration::from_secs(30)).await;
+        // 400 requests and responses of 1 KB each way: 400 KB in all, far
+        // past the 64 KB after which every direction used to splice.
+        let request = vec![7u8; 1024];
+        let mut buf = vec![0u8; 1024];
+        for _ in 0..400 {
+            client.write_all(&request).await.unwrap();
+            upstream.read_exact(&mut buf).await.unwrap();
+            upstream.write_all(&buf).await.unwrap();
+            client.read_exact(&mut buf).await.unwrap();
+        }
+        client.shutdown().await.unwrap();
+        upstream.shutdown().await.unwrap();
+        let r = task.await.unwrap();
+        assert_eq!((r.up, r.down), (400 * 1024, 400 * 1024));
+        assert_eq!(r.splice_stretches, 0, "small messages went through splice");
+    }
+
+    #[tokio::test]
+    async fn bytes_keep_their_order_as_a_direction_turns_bulk_and_small_again() {
+        let (client, upstream, task) = pair(Duration::from_secs(30)).await;
+        let (client_r, mut client_w) = client.into_split();
+        let (upstream_r, mut upstream_w) = upstream.into_split();
+        // Each direction: bulk (to splice), many small writes each waited
+        // for (to copy again), bulk again; in a pattern that shows any
+        // loss or reordering.
+        let phases = |seed: usize| -> Vec<Vec<u8>> {
+            let bulk = |n: usize, k: usize| (0..n).map(|i| ((i + k) % 251) as u8).collect();
+            let mut v: Vec<Vec<u8>> = vec![bulk(2 << 20, seed)];
+            v.extend((0..(SMALL_SPLICES as usize * 3)).map(|i| bulk(700, seed + i)));
+            v.push(bulk(2 << 20, seed + 7));
+            v
+        };
+        let (up_phases, down_phases) = (phases(1), phases(2));
+        let expect_up: Vec<u8> = up_phases.concat();
+        let expect_down: Vec<u8> = down_phases.concat();
+        // The reader acknowledges each small piece, so the writer's small
+        // writes arrive one by one instead of coalescing into a bulk read.
+        let (ack_up_tx, mut ack_up_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let (ack_down_tx, mut ack_down_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let up_writer = tokio::spawn(async move {
+            for p in up_phases {
+                client_w.write_all(&p).await.unwrap();
+                if p.len() < COPY_CHUNK {
+                    ack_up_rx.recv().await.unwrap();
+                }
+            }
+            client_w.shutdown().await.unwrap();
+            client_w
+        });
+        let down_writer = tokio::spawn(async move {
+            for p in down_phases {
+                upstream_w.write_all(&p).await.unwrap();
+                if p.len() < COPY_CHUNK {
+                    ack_down_rx.recv().await.unwrap();
+                }
+            }
+            upstream_w.shutdown().await.unwrap();
+            upstream_w
+        });
+        let read_all = |mut r: tokio::net::tcp::OwnedReadHalf,
+                        expect: Vec<u8>,
+                        ack: tokio::sync::mpsc::UnboundedSender<()>| async move {
+            let mut got = Vec::with_capacity(expect.len());
+            let mut buf = vec![0u8; 1 << 16];
+            let (bulk_end, pieces) = (2 << 20, SMALL_SPLICES as usize * 3);
+            let mut acked = 0;
+            loop {
+                let n = r.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+                // Each small piece is acknowledged once, when it is whole.
+                while acked < pieces && got.len() >= bulk_end + (acked + 1) * 700 {
+                    let _ = ack.send(());
+                    acked += 1;
+                }
+            }
+            got == expect
+        };
+        let up_ok = tokio::spawn(read_all(upstream_r, expect_up.clone(), ack_up_tx));
+        let down_ok = tokio::spawn(read_all(client_r, expect_down.clone(), ack_down_tx));
+        let both = tokio::time::timeout(Duration::from_secs(60), async {
+            (up_ok.await.unwrap(), down_ok.await.unwrap())
+        });
+        let (up_ok, down_ok) = both.await.expect("the relay stalled");
+        assert!(up_ok, "the upstream did not get every byte in order");
+        assert!(down_ok, "the client did not get every byte in order");
+        drop((up_writer.await.unwrap(), down_writer.await.unwrap()));
+        let r = task.await.unwrap();
+        assert_eq!(
+            (r.up, r.down),
+            (expect_up.len() as u64, expect_down.len() as u64)
+        );
+        assert_eq!(r.ended, Ended::Closed);
+        // Both bulk phases of both directions spliced: the small pieces
+        // between them took each direction back to copying.
+        assert_eq!(r.splice_stretches, 4);
     }
 
     #[test]
