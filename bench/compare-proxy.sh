@@ -22,7 +22,10 @@
 # RUST_LOG=warn (its per-connection access line is at info).
 #
 # Measured per path: throughput over 1 and 4 streams (causeway-bench and
-# iperf3 -P 1 / -P 4), short connections per second, round-trip latency at
+# iperf3 -P 1 / -P 4), short connections per second, HTTP requests per
+# second and per proxy CPU-second under wrk (a 1 KB response from an nginx
+# HTTP backend on 127.0.0.1:9080 through a second listener on :18444,
+# once with `Connection: close`, once keep-alive), round-trip latency at
 # a fixed 1000 requests/s, and the proxy's RSS before and while it holds
 # 10000 idle connections (fewer when the open-files hard limit cannot fit
 # two descriptors per connection in one process; the report says so).
@@ -69,6 +72,7 @@ install_missing() {
     command -v nginx >/dev/null || pkgs+=(nginx)
     [[ -f $NGINX_STREAM_SO ]] || pkgs+=(libnginx-mod-stream)
     command -v iperf3 >/dev/null || pkgs+=(iperf3)
+    command -v wrk >/dev/null || pkgs+=(wrk)
     apt_install "haproxy.service nginx.service iperf3.service" "${pkgs[@]}"
 }
 
@@ -82,12 +86,15 @@ fi
 need haproxy "apt-get install haproxy"
 need nginx "apt-get install nginx libnginx-mod-stream"
 need iperf3 "apt-get install iperf3"
+need wrk "apt-get install wrk"
 [[ -f $NGINX_STREAM_SO ]] || die "$NGINX_STREAM_SO missing (apt-get install libnginx-mod-stream)"
 
 # ------------------------------------------------------------ lab & cleanup
 UP_PORT=9000 PROXY_PORT=18443 ADMIN_PORT=19898
+# The HTTP backend for wrk, and each proxy's listener in front of it.
+HTTP_UP_PORT=9080 HTTP_PROXY_PORT=18444
 make_lab
-UP_PID="" SRV_PIDS="" BENCH_PID=""
+UP_PID="" SRV_PIDS="" BENCH_PID="" HTTP_PID=""
 
 
 cleanup() {
@@ -95,7 +102,7 @@ cleanup() {
     trap - EXIT INT TERM
     set +e
     # shellcheck disable=SC2046,SC2086
-    stop_pids $BENCH_PID $SRV_PIDS $UP_PID $(jobs -p)
+    stop_pids $BENCH_PID $SRV_PIDS $UP_PID $HTTP_PID $(jobs -p)
     if [[ -n ${KEEP_TMP:-} ]]; then
         echo "compare-proxy: kept $TMP" >&2
     else
@@ -106,7 +113,7 @@ cleanup() {
 trap_exits "$CWP_LIMIT"
 
 listening() { [[ -n $(ss -Hltn "sport = :$1" 2>/dev/null) ]]; }
-for p in $UP_PORT $PROXY_PORT $ADMIN_PORT; do
+for p in $UP_PORT $PROXY_PORT $ADMIN_PORT $HTTP_UP_PORT $HTTP_PROXY_PORT; do
     if listening "$p"; then die "port $p is already in use: $(ss -Hltnp "sport = :$p" | head -1)"; fi
 done
 
@@ -253,6 +260,19 @@ frontend fe
 
 backend be
     server up 127.0.0.1:$UP_PORT
+
+# The wrk listener, with what HAProxy's manual gives for a TCP proxy
+# whose clients speak first: accept once the request is there
+# (TCP_DEFER_ACCEPT), and connect with quick ACKs off so the handshake's
+# last ACK rides on the request.
+frontend fe_http
+    bind 127.0.0.1:$HTTP_PROXY_PORT
+    option tcp-smart-accept
+    default_backend be_http
+
+backend be_http
+    option tcp-smart-connect
+    server http 127.0.0.1:$HTTP_UP_PORT
 EOF
     haproxy -c -q -f "$dir/haproxy.cfg" >"$dir/check.out" 2>&1 || { cat "$dir/check.out" >&2; return 1; }
     # -db: foreground, no master-worker; one process, $NPROC threads.
@@ -287,6 +307,11 @@ stream {
         # and causeway pass it on by default.
         proxy_half_close on;
     }
+    server {
+        listen 127.0.0.1:$HTTP_PROXY_PORT reuseport;
+        proxy_pass 127.0.0.1:$HTTP_UP_PORT;
+        proxy_timeout 5m;
+    }
 }
 EOF
     nginx -t -q -e "$dir/error.log" -p "$dir" -c "$dir/nginx.conf" >"$dir/check.out" 2>&1 ||
@@ -308,6 +333,7 @@ proxy:
   maxConnectionsPerSource: $((IDLE_N + 100))
   listeners:
     - {port: $PROXY_PORT, upstream: "127.0.0.1:$UP_PORT"}
+    - {port: $HTTP_PROXY_PORT, upstream: "127.0.0.1:$HTTP_UP_PORT"}
 EOF
     if [[ ! -x $CAUSEWAY_BIN ]]; then
         CAUSEWAY_NOTE="binary $CAUSEWAY_BIN not found"
@@ -407,6 +433,73 @@ for call, n in calls.items():
     print(f"{name}\tsys_{call}\t{n / ok}")
 PY
     log "  system calls per short connection: $(awk -F'\t' -v n="$name" '$1 == n && $2 == "sys_total" {v = $3} END {printf "%.1f", v}' "$RESULTS")"
+}
+
+# The HTTP backend: nginx serving a 1 KB file on HTTP_UP_PORT for the
+# whole run, one worker, no access log; it closes after each response when
+# the request says `Connection: close`, so the TIME_WAIT sockets of that
+# run sit on the backend's side, as with the echo upstream.
+start_http_backend() {
+    local dir=$TMP/http-backend
+    mkdir -p "$dir/root"
+    head -c 1024 /dev/zero | tr '\0' 'x' >"$dir/root/1k"
+    cat >"$dir/nginx.conf" <<EOF
+daemon off;
+master_process on;
+worker_processes 1;
+pid $dir/nginx.pid;
+error_log $dir/error.log crit;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 10000000;
+    server {
+        listen 127.0.0.1:$HTTP_UP_PORT reuseport backlog=4096;
+        root $dir/root;
+    }
+}
+EOF
+    nginx -e "$dir/error.log" -p "$dir" -c "$dir/nginx.conf" >"$dir/out" 2>&1 &
+    HTTP_PID=$!
+    wait_port "$HTTP_UP_PORT" 10 "$HTTP_PID" ||
+        { cat "$dir/out" "$dir/error.log" >&2 2>/dev/null; die "the nginx HTTP backend did not listen on 127.0.0.1:$HTTP_UP_PORT"; }
+    HTTP_PID=$(with_children "$HTTP_PID" | tr '\n' ' ')
+}
+
+# wrk through PORT for RUN_S seconds, 2 threads and CONC connections, with
+# the proxy's CPU around it. MODE close adds `Connection: close`; keep
+# leaves the connections open. Keys: http_MODE_{rate,p99,percpu,errors}.
+measure_http() {
+    local name=$1 port=$2 mode=$3 out t0 t1 hdr=()
+    out=$TMP/$name/wrk_$mode.txt
+    [[ $mode == close ]] && hdr=(-H "Connection: close")
+    # shellcheck disable=SC2086
+    t0=$(cpu_ticks $SRV_PIDS)
+    timeout -k 5 $((RUN_S + 20)) wrk -t 2 -c "$CONC" -d "${RUN_S}s" --latency "${hdr[@]}" \
+        "http://127.0.0.1:$port/1k" >"$out" 2>&1 || true
+    # shellcheck disable=SC2086
+    t1=$(cpu_ticks $SRV_PIDS)
+    python3 - "$out" "$name" "$mode" "$((t1 - t0))" "$CLK_TCK" >>"$RESULTS" <<'PY'
+import re, sys
+path, name, mode, ticks, hz = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+text = open(path).read()
+rate = re.search(r"Requests/sec:\s+([0-9.]+)", text)
+done = re.search(r"(\d+) requests in", text)
+p99 = re.search(r"^\s+99%\s+([0-9.]+)(us|ms|s)\s*$", text, re.M)
+errors = sum(int(x) for x in re.findall(r"(?:connect|read|write|timeout) (\d+)", text))
+non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+errors += int(non2xx.group(1)) if non2xx else 0
+if rate and done:
+    print(f"{name}\thttp_{mode}_rate\t{rate.group(1)}")
+    print(f"{name}\thttp_{mode}_errors\t{errors}")
+    if p99:
+        v, unit = p99.groups()
+        print(f"{name}\thttp_{mode}_p99\t{float(v) * {'us': 0.001, 'ms': 1.0, 's': 1000.0}[unit]}")
+    if name != "direct" and ticks > 0:
+        print(f"{name}\thttp_{mode}_percpu\t{int(done.group(1)) / (ticks / hz)}")
+PY
+    local key=http_${mode}
+    log "  wrk $mode: $(awk -F'\t' -v n="$name" -v k="${key}_rate" '$1 == n && $2 == k {v = $3} END {printf "%.0f", v}' "$RESULTS") req/s, per proxy CPU-s $(awk -F'\t' -v n="$name" -v k="${key}_percpu" '$1 == n && $2 == k {v = $3} END {printf "%.0f", v}' "$RESULTS"), p99 $(awk -F'\t' -v n="$name" -v k="${key}_p99" '$1 == n && $2 == k {v = $3} END {print v}' "$RESULTS") ms, errors $(awk -F'\t' -v n="$name" -v k="${key}_errors" '$1 == n && $2 == k {v = $3} END {print v}' "$RESULTS")"
 }
 
 measure_latency() {
@@ -535,6 +628,10 @@ measure() {
 
     measure_conn "$name" "$port"
     measure_syscalls "$name" "$port"
+    local http_port=$HTTP_PROXY_PORT
+    [[ $name == direct ]] && http_port=$HTTP_UP_PORT
+    measure_http "$name" "$http_port" close
+    measure_http "$name" "$http_port" keep
     # Persistent connections from here on.
     start_upstream echo
     measure_latency "$name" "$port"
@@ -557,6 +654,7 @@ measure() {
 cpu_steal() { awk '/^cpu / {t = 0; for (i = 2; i <= 9; i++) t += $i; print $9, t}' /proc/stat; }
 read -r STEAL0 TOTAL0 <<<"$(cpu_steal)"
 log "temp $TMP; idle test: $IDLE_N connections (open-files limit $NOFILE); runs of ${RUN_S} s"
+start_http_backend
 for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
     ((ROUNDS == 1)) || log "round $ROUND of $ROUNDS"
     for t in $(round_order "$ROUND" "$TARGETS"); do measure "$t"; done
@@ -639,7 +737,10 @@ if rounds > 1:
               ("4 streams vs HAProxy", "haproxy", ("tput_up_4", "iperf_4")),
               ("1 stream vs direct", "direct", ("tput_up_1", "iperf_1")),
               ("4 streams vs direct", "direct", ("tput_up_4", "iperf_4")),
-              ("conn/s vs HAProxy", "haproxy", ("conn_rate",))]
+              ("conn/s vs HAProxy", "haproxy", ("conn_rate",)),
+              ("wrk close req/s vs HAProxy", "haproxy", ("http_close_rate",)),
+              ("wrk close per proxy CPU-s vs HAProxy", "haproxy", ("http_close_percpu",)),
+              ("wrk keep-alive req/s vs HAProxy", "haproxy", ("http_keep_rate",))]
     print("| causeway | " + " | ".join(j[0] for j in judged) + " |")
     print("|---|" + "---:|" * len(judged))
     print("| over the rounds | " + " | ".join(" / ".join(spread(round_ratios(by_round, "causeway", ref, k)) for k in keys)
@@ -698,6 +799,24 @@ for t in ran:
     if num(d.get("idle_failed")):
         notes.append(f"{names[t]} idle run: {fmt_int(d['idle_failed'])} connections failed to open")
 print()
+if any("http_close_rate" in r[t] for t in ran):
+    print(f"HTTP through each proxy's second listener (127.0.0.1:18444, to an nginx HTTP backend serving 1 KB): "
+          f"`wrk -t 2 -c {E['CONC']} -d {E['RUN_S']}s --latency [-H 'Connection: close'] http://127.0.0.1:18444/1k`; "
+          "HAProxy's listener has `option tcp-smart-accept` and its backend `option tcp-smart-connect` (its manual's tuning for clients that speak first); "
+          "per proxy CPU-s = requests completed / the proxy's utime+stime over the run; errors = wrk's socket errors and non-2xx answers:\n")
+    print("| path | close req/s | vs HAProxy | per proxy CPU-s | vs HAProxy | p99 ms | keep-alive req/s | vs HAProxy | per proxy CPU-s | vs HAProxy | p99 ms | errors close / keep-alive |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for t in ran:
+        d = r[t]
+        cells = [names[t]]
+        for mode in ("close", "keep"):
+            cells += [fmt_int(d.get(f"http_{mode}_rate")), ratio(t, "haproxy", f"http_{mode}_rate"),
+                      fmt_int(d.get(f"http_{mode}_percpu")) if t != "direct" else "-",
+                      ratio(t, "haproxy", f"http_{mode}_percpu") if t != "direct" else "-",
+                      fmt(d.get(f"http_{mode}_p99"), 3)]
+        cells.append(pair(fmt_int(d.get("http_close_errors")), fmt_int(d.get("http_keep_errors"))))
+        print("| " + " | ".join(cells) + " |")
+    print()
 traced = [t for t in proxies if num(r[t].get("sys_total"))]
 if traced:
     print("System calls per short connection (`strace -c -f` on every proxy process over a separate 3 s run of the same connection load; "
