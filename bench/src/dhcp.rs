@@ -241,6 +241,10 @@ struct Bench {
     acked_file: Option<File>,
     ack_log: Option<File>,
     start: Instant,
+    /// This process's CPU time when the run started, for the bench's own
+    /// share: a flood that keeps the bench on a whole core measures the
+    /// bench, not the server.
+    cpu_at_start: Option<f64>,
     last_ack_at: Option<Instant>,
     first_send_error: Option<String>,
 }
@@ -317,6 +321,7 @@ pub async fn run(args: DhcpArgs) -> anyhow::Result<()> {
         acked_file,
         ack_log,
         start: now,
+        cpu_at_start: stats::self_cpu_seconds(),
         last_ack_at: None,
         first_send_error: None,
         args,
@@ -622,6 +627,13 @@ impl Bench {
             load::measured_rate(self.start, stopped_at, self.last_ack_at, self.c.acked);
         let lat = self.lat.summary();
         let drop_pct = stats::pct(self.c.drops, self.c.started);
+        let bench_cpu_s = match (stats::self_cpu_seconds(), self.cpu_at_start) {
+            (Some(b), Some(a)) => Some(b - a),
+            _ => None,
+        };
+        let bench_cpu_pct = bench_cpu_s
+            .filter(|_| elapsed > 0.0)
+            .map(|c| c * 100.0 / elapsed);
         if self.args.json {
             let summary = JsonSummary {
                 server: self.server.to_string(),
@@ -648,6 +660,7 @@ impl Bench {
                 target_rate: self.args.limits.rate,
                 max_outstanding: self.args.limits.max_outstanding,
                 rapid_commit: self.args.rapid_commit,
+                bench_cpu_pct: bench_cpu_pct.map(round3),
             };
             println!("{}", serde_json::to_string(&summary)?);
         } else {
@@ -684,6 +697,13 @@ impl Bench {
             if self.args.renew {
                 rows.push(("renewals", self.c.renewals.to_string()));
             }
+            rows.push((
+                "bench cpu",
+                match (bench_cpu_s, bench_cpu_pct) {
+                    (Some(s), Some(p)) => format!("{s:.2} s ({p:.0}% of one core)"),
+                    _ => "-".into(),
+                },
+            ));
             let title = format!(
                 "DHCPv4 DORA against {} ({} mode, {} clients)",
                 self.server,
@@ -691,6 +711,9 @@ impl Bench {
                 self.args.clients
             );
             print!("{}", stats::render_table(&title, &rows));
+        }
+        if bench_cpu_pct.is_some_and(|p| p > 90.0) && self.args.limits.rate == 0 {
+            eprintln!("note: the bench used a whole core; the server may be faster than measured");
         }
         Ok(())
     }
@@ -914,4 +937,6 @@ struct JsonSummary {
     target_rate: u32,
     max_outstanding: u32,
     rapid_commit: bool,
+    /// The bench's own CPU over the run, in percent of one core.
+    bench_cpu_pct: Option<f64>,
 }
