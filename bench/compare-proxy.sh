@@ -333,7 +333,9 @@ proxy:
   maxConnectionsPerSource: $((IDLE_N + 100))
   listeners:
     - {port: $PROXY_PORT, upstream: "127.0.0.1:$UP_PORT"}
-    - {port: $HTTP_PROXY_PORT, upstream: "127.0.0.1:$HTTP_UP_PORT"}
+    # HTTP: the client speaks first, as HAProxy's tcp-smart-* options
+    # assume on its listener for wrk.
+    - {port: $HTTP_PROXY_PORT, upstream: "127.0.0.1:$HTTP_UP_PORT", clientSpeaksFirst: true}
 EOF
     if [[ ! -x $CAUSEWAY_BIN ]]; then
         CAUSEWAY_NOTE="binary $CAUSEWAY_BIN not found"
@@ -802,7 +804,7 @@ print()
 if any("http_close_rate" in r[t] for t in ran):
     print(f"HTTP through each proxy's second listener (127.0.0.1:18444, to an nginx HTTP backend serving 1 KB): "
           f"`wrk -t 2 -c {E['CONC']} -d {E['RUN_S']}s --latency [-H 'Connection: close'] http://127.0.0.1:18444/1k`; "
-          "HAProxy's listener has `option tcp-smart-accept` and its backend `option tcp-smart-connect` (its manual's tuning for clients that speak first); "
+          "HAProxy's listener has `option tcp-smart-accept` and its backend `option tcp-smart-connect` (its manual's tuning for clients that speak first), causeway's `clientSpeaksFirst: true`; "
           "per proxy CPU-s = requests completed / the proxy's utime+stime over the run; errors = wrk's socket errors and non-2xx answers:\n")
     print("| path | close req/s | vs HAProxy | per proxy CPU-s | vs HAProxy | p99 ms | keep-alive req/s | vs HAProxy | per proxy CPU-s | vs HAProxy | p99 ms | errors close / keep-alive |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

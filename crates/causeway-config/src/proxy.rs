@@ -65,6 +65,11 @@ pub struct FileListener {
     pub port: u16,
     #[serde(default)]
     pub proxy_protocol: bool,
+    /// The protocol's client sends first (TLS, HTTP): the upstream
+    /// connect holds back its handshake's last ACK to carry it on the
+    /// client's first bytes.
+    #[serde(default)]
+    pub client_speaks_first: bool,
     pub upstream: Option<String>,
     #[serde(default)]
     pub routes: Vec<FileRoute>,
@@ -145,6 +150,11 @@ pub struct Listener {
     pub kind: ListenerKind,
     /// Send a PROXY protocol v2 header to the upstream first.
     pub proxy_protocol: bool,
+    /// The client sends first on this listener's protocol (TLS, HTTP), so
+    /// the upstream connect may hold back its handshake's last ACK for the
+    /// client's first bytes to carry. An SNI listener reads the client's
+    /// hello before it connects, so it has bytes to send either way.
+    pub client_speaks_first: bool,
 }
 
 /// How a connection picks among an upstream's addresses.
@@ -296,7 +306,7 @@ fn parse_listeners(
     prefix: &str,
     file: &[FileListener],
     taken: &[u16],
-) -> Vec<(u16, ListenerKind, bool)> {
+) -> Vec<(u16, ListenerKind, bool, bool)> {
     let mut listeners = Vec::new();
     for (i, l) in file.iter().enumerate() {
         let path = format!("{prefix}[{i}]");
@@ -338,7 +348,7 @@ fn parse_listeners(
             }
         };
         if let Some(kind) = kind {
-            listeners.push((l.port, kind, l.proxy_protocol));
+            listeners.push((l.port, kind, l.proxy_protocol, l.client_speaks_first));
         }
     }
     listeners
@@ -414,12 +424,14 @@ pub(crate) fn validate(
                 "none listed, and no cluster to derive them from",
             );
         }
+        // Every listener derived for a hosted control plane carries TLS or
+        // HTTP, whose clients speak first.
         listeners = derived(clusters)
             .into_iter()
-            .map(|(port, kind)| (port, kind, false))
+            .map(|(port, kind)| (port, kind, false, true))
             .collect();
     }
-    let taken: Vec<u16> = listeners.iter().map(|(port, _, _)| *port).collect();
+    let taken: Vec<u16> = listeners.iter().map(|(port, ..)| *port).collect();
     listeners.extend(parse_listeners(
         c,
         "proxy.extraListeners",
@@ -503,11 +515,14 @@ pub(crate) fn validate(
     });
     let mut listeners: Vec<Listener> = listeners
         .into_iter()
-        .map(|(port, kind, proxy_protocol)| Listener {
-            listen: SocketAddr::new(listen_ip, port),
-            kind,
-            proxy_protocol,
-        })
+        .map(
+            |(port, kind, proxy_protocol, client_speaks_first)| Listener {
+                listen: SocketAddr::new(listen_ip, port),
+                kind,
+                proxy_protocol,
+                client_speaks_first,
+            },
+        )
         .collect();
     let listen_v6 =
         p.listen_address_v6

@@ -538,6 +538,36 @@ fn proxy_extra_listeners_join_the_derived_ones_with_the_api_service_named() {
 }
 
 #[test]
+fn client_speaks_first_is_off_for_a_listener_unless_it_says_so_and_on_for_derived_ones() {
+    let p = Config::from_yaml(&format!(
+        "{VLAN}proxy:\n  extraListeners:\n    - {{port: 22623, upstream: '10.0.0.1:22623'}}\n    - {{port: 2222, upstream: '10.0.0.1:22', clientSpeaksFirst: false}}\n    - {{port: 8080, upstream: '10.0.0.1:80', clientSpeaksFirst: true}}\n"
+    ))
+    .unwrap()
+    .proxy
+    .unwrap();
+    let by_port: Vec<(u16, bool)> = p
+        .listeners
+        .iter()
+        .map(|l| (l.listen.port(), l.client_speaks_first))
+        .collect();
+    // 6443 and 443 are derived for the hosted cluster: TLS, client first.
+    assert_eq!(
+        by_port,
+        vec![
+            (6443, true),
+            (443, true),
+            (22623, false),
+            (2222, false),
+            (8080, true)
+        ]
+    );
+    let e = errors(&format!(
+        "{VLAN}proxy:\n  listeners:\n    - {{port: 80, upstream: '10.0.0.1:80', clientSpeaksFirst: yes please}}\n"
+    ));
+    assert_eq!(e.len(), 1, "{e:?}");
+}
+
+#[test]
 fn the_dns_cache_budget_is_checked() {
     let base =
         "cluster: {name: hc1, baseDomain: example.com}\ndns:\n  listen: ['127.0.0.1:5353']\n";

@@ -137,6 +137,9 @@ async fn serve(
     if out.route.is_empty() && tracing::enabled!(target: "causeway::access", tracing::Level::INFO) {
         out.route = target.to_string();
     }
+    // Bytes to write as soon as the connect completes: the hello read to
+    // route, a PROXY header, or what a client that speaks first sends.
+    let first_bytes_ready = !peeked.is_empty() || state.proxy_protocol || state.client_speaks_first;
     let connected = connect(
         upstreams,
         metrics,
@@ -144,6 +147,7 @@ async fn serve(
         label,
         &state.counters.connect_seconds,
         target,
+        first_bytes_ready,
     )
     .await;
     let Some((mut upstream, addr)) = connected else {

@@ -67,6 +67,9 @@ pub(crate) struct Port {
     /// Swapped whole by a reload; a connection keeps the routing it began with.
     pub(crate) routing: RwLock<Arc<Routing>>,
     pub(crate) proxy_protocol: bool,
+    /// The listener's clients speak first (see
+    /// [`causeway_config::Listener::client_speaks_first`]).
+    pub(crate) client_speaks_first: bool,
     pub(crate) limit: Arc<ConnectionLimit>,
     pub(crate) counters: ListenerCounters,
 }

@@ -153,6 +153,7 @@ impl ProxyServer {
                 label,
                 routing: RwLock::new(Arc::new(routing)),
                 proxy_protocol: l.proxy_protocol,
+                client_speaks_first: l.client_speaks_first,
                 limit: ConnectionLimit::new(cfg.max_connections),
             });
             listeners.push(state.clone());
@@ -623,7 +624,7 @@ mod tests {
         assert!(sock.nodelay().unwrap());
         assert_eq!(sock.keepalive_time().unwrap(), Duration::from_secs(60));
 
-        let upstream = connect_one(addr).await.unwrap();
+        let upstream = connect_one(addr, false).await.unwrap();
         let sock = socket2::SockRef::from(&upstream);
         assert!(sock.nodelay().unwrap());
         assert!(!sock.keepalive().unwrap(), "set later, by the relay");
