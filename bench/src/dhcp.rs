@@ -627,13 +627,7 @@ impl Bench {
             load::measured_rate(self.start, stopped_at, self.last_ack_at, self.c.acked);
         let lat = self.lat.summary();
         let drop_pct = stats::pct(self.c.drops, self.c.started);
-        let bench_cpu_s = match (stats::self_cpu_seconds(), self.cpu_at_start) {
-            (Some(b), Some(a)) => Some(b - a),
-            _ => None,
-        };
-        let bench_cpu_pct = bench_cpu_s
-            .filter(|_| elapsed > 0.0)
-            .map(|c| c * 100.0 / elapsed);
+        let (bench_cpu_s, bench_cpu_pct) = stats::cpu_since(self.cpu_at_start, elapsed);
         if self.args.json {
             let summary = JsonSummary {
                 server: self.server.to_string(),

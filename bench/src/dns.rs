@@ -375,13 +375,7 @@ impl Bench {
             self.c.responses,
         );
         let lost_pct = stats::pct(self.c.lost, self.c.sent);
-        let bench_cpu_s = match (stats::self_cpu_seconds(), self.cpu_at_start) {
-            (Some(b), Some(a)) => Some(b - a),
-            _ => None,
-        };
-        let bench_cpu_pct = bench_cpu_s
-            .filter(|_| elapsed > 0.0)
-            .map(|c| c * 100.0 / elapsed);
+        let (bench_cpu_s, bench_cpu_pct) = stats::cpu_since(self.cpu_at_start, elapsed);
         let lat = LatencyMs::of(&self.lat);
         if self.args.json {
             let summary = JsonSummary {

@@ -295,6 +295,20 @@ pub fn self_cpu_seconds() -> Option<f64> {
     proc_stat_ticks(&text).map(|t| t as f64 / 100.0)
 }
 
+/// This process's CPU seconds since it used `at_start` (a
+/// [`self_cpu_seconds`] reading), and their share of `elapsed_s` wall
+/// seconds in percent of one core.
+pub fn cpu_since(at_start: Option<f64>, elapsed_s: f64) -> (Option<f64>, Option<f64>) {
+    let used = match (self_cpu_seconds(), at_start) {
+        (Some(now), Some(start)) => Some(now - start),
+        _ => None,
+    };
+    let pct = used
+        .filter(|_| elapsed_s > 0.0)
+        .map(|c| c * 100.0 / elapsed_s);
+    (used, pct)
+}
+
 /// utime + stime (fields 14 and 15) of a /proc/<pid>/stat line, counted
 /// from the last ')' because the command name may contain spaces.
 fn proc_stat_ticks(stat: &str) -> Option<u64> {

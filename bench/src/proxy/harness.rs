@@ -394,13 +394,7 @@ impl CpuSpan {
 
     /// CPU seconds used since start, and as a percentage of `elapsed_s`.
     pub(super) fn finish(&self, elapsed_s: f64) -> (Option<f64>, Option<f64>) {
-        let used = match (stats::self_cpu_seconds(), self.at_start) {
-            (Some(b), Some(a)) => Some(b - a),
-            _ => None,
-        };
-        let pct = used
-            .filter(|_| elapsed_s > 0.0)
-            .map(|c| c * 100.0 / elapsed_s);
+        let (used, pct) = stats::cpu_since(self.at_start, elapsed_s);
         (used.map(round3), pct.map(round3))
     }
 }

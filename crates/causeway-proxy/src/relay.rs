@@ -639,8 +639,8 @@ mod tests {
     #[tokio::test]
     async fn bytes_keep_their_order_as_a_direction_turns_bulk_and_small_again() {
         let (client, upstream, task) = pair(Duration::from_secs(30)).await;
-        let (client_r, mut client_w) = client.into_split();
-        let (upstream_r, mut upstream_w) = upstream.into_split();
+        let (client_r, client_w) = client.into_split();
+        let (upstream_r, upstream_w) = upstream.into_split();
         // Each direction: bulk (to splice), many small writes each waited
         // for (to copy again), bulk again; in a pattern that shows any
         // loss or reordering.
@@ -656,28 +656,23 @@ mod tests {
         let expect_down: Vec<u8> = down_phases.concat();
         // The reader acknowledges each small piece, so the writer's small
         // writes arrive one by one instead of coalescing into a bulk read.
-        let (ack_up_tx, mut ack_up_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-        let (ack_down_tx, mut ack_down_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-        let up_writer = tokio::spawn(async move {
-            for p in up_phases {
-                client_w.write_all(&p).await.unwrap();
-                if p.len() < COPY_CHUNK {
-                    ack_up_rx.recv().await.unwrap();
+        let (ack_up_tx, ack_up_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let (ack_down_tx, ack_down_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let write_all =
+            |mut w: tokio::net::tcp::OwnedWriteHalf,
+             phases: Vec<Vec<u8>>,
+             mut acks: tokio::sync::mpsc::UnboundedReceiver<()>| async move {
+                for p in phases {
+                    w.write_all(&p).await.unwrap();
+                    if p.len() < COPY_CHUNK {
+                        acks.recv().await.unwrap();
+                    }
                 }
-            }
-            client_w.shutdown().await.unwrap();
-            client_w
-        });
-        let down_writer = tokio::spawn(async move {
-            for p in down_phases {
-                upstream_w.write_all(&p).await.unwrap();
-                if p.len() < COPY_CHUNK {
-                    ack_down_rx.recv().await.unwrap();
-                }
-            }
-            upstream_w.shutdown().await.unwrap();
-            upstream_w
-        });
+                w.shutdown().await.unwrap();
+                w
+            };
+        let up_writer = tokio::spawn(write_all(client_w, up_phases, ack_up_rx));
+        let down_writer = tokio::spawn(write_all(upstream_w, down_phases, ack_down_rx));
         let read_all = |mut r: tokio::net::tcp::OwnedReadHalf,
                         expect: Vec<u8>,
                         ack: tokio::sync::mpsc::UnboundedSender<()>| async move {
