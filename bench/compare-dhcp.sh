@@ -4,8 +4,10 @@
 #
 #   bench/compare-dhcp.sh [--quick] [--write docs/benchmarks.md] [--servers kea-st,kea-mt,dhcpd,causeway] [--no-build]
 #
-# Needs root (network namespaces, port 67), kea-dhcp4 + perfdhcp (Debian:
-# kea-dhcp4-server, kea-admin), dhcpd (isc-dhcp-server), python3, iproute2.
+# Needs root (network namespaces, port 67), python3 and iproute2; it
+# apt-get installs kea-dhcp4 + perfdhcp (Debian: kea-dhcp4-server,
+# kea-admin) and dhcpd (isc-dhcp-server) when missing, their services kept
+# from starting and disabled (KEA_BIN, PERFDHCP_BIN, DHCPD_BIN name others).
 # strace is optional (it verifies fsync behaviour). Traffic stays inside the
 # two namespaces this script creates; they, every process it started and its
 # temp dir are removed on exit, including on error, Ctrl-C or timeout.
@@ -45,6 +47,15 @@ need timeout coreutils
 need python3
 need pgrep procps
 need getconf
+# Kea, perfdhcp and dhcpd are apt-get installed when missing (their
+# services kept from starting, then disabled), once, before the timed part.
+if [[ -z ${CWB_TIMED:-} ]]; then
+    pkgs=()
+    [[ -n ${KEA_BIN:-} ]] || command -v kea-dhcp4 >/dev/null || pkgs+=(kea-dhcp4-server)
+    [[ -n ${PERFDHCP_BIN:-} ]] || command -v perfdhcp >/dev/null || pkgs+=(kea-admin)
+    [[ -n ${DHCPD_BIN:-} ]] || command -v dhcpd >/dev/null || pkgs+=(isc-dhcp-server)
+    apt_install "kea-dhcp4-server.service isc-dhcp-server.service" "${pkgs[@]}"
+fi
 KEA=${KEA_BIN:-$(command -v kea-dhcp4 || echo /usr/sbin/kea-dhcp4)}
 PERFDHCP=${PERFDHCP_BIN:-$(command -v perfdhcp || echo /usr/sbin/perfdhcp)}
 DHCPD=${DHCPD_BIN:-$(command -v dhcpd || echo /usr/sbin/dhcpd)}
