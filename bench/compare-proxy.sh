@@ -434,7 +434,7 @@ print(f"{name}\tsys_total\t{sum(calls.values()) / ok}")
 for call, n in calls.items():
     print(f"{name}\tsys_{call}\t{n / ok}")
 PY
-    log "  system calls per short connection: $(awk -F'\t' -v n="$name" '$1 == n && $2 == "sys_total" {v = $3} END {printf "%.1f", v}' "$RESULTS")"
+    log "  system calls per short connection: $(res_last "$name" sys_total %.1f)"
 }
 
 # The HTTP backend: nginx serving a 1 KB file on HTTP_UP_PORT for the
@@ -501,7 +501,7 @@ if rate and done:
         print(f"{name}\thttp_{mode}_percpu\t{int(done.group(1)) / (ticks / hz)}")
 PY
     local key=http_${mode}
-    log "  wrk $mode: $(awk -F'\t' -v n="$name" -v k="${key}_rate" '$1 == n && $2 == k {v = $3} END {printf "%.0f", v}' "$RESULTS") req/s, per proxy CPU-s $(awk -F'\t' -v n="$name" -v k="${key}_percpu" '$1 == n && $2 == k {v = $3} END {printf "%.0f", v}' "$RESULTS"), p99 $(awk -F'\t' -v n="$name" -v k="${key}_p99" '$1 == n && $2 == k {v = $3} END {print v}' "$RESULTS") ms, errors $(awk -F'\t' -v n="$name" -v k="${key}_errors" '$1 == n && $2 == k {v = $3} END {print v}' "$RESULTS")"
+    log "  wrk $mode: $(res_last "$name" "${key}_rate" %.0f) req/s, per proxy CPU-s $(res_last "$name" "${key}_percpu" %.0f), p99 $(res_last "$name" "${key}_p99") ms, errors $(res_last "$name" "${key}_errors")"
 }
 
 measure_latency() {

@@ -96,6 +96,12 @@ stop_pids() {
 # Every round appends its own line; the report takes the median per key.
 res() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$RESULTS"; }
 
+# res_last NAME KEY [FORMAT] : the last value recorded for NAME and KEY, as
+# printf FORMAT gives it (default %s), or nothing.
+res_last() {
+    awk -F'\t' -v n="$1" -v k="$2" -v f="${3:-%s}" '$1 == n && $2 == k {v = $3; seen = 1} END {if (seen) printf f, v}' "$RESULTS"
+}
+
 # round_order ROUND LIST : the comma-separated LIST in order on odd rounds
 # and reversed on even ones, so no target always runs first or last.
 round_order() {
